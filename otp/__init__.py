@@ -1,0 +1,155 @@
+"""otp: Erlang/OTP's processes, signals, links, monitors, registry, timers and gen_server on trio.
+
+The public API; everything lives in private modules and is re-exported here.
+"""
+
+from ._api import cancel_timer as cancel_timer
+from ._api import demonitor as demonitor
+from ._api import exit as exit  # noqa: A004 - Erlang's exit/2
+from ._api import exit_after as exit_after
+from ._api import exit_self as exit_self
+from ._api import link as link
+from ._api import make_ref as make_ref
+from ._api import monitor as monitor
+from ._api import process_flag as process_flag
+from ._api import read_timer as read_timer
+from ._api import receive as receive
+from ._api import register as register
+from ._api import registered as registered
+from ._api import self as self
+from ._api import send as send
+from ._api import send_after as send_after
+from ._api import spawn as spawn
+from ._api import spawn_link as spawn_link
+from ._api import spawn_monitor as spawn_monitor
+from ._api import unlink as unlink
+from ._api import unregister as unregister
+from ._api import whereis as whereis
+from ._errors import BadArg as BadArg
+from ._errors import CallError as CallError
+from ._errors import CallTimeout as CallTimeout
+from ._errors import NoProc as NoProc
+from ._errors import NotAProcess as NotAProcess
+from ._errors import OtpError as OtpError
+from ._errors import ProcessExited as ProcessExited
+from ._errors import ReceiveTimeout as ReceiveTimeout
+from ._errors import StartError as StartError
+from ._errors import StartIgnored as StartIgnored
+from ._errors import StopError as StopError
+from ._gen_server import GenServer as GenServer
+from ._gen_server import Ignore as Ignore
+from ._gen_server import NoReply as NoReply
+from ._gen_server import Ok as Ok
+from ._gen_server import Reply as Reply
+from ._gen_server import Stop as Stop
+from ._gen_server import call as call
+from ._gen_server import cast as cast
+from ._gen_server import reply as reply
+from ._ids import Pid as Pid
+from ._ids import Ref as Ref
+from ._info import ProcessInfo as ProcessInfo
+from ._info import process_info as process_info
+from ._info import processes as processes
+from ._messages import Down as Down
+from ._messages import Exit as Exit
+from ._messages import From as From
+from ._node import Node as Node
+from ._node import current_node as current_node
+from ._node import open_node as open_node
+from ._node import run as run
+from ._process import ProcessExit as ProcessExit
+from ._reasons import KILL as KILL
+from ._reasons import KILLED as KILLED
+from ._reasons import NOCONNECTION as NOCONNECTION
+from ._reasons import NOPROC as NOPROC
+from ._reasons import NORMAL as NORMAL
+from ._reasons import SHUTDOWN as SHUTDOWN
+from ._reasons import BadReturnValue as BadReturnValue
+from ._reasons import Crash as Crash
+from ._reasons import Shutdown as Shutdown
+from ._reasons import format_reason as format_reason
+from ._reasons import is_abnormal as is_abnormal
+
+__all__ = [
+    "KILL",
+    "KILLED",
+    "NOCONNECTION",
+    "NOPROC",
+    "NORMAL",
+    "SHUTDOWN",
+    "BadArg",
+    "BadReturnValue",
+    "CallError",
+    "CallTimeout",
+    "Crash",
+    "Down",
+    "Exit",
+    "From",
+    "GenServer",
+    "Ignore",
+    "NoProc",
+    "NoReply",
+    "Node",
+    "NotAProcess",
+    "Ok",
+    "OtpError",
+    "Pid",
+    "ProcessExit",
+    "ProcessExited",
+    "ProcessInfo",
+    "ReceiveTimeout",
+    "Ref",
+    "Reply",
+    "Shutdown",
+    "StartError",
+    "StartIgnored",
+    "Stop",
+    "StopError",
+    "call",
+    "cancel_timer",
+    "cast",
+    "current_node",
+    "demonitor",
+    "exit",
+    "exit_after",
+    "exit_self",
+    "format_reason",
+    "is_abnormal",
+    "link",
+    "make_ref",
+    "monitor",
+    "open_node",
+    "process_flag",
+    "process_info",
+    "processes",
+    "read_timer",
+    "receive",
+    "register",
+    "registered",
+    "reply",
+    "run",
+    "self",
+    "send",
+    "send_after",
+    "spawn",
+    "spawn_link",
+    "spawn_monitor",
+    "unlink",
+    "unregister",
+    "whereis",
+]
+
+
+def _publish() -> None:
+    # Public objects say they come from ``otp``, not from the private module that defines them.
+    for name in __all__:
+        obj = globals()[name]
+        if isinstance(obj, type) or callable(obj):
+            try:
+                obj.__module__ = __name__
+            except (AttributeError, TypeError):
+                pass
+
+
+_publish()
+del _publish

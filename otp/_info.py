@@ -1,0 +1,71 @@
+"""Introspection: ``processes()`` and ``process_info(pid)``, as Erlang's functions of those names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ._ids import Pid, Ref
+from ._node import NamedMonitor, current_node
+from ._process import current_process_or_none
+
+
+@attrs.frozen
+class ProcessInfo:
+    """A snapshot of one process (Erlang's ``process_info/1``)."""
+
+    pid: Pid
+    status: str
+    message_queue_len: int
+    links: tuple[Pid, ...]
+    monitors: tuple[tuple[Ref, Any], ...]
+    monitored_by: tuple[Pid, ...]
+    registered_name: str | None
+    trap_exit: bool
+    behaviour: str | None
+    parent: Pid | None
+    start_time: float
+    messages_handled: int
+
+
+def processes() -> list[Pid]:
+    """The pids of every live process on this node, oldest first."""
+    return [proc.pid for proc in current_node().processes.values() if proc.alive]
+
+
+def process_info(pid: Pid) -> ProcessInfo | None:
+    """A snapshot of ``pid``'s state, or None if it is not alive.
+
+    ``status`` is ``"running"`` (it is the caller), ``"waiting"`` (parked in receive),
+    ``"exiting"`` (an exit signal is unwinding it) or ``"runnable"``.
+    """
+    proc = current_node().resolve(pid)
+    if proc is None:
+        return None
+    if proc.exiting:
+        status = "exiting"
+    elif proc is current_process_or_none():
+        status = "running"
+    elif proc._waiter is not None:
+        status = "waiting"
+    else:
+        status = "runnable"
+    monitors = tuple(
+        (ref, target.label if isinstance(target, NamedMonitor) else target)
+        for ref, target in (proc.monitors or {}).items()
+    )
+    return ProcessInfo(
+        pid=proc.pid,
+        status=status,
+        message_queue_len=proc.message_queue_len,
+        links=tuple(sorted(proc.links or ())),
+        monitors=monitors,
+        monitored_by=tuple((proc.monitored_by or {}).values()),
+        registered_name=proc.name,
+        trap_exit=proc.trap_exit,
+        behaviour=proc.behaviour,
+        parent=proc.parent,
+        start_time=proc.started_at,
+        messages_handled=proc.handled,
+    )

@@ -1,0 +1,350 @@
+"""The node: one per ``trio.run``, owning the process table, the name registry and the nursery
+every process runs in.
+
+It is held in a trio ``RunVar``, so several nodes can live in one OS process (one per
+``trio.run``), as tests need. Processes are flat children of the node's nursery, as Erlang
+processes are independent of their spawner; the task wrapper turns each task's outcome into an
+exit reason and fires links and monitors, in OTP's order (names and tables first).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from ._errors import ProcessExited
+from ._ids import Pid, Ref
+from ._messages import Down, Exit
+from ._process import _CURRENT, Process, ProcessExit, current_process_or_none
+from ._reasons import KILL, KILLED, NORMAL, Crash, format_reason
+from ._timers import TimerService
+
+crash_logger = logging.getLogger("otp.crash")
+
+_NODE: trio.lowlevel.RunVar[Node] = trio.lowlevel.RunVar("otp_node")
+
+DEFAULT_NODE_NAME = "nonode@nohost"
+
+
+class Node:
+    """The runtime state of one node. Reach it with :func:`current_node`."""
+
+    def __init__(self, name: str, nursery: trio.Nursery) -> None:
+        self.name = name
+        # Erlang's creation tells pids of a restarted node from the old ones.
+        self.creation = (os.getpid() ^ int(trio.current_time() * 1000)) & 0xFFFFFFFF
+        self.processes: dict[int, Process] = {}
+        self.names: dict[Any, Process] = {}
+        self._pid_ids = itertools.count(1)
+        self._ref_ids = itertools.count(1)
+        self.nursery = nursery
+        self.timers = TimerService(self)
+        self.closing = False
+        #: Set by the distribution layer; without it, messages to other nodes are dropped.
+        self.distribution: Any = None
+
+    def __repr__(self) -> str:
+        return f"<Node {self.name} processes={len(self.processes)}>"
+
+    def new_pid(self, proc: Process) -> Pid:
+        return Pid._make(self.name, next(self._pid_ids), self.creation, proc)
+
+    def make_ref(self) -> Ref:
+        return Ref._make(self.name, next(self._ref_ids), self.creation)
+
+    def resolve(self, pid: Pid) -> Process | None:
+        """The live local process behind ``pid``, or None."""
+        proc = pid._proc
+        if proc is None:
+            if pid.node != self.name or pid.creation != self.creation:
+                return None
+            proc = self.processes.get(pid.id)
+            if proc is None:
+                return None
+        return proc if proc.alive else None
+
+    # -- spawning ----------------------------------------------------------------------------
+
+    def spawn(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        parent: Process | None,
+        *,
+        link: bool = False,
+        trap_exit: bool = False,
+    ) -> Process:
+        proc = Process(self, parent.pid if parent is not None else None)
+        proc.trap_exit = trap_exit
+        self.processes[proc.pid.id] = proc
+        if link and parent is not None:
+            proc.links = {parent.pid}
+            if parent.links is None:
+                parent.links = {proc.pid}
+            else:
+                parent.links.add(proc.pid)
+        self.nursery.start_soon(self._run_process, proc, fn, args, name=proc.pid)
+        return proc
+
+    async def _run_process(
+        self, proc: Process, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
+    ) -> None:
+        _CURRENT.set(proc)
+        proc.task = trio.lowlevel.current_task()
+        reason: Any = NORMAL
+        try:
+            with proc.scope:
+                try:
+                    await fn(*args)
+                except ProcessExit as exc:
+                    reason = exc.reason
+                except BaseExceptionGroup as group:
+                    reason = _reason_of_group(group)
+                    if reason is None:
+                        raise
+                    if isinstance(reason, Crash) and not proc.exiting:
+                        log_crash(proc, reason)
+                except Exception as exc:
+                    reason = Crash(exc)
+                    if not proc.exiting:
+                        log_crash(proc, reason)
+        except BaseException:
+            # Cancelled by the node's own teardown, or KeyboardInterrupt: record and re-raise.
+            self.process_exited(proc, proc.pending_reason if proc.exiting else KILLED)
+            raise
+        self.process_exited(proc, proc.pending_reason if proc.exiting else reason)
+
+    def adopt_current_task(self, parent: Process | None = None) -> Process:
+        """Make the running task a process (the main process of ``open_node`` and ``run``)."""
+        proc = Process(self, parent.pid if parent is not None else None)
+        proc.task = trio.lowlevel.current_task()
+        self.processes[proc.pid.id] = proc
+        return proc
+
+    # -- signals -----------------------------------------------------------------------------
+
+    def exit_signal(self, target: Process, sender: Pid, reason: Any, via_link: bool) -> None:
+        """Apply an exit signal to ``target`` by OTP's table (OTP_SEMANTICS.md section 1)."""
+        if not target.alive or target.exiting:
+            return
+        atom = reason if reason.__class__ is str else None
+        if atom == KILL and not via_link:
+            target.die(KILLED)
+        elif target.trap_exit:
+            target.deliver(Exit(sender, reason))
+        elif atom == NORMAL:
+            if not via_link and sender == target.pid:
+                target.die(NORMAL)
+        else:
+            target.die(reason)
+
+    def deliver_down(self, watcher_pid: Pid, ref: Ref, pid: Pid, reason: Any) -> None:
+        """Tell the watcher behind ``ref`` that ``pid`` is gone (a DOWN message or a call's
+        alias)."""
+        watcher = self.resolve(watcher_pid)
+        if watcher is None:
+            dist = self.distribution
+            if dist is not None and watcher_pid._proc is None and watcher_pid.node != self.name:
+                dist.send_down(watcher_pid, ref, pid, reason)
+            return
+        label: Any = pid
+        monitors = watcher.monitors
+        if monitors is not None:
+            target = monitors.pop(ref, None)
+            if isinstance(target, NamedMonitor):
+                label = target.label
+        aliases = watcher.aliases
+        if aliases is not None:
+            waiter = aliases.get(ref)
+            if waiter is not None:
+                waiter.resolve(reason, True)
+                return
+        watcher.deliver(Down(ref, label, reason))
+
+    def process_exited(self, proc: Process, reason: Any) -> None:
+        """Release the dead process's resources in OTP's order, then fire links and monitors."""
+        if not proc.alive:
+            return
+        proc.alive = False
+        proc.exit_reason = reason
+        proc._waiter = None
+        # Directly visible resources first: names, then owned tables (exit hooks).
+        if proc.name is not None:
+            self.names.pop(proc.name, None)
+        hooks = proc.exit_hooks
+        if hooks:
+            proc.exit_hooks = None
+            for hook in hooks:
+                try:
+                    hook(proc, reason)
+                except Exception:
+                    crash_logger.exception("exit hook of %r failed", proc.pid)
+        self.processes.pop(proc.pid.id, None)
+        pid = proc.pid
+        links = proc.links
+        if links:
+            proc.links = None
+            for other_pid in links:
+                other = self.resolve(other_pid)
+                if other is not None:
+                    if other.links is not None:
+                        other.links.discard(pid)
+                    self.exit_signal(other, pid, reason, True)
+                elif other_pid._proc is None and self.distribution is not None:
+                    self.distribution.send_link_exit(pid, other_pid, reason)
+        watched_by = proc.monitored_by
+        if watched_by:
+            proc.monitored_by = None
+            for ref, watcher_pid in watched_by.items():
+                self.deliver_down(watcher_pid, ref, pid, reason)
+        held = proc.monitors
+        if held:
+            proc.monitors = None
+            for ref, target in held.items():
+                target_pid = target.pid if isinstance(target, NamedMonitor) else target
+                target_proc = self.resolve(target_pid)
+                if target_proc is not None and target_proc.monitored_by is not None:
+                    target_proc.monitored_by.pop(ref, None)
+                elif target_pid._proc is None and self.distribution is not None:
+                    self.distribution.send_demonitor(pid, target_pid, ref)
+        proc.aliases = None
+        proc._mailbox = None
+
+    # -- teardown ----------------------------------------------------------------------------
+
+    def kill_all(self) -> None:
+        """Terminate every process untrappably (the last step of stopping a node)."""
+        self.closing = True
+        for proc in list(self.processes.values()):
+            proc.die(KILLED)
+
+
+class NamedMonitor:
+    """What a watcher remembers of a monitor made by name: the pid and the name to report."""
+
+    __slots__ = ("label", "pid")
+
+    def __init__(self, pid: Pid, label: Any) -> None:
+        self.pid = pid
+        self.label = label
+
+
+def _reason_of_group(group: BaseExceptionGroup[Any]) -> Any:
+    """The exit reason of a process whose nursery raised a group, or None to re-raise it."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for leaf in leaves:
+        if isinstance(leaf, ProcessExit):
+            return leaf.reason
+    if all(isinstance(leaf, Exception) for leaf in leaves):
+        return Crash(group if len(leaves) != 1 else leaves[0])
+    return None
+
+
+def log_crash(proc: Process, reason: Any, *, last_message: Any = None, state: Any = None) -> None:
+    """Log one structured crash report for ``proc`` (OTP's crash/error report)."""
+    report = {
+        "process": proc.pid,
+        "name": proc.name,
+        "behaviour": proc.behaviour,
+        "reason": reason,
+        "last_message": last_message if last_message is not None else proc.last_message,
+    }
+    if state is not None:
+        report["state"] = state
+    exc_info = None
+    if isinstance(reason, Crash):
+        exc = reason.exception
+        exc_info = (type(exc), exc, exc.__traceback__)
+    crash_logger.error(
+        "process %r%s (%s) crashed: %s",
+        proc.pid,
+        f" ({proc.name})" if proc.name is not None else "",
+        proc.behaviour or "process",
+        format_reason(reason),
+        exc_info=exc_info,
+        extra={"otp_report": report},
+    )
+
+
+def current_node() -> Node:
+    """The node of the running ``trio.run``; raises ``RuntimeError`` if none was opened."""
+    proc = current_process_or_none()
+    if proc is not None:
+        return proc.node
+    try:
+        return _NODE.get()
+    except (LookupError, RuntimeError):
+        raise RuntimeError(
+            "no otp node is running here: wrap the code in 'async with otp.open_node():' or"
+            " start it with otp.run(main)"
+        ) from None
+
+
+@asynccontextmanager
+async def open_node(name: str = DEFAULT_NODE_NAME) -> AsyncIterator[Node]:
+    """Start a node for the body of the ``async with``; the enclosing task becomes a process.
+
+    Leaving the block terminates every process still alive (untrappably, as Erlang's ``halt``)
+    and waits for them. If the block's own process is killed by an exit signal (say, a linked
+    process crashed and it was not trapping exits), leaving the block raises
+    :class:`~otp.ProcessExited` with that reason.
+
+    Raises:
+        RuntimeError: a node is already open in this ``trio.run``.
+    """
+    try:
+        _NODE.get()
+    except LookupError:
+        pass
+    else:
+        raise RuntimeError("a node is already open in this trio.run: one node per trio.run")
+    async with trio.open_nursery() as system:
+        async with trio.open_nursery() as nursery:
+            node = Node(name, nursery)
+            _NODE.set(node)
+            system.start_soon(node.timers.run)
+            main = node.adopt_current_task()
+            token = _CURRENT.set(main)
+            killed = False
+            try:
+                with main.scope:
+                    yield node
+                killed = main.exiting
+            finally:
+                _CURRENT.reset(token)
+                node.process_exited(main, main.pending_reason if main.exiting else NORMAL)
+                node.kill_all()
+        system.cancel_scope.cancel()
+    if killed:
+        raise ProcessExited(main.exit_reason)
+
+
+def run(
+    main: Callable[..., Awaitable[Any]],
+    *args: Any,
+    name: str = DEFAULT_NODE_NAME,
+    clock: trio.abc.Clock | None = None,
+) -> Any:
+    """Run ``main(*args)`` as the main process of a new node inside ``trio.run``; return its
+    result. Every other process is terminated when ``main`` returns."""
+
+    async def _main() -> Any:
+        async with open_node(name):
+            return await main(*args)
+
+    return trio.run(_main, clock=clock)

@@ -1,0 +1,315 @@
+"""A process: a trio task with a pid, an unbounded FIFO mailbox, links, monitors and an exit reason.
+
+This is the per-process state and the mailbox (Erlang's message queue with selective receive).
+Delivery is synchronous: ``send`` appends to the queue and, if the owner is parked on a receive
+whose pattern the message matches, reschedules it. Because every signal between two local
+processes is applied at the moment it is sent, Erlang's per-pair ordering holds by construction.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+from trio.lowlevel import (
+    Abort,
+    Task,
+    cancel_shielded_checkpoint,
+    checkpoint_if_cancelled,
+    current_task,
+    reschedule,
+    wait_task_rescheduled,
+)
+
+from ._errors import NotAProcess, OtpError, ReceiveTimeout
+from ._ids import Pid, Ref
+
+if TYPE_CHECKING:
+    from ._node import Node
+
+#: A receive that finds a message waiting returns without yielding to the scheduler, but only
+#: this many times in a row: then it yields once, so one busy process cannot starve the others.
+FAIRNESS_BUDGET = 32
+
+_NO_DEFAULT: Any = object()
+
+#: The value a :class:`CallWaiter` resolves to when its timer fires first.
+TIMED_OUT: Any = object()
+
+Match = type | tuple[type, ...] | Callable[[Any], bool] | None
+
+_CURRENT: contextvars.ContextVar[Process] = contextvars.ContextVar("otp_current_process")
+
+
+class ProcessExit(BaseException):  # noqa: N818 - mirrors Erlang's exit/1, not an error
+    """Raised to end the current process with ``reason`` (Erlang's ``exit(Reason)``).
+
+    It derives from ``BaseException`` so that ``except Exception`` in user code does not swallow a
+    deliberate exit. Raise it through ``otp.exit_self(reason)``.
+    """
+
+    def __init__(self, reason: Any) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class CallWaiter:
+    """A one-shot slot a caller parks on while a ``GenServer.call`` is outstanding (an alias).
+
+    Replies and the callee's DOWN go straight here, not through the mailbox, so several tasks of
+    one process can call at once and a reply after the caller gave up is dropped by its tag.
+    """
+
+    __slots__ = ("done", "is_down", "task", "value")
+
+    def __init__(self) -> None:
+        self.task: Task | None = None
+        self.value: Any = None
+        self.is_down = False
+        self.done = False
+
+    def resolve(self, value: Any, is_down: bool) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.value = value
+        self.is_down = is_down
+        task = self.task
+        if task is not None:
+            self.task = None
+            reschedule(task)
+
+    def _abort(self, _raise_cancel: Any) -> Abort:
+        self.task = None
+        return Abort.SUCCEEDED
+
+    def time_out(self) -> None:
+        self.resolve(TIMED_OUT, False)
+
+    async def wait(self) -> None:
+        """Park until resolved; cancellation leaves the slot unresolved."""
+        if self.done:
+            await cancel_shielded_checkpoint()
+            return
+        self.task = current_task()
+        await wait_task_rescheduled(self._abort)
+
+
+def _predicate(match: Match) -> Callable[[Any], bool] | None:
+    if match is None:
+        return None
+    if isinstance(match, type) or isinstance(match, tuple):
+        kinds = match
+
+        def is_instance(message: Any) -> bool:
+            return isinstance(message, kinds)
+
+        return is_instance
+    if callable(match):
+        return match
+    raise TypeError(
+        f"receive(match=...) takes None, a type, a tuple of types or a predicate (got {match!r})"
+    )
+
+
+class Process:
+    """The runtime state of one process. Users hold its :class:`Pid`, never this object."""
+
+    __slots__ = (
+        "__weakref__",
+        "_fast",
+        "_mailbox",
+        "_match",
+        "_waiter",
+        "aliases",
+        "alive",
+        "behaviour",
+        "exit_hooks",
+        "exit_reason",
+        "exiting",
+        "handled",
+        "last_message",
+        "links",
+        "monitored_by",
+        "monitors",
+        "name",
+        "node",
+        "parent",
+        "pending_reason",
+        "pid",
+        "scope",
+        "started_at",
+        "task",
+        "trap_exit",
+    )
+
+    def __init__(self, node: Node, parent: Pid | None) -> None:
+        self.node = node
+        self.pid: Pid = node.new_pid(self)
+        self.parent = parent
+        self._mailbox: deque[Any] | None = None
+        self._waiter: Task | None = None
+        self._match: Callable[[Any], bool] | None = None
+        self._fast = 0
+        # Links, monitors and aliases are allocated on first use: most processes have few or none.
+        self.links: set[Pid] | None = None
+        self.monitors: dict[Ref, Any] | None = None
+        self.monitored_by: dict[Ref, Pid] | None = None
+        self.aliases: dict[Ref, CallWaiter] | None = None
+        self.exit_hooks: list[Callable[[Process, Any], None]] | None = None
+        self.trap_exit = False
+        self.alive = True
+        self.exiting = False
+        self.pending_reason: Any = None
+        self.exit_reason: Any = None
+        self.name: Any = None
+        self.behaviour: str | None = None
+        self.scope = trio.CancelScope()
+        self.started_at = trio.current_time()
+        self.handled = 0
+        self.task: Task | None = None
+        self.last_message: Any = None
+
+    def __repr__(self) -> str:
+        return f"<Process {self.pid!r} alive={self.alive}>"
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    def deliver(self, message: Any) -> None:
+        """Append ``message`` to the mailbox and wake the owner if it waits for such a message."""
+        if not self.alive:
+            return
+        mailbox = self._mailbox
+        if mailbox is None:
+            mailbox = self._mailbox = deque()
+        mailbox.append(message)
+        task = self._waiter
+        if task is not None:
+            match = self._match
+            if match is not None:
+                try:
+                    if not match(message):
+                        return
+                except Exception:
+                    pass  # the receiver re-runs the pattern and raises in its own task
+            self._waiter = None
+            reschedule(task)
+
+    def die(self, reason: Any) -> None:
+        """Terminate this process with ``reason`` (an exit signal it cannot or does not trap).
+
+        The process's task is cancelled; it unwinds at its next checkpoint and exits with
+        ``reason`` whatever else happens on the way out.
+        """
+        if not self.alive or self.exiting:
+            return
+        self.exiting = True
+        self.pending_reason = reason
+        self.scope.cancel()
+
+    @property
+    def message_queue_len(self) -> int:
+        return len(self._mailbox) if self._mailbox else 0
+
+    def peek_messages(self) -> list[Any]:
+        return list(self._mailbox) if self._mailbox else []
+
+    def remove_messages(self, predicate: Callable[[Any], bool]) -> int:
+        """Drop every queued message ``predicate`` accepts (used by flushes); returns how many."""
+        mailbox = self._mailbox
+        if not mailbox:
+            return 0
+        kept = [m for m in mailbox if not predicate(m)]
+        removed = len(mailbox) - len(kept)
+        if removed:
+            mailbox.clear()
+            mailbox.extend(kept)
+        return removed
+
+    # -- receive -----------------------------------------------------------------------------
+
+    def _abort_receive(self, _raise_cancel: Any) -> Abort:
+        self._waiter = None
+        self._match = None
+        return Abort.SUCCEEDED
+
+    async def receive(
+        self, match: Match = None, timeout: float | None = None, default: Any = _NO_DEFAULT
+    ) -> Any:
+        """Take the oldest message that ``match`` accepts, waiting up to ``timeout`` seconds."""
+        await checkpoint_if_cancelled()
+        mailbox = self._mailbox
+        predicate = _predicate(match) if match is not None else None
+        if mailbox:
+            if predicate is None:
+                message = mailbox.popleft()
+                self.handled += 1
+                self._fast += 1
+                if self._fast >= FAIRNESS_BUDGET:
+                    self._fast = 0
+                    await cancel_shielded_checkpoint()
+                return message
+            for index, message in enumerate(mailbox):
+                if predicate(message):
+                    del mailbox[index]
+                    self.handled += 1
+                    return message
+            scanned = len(mailbox)
+        else:
+            scanned = 0
+        self._fast = 0
+        if timeout is not None and timeout <= 0:
+            await cancel_shielded_checkpoint()
+            return self._timed_out(timeout, default)
+        if self._waiter is not None:
+            raise OtpError(
+                f"two tasks of process {self.pid!r} receive at once: a mailbox has one reader;"
+                " start another process for concurrent work"
+            )
+        while True:
+            self._waiter = current_task()
+            self._match = predicate
+            if timeout is None:
+                await wait_task_rescheduled(self._abort_receive)
+            else:
+                with trio.move_on_after(timeout) as scope:
+                    await wait_task_rescheduled(self._abort_receive)
+                if scope.cancelled_caught:
+                    return self._timed_out(timeout, default)
+            mailbox = self._mailbox
+            assert mailbox is not None
+            if predicate is None:
+                self.handled += 1
+                return mailbox.popleft()
+            for index in range(scanned, len(mailbox)):
+                message = mailbox[index]
+                if predicate(message):
+                    del mailbox[index]
+                    self.handled += 1
+                    return message
+            scanned = len(mailbox)
+
+    def _timed_out(self, timeout: float | None, default: Any) -> Any:
+        if default is _NO_DEFAULT:
+            raise ReceiveTimeout(
+                f"process {self.pid!r} got no matching message within {timeout} s"
+            )
+        return default
+
+
+def current_process() -> Process:
+    """The process running the calling code; raises :class:`NotAProcess` outside one."""
+    try:
+        return _CURRENT.get()
+    except LookupError:
+        raise NotAProcess(
+            "this needs a current process: run it inside spawn(), otp.run() or"
+            " 'async with otp.open_node():'"
+        ) from None
+
+
+def current_process_or_none() -> Process | None:
+    return _CURRENT.get(None)

@@ -1,0 +1,86 @@
+"""Timers on trio's clock: ``send_after``, ``exit_after``, ``cancel_timer`` (Erlang's
+``erlang:send_after/3`` and ``erlang:cancel_timer/1``).
+
+One system task per node keeps every timer in a heap and sleeps until the earliest deadline, so
+a timer costs a heap entry rather than a task, and MockClock drives them in tests.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from ._ids import Ref
+
+if TYPE_CHECKING:
+    from ._node import Node
+
+
+class TimerService:
+    """The per-node timer wheel (a heap of deadlines) and the task that fires it."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        self._heap: list[tuple[float, int, Ref]] = []
+        self._actions: dict[Ref, tuple[float, Callable[[], None]]] = {}
+        self._order = itertools.count()
+        self._scope: trio.CancelScope | None = None
+
+    def __len__(self) -> int:
+        return len(self._actions)
+
+    def start(self, delay: float, action: Callable[[], None]) -> Ref:
+        ref = self._node.make_ref()
+        deadline = trio.current_time() + max(0.0, delay)
+        self._actions[ref] = (deadline, action)
+        heap = self._heap
+        heapq.heappush(heap, (deadline, next(self._order), ref))
+        # Cancelled timers stay in the heap until their deadline; when they outnumber the live
+        # ones, rebuild it, so a stream of cancelled call timeouts costs amortised O(log n).
+        if len(heap) > 1024 and len(heap) > 2 * len(self._actions):
+            self._compact()
+        scope = self._scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+        return ref
+
+    def cancel(self, ref: Ref) -> float | None:
+        entry = self._actions.pop(ref, None)
+        if entry is None:
+            return None
+        return max(0.0, entry[0] - trio.current_time())
+
+    def read(self, ref: Ref) -> float | None:
+        entry = self._actions.get(ref)
+        if entry is None:
+            return None
+        return max(0.0, entry[0] - trio.current_time())
+
+    def _compact(self) -> None:
+        live = self._actions
+        self._heap[:] = [item for item in self._heap if item[2] in live]
+        heapq.heapify(self._heap)
+
+    async def run(self) -> None:
+        heap = self._heap
+        while True:
+            now = trio.current_time()
+            while heap and heap[0][0] <= now:
+                _, _, ref = heapq.heappop(heap)
+                entry = self._actions.pop(ref, None)
+                if entry is not None:
+                    entry[1]()
+            # Drop cancelled entries from the top so the next deadline is a live one.
+            while heap and heap[0][2] not in self._actions:
+                heapq.heappop(heap)
+            deadline = heap[0][0] if heap else math.inf
+            with trio.CancelScope(deadline=deadline) as scope:
+                self._scope = scope
+                await trio.sleep_forever()
+            self._scope = None
+
