@@ -1,8 +1,8 @@
 """The benchmark harness: every benchmark measures itself against a baseline in the same run.
 
-A benchmark module is a ``benchmarks/bench_*.py`` file with a module-level ``BENCHMARKS`` list of
-:class:`Benchmark`. Each one's ``run(quick)`` returns a :class:`Result`; the harness prints the table
-and writes the JSON described in the README.
+A benchmark module is a ``benchmarks/bench_*.py`` file with a module-level ``BENCHMARKS`` list
+of :class:`Benchmark`. Each one's ``run(quick)`` returns :class:`Result` s; the harness prints
+the table and writes the JSON described in the README.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The public API; everything lives in private modules and is re-exported here.
 
 from ._api import cancel_timer as cancel_timer
 from ._api import demonitor as demonitor
-from ._api import exit as exit  # noqa: A004 - Erlang's exit/2
+from ._api import exit as exit
 from ._api import exit_after as exit_after
 from ._api import exit_self as exit_self
 from ._api import link as link

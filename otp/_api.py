@@ -7,9 +7,8 @@ Every function here acts on the node of the calling task. Those that act on the 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
-
 
 from ._errors import BadArg, NoProc
 from ._ids import Pid, Ref
@@ -103,7 +102,7 @@ def send(dest: Dest, message: Any) -> None:
     distribution layer, and are dropped if it cannot reach that node.
     """
     if dest.__class__ is Pid:
-        proc = dest._proc  # type: ignore[union-attr]
+        proc = dest._proc
         if proc is not None:
             if proc.alive:
                 proc.deliver(message)
@@ -116,19 +115,21 @@ def send(dest: Dest, message: Any) -> None:
         node.distribution.send(dest, message)
 
 
-async def receive(
+def receive(
     match: Match = None, *, timeout: float | None = None, default: Any = _NO_DEFAULT
-) -> Any:
-    """Take the oldest message in the caller's mailbox that ``match`` accepts.
+) -> Coroutine[Any, Any, Any]:
+    """Take the oldest message in the caller's mailbox that ``match`` accepts (await it).
 
     ``match`` is None (any message), a type or tuple of types (``isinstance``) or a predicate.
     Messages it does not accept stay in the mailbox in their order. With ``timeout`` (seconds),
     gives up after that long: returns ``default`` if given, else raises
     :class:`~otp.ReceiveTimeout`; ``timeout=0`` only looks at what is already there.
 
-    Cancellation leaves the mailbox untouched.
+    It is a checkpoint. Cancellation leaves the mailbox untouched.
     """
-    return await current_process().receive(match, timeout, default)
+    # A plain function returning the process's coroutine: one coroutine frame less per waiting
+    # process, which is most of them.
+    return current_process().receive(match, timeout, default)
 
 
 # -- links and exit signals -------------------------------------------------------------------
@@ -185,7 +186,7 @@ def unlink(pid: Pid) -> None:
         me.node.distribution.unlink(me.pid, pid)
 
 
-def exit(pid: Pid, reason: Any) -> None:  # noqa: A001 - Erlang's exit/2
+def exit(pid: Pid, reason: Any) -> None:
     """Send an exit signal with ``reason`` to ``pid`` (Erlang's ``exit/2``).
 
     ``"kill"`` kills untrappably (the target exits ``"killed"``); a trapping target gets
@@ -252,8 +253,8 @@ def monitor(target: Dest) -> Ref:
     if proc is None:
         if (
             target.__class__ is Pid
-            and target._proc is None  # type: ignore[union-attr]
-            and target.node != node.name  # type: ignore[union-attr]
+            and target._proc is None
+            and target.node != node.name
             and node.distribution is not None
         ):
             ref = node.make_ref()
@@ -383,4 +384,3 @@ def cancel_timer(ref: Ref) -> float | None:
 def read_timer(ref: Ref) -> float | None:
     """Seconds left on a timer, or None if it fired, was cancelled or never existed."""
     return current_node().timers.read(ref)
-

@@ -168,9 +168,7 @@ class GenServer:
         return await _start(cls, args, name, timeout, link=True)
 
     @classmethod
-    async def start(
-        cls, *args: Any, name: str | None = None, timeout: float | None = None
-    ) -> Pid:
+    async def start(cls, *args: Any, name: str | None = None, timeout: float | None = None) -> Pid:
         """Start a server not linked to the caller; otherwise as :meth:`start_link`."""
         return await _start(cls, args, name, timeout, link=False)
 
@@ -414,6 +412,8 @@ async def _serve(
 ) -> None:
     me = current_process()
     me.behaviour = f"GenServer {cls.__module__}.{cls.__qualname__}"
+    result: Any
+    reason: Any
     if name is not None:
         try:
             register(name, me.pid)
@@ -458,6 +458,7 @@ async def _loop(
     handle_call = server.handle_call
     async_call = cls._async_call
     message: Any = None
+    ret: Any
     try:
         while True:
             if cont is not UNSET:

@@ -27,7 +27,7 @@ class Pid:
     creation: int
     _proc: Process | None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> NoReturn:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("Pid has no public constructor: pids come from spawn(), self() and friends")
 
     @classmethod
@@ -42,9 +42,8 @@ class Pid:
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
-        if other.__class__ is not Pid:
+        if not isinstance(other, Pid):
             return NotImplemented
-        assert isinstance(other, Pid)
         return self.id == other.id and self.node == other.node and self.creation == other.creation
 
     def __hash__(self) -> int:
@@ -75,7 +74,7 @@ class Ref:
     id: int
     creation: int
 
-    def __init__(self, *args: Any, **kwargs: Any) -> NoReturn:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("Ref has no public constructor: use otp.make_ref()")
 
     @classmethod
@@ -89,9 +88,8 @@ class Ref:
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
-        if other.__class__ is not Ref:
+        if not isinstance(other, Ref):
             return NotImplemented
-        assert isinstance(other, Ref)
         return self.id == other.id and self.node == other.node and self.creation == other.creation
 
     def __hash__(self) -> int:

@@ -1,4 +1,5 @@
-"""Introspection: ``processes()`` and ``process_info(pid)``, as Erlang's functions of those names."""
+"""Introspection: ``processes()`` and ``process_info(pid)``, as Erlang's functions of those
+names."""
 
 from __future__ import annotations
 

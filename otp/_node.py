@@ -96,7 +96,6 @@ class Node:
         self, proc: Process, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
     ) -> None:
         _CURRENT.set(proc)
-        proc.task = trio.lowlevel.current_task()
         reason: Any = NORMAL
         try:
             with proc.scope:
@@ -123,7 +122,6 @@ class Node:
     def adopt_current_task(self, parent: Process | None = None) -> Process:
         """Make the running task a process (the main process of ``open_node`` and ``run``)."""
         proc = Process(self, parent.pid if parent is not None else None)
-        proc.task = trio.lowlevel.current_task()
         self.processes[proc.pid.id] = proc
         return proc
 

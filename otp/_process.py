@@ -44,7 +44,7 @@ Match = type | tuple[type, ...] | Callable[[Any], bool] | None
 _CURRENT: contextvars.ContextVar[Process] = contextvars.ContextVar("otp_current_process")
 
 
-class ProcessExit(BaseException):  # noqa: N818 - mirrors Erlang's exit/1, not an error
+class ProcessExit(BaseException):
     """Raised to end the current process with ``reason`` (Erlang's ``exit(Reason)``).
 
     It derives from ``BaseException`` so that ``except Exception`` in user code does not swallow a
@@ -119,7 +119,6 @@ class Process:
     """The runtime state of one process. Users hold its :class:`Pid`, never this object."""
 
     __slots__ = (
-        "__weakref__",
         "_fast",
         "_mailbox",
         "_match",
@@ -142,7 +141,6 @@ class Process:
         "pid",
         "scope",
         "started_at",
-        "task",
         "trap_exit",
     )
 
@@ -170,7 +168,6 @@ class Process:
         self.scope = trio.CancelScope()
         self.started_at = trio.current_time()
         self.handled = 0
-        self.task: Task | None = None
         self.last_message: Any = None
 
     def __repr__(self) -> str:
@@ -294,9 +291,7 @@ class Process:
 
     def _timed_out(self, timeout: float | None, default: Any) -> Any:
         if default is _NO_DEFAULT:
-            raise ReceiveTimeout(
-                f"process {self.pid!r} got no matching message within {timeout} s"
-            )
+            raise ReceiveTimeout(f"process {self.pid!r} got no matching message within {timeout} s")
         return default
 
 

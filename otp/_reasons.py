@@ -2,8 +2,9 @@
 
 An exit reason is any value, as an Erlang term is: the strings below play the part of Erlang's
 atoms (``"normal"``, ``"shutdown"``, ``"kill"``, ``"killed"``, ``"noproc"``, ``"noconnection"``),
-:class:`Shutdown` is ``{shutdown, Detail}`` and :class:`Crash` carries the exception a process died of.
-One function, :func:`is_abnormal`, decides what restarts, logging and link propagation treat as normal.
+:class:`Shutdown` is ``{shutdown, Detail}`` and :class:`Crash` carries the exception a process
+died of. One function, :func:`is_abnormal`, decides what restarts, logging and link propagation
+treat as normal.
 """
 
 from __future__ import annotations

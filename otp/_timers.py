@@ -83,4 +83,3 @@ class TimerService:
                 self._scope = scope
                 await trio.sleep_forever()
             self._scope = None
-

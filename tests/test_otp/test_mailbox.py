@@ -1,0 +1,149 @@
+"""OTP_SEMANTICS.md section 3 and the mailbox: ordering, selective receive, timeouts."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+import otp
+
+
+async def test_message_sent_before_death_arrives_before_the_down() -> None:
+    async with otp.open_node():
+        me = otp.self()
+
+        async def say_and_die() -> None:
+            otp.send(me, "last words")
+            raise RuntimeError("dead")
+
+        _, ref = otp.spawn_monitor(say_and_die)
+        assert await otp.receive() == "last words"
+        assert (await otp.receive()).ref == ref
+
+
+async def test_message_sent_before_death_arrives_before_the_exit() -> None:
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        me = otp.self()
+
+        async def say_and_die() -> None:
+            otp.send(me, "last words")
+            otp.exit_self("bye")
+
+        pid = otp.spawn_link(say_and_die)
+        assert await otp.receive() == "last words"
+        assert await otp.receive() == otp.Exit(pid, "bye")
+
+
+async def test_messages_from_one_sender_arrive_in_order() -> None:
+    async with otp.open_node():
+        me = otp.self()
+
+        async def burst() -> None:
+            for i in range(500):
+                otp.send(me, i)
+
+        otp.spawn(burst)
+        assert [await otp.receive() for _ in range(500)] == list(range(500))
+
+
+async def test_selective_receive_keeps_unmatched_messages_in_order() -> None:
+    async with otp.open_node():
+        me = otp.self()
+        for item in ["a", 1, "b", 2, "c"]:
+            otp.send(me, item)
+        assert await otp.receive(int) == 1
+        assert await otp.receive(lambda m: m == "c") == "c"
+        assert [await otp.receive() for _ in range(3)] == ["a", "b", 2]
+
+
+async def test_selective_receive_waits_only_for_a_matching_message() -> None:
+    async with otp.open_node():
+        me = otp.self()
+
+        async def sender() -> None:
+            otp.send(me, "noise")
+            await trio.sleep(0)
+            otp.send(me, ("reply", 42))
+
+        otp.spawn(sender)
+        assert await otp.receive(tuple) == ("reply", 42)
+        assert await otp.receive(timeout=0) == "noise"
+
+
+async def test_receive_timeout_raises_or_returns_the_default(autojump_clock: object) -> None:
+    async with otp.open_node():
+        start = trio.current_time()
+        with pytest.raises(otp.ReceiveTimeout, match=r"no matching message within 2\.5 s"):
+            await otp.receive(timeout=2.5)
+        assert trio.current_time() - start == pytest.approx(2.5)
+        assert await otp.receive(timeout=1, default=None) is None
+
+
+async def test_receive_with_timeout_zero_only_polls() -> None:
+    async with otp.open_node():
+        assert await otp.receive(timeout=0, default="empty") == "empty"
+        otp.send(otp.self(), "x")
+        assert await otp.receive(timeout=0) == "x"
+
+
+async def test_send_to_a_dead_pid_does_nothing() -> None:
+    async with otp.open_node():
+
+        async def finish() -> None:
+            return
+
+        pid, _ = otp.spawn_monitor(finish)
+        await otp.receive(otp.Down)
+        otp.send(pid, "into the void")
+
+
+async def test_send_to_an_unregistered_name_raises_badarg() -> None:
+    async with otp.open_node():
+        with pytest.raises(otp.BadArg, match="no process is registered under that name"):
+            otp.send("nobody", "hello")
+
+
+async def test_receive_is_cancellable_and_leaves_the_mailbox_intact() -> None:
+    async with otp.open_node():
+        with trio.move_on_after(0.01):
+            await otp.receive(int)
+        otp.send(otp.self(), 7)
+        assert await otp.receive(int) == 7
+
+
+async def test_a_busy_receiver_still_lets_other_tasks_run() -> None:
+    async with otp.open_node():
+        me = otp.self()
+        for i in range(1000):
+            otp.send(me, i)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            for _ in range(1000):
+                await otp.receive()
+            nursery.cancel_scope.cancel()
+        assert ticks > 10
+
+
+async def test_two_tasks_receiving_on_one_mailbox_is_a_clear_error() -> None:
+    async with otp.open_node():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(otp.receive)
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(otp.OtpError, match="two tasks of process"):
+                await otp.receive()
+            nursery.cancel_scope.cancel()
+
+
+async def test_receive_outside_a_process_is_a_clear_error() -> None:
+    with pytest.raises(otp.NotAProcess, match="needs a current process"):
+        await otp.receive()
