@@ -57,6 +57,14 @@ from ._node import Node as Node
 from ._node import current_node as current_node
 from ._node import open_node as open_node
 from ._node import run as run
+from ._port import ExitStatus as ExitStatus
+from ._port import PortData as PortData
+from ._port import PortSpec as PortSpec
+from ._port import Signaled as Signaled
+from ._port import open_port as open_port
+from ._port import port_close as port_close
+from ._port import port_command as port_command
+from ._port import port_os_pid as port_os_pid
 from ._process import ProcessExit as ProcessExit
 from ._reasons import KILL as KILL
 from ._reasons import KILLED as KILLED
@@ -84,6 +92,7 @@ __all__ = [
     "Crash",
     "Down",
     "Exit",
+    "ExitStatus",
     "From",
     "GenServer",
     "Ignore",
@@ -94,6 +103,8 @@ __all__ = [
     "Ok",
     "OtpError",
     "Pid",
+    "PortData",
+    "PortSpec",
     "ProcessExit",
     "ProcessExited",
     "ProcessInfo",
@@ -101,6 +112,7 @@ __all__ = [
     "Ref",
     "Reply",
     "Shutdown",
+    "Signaled",
     "StartError",
     "StartIgnored",
     "Stop",
@@ -119,6 +131,10 @@ __all__ = [
     "make_ref",
     "monitor",
     "open_node",
+    "open_port",
+    "port_close",
+    "port_command",
+    "port_os_pid",
     "process_flag",
     "process_info",
     "processes",
