@@ -38,9 +38,7 @@ async def test_port_forwards_stdout_to_its_owner_and_writes_commands_to_stdin() 
 async def test_line_mode_delivers_one_message_per_line() -> None:
     async with otp.open_node():
         otp.process_flag(trap_exit=True)
-        port = await otp.open_port(
-            [PY, "-c", "print('one'); print('two', end='')"], mode="line"
-        )
+        port = await otp.open_port([PY, "-c", "print('one'); print('two', end='')"], mode="line")
         assert (await otp.receive(otp.PortData)).data == b"one"
         assert (await otp.receive(otp.PortData)).data == b"two"
         assert await otp.receive(otp.Exit) == otp.Exit(port, otp.NORMAL)
@@ -79,7 +77,10 @@ async def test_a_shutdown_signal_stops_the_program_with_sigterm() -> None:
         otp.process_flag(trap_exit=True)
         script = (
             "import signal, sys, time\n"
-            "signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(0)))\n"
+            "def on_term(*_):\n"
+            "    print('got TERM', flush=True)\n"
+            "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, on_term)\n"
             "print('ready', flush=True)\n"
             "time.sleep(60)\n"
         )
@@ -141,7 +142,7 @@ async def test_a_port_that_loses_its_owner_kills_its_program() -> None:
 async def test_environment_and_working_directory_are_explicit(tmp_path: object) -> None:
     async with otp.open_node():
         otp.process_flag(trap_exit=True)
-        port = await otp.open_port(
+        await otp.open_port(
             [PY, "-c", "import os; print(os.environ.get('ONLY'), os.getcwd(), len(os.environ))"],
             env={"ONLY": "this"},
             cwd=str(tmp_path),
