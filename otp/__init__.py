@@ -25,6 +25,18 @@ from ._api import spawn_monitor as spawn_monitor
 from ._api import unlink as unlink
 from ._api import unregister as unregister
 from ._api import whereis as whereis
+from ._dist_values import RemoteException as RemoteException
+from ._distribution import DistConfig as DistConfig
+from ._distribution import DistributionError as DistributionError
+from ._distribution import NodeDown as NodeDown
+from ._distribution import TlsConfig as TlsConfig
+from ._distribution import connect as connect
+from ._distribution import disconnect as disconnect
+from ._distribution import monitor_node as monitor_node
+from ._distribution import node_name as node_name
+from ._distribution import nodes as nodes
+from ._distribution import read_cookie_file as read_cookie_file
+from ._distribution import start_distribution as start_distribution
 from ._errors import BadArg as BadArg
 from ._errors import CallError as CallError
 from ._errors import CallTimeout as CallTimeout
@@ -90,6 +102,8 @@ __all__ = [
     "CallError",
     "CallTimeout",
     "Crash",
+    "DistConfig",
+    "DistributionError",
     "Down",
     "Exit",
     "ExitStatus",
@@ -99,6 +113,7 @@ __all__ = [
     "NoProc",
     "NoReply",
     "Node",
+    "NodeDown",
     "NotAProcess",
     "Ok",
     "OtpError",
@@ -110,6 +125,7 @@ __all__ = [
     "ProcessInfo",
     "ReceiveTimeout",
     "Ref",
+    "RemoteException",
     "Reply",
     "Shutdown",
     "Signaled",
@@ -117,11 +133,14 @@ __all__ = [
     "StartIgnored",
     "Stop",
     "StopError",
+    "TlsConfig",
     "call",
     "cancel_timer",
     "cast",
+    "connect",
     "current_node",
     "demonitor",
+    "disconnect",
     "exit",
     "exit_after",
     "exit_self",
@@ -130,14 +149,19 @@ __all__ = [
     "link",
     "make_ref",
     "monitor",
+    "monitor_node",
+    "node_name",
+    "nodes",
     "open_node",
     "open_port",
+    "pg",
     "port_close",
     "port_command",
     "port_os_pid",
     "process_flag",
     "process_info",
     "processes",
+    "read_cookie_file",
     "read_timer",
     "receive",
     "register",
@@ -150,17 +174,21 @@ __all__ = [
     "spawn",
     "spawn_link",
     "spawn_monitor",
+    "start_distribution",
     "unlink",
     "unregister",
     "whereis",
 ]
 
 
+from . import pg as pg  # noqa: E402 - the subpackage needs the names above
+
+
 def _publish() -> None:
     # Public objects say they come from ``otp``, not from the private module that defines them.
     for name in __all__:
         obj = globals()[name]
-        if isinstance(obj, type) or callable(obj):
+        if (isinstance(obj, type) or callable(obj)) and not isinstance(obj, type(pg)):
             try:
                 obj.__module__ = __name__
             except (AttributeError, TypeError):

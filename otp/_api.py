@@ -243,30 +243,39 @@ def monitor(target: Dest) -> Ref:
 
     When the target exits the caller gets ``Down(ref, target, reason)``; if it does not exist the
     ``Down`` (reason ``"noproc"``) is sent at once. Monitors stack: each call is one more DOWN.
+    A monitor across nodes also fires, with ``"noconnection"``, when the connection is lost.
     """
     me = current_process()
     node = me.node
+    remote = _remote_node(node, target)
+    if remote is not None and node.distribution is not None:
+        ref = node.make_ref()
+        if me.monitors is None:
+            me.monitors = {}
+        if target.__class__ is Pid:
+            me.monitors[ref] = target
+        else:
+            me.monitors[ref] = NamedMonitor(Pid._make(remote, 0, 0), target)
+        node.distribution.monitor(me.pid, target, ref)
+        return ref
     try:
         proc = resolve_dest(node, target)
     except BadArg:
         proc = None
     if proc is None:
-        if (
-            target.__class__ is Pid
-            and target._proc is None
-            and target.node != node.name
-            and node.distribution is not None
-        ):
-            ref = node.make_ref()
-            if me.monitors is None:
-                me.monitors = {}
-            me.monitors[ref] = target
-            node.distribution.monitor(me.pid, target, ref)
-            return ref
         ref = node.make_ref()
         me.deliver(Down(ref, target, NOPROC))
         return ref
     return _add_monitor(me, proc, target)
+
+
+def _remote_node(node: Node, target: Any) -> str | None:
+    """The node ``target`` lives on if that is another node, else None."""
+    if target.__class__ is Pid:
+        return target.node if target._proc is None and target.node != node.name else None
+    if isinstance(target, tuple) and len(target) == 2 and target[1] != node.name:
+        return str(target[1])
+    return None
 
 
 def demonitor(ref: Ref, *, flush: bool = False) -> bool:
@@ -287,7 +296,7 @@ def demonitor(ref: Ref, *, flush: bool = False) -> bool:
                 if proc.monitored_by is not None:
                     proc.monitored_by.pop(ref, None)
             elif target_pid._proc is None and node.distribution is not None:
-                node.distribution.send_demonitor(me.pid, target_pid, ref)
+                node.distribution.send_demonitor(me.pid, target, ref)
     if flush:
         me.remove_messages(lambda m: m.__class__ is Down and m.ref == ref)
     return found

@@ -48,6 +48,10 @@ class Node:
         self.closing = False
         #: Set by the distribution layer; without it, messages to other nodes are dropped.
         self.distribution: Any = None
+        #: Process groups (``otp.pg``), created on first use.
+        self.pg: Any = None
+        #: Where the node's own long-lived tasks run (timers, listeners); not processes.
+        self.system_nursery: trio.Nursery = nursery
 
     def __repr__(self) -> str:
         return f"<Node {self.name} processes={len(self.processes)}>"
@@ -210,7 +214,7 @@ class Node:
                 if target_proc is not None and target_proc.monitored_by is not None:
                     target_proc.monitored_by.pop(ref, None)
                 elif target_pid._proc is None and self.distribution is not None:
-                    self.distribution.send_demonitor(pid, target_pid, ref)
+                    self.distribution.send_demonitor(pid, target, ref)
         proc.aliases = None
         proc._mailbox = None
 
@@ -314,6 +318,7 @@ async def open_node(name: str = DEFAULT_NODE_NAME) -> AsyncIterator[Node]:
     async with trio.open_nursery() as system:
         async with trio.open_nursery() as nursery:
             node = Node(name, nursery)
+            node.system_nursery = system
             _NODE.set(node)
             system.start_soon(node.timers.run)
             main = node.adopt_current_task()

@@ -1,0 +1,157 @@
+"""The distribution handshake (wire version 2): names, versions, codec choice and proof that both
+sides know the cookie, by HMAC challenge-response; the cookie itself never crosses.
+
+1. The initiator sends HANDSHAKE {node, versions, codecs, creation, auth: {challenge, listen}}.
+2. The acceptor answers HANDSHAKE {node, versions, codecs: [chosen], creation,
+   auth: {challenge, digest, listen}}, where digest proves it knows the cookie for the
+   initiator's challenge.
+3. The initiator checks it and sends HANDSHAKE {node, auth: {digest}} for the acceptor's
+   challenge; the acceptor checks that. Then both sides are connected.
+
+Each digest is HMAC-SHA256(cookie, role, the digester's node name, the challenge), so a digest
+cannot be reflected back or replayed under another name.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections.abc import Sequence
+from hashlib import sha256
+
+import attrs
+import trio
+
+import wire
+
+CHALLENGE_BYTES = 32
+PROTOCOL_VERSION = 2
+
+
+class HandshakeError(Exception):
+    """The peer failed the handshake; the message says why (logged, the connection dropped)."""
+
+
+@attrs.frozen
+class Peer:
+    """Who is at the other end once the handshake succeeded."""
+
+    name: str
+    creation: int
+    codec: wire.Codec
+    listen: tuple[str, ...]
+
+
+def digest(cookie: bytes, role: str, node: str, challenge: bytes) -> bytes:
+    message = b"otp-dist-v2\0" + role.encode() + b"\0" + node.encode() + b"\0" + challenge
+    return hmac.new(cookie, message, sha256).digest()
+
+
+async def _receive_handshake(stream: wire.FrameStream, step: str) -> wire.Handshake:
+    frame = await stream.receive_frame()
+    if frame is None:
+        raise HandshakeError(f"the peer closed the connection during the handshake ({step})")
+    if frame.type is not wire.MessageType.HANDSHAKE:
+        raise HandshakeError(f"expected a HANDSHAKE frame ({step}), got {frame.type.name}")
+    message = wire.parse_dist(frame)
+    assert isinstance(message, wire.Handshake)
+    return message
+
+
+def _bytes(auth: dict[str, object], key: str, step: str) -> bytes:
+    value = auth.get(key)
+    if not isinstance(value, bytes):
+        raise HandshakeError(f"the peer's HANDSHAKE ({step}) lacks auth.{key}")
+    return value
+
+
+def _listen(auth: dict[str, object]) -> tuple[str, ...]:
+    value = auth.get("listen", [])
+    if isinstance(value, list) and all(isinstance(a, str) for a in value):
+        return tuple(value)
+    return ()
+
+
+async def initiate(
+    stream: wire.FrameStream,
+    *,
+    name: str,
+    creation: int,
+    cookie: bytes,
+    codecs: Sequence[wire.Codec],
+    listen: Sequence[str],
+    expected: str | None,
+) -> Peer:
+    """Run the initiator's side; returns the peer, or raises :class:`HandshakeError`."""
+    challenge = secrets.token_bytes(CHALLENGE_BYTES)
+    await stream.send_frame(
+        wire.Handshake(
+            name, (PROTOCOL_VERSION,), tuple(codecs), creation,
+            {"challenge": challenge, "listen": list(listen)},
+        ).to_frame()
+    )
+    answer = await _receive_handshake(stream, "acceptor's answer")
+    if expected is not None and answer.node != expected:
+        raise HandshakeError(f"dialled node {expected!r} but {answer.node!r} answered")
+    if not answer.codecs or answer.codecs[0] not in codecs:
+        raise HandshakeError(f"the acceptor chose a codec we did not offer: {answer.codecs!r}")
+    their_digest = _bytes(answer.auth, "digest", "acceptor's answer")
+    if not hmac.compare_digest(their_digest, digest(cookie, "acceptor", answer.node, challenge)):
+        raise HandshakeError(f"node {answer.node!r} does not know our cookie (bad digest)")
+    their_challenge = _bytes(answer.auth, "challenge", "acceptor's answer")
+    await stream.send_frame(
+        wire.Handshake(
+            name, (PROTOCOL_VERSION,), tuple(codecs), creation,
+            {"digest": digest(cookie, "initiator", name, their_challenge)},
+        ).to_frame()
+    )
+    return Peer(answer.node, answer.creation, answer.codecs[0], _listen(answer.auth))
+
+
+async def accept(
+    stream: wire.FrameStream,
+    *,
+    name: str,
+    creation: int,
+    cookie: bytes,
+    codecs: Sequence[wire.Codec],
+    listen: Sequence[str],
+    admit: object = None,
+) -> Peer:
+    """Run the acceptor's side; returns the peer, or raises :class:`HandshakeError`.
+
+    ``admit(peer_name)`` (optional) may raise :class:`HandshakeError` to refuse a peer, say one
+    that is already connected.
+    """
+    hello = await _receive_handshake(stream, "initiator's hello")
+    if PROTOCOL_VERSION not in hello.versions:
+        raise HandshakeError(
+            f"node {hello.node!r} speaks versions {list(hello.versions)}, we speak"
+            f" {PROTOCOL_VERSION}"
+        )
+    try:
+        codec = wire.choose_codec(hello.codecs, codecs)
+    except wire.WireError as exc:
+        raise HandshakeError(str(exc)) from None
+    their_challenge = _bytes(hello.auth, "challenge", "initiator's hello")
+    if callable(admit):
+        admit(hello.node)
+    challenge = secrets.token_bytes(CHALLENGE_BYTES)
+    await stream.send_frame(
+        wire.Handshake(
+            name, (PROTOCOL_VERSION,), (codec,), creation,
+            {
+                "challenge": challenge,
+                "digest": digest(cookie, "acceptor", name, their_challenge),
+                "listen": list(listen),
+            },
+        ).to_frame()
+    )
+    final = await _receive_handshake(stream, "initiator's proof")
+    if final.node != hello.node:
+        raise HandshakeError(f"the initiator changed its name from {hello.node!r} to {final.node!r}")
+    proof = _bytes(final.auth, "digest", "initiator's proof")
+    if not hmac.compare_digest(proof, digest(cookie, "initiator", hello.node, challenge)):
+        raise HandshakeError(f"node {hello.node!r} does not know our cookie (bad digest)")
+    await trio.lowlevel.checkpoint()
+    return Peer(hello.node, hello.creation, codec, _listen(hello.auth))

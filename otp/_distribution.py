@@ -1,0 +1,931 @@
+"""Distribution: nodes that talk across OS processes and hosts (Erlang's ``net_kernel`` and
+``dist_util``).
+
+A node that starts distribution listens on Unix sockets and/or TCP (TLS by default) and keeps
+one connection per peer node, made on first use or by :func:`connect`. Each connection is a
+process with a reader, a writer that batches every queued frame into one write, and a pinger;
+per-pair ordering holds because each pair of nodes shares one ordered stream. When a connection
+is lost every link and monitor across it fires with ``noconnection`` and ``monitor_node``
+subscribers get :class:`NodeDown`. Peers tell each other the nodes they know, so a cluster
+becomes a full mesh, as Erlang's does; that suits tens of nodes (each node holds a connection
+to every other, so n nodes hold n(n-1)/2 connections).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket as _socket
+import ssl
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+import wire
+
+from ._dist_handshake import HandshakeError, Peer, accept, initiate
+from ._dist_values import (
+    pid_from_wire,
+    reason_from_wire,
+    reason_to_wire,
+    value_from_wire,
+    value_to_wire,
+)
+from ._errors import BadArg, CallError, CallTimeout, OtpError
+from ._gen_server import _Call, _Cast, _wait
+from ._ids import Pid, Ref
+from ._messages import From
+from ._node import NamedMonitor, Node, current_node
+from ._pg import PG_NAME, GroupState
+from ._process import TIMED_OUT, CallWaiter, Process, current_process
+from ._reasons import KILL, NOCONNECTION, NOPROC
+
+logger = logging.getLogger("otp.dist")
+
+_GEN_CALL = wire.Atom("$gen_call")
+_GEN_CAST = wire.Atom("$gen_cast")
+_GEN_REPLY = wire.Atom("$gen_reply")
+_NET_KERNEL = "net_kernel"
+
+
+class DistributionError(OtpError, RuntimeError):
+    """Distribution cannot start or a node cannot be reached; the message says what to do."""
+
+
+@attrs.frozen
+class NodeDown:
+    """``{nodedown, Node}``: the connection to ``node`` is gone (see :func:`monitor_node`)."""
+
+    node: str
+
+
+@attrs.frozen
+class TlsConfig:
+    """Certificates for distribution over TCP; both sides verify each other (mutual TLS).
+
+    Attributes:
+        certfile: This node's certificate chain (PEM).
+        keyfile: Its private key (PEM).
+        cafile: The CA that signs every node's certificate.
+        server_hostname: The name peers' certificates are checked against (default: the host
+            part of the address dialled).
+    """
+
+    certfile: str
+    keyfile: str
+    cafile: str
+    server_hostname: str | None = None
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.cafile)
+        context.load_cert_chain(self.certfile, self.keyfile)
+        context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.cafile)
+        context.load_cert_chain(self.certfile, self.keyfile)
+        return context
+
+
+def _check_cookie(_inst: Any, _attr: Any, value: bytes) -> None:
+    if not isinstance(value, bytes) or len(value) < 8:
+        raise DistributionError(
+            "DistConfig.cookie must be at least 8 bytes: every node of a cluster shares it"
+        )
+
+
+@attrs.frozen
+class DistConfig:
+    """How a node takes part in distribution.
+
+    Attributes:
+        cookie: The shared secret (never sent; proven by HMAC).
+        listen: Addresses to listen on: ``"unix:/path"`` or ``"tcp:host:port"``.
+        tls: Certificates for TCP; required for TCP unless ``insecure_tcp``.
+        insecure_tcp: Allow plain TCP (logged as a warning: the cookie alone is no security).
+        liveness_timeout: Seconds without any frame from a peer before its connection counts as
+            lost; pings keep an idle connection alive.
+        handshake_timeout: Seconds a peer has to finish the handshake.
+        codecs: Payload codecs this node speaks, most preferred first.
+        mesh: Connect to the nodes peers know about (a full mesh, as Erlang's ``global``).
+        limits: Decoding limits for frames from peers.
+    """
+
+    cookie: bytes = attrs.field(validator=_check_cookie, repr=False)
+    listen: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    tls: TlsConfig | None = None
+    insecure_tcp: bool = False
+    liveness_timeout: float = 60.0
+    handshake_timeout: float = 5.0
+    codecs: tuple[wire.Codec, ...] = (wire.Codec.TLV, wire.Codec.CBOR)
+    mesh: bool = True
+    limits: wire.Limits = attrs.field(factory=lambda: wire.Limits(max_payload=64 * 1024 * 1024))
+
+
+def read_cookie_file(path: str | os.PathLike[str]) -> bytes:
+    """The cookie in ``path``, which must be readable by its owner only (mode 0600 or 0400).
+
+    Raises:
+        DistributionError: the file is missing, empty, or readable by group or others.
+    """
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except OSError as exc:
+        raise DistributionError(f"cookie file {p}: cannot read it ({exc})") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise DistributionError(
+            f"cookie file {p} has mode {stat.S_IMODE(mode):04o}: it must be readable by its owner"
+            f" only; run: chmod 600 {p}"
+        )
+    cookie = p.read_bytes().strip()
+    if not cookie:
+        raise DistributionError(f"cookie file {p} is empty: write a long random secret into it")
+    return cookie
+
+
+def parse_address(address: str) -> tuple[str, Any]:
+    """``"unix:/path"`` -> ("unix", path); ``"tcp:host:port"`` -> ("tcp", (host, port))."""
+    kind, sep, rest = address.partition(":")
+    if kind == "unix" and sep and rest:
+        return "unix", rest
+    if kind == "tcp" and sep:
+        host, sep2, port = rest.rpartition(":")
+        if sep2 and host and port.isdigit():
+            return "tcp", (host.strip("[]"), int(port))
+    raise DistributionError(
+        f"an address is 'unix:/path/to/socket' or 'tcp:host:port' (got {address!r})"
+    )
+
+
+class Connection:
+    """One peer node: its state, the frames waiting to be written, and its process."""
+
+    def __init__(self, dist: Distribution, peer: str) -> None:
+        self.dist = dist
+        self.peer = peer
+        self.state = "connecting"
+        self.codec: wire.Codec | None = None
+        self.creation = 0
+        self._pending: list[wire.Frame] = []
+        self._outbox: list[bytes] = []
+        self._writer_lot = trio.lowlevel.ParkingLot()
+        self.settled = trio.Event()
+        self.process: Process | None = None
+        self.sent_since_tick = False
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.peer} {self.state}>"
+
+    def enqueue(self, mtype: wire.MessageType, payload: Any) -> None:
+        """Queue one distribution frame; encodes it now so the sender hears of a bad value."""
+        if self.state == "down":
+            return
+        frame = wire.Frame(mtype, 0, payload, version=2)
+        if self.codec is None:
+            self._pending.append(frame)
+        else:
+            try:
+                data = wire.encode_frame(frame, codec=self.codec, limits=self.dist.config.limits)
+            except wire.WireError as exc:
+                raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
+            self._outbox.append(data)
+            if self._writer_lot:
+                self._writer_lot.unpark()
+
+    def went_up(self, peer: Peer) -> None:
+        self.codec = peer.codec
+        self.creation = peer.creation
+        self.state = "up"
+        pending, self._pending = self._pending, []
+        for frame in pending:
+            try:
+                self._outbox.append(
+                    wire.encode_frame(frame, codec=self.codec, limits=self.dist.config.limits)
+                )
+            except wire.WireError as exc:
+                logger.error("dropped a frame queued for %s: %s", self.peer, exc)
+        self.settled.set()
+
+    async def write_loop(self, stream: trio.abc.Stream) -> None:
+        while True:
+            while not self._outbox:
+                await self._writer_lot.park()
+            batch, self._outbox = self._outbox, []
+            self.sent_since_tick = True
+            await stream.send_all(b"".join(batch) if len(batch) > 1 else batch[0])
+
+
+class Distribution:
+    """The distribution state of one node (``node.distribution``)."""
+
+    def __init__(self, node: Node, config: DistConfig) -> None:
+        self.node = node
+        self.config = config
+        self.connections: dict[str, Connection] = {}
+        self.addresses: dict[str, str] = {}
+        self.listening: list[str] = []
+        self.node_watchers: dict[str, list[Pid]] = {}
+        self.nodeup_hooks: list[Callable[[str], None]] = []
+        self.nodedown_hooks: list[Callable[[str], None]] = []
+        self._listeners: list[trio.abc.Listener[Any]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        for address in self.config.listen:
+            kind, where = parse_address(address)
+            if kind == "tcp" and self.config.tls is None and not self.config.insecure_tcp:
+                raise DistributionError(
+                    f"listening on {address} needs TLS certificates (DistConfig.tls); plain TCP"
+                    " only with insecure_tcp=True (--insecure-tcp)"
+                )
+            listener = await _open_listener(kind, where)
+            self._listeners.append(listener)
+            self.listening.append(_bound_address(kind, where, listener))
+            nursery.start_soon(self._serve, listener)
+        if self.config.insecure_tcp:
+            logger.warning(
+                "distribution over plain TCP (--insecure-tcp): anyone who can reach the port and"
+                " guess the cookie controls this node; use TLS outside a trusted network"
+            )
+
+    async def _serve(self, listener: trio.abc.Listener[Any]) -> None:
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    logger.warning("distribution listener: accept failed: %s", exc)
+                    await trio.sleep(0.1)
+                    continue
+                self._spawn_connection(None, stream, None)
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _spawn_connection(
+        self, conn: Connection | None, stream: trio.abc.Stream | None, address: str | None
+    ) -> None:
+        proc = self.node.spawn(_run_connection, (self, conn, stream, address), None)
+        proc.behaviour = f"dist_connection {conn.peer if conn else '(accepting)'}"
+        if conn is not None:
+            conn.process = proc
+
+    def connection(self, peer: str, *, connect: bool = True) -> Connection | None:
+        """The connection to ``peer``, dialling it first if ``connect`` and its address is known."""
+        conn = self.connections.get(peer)
+        if conn is not None or not connect:
+            return conn
+        address = self.addresses.get(peer)
+        if address is None or peer == self.node.name:
+            return None
+        conn = Connection(self, peer)
+        self.connections[peer] = conn
+        self._spawn_connection(conn, None, address)
+        return conn
+
+    def admit(self, peer: str) -> None:
+        if peer == self.node.name:
+            raise HandshakeError(f"the peer claims this node's own name {peer!r}")
+        existing = self.connections.get(peer)
+        if existing is None:
+            return
+        if existing.state == "up":
+            raise HandshakeError(f"node {peer!r} is already connected")
+        # Both sides dialled at once: the node with the smaller name keeps its own dial.
+        if self.node.name < peer:
+            raise HandshakeError(f"simultaneous connect with {peer!r}: keeping our own dial")
+
+    def connection_up(self, conn: Connection, peer: Peer) -> Connection:
+        existing = self.connections.get(peer.name)
+        if existing is not None and existing is not conn:
+            # An accepted connection replaces our own pending dial to the same node.
+            existing.state = "down"
+            if existing.process is not None:
+                existing.process.die(KILL)
+            existing.settled.set()
+            conn._pending = existing._pending + conn._pending
+        conn.peer = peer.name
+        self.connections[peer.name] = conn
+        for address in peer.listen[:1]:
+            self.addresses.setdefault(peer.name, address)
+        conn.went_up(peer)
+        logger.info("connected to node %s (%s)", peer.name, conn.codec.value if conn.codec else "")
+        if self.config.mesh:
+            known = {name: addr for name, addr in self.addresses.items() if name != peer.name}
+            if self.listening:
+                known[self.node.name] = self.listening[0]
+            conn.enqueue(
+                wire.MessageType.REG_SEND,
+                {"from": _wire_pid(self.node, None), "to": _NET_KERNEL, "msg": ("peers", known)},
+            )
+        for hook in self.nodeup_hooks:
+            hook(peer.name)
+        return conn
+
+    def connection_lost(self, conn: Connection) -> None:
+        was_up = conn.state == "up"
+        conn.state = "down"
+        conn.settled.set()
+        if self.connections.get(conn.peer) is conn:
+            del self.connections[conn.peer]
+        else:
+            return
+        peer = conn.peer
+        node = self.node
+        for proc in list(node.processes.values()):
+            if not proc.alive:
+                continue
+            if proc.links:
+                for other in [p for p in proc.links if p.node == peer]:
+                    proc.links.discard(other)
+                    node.exit_signal(proc, other, NOCONNECTION, True)
+            if proc.monitors:
+                for ref, target in list(proc.monitors.items()):
+                    target_pid = target.pid if isinstance(target, NamedMonitor) else target
+                    if target_pid.node == peer:
+                        node.deliver_down(proc.pid, ref, target_pid, NOCONNECTION)
+            if proc.monitored_by:
+                for ref in [r for r, w in proc.monitored_by.items() if w.node == peer]:
+                    del proc.monitored_by[ref]
+        for watcher in self.node_watchers.pop(peer, []):
+            target = node.resolve(watcher)
+            if target is not None:
+                target.deliver(NodeDown(peer))
+        if was_up:
+            logger.info("lost the connection to node %s", peer)
+            for hook in self.nodedown_hooks:
+                hook(peer)
+
+    # -- the hooks the core calls for remote pids --------------------------------------------
+
+    def _conn_for(self, peer: str) -> Connection | None:
+        return self.connection(peer)
+
+    def send(self, dest: Any, message: Any) -> None:
+        if dest.__class__ is Pid:
+            conn = self._conn_for(dest.node)
+            if conn is None:
+                return
+            conn.enqueue(
+                wire.MessageType.SEND,
+                {"to": _wire_pid(self.node, dest), "msg": self._message_to_wire(message)},
+            )
+            return
+        name, peer = dest
+        conn = self._conn_for(peer)
+        if conn is None:
+            return
+        conn.enqueue(
+            wire.MessageType.REG_SEND,
+            {
+                "from": _wire_pid(self.node, _sender()),
+                "to": name,
+                "msg": self._message_to_wire(message),
+            },
+        )
+
+    def _message_to_wire(self, message: Any) -> Any:
+        cls = message.__class__
+        if cls is _Call:
+            return (
+                _GEN_CALL,
+                (value_to_wire(message.from_.pid), value_to_wire(message.from_.tag)),
+                value_to_wire(message.request),
+            )
+        if cls is _Cast:
+            return (_GEN_CAST, value_to_wire(message.request))
+        return value_to_wire(message)
+
+    def link(self, me: Pid, remote: Pid) -> None:
+        conn = self._conn_for(remote.node)
+        if conn is None:
+            self._unreachable_link(me, remote)
+            return
+        conn.enqueue(wire.MessageType.LINK, {"from": value_to_wire(me), "to": value_to_wire(remote)})
+
+    def _unreachable_link(self, me: Pid, remote: Pid) -> None:
+        proc = self.node.resolve(me)
+        if proc is not None:
+            if proc.links is not None:
+                proc.links.discard(remote)
+            self.node.exit_signal(proc, remote, NOCONNECTION, True)
+
+    def unlink(self, me: Pid, remote: Pid) -> None:
+        conn = self._conn_for(remote.node)
+        if conn is not None:
+            conn.enqueue(
+                wire.MessageType.UNLINK, {"from": value_to_wire(me), "to": value_to_wire(remote)}
+            )
+
+    def exit(self, sender: Pid, remote: Pid, reason: Any) -> None:
+        conn = self._conn_for(remote.node)
+        if conn is not None:
+            conn.enqueue(
+                wire.MessageType.EXIT2,
+                {
+                    "from": value_to_wire(sender),
+                    "to": value_to_wire(remote),
+                    "reason": reason_to_wire(reason),
+                },
+            )
+
+    def send_link_exit(self, pid: Pid, remote: Pid, reason: Any) -> None:
+        conn = self.connections.get(remote.node)
+        if conn is not None:
+            conn.enqueue(
+                wire.MessageType.EXIT,
+                {
+                    "from": value_to_wire(pid),
+                    "to": value_to_wire(remote),
+                    "reason": reason_to_wire(reason),
+                },
+            )
+
+    def monitor(self, me: Pid, target: Any, ref: Ref) -> None:
+        """Monitor a remote pid or ``(name, node)``; the caller recorded the monitor already."""
+        peer = target.node if target.__class__ is Pid else target[1]
+        conn = self._conn_for(peer)
+        if conn is None:
+            self.node.deliver_down(me, ref, target if target.__class__ is Pid else target, NOCONNECTION)
+            return
+        to = value_to_wire(target) if target.__class__ is Pid else target[0]
+        conn.enqueue(
+            wire.MessageType.MONITOR,
+            {"from": value_to_wire(me), "to": to, "ref": value_to_wire(ref)},
+        )
+
+    def send_demonitor(self, me: Pid, target: Pid | NamedMonitor, ref: Ref) -> None:
+        """Drop the monitor ``ref`` on a remote target (a pid, or a name recorded as
+        :class:`NamedMonitor`)."""
+        if isinstance(target, NamedMonitor):
+            peer, to = target.pid.node, target.label[0]
+        else:
+            peer, to = target.node, value_to_wire(target)
+        conn = self.connections.get(peer)
+        if conn is not None:
+            conn.enqueue(
+                wire.MessageType.DEMONITOR,
+                {"from": value_to_wire(me), "to": to, "ref": value_to_wire(ref)},
+            )
+
+    def send_down(self, watcher: Pid, ref: Ref, pid: Any, reason: Any) -> None:
+        conn = self.connections.get(watcher.node)
+        if conn is not None:
+            conn.enqueue(
+                wire.MessageType.DOWN,
+                {
+                    "from": value_to_wire(pid),
+                    "to": value_to_wire(watcher),
+                    "ref": value_to_wire(ref),
+                    "reason": reason_to_wire(reason),
+                },
+            )
+
+    def reply(self, from_: From, value: Any) -> None:
+        conn = self.connections.get(from_.pid.node)
+        if conn is not None:
+            conn.enqueue(
+                wire.MessageType.SEND,
+                {
+                    "to": value_to_wire(from_.pid),
+                    "msg": (_GEN_REPLY, value_to_wire(from_.tag), value_to_wire(value)),
+                },
+            )
+
+    async def call(self, me: Process, server: Any, request: Any, timeout: float | None) -> Any:
+        node = self.node
+        label = server
+        ref = node.make_ref()
+        waiter = CallWaiter()
+        if me.aliases is None:
+            me.aliases = {}
+        me.aliases[ref] = waiter
+        if me.monitors is None:
+            me.monitors = {}
+        if server.__class__ is Pid:
+            me.monitors[ref] = server
+        else:
+            me.monitors[ref] = NamedMonitor(Pid._make(server[1], 0, 0), label)
+        self.monitor(me.pid, server, ref)
+        if not waiter.done:
+            self.send(server, _Call(From(me.pid, ref), request))
+
+        def cleanup() -> None:
+            assert me.aliases is not None
+            me.aliases.pop(ref, None)
+            target = me.monitors.pop(ref, None) if me.monitors is not None else None
+            if target is not None:
+                self.send_demonitor(me.pid, target, ref)
+
+        await _wait(node, waiter, timeout, cleanup)
+        if waiter.value is TIMED_OUT:
+            raise CallTimeout("timeout", server, request)
+        if waiter.is_down:
+            raise CallError(waiter.value, server, request)
+        return waiter.value
+
+    def monitor_node(self, watcher: Pid, peer: str, enable: bool) -> None:
+        if not enable:
+            watchers = self.node_watchers.get(peer)
+            if watchers and watcher in watchers:
+                watchers.remove(watcher)
+            return
+        conn = self.connection(peer)
+        if conn is None:
+            proc = self.node.resolve(watcher)
+            if proc is not None:
+                proc.deliver(NodeDown(peer))
+            return
+        self.node_watchers.setdefault(peer, []).append(watcher)
+
+    # -- incoming ----------------------------------------------------------------------------
+
+    def dispatch(self, conn: Connection, frame: wire.Frame) -> None:
+        """Act on one frame from ``conn``'s peer (called by its reader)."""
+        node = self.node
+        t = frame.type
+        p = frame.payload
+        M = wire.MessageType
+        if t is M.SEND:
+            self._deliver_send(pid_from_wire(p["to"], node), p["msg"])
+        elif t is M.REG_SEND:
+            name, message = p["to"], p["msg"]
+            if name == _NET_KERNEL:
+                self._net_kernel(conn, message)
+                return
+            if name == PG_NAME:
+                if node.pg is not None:
+                    node.pg.from_peer(conn.peer, message)
+                return
+            proc = node.names.get(name.name if isinstance(name, wire.Atom) else name)
+            if proc is not None:
+                self._deliver_to(proc, message)
+        elif t is M.LINK:
+            sender, target = pid_from_wire(p["from"], node), node.resolve(pid_from_wire(p["to"], node))
+            if target is None:
+                self.send_link_exit(pid_from_wire(p["to"], node), sender, NOPROC)
+            elif target.links is None:
+                target.links = {sender}
+            else:
+                target.links.add(sender)
+        elif t is M.UNLINK:
+            target = node.resolve(pid_from_wire(p["to"], node))
+            if target is not None and target.links is not None:
+                target.links.discard(pid_from_wire(p["from"], node))
+        elif t is M.EXIT:
+            sender = pid_from_wire(p["from"], node)
+            target = node.resolve(pid_from_wire(p["to"], node))
+            if target is not None and target.links is not None and sender in target.links:
+                target.links.discard(sender)
+                node.exit_signal(target, sender, reason_from_wire(p["reason"], node), True)
+        elif t is M.EXIT2:
+            target = node.resolve(pid_from_wire(p["to"], node))
+            if target is not None:
+                node.exit_signal(
+                    target, pid_from_wire(p["from"], node), reason_from_wire(p["reason"], node), False
+                )
+        elif t is M.MONITOR:
+            self._on_monitor(pid_from_wire(p["from"], node), p["to"], value_from_wire(p["ref"], node))
+        elif t is M.DEMONITOR:
+            to = p["to"]
+            if isinstance(to, wire.Pid):
+                target = node.resolve(pid_from_wire(to, node))
+            else:
+                target = node.names.get(to.name if isinstance(to, wire.Atom) else to)
+            if target is not None and target.monitored_by is not None:
+                target.monitored_by.pop(value_from_wire(p["ref"], node), None)
+        elif t is M.DOWN:
+            sender = p["from"]
+            label = pid_from_wire(sender, node) if isinstance(sender, wire.Pid) else sender
+            ref = value_from_wire(p["ref"], node)
+            watcher = node.resolve(pid_from_wire(p["to"], node))
+            # A DOWN for a monitor the watcher already dropped (demonitor crossed it) is stale.
+            if watcher is not None and watcher.monitors is not None and ref in watcher.monitors:
+                node.deliver_down(watcher.pid, ref, label, reason_from_wire(p["reason"], node))
+        elif t is M.PING:
+            conn.enqueue(M.PONG, None)
+        elif t is M.PONG:
+            pass
+        else:
+            raise wire.MalformedMessage(f"{t.name} is not a message nodes send each other")
+
+    def _on_monitor(self, watcher: Pid, to: Any, ref: Ref) -> None:
+        node = self.node
+        if isinstance(to, wire.Pid):
+            target = node.resolve(pid_from_wire(to, node))
+            label: Any = pid_from_wire(to, node)
+        else:
+            name = to.name if isinstance(to, wire.Atom) else to
+            target = node.names.get(name)
+            label = (name, node.name)
+        if target is None:
+            self.send_down(watcher, ref, label if label.__class__ is Pid else wire.Atom(label[0]), NOPROC)
+            return
+        if target.monitored_by is None:
+            target.monitored_by = {ref: watcher}
+        else:
+            target.monitored_by[ref] = watcher
+
+    def _deliver_send(self, to: Pid, message: Any) -> None:
+        proc = self.node.resolve(to)
+        if proc is not None:
+            self._deliver_to(proc, message)
+
+    def _deliver_to(self, proc: Process, message: Any) -> None:
+        node = self.node
+        if message.__class__ is tuple and message and message[0].__class__ is wire.Atom:
+            tag = message[0]
+            if tag == _GEN_REPLY and len(message) == 3:
+                ref = value_from_wire(message[1], node)
+                if proc.aliases is not None:
+                    waiter = proc.aliases.get(ref)
+                    if waiter is not None:
+                        waiter.resolve(value_from_wire(message[2], node), False)
+                return
+            if tag == _GEN_CALL and len(message) == 3:
+                pid, ref = message[1]
+                from_ = From(pid_from_wire(pid, node), value_from_wire(ref, node))
+                proc.deliver(_Call(from_, value_from_wire(message[2], node)))
+                return
+            if tag == _GEN_CAST and len(message) == 2:
+                proc.deliver(_Cast(value_from_wire(message[1], node)))
+                return
+        proc.deliver(value_from_wire(message, node))
+
+    def _net_kernel(self, conn: Connection, message: Any) -> None:
+        if (
+            self.config.mesh
+            and isinstance(message, tuple)
+            and len(message) == 2
+            and message[0] == "peers"
+            and isinstance(message[1], dict)
+        ):
+            for name, address in message[1].items():
+                if not (isinstance(name, str) and isinstance(address, str)):
+                    continue
+                if name == self.node.name or name in self.connections:
+                    continue
+                try:
+                    parse_address(address)
+                except DistributionError:
+                    continue
+                self.addresses.setdefault(name, address)
+                self.connection(name)
+
+
+def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
+    if pid is None:
+        return wire.Pid(node.name, 0, node.creation)
+    return wire.Pid(pid.node, pid.id, pid.creation)
+
+
+def _sender() -> Pid | None:
+    from ._process import current_process_or_none
+
+    proc = current_process_or_none()
+    return proc.pid if proc is not None else None
+
+
+async def _open_listener(kind: str, where: Any) -> trio.abc.Listener[Any]:
+    if kind == "unix":
+        path = Path(where)
+        if path.exists() and path.is_socket():
+            path.unlink()
+        sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            await sock.bind(str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        sock.listen(128)
+        return trio.SocketListener(sock)
+    host, port = where
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    return listeners[0]
+
+
+def _bound_address(kind: str, where: Any, listener: Any) -> str:
+    if kind == "unix":
+        return f"unix:{where}"
+    host, port = listener.socket.getsockname()[:2]
+    return f"tcp:{where[0]}:{port}"
+
+
+async def _dial(dist: Distribution, address: str) -> tuple[trio.abc.Stream, str | None]:
+    kind, where = parse_address(address)
+    if kind == "unix":
+        return await trio.open_unix_socket(where), None
+    host, port = where
+    tls = dist.config.tls
+    if tls is None:
+        if not dist.config.insecure_tcp:
+            raise DistributionError(
+                f"dialling {address} needs TLS certificates; plain TCP only with insecure_tcp"
+            )
+        return await trio.open_tcp_stream(host, port), None
+    stream = await trio.open_ssl_over_tcp_stream(
+        host,
+        port,
+        ssl_context=tls.client_context(),
+        https_compatible=False,
+    )
+    if tls.server_hostname is not None:
+        stream.server_hostname = tls.server_hostname  # type: ignore[misc]
+    return stream, host
+
+
+async def _run_connection(
+    dist: Distribution,
+    conn: Connection | None,
+    stream: trio.abc.Stream | None,
+    address: str | None,
+) -> None:
+    """A connection's process: dial or accept, handshake, then read, write and ping until the
+    link breaks."""
+    node = dist.node
+    me = current_process()
+    config = dist.config
+    what = f"to {conn.peer} at {address}" if conn is not None else "from a peer"
+    try:
+        try:
+            with trio.fail_after(config.handshake_timeout):
+                if stream is None:
+                    assert address is not None
+                    stream, _ = await _dial(dist, address)
+                elif config.tls is not None and _is_tcp(stream):
+                    stream = trio.SSLStream(stream, config.tls.server_context(), server_side=True)
+                frames = wire.FrameStream(stream, limits=config.limits, versions=frozenset({2}))
+                if conn is not None:
+                    peer = await initiate(
+                        frames,
+                        name=node.name,
+                        creation=node.creation,
+                        cookie=config.cookie,
+                        codecs=config.codecs,
+                        listen=dist.listening,
+                        expected=conn.peer,
+                    )
+                else:
+                    peer = await accept(
+                        frames,
+                        name=node.name,
+                        creation=node.creation,
+                        cookie=config.cookie,
+                        codecs=config.codecs,
+                        listen=dist.listening,
+                        admit=dist.admit,
+                    )
+                    conn = Connection(dist, peer.name)
+                    conn.process = me
+            me.behaviour = f"dist_connection {peer.name}"
+            dist.connection_up(conn, peer)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(conn.write_loop, stream)
+                nursery.start_soon(_pinger, conn, config.liveness_timeout)
+                await _read_loop(dist, conn, frames, config.liveness_timeout)
+                nursery.cancel_scope.cancel()
+        except trio.TooSlowError:
+            logger.warning("distribution connection %s: handshake timed out", what)
+        except HandshakeError as exc:
+            logger.warning("distribution connection %s refused: %s", what, exc)
+        except wire.WireError as exc:
+            logger.warning("distribution connection %s dropped: malformed input: %s", what, exc)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
+            logger.info("distribution connection %s closed: %s", what, exc)
+        except _LivenessTimeout:
+            logger.warning(
+                "node %s sent nothing for %s s: connection counted as lost",
+                conn.peer if conn else "?",
+                config.liveness_timeout,
+            )
+        except DistributionError as exc:
+            logger.warning("distribution connection %s: %s", what, exc)
+    finally:
+        if conn is not None:
+            dist.connection_lost(conn)
+        if stream is not None:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+
+def _is_tcp(stream: trio.abc.Stream) -> bool:
+    sock = getattr(stream, "socket", None)
+    return sock is not None and sock.family in (_socket.AF_INET, _socket.AF_INET6)
+
+
+class _LivenessTimeout(Exception):
+    pass
+
+
+async def _read_loop(
+    dist: Distribution, conn: Connection, frames: wire.FrameStream, liveness: float
+) -> None:
+    while True:
+        with trio.move_on_after(liveness) as scope:
+            frame = await frames.receive_frame()
+        if scope.cancelled_caught:
+            raise _LivenessTimeout()
+        if frame is None:
+            return
+        try:
+            dist.dispatch(conn, frame)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise wire.MalformedMessage(f"bad {frame.type.name} payload: {exc!r}") from exc
+
+
+async def _pinger(conn: Connection, liveness: float) -> None:
+    while True:
+        await trio.sleep(liveness / 4)
+        if not conn.sent_since_tick:
+            conn.enqueue(wire.MessageType.PING, None)
+        conn.sent_since_tick = False
+
+
+# -- the public API -------------------------------------------------------------------------------
+
+
+def _dist() -> Distribution:
+    dist = current_node().distribution
+    if dist is None:
+        raise DistributionError(
+            "this node is not distributed: call otp.start_distribution(...) first"
+        )
+    assert isinstance(dist, Distribution)
+    return dist
+
+
+async def start_distribution(config: DistConfig) -> list[str]:
+    """Make this node distributed: listen where ``config.listen`` says; return the addresses
+    it listens on (with the real port for ``tcp:host:0``).
+
+    The node's name (``open_node(name)``) must be ``name@host`` and unique in the cluster.
+    """
+    node = current_node()
+    if "@" not in node.name or node.name == "nonode@nohost":
+        raise DistributionError(
+            f"a distributed node needs a name like 'a@host' (got {node.name!r}): open the node"
+            " with that name (python -m otp.node --name a@host)"
+        )
+    if node.distribution is not None:
+        raise DistributionError("distribution is already started on this node")
+    dist = Distribution(node, config)
+    node.distribution = dist
+    if node.pg is None:
+        node.pg = GroupState(node)
+    else:
+        node.pg.attach(dist)
+    await dist.start(node.system_nursery)
+    return list(dist.listening)
+
+
+async def connect(peer: str, address: str | None = None) -> bool:
+    """Connect to node ``peer`` (at ``address``, or where it was last seen); True once connected,
+    False if it cannot be reached (Erlang's ``net_kernel:connect_node``)."""
+    dist = _dist()
+    if address is not None:
+        parse_address(address)
+        dist.addresses[peer] = address
+    conn = dist.connection(peer)
+    if conn is None:
+        await trio.lowlevel.checkpoint()
+        return False
+    await conn.settled.wait()
+    return conn.state == "up"
+
+
+def disconnect(peer: str) -> bool:
+    """Drop the connection to ``peer``: links and monitors across it fire ``noconnection``."""
+    dist = _dist()
+    conn = dist.connections.get(peer)
+    if conn is None:
+        return False
+    if conn.process is not None:
+        conn.process.die(KILL)
+    return True
+
+
+def nodes() -> list[str]:
+    """The names of the nodes this node is connected to, sorted."""
+    dist = current_node().distribution
+    if dist is None:
+        return []
+    return sorted(name for name, conn in dist.connections.items() if conn.state == "up")
+
+
+def node_name() -> str:
+    """This node's name (Erlang's ``node()``; ``otp.node`` is the boot package)."""
+    return current_node().name
+
+
+def monitor_node(peer: str, enable: bool = True) -> None:
+    """Ask for a :class:`NodeDown` message when the connection to ``peer`` goes (or now, if
+    there is none and it cannot be made); ``enable=False`` cancels one such request."""
+    me = current_process()
+    _dist().monitor_node(me.pid, peer, enable)

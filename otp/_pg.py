@@ -1,0 +1,303 @@
+"""Process groups, as Erlang's ``pg``: named groups of processes across connected nodes.
+
+Each node owns the entries of its own processes; joins and leaves are told to every connected
+node, a new connection starts with an exchange of each side's local memberships, and a lost one
+drops the peer's entries, so the views converge with no cluster-wide lock. A member that exits
+leaves all its groups (before its links and monitors fire). Reads (``get_members``) are local.
+Processes may subscribe to a group's (or all groups') changes and get :class:`PgJoin` and
+:class:`PgLeave` messages.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import attrs
+
+import wire
+
+from ._dist_values import pid_from_wire, value_to_wire
+from ._errors import BadArg
+from ._ids import Pid, Ref
+from ._node import Node, current_node
+from ._process import Process, current_process
+
+PG_NAME = "pg"
+
+
+@attrs.frozen
+class PgJoin:
+    """``pids`` joined ``group`` (a message to subscribers)."""
+
+    ref: Ref
+    group: Any
+    pids: tuple[Pid, ...]
+
+
+@attrs.frozen
+class PgLeave:
+    """``pids`` left ``group`` (a message to subscribers)."""
+
+    ref: Ref
+    group: Any
+    pids: tuple[Pid, ...]
+
+
+class GroupState:
+    """One node's view of every group: its own members and what peers told it of theirs."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.groups: dict[Any, list[Pid]] = {}
+        #: group -> Counter of local pids (a pid may join a group more than once, as in pg).
+        self.local: dict[Any, Counter[Pid]] = {}
+        self.hooked: set[Pid] = set()
+        self.scope_watchers: dict[Ref, Pid] = {}
+        self.group_watchers: dict[Ref, tuple[Any, Pid]] = {}
+        dist = node.distribution
+        if dist is not None:
+            self.attach(dist)
+
+    def attach(self, dist: Any) -> None:
+        dist.nodeup_hooks.append(self._nodeup)
+        dist.nodedown_hooks.append(self._nodedown)
+
+    # -- changes ---------------------------------------------------------------------------
+
+    def _add(self, group: Any, pids: list[Pid]) -> None:
+        self.groups.setdefault(group, []).extend(pids)
+        self._notify(group, pids, PgJoin)
+
+    def _remove(self, group: Any, pids: list[Pid]) -> None:
+        members = self.groups.get(group)
+        if members is None:
+            return
+        removed = []
+        for pid in pids:
+            if pid in members:
+                members.remove(pid)
+                removed.append(pid)
+        if not members:
+            del self.groups[group]
+        if removed:
+            self._notify(group, removed, PgLeave)
+
+    def _notify(self, group: Any, pids: list[Pid], kind: type[PgJoin] | type[PgLeave]) -> None:
+        for ref, watcher in list(self.scope_watchers.items()):
+            self._tell(watcher, kind(ref, group, tuple(pids)))
+        for ref, (watched, watcher) in list(self.group_watchers.items()):
+            if watched == group:
+                self._tell(watcher, kind(ref, group, tuple(pids)))
+
+    def _tell(self, pid: Pid, message: Any) -> None:
+        proc = self.node.resolve(pid)
+        if proc is not None:
+            proc.deliver(message)
+
+    def _broadcast(self, message: Any) -> None:
+        dist = self.node.distribution
+        if dist is None:
+            return
+        for conn in list(dist.connections.values()):
+            if conn.state == "up":
+                self._send(conn, message)
+
+    def _send(self, conn: Any, message: Any) -> None:
+        conn.enqueue(
+            wire.MessageType.REG_SEND,
+            {
+                "from": wire.Pid(self.node.name, 0, self.node.creation),
+                "to": PG_NAME,
+                "msg": value_to_wire(message),
+            },
+        )
+
+    def join(self, group: Any, pids: list[Pid]) -> None:
+        for pid in pids:
+            proc = self.node.resolve(pid)
+            if proc is None:
+                raise BadArg(f"pg.join({group!r}, {pid!r}): only live local processes can join")
+        counts = self.local.setdefault(group, Counter())
+        for pid in pids:
+            proc = self.node.resolve(pid)
+            assert proc is not None
+            _watch_exit(proc, self)
+            counts[pid] += 1
+        self._add(group, pids)
+        self._broadcast(("join", group, pids))
+
+    def leave(self, group: Any, pids: list[Pid]) -> bool:
+        counts = self.local.get(group)
+        left = []
+        for pid in pids:
+            if counts is not None and counts[pid] > 0:
+                counts[pid] -= 1
+                if counts[pid] == 0:
+                    del counts[pid]
+                left.append(pid)
+        if counts is not None and not counts:
+            del self.local[group]
+        if not left:
+            return False
+        self._remove(group, left)
+        self._broadcast(("leave", group, left))
+        return True
+
+    def member_exited(self, proc: Process) -> None:
+        pid = proc.pid
+        self.hooked.discard(pid)
+        for group in list(self.local):
+            counts = self.local[group]
+            times = counts.pop(pid, 0)
+            if not counts:
+                del self.local[group]
+            if times:
+                gone = [pid] * times
+                self._remove(group, gone)
+                self._broadcast(("leave", group, gone))
+        for ref in [r for r, w in self.scope_watchers.items() if w == pid]:
+            del self.scope_watchers[ref]
+        for ref in [r for r, (_, w) in self.group_watchers.items() if w == pid]:
+            del self.group_watchers[ref]
+
+    # -- peers -----------------------------------------------------------------------------
+
+    def _nodeup(self, peer: str) -> None:
+        dist = self.node.distribution
+        conn = dist.connections.get(peer) if dist is not None else None
+        if conn is None:
+            return
+        local = {group: list(counts.elements()) for group, counts in self.local.items()}
+        self._send(conn, ("sync", local))
+
+    def _nodedown(self, peer: str) -> None:
+        for group in list(self.groups):
+            gone = [pid for pid in self.groups[group] if pid.node == peer]
+            if gone:
+                self._remove(group, gone)
+
+    def from_peer(self, peer: str, message: Any) -> None:
+        """A join, leave or sync from ``peer`` (wire values); other shapes are ignored."""
+        node = self.node
+        if not (isinstance(message, tuple) and message):
+            return
+        if message[0] == "sync" and len(message) == 2 and isinstance(message[1], dict):
+            for group in list(self.groups):
+                gone = [pid for pid in self.groups[group] if pid.node == peer]
+                if gone:
+                    self._remove(group, gone)
+            for group, pids in message[1].items():
+                members = _peer_pids(node, peer, pids)
+                if members:
+                    self._add(_group(group), members)
+        elif message[0] in ("join", "leave") and len(message) == 3:
+            members = _peer_pids(node, peer, message[2])
+            if members:
+                if message[0] == "join":
+                    self._add(_group(message[1]), members)
+                else:
+                    self._remove(_group(message[1]), members)
+
+
+def _group(value: Any) -> Any:
+    return value.name if isinstance(value, wire.Atom) else value
+
+
+def _peer_pids(node: Node, peer: str, pids: Any) -> list[Pid]:
+    if not isinstance(pids, list):
+        return []
+    # A node speaks only for its own processes.
+    return [
+        pid_from_wire(p, node) for p in pids if isinstance(p, wire.Pid) and p.node == peer
+    ]
+
+
+def _watch_exit(proc: Process, state: GroupState) -> None:
+    if proc.pid in state.hooked:
+        return
+    state.hooked.add(proc.pid)
+
+    def left_on_exit(dead: Process, _reason: Any) -> None:
+        state.member_exited(dead)
+
+    if proc.exit_hooks is None:
+        proc.exit_hooks = [left_on_exit]
+    else:
+        proc.exit_hooks.append(left_on_exit)
+
+
+def _state() -> GroupState:
+    node = current_node()
+    if node.pg is None:
+        node.pg = GroupState(node)
+    assert isinstance(node.pg, GroupState)
+    return node.pg
+
+
+def join(group: Any, pids: Pid | list[Pid] | None = None) -> None:
+    """Add ``pids`` (default: the caller) to ``group``; a pid may join more than once.
+
+    Raises:
+        BadArg: a pid is not a live process of this node (each node owns its own entries).
+    """
+    if pids is None:
+        pids = [current_process().pid]
+    elif isinstance(pids, Pid):
+        pids = [pids]
+    _state().join(group, list(pids))
+
+
+def leave(group: Any, pids: Pid | list[Pid] | None = None) -> bool:
+    """Remove one membership of each of ``pids`` (default: the caller) from ``group``;
+    False if none of them was a member."""
+    if pids is None:
+        pids = [current_process().pid]
+    elif isinstance(pids, Pid):
+        pids = [pids]
+    return _state().leave(group, list(pids))
+
+
+def get_members(group: Any) -> list[Pid]:
+    """Every member of ``group`` on every connected node (one entry per join)."""
+    return list(_state().groups.get(group, ()))
+
+
+def get_local_members(group: Any) -> list[Pid]:
+    """The members of ``group`` on this node."""
+    counts = _state().local.get(group)
+    return list(counts.elements()) if counts else []
+
+
+def which_groups() -> list[Any]:
+    """Every group with at least one member anywhere."""
+    return list(_state().groups)
+
+
+def monitor_scope() -> tuple[Ref, dict[Any, list[Pid]]]:
+    """Subscribe the caller to every join and leave; returns the ref and the current groups."""
+    me = current_process()
+    state = _state()
+    ref = me.node.make_ref()
+    state.scope_watchers[ref] = me.pid
+    _watch_exit(me, state)
+    return ref, {group: list(pids) for group, pids in state.groups.items()}
+
+
+def monitor(group: Any) -> tuple[Ref, list[Pid]]:
+    """Subscribe the caller to joins and leaves of ``group``; returns the ref and its members."""
+    me = current_process()
+    state = _state()
+    ref = me.node.make_ref()
+    state.group_watchers[ref] = (group, me.pid)
+    _watch_exit(me, state)
+    return ref, list(state.groups.get(group, ()))
+
+
+def demonitor(ref: Ref) -> bool:
+    """Cancel a :func:`monitor_scope` or :func:`monitor` subscription."""
+    state = _state()
+    return (
+        state.scope_watchers.pop(ref, None) is not None
+        or state.group_watchers.pop(ref, None) is not None
+    )

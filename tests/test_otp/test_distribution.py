@@ -1,0 +1,217 @@
+"""Distribution between nodes: each peer node runs its own trio.run in a thread, so everything
+between them crosses real sockets, the handshake and the wire codec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import otp
+
+from .peer import COOKIE, PeerNode
+
+
+@pytest.fixture
+def sockets(tmp_path: Path) -> Any:
+    return lambda name: f"unix:{tmp_path / name}.sock"
+
+
+async def _distributed(name: str, address: str, **config: Any) -> None:
+    await otp.start_distribution(otp.DistConfig(cookie=COOKIE, listen=(address,), **config))
+
+
+async def test_call_cast_and_send_reach_a_process_on_another_node(sockets: Any) -> None:
+    async with PeerNode("b@localhost", sockets("b")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            assert await otp.connect("b@localhost", sockets("b"))
+            assert otp.nodes() == ["b@localhost"]
+            remote = ("echo", "b@localhost")
+            assert await otp.call(remote, "whoami") == "b@localhost"
+            assert await otp.call(remote, {"nested": [1, (2, 3), b"x", None]}) == {
+                "nested": [1, (2, 3), b"x", None]
+            }
+            otp.cast(remote, (otp.self(), "cast back"))
+            assert await otp.receive() == "cast back"
+            otp.send(remote, (otp.self(), "plain"))
+            assert await otp.receive() == ("echo", "plain")
+
+
+async def test_remote_call_errors_carry_the_remote_reason(sockets: Any) -> None:
+    async with PeerNode("b@localhost", sockets("b")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            await otp.connect("b@localhost", sockets("b"))
+            with pytest.raises(otp.CallTimeout):
+                await otp.call(("echo", "b@localhost"), "hang", timeout=0.2)
+            with pytest.raises(otp.CallError) as info:
+                await otp.call(("nobody", "b@localhost"), "x")
+            assert info.value.reason == otp.NOPROC
+            with pytest.raises(otp.CallError) as info:
+                await otp.call(("echo", "b@localhost"), "crash")
+            reason = info.value.reason
+            assert isinstance(reason, otp.Crash)
+            assert isinstance(reason.exception, otp.RemoteException)
+            assert reason.exception.type_name == "RuntimeError"
+            assert "remote crash" in reason.exception.remote_traceback
+
+
+async def test_links_and_monitors_cross_nodes(sockets: Any) -> None:
+    async with PeerNode("b@localhost", sockets("b")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            await otp.connect("b@localhost", sockets("b"))
+            otp.process_flag(trap_exit=True)
+            # A remote pid, learnt from a message.
+            otp.send(("echo", "b@localhost"), (otp.self(), "hello"))
+            await otp.receive()
+            echo = await otp.call(("echo", "b@localhost"), "whoami")
+            assert echo == "b@localhost"
+            ref = otp.monitor(("echo", "b@localhost"))
+            assert otp.demonitor(ref) is True
+
+            async def local_then_crash() -> None:
+                await otp.receive()
+                otp.exit_self("bye")
+
+            # A remote process links to a local one through a cast that makes it send: simpler,
+            # link from here to a process spawned remotely is what a supervisor does.
+            pid = otp.spawn(local_then_crash)
+            otp.link(pid)
+            otp.send(pid, "go")
+            assert await otp.receive(otp.Exit) == otp.Exit(pid, "bye")
+
+
+async def test_exit_signals_cross_nodes_by_otps_rules(sockets: Any) -> None:
+    async with PeerNode("b@localhost", sockets("b")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            await otp.connect("b@localhost", sockets("b"))
+            otp.process_flag(trap_exit=True)
+            echo = ("echo", "b@localhost")
+            # A remote process dies with a reason: the link brings it here.
+            remote = await otp.call(echo, ("spawn", "remote_reason"))
+            assert remote.node == "b@localhost"
+            otp.link(remote)
+            otp.send(remote, "go")
+            assert await otp.receive(otp.Exit) == otp.Exit(remote, "remote_reason")
+            # exit(Pid, kill) across nodes is untrappable and becomes killed.
+            remote = await otp.call(echo, ("spawn", "unused"))
+            ref = otp.monitor(remote)
+            otp.exit(remote, otp.KILL)
+            assert await otp.receive(otp.Down) == otp.Down(ref, remote, otp.KILLED)
+            # Linking to a dead remote process while trapping gives Exit(noproc).
+            otp.link(remote)
+            assert await otp.receive(otp.Exit) == otp.Exit(remote, otp.NOPROC)
+            # A local crash reaches a linked remote process, which dies of it.
+            remote = await otp.call(echo, ("spawn", "unused"))
+            ref = otp.monitor(remote)
+
+            async def crash_linked(pid: otp.Pid) -> None:
+                otp.link(pid)
+                raise ValueError("local crash")
+
+            otp.spawn(crash_linked, remote)
+            down = await otp.receive(otp.Down)
+            assert down.ref == ref
+            assert isinstance(down.reason, otp.Crash)
+            assert down.reason.exception.type_name == "ValueError"
+
+
+async def test_losing_a_connection_fires_noconnection_and_nodedown(sockets: Any) -> None:
+    peer = PeerNode("b@localhost", sockets("b"))
+    async with peer:
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            await otp.connect("b@localhost", sockets("b"))
+            otp.process_flag(trap_exit=True)
+            remote_echo_ref = otp.monitor(("echo", "b@localhost"))
+            otp.monitor_node("b@localhost")
+            peer.stop()
+            down = await otp.receive(otp.Down)
+            assert down.ref == remote_echo_ref
+            assert down.reason in (otp.NOCONNECTION, otp.KILLED)
+            assert await otp.receive(otp.NodeDown) == otp.NodeDown("b@localhost")
+            assert otp.nodes() == []
+
+
+async def test_a_wrong_cookie_is_refused(sockets: Any, caplog: pytest.LogCaptureFixture) -> None:
+    async with PeerNode("b@localhost", sockets("b"), cookie=b"another-cookie-entirely"):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            assert await otp.connect("b@localhost", sockets("b")) is False
+            assert otp.nodes() == []
+    assert any("does not know our cookie" in r.getMessage() for r in caplog.records)
+
+
+async def test_messages_to_an_unreachable_node_are_dropped(sockets: Any) -> None:
+    async with otp.open_node("a@localhost"):
+        await _distributed("a", sockets("a"))
+        assert await otp.connect("ghost@localhost", sockets("ghost")) is False
+        otp.send(("echo", "ghost@localhost"), "dropped")
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(("echo", "ghost@localhost"), "x")
+        assert info.value.reason == otp.NOCONNECTION
+
+
+async def test_unix_sockets_are_created_mode_0600(sockets: Any, tmp_path: Path) -> None:
+    async with otp.open_node("a@localhost"):
+        await _distributed("a", sockets("a"))
+        assert (tmp_path / "a.sock").stat().st_mode & 0o777 == 0o600
+
+
+async def test_tcp_without_tls_needs_insecure_tcp() -> None:
+    async with otp.open_node("a@localhost"):
+        with pytest.raises(otp.DistributionError, match="needs TLS certificates"):
+            await _distributed("a", "tcp:127.0.0.1:0")
+
+
+async def test_a_node_needs_a_real_name_to_be_distributed(sockets: Any) -> None:
+    async with otp.open_node():
+        with pytest.raises(otp.DistributionError, match="needs a name like 'a@host'"):
+            await _distributed("a", sockets("a"))
+
+
+async def test_process_groups_converge_across_nodes(sockets: Any) -> None:
+    async def join_remote() -> None:
+        async def member() -> None:
+            otp.pg.join("workers")
+            await otp.receive()
+
+        otp.spawn(member)
+        otp.spawn(member)
+
+    async with PeerNode("b@localhost", sockets("b"), setup=join_remote):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            ref, groups = otp.pg.monitor_scope()
+            otp.pg.join("workers")
+            await otp.connect("b@localhost", sockets("b"))
+            joined = await otp.receive(otp.pg.PgJoin)
+            while len(otp.pg.get_members("workers")) < 3:
+                await otp.receive(otp.pg.PgJoin)
+            members = otp.pg.get_members("workers")
+            assert sorted(p.node for p in members) == ["a@localhost", "b@localhost", "b@localhost"]
+            assert otp.pg.get_local_members("workers") == [otp.self()]
+            assert joined.ref == ref
+            otp.disconnect("b@localhost")
+            leave = await otp.receive(otp.pg.PgLeave)
+            assert {p.node for p in leave.pids} == {"b@localhost"}
+            assert otp.pg.get_members("workers") == [otp.self()]
+
+
+async def test_a_full_mesh_forms_through_a_common_peer(sockets: Any) -> None:
+    async with PeerNode("b@localhost", sockets("b")), PeerNode("c@localhost", sockets("c")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            await otp.connect("b@localhost", sockets("b"))
+            await otp.connect("c@localhost", sockets("c"))
+            # b and c learn of each other through a, and connect.
+            with trio.fail_after(5):
+                while "c@localhost" not in await otp.call(("echo", "b@localhost"), "nodes"):
+                    await trio.sleep(0.01)
+            assert await otp.call(("echo", "c@localhost"), "nodes") == ["a@localhost", "b@localhost"]
