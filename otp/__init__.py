@@ -181,7 +181,7 @@ __all__ = [
 ]
 
 
-from . import pg as pg  # noqa: E402 - the subpackage needs the names above
+from . import pg as pg  # the subpackage needs the names above
 
 
 def _publish() -> None:

@@ -86,7 +86,10 @@ async def initiate(
     challenge = secrets.token_bytes(CHALLENGE_BYTES)
     await stream.send_frame(
         wire.Handshake(
-            name, (PROTOCOL_VERSION,), tuple(codecs), creation,
+            name,
+            (PROTOCOL_VERSION,),
+            tuple(codecs),
+            creation,
             {"challenge": challenge, "listen": list(listen)},
         ).to_frame()
     )
@@ -101,7 +104,10 @@ async def initiate(
     their_challenge = _bytes(answer.auth, "challenge", "acceptor's answer")
     await stream.send_frame(
         wire.Handshake(
-            name, (PROTOCOL_VERSION,), tuple(codecs), creation,
+            name,
+            (PROTOCOL_VERSION,),
+            tuple(codecs),
+            creation,
             {"digest": digest(cookie, "initiator", name, their_challenge)},
         ).to_frame()
     )
@@ -139,7 +145,10 @@ async def accept(
     challenge = secrets.token_bytes(CHALLENGE_BYTES)
     await stream.send_frame(
         wire.Handshake(
-            name, (PROTOCOL_VERSION,), (codec,), creation,
+            name,
+            (PROTOCOL_VERSION,),
+            (codec,),
+            creation,
             {
                 "challenge": challenge,
                 "digest": digest(cookie, "acceptor", name, their_challenge),
@@ -149,7 +158,9 @@ async def accept(
     )
     final = await _receive_handshake(stream, "initiator's proof")
     if final.node != hello.node:
-        raise HandshakeError(f"the initiator changed its name from {hello.node!r} to {final.node!r}")
+        raise HandshakeError(
+            f"the initiator changed its name from {hello.node!r} to {final.node!r}"
+        )
     proof = _bytes(final.auth, "digest", "initiator's proof")
     if not hmac.compare_digest(proof, digest(cookie, "initiator", hello.node, challenge)):
         raise HandshakeError(f"node {hello.node!r} does not know our cookie (bad digest)")

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ._node import Node
 
 
-class RemoteException(Exception):  # noqa: N818 - it stands for an exception of any name
+class RemoteException(Exception):
     """An exception that crashed a process on another node, as data: its type's name, its
     message and its traceback text."""
 

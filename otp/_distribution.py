@@ -407,7 +407,9 @@ class Distribution:
         if conn is None:
             self._unreachable_link(me, remote)
             return
-        conn.enqueue(wire.MessageType.LINK, {"from": value_to_wire(me), "to": value_to_wire(remote)})
+        conn.enqueue(
+            wire.MessageType.LINK, {"from": value_to_wire(me), "to": value_to_wire(remote)}
+        )
 
     def _unreachable_link(self, me: Pid, remote: Pid) -> None:
         proc = self.node.resolve(me)
@@ -452,7 +454,7 @@ class Distribution:
         peer = target.node if target.__class__ is Pid else target[1]
         conn = self._conn_for(peer)
         if conn is None:
-            self.node.deliver_down(me, ref, target if target.__class__ is Pid else target, NOCONNECTION)
+            self.node.deliver_down(me, ref, target, NOCONNECTION)
             return
         to = value_to_wire(target) if target.__class__ is Pid else target[0]
         conn.enqueue(
@@ -567,7 +569,10 @@ class Distribution:
             if proc is not None:
                 self._deliver_to(proc, message)
         elif t is M.LINK:
-            sender, target = pid_from_wire(p["from"], node), node.resolve(pid_from_wire(p["to"], node))
+            sender, target = (
+                pid_from_wire(p["from"], node),
+                node.resolve(pid_from_wire(p["to"], node)),
+            )
             if target is None:
                 self.send_link_exit(pid_from_wire(p["to"], node), sender, NOPROC)
             elif target.links is None:
@@ -588,10 +593,15 @@ class Distribution:
             target = node.resolve(pid_from_wire(p["to"], node))
             if target is not None:
                 node.exit_signal(
-                    target, pid_from_wire(p["from"], node), reason_from_wire(p["reason"], node), False
+                    target,
+                    pid_from_wire(p["from"], node),
+                    reason_from_wire(p["reason"], node),
+                    False,
                 )
         elif t is M.MONITOR:
-            self._on_monitor(pid_from_wire(p["from"], node), p["to"], value_from_wire(p["ref"], node))
+            self._on_monitor(
+                pid_from_wire(p["from"], node), p["to"], value_from_wire(p["ref"], node)
+            )
         elif t is M.DEMONITOR:
             to = p["to"]
             if isinstance(to, wire.Pid):
@@ -625,7 +635,9 @@ class Distribution:
             target = node.names.get(name)
             label = (name, node.name)
         if target is None:
-            self.send_down(watcher, ref, label if label.__class__ is Pid else wire.Atom(label[0]), NOPROC)
+            self.send_down(
+                watcher, ref, label if label.__class__ is Pid else wire.Atom(label[0]), NOPROC
+            )
             return
         if target.monitored_by is None:
             target.monitored_by = {ref: watcher}
@@ -692,11 +704,15 @@ def _sender() -> Pid | None:
     return proc.pid if proc is not None else None
 
 
+def _remove_stale_socket(path: Path) -> None:
+    if path.exists() and path.is_socket():
+        path.unlink()
+
+
 async def _open_listener(kind: str, where: Any) -> trio.abc.Listener[Any]:
     if kind == "unix":
         path = Path(where)
-        if path.exists() and path.is_socket():
-            path.unlink()
+        await trio.to_thread.run_sync(_remove_stale_socket, path)
         sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
@@ -714,7 +730,7 @@ async def _open_listener(kind: str, where: Any) -> trio.abc.Listener[Any]:
 def _bound_address(kind: str, where: Any, listener: Any) -> str:
     if kind == "unix":
         return f"unix:{where}"
-    host, port = listener.socket.getsockname()[:2]
+    port = listener.socket.getsockname()[1]
     return f"tcp:{where[0]}:{port}"
 
 
@@ -730,14 +746,13 @@ async def _dial(dist: Distribution, address: str) -> tuple[trio.abc.Stream, str 
                 f"dialling {address} needs TLS certificates; plain TCP only with insecure_tcp"
             )
         return await trio.open_tcp_stream(host, port), None
-    stream = await trio.open_ssl_over_tcp_stream(
-        host,
-        port,
-        ssl_context=tls.client_context(),
+    tcp = await trio.open_tcp_stream(host, port)
+    stream = trio.SSLStream(
+        tcp,
+        tls.client_context(),
+        server_hostname=tls.server_hostname or host,
         https_compatible=False,
     )
-    if tls.server_hostname is not None:
-        stream.server_hostname = tls.server_hostname  # type: ignore[misc]
     return stream, host
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import trio
@@ -134,12 +134,12 @@ class GenServer:
     then the callbacks a subclass overrides. Callbacks may be plain or ``async`` methods.
     """
 
-    _async_init: ClassVar[bool] = True
-    _async_call: ClassVar[bool] = True
-    _async_cast: ClassVar[bool] = True
-    _async_info: ClassVar[bool] = True
-    _async_continue: ClassVar[bool] = True
-    _async_terminate: ClassVar[bool] = True
+    _async_init: ClassVar[bool] = False
+    _async_call: ClassVar[bool] = False
+    _async_cast: ClassVar[bool] = False
+    _async_info: ClassVar[bool] = False
+    _async_continue: ClassVar[bool] = False
+    _async_terminate: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -267,47 +267,59 @@ class GenServer:
             raise StopError(waiter.value)
 
     # ======================================== callbacks ======================================
+    # Subclasses override these with any signature, plain or async (the engine looks once, at
+    # class creation, which ones are coroutines). For the type checker they are plain callables,
+    # so ``def init(self, port: int) -> Ok`` is a valid override.
 
-    async def init(self, *args: Any) -> Ok | Ignore | Stop:
-        """Set up the state. Default: ``Ok(arg)`` for one argument, ``Ok(None)`` for none."""
-        if len(args) > 1:
-            raise TypeError(
-                f"{type(self).__qualname__} got {len(args)} start arguments but does not"
-                " define init(): override init(self, ...)"
+    if TYPE_CHECKING:
+        init: Callable[..., Any]
+        handle_call: Callable[..., Any]
+        handle_cast: Callable[..., Any]
+        handle_info: Callable[..., Any]
+        handle_continue: Callable[..., Any]
+        terminate: Callable[..., Any]
+    else:
+
+        def init(self, *args: Any) -> Ok | Ignore | Stop:
+            """Set up the state. Default: ``Ok(arg)`` for one argument, ``Ok(None)`` for none."""
+            if len(args) > 1:
+                raise TypeError(
+                    f"{type(self).__qualname__} got {len(args)} start arguments but does not"
+                    " define init(): override init(self, ...)"
+                )
+            return Ok(args[0] if args else None)
+
+        def handle_call(self, request: Any, from_: From, state: Any) -> Reply | NoReply | Stop:
+            """Answer a call. Default: crash, naming the request (OTP's ``undef``)."""
+            raise NotImplementedError(
+                f"{type(self).__qualname__} got call {request!r} but does not define handle_call()"
             )
-        return Ok(args[0] if args else None)
 
-    async def handle_call(self, request: Any, from_: From, state: Any) -> Reply | NoReply | Stop:
-        """Answer a call. Default: crash, naming the request (OTP's ``undef``)."""
-        raise NotImplementedError(
-            f"{type(self).__qualname__} got call {request!r} but does not define handle_call()"
-        )
+        def handle_cast(self, request: Any, state: Any) -> NoReply | Stop:
+            """Handle a cast. Default: crash, naming the request."""
+            raise NotImplementedError(
+                f"{type(self).__qualname__} got cast {request!r} but does not define handle_cast()"
+            )
 
-    async def handle_cast(self, request: Any, state: Any) -> NoReply | Stop:
-        """Handle a cast. Default: crash, naming the request."""
-        raise NotImplementedError(
-            f"{type(self).__qualname__} got cast {request!r} but does not define handle_cast()"
-        )
+        def handle_info(self, message: Any, state: Any) -> NoReply | Stop:
+            """Handle any other message. Default: log it as unexpected and carry on."""
+            logger.warning(
+                "%s %r received unexpected message: %r",
+                type(self).__qualname__,
+                current_process().pid,
+                message,
+            )
+            return NoReply(state)
 
-    async def handle_info(self, message: Any, state: Any) -> NoReply | Stop:
-        """Handle any other message. Default: log it as unexpected and carry on."""
-        logger.warning(
-            "%s %r received unexpected message: %r",
-            type(self).__qualname__,
-            current_process().pid,
-            message,
-        )
-        return NoReply(state)
+        def handle_continue(self, continue_: Any, state: Any) -> NoReply | Stop:
+            """Run a ``continue_`` requested by the previous callback. Default: crash."""
+            raise NotImplementedError(
+                f"{type(self).__qualname__} asked to continue with {continue_!r} but does not"
+                " define handle_continue()"
+            )
 
-    async def handle_continue(self, continue_: Any, state: Any) -> NoReply | Stop:
-        """Run a ``continue_`` requested by the previous callback. Default: crash."""
-        raise NotImplementedError(
-            f"{type(self).__qualname__} asked to continue with {continue_!r} but does not"
-            " define handle_continue()"
-        )
-
-    async def terminate(self, reason: Any, state: Any) -> None:
-        """Clean up before the server exits with ``reason``. Default: nothing."""
+        def terminate(self, reason: Any, state: Any) -> None:
+            """Clean up before the server exits with ``reason``. Default: nothing."""
 
 
 # -- engine -------------------------------------------------------------------------------------

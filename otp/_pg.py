@@ -208,9 +208,7 @@ def _peer_pids(node: Node, peer: str, pids: Any) -> list[Pid]:
     if not isinstance(pids, list):
         return []
     # A node speaks only for its own processes.
-    return [
-        pid_from_wire(p, node) for p in pids if isinstance(p, wire.Pid) and p.node == peer
-    ]
+    return [pid_from_wire(p, node) for p in pids if isinstance(p, wire.Pid) and p.node == peer]
 
 
 def _watch_exit(proc: Process, state: GroupState) -> None:

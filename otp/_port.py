@@ -130,10 +130,10 @@ async def open_port(
     (``reason`` is the ``OSError``, e.g. the program does not exist).
     """
     spec = PortSpec(
-        argv=tuple(argv),
+        argv=argv,  # type: ignore[arg-type]
         env=dict(env) if env is not None else None,
         cwd=os.fspath(cwd) if cwd is not None else None,
-        pass_fds=tuple(pass_fds),
+        pass_fds=pass_fds,  # type: ignore[arg-type]
         mode=mode,
         stderr_to_stdout=stderr_to_stdout,
         kill_timeout=kill_timeout,
@@ -234,14 +234,14 @@ async def _forward_output(
         if not chunk:
             break
         if mode == "stream":
-            send(owner, PortData(port, chunk))
+            send(owner, PortData(port, bytes(chunk)))
             continue
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
-            send(owner, PortData(port, line))
+            send(owner, PortData(port, bytes(line)))
     if pending:
-        send(owner, PortData(port, pending))
+        send(owner, PortData(port, bytes(pending)))
     eof.set()
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import attrs
 
+import otp
+
 DEFAULT_APP = "otp.node._demo:demo_application"
 
 
@@ -26,6 +28,14 @@ def _check_level(_inst: Any, _attr: Any, value: str) -> None:
 
 
 @attrs.frozen
+class DistSettings:
+    """Distribution as the flags asked for it: the config, plus the nodes to connect to."""
+
+    config: otp.DistConfig
+    connect: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
 class NodeConfig:
     """What a node runs.
 
@@ -36,12 +46,14 @@ class NodeConfig:
         log_level: The root logger's level.
         settings: Every other setting, by application (``[app_name]`` tables of node.toml and
             the flags applications add), for the applications to read.
+        distribution: How the node talks to other nodes, if it does.
     """
 
     name: str = "nonode@nohost"
     apps: tuple[str, ...] = ()
     log_level: str = attrs.field(default="info", validator=_check_level)
     settings: dict[str, Any] = attrs.field(factory=dict)
+    distribution: DistSettings | None = None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -66,12 +78,94 @@ def parser() -> argparse.ArgumentParser:
         help="logging level (default: info)",
     )
     p.add_argument("--config", type=Path, metavar="PATH", help="a node.toml file")
+    d = p.add_argument_group("distribution")
+    d.add_argument(
+        "--listen",
+        action="append",
+        default=None,
+        metavar="ADDRESS",
+        help="listen for nodes on unix:PATH or tcp:HOST:PORT (repeatable)",
+    )
+    d.add_argument("--cookie-file", type=Path, metavar="PATH", help="the cluster's cookie (0600)")
+    d.add_argument(
+        "--connect",
+        action="append",
+        default=None,
+        metavar="NAME@ADDRESS",
+        help="connect to a node at boot, e.g. b@host@unix:/tmp/b.sock (repeatable)",
+    )
+    d.add_argument(
+        "--insecure-tcp", action="store_true", help="allow plain TCP without TLS (logged)"
+    )
+    d.add_argument("--tls-cert", metavar="PEM", help="this node's certificate chain")
+    d.add_argument("--tls-key", metavar="PEM", help="this node's private key")
+    d.add_argument("--tls-ca", metavar="PEM", help="the CA that signs every node's certificate")
+    d.add_argument(
+        "--liveness-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a silent peer counts as gone after this long (default 60)",
+    )
     return p
 
 
+def parse_connect(value: str) -> tuple[str, str]:
+    """``b@host@unix:/path`` -> ("b@host", "unix:/path")."""
+    for scheme in ("@unix:", "@tcp:"):
+        name, sep, rest = value.partition(scheme)
+        if sep and "@" in name:
+            return name, scheme[1:] + rest
+    raise ConfigError(
+        f"--connect takes NAME@ADDRESS such as b@host@unix:/tmp/b.sock (got {value!r})"
+    )
+
+
+def _distribution(args: argparse.Namespace, name: str) -> DistSettings | None:
+    if not args.listen and not args.connect and args.cookie_file is None:
+        return None
+    if args.cookie_file is None:
+        raise ConfigError(
+            "distribution (--listen/--connect) needs --cookie-file PATH: a file, mode 0600,"
+            " holding the cluster's shared secret"
+        )
+    try:
+        cookie = otp.read_cookie_file(args.cookie_file)
+    except otp.DistributionError as exc:
+        raise ConfigError(str(exc)) from exc
+    tls = None
+    if args.tls_cert or args.tls_key or args.tls_ca:
+        if not (args.tls_cert and args.tls_key and args.tls_ca):
+            raise ConfigError("TLS needs all of --tls-cert, --tls-key and --tls-ca")
+        tls = otp.TlsConfig(args.tls_cert, args.tls_key, args.tls_ca)
+    try:
+        config = otp.DistConfig(
+            cookie=cookie,
+            listen=tuple(args.listen or ()),
+            tls=tls,
+            insecure_tcp=args.insecure_tcp,
+            liveness_timeout=args.liveness_timeout,
+        )
+    except otp.DistributionError as exc:
+        raise ConfigError(str(exc)) from exc
+    connect = tuple(parse_connect(c) for c in args.connect or ())
+    return DistSettings(config, connect)
+
+
 def load_config(argv: list[str] | None = None) -> NodeConfig:
-    """Build the configuration from ``argv`` (and the node.toml it names); flags win."""
-    args = parser().parse_args(argv)
+    """Build the configuration from ``argv`` (and the node.toml it names); flags win.
+
+    An application module may define ``add_arguments(parser)`` to add its own flags; their
+    values reach it as ``config.settings["flags"]``.
+    """
+    p = parser()
+    known, _ = p.parse_known_args(argv)
+    for path in known.app or []:
+        module = _import_module(path.partition(":")[0], path)
+        add_arguments = getattr(module, "add_arguments", None)
+        if callable(add_arguments):
+            add_arguments(p)
+    args = p.parse_args(argv)
     data: dict[str, Any] = {}
     if args.config is not None:
         try:
@@ -84,12 +178,22 @@ def load_config(argv: list[str] | None = None) -> NodeConfig:
     apps = args.app if args.app is not None else node.get("apps", [])
     if not isinstance(apps, list) or not all(isinstance(a, str) for a in apps):
         raise ConfigError(f"node.apps must be a list of 'module:attr' strings (got {apps!r})")
+    data["flags"] = vars(args)
+    name = args.name or node.get("name", "nonode@nohost")
     return NodeConfig(
-        name=args.name or node.get("name", "nonode@nohost"),
+        name=name,
         apps=tuple(apps),
         log_level=args.log_level or node.get("log_level", "info"),
         settings=data,
+        distribution=_distribution(args, name),
     )
+
+
+def _import_module(module_name: str, path: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import module {module_name!r} for {path!r}: {exc}") from exc
 
 
 def load_object(path: str) -> Any:
@@ -101,10 +205,7 @@ def load_object(path: str) -> Any:
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"an application is named as 'module:attr' (got {path!r})")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import module {module_name!r} for {path!r}: {exc}") from exc
+    obj: Any = _import_module(module_name, path)
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)

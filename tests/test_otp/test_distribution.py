@@ -188,7 +188,7 @@ async def test_process_groups_converge_across_nodes(sockets: Any) -> None:
     async with PeerNode("b@localhost", sockets("b"), setup=join_remote):
         async with otp.open_node("a@localhost"):
             await _distributed("a", sockets("a"))
-            ref, groups = otp.pg.monitor_scope()
+            ref, _ = otp.pg.monitor_scope()
             otp.pg.join("workers")
             await otp.connect("b@localhost", sockets("b"))
             joined = await otp.receive(otp.pg.PgJoin)
@@ -214,4 +214,7 @@ async def test_a_full_mesh_forms_through_a_common_peer(sockets: Any) -> None:
             with trio.fail_after(5):
                 while "c@localhost" not in await otp.call(("echo", "b@localhost"), "nodes"):
                     await trio.sleep(0.01)
-            assert await otp.call(("echo", "c@localhost"), "nodes") == ["a@localhost", "b@localhost"]
+            assert await otp.call(("echo", "c@localhost"), "nodes") == [
+                "a@localhost",
+                "b@localhost",
+            ]

@@ -1,0 +1,32 @@
+"""otp.node: boot a node (``python -m otp.node``): configuration, distribution, applications
+in order, and an orderly stop on signals."""
+
+from ._boot import banner as banner
+from ._boot import resolve_application as resolve_application
+from ._boot import serve as serve
+from ._config import DEFAULT_APP as DEFAULT_APP
+from ._config import ConfigError as ConfigError
+from ._config import DistSettings as DistSettings
+from ._config import NodeConfig as NodeConfig
+from ._config import load_config as load_config
+from ._config import load_object as load_object
+from ._main import main as main
+
+__all__ = [
+    "DEFAULT_APP",
+    "ConfigError",
+    "DistSettings",
+    "NodeConfig",
+    "banner",
+    "load_config",
+    "load_object",
+    "main",
+    "resolve_application",
+    "serve",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) or callable(_obj):
+        _obj.__module__ = __name__
+del _name, _obj

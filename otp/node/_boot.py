@@ -1,0 +1,145 @@
+"""Booting a node: distribution, applications in order, a banner, and an orderly stop on
+SIGINT/SIGTERM (applications in reverse order, each tree in reverse start order)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Any, TextIO
+
+import trio
+
+import otp
+import supervisors
+
+from ._config import ConfigError, NodeConfig, load_object
+
+logger = logging.getLogger("otp.node")
+
+#: Exit code when an application's end stopped the node (Erlang's "Kernel pid terminated").
+EXIT_APPLICATION_FAILED = 1
+#: Exit code when a second SIGINT stopped the node at once.
+EXIT_INTERRUPTED = 130
+
+
+def resolve_application(path: str, config: NodeConfig) -> supervisors.Application:
+    """The :class:`~supervisors.Application` that ``module[:attr]`` names.
+
+    ``attr`` defaults to ``application``. It may be an Application or a callable that takes the
+    :class:`NodeConfig` and returns one (so an application can read its settings).
+    """
+    if ":" not in path:
+        path = f"{path}:application"
+    obj = load_object(path)
+    if not isinstance(obj, supervisors.Application) and callable(obj):
+        obj = obj(config)
+    if not isinstance(obj, supervisors.Application):
+        raise ConfigError(
+            f"{path} is a {type(obj).__name__}, not a supervisors.Application (or a function"
+            " of the NodeConfig returning one)"
+        )
+    return obj
+
+
+async def _tree(pid: Any, indent: str, out: list[str]) -> None:
+    for child_id, child, kind, _modules in reversed(await supervisors.which_children(pid)):
+        if kind == "supervisor" and isinstance(child, otp.Pid):
+            out.append(f"{indent}{child_id} (supervisor) {child!r}")
+            await _tree(child, indent + "  ", out)
+        else:
+            out.append(f"{indent}{child_id} {child!r}")
+
+
+async def banner(config: NodeConfig, started: list[tuple[supervisors.Application, Any]]) -> str:
+    """What the node prints once it runs: where it is and what runs."""
+    lines = [f"node {config.name} (OS pid {os.getpid()}) is running"]
+    dist = otp.current_node().distribution
+    if dist is not None:
+        for address in dist.listening:
+            lines.append(f"  listening on {address}")
+    for app, root in started:
+        lines.append(f"  application {app.name}: {app.description or ''}".rstrip(": "))
+        tree: list[str] = []
+        if isinstance(root, otp.Pid):
+            await _tree(root, "    ", tree)
+        lines.extend(tree)
+    lines.append("stop with Ctrl-C or SIGTERM")
+    return "\n".join(lines)
+
+
+async def serve(
+    config: NodeConfig,
+    applications: list[supervisors.Application],
+    *,
+    out: TextIO = sys.stdout,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> int:
+    """Run a node until a signal or an application's end stops it; returns the exit code."""
+    stopping = trio.Event()
+    code = 0
+    async with otp.open_node(config.name):
+        otp.process_flag(trap_exit=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_signals, stopping, out)
+            if config.distribution is not None:
+                await _start_distribution(config)
+            started = []
+            for app in applications:
+                try:
+                    await supervisors.start_application(app, "permanent")
+                except supervisors.SupervisorError as exc:
+                    print(f"application {app.name} failed to start: {exc}", file=out, flush=True)
+                    await supervisors.stop_all_applications()
+                    nursery.cancel_scope.cancel()
+                    return EXIT_APPLICATION_FAILED
+                started.append((app, _root_of(app)))
+            print(await banner(config, started), file=out, flush=True)
+            task_status.started()
+
+            async def application_ended() -> None:
+                nonlocal code
+                ended = await supervisors.wait_node_stop()
+                print(
+                    f"application {ended.application} ended ({otp.format_reason(ended.reason)}):"
+                    " stopping the node",
+                    file=out,
+                    flush=True,
+                )
+                code = EXIT_APPLICATION_FAILED
+                stopping.set()
+
+            nursery.start_soon(application_ended)
+            await stopping.wait()
+            print("stopping: applications in reverse order", file=out, flush=True)
+            await supervisors.stop_all_applications()
+            print("stopped", file=out, flush=True)
+            nursery.cancel_scope.cancel()
+    return code
+
+
+def _root_of(app: supervisors.Application) -> otp.Pid | None:
+    finder = getattr(supervisors, "application_supervisor", None)
+    return finder(app.name) if finder is not None else None
+
+
+async def _watch_signals(stopping: trio.Event, out: TextIO) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            if not stopping.is_set():
+                print(f"{signal.Signals(signum).name}: stopping gracefully", file=out, flush=True)
+                stopping.set()
+            elif signum == signal.SIGINT:
+                print("second SIGINT: stopping at once", file=out, flush=True)
+                out.flush()
+                os._exit(EXIT_INTERRUPTED)
+
+
+async def _start_distribution(config: NodeConfig) -> None:
+    dist = config.distribution
+    assert dist is not None
+    await otp.start_distribution(dist.config)
+    for peer, address in dist.connect:
+        if not await otp.connect(peer, address):
+            logger.warning("could not connect to %s at %s (will retry on first use)", peer, address)

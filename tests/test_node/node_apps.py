@@ -1,0 +1,79 @@
+"""Applications the node tests boot in real ``python -m otp.node`` processes."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import trio
+
+import otp
+import supervisors
+
+
+class Reporter(otp.GenServer):
+    """Prints its start and its terminate, so a test can read the order from stdout."""
+
+    def init(self, label: str, slow_stop: float = 0.0) -> otp.Ok:
+        otp.process_flag(trap_exit=True)
+        print(f"init {label}", flush=True)
+        return otp.Ok((label, slow_stop))
+
+    async def terminate(self, reason: Any, state: tuple[str, float]) -> None:
+        label, slow_stop = state
+        print(f"terminate {label} {otp.format_reason(reason)}", flush=True)
+        if slow_stop:
+            await trio.sleep(slow_stop)
+
+
+def _app(name: str, *children: supervisors.ChildSpec) -> supervisors.Application:
+    return supervisors.Application(
+        name, (supervisors.SupFlags(strategy="one_for_one"), list(children))
+    )
+
+
+first = _app(
+    "first",
+    supervisors.ChildSpec("a", (Reporter.start_link, "first.a")),
+    supervisors.ChildSpec("b", (Reporter.start_link, "first.b")),
+)
+second = _app("second", supervisors.ChildSpec("c", (Reporter.start_link, "second.c")))
+slow = _app(
+    "slow",
+    supervisors.ChildSpec(
+        "sleepy", (Reporter.start_link, "slow.sleepy", 600.0), shutdown="infinity"
+    ),
+)
+
+
+class CrashesSoon(otp.GenServer):
+    def init(self) -> otp.Ok:
+        otp.send_after(0.05, otp.self(), "crash")
+        return otp.Ok(None)
+
+    def handle_info(self, message: Any, state: Any) -> otp.NoReply:
+        raise RuntimeError("this worker always crashes")
+
+
+fragile = supervisors.Application(
+    "fragile",
+    (
+        supervisors.SupFlags(strategy="one_for_one", intensity=1, period=5),
+        [supervisors.ChildSpec("crasher", CrashesSoon)],
+    ),
+)
+
+
+def echo_stdout(config: Any) -> supervisors.Application:
+    """A factory: the node passes its config; flags an app adds arrive in settings["flags"]."""
+    print(f"factory saw node {config.name}", file=sys.stdout, flush=True)
+    return second
+
+
+def _echo_start() -> Any:
+    from test_otp.peer import Echo
+
+    return Echo.start_link(name="echo")
+
+
+cluster = _app("cluster", supervisors.ChildSpec("echo", (_echo_start,)))

@@ -1,0 +1,176 @@
+"""``python -m otp.node`` as a user runs it: a real OS process, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(ROOT)])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Node:
+    """A ``python -m otp.node`` process whose stdout is read line by line."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = [sys.executable, "-m", "otp.node", "--log-level", "warning", *args]
+        self.lines: list[str] = []
+        self.process: trio.Process | None = None
+        self._buffer = b""
+
+    async def __aenter__(self) -> Node:
+        self.process = await trio.lowlevel.open_process(
+            self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.process is not None
+        if self.process.returncode is None:
+            self.process.kill()
+        await self.process.wait()
+        if self.process.stdout is not None:
+            await self.process.stdout.aclose()
+
+    async def line_with(self, text: str, timeout: float = 20) -> str:
+        assert self.process is not None and self.process.stdout is not None
+        with trio.fail_after(timeout):
+            while True:
+                for i, line in enumerate(self.lines):
+                    if text in line:
+                        del self.lines[: i + 1]
+                        return line
+                chunk = await self.process.stdout.receive_some(65536)
+                if not chunk:
+                    raise AssertionError(f"node exited before printing {text!r}: {self.lines}")
+                self._buffer += chunk
+                *complete, self._buffer = self._buffer.split(b"\n")
+                self.lines.extend(line.decode() for line in complete)
+
+    async def rest(self) -> list[str]:
+        """Everything it prints until it exits."""
+        assert self.process is not None and self.process.stdout is not None
+        with trio.fail_after(20):
+            while chunk := await self.process.stdout.receive_some(65536):
+                self._buffer += chunk
+        self.lines.extend(line.decode() for line in self._buffer.split(b"\n") if line)
+        return self.lines
+
+    async def exit_code(self) -> int:
+        assert self.process is not None
+        with trio.fail_after(20):
+            return await self.process.wait()
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+
+def test_help_lists_the_options() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "otp.node", "--help"], capture_output=True, text=True, check=True
+    )
+    for option in ("--name", "--app", "--log-level", "--listen", "--cookie-file", "--connect"):
+        assert option in result.stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_the_default_node_runs_the_demo_tree_and_stops_gracefully(signum: int) -> None:
+    async with Node("--name", "demo@localhost") as node:
+        assert "demo@localhost" in await node.line_with("is running")
+        await node.line_with("application demo")
+        await node.line_with("greeter")
+        await node.line_with("stop with Ctrl-C")
+        node.signal(signum)
+        await node.line_with("stopping gracefully")
+        await node.line_with("stopped")
+        assert await node.exit_code() == 0
+
+
+async def test_applications_start_in_order_and_stop_in_reverse() -> None:
+    async with Node(
+        "--app", "test_node.node_apps:first", "--app", "test_node.node_apps:second"
+    ) as node:
+        await node.line_with("stop with Ctrl-C")
+        node.signal(signal.SIGTERM)
+        assert await node.exit_code() == 0
+        lines = [line for line in await node.rest() if line.startswith(("init", "terminate"))]
+    assert [line for line in node.lines if line.startswith("init")] == []
+    assert lines == [
+        "terminate second.c shutdown",
+        "terminate first.b shutdown",
+        "terminate first.a shutdown",
+    ]
+
+
+async def test_a_second_sigint_stops_the_node_at_once() -> None:
+    async with Node("--app", "test_node.node_apps:slow") as node:
+        await node.line_with("stop with Ctrl-C")
+        node.signal(signal.SIGINT)
+        await node.line_with("terminate slow.sleepy shutdown")
+        node.signal(signal.SIGINT)
+        await node.line_with("second SIGINT")
+        assert await node.exit_code() == 130
+
+
+async def test_a_permanent_applications_death_stops_the_node() -> None:
+    async with Node("--app", "test_node.node_apps:fragile") as node:
+        await node.line_with("application fragile ended")
+        assert await node.exit_code() == 1
+
+
+async def test_an_application_factory_gets_the_node_config() -> None:
+    async with Node("--name", "f@localhost", "--app", "test_node.node_apps:echo_stdout") as node:
+        await node.line_with("factory saw node f@localhost")
+        await node.line_with("stop with Ctrl-C")
+        node.signal(signal.SIGTERM)
+        assert await node.exit_code() == 0
+
+
+def test_a_bad_application_path_is_a_clear_error() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "otp.node", "--app", "no_such_module:app"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+    )
+    assert result.returncode == 2
+    assert "cannot import module 'no_such_module'" in result.stderr
+
+
+def test_a_cookie_file_readable_by_others_is_refused(tmp_path: Path) -> None:
+    cookie = tmp_path / "cookie"
+    cookie.write_text("a-long-enough-cookie")
+    cookie.chmod(0o644)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "otp.node",
+            "--name",
+            "a@localhost",
+            "--listen",
+            f"unix:{tmp_path / 'a.sock'}",
+            "--cookie-file",
+            str(cookie),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+    )
+    assert result.returncode == 2
+    assert "must be readable by its owner only" in result.stderr
+    assert f"chmod 600 {cookie}" in result.stderr
