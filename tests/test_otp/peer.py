@@ -25,6 +25,8 @@ class Echo(otp.GenServer):
             return otp.NoReply(state)
         if request == "nodes":
             return otp.Reply(otp.nodes(), state)
+        if request == "process_count":
+            return otp.Reply(len(otp.processes()), state)
         if isinstance(request, tuple) and request[0] == "spawn":
             return otp.Reply(otp.spawn(_exit_on_message, request[1]), state)
         return otp.Reply(request, state)
@@ -66,6 +68,7 @@ class PeerNode:
         self._token: trio.lowlevel.TrioToken | None = None
         self._scope: trio.CancelScope | None = None
         self.error: BaseException | None = None
+        self.listening: list[str] = []
 
     async def __aenter__(self) -> PeerNode:
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -96,7 +99,7 @@ class PeerNode:
 
     async def _main(self) -> None:
         async with otp.open_node(self.name):
-            await otp.start_distribution(self.config)
+            self.listening = await otp.start_distribution(self.config)
             await Echo.start(name="echo")
             if self.setup is not None:
                 await self.setup()

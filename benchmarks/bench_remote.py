@@ -1,0 +1,172 @@
+"""Distribution benchmarks: a GenServer call and one-way sends to a node in another OS process
+over a Unix socket, against a raw Unix-socket ping-pong of a 16-byte frame between two
+processes, measured in the same run."""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import otp
+
+from ._harness import Benchmark, Result
+
+COOKIE = b"benchmark-cookie-123456"
+
+_PEER = r"""
+import sys, trio, otp
+
+class Echo(otp.GenServer):
+    def handle_call(self, request, from_, state):
+        return otp.Reply(request, state)
+
+async def sink(expected_from):
+    count = 0
+    while True:
+        message = await otp.receive()
+        if message.__class__ is tuple and message[0] == "expect":
+            target, goal = message[1], message[2]
+            while count < goal:
+                await otp.receive()
+                count += 1
+            otp.send(target, ("got", count))
+            count = 0
+        else:
+            count += 1
+
+async def main():
+    await otp.start_distribution(otp.DistConfig(cookie=COOKIE, listen=(ADDRESS,)))
+    await Echo.start(name="echo")
+    otp.register("sink", otp.spawn(sink, None))
+    print("ready", flush=True)
+    await trio.sleep_forever()
+
+otp.run(main, name="peer@localhost")
+"""
+
+_RAW_PEER = r"""
+import socket, sys
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(sys.argv[1]); server.listen(1)
+print("ready", flush=True)
+conn, _ = server.accept()
+while True:
+    data = b""
+    while len(data) < 16:
+        chunk = conn.recv(16 - len(data))
+        if not chunk:
+            raise SystemExit(0)
+        data += chunk
+    conn.sendall(data)
+"""
+
+
+def _spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
+def _raw_round_trips(path: str, n: int) -> list[float]:
+    peer = _spawn(_RAW_PEER, path)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(path)
+            frame = b"0123456789abcdef"
+            samples = []
+            clock = time.perf_counter
+            for _ in range(n):
+                start = clock()
+                sock.sendall(frame)
+                received = b""
+                while len(received) < 16:
+                    received += sock.recv(16 - len(received))
+                samples.append(clock() - start)
+            return samples
+    finally:
+        peer.kill()
+        peer.wait()
+
+
+def _otp_remote(address: str, calls: int, sends: int) -> tuple[list[float], float]:
+    code = _PEER.replace("COOKIE", repr(COOKIE)).replace("ADDRESS", repr(address))
+    peer = _spawn(code)
+    try:
+
+        async def main() -> tuple[list[float], float]:
+            await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
+            assert await otp.connect("peer@localhost", address)
+            echo = ("echo", "peer@localhost")
+            call = otp.call
+            for i in range(200):
+                await call(echo, i)
+            clock = time.perf_counter
+            samples = []
+            for i in range(calls):
+                start = clock()
+                await call(echo, i)
+                samples.append(clock() - start)
+            sink: Any = ("sink", "peer@localhost")
+            send = otp.send
+            me = otp.self()
+            start = clock()
+            send(sink, ("expect", me, sends))
+            for i in range(sends):
+                send(sink, i)
+                if i % 1000 == 999:
+                    await trio.sleep(0)
+            got = await otp.receive()
+            elapsed = clock() - start
+            assert got == ("got", sends), got
+            return samples, elapsed
+
+        return otp.run(main, name="bench@localhost")
+    finally:
+        peer.kill()
+        peer.wait()
+
+
+def remote(quick: bool) -> list[Result]:
+    calls = 2_000 if quick else 10_000
+    sends = 50_000 if quick else 300_000
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = statistics.median(_raw_round_trips(f"{tmp}/raw.sock", calls))
+        samples, elapsed = _otp_remote(f"unix:{tmp}/peer.sock", calls, sends)
+    ours = statistics.median(samples)
+    return [
+        Result(
+            "remote.call",
+            "us median",
+            ours * 1e6,
+            "raw unix ping-pong (16 B)",
+            raw * 1e6,
+            direction="lower",
+            notes="GenServer.call to a node in another OS process over a Unix socket",
+        ),
+        Result(
+            "remote.send",
+            "messages/s",
+            sends / elapsed,
+            "raw unix ping-pong (16 B) round trips/s",
+            1 / raw,
+            notes="one-way sends to a process on another node; target >= 100k messages/s",
+        ),
+    ]
+
+
+BENCHMARKS = [Benchmark("remote", remote)]
