@@ -3,6 +3,7 @@
 The public API; everything lives in private modules and is re-exported here.
 """
 
+from ._api import add_exit_hook as add_exit_hook
 from ._api import cancel_timer as cancel_timer
 from ._api import demonitor as demonitor
 from ._api import exit as exit
@@ -134,6 +135,7 @@ __all__ = [
     "Stop",
     "StopError",
     "TlsConfig",
+    "add_exit_hook",
     "call",
     "cancel_timer",
     "cast",

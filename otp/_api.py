@@ -209,6 +209,26 @@ def exit_self(reason: Any) -> None:
     raise ProcessExit(reason)
 
 
+def add_exit_hook(hook: Callable[[Pid, Any], None]) -> None:
+    """Run ``hook(pid, reason)`` when the calling process exits, for any reason.
+
+    Hooks run synchronously at the moment of death, after the process's registered name is
+    freed and before its links and monitors fire (OTP's order for "directly visible resources",
+    which ETS tables and process groups use too), so whoever receives its ``Exit`` or ``Down``
+    already sees what the hook did. A hook must not block; one that raises is logged and the
+    others still run.
+    """
+    me = current_process()
+
+    def run(proc: Process, reason: Any) -> None:
+        hook(proc.pid, reason)
+
+    if me.exit_hooks is None:
+        me.exit_hooks = [run]
+    else:
+        me.exit_hooks.append(run)
+
+
 def process_flag(*, trap_exit: bool) -> bool:
     """Set the caller's ``trap_exit`` flag; returns the old value.
 

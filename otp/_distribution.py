@@ -178,6 +178,9 @@ class Connection:
         self.settled = trio.Event()
         self.process: Process | None = None
         self.sent_since_tick = False
+        self._writing = False
+        #: Set by the writer once everything queued is written (see Distribution.flush).
+        self.drained: trio.Event | None = None
 
     def __repr__(self) -> str:
         return f"<Connection {self.peer} {self.state}>"
@@ -212,13 +215,22 @@ class Connection:
                 logger.error("dropped a frame queued for %s: %s", self.peer, exc)
         self.settled.set()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing being written."""
+        return not self._outbox and not self._writing
+
     async def write_loop(self, stream: trio.abc.Stream) -> None:
         while True:
             while not self._outbox:
                 await self._writer_lot.park()
             batch, self._outbox = self._outbox, []
             self.sent_since_tick = True
+            self._writing = True
             await stream.send_all(b"".join(batch) if len(batch) > 1 else batch[0])
+            self._writing = False
+            if self.drained is not None and not self._outbox:
+                self.drained.set()
 
 
 class Distribution:
@@ -254,6 +266,15 @@ class Distribution:
                 "distribution over plain TCP (--insecure-tcp): anyone who can reach the port and"
                 " guess the cookie controls this node; use TLS outside a trusted network"
             )
+
+    async def flush(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` seconds) until every connection has written what is queued:
+        a node that stops gracefully delivers what it sent last."""
+        with trio.move_on_after(timeout):
+            for conn in list(self.connections.values()):
+                if conn.state == "up" and not conn.idle:
+                    conn.drained = trio.Event()
+                    await conn.drained.wait()
 
     async def _serve(self, listener: trio.abc.Listener[Any]) -> None:
         async with listener:
@@ -332,6 +353,8 @@ class Distribution:
         was_up = conn.state == "up"
         conn.state = "down"
         conn.settled.set()
+        if conn.drained is not None:
+            conn.drained.set()
         if self.connections.get(conn.peer) is conn:
             del self.connections[conn.peer]
         else:

@@ -31,6 +31,9 @@ _NODE: trio.lowlevel.RunVar[Node] = trio.lowlevel.RunVar("otp_node")
 
 DEFAULT_NODE_NAME = "nonode@nohost"
 
+#: When a node stops, how long it waits for its connections to write what is queued (seconds).
+FLUSH_ON_STOP = 1.0
+
 
 class Node:
     """The runtime state of one node. Reach it with :func:`current_node`."""
@@ -331,6 +334,9 @@ async def open_node(name: str = DEFAULT_NODE_NAME) -> AsyncIterator[Node]:
             finally:
                 _CURRENT.reset(token)
                 node.process_exited(main, main.pending_reason if main.exiting else NORMAL)
+                if node.distribution is not None:
+                    with trio.CancelScope(shield=True):
+                        await node.distribution.flush(FLUSH_ON_STOP)
                 node.kill_all()
         system.cancel_scope.cancel()
     if killed:

@@ -94,7 +94,7 @@ async def serve(
                     await supervisors.stop_all_applications()
                     nursery.cancel_scope.cancel()
                     return EXIT_APPLICATION_FAILED
-                started.append((app, _root_of(app)))
+                started.append((app, supervisors.application_supervisor(app.name)))
             print(await banner(config, started), file=out, flush=True)
             task_status.started()
 
@@ -117,11 +117,6 @@ async def serve(
             print("stopped", file=out, flush=True)
             nursery.cancel_scope.cancel()
     return code
-
-
-def _root_of(app: supervisors.Application) -> otp.Pid | None:
-    finder = getattr(supervisors, "application_supervisor", None)
-    return finder(app.name) if finder is not None else None
 
 
 async def _watch_signals(stopping: trio.Event, out: TextIO) -> None:

@@ -57,9 +57,10 @@ class Model:
                 elif reason != "normal":
                     pending.append((other, reason))
             for watcher, target in self.monitors:
+                # A watcher that is itself about to die may still read this DOWN first: deaths
+                # unwind concurrently, so for dead processes only "at most this" is checked.
                 if target == proc and watcher not in self.dead:
-                    if watcher not in [p for p, _ in pending]:
-                        self.received[watcher][("down", proc, reason)] += 1
+                    self.received[watcher][("down", proc, reason)] += 1
 
 
 def _observed_reason(reason: Any) -> Any:

@@ -1,0 +1,957 @@
+"""The ``Dispatcher``: a GenServer that owns the state of tool calls, and ``dispatch``, which runs
+the calls in the callers' own tasks.
+
+The GenServer owns the lifecycle and the state: the tool registry, the breakers, the retry
+buckets, the counters, the in-flight idempotency map and the result cache (an ``otp.ets``
+table with a time to live). ``dispatch`` does no round trip to it: all processes of a node share
+one trio thread, so ``dispatch`` reads and updates that state in synchronous sections (as the
+``ets`` functions do) and runs the handler in the caller's task under a cancel scope, sleeping
+between retries on trio's clock. Calls with an idempotency key run in a task of the
+dispatcher's *runner* process instead, so that a caller's cancellation never strands the callers
+that joined its run.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import math
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+import jsonschema.exceptions  # type: ignore[import-untyped]
+import trio
+
+import otp
+from otp import ets
+
+from ._breaker import BreakerState, Budget, CircuitBreaker, TokenBucket
+from ._errors import (
+    ConfigurationError,
+    DispatcherNotRunning,
+    DispatchError,
+    ErrorKind,
+    TransientError,
+)
+from ._tool import ASYNC, SYNC, Tool, ToolRegistry, _RemoteTimeout
+
+logger = logging.getLogger("apps.dispatcher")
+
+#: The name the dispatcher registers under unless configured otherwise.
+DEFAULT_NAME = "dispatcher"
+
+_COUNTED = frozenset((ErrorKind.TIMEOUT, ErrorKind.TRANSIENT, ErrorKind.INTERNAL))
+_DEBUG, _INFO, _WARNING = logging.DEBUG, logging.INFO, logging.WARNING
+_SCHEMA_ERRORS_SHOWN = 10
+
+
+def _check_ttl(_cfg: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not value > 0
+        or value == math.inf
+    ):
+        raise ConfigurationError(
+            f"DispatcherConfig.{attr.name} must be a number of seconds > 0 (got {value!r})"
+        )
+
+
+def _check_limit(_cfg: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (value.__class__ is not int or value < 1):
+        raise ConfigurationError(
+            f"DispatcherConfig.{attr.name} must be an int >= 1 or None (got {value!r})"
+        )
+
+
+def _check_name(_cfg: Any, _attr: Any, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"DispatcherConfig.name must be a non-empty str (got {value!r})")
+
+
+@attrs.frozen
+class DispatcherConfig:
+    """How a dispatcher runs.
+
+    Args:
+        name: The name it registers under (what ``dispatch(..., dispatcher=)`` names).
+        result_ttl: Seconds a completed result stays in the idempotency cache.
+        max_concurrency: At most this many handler attempts run at once across every tool and
+            caller (None: no dispatcher-wide limit). Callers past it wait their turn.
+        seed: Seeds the jitter of retry delays (None: from the OS), for reproducible runs.
+    """
+
+    name: str = attrs.field(default=DEFAULT_NAME, validator=_check_name)
+    result_ttl: float = attrs.field(default=60.0, validator=_check_ttl)
+    max_concurrency: int | None = attrs.field(default=None, validator=_check_limit)
+    seed: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> DispatcherConfig:
+        """Build from a node.toml ``[dispatcher]`` table; unknown keys are an error.
+
+        Raises:
+            ConfigurationError: a key is unknown or a value invalid.
+        """
+        known = {field.name for field in attrs.fields(cls)}
+        unknown = sorted(set(settings) - known - {"tools"})
+        if unknown:
+            raise ConfigurationError(
+                f"[dispatcher] settings: unknown keys {unknown} (known: {sorted(known)} and"
+                " 'tools')"
+            )
+        return cls(**{key: value for key, value in settings.items() if key in known})
+
+
+@attrs.frozen
+class Call:
+    """One call for :func:`gather_bounded` (a ``(name, args)`` tuple works too)."""
+
+    name: str
+    args: Mapping[str, Any] = attrs.field(factory=dict)
+    idempotency_key: str | None = None
+    timeout: float | None = None
+
+
+@attrs.frozen
+class Outcome:
+    """The end of one call of :func:`gather_bounded`: a ``value`` or a :class:`DispatchError`."""
+
+    value: Any = None
+    error: DispatchError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def unwrap(self) -> Any:
+        """The value, or the error raised."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+@attrs.frozen
+class DispatcherStatistics:
+    """A snapshot of a dispatcher (see :func:`statistics`).
+
+    Attributes:
+        counters: How many times each event happened (``dispatch.attempt``, ``dispatch.ok``,
+            ``dispatch.retry``, ``dispatch.timeout``, ``dispatch.dedup_hit``, ``breaker.open``,
+            ``dispatch.error.<kind>``, ...).
+        running: Handler attempts running now.
+        in_flight_keys: Idempotency keys whose run has not finished.
+        cached_results: Results in the idempotency cache.
+        breakers: Each tool's breaker state (``closed``, ``open``, ``half_open``) that has one.
+        tools: The registered tools' names.
+    """
+
+    counters: Mapping[str, int]
+    running: int
+    in_flight_keys: int
+    cached_results: int
+    breakers: Mapping[str, str]
+    tools: tuple[str, ...]
+
+
+@attrs.define(eq=False)
+class _Run:
+    """One run shared by every caller of an idempotency key while it is in flight."""
+
+    fingerprint: str
+    done: trio.Event = attrs.Factory(trio.Event)
+    value: Any = None
+    error: DispatchError | None = None
+
+
+def _fingerprint(tool: str, args: Mapping[str, Any]) -> str:
+    text = json.dumps([tool, args], sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _copy(error: DispatchError) -> DispatchError:
+    """A fresh envelope equal to ``error`` (an exception object is raised in one task only)."""
+    copy = DispatchError.make(error.kind, error.message, attempts=error.attempts, data=error.data)
+    copy.__cause__ = error.__cause__
+    return copy
+
+
+async def _acquire(semaphore: trio.Semaphore) -> None:
+    try:
+        semaphore.acquire_nowait()
+    except trio.WouldBlock:
+        await semaphore.acquire()
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds:.3g} s"
+
+
+@attrs.define(eq=False)
+class _State:
+    """A running dispatcher's state, shared by its GenServer, its runner and the callers."""
+
+    pid: otp.Pid
+    name: str
+    registry: ToolRegistry
+    config: DispatcherConfig
+    table: Any
+    jobs: trio.MemorySendChannel[Callable[[], Awaitable[None]]]
+    rng: random.Random
+    limiter: trio.Semaphore | None
+    alive: bool = True
+    running: int = 0
+    counters: Counter[str] = attrs.Factory(Counter)
+    keyed: dict[str, _Run] = attrs.Factory(dict)
+    breakers: dict[str, CircuitBreaker] = attrs.Factory(dict)
+    buckets: dict[str, TokenBucket] = attrs.Factory(dict)
+    tool_limiters: dict[str, tuple[int, trio.Semaphore]] = attrs.Factory(dict)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def event(self, name: str, level: int, tool: str, **fields: Any) -> None:
+        """Count ``name`` and log it on ``apps.dispatcher`` with the fields in ``extra``."""
+        self.counters[name] += 1
+        if logger.isEnabledFor(level):
+            self.log(level, name, tool, **fields)
+
+    def log(self, level: int, name: str, tool: str, **fields: Any) -> None:
+        record = {"event": name, "dispatcher": self.name, "tool": tool, **fields}
+        logger.log(level, "%s %s", name, record, extra={"dispatch_event": record})
+
+    async def reject(self, error: DispatchError, tool: str) -> Any:
+        """Fail a call before any handler ran: count it, yield once, raise ``error``."""
+        self.event(f"dispatch.error.{error.kind}", _INFO, tool, message=error.message)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        raise error
+
+    # -- per-tool state --------------------------------------------------------------------
+
+    def breaker(self, tool: Tool) -> CircuitBreaker | None:
+        policy = tool.breaker
+        if policy is None:
+            return None
+        breaker = self.breakers.get(tool.name)
+        if breaker is None or breaker.policy is not policy:
+            breaker = self.breakers[tool.name] = CircuitBreaker(policy)
+        return breaker
+
+    def take_retry_token(self, tool: Tool, now: float) -> bool:
+        policy = tool.retry.budget
+        if policy is None:
+            return True
+        bucket = self.buckets.get(tool.name)
+        if bucket is None or bucket.policy is not policy:
+            bucket = self.buckets[tool.name] = TokenBucket.full(policy, now)
+        return bucket.take(now)
+
+    def tool_limiter(self, tool: Tool) -> trio.Semaphore | None:
+        limit = tool.max_concurrency
+        if limit is None:
+            return None
+        entry = self.tool_limiters.get(tool.name)
+        if entry is None or entry[0] != limit:
+            entry = self.tool_limiters[tool.name] = (limit, trio.Semaphore(limit))
+        return entry[1]
+
+    # -- the entry -------------------------------------------------------------------------
+
+    async def dispatch(
+        self,
+        name: str,
+        args: Mapping[str, Any] | None,
+        key: str | None,
+        timeout: float | None,
+        budget: Budget | None,
+    ) -> Any:
+        tool = self.registry.get(name)
+        if tool is None:
+            known = ", ".join(map(repr, self.registry.names())) or "none"
+            return await self.reject(
+                DispatchError.make(
+                    ErrorKind.NOT_FOUND,
+                    f"no tool named {name!r} is registered with dispatcher {self.name!r} (known:"
+                    f" {known}); register it with apps.dispatcher.register_tool(Tool(...))",
+                    data={"tool": name},
+                ),
+                name,
+            )
+        if budget is not None and budget.exhausted(trio.current_time()):
+            return await self.reject(self.budget_error(tool, budget, 0), name)
+        if args is None:
+            args = {}
+        elif not isinstance(args, Mapping):
+            return await self.reject(
+                DispatchError.make(
+                    ErrorKind.SCHEMA,
+                    f"tool {name!r}: the arguments must be a JSON object (a dict), got"
+                    f" {type(args).__name__}; pass them as a dict",
+                    data={"tool": name, "errors": []},
+                ),
+                name,
+            )
+        if not tool.accepts_any:
+            error = self.schema_error(tool, args)
+            if error is not None:
+                return await self.reject(error, name)
+        if key is None:
+            return await self.execute(tool, args, timeout, budget)
+        return await self.keyed_call(tool, args, key, timeout, budget)
+
+    def schema_error(self, tool: Tool, args: Mapping[str, Any]) -> DispatchError | None:
+        errors = list(tool.validator.iter_errors(args))
+        if not errors:
+            return None
+        best = jsonschema.exceptions.best_match(errors)
+        where = "/" + "/".join(map(str, best.absolute_path))
+        return DispatchError.make(
+            ErrorKind.SCHEMA,
+            f"tool {tool.name!r}: the arguments do not match its schema: {best.message} (at"
+            f" {where}); fix the arguments and call again (schema errors are never retried)",
+            data={
+                "tool": tool.name,
+                "errors": [
+                    {
+                        "path": "/" + "/".join(map(str, e.absolute_path)),
+                        "message": e.message,
+                        "keyword": str(e.validator),
+                    }
+                    for e in errors[:_SCHEMA_ERRORS_SHOWN]
+                ],
+            },
+        )
+
+    def budget_error(self, tool: Tool, budget: Budget, attempts: int) -> DispatchError:
+        if budget.calls is not None and budget.calls <= 0:
+            why = "it has no tool calls left"
+        else:
+            why = f"its deadline ({budget.deadline}) has passed"
+        return DispatchError.make(
+            ErrorKind.BUDGET_EXCEEDED,
+            f"tool {tool.name!r} was not called: the caller's budget is spent ({why}); give"
+            " the caller a larger budget or stop calling",
+            attempts=attempts,
+            data={"tool": tool.name, "calls": budget.calls, "deadline": budget.deadline},
+        )
+
+    # -- attempts and retries --------------------------------------------------------------
+
+    async def execute(
+        self, tool: Tool, args: Mapping[str, Any], timeout: float | None, budget: Budget | None
+    ) -> Any:
+        """Run ``tool`` with retries in the current task; return its result or raise the
+        envelope of its last failure."""
+        name = tool.name
+        policy = tool.retry
+        if timeout is None:
+            timeout = tool.timeout
+        limit = budget.limit() if budget is not None else math.inf
+        breaker = self.breaker(tool)
+        attempt = 0
+        last: DispatchError | None = None
+        while True:
+            attempt += 1
+            now = trio.current_time()
+            probe = False
+            if breaker is not None and breaker.state is not BreakerState.CLOSED:
+                was = breaker.state
+                admitted, probe = breaker.admit(now)
+                if was is BreakerState.OPEN and breaker.state is BreakerState.HALF_OPEN:
+                    self.event("breaker.half_open", _INFO, name)
+                if not admitted:
+                    self.event("breaker.reject", _DEBUG, name)
+                    return await self.reject(self.circuit_error(tool, breaker, now, attempt), name)
+            if budget is not None:
+                if budget.exhausted(now):
+                    if breaker is not None:
+                        breaker.release(probe)
+                    return await self.reject(
+                        last or self.budget_error(tool, budget, attempt - 1), name
+                    )
+                budget.spend()
+            result, error, retry_after = await self.attempt(
+                tool, args, attempt, now, timeout, limit, breaker, probe
+            )
+            if error is None:
+                return result
+            last = error
+            verdict = self.retry_verdict(tool, error, attempt, budget)
+            if verdict is None:
+                now = trio.current_time()
+                delay = (
+                    min(retry_after, policy.max_retry_after)
+                    if retry_after is not None
+                    else policy.delay(attempt + 1, self.rng)
+                )
+                if not self.take_retry_token(tool, now):
+                    verdict = "the tool's shared retry budget is spent (too many retries lately)"
+                    self.event("dispatch.retry_denied", _WARNING, name, attempts=attempt)
+                elif now + delay >= limit:
+                    verdict = "the caller's deadline would pass before the next attempt"
+                else:
+                    self.event(
+                        "dispatch.retry",
+                        _INFO,
+                        name,
+                        attempt=attempt + 1,
+                        delay=delay,
+                        kind=str(error.kind),
+                    )
+                    await trio.sleep(delay)
+                    continue
+            error.message = f"{error.message}; not retried: {verdict}"
+            error.args = (error.message,)
+            self.event(f"dispatch.error.{error.kind}", _INFO, name, attempts=attempt)
+            raise error
+
+    def retry_verdict(
+        self, tool: Tool, error: DispatchError, attempt: int, budget: Budget | None
+    ) -> str | None:
+        """Why ``error`` is final, or None if the call may be retried."""
+        kind = error.kind
+        if kind is ErrorKind.TIMEOUT and not tool.idempotent:
+            return "the tool is not idempotent and the attempt may have committed"
+        if not tool.retry.retryable(kind, tool.idempotent):
+            return f"{kind} errors are not retried"
+        if attempt >= tool.retry.max_attempts:
+            return f"gave up after {attempt} attempt{'s' if attempt > 1 else ''}"
+        if budget is not None and budget.calls is not None and budget.calls <= 0:
+            return "the caller's budget has no tool calls left"
+        return None
+
+    def circuit_error(
+        self, tool: Tool, breaker: CircuitBreaker, now: float, attempt: int
+    ) -> DispatchError:
+        policy = breaker.policy
+        if breaker.state is BreakerState.OPEN:
+            wait = breaker.opened_at + policy.cooldown - now
+            why = (
+                f"its circuit breaker opened after {policy.failures} failures within"
+                f" {_fmt(policy.window)}; it lets a probe call through in {_fmt(wait)}"
+            )
+        else:
+            why = "its circuit breaker is half-open and its one probe call is running"
+        return DispatchError.make(
+            ErrorKind.CIRCUIT_OPEN,
+            f"tool {tool.name!r} is failing fast: {why}; call again later",
+            attempts=attempt - 1,
+            data={"tool": tool.name, "breaker": str(breaker.state)},
+        )
+
+    async def attempt(
+        self,
+        tool: Tool,
+        args: Mapping[str, Any],
+        attempt: int,
+        now: float,
+        timeout: float | None,
+        limit: float,
+        breaker: CircuitBreaker | None,
+        probe: bool,
+    ) -> tuple[Any, DispatchError | None, float | None]:
+        """One run of the handler under the concurrency limits and a cancel scope:
+        ``(result, error, retry_after)``. Records the verdict on the breaker."""
+        name = tool.name
+        limiter = self.limiter
+        tool_limiter = None if tool.max_concurrency is None else self.tool_limiter(tool)
+        counters = self.counters
+        result: Any = None
+        error: DispatchError | None = None
+        retry_after: float | None = None
+        acquired = 0
+        finished = False
+        try:
+            if limiter is not None:
+                await _acquire(limiter)
+                acquired = 1
+                now = trio.current_time()
+            if tool_limiter is not None:
+                await _acquire(tool_limiter)
+                acquired = 2
+                now = trio.current_time()
+            deadline = now + timeout if timeout is not None else math.inf
+            scope = trio.CancelScope(deadline=deadline if deadline < limit else limit)
+            self.running += 1
+            counters["dispatch.attempt"] += 1
+            if logger.isEnabledFor(_DEBUG):
+                self.log(_DEBUG, "dispatch.attempt", name, attempt=attempt)
+            try:
+                with scope:
+                    mode = tool.mode
+                    if mode is ASYNC:
+                        result = await tool.handler(**args)
+                    elif mode is SYNC:
+                        result = await trio.to_thread.run_sync(
+                            functools.partial(tool.handler, **args), abandon_on_cancel=True
+                        )
+                    else:
+                        result = await tool.handler.invoke(tool, args)
+            except TransientError as exc:
+                error = DispatchError.make(
+                    ErrorKind.TRANSIENT,
+                    f"tool {name!r} failed transiently on attempt {attempt}: {exc}",
+                    attempts=attempt,
+                    data={"tool": name, **exc.data},
+                )
+                error.__cause__ = exc
+                retry_after = exc.retry_after
+            except _RemoteTimeout as exc:
+                error = self.timeout_error(tool, attempt, timeout, remote=str(exc))
+                error.__cause__ = exc
+            except Exception as exc:
+                error = DispatchError.make(
+                    ErrorKind.INTERNAL,
+                    f"tool {name!r} raised {type(exc).__name__}: {exc} (a bug in the handler"
+                    " or an unexpected failure; the cause is chained; a handler raises"
+                    " apps.dispatcher.TransientError for failures worth retrying)",
+                    attempts=attempt,
+                    data={"tool": name, "exception": type(exc).__name__},
+                )
+                error.__cause__ = exc
+            finally:
+                self.running -= 1
+            if scope.cancelled_caught:
+                if deadline <= limit:
+                    self.event("dispatch.timeout", _WARNING, name, attempt=attempt, timeout=timeout)
+                    error = self.timeout_error(tool, attempt, timeout)
+                else:
+                    error = self.deadline_error(tool, attempt)
+            finished = True
+        finally:
+            if acquired == 2:
+                tool_limiter.release()  # type: ignore[union-attr]
+            if acquired and limiter is not None:
+                limiter.release()
+            if not finished and breaker is not None:
+                breaker.release(probe)  # cancelled from outside: no verdict on the tool
+        if error is None:
+            counters["dispatch.ok"] += 1
+            if logger.isEnabledFor(_DEBUG):
+                self.log(_DEBUG, "dispatch.ok", name, attempts=attempt)
+            if breaker is not None and probe and breaker.success(probe):
+                self.event("breaker.close", _INFO, name)
+            return result, None, None
+        if breaker is not None:
+            if error.kind in _COUNTED:
+                if breaker.failure(trio.current_time(), probe):
+                    self.event("breaker.open", _WARNING, name, cooldown=breaker.policy.cooldown)
+            else:
+                breaker.release(probe)
+        return None, error, retry_after
+
+    def timeout_error(
+        self, tool: Tool, attempt: int, timeout: float | None, remote: str | None = None
+    ) -> DispatchError:
+        where = f" where it ran ({remote})" if remote else f" within {_fmt(timeout or 0.0)}"
+        return DispatchError.make(
+            ErrorKind.TIMEOUT,
+            f"tool {tool.name!r} did not answer{where} on attempt {attempt} and was cancelled"
+            " (raise Tool.timeout or pass dispatch(timeout=...) if it is just slow)",
+            attempts=attempt,
+            data={"tool": tool.name, "timeout": timeout},
+        )
+
+    def deadline_error(self, tool: Tool, attempt: int) -> DispatchError:
+        return DispatchError.make(
+            ErrorKind.BUDGET_EXCEEDED,
+            f"tool {tool.name!r} was cancelled on attempt {attempt}: the caller's budget"
+            " deadline passed while it ran; give the caller more time",
+            attempts=attempt,
+            data={"tool": tool.name},
+        )
+
+    # -- idempotency -----------------------------------------------------------------------
+
+    async def keyed_call(
+        self,
+        tool: Tool,
+        args: Mapping[str, Any],
+        key: str,
+        timeout: float | None,
+        budget: Budget | None,
+    ) -> Any:
+        if not isinstance(key, str) or not key:
+            raise ConfigurationError(
+                f"dispatch({tool.name!r}): idempotency_key must be a non-empty str or None"
+                f" (got {key!r})"
+            )
+        fingerprint = _fingerprint(tool.name, args)
+        try:
+            cached = ets.lookup(self.table, key)
+        except ets.EtsError:
+            cached = []  # the dispatcher stopped: its table is gone
+        if cached:
+            _key, stored, value = cached[0]
+            if stored != fingerprint:
+                return await self.reject(self.conflict_error(tool, key), tool.name)
+            self.event("dispatch.dedup_hit", _DEBUG, tool.name, key=key, source="cache")
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return value
+        run = self.keyed.get(key)
+        if run is not None:
+            if run.fingerprint != fingerprint:
+                return await self.reject(self.conflict_error(tool, key), tool.name)
+            self.event("dispatch.dedup_hit", _DEBUG, tool.name, key=key, source="in_flight")
+        else:
+            if not self.alive:
+                raise DispatcherNotRunning(
+                    f"dispatcher {self.name!r} stopped; start it again to dispatch calls"
+                )
+            run = self.keyed[key] = _Run(fingerprint)
+            self.jobs.send_nowait(
+                functools.partial(self.run_keyed, run, tool, args, key, timeout, budget)
+            )
+        return await self.wait_run(run, tool, key, budget)
+
+    def conflict_error(self, tool: Tool, key: str) -> DispatchError:
+        return DispatchError.make(
+            ErrorKind.CONFLICT,
+            f"idempotency key {key!r} was already used for a call of {tool.name!r} with other"
+            " arguments (or of another tool); a new call needs a new key",
+            data={"tool": tool.name, "idempotency_key": key},
+        )
+
+    async def run_keyed(
+        self,
+        run: _Run,
+        tool: Tool,
+        args: Mapping[str, Any],
+        key: str,
+        timeout: float | None,
+        budget: Budget | None,
+    ) -> None:
+        """Run a keyed call in the runner process; cache a success; wake every waiter.
+
+        If the runner is cancelled (the dispatcher stopped), the waiters get an ``internal``
+        error rather than waiting forever."""
+        finished = False
+        try:
+            run.value = await self.execute(tool, args, timeout, budget)
+            finished = True
+            try:
+                ets.insert(self.table, (key, run.fingerprint, run.value))
+            except ets.EtsError:
+                pass  # the dispatcher is stopping: its table is gone
+        except DispatchError as error:
+            run.error = error
+            finished = True
+        except Exception as exc:  # a bug of ours: never strand the waiters
+            run.error = DispatchError.make(
+                ErrorKind.INTERNAL,
+                f"tool {tool.name!r}: the dispatcher failed while running it: {exc!r}",
+                data={"tool": tool.name},
+            )
+            run.error.__cause__ = exc
+            finished = True
+        finally:
+            if not finished:
+                run.error = DispatchError.make(
+                    ErrorKind.INTERNAL,
+                    f"tool {tool.name!r}: dispatcher {self.name!r} stopped while the call with"
+                    f" idempotency key {key!r} ran; call again once it is restarted",
+                    data={"tool": tool.name, "idempotency_key": key},
+                )
+            if self.keyed.get(key) is run:
+                del self.keyed[key]
+            run.done.set()
+
+    async def wait_run(self, run: _Run, tool: Tool, key: str, budget: Budget | None) -> Any:
+        if budget is None or budget.deadline is None:
+            await run.done.wait()
+        else:
+            with trio.move_on_at(budget.deadline):
+                await run.done.wait()
+            if not run.done.is_set():
+                return await self.reject(
+                    DispatchError.make(
+                        ErrorKind.BUDGET_EXCEEDED,
+                        f"tool {tool.name!r}: the caller's budget deadline passed while it"
+                        f" waited for the call with idempotency key {key!r} (the call goes on;"
+                        " its result is cached for a later call with the key)",
+                        data={"tool": tool.name, "idempotency_key": key},
+                    ),
+                    tool.name,
+                )
+        if run.error is not None:
+            raise _copy(run.error)
+        return run.value
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def statistics(self) -> DispatcherStatistics:
+        now = trio.current_time()
+        info = ets.info(self.table) if self.alive else None
+        return DispatcherStatistics(
+            counters=dict(self.counters),
+            running=self.running,
+            in_flight_keys=len(self.keyed),
+            cached_results=info.size if info is not None else 0,
+            breakers={name: str(b.current(now)) for name, b in sorted(self.breakers.items())},
+            tools=tuple(self.registry.names()),
+        )
+
+    def close(self) -> None:
+        self.alive = False
+        states = _states()
+        for key in (self.pid, self.name):
+            if states.get(key) is self:
+                del states[key]
+        self.jobs.close()
+
+
+# -- finding a dispatcher -------------------------------------------------------------------
+
+_STATES: trio.lowlevel.RunVar[dict[otp.Pid | str, _State]] = trio.lowlevel.RunVar("apps_dispatcher")
+
+
+def _states() -> dict[otp.Pid | str, _State]:
+    try:
+        return _STATES.get()
+    except LookupError:
+        states: dict[otp.Pid | str, _State] = {}
+        _STATES.set(states)
+        return states
+
+
+def _find(dispatcher: str | otp.Pid) -> _State:
+    # The table maps each running dispatcher's pid and registered name to its state.
+    try:
+        state = _STATES.get().get(dispatcher)
+    except LookupError:
+        state = None
+    if state is None or not state.alive:
+        raise DispatcherNotRunning(
+            f"no dispatcher runs as {dispatcher!r} on node {otp.current_node().name}: start the"
+            " dispatcher application (apps.dispatcher:application) or a Dispatcher under a"
+            " supervisor (apps.dispatcher.start_dispatcher)"
+        )
+    return state
+
+
+# -- the GenServer --------------------------------------------------------------------------
+
+
+async def _runner(
+    state: _State, jobs: trio.MemoryReceiveChannel[Callable[[], Awaitable[None]]]
+) -> None:
+    """The dispatcher's runner process: keyed calls and remote requests run in its nursery, so
+    they outlive the callers that started them. It dies with the dispatcher (a link)."""
+    try:
+        async with trio.open_nursery() as nursery:
+            async for job in jobs:
+                nursery.start_soon(job)
+    finally:
+        state.close()
+
+
+class Dispatcher(otp.GenServer):
+    """The dispatcher process: owns the tool registry, the breakers, the retry buckets, the
+    counters and the idempotency cache, and starts its linked runner process.
+
+    Start it with :func:`start_dispatcher` (under a supervisor: ``ChildSpec("dispatcher",
+    (start_dispatcher, tools, config))``) or through the dispatcher application. Clients use
+    the module functions (:func:`dispatch`, :func:`gather_bounded`, ...), which do not go
+    through its mailbox. Processes on other nodes call it:
+    ``otp.call(("dispatcher", node), ("dispatch", tool_name, args))`` replies
+    ``("ok", result)`` or ``("error", kind, message, data)`` (see :class:`GenServerBackend`).
+
+    When it dies, its runner dies with it: keyed calls still running end with an ``internal``
+    error for their waiters, and the cache table goes with the process.
+    """
+
+    def init(self, tools: ToolRegistry | Iterable[Tool], config: DispatcherConfig) -> otp.Ok:
+        registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(list(tools))
+        table = ets.new(f"{config.name}_results", access=ets.PUBLIC, expire_after=config.result_ttl)
+        send, receive = trio.open_memory_channel[Callable[[], Awaitable[None]]](math.inf)
+        state = _State(
+            pid=otp.self(),
+            name=config.name,
+            registry=registry,
+            config=config,
+            table=table,
+            jobs=send,
+            rng=random.Random(config.seed),
+            limiter=(
+                trio.Semaphore(config.max_concurrency)
+                if config.max_concurrency is not None
+                else None
+            ),
+        )
+        states = _states()
+        for key in [key for key, other in states.items() if not other.alive]:
+            del states[key]
+        states[state.pid] = state
+        if otp.whereis(config.name) == state.pid:  # registered by start_dispatcher
+            states[state.name] = state
+        otp.spawn_link(_runner, state, receive)
+        return otp.Ok(state)
+
+    def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
+        if isinstance(request, tuple) and len(request) in (3, 4) and request[0] == "dispatch":
+            options = request[3] if len(request) == 4 else {}
+            state.jobs.send_nowait(functools.partial(_serve_remote, state, request, options, from_))
+            return otp.NoReply(state)
+        if request == ("statistics",):
+            return otp.Reply(state.statistics(), state)
+        if request == ("tools",):
+            return otp.Reply([tool.to_mcp() for tool in state.registry], state)
+        return otp.Reply(("error", "bad_request", f"unknown request {request!r}", {}), state)
+
+    def terminate(self, reason: Any, state: _State) -> None:
+        state.close()
+
+
+async def _serve_remote(
+    state: _State, request: tuple[Any, ...], options: Mapping[str, Any], from_: otp.From
+) -> None:
+    _, name, args, *_ = request
+    try:
+        value = await state.dispatch(
+            name,
+            args,
+            options.get("idempotency_key"),
+            options.get("timeout"),
+            None,
+        )
+    except DispatchError as error:
+        otp.reply(from_, ("error", str(error.kind), error.message, error.data))
+    except ConfigurationError as exc:
+        otp.reply(from_, ("error", str(ErrorKind.SCHEMA), str(exc), {}))
+    else:
+        otp.reply(from_, ("ok", value))
+
+
+async def start_dispatcher(
+    tools: ToolRegistry | Iterable[Tool] = (), config: DispatcherConfig | None = None
+) -> otp.Pid:
+    """Start a :class:`Dispatcher` linked to the caller, registered as ``config.name``; return
+    its pid once it runs. A supervisor's start function (``ChildSpec("dispatcher",
+    (start_dispatcher, registry, config))``).
+
+    Raises:
+        otp.StartError: the name is taken (``("already_started", pid)``).
+    """
+    config = config or DispatcherConfig()
+    return await Dispatcher.start_link(tools, config, name=config.name)
+
+
+# -- client functions -----------------------------------------------------------------------
+
+
+async def dispatch(
+    name: str,
+    args: Mapping[str, Any] | None = None,
+    *,
+    idempotency_key: str | None = None,
+    timeout: float | None = None,
+    budget: Budget | None = None,
+    dispatcher: str | otp.Pid = DEFAULT_NAME,
+) -> Any:
+    """Call the tool ``name`` with ``args``; return its result or raise a :class:`DispatchError`.
+
+    The arguments are validated against the tool's JSON Schema first. Each attempt runs the
+    handler in the caller's task (a sync handler in a worker thread) under a cancel scope of
+    ``timeout`` seconds (the tool's by default; ``math.inf`` for none). ``timeout`` and
+    ``transient`` failures are retried by the tool's :class:`RetryPolicy` (a timeout only if
+    the tool is idempotent), within the tool's shared retry budget and the caller's ``budget``.
+
+    With ``idempotency_key``, calls with the same key in flight share one run (which runs in
+    the dispatcher's runner process, not in the caller's task) and a successful result is kept
+    for ``DispatcherConfig.result_ttl`` seconds: a later call with the key gets it without
+    running the handler. The same key with other arguments fails with ``conflict``. Only
+    successes are cached; failures run again.
+
+    Cancellation: checked on entry. A call without a key is cancelled with the caller (the
+    handler is cancelled; a sync handler's thread is abandoned and runs to its end). A keyed
+    call's run goes on without the cancelled caller, for the callers that joined it and for
+    the cache. The call yields to the scheduler whenever it waits (the handler, a retry delay,
+    a shared run) and when it fails or hits the cache without running a handler; a handler that
+    never yields gives it no schedule point of its own.
+
+    Raises:
+        DispatchError: the call failed (``kind`` says why; a subclass per kind).
+        DispatcherNotRunning: no dispatcher runs as ``dispatcher``.
+    """
+    await trio.lowlevel.checkpoint_if_cancelled()
+    return await _find(dispatcher).dispatch(name, args, idempotency_key, timeout, budget)
+
+
+def _as_call(call: Any) -> Call:
+    if isinstance(call, Call):
+        return call
+    if isinstance(call, tuple) and len(call) in (1, 2) and isinstance(call[0], str):
+        return Call(*call)
+    raise ConfigurationError(
+        "gather_bounded: each call is a Call(name, args, ...) or a (name, args) tuple"
+        f" (got {call!r})"
+    )
+
+
+async def gather_bounded(
+    calls: Iterable[Call | tuple[str, Mapping[str, Any]]],
+    limit: int = 8,
+    *,
+    budget: Budget | None = None,
+    dispatcher: str | otp.Pid = DEFAULT_NAME,
+) -> list[Outcome]:
+    """Dispatch ``calls`` with at most ``limit`` of them running at once; return their
+    :class:`Outcome` s in call order, each holding a result or a :class:`DispatchError`.
+
+    ``budget`` (shared by every call) and the dispatcher's and tools' own concurrency limits
+    apply on top of ``limit``. Cancellation cancels every call still running (keyed calls'
+    shared runs go on, as with :func:`dispatch`).
+
+    Raises:
+        ConfigurationError: ``limit`` is not an int >= 1, or a call is malformed.
+        DispatcherNotRunning: no dispatcher runs as ``dispatcher``.
+    """
+    if limit.__class__ is not int or limit < 1:
+        raise ConfigurationError(f"gather_bounded: limit must be an int >= 1 (got {limit!r})")
+    todo = [_as_call(call) for call in calls]
+    state = _find(dispatcher)
+    outcomes: list[Outcome | None] = [None] * len(todo)
+    queue = iter(enumerate(todo))
+
+    async def worker() -> None:
+        for index, call in queue:
+            try:
+                value = await state.dispatch(
+                    call.name, call.args, call.idempotency_key, call.timeout, budget
+                )
+            except DispatchError as error:
+                outcomes[index] = Outcome(error=error)
+            else:
+                outcomes[index] = Outcome(value=value)
+
+    await trio.lowlevel.checkpoint_if_cancelled()
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(limit, len(todo))):
+            nursery.start_soon(worker)
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+def statistics(dispatcher: str | otp.Pid = DEFAULT_NAME) -> DispatcherStatistics:
+    """A snapshot of the dispatcher's counters, breakers and caches."""
+    return _find(dispatcher).statistics()
+
+
+def register_tool(
+    tool: Tool, *, replace: bool = False, dispatcher: str | otp.Pid = DEFAULT_NAME
+) -> None:
+    """Add ``tool`` to a running dispatcher's registry (see :meth:`ToolRegistry.register`)."""
+    _find(dispatcher).registry.register(tool, replace=replace)
+
+
+def unregister_tool(name: str, *, dispatcher: str | otp.Pid = DEFAULT_NAME) -> Tool | None:
+    """Remove the tool ``name`` from a running dispatcher's registry; returns it or None."""
+    return _find(dispatcher).registry.unregister(name)
+
+
+def tool_registry(dispatcher: str | otp.Pid = DEFAULT_NAME) -> ToolRegistry:
+    """The registry of a running dispatcher."""
+    return _find(dispatcher).registry

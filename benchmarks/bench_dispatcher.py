@@ -1,0 +1,158 @@
+"""Dispatcher benchmarks (issue 7).
+
+``dispatch.overhead``: a no-op async tool dispatched 100k times against calling the handler
+directly in the same run; target ratio >= 0.3. The tool yields once (``checkpoint()``), as
+every trio async function does; ``dispatch.overhead.nonyielding`` is the same with a handler
+that never yields, where the baseline is a bare coroutine call (no checkpoint, no cancel scope)
+and the ratio is far lower: the per-call cost is then all dispatch (lookup, schema, cancel
+scope for the timeout, breaker, counters).
+``dispatch.overhead.vs_timeout`` compares with the direct call under ``trio.move_on_after``,
+since a per-call timeout needs a cancel scope, which alone costs more than the yielding handler.
+``dispatch.fanout``: 1,000 calls of a tool that sleeps 1 ms through
+``gather_bounded(limit=8)`` against a raw trio nursery with a semaphore of 8.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import trio
+
+import otp
+from apps import dispatcher as d
+
+from ._harness import Benchmark, Result
+
+
+async def _noop() -> None:
+    await trio.lowlevel.checkpoint()
+
+
+async def _noop_nonyielding() -> None:
+    return None
+
+
+async def _sleepy() -> None:
+    await trio.sleep(0.001)
+
+
+def _tools() -> list[d.Tool]:
+    schema = {"type": "object"}
+    return [
+        d.Tool("noop", _noop, schema, idempotent=True),
+        d.Tool("noop_nonyielding", _noop_nonyielding, schema, idempotent=True),
+        d.Tool("sleepy", _sleepy, schema, idempotent=True),
+    ]
+
+
+def _overhead_times(n: int, repeats: int) -> dict[str, float]:
+    async def main() -> dict[str, float]:
+        await d.start_dispatcher(_tools())
+        best = dict.fromkeys(("dispatch", "direct", "dispatch0", "direct0", "scoped"), 1e9)
+        dispatch = d.dispatch
+        args: dict[str, Any] = {}
+        gc.disable()
+        try:
+            for _ in range(repeats):
+                for label, direct_label, name, handler in (
+                    ("dispatch", "direct", "noop", _noop),
+                    ("dispatch0", "direct0", "noop_nonyielding", _noop_nonyielding),
+                ):
+                    start = time.perf_counter()
+                    for _ in range(n):
+                        await dispatch(name, args)
+                    best[label] = min(best[label], time.perf_counter() - start)
+                    start = time.perf_counter()
+                    for _ in range(n):
+                        await handler(**args)
+                    best[direct_label] = min(best[direct_label], time.perf_counter() - start)
+                start = time.perf_counter()
+                for _ in range(n):
+                    with trio.move_on_after(30.0):
+                        await _noop(**args)
+                best["scoped"] = min(best["scoped"], time.perf_counter() - start)
+                gc.collect()
+        finally:
+            gc.enable()
+        return best
+
+    return otp.run(main)
+
+
+def overhead(quick: bool) -> list[Result]:
+    n = 20_000 if quick else 100_000
+    t = _overhead_times(n, 2 if quick else 5)
+    return [
+        Result(
+            "dispatch.overhead",
+            "calls/s",
+            n / t["dispatch"],
+            "the handler called directly",
+            n / t["direct"],
+            notes=f"{n:,} calls of a no-op async tool that yields once; target ratio >= 0.3",
+        ),
+        Result(
+            "dispatch.overhead.nonyielding",
+            "calls/s",
+            n / t["dispatch0"],
+            "the handler called directly",
+            n / t["direct0"],
+            notes="a handler that never yields: the ratio measures dispatch alone",
+        ),
+        Result(
+            "dispatch.overhead.vs_timeout",
+            "calls/s",
+            n / t["dispatch"],
+            "the handler called under trio.move_on_after(30)",
+            n / t["scoped"],
+            notes="the fair baseline: a direct call that also keeps a timeout promise",
+        ),
+    ]
+
+
+async def _bounded(semaphore: trio.Semaphore, results: list[Any], index: int) -> None:
+    async with semaphore:
+        results[index] = await _sleepy()
+
+
+def _fanout_times(n: int, repeats: int) -> dict[str, float]:
+    async def main() -> dict[str, float]:
+        await d.start_dispatcher(_tools())
+        calls = [("sleepy", {})] * n
+        best = {"gather": 1e9, "nursery": 1e9}
+        for _ in range(repeats):
+            start = time.perf_counter()
+            outcomes = await d.gather_bounded(calls, limit=8)
+            best["gather"] = min(best["gather"], time.perf_counter() - start)
+            assert all(outcome.ok for outcome in outcomes)
+
+            results: list[Any] = [None] * n
+            semaphore = trio.Semaphore(8)
+            start = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for index in range(n):
+                    nursery.start_soon(_bounded, semaphore, results, index)
+            best["nursery"] = min(best["nursery"], time.perf_counter() - start)
+        return best
+
+    return otp.run(main)
+
+
+def fanout(quick: bool) -> list[Result]:
+    n = 1_000
+    t = _fanout_times(n, 1 if quick else 3)
+    return [
+        Result(
+            "dispatch.fanout",
+            "calls/s",
+            n / t["gather"],
+            "trio nursery + Semaphore(8)",
+            n / t["nursery"],
+            notes=f"{n:,} calls of a tool sleeping 1 ms, at most 8 at once",
+        )
+    ]
+
+
+BENCHMARKS = [Benchmark("dispatch.overhead", overhead), Benchmark("dispatch.fanout", fanout)]

@@ -1,0 +1,955 @@
+"""The ``ets`` functions: create and delete tables, read and write objects, traverse, match.
+
+Like Erlang's ETS BIFs they are plain (synchronous) functions: a local caller reads and writes
+the table's data directly, and because no operation awaits, each one is atomic and isolated
+(a list ``insert`` included). Only :func:`rpc`, which goes through the table's actor (as other
+nodes must), is async.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections.abc import Iterable
+from typing import Any, Literal, overload
+
+from .._errors import CallError
+from .._gen_server import call as _gen_call
+from .._ids import Pid
+from .._process import _CURRENT, current_process
+from ._actor import request, spawn_actor
+from ._errors import AccessDenied, EtsError, KeyNotFound, NameTaken, NoSuchTable
+from ._match import (
+    NO_MATCH,
+    bind,
+    compile_spec,
+    key_hints,
+    ordered_bindings,
+    run_spec,
+)
+from ._order import order_key
+from ._table import Tab, describe, registry
+from ._types import (
+    PROTECTED,
+    SET,
+    Access,
+    EtsTransfer,
+    Table,
+    TableInfo,
+    TableRef,
+    TableType,
+)
+
+
+class _Default:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+#: ``expire_after=DEFAULT`` means "the table's ``expire_after``".
+DEFAULT: Any = _Default()
+_WHOLE_TABLE: Any = object()
+#: The current process, raising LookupError outside one (a bound method: the fastest way).
+_current = _CURRENT.get
+_NO_DEFAULT: Any = object()
+
+
+# -- resolving tables -------------------------------------------------------------------------
+
+
+def _resolve(table: Any, operation: str) -> Tab:
+    """The slow way to a table: by name, or an explanation of why ``table`` names none."""
+    if isinstance(table, str):
+        tab = registry().names.get(table)
+        if tab is None:
+            raise NoSuchTable(
+                f"ets.{operation}({table!r}): no table is named {table!r} on this node",
+                table=table,
+                operation=operation,
+            )
+        return tab
+    raise EtsError(
+        f"ets.{operation}: a table is a Table (from ets.new) or the name of a named table"
+        f" (got {table!r})",
+        table=table,
+        operation=operation,
+    )
+
+
+def _reader(table: Any, operation: str) -> Tab:
+    try:
+        tab: Tab = table._tab
+    except AttributeError:
+        tab = _resolve(table, operation)
+    if tab.rguard and _CURRENT.get(None) is not tab.owner_proc:
+        tab.check_read(operation, table)
+    if tab.heap:
+        tab.expire_due()
+    return tab
+
+
+def _writer(table: Any, operation: str) -> Tab:
+    try:
+        tab: Tab = table._tab
+    except AttributeError:
+        tab = _resolve(table, operation)
+    if tab.wguard and _CURRENT.get(None) is not tab.owner_proc:
+        tab.check_write(operation, table)
+    if tab.heap:
+        tab.expire_due()
+    return tab
+
+
+def _owned(table: Any, operation: str) -> Tab:
+    try:
+        tab: Tab = table._tab
+    except AttributeError:
+        tab = _resolve(table, operation)
+    tab.check_owner(operation, table)
+    return tab
+
+
+def _unique_only(tab: Tab, table: Any, operation: str) -> None:
+    if not tab.unique:
+        raise EtsError(
+            f"ets.{operation}({describe(table)}): only for set and ordered_set tables"
+            f" (this one is a {tab.kind})",
+            table=table,
+            operation=operation,
+        )
+
+
+# -- creating and deleting tables -------------------------------------------------------------
+
+
+def _option(kind: type[Any], value: Any, field: str, name: str) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(member.value for member in kind)
+        raise EtsError(
+            f"ets.new({name!r}): {field} must be one of {choices} (got {value!r})",
+            operation="new",
+        ) from None
+
+
+@overload
+def new(
+    name: str,
+    *,
+    type: TableType | str = ...,
+    access: Access | str = ...,
+    named: Literal[False] = ...,
+    heir: Pid | None = ...,
+    heir_data: Any = ...,
+    keypos: int = ...,
+    expire_after: float | None = ...,
+) -> Table: ...
+
+
+@overload
+def new(
+    name: str,
+    *,
+    type: TableType | str = ...,
+    access: Access | str = ...,
+    named: Literal[True],
+    heir: Pid | None = ...,
+    heir_data: Any = ...,
+    keypos: int = ...,
+    expire_after: float | None = ...,
+) -> str: ...
+
+
+def new(
+    name: str,
+    *,
+    type: TableType | str = SET,
+    access: Access | str = PROTECTED,
+    named: bool = False,
+    heir: Pid | None = None,
+    heir_data: Any = None,
+    keypos: int = 0,
+    expire_after: float | None = None,
+) -> Table | str:
+    """Create a table owned by the calling process (Erlang's ``ets:new/2``).
+
+    Args:
+        name: the table's name; with ``named=True`` it is how the table is reached.
+        type: ``SET`` (default), ``ORDERED_SET``, ``BAG`` or ``DUPLICATE_BAG`` (or their
+            string values).
+        access: ``PROTECTED`` (default: the owner writes, every process reads), ``PUBLIC``
+            or ``PRIVATE`` (the owner only).
+        named: make the table reachable by ``name``; then ``new`` returns the name.
+        heir: a process that inherits the table when the owner dies (it receives
+            ``EtsTransfer(table, old_owner, heir_data)``). A pid that is not alive now is
+            ignored, as in OTP.
+        heir_data: sent to the heir with the table.
+        keypos: the index of the key in each object (0-based; Erlang's is 1-based).
+        expire_after: the default time to live of objects, in seconds of trio's clock
+            (``None``: objects never expire). An extension: OTP has no TTL.
+
+    Returns:
+        The table's :class:`Table` handle, or its name if ``named``.
+
+    Raises:
+        NameTaken: ``named`` and another table already has the name.
+        EtsError: an option is invalid.
+        NotAProcess: the caller is not a process (a table needs an owner).
+    """
+    owner = current_process()
+    if not isinstance(name, str) or not name:
+        raise EtsError(f"ets.new: the name must be a non-empty str (got {name!r})", operation="new")
+    kind = _option(TableType, type, "type", name)
+    mode = _option(Access, access, "access", name)
+    if keypos.__class__ is not int or keypos < 0:
+        raise EtsError(
+            f"ets.new({name!r}): keypos must be an int >= 0, the index of the key in each"
+            f" object (got {keypos!r})",
+            operation="new",
+        )
+    _check_ttl(expire_after, "new", name)
+    if heir is not None and heir.__class__ is not Pid:
+        raise EtsError(
+            f"ets.new({name!r}): heir must be a Pid or None (got {heir!r})", operation="new"
+        )
+    reg = registry()
+    if named and name in reg.names:
+        raise NameTaken(
+            f"ets.new({name!r}): a table named {name!r} already exists (names are unique on a"
+            " node; delete or rename the other table first)",
+            table=name,
+            operation="new",
+        )
+    node = owner.node
+    tab = Tab(node, reg, name, bool(named), kind, mode, keypos, expire_after, owner)
+    if heir is not None:
+        _set_heir(tab, heir, heir_data)
+    actor = spawn_actor(tab, OPERATIONS)
+    tab.handle = Table._make(node.name, builtins.next(reg.ids), node.creation, actor.pid, tab)
+    tab.refresh()
+    reg.by_id[tab.handle.id] = tab
+    if named:
+        reg.names[name] = tab
+    return tab.ref
+
+
+def _check_ttl(expire_after: Any, operation: str, table: Any) -> None:
+    if expire_after is None:
+        return
+    if (
+        not isinstance(expire_after, int | float)
+        or isinstance(expire_after, bool)
+        or not expire_after > 0
+        or expire_after == math.inf
+    ):
+        raise EtsError(
+            f"ets.{operation}({table!r}): expire_after must be a number of seconds > 0 or None"
+            f" (got {expire_after!r})",
+            table=table,
+            operation=operation,
+        )
+
+
+def _set_heir(tab: Tab, heir: Pid | None, heir_data: Any) -> None:
+    if heir is not None and tab.node.resolve(heir) is None:
+        heir = None  # as OTP: an heir that is not alive is no heir
+    tab.heir = heir
+    tab.heir_data = heir_data if heir is not None else None
+
+
+def delete(table: TableRef, key: Any = _WHOLE_TABLE) -> None:
+    """``delete(table)`` deletes the table; ``delete(table, key)`` deletes the objects with
+    ``key`` (Erlang's ``ets:delete/1,2``). Both need write access.
+
+    Deleting the table frees its name at once and stops its actor.
+    """
+    if key is _WHOLE_TABLE:
+        _writer(table, "delete").destroy()
+        return
+    tab = _writer(table, "delete")
+    try:
+        tab.remove_key(key)
+    except TypeError:
+        raise tab.bad_key(key, "delete") from None
+
+
+def delete_all_objects(table: TableRef) -> None:
+    """Remove every object (the table itself stays)."""
+    _writer(table, "delete_all_objects").clear()
+
+
+def give_away(table: TableRef, pid: Pid, gift_data: Any) -> None:
+    """Make ``pid`` the owner; it receives ``EtsTransfer(table, old_owner, gift_data)``.
+
+    Raises:
+        AccessDenied: the caller is not the owner.
+        EtsError: ``pid`` is not a live local process, or it is the owner already.
+    """
+    tab = _owned(table, "give_away")
+    target = tab.node.resolve(pid) if pid.__class__ is Pid else None
+    if target is None:
+        raise EtsError(
+            f"ets.give_away({describe(table)}, {pid!r}): the new owner must be a live local"
+            " process",
+            table=table,
+            operation="give_away",
+        )
+    if target is tab.owner_proc:
+        raise EtsError(
+            f"ets.give_away({describe(table)}, {pid!r}): the process already owns the table",
+            table=table,
+            operation="give_away",
+        )
+    old = tab.owner
+    tab.set_owner(target)
+    target.deliver(_transfer(tab, old, gift_data))
+
+
+def _transfer(tab: Tab, old: Pid, data: Any) -> EtsTransfer:
+    return EtsTransfer(tab.ref, old, data)
+
+
+def setopts(table: TableRef, *, heir: Pid | None, heir_data: Any = None) -> None:
+    """Set or clear (``heir=None``) the table's heir; only the owner may (``ets:setopts/2``)."""
+    tab = _owned(table, "setopts")
+    if heir is not None and heir.__class__ is not Pid:
+        raise EtsError(
+            f"ets.setopts({describe(table)}): heir must be a Pid or None (got {heir!r})",
+            table=table,
+            operation="setopts",
+        )
+    _set_heir(tab, heir, heir_data)
+
+
+def rename(table: TableRef, name: str) -> str:
+    """Rename a table (needs write access); a named table is then reached by the new name only.
+
+    Raises:
+        NameTaken: another named table has ``name``.
+    """
+    tab = _writer(table, "rename")
+    if not isinstance(name, str) or not name:
+        raise EtsError(
+            f"ets.rename({describe(table)}): the name must be a non-empty str (got {name!r})",
+            table=table,
+            operation="rename",
+        )
+    if tab.named:
+        names = tab.registry.names
+        holder = names.get(name)
+        if holder is not None and holder is not tab:
+            raise NameTaken(
+                f"ets.rename({describe(table)}, {name!r}): a table named {name!r} already exists",
+                table=table,
+                operation="rename",
+            )
+        del names[tab.name]
+        names[name] = tab
+    tab.name = name
+    return name
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def _deadline(tab: Tab, expire_after: Any, operation: str, table: Any) -> float | None:
+    if expire_after is DEFAULT:
+        expire_after = tab.default_ttl
+    else:
+        _check_ttl(expire_after, operation, table)
+    return tab.deadline_after(expire_after)
+
+
+def _keys_of(tab: Tab, objects: Any, operation: str, table: Any) -> list[tuple[Any, Any]]:
+    """Validate a list of objects before anything is written (so a list insert is atomic)."""
+    if not isinstance(objects, list):
+        raise EtsError(
+            f"ets.{operation}({describe(table)}): takes an object (a tuple) or a list of objects"
+            f" (got {objects!r})",
+            table=table,
+            operation=operation,
+        )
+    pairs = [(obj, tab.key_of(obj, operation)) for obj in objects]
+    if tab.ordered:
+        for _, key in pairs:
+            if key not in tab.data:
+                tab._order_probe(key, operation)
+    return pairs
+
+
+def insert(table: TableRef, objects: Any, *, expire_after: Any = DEFAULT) -> None:
+    """Insert one object (a tuple) or a list of them, atomically (``ets:insert/2``).
+
+    In a set or ordered_set an object replaces the one with the same key; in a bag an object
+    equal to one already stored is stored once; a duplicate_bag stores every copy.
+
+    Args:
+        expire_after: seconds until these objects expire (``None``: never); by default the
+            table's ``expire_after``. Expired objects are never returned and are swept by the
+            table's actor.
+
+    Raises:
+        AccessDenied: the caller may not write to the table.
+        EtsError: an object is not a tuple, has no element at the key position, or its key is
+            unhashable (nothing is inserted).
+    """
+    # The fast path: one object into a plain set by an allowed writer (see Tab.refresh).
+    try:
+        tab: Tab = table._tab  # type: ignore[union-attr]
+        data = tab.wfast
+        if data is not None and objects.__class__ is tuple and expire_after is DEFAULT:
+            writer = tab.writer
+            if writer is None or writer is _current():
+                data[objects[0]] = objects
+                return
+    except (AttributeError, LookupError, TypeError):
+        pass  # the checked path below explains the problem
+    _insert(table, objects, expire_after)
+
+
+def _insert(table: Any, objects: Any, expire_after: Any) -> None:
+    tab = _writer(table, "insert")
+    if expire_after is DEFAULT and tab.default_ttl is None:
+        deadline = None
+    else:
+        deadline = _deadline(tab, expire_after, "insert", table)
+    if isinstance(objects, tuple):
+        tab.put(objects, tab.key_of(objects, "insert"), deadline, "insert")
+        return
+    for obj, key in _keys_of(tab, objects, "insert", table):
+        tab.put(obj, key, deadline, "insert")
+
+
+def insert_new(table: TableRef, objects: Any, *, expire_after: Any = DEFAULT) -> bool:
+    """Insert like :func:`insert`, but only if no key of ``objects`` is in the table yet;
+    returns False (inserting nothing) otherwise."""
+    tab = _writer(table, "insert_new")
+    deadline = _deadline(tab, expire_after, "insert_new", table)
+    pairs = _keys_of(tab, [objects] if isinstance(objects, tuple) else objects, "insert_new", table)
+    data = tab.data
+    for _, key in pairs:
+        if key in data:
+            return False
+    for obj, key in pairs:
+        tab.put(obj, key, deadline, "insert_new")
+    return True
+
+
+def delete_object(table: TableRef, obj: tuple[Any, ...]) -> None:
+    """Delete exactly this object (every copy of it in a duplicate_bag)."""
+    tab = _writer(table, "delete_object")
+    key = tab.key_of(obj, "delete_object")
+    tab.keep(key, lambda stored, _deadline: stored != obj)
+
+
+def take(table: TableRef, key: Any) -> list[tuple[Any, ...]]:
+    """Delete the objects with ``key`` and return them."""
+    tab = _writer(table, "take")
+    try:
+        return tab.remove_key(key)
+    except TypeError:
+        raise tab.bad_key(key, "take") from None
+
+
+def _counter_ops(tab: Tab, incr: Any, table: Any) -> list[tuple[int, int, Any, Any]]:
+    if incr.__class__ is int:
+        return [(tab.kp + 1, incr, None, None)]
+    ops = []
+    for spec in incr if isinstance(incr, list) else [incr]:
+        if (
+            isinstance(spec, tuple)
+            and len(spec) in (2, 4)
+            and builtins.all(item.__class__ is int for item in spec)
+        ):
+            if len(spec) == 2:
+                ops.append((spec[0], spec[1], None, None))
+            else:
+                ops.append((spec[0], spec[1], spec[2], spec[3]))
+            continue
+        raise EtsError(
+            f"ets.update_counter({describe(table)}): an increment is an int, (pos, incr),"
+            f" (pos, incr, threshold, set_value) or a list of those tuples (got {spec!r})",
+            table=table,
+            operation="update_counter",
+        )
+    return ops
+
+
+def update_counter(
+    table: TableRef,
+    key: Any,
+    incr: int | tuple[int, ...] | list[tuple[int, ...]],
+    default: tuple[Any, ...] | None = None,
+) -> int | list[int]:
+    """Add to integer elements of the object with ``key``, atomically; returns the new value.
+
+    ``incr`` is an int (added to the element right after the key), ``(pos, incr)``,
+    ``(pos, incr, threshold, set_value)`` (if the result passes ``threshold`` — above it for
+    a positive ``incr``, below it for a negative one — it becomes ``set_value``), or a list of
+    those tuples (then a list of new values is returned, in order). Positions are 0-based.
+
+    Args:
+        default: the object to insert first if ``key`` is missing (its key element is
+            replaced by ``key``), with the table's default time to live.
+
+    Raises:
+        KeyNotFound: ``key`` is missing and no ``default`` was given.
+        EtsError: the table is a bag, a position is the key's or out of range, or an element
+            to update is not an int (the object is left unchanged).
+    """
+    tab = _writer(table, "update_counter")
+    _unique_only(tab, table, "update_counter")
+    try:
+        obj: Any = tab.data.get(key)
+    except TypeError:
+        raise tab.bad_key(key, "update_counter") from None
+    insert_default = obj is None
+    if insert_default:
+        if default is None:
+            raise KeyNotFound(
+                f"ets.update_counter({describe(table)}, {key!r}): no object has this key"
+                " (pass default=... to insert one)",
+                table=table,
+                operation="update_counter",
+            )
+        tab.key_of(default, "update_counter")
+        obj = (*default[: tab.kp], key, *default[tab.kp + 1 :])
+    elements = list(obj)
+    results = []
+    for pos, step, threshold, set_value in _counter_ops(tab, incr, table):
+        _check_pos(tab, pos, obj, "update_counter", table)
+        value = elements[pos]
+        if value.__class__ is not int:
+            raise EtsError(
+                f"ets.update_counter({describe(table)}, {key!r}): element {pos} of {obj!r} is"
+                f" not an int",
+                table=table,
+                operation="update_counter",
+            )
+        value += step
+        if threshold is not None and (
+            (step > 0 and value > threshold) or (step < 0 and value < threshold)
+        ):
+            value = set_value
+        elements[pos] = value
+        results.append(value)
+    updated = _rebuild(obj, elements)
+    if insert_default:
+        tab.put(updated, key, tab.deadline_after(tab.default_ttl), "update_counter")
+    else:
+        tab.data[key] = updated
+    return results if isinstance(incr, list) else results[0]
+
+
+def _rebuild(obj: tuple[Any, ...], elements: list[Any]) -> tuple[Any, ...]:
+    """``elements`` as an object of the same class as ``obj`` (a namedtuple stays one)."""
+    if obj.__class__ is tuple:
+        return tuple(elements)
+    make = getattr(obj, "_make", None)
+    return make(elements) if make is not None else tuple(elements)
+
+
+def _check_pos(tab: Tab, pos: Any, obj: tuple[Any, ...], operation: str, table: Any) -> None:
+    if pos.__class__ is not int or not 0 <= pos < len(obj):
+        raise EtsError(
+            f"ets.{operation}({describe(table)}): position {pos!r} is out of range for"
+            f" {obj!r} (0 to {len(obj) - 1})",
+            table=table,
+            operation=operation,
+        )
+    if pos == tab.kp:
+        raise EtsError(
+            f"ets.{operation}({describe(table)}): position {pos} is the key; a key cannot be"
+            " updated in place",
+            table=table,
+            operation=operation,
+        )
+
+
+def update_element(table: TableRef, key: Any, element: Any) -> bool:
+    """Replace elements of the object with ``key``: ``element`` is ``(pos, value)`` or a list
+    of them. Returns False if no object has ``key``. Set and ordered_set tables only."""
+    tab = _writer(table, "update_element")
+    _unique_only(tab, table, "update_element")
+    try:
+        obj = tab.data.get(key)
+    except TypeError:
+        raise tab.bad_key(key, "update_element") from None
+    changes = element if isinstance(element, list) else [element]
+    for change in changes:
+        if not isinstance(change, tuple) or len(change) != 2:
+            raise EtsError(
+                f"ets.update_element({describe(table)}): an update is (pos, value) or a list of"
+                f" them (got {change!r})",
+                table=table,
+                operation="update_element",
+            )
+    if obj is None:
+        return False
+    elements = list(obj)
+    for pos, value in changes:
+        _check_pos(tab, pos, obj, "update_element", table)
+        elements[pos] = value
+    tab.data[key] = _rebuild(obj, elements)
+    return True
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def lookup(table: TableRef, key: Any) -> list[tuple[Any, ...]]:
+    """The objects with ``key``: ``[]`` or ``[obj]`` for sets, any number for bags.
+
+    Raises:
+        AccessDenied: the table is private and the caller is not its owner.
+        NoSuchTable: the table does not exist.
+    """
+    try:
+        found = table._reads.get(key)  # type: ignore[union-attr]
+    except (AttributeError, TypeError):
+        return _lookup(table, key)  # private, expiring, a bag, a name, or a bad key
+    if found is not None:
+        return [found]
+    return []
+
+
+def _lookup(table: Any, key: Any) -> list[tuple[Any, ...]]:
+    tab = _reader(table, "lookup")
+    try:
+        found = tab.data.get(key)
+    except TypeError:
+        raise tab.bad_key(key, "lookup") from None
+    if found is None:
+        return []
+    if tab.unique:
+        return [found]
+    return list(found)
+
+
+def member(table: TableRef, key: Any) -> bool:
+    """True if an object with ``key`` is in the table."""
+    try:
+        data: Any = table._reads  # type: ignore[union-attr]
+        return data.__contains__(key)
+    except (AttributeError, TypeError):
+        pass
+    tab = _reader(table, "member")
+    try:
+        return key in tab.data
+    except TypeError:
+        raise tab.bad_key(key, "member") from None
+
+
+def lookup_element(table: TableRef, key: Any, pos: int, default: Any = _NO_DEFAULT) -> Any:
+    """Element ``pos`` (0-based) of the object with ``key``; for a bag, a list with that
+    element of each object.
+
+    Raises:
+        KeyNotFound: no object has ``key`` and no ``default`` was given.
+        EtsError: an object has no element ``pos``.
+    """
+    tab = _reader(table, "lookup_element")
+    try:
+        objs = tab.get(key)
+    except TypeError:
+        raise tab.bad_key(key, "lookup_element") from None
+    if not objs:
+        if default is not _NO_DEFAULT:
+            return default
+        raise KeyNotFound(
+            f"ets.lookup_element({describe(table)}, {key!r}, {pos!r}): no object has this key",
+            table=table,
+            operation="lookup_element",
+        )
+    for obj in objs:
+        if pos.__class__ is not int or not 0 <= pos < len(obj):
+            raise EtsError(
+                f"ets.lookup_element({describe(table)}, {key!r}, {pos!r}): {obj!r} has no"
+                f" element {pos!r}",
+                table=table,
+                operation="lookup_element",
+            )
+    if tab.unique:
+        return objs[0][pos]
+    return [obj[pos] for obj in objs]
+
+
+def tab2list(table: TableRef) -> list[tuple[Any, ...]]:
+    """Every object; in key order for an ordered_set."""
+    return list(_reader(table, "tab2list").objects())
+
+
+def first(table: TableRef) -> Any:
+    """The first key (the smallest of an ordered_set), or ``END_OF_TABLE`` if empty."""
+    return _reader(table, "first").first()
+
+
+def last(table: TableRef) -> Any:
+    """The last key of an ordered_set (for other types, as :func:`first`), or ``END_OF_TABLE``."""
+    return _reader(table, "last").last()
+
+
+def next(table: TableRef, key: Any) -> Any:
+    """The key after ``key``, or ``END_OF_TABLE``.
+
+    For an ordered_set, the next key in the order, whether ``key`` is in the table or not.
+    For the other types the order is unspecified but visits each key once if the table is
+    not changed meanwhile; keys added during the traversal may be missed, and ``key`` must be
+    in the table (else :class:`KeyNotFound`), so traverse with keys ``first``/``next`` gave.
+    """
+    return _reader(table, "next").next(key, "next")
+
+
+def prev(table: TableRef, key: Any) -> Any:
+    """The key before ``key`` in an ordered_set (for other types, as :func:`next`)."""
+    return _reader(table, "prev").prev(key, "prev")
+
+
+def info(table: TableRef) -> TableInfo | None:
+    """A :class:`TableInfo` snapshot, or None if the table does not exist (Erlang's
+    ``undefined``). Any process may ask, whatever the access mode."""
+    try:
+        tab: Tab = table._tab  # type: ignore[union-attr]
+    except AttributeError:
+        try:
+            tab = _resolve(table, "info")
+        except NoSuchTable:
+            return None
+    if not tab.alive:
+        return None
+    tab.expire_due()
+    return TableInfo(
+        id=tab.handle,
+        name=tab.name,
+        named=tab.named,
+        type=tab.kind,
+        access=tab.access,
+        owner=tab.owner,
+        heir=tab.heir,
+        keypos=tab.kp,
+        size=tab.size(),
+        memory=tab.memory(),
+        node=tab.node.name,
+        expire_after=tab.default_ttl,
+    )
+
+
+def whereis(name: str) -> Table | None:
+    """The handle of the table named ``name``, or None (Erlang's ``ets:whereis/1``)."""
+    tab = registry().names.get(name)
+    return tab.handle if tab is not None else None
+
+
+def all() -> list[Table | str]:
+    """Every table on this node: names for named tables, handles for the others."""
+    return [tab.ref for tab in registry().by_id.values() if tab.alive]
+
+
+# -- matching ---------------------------------------------------------------------------------
+
+
+def _candidates(tab: Tab, heads: list[Any]) -> Iterable[Any]:
+    """The objects worth matching against ``heads``: those under the keys the heads pin down,
+    or every object (in table order)."""
+    keys = key_hints(heads, tab.kp)
+    if keys is None:
+        return tab.objects()
+    if len(keys) > 1:
+        unique = []
+        for key in keys:
+            try:
+                if key not in unique:
+                    unique.append(key)
+            except TypeError:
+                continue
+        keys = unique
+        if tab.ordered:
+            keys.sort(key=order_key)
+    found: list[Any] = []
+    for key in keys:
+        try:
+            found.extend(tab.get(key))
+        except TypeError:
+            continue
+    return found
+
+
+def match(table: TableRef, pattern: Any) -> list[list[Any]]:
+    """For each object matching ``pattern``, the values of its variables ordered by number
+    (Erlang's ``ets:match/2``). ``Var(n)`` binds, ``ANY`` matches anything, other values
+    compare with ``==``."""
+    tab = _reader(table, "match")
+    results = []
+    for obj in _candidates(tab, [pattern]):
+        bindings: dict[int, Any] = {}
+        if bind(pattern, obj, bindings):
+            results.append(ordered_bindings(bindings))
+    return results
+
+
+def match_object(table: TableRef, pattern: Any) -> list[tuple[Any, ...]]:
+    """The objects matching ``pattern`` (Erlang's ``ets:match_object/2``)."""
+    tab = _reader(table, "match_object")
+    return [obj for obj in _candidates(tab, [pattern]) if bind(pattern, obj, {})]
+
+
+def match_delete(table: TableRef, pattern: Any) -> None:
+    """Delete the objects matching ``pattern`` (Erlang's ``ets:match_delete/2``)."""
+    select_delete(table, [(pattern, [], True)])
+
+
+def select(table: TableRef, spec: list[tuple[Any, list[Any], Any]]) -> list[Any]:
+    """Run a match spec over the table (Erlang's ``ets:select/2``); returns the results.
+
+    ``spec`` is a list of ``(head, guards, result)`` clauses. For each object the first
+    clause whose ``head`` pattern matches and whose guards all evaluate to ``True`` gives the
+    object's result. Guards are expressions: ``Var(n)``, ``OBJECT``, ``BINDINGS``, literals,
+    and tuples ``(op, *args)`` with ``op`` one of ``==  !=  <  <=  >  >=  +  -  *  /  //  %
+    in  element  len  not  and  or  const  is_int  is_float  is_number  is_bool  is_str
+    is_bytes  is_tuple  is_list  is_none``. A guard that raises (``<`` between a str and an
+    int) fails its clause. The result is built from ``Var(n)``, ``OBJECT`` (the object),
+    ``BINDINGS`` (all bindings) and literals, inside tuples and lists. An ordered_set yields
+    results in key order; when every head fixes the key, only those keys are looked at.
+
+    Example:
+        ``select(t, [((Var(1), Var(2)), [(">", Var(2), 10)], Var(1))])`` -- the keys of the
+        pairs whose second element is above 10.
+    """
+    tab = _reader(table, "select")
+    clauses = compile_spec(spec, "select")
+    results = []
+    for obj in _candidates(tab, [clause.head for clause in clauses]):
+        result = run_spec(clauses, obj)
+        if result is not NO_MATCH:
+            results.append(result)
+    return results
+
+
+def select_count(table: TableRef, spec: list[tuple[Any, list[Any], Any]]) -> int:
+    """How many objects the match spec maps to ``True`` (Erlang's ``ets:select_count/2``)."""
+    tab = _reader(table, "select_count")
+    clauses = compile_spec(spec, "select_count")
+    return sum(
+        1
+        for obj in _candidates(tab, [clause.head for clause in clauses])
+        if run_spec(clauses, obj) is True
+    )
+
+
+def select_delete(table: TableRef, spec: list[tuple[Any, list[Any], Any]]) -> int:
+    """Delete the objects the match spec maps to ``True``; returns how many
+    (Erlang's ``ets:select_delete/2``). Atomic, as every other write."""
+    tab = _writer(table, "select_delete")
+    clauses = compile_spec(spec, "select_delete")
+    doomed: dict[int, Any] = {}
+    keys = []
+    for obj in _candidates(tab, [clause.head for clause in clauses]):
+        if run_spec(clauses, obj) is True:
+            doomed[id(obj)] = obj
+            keys.append(obj[tab.kp])
+    removed = 0
+    for key in keys:
+        removed += len(tab.keep(key, lambda obj, _deadline: id(obj) not in doomed))
+    return removed
+
+
+# -- other nodes --------------------------------------------------------------------------------
+
+
+async def rpc(
+    table: TableRef | Pid,
+    operation: str,
+    *args: Any,
+    timeout: float | None = 5.0,
+    **kwargs: Any,
+) -> Any:
+    """Run the ``ets`` function named ``operation`` on ``table`` through the table's actor.
+
+    This is how a process on another node reaches a table (the functions above work on local
+    tables only); locally it works too, at the cost of a round trip. Access is checked
+    against the calling process, exactly as for a direct call. ``rpc(t, "lookup", key)``
+    returns what ``lookup(t, key)`` would.
+
+    ``table`` is a :class:`Table`, a local table's name, or the pid of a table's actor
+    (``table.actor``): a pid is what crosses nodes, so that is how another node names a
+    table. Requests and replies are plain tuples; arguments and results must be values that
+    can cross nodes (match specs with ``Var``/``ANY`` and ``END_OF_TABLE`` cannot yet).
+
+    Raises:
+        The error the operation raised (an ``EtsError`` subclass); :class:`NoSuchTable` if the
+        table's actor is gone; ``otp.CallTimeout`` after ``timeout`` seconds.
+    """
+    if operation not in OPERATIONS:
+        raise EtsError(
+            f"ets.rpc: {operation!r} is not an ets operation (one of"
+            f" {', '.join(sorted(OPERATIONS))})",
+            table=table,
+            operation="rpc",
+        )
+    if isinstance(table, str):
+        tab = _resolve(table, operation)
+        if not tab.alive:
+            raise tab.gone(operation, table)
+        actor = tab.handle.actor
+    elif table.__class__ is Table:
+        actor = table.actor
+    elif table.__class__ is Pid:
+        actor = table
+    else:
+        _resolve(table, operation)
+        raise AssertionError("unreachable")
+    try:
+        reply = await _gen_call(actor, request(operation, args, kwargs), timeout)
+    except CallError as exc:
+        if exc.reason == "timeout":
+            raise
+        raise NoSuchTable(
+            f"ets.{operation}({describe(table)}): the table's actor is gone ({exc.reason!r}):"
+            " the table was deleted",
+            table=table,
+            operation=operation,
+        ) from exc
+    if reply[0] == "error":
+        raise _ERRORS.get(reply[1], EtsError)(reply[2], table=table, operation=operation)
+    return reply[1]
+
+
+_ERRORS: dict[str, type[EtsError]] = {
+    cls.__name__: cls for cls in (EtsError, NoSuchTable, AccessDenied, NameTaken, KeyNotFound)
+}
+
+#: What the table actor may run for a requester: every function on an existing table.
+OPERATIONS: dict[str, Any] = {
+    fn.__name__: fn
+    for fn in (
+        delete,
+        delete_all_objects,
+        delete_object,
+        first,
+        give_away,
+        info,
+        insert,
+        insert_new,
+        last,
+        lookup,
+        lookup_element,
+        match,
+        match_delete,
+        match_object,
+        member,
+        next,
+        prev,
+        rename,
+        select,
+        select_count,
+        select_delete,
+        setopts,
+        tab2list,
+        take,
+        update_counter,
+        update_element,
+    )
+}

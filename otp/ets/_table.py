@@ -1,0 +1,670 @@
+"""The runtime state of one table: its objects (with the ``ordered_set`` index and TTL
+deadlines), its owner, heir and access mode, and the per-node table registry.
+
+This mirrors ERTS's ``DbTable``: the data lives here, on the node, so reads and writes by local
+processes are plain function calls (atomic and isolated because every local process runs in one
+trio thread and no operation awaits). The owner's death is handled by an exit hook on the owner,
+which runs before its links and monitors fire, as OTP releases "directly visible resources".
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import sys
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Any
+
+import trio
+
+from .._ids import Pid, Ref
+from .._node import Node
+from .._process import Process, current_process_or_none
+from ._errors import AccessDenied, EtsError, KeyNotFound, NoSuchTable
+from ._order import UnorderableKey, order_key
+from ._types import (
+    DUPLICATE_BAG,
+    END_OF_TABLE,
+    ORDERED_SET,
+    PRIVATE,
+    PUBLIC,
+    SET,
+    Access,
+    EtsTransfer,
+    Table,
+    TableType,
+)
+
+#: The process an operation runs for when it is not the current one: the table actor sets it
+#: while it serves a request from another node (or from ``rpc``), so access is checked against
+#: the requester, not the actor.
+ON_BEHALF_OF: ContextVar[Pid | None] = ContextVar("otp_ets_on_behalf_of", default=None)
+
+
+class _Nobody:
+    """Stands in for the owner of a deleted table, so the fast access test always fails."""
+
+    __slots__ = ()
+
+
+NOBODY: Any = _Nobody()
+
+
+def caller_pid() -> Pid | None:
+    """The process an operation is done for: the requester when the table actor serves a
+    request, else the current process (None for a task that is not a process)."""
+    pid = ON_BEHALF_OF.get()
+    if pid is not None:
+        return pid
+    proc = current_process_or_none()
+    return proc.pid if proc is not None else None
+
+
+def describe(table: Any) -> str:
+    return f"table {table!r}"
+
+
+class Registry:
+    """The tables of one node: by id and by name (named tables only)."""
+
+    __slots__ = ("by_id", "ids", "names")
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, Tab] = {}
+        self.names: dict[str, Tab] = {}
+        self.ids = itertools.count(1)
+
+
+_REGISTRY: trio.lowlevel.RunVar[Registry] = trio.lowlevel.RunVar("otp_ets_registry")
+
+
+def registry() -> Registry:
+    """The table registry of the running node (one per ``trio.run``, created on first use)."""
+    try:
+        return _REGISTRY.get()
+    except LookupError:
+        reg = Registry()
+        _REGISTRY.set(reg)
+        return reg
+    except RuntimeError:
+        raise RuntimeError(
+            "otp.ets needs a running node: wrap the code in 'async with otp.open_node():' or"
+            " start it with otp.run(main)"
+        ) from None
+
+
+class Tab:
+    """One table: data structure, metadata and lifecycle."""
+
+    __slots__ = (
+        "_hook",
+        "access",
+        "actor_proc",
+        "alive",
+        "count",
+        "data",
+        "default_ttl",
+        "dl",
+        "dup",
+        "handle",
+        "heap",
+        "heir",
+        "heir_data",
+        "kind",
+        "kp",
+        "name",
+        "named",
+        "node",
+        "ordered",
+        "owner",
+        "owner_proc",
+        "raws",
+        "registry",
+        "removed",
+        "rfast",
+        "rguard",
+        "seq",
+        "sks",
+        "snap",
+        "sweep_at",
+        "sweep_timer",
+        "unique",
+        "wfast",
+        "wguard",
+        "writer",
+    )
+
+    def __init__(
+        self,
+        node: Node,
+        reg: Registry,
+        name: str,
+        named: bool,
+        kind: TableType,
+        access: Access,
+        keypos: int,
+        expire_after: float | None,
+        owner: Process,
+    ) -> None:
+        self.node = node
+        self.registry = reg
+        self.name = name
+        self.named = named
+        self.kind = kind
+        self.access = access
+        self.kp = keypos
+        self.default_ttl = expire_after
+        self.unique = kind is SET or kind is ORDERED_SET
+        self.ordered = kind is ORDERED_SET
+        self.dup = kind is DUPLICATE_BAG
+        self.data: dict[Any, Any] = {}
+        self.sks: list[Any] = []
+        self.raws: list[Any] = []
+        self.count = 0
+        self.dl: dict[Any, Any] = {}
+        self.heap: list[tuple[float, int, Any]] = []
+        self.seq = itertools.count()
+        self.removed = 0
+        self.snap: tuple[list[Any], dict[Any, int], int, int] | None = None
+        self.alive = True
+        self.rguard = access is PRIVATE
+        self.wguard = access is not PUBLIC
+        self.owner_proc: Any = owner
+        #: The data dict when a read needs no check at all (see ``refresh``), else None.
+        self.rfast: dict[Any, Any] | None = None
+        #: The data dict when a one-object insert needs only the ``writer`` check, else None.
+        self.wfast: dict[Any, Any] | None = None
+        #: The process allowed to write (the owner), or None when anyone may (public).
+        self.writer: Process | None = None
+        self.owner: Pid = owner.pid
+        self.heir: Pid | None = None
+        self.heir_data: Any = None
+        self.actor_proc: Process | None = None
+        self.sweep_timer: Ref | None = None
+        self.sweep_at = math.inf
+        self.handle: Table = None  # type: ignore[assignment]  # set by ets.new right after
+        self._hook = self.on_owner_exit
+        add_hook(owner, self._hook)
+        self.refresh()
+
+    def __repr__(self) -> str:
+        return f"<Tab {self.ref!r} {self.kind} alive={self.alive}>"
+
+    def refresh(self) -> None:
+        """Recompute the fast-path fields after a change of owner, of expiry state or of life.
+
+        Reads of a live, non-private set or ordered_set with no pending expiry need no check;
+        one-object inserts into a live ``set`` with keypos 0 and no expiry need only the
+        writer check. Everything else takes the checked path.
+        """
+        plain = self.alive and not self.heap and not self.dl
+        self.rfast = self.data if plain and self.unique and self.access is not PRIVATE else None
+        self.wfast = (
+            self.data
+            if plain and self.kind is SET and self.kp == 0 and self.default_ttl is None
+            else None
+        )
+        self.writer = None if self.access is PUBLIC else self.owner_proc if self.alive else NOBODY
+        handle = self.handle
+        if handle is not None:
+            handle._reads = self.rfast
+
+    @property
+    def ref(self) -> Table | str:
+        """How users name this table: its name if named, else its handle."""
+        return self.name if self.named else self.handle
+
+    # -- access ----------------------------------------------------------------------------
+
+    def check_read(self, operation: str, table: Any) -> None:
+        """The slow half of the read check (the fast half is ``rguard``/``owner_proc``)."""
+        if not self.alive:
+            raise self.gone(operation, table)
+        if self.access is PRIVATE and caller_pid() != self.owner:
+            raise AccessDenied(
+                f"ets.{operation}({describe(table)}): access denied: the table is private, only"
+                f" its owner {self.owner!r} may read it (caller {caller_pid()!r})",
+                table=table,
+                operation=operation,
+            )
+
+    def check_write(self, operation: str, table: Any) -> None:
+        if not self.alive:
+            raise self.gone(operation, table)
+        if self.access is not PUBLIC and caller_pid() != self.owner:
+            raise AccessDenied(
+                f"ets.{operation}({describe(table)}): access denied: the table is"
+                f" {self.access}, only its owner {self.owner!r} may write to it"
+                f" (caller {caller_pid()!r})",
+                table=table,
+                operation=operation,
+            )
+
+    def check_owner(self, operation: str, table: Any) -> None:
+        if not self.alive:
+            raise self.gone(operation, table)
+        if caller_pid() != self.owner:
+            raise AccessDenied(
+                f"ets.{operation}({describe(table)}): access denied: only the table's owner"
+                f" {self.owner!r} may do this (caller {caller_pid()!r})",
+                table=table,
+                operation=operation,
+            )
+
+    def gone(self, operation: str, table: Any) -> NoSuchTable:
+        return NoSuchTable(
+            f"ets.{operation}({describe(table)}): the table does not exist (it was deleted,"
+            " or its owner died with no live heir)",
+            table=table,
+            operation=operation,
+        )
+
+    # -- objects ---------------------------------------------------------------------------
+
+    def key_of(self, obj: Any, operation: str) -> Any:
+        """The key of ``obj``, checking that it is an object of this table."""
+        if not isinstance(obj, tuple):
+            raise EtsError(
+                f"ets.{operation}({describe(self.ref)}): objects are tuples (got {obj!r})",
+                table=self.ref,
+                operation=operation,
+            )
+        if len(obj) <= self.kp:
+            raise EtsError(
+                f"ets.{operation}({describe(self.ref)}): the object {obj!r} has no element at"
+                f" keypos {self.kp} (it needs at least {self.kp + 1} elements)",
+                table=self.ref,
+                operation=operation,
+            )
+        key = obj[self.kp]
+        try:
+            hash(key)
+        except TypeError:
+            raise EtsError(
+                f"ets.{operation}({describe(self.ref)}): keys must be hashable"
+                f" (got {key!r} of type {type(key).__name__})",
+                table=self.ref,
+                operation=operation,
+            ) from None
+        return key
+
+    def bad_key(self, key: Any, operation: str) -> EtsError:
+        return EtsError(
+            f"ets.{operation}({describe(self.ref)}): keys must be hashable"
+            f" (got {key!r} of type {type(key).__name__})",
+            table=self.ref,
+            operation=operation,
+        )
+
+    def put(self, obj: Any, key: Any, deadline: float | None, operation: str) -> None:
+        """Store ``obj`` under ``key`` (already validated), expiring at ``deadline``."""
+        data = self.data
+        if self.unique:
+            if self.ordered and key not in data:
+                self._index_add(key, operation)
+            data[key] = obj
+            if deadline is not None:
+                self.dl[key] = deadline
+                self._push_deadline(deadline, key)
+            elif self.dl:
+                self.dl.pop(key, None)
+            return
+        objs = data.get(key)
+        when = math.inf if deadline is None else deadline
+        if objs is None:
+            data[key] = [obj]
+            self.count += 1
+            if deadline is not None:
+                self.dl[key] = [when]
+        else:
+            deadlines = self.dl.get(key)
+            if deadline is not None and deadlines is None:
+                deadlines = self.dl[key] = [math.inf] * len(objs)
+            if not self.dup and obj in objs:
+                index = objs.index(obj)
+                if deadlines is not None:
+                    deadlines[index] = when
+            else:
+                objs.append(obj)
+                self.count += 1
+                if deadlines is not None:
+                    deadlines.append(when)
+        if deadline is not None:
+            self._push_deadline(deadline, key)
+
+    def get(self, key: Any) -> list[Any]:
+        objs = self.data.get(key)
+        if objs is None:
+            return []
+        return [objs] if self.unique else list(objs)
+
+    def remove_key(self, key: Any) -> list[Any]:
+        """Delete every object under ``key``; returns them."""
+        objs = self.data.pop(key, None)
+        if objs is None:
+            return []
+        self.removed += 1
+        if self.dl:
+            self.dl.pop(key, None)
+        if self.unique:
+            if self.ordered:
+                self._index_remove(key)
+            return [objs]
+        self.count -= len(objs)
+        return objs
+
+    def keep(self, key: Any, keep: Callable[[Any, float], bool]) -> list[Any]:
+        """Keep only the objects under ``key`` that ``keep(obj, deadline)`` accepts; returns
+        the others (removed)."""
+        objs = self.data.get(key)
+        if objs is None:
+            return []
+        if self.unique:
+            deadline = self.dl.get(key, math.inf) if self.dl else math.inf
+            if keep(objs, deadline):
+                return []
+            return self.remove_key(key)
+        deadlines = self.dl.get(key) if self.dl else None
+        if deadlines is None:
+            deadlines = [math.inf] * len(objs)
+        kept, kept_deadlines, dropped = [], [], []
+        for obj, deadline in zip(objs, deadlines, strict=True):
+            if keep(obj, deadline):
+                kept.append(obj)
+                kept_deadlines.append(deadline)
+            else:
+                dropped.append(obj)
+        if not dropped:
+            return []
+        if not kept:
+            return self.remove_key(key)
+        self.data[key] = kept
+        self.count -= len(dropped)
+        if key in self.dl:
+            self.dl[key] = kept_deadlines
+        return dropped
+
+    def objects(self) -> Iterator[Any]:
+        """Every object, in key order for ``ordered_set``, else in insertion order of keys."""
+        data = self.data
+        if self.ordered:
+            return (data[raw] for raw in list(self.raws))
+        if self.unique:
+            return iter(list(data.values()))
+        return (obj for objs in list(data.values()) for obj in objs)
+
+    def keys(self) -> list[Any]:
+        return list(self.raws) if self.ordered else list(self.data)
+
+    def size(self) -> int:
+        return len(self.data) if self.unique else self.count
+
+    def clear(self) -> None:
+        self.removed += len(self.data)
+        self.data.clear()
+        self.sks.clear()
+        self.raws.clear()
+        self.dl.clear()
+        self.heap.clear()
+        self.count = 0
+        self.snap = None
+        self.refresh()
+
+    def memory(self) -> int:
+        size = sys.getsizeof(self.data) + sys.getsizeof(self.sks) + sys.getsizeof(self.raws)
+        size += sys.getsizeof(self.dl)
+        if self.unique:
+            size += sum(sys.getsizeof(obj) for obj in self.data.values())
+        else:
+            for objs in self.data.values():
+                size += sys.getsizeof(objs) + sum(sys.getsizeof(obj) for obj in objs)
+        return size
+
+    # -- ordered_set index -------------------------------------------------------------------
+
+    def _index_add(self, key: Any, operation: str) -> None:
+        try:
+            sk = order_key(key)
+        except UnorderableKey as exc:
+            raise EtsError(
+                f"ets.{operation}({describe(self.ref)}): {exc} (got {key!r})",
+                table=self.ref,
+                operation=operation,
+            ) from None
+        sks = self.sks
+        index = bisect_left(sks, sk)
+        if index < len(sks) and sks[index] == sk:
+            raise EtsError(
+                f"ets.{operation}({describe(self.ref)}): the key {key!r} sorts equal to the key"
+                f" {self.raws[index]!r} but is not == to it; keys of type"
+                f" {type(key).__qualname__} need a repr that agrees with ==",
+                table=self.ref,
+                operation=operation,
+            )
+        sks.insert(index, sk)
+        self.raws.insert(index, key)
+
+    def _index_remove(self, key: Any) -> None:
+        sk = order_key(key)
+        sks = self.sks
+        index = bisect_left(sks, sk)
+        if index < len(sks) and sks[index] == sk:
+            del sks[index]
+            del self.raws[index]
+
+    def _order_probe(self, key: Any, operation: str) -> Any:
+        try:
+            return order_key(key)
+        except UnorderableKey as exc:
+            raise EtsError(
+                f"ets.{operation}({describe(self.ref)}): {exc}", table=self.ref, operation=operation
+            ) from None
+
+    # -- traversal ---------------------------------------------------------------------------
+
+    def first(self) -> Any:
+        if self.ordered:
+            return self.raws[0] if self.raws else END_OF_TABLE
+        for key in self.data:
+            return key
+        return END_OF_TABLE
+
+    def last(self) -> Any:
+        if self.ordered:
+            return self.raws[-1] if self.raws else END_OF_TABLE
+        return self.first()
+
+    def next(self, key: Any, operation: str) -> Any:
+        if self.ordered:
+            index = bisect_right(self.sks, self._order_probe(key, operation))
+            return self.raws[index] if index < len(self.raws) else END_OF_TABLE
+        data = self.data
+        snap = self.snap
+        if snap is None or len(data) - snap[2] + self.removed - snap[3] > 0:
+            snap = self._snapshot()
+        keys, positions, _, _ = snap
+        try:
+            at = positions.get(key)
+        except TypeError:
+            raise self.bad_key(key, operation) from None
+        if at is None or key not in data:
+            raise KeyNotFound(
+                f"ets.{operation}({describe(self.ref)}, {key!r}): the key is not in the table;"
+                f" a {self.kind} table is traversed from first() with keys it returned",
+                table=self.ref,
+                operation=operation,
+            )
+        for candidate in itertools.islice(keys, at + 1, None):
+            if candidate in data:
+                return candidate
+        return END_OF_TABLE
+
+    def prev(self, key: Any, operation: str) -> Any:
+        if self.ordered:
+            index = bisect_left(self.sks, self._order_probe(key, operation)) - 1
+            return self.raws[index] if index >= 0 else END_OF_TABLE
+        return self.next(key, operation)
+
+    def _snapshot(self) -> tuple[list[Any], dict[Any, int], int, int]:
+        keys = list(self.data)
+        snap = (keys, {key: at for at, key in enumerate(keys)}, len(keys), self.removed)
+        self.snap = snap
+        return snap
+
+    # -- expiry ------------------------------------------------------------------------------
+
+    def deadline_after(self, expire_after: float | None) -> float | None:
+        return None if expire_after is None else trio.current_time() + expire_after
+
+    def _push_deadline(self, deadline: float, key: Any) -> None:
+        heap = self.heap
+        heapq.heappush(heap, (deadline, next(self.seq), key))
+        if len(heap) == 1:
+            self.refresh()
+        if len(heap) > 1024 and len(heap) > 4 * len(self.dl):
+            self._compact_heap()
+        if deadline < self.sweep_at:
+            self._schedule_sweep(deadline)
+
+    def _compact_heap(self) -> None:
+        entries = []
+        seq = self.seq
+        for key, deadline in self.dl.items():
+            when = deadline if self.unique else min(deadline)
+            if when != math.inf:
+                entries.append((when, next(seq), key))
+        heapq.heapify(entries)
+        self.heap = entries
+        self.refresh()
+
+    def expire_due(self) -> None:
+        """Remove every object whose deadline has passed (expired objects are never seen)."""
+        heap = self.heap
+        if not heap:
+            return
+        now = trio.current_time()
+        while heap and heap[0][0] <= now:
+            _, _, key = heapq.heappop(heap)
+            if self.unique:
+                deadline = self.dl.get(key)
+                if deadline is not None and deadline <= now:
+                    self.remove_key(key)
+            else:
+                deadlines = self.dl.get(key)
+                if deadlines is not None and min(deadlines) <= now:
+                    self.keep(key, lambda _obj, when: when > now)
+                    deadlines = self.dl.get(key)
+                    if deadlines is not None:
+                        soonest = min(deadlines)
+                        if soonest != math.inf:
+                            heapq.heappush(heap, (soonest, next(self.seq), key))
+            heap = self.heap
+        if not heap:
+            self.refresh()
+
+    def _schedule_sweep(self, deadline: float) -> None:
+        timers = self.node.timers
+        if self.sweep_timer is not None:
+            timers.cancel(self.sweep_timer)
+        self.sweep_at = deadline
+        self.sweep_timer = timers.start(deadline - trio.current_time(), self._sweep_due)
+
+    def _sweep_due(self) -> None:
+        self.sweep_timer = None
+        self.sweep_at = math.inf
+        actor = self.actor_proc
+        if actor is not None and actor.alive:
+            actor.deliver(SWEEP)
+        else:
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Physically drop expired objects and schedule the next sweep (run by the actor)."""
+        if not self.alive:
+            return
+        self.expire_due()
+        if self.heap and self.sweep_timer is None:
+            self._schedule_sweep(self.heap[0][0])
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def set_owner(self, proc: Process) -> None:
+        old = self.owner_proc
+        if isinstance(old, Process) and old.alive and old.exit_hooks is not None:
+            try:
+                old.exit_hooks.remove(self._hook)
+            except ValueError:
+                pass
+        self.owner_proc = proc
+        self.owner = proc.pid
+        add_hook(proc, self._hook)
+        self.refresh()
+
+    def on_owner_exit(self, proc: Process, _reason: Any) -> None:
+        """The owner died: hand the table to a live heir, else delete it (OTP's rule)."""
+        if not self.alive or self.owner_proc is not proc:
+            return
+        heir = self.heir
+        if heir is not None and heir != proc.pid:
+            heir_proc = self.node.resolve(heir)
+            if heir_proc is not None:
+                self.set_owner(heir_proc)
+                heir_proc.deliver(EtsTransfer(self.ref, proc.pid, self.heir_data))
+                return
+        self.destroy()
+
+    def destroy(self) -> None:
+        """Delete the table: free its name, drop its objects, stop its actor."""
+        if not self.alive:
+            return
+        self.alive = False
+        self.rguard = self.wguard = True
+        owner = self.owner_proc
+        self.owner_proc = NOBODY
+        if isinstance(owner, Process) and owner.exit_hooks is not None:
+            try:
+                owner.exit_hooks.remove(self._hook)
+            except ValueError:
+                pass
+        reg = self.registry
+        reg.by_id.pop(self.handle.id, None)
+        if self.named and reg.names.get(self.name) is self:
+            del reg.names[self.name]
+        self.clear()
+        self.refresh()
+        if self.sweep_timer is not None:
+            self.node.timers.cancel(self.sweep_timer)
+            self.sweep_timer = None
+        actor = self.actor_proc
+        self.actor_proc = None
+        if actor is not None:
+            actor.deliver(STOP)
+
+    def actor_exited(self, proc: Process, _reason: Any) -> None:
+        if self.actor_proc is proc:
+            self.actor_proc = None
+
+
+def add_hook(proc: Process, hook: Callable[[Process, Any], None]) -> None:
+    if proc.exit_hooks is None:
+        proc.exit_hooks = [hook]
+    else:
+        proc.exit_hooks.append(hook)
+
+
+class _Signal:
+    __slots__ = ("_label",)
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+
+    def __repr__(self) -> str:
+        return self._label
+
+
+#: Messages to the table actor from the table itself.
+SWEEP: Any = _Signal("ets_sweep")
+STOP: Any = _Signal("ets_stop")

@@ -1,0 +1,264 @@
+"""dispatch: timeouts, classified retries, budgets and the error envelope, on trio's MockClock."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+
+import pytest
+import trio
+
+import otp
+from apps import dispatcher as d
+
+from .helpers import ADD_SCHEMA, Script, add, running
+
+
+async def test_a_call_returns_the_handlers_result(autojump_clock: trio.abc.Clock) -> None:
+    async with running(d.Tool("add", add, ADD_SCHEMA, idempotent=True)):
+        assert await d.dispatch("add", {"a": 2, "b": 3}) == 5
+        assert d.statistics().counters["dispatch.ok"] == 1
+
+
+async def test_a_timeout_cancels_the_handler_and_is_typed(autojump_clock: trio.abc.Clock) -> None:
+    slow = Script(["timeout"])
+    async with running(d.Tool("slow", slow, timeout=1.5, idempotent=False)):
+        with pytest.raises(d.DispatchTimeout) as caught:
+            await d.dispatch("slow")
+        error = caught.value
+        assert isinstance(error, TimeoutError)
+        assert error.kind == d.ErrorKind.TIMEOUT
+        assert error.attempts == 1
+        assert error.jsonrpc_code == -32000
+        assert "did not answer within 1.5 s on attempt 1" in error.message
+        assert slow.cancelled == 1
+        assert trio.current_time() == 1.5
+
+
+async def test_the_per_call_timeout_overrides_the_tools(autojump_clock: trio.abc.Clock) -> None:
+    slow = Script([5.0])
+    async with running(d.Tool("slow", slow, timeout=1.0, idempotent=False)):
+        assert (await d.dispatch("slow", timeout=10.0))["run"] == 1
+        assert trio.current_time() == 5.0
+
+
+async def test_transient_errors_are_retried_with_the_issues_delays(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    flaky = Script(["transient", "transient", "ok"])
+    async with running(d.Tool("flaky", flaky, idempotent=False)):
+        assert (await d.dispatch("flaky"))["run"] == 3
+    jitter = random.Random(7)  # the dispatcher's seed: its only draws are the two delays
+    second = 0.1 * (1 + jitter.uniform(0, 0.5))
+    third = 0.4 * (1 + jitter.uniform(0, 0.5))
+    assert flaky.starts == pytest.approx([0.0, second, second + third])
+    assert 0.1 <= second <= 0.15 and 0.4 <= third <= 0.6
+
+
+async def test_transient_failures_give_up_after_three_attempts(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    flaky = Script(["transient"] * 5)
+    async with running(d.Tool("flaky", flaky, idempotent=False)):
+        with pytest.raises(d.TransientFailure) as caught:
+            await d.dispatch("flaky")
+        assert caught.value.attempts == 3
+        assert "not retried: gave up after 3 attempts" in caught.value.message
+        assert isinstance(caught.value.__cause__, d.TransientError)
+        assert d.statistics().counters["dispatch.retry"] == 2
+    assert flaky.runs == 3
+
+
+async def test_schema_errors_are_never_retried_and_never_run_the_handler(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script()
+    async with running(d.Tool("add", handler, ADD_SCHEMA, idempotent=True)):
+        with pytest.raises(d.InvalidArguments) as caught:
+            await d.dispatch("add", {"a": "one", "b": 2})
+        error = caught.value
+        assert error.kind == "schema" and error.attempts == 0
+        assert error.message.startswith(
+            "tool 'add': the arguments do not match its schema: 'one' is not of type 'integer'"
+            " (at /a)"
+        )
+        assert error.data["errors"] == [
+            {"path": "/a", "message": "'one' is not of type 'integer'", "keyword": "type"}
+        ]
+        assert error.to_jsonrpc()["code"] == -32602
+        assert error.to_mcp() == {"result": error.to_mcp_result()}
+        assert error.to_mcp_result()["isError"] is True
+        with pytest.raises(d.InvalidArguments, match="must be a JSON object"):
+            await d.dispatch("add", [1, 2])  # type: ignore[arg-type]
+    assert handler.runs == 0
+
+
+async def test_an_unknown_tool_is_not_found(autojump_clock: trio.abc.Clock) -> None:
+    async with running(d.Tool("add", add, ADD_SCHEMA, idempotent=True)):
+        with pytest.raises(d.ToolNotFound) as caught:
+            await d.dispatch("sub", {})
+    error = caught.value
+    assert error.message == (
+        "no tool named 'sub' is registered with dispatcher 'dispatcher' (known: 'add'); register"
+        " it with apps.dispatcher.register_tool(Tool(...))"
+    )
+    assert error.to_jsonrpc()["code"] == -32601
+    assert error.to_mcp()["error"]["code"] == -32602
+
+
+async def test_a_non_idempotent_tool_is_not_retried_after_a_timeout(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script(["timeout", "ok"])
+    async with running(d.Tool("pay", slow, timeout=1.0, idempotent=False)):
+        with pytest.raises(d.DispatchTimeout) as caught:
+            await d.dispatch("pay")
+    assert slow.runs == 1
+    assert "not retried: the tool is not idempotent" in caught.value.message
+
+
+async def test_an_idempotent_tool_is_retried_after_a_timeout(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script(["timeout", "ok"])
+    async with running(d.Tool("read", slow, timeout=1.0, idempotent=True)):
+        assert (await d.dispatch("read"))["run"] == 2
+    assert slow.starts[1] == pytest.approx(1.0 + 0.1 * (1 + random.Random(7).uniform(0, 0.5)))
+
+
+async def test_a_handler_exception_is_internal_and_not_retried(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    broken = Script(["internal", "ok"])
+    async with running(d.Tool("broken", broken, idempotent=True)):
+        with pytest.raises(d.InternalError) as caught:
+            await d.dispatch("broken")
+    assert broken.runs == 1
+    assert isinstance(caught.value.__cause__, ValueError)
+    assert caught.value.message.startswith("tool 'broken' raised ValueError: bad state")
+    assert caught.value.to_jsonrpc()["code"] == -32603
+
+
+async def test_retry_after_replaces_the_delay_and_is_capped(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    calls: list[float] = []
+
+    async def limited() -> str:
+        calls.append(trio.current_time())
+        await trio.lowlevel.checkpoint()
+        if len(calls) == 1:
+            raise d.TransientError("rate limited", retry_after=3.0)
+        if len(calls) == 2:
+            raise d.TransientError("rate limited", retry_after=100.0)
+        return "done"
+
+    policy = d.RetryPolicy(max_retry_after=5.0)
+    async with running(d.Tool("limited", limited, idempotent=True, retry=policy)):
+        assert await d.dispatch("limited") == "done"
+    assert calls == [0.0, 3.0, 8.0]
+
+
+async def test_the_shared_retry_budget_stops_a_retry_storm(autojump_clock: trio.abc.Clock) -> None:
+    flaky = Script(["transient"] * 100)
+    policy = d.RetryPolicy(budget=d.RetryBudget(capacity=2.0, refill_per_second=0.0))
+    async with running(d.Tool("flaky", flaky, idempotent=True, retry=policy, breaker=None)):
+        outcomes = await d.gather_bounded([("flaky", {})] * 5)
+        assert all(o.error is not None and o.error.kind == "transient" for o in outcomes)
+        assert d.statistics().counters["dispatch.retry_denied"] == 5  # 3 at once, 2 later
+    assert flaky.runs == 5 + 2
+
+
+async def test_a_spent_budget_fails_at_once(autojump_clock: trio.abc.Clock) -> None:
+    handler = Script()
+    async with running(d.Tool("t", handler, idempotent=True)):
+        with pytest.raises(d.BudgetExceeded) as caught:
+            await d.dispatch("t", budget=d.Budget(calls=0))
+        assert caught.value.attempts == 0
+        assert "the caller's budget is spent (it has no tool calls left)" in caught.value.message
+        with pytest.raises(d.BudgetExceeded, match="deadline"):
+            await d.dispatch("t", budget=d.Budget(deadline=trio.current_time()))
+        assert trio.current_time() == 0.0
+    assert handler.runs == 0
+
+
+async def test_retries_spend_the_callers_budget(autojump_clock: trio.abc.Clock) -> None:
+    flaky = Script(["transient"] * 10)
+    async with running(d.Tool("flaky", flaky, idempotent=True)):
+        budget = d.Budget(calls=2)
+        with pytest.raises(d.TransientFailure, match="budget has no tool calls left"):
+            await d.dispatch("flaky", budget=budget)
+        assert budget.calls == 0
+        with pytest.raises(d.BudgetExceeded):
+            await d.dispatch("flaky", budget=budget)
+    assert flaky.runs == 2
+
+
+async def test_a_budget_deadline_cancels_the_attempt(autojump_clock: trio.abc.Clock) -> None:
+    slow = Script([10.0])
+    async with running(d.Tool("slow", slow, timeout=30.0, idempotent=True)):
+        with pytest.raises(d.BudgetExceeded, match="deadline passed while it ran"):
+            await d.dispatch("slow", budget=d.Budget.within(2.0))
+        assert trio.current_time() == 2.0
+
+
+async def test_a_sync_handler_runs_in_a_thread_and_its_timeout_abandons_it(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    release = threading.Event()
+
+    def blocking(wait: bool) -> str:
+        if wait:
+            release.wait(timeout=10)
+        return threading.current_thread().name
+
+    async with running(d.Tool("blocking", blocking, timeout=1.0, idempotent=False)):
+        # The mock clock jumps while the thread runs: no timeout for the quick call.
+        thread = await d.dispatch("blocking", {"wait": False}, timeout=math.inf)
+        assert thread != threading.current_thread().name
+        with pytest.raises(d.DispatchTimeout):
+            await d.dispatch("blocking", {"wait": True})
+        release.set()
+
+
+async def test_the_dispatcher_must_be_running() -> None:
+    async with otp.open_node():
+        with pytest.raises(d.DispatcherNotRunning, match="no dispatcher runs as 'dispatcher'"):
+            await d.dispatch("add", {})
+
+
+async def test_events_are_logged_and_counted(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="apps.dispatcher")
+    flaky = Script(["timeout", "ok"])
+    async with running(d.Tool("flaky", flaky, timeout=1.0, idempotent=True)):
+        await d.dispatch("flaky")
+        stats = d.statistics()
+    events = [r.dispatch_event["event"] for r in caplog.records if hasattr(r, "dispatch_event")]
+    assert events == [
+        "dispatch.attempt",
+        "dispatch.timeout",
+        "dispatch.retry",
+        "dispatch.attempt",
+        "dispatch.ok",
+    ]
+    assert stats.counters["dispatch.attempt"] == 2
+    assert stats.counters["dispatch.timeout"] == 1
+    assert stats.breakers == {"flaky": "closed"}
+    assert stats.running == 0
+
+
+async def test_tools_can_be_registered_while_the_dispatcher_runs(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with running():
+        d.register_tool(d.Tool("add", add, ADD_SCHEMA, idempotent=True))
+        assert await d.dispatch("add", {"a": 1, "b": 1}) == 2
+        with pytest.raises(d.ConfigurationError, match="already registered"):
+            d.register_tool(d.Tool("add", add, idempotent=True))
+        assert d.unregister_tool("add") is not None
+        with pytest.raises(d.ToolNotFound):
+            await d.dispatch("add", {"a": 1, "b": 1})

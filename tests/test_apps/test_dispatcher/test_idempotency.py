@@ -1,0 +1,154 @@
+"""Idempotency keys: in-flight calls collapse into one run, results are cached with a TTL, the
+same key with other arguments is a conflict, and a cancelled first caller strands nobody."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import otp
+from apps import dispatcher as d
+
+from .helpers import Script, running
+
+
+async def test_two_concurrent_same_key_calls_run_the_handler_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script([1.0])
+    results: list[object] = []
+
+    async def call() -> None:
+        results.append(await d.dispatch("slow", {"x": 1}, idempotency_key="k1"))
+
+    async with running(d.Tool("slow", slow, idempotent=False)):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call)
+            nursery.start_soon(call)
+        stats = d.statistics()
+    assert slow.runs == 1
+    assert results == [{"run": 1, "args": {"x": 1}}] * 2
+    assert stats.counters["dispatch.dedup_hit"] == 1
+    assert stats.in_flight_keys == 0 and stats.cached_results == 1
+
+
+async def test_a_late_retry_gets_the_cached_result_until_the_ttl_passes(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script()
+    async with running(d.Tool("t", handler, idempotent=False)):
+        first = await d.dispatch("t", {"x": 1}, idempotency_key="k")
+        await trio.sleep(59.9)
+        assert await d.dispatch("t", {"x": 1}, idempotency_key="k") == first
+        assert handler.runs == 1
+        await trio.sleep(0.2)  # 60.1 s after the result: it has expired
+        second = await d.dispatch("t", {"x": 1}, idempotency_key="k")
+    assert handler.runs == 2
+    assert second["run"] == 2
+
+
+async def test_the_result_ttl_is_configurable(autojump_clock: trio.abc.Clock) -> None:
+    handler = Script()
+    async with running(d.Tool("t", handler, idempotent=False), result_ttl=5.0):
+        await d.dispatch("t", idempotency_key="k")
+        await trio.sleep(5.0)
+        await d.dispatch("t", idempotency_key="k")
+    assert handler.runs == 2
+
+
+async def test_the_same_key_with_other_arguments_is_a_conflict(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script([1.0])
+    async with running(d.Tool("t", slow, idempotent=False)):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: d.dispatch("t", {"x": 1}, idempotency_key="k"))
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(d.IdempotencyConflict) as in_flight:
+                await d.dispatch("t", {"x": 2}, idempotency_key="k")
+        with pytest.raises(d.IdempotencyConflict) as cached:
+            await d.dispatch("t", {"x": 2}, idempotency_key="k")
+    assert slow.runs == 1
+    for caught in (in_flight, cached):
+        assert caught.value.kind == "conflict"
+        assert caught.value.jsonrpc_code == -32004
+        assert "a new call needs a new key" in caught.value.message
+
+
+async def test_calls_without_a_key_are_never_deduplicated(autojump_clock: trio.abc.Clock) -> None:
+    handler = Script()
+    async with running(d.Tool("t", handler, idempotent=True)):
+        await d.dispatch("t", {"x": 1})
+        await d.dispatch("t", {"x": 1})
+    assert handler.runs == 2
+
+
+async def test_failures_are_not_cached(autojump_clock: trio.abc.Clock) -> None:
+    handler = Script(["internal", "ok"])
+    async with running(d.Tool("t", handler, idempotent=True)):
+        with pytest.raises(d.InternalError):
+            await d.dispatch("t", idempotency_key="k")
+        assert (await d.dispatch("t", idempotency_key="k"))["run"] == 2
+
+
+async def test_waiters_get_the_result_when_the_first_caller_is_cancelled(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script([5.0])
+    got: list[object] = []
+    async with running(d.Tool("slow", slow, idempotent=False)):
+        async with trio.open_nursery() as nursery:
+            first = trio.CancelScope()
+
+            async def first_caller() -> None:
+                with first:
+                    await d.dispatch("slow", idempotency_key="k")
+
+            async def second_caller() -> None:
+                got.append(await d.dispatch("slow", idempotency_key="k"))
+
+            nursery.start_soon(first_caller)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(second_caller)
+            await trio.sleep(1.0)
+            first.cancel()
+        assert first.cancelled_caught
+        assert trio.current_time() == 5.0
+        assert got == [{"run": 1, "args": {}}]
+        assert slow.cancelled == 0
+        # The run went on without its first caller, and its result is cached.
+        assert await d.dispatch("slow", idempotency_key="k") == got[0]
+    assert slow.runs == 1
+
+
+async def test_a_cancelled_lone_caller_leaves_its_result_for_a_retry(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script([5.0])
+    async with running(d.Tool("slow", slow, idempotent=False)):
+        with trio.move_on_after(1.0):
+            await d.dispatch("slow", idempotency_key="k")
+        assert await d.dispatch("slow", idempotency_key="k") == {"run": 1, "args": {}}
+        assert trio.current_time() == 5.0
+    assert slow.runs == 1
+
+
+async def test_waiters_get_an_error_when_the_dispatcher_dies(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script([5.0])
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        pid = await d.start_dispatcher([d.Tool("slow", slow, idempotent=False)])
+        async with trio.open_nursery() as nursery:
+
+            async def kill() -> None:
+                await trio.sleep(1.0)
+                otp.exit(pid, "kill")
+
+            nursery.start_soon(kill)
+            with pytest.raises(d.InternalError, match="stopped while the call with idempotency"):
+                await d.dispatch("slow", idempotency_key="k")
+        assert trio.current_time() == 1.0
+        with pytest.raises(d.DispatcherNotRunning):
+            await d.dispatch("slow")

@@ -1,0 +1,87 @@
+"""ordered_set: key order over mixed types, traversal, and 1 == 1.0."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+
+import otp
+from otp import ets
+
+
+def _keys(table):
+    keys, key = [], ets.first(table)
+    while key is not ets.END_OF_TABLE:
+        keys.append(key)
+        key = ets.next(table, key)
+    return keys
+
+
+async def test_mixed_key_types_follow_the_documented_order():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ref, pid = otp.make_ref(), otp.self()
+        keys = [b"bin", (2, 0), (9,), pid, ref, "atom", 2.5, -1, None, frozenset({1})]
+        ets.insert(t, [(k, i) for i, k in enumerate(keys)])
+        expected = [None, -1, 2.5, "atom", ref, pid, (9,), (2, 0), b"bin", frozenset({1})]
+        assert _keys(t) == expected
+        assert ets.next(t, [1]) == b"bin"  # lists sort between tuples and bytes
+
+
+async def test_numbers_compare_by_value_so_1_and_1_0_are_one_key():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, (1, "int"))
+        ets.insert(t, (1.0, "float"))
+        ets.insert(t, [(Fraction(1, 2), "half"), (Decimal("0.25"), "quarter"), (True, "bool")])
+        assert ets.info(t).size == 3
+        assert ets.lookup(t, 1) == [(True, "bool")]
+        assert _keys(t) == [Decimal("0.25"), Fraction(1, 2), 1]
+
+
+async def test_last_and_prev_walk_backwards():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, [(k, None) for k in (5, 1, 3)])
+        assert ets.last(t) == 5
+        assert ets.prev(t, 5) == 3
+        assert ets.prev(t, 1) is ets.END_OF_TABLE
+
+
+async def test_next_and_prev_accept_keys_not_in_the_table():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, [(k, None) for k in (10, 20, 30)])
+        assert ets.next(t, 15) == 20
+        assert ets.prev(t, 15) == 10
+        assert ets.next(t, "a string sorts after numbers") is ets.END_OF_TABLE
+        assert ets.next(t, None) == 10
+
+
+async def test_tab2list_and_select_are_in_key_order():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, [(k, k * 2) for k in (3, 1, 2)])
+        assert ets.tab2list(t) == [(1, 2), (2, 4), (3, 6)]
+        assert ets.select(t, [((ets.Var(1), ets.ANY), [], ets.Var(1))]) == [1, 2, 3]
+
+
+async def test_nan_is_not_a_valid_ordered_set_key():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        with pytest.raises(ets.EtsError, match="NaN is not a valid ordered_set key"):
+            ets.insert(t, [(1, 1), (float("nan"), 2)])
+        assert ets.tab2list(t) == []
+
+
+async def test_deleting_keeps_the_order_consistent():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, [(k, None) for k in range(10)])
+        for k in (0, 5, 9):
+            ets.delete(t, k)
+        ets.take(t, 3)
+        assert _keys(t) == [1, 2, 4, 6, 7, 8]
+        assert ets.first(t) == 1 and ets.last(t) == 8

@@ -1,0 +1,113 @@
+"""Dirty-protocol and distribution message helpers."""
+
+from __future__ import annotations
+
+import pytest
+
+import wire
+
+P = wire.Pid("a@h", 1, 1)
+Q = wire.Pid("b@h", 2, 1)
+R = wire.Ref("a@h", 5, 1)
+
+
+@pytest.mark.parametrize(
+    ("frame", "parsed"),
+    [
+        (
+            wire.make_request(1, "m:A", "go", (1,), {"k": 2}),
+            wire.Request(1, "m:A", "go", [1], {"k": 2}),
+        ),
+        (wire.make_response(1, [1]), wire.Response(1, [1])),
+        (
+            wire.make_error(1, "DirtyError", "Key not found: k"),
+            wire.ErrorReply(1, "DirtyError", "Key not found: k", {}),
+        ),
+        (wire.make_chunk(1, b"x"), wire.Chunk(1, b"x")),
+        (wire.make_end(1), wire.End(1)),
+        (
+            wire.make_stash(1, wire.StashOp.PUT, "t", "k", 3),
+            wire.Stash(1, wire.StashOp.PUT, "t", "k", 3),
+        ),
+        (wire.make_status(1), wire.Status(1)),
+        (wire.make_manage(1, wire.ManageOp.REMOVE, 2), wire.Manage(1, wire.ManageOp.REMOVE, 2)),
+    ],
+)
+def test_dirty_messages_parse_back(frame: wire.Frame, parsed: object) -> None:
+    (decoded,) = wire.FrameDecoder().feed(wire.encode_frame(frame))
+    assert wire.parse_dirty(decoded) == parsed
+
+
+def test_stash_omits_none_fields_like_gunicorn() -> None:
+    assert wire.make_stash(1, wire.StashOp.KEYS, "t", pattern="a*").payload == {
+        "op": 4,
+        "table": "t",
+        "pattern": "a*",
+    }
+
+
+def test_malformed_dirty_payloads_name_the_key() -> None:
+    frame = wire.Frame(wire.MessageType.REQUEST, 9, {"app_path": "m:A", "action": 1})
+    with pytest.raises(wire.MalformedMessage, match="key 'action' must be a str"):
+        wire.parse_dirty(frame)
+    frame = wire.Frame(wire.MessageType.MANAGE, 9, {"op": 7, "count": 1})
+    with pytest.raises(wire.MalformedMessage, match="must be one of 1 ADD, 2 REMOVE"):
+        wire.parse_dirty(frame)
+    with pytest.raises(wire.MalformedMessage, match="lacks the key 'result'"):
+        wire.parse_dirty(wire.Frame(wire.MessageType.RESPONSE, 9, {}))
+
+
+def test_replies_are_checked_against_the_request_id() -> None:
+    assert wire.check_reply(5, wire.make_response(5, 1)).request_id == 5
+    with pytest.raises(wire.RequestIdMismatch, match=r"carries request id 6.*has id 5"):
+        wire.check_reply(5, wire.make_response(6, 1))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        wire.Send(P, [1, (2, wire.Atom("x"))]),
+        wire.Send(P, "m", sender=Q),
+        wire.RegSend(P, wire.Atom("logger"), {"a": 1}),
+        wire.RegSend(P, "logger", None),
+        wire.Link(P, Q),
+        wire.Unlink(P, Q),
+        wire.Exit(P, Q, wire.ExitReason("shutdown", "bye")),
+        wire.Monitor(P, Q, R),
+        wire.Monitor(P, wire.Atom("name"), R),
+        wire.Demonitor(P, Q, R),
+        wire.Down(Q, P, R, wire.ExitReason("noconnection")),
+        wire.Ping(3),
+        wire.Pong(3),
+    ],
+)
+@pytest.mark.parametrize("codec", list(wire.Codec))
+def test_dist_messages_round_trip(message: object, codec: wire.Codec) -> None:
+    frame = message.to_frame(codec)  # type: ignore[attr-defined]
+    (decoded,) = wire.FrameDecoder().feed(wire.encode_frame(frame))
+    assert decoded.version == 2 and decoded.codec is codec
+    assert wire.parse_dist(decoded) == message
+
+
+def test_handshake_and_codec_choice() -> None:
+    ours = wire.Handshake("a@h", codecs=(wire.Codec.CBOR, wire.Codec.TLV), auth={"challenge": b"n"})
+    (frame,) = wire.FrameDecoder().feed(wire.encode_frame(ours.to_frame()))
+    theirs = wire.parse_dist(frame)
+    assert theirs == ours
+    assert wire.choose_codec(ours.codecs, (wire.Codec.TLV, wire.Codec.CBOR)) is wire.Codec.CBOR
+    assert wire.choose_codec(ours.codecs, (wire.Codec.TLV,)) is wire.Codec.TLV
+    with pytest.raises(wire.InvalidValue, match="no common codec"):
+        wire.choose_codec((wire.Codec.CBOR,), (wire.Codec.TLV,))
+
+
+def test_malformed_dist_payload_names_the_field() -> None:
+    frame = wire.Frame(wire.MessageType.LINK, 0, {"from": P, "to": "x"}, version=2)
+    with pytest.raises(wire.MalformedMessage, match=r"Link\.to must be a Pid \(got str\)"):
+        wire.parse_dist(frame)
+    frame = wire.Frame(wire.MessageType.EXIT, 0, {"from": P, "to": Q}, version=2)
+    with pytest.raises(wire.MalformedMessage, match="lacks the key 'reason'"):
+        wire.parse_dist(frame)
+
+
+def test_request_id_from_str_is_gunicorns_hash() -> None:
+    assert wire.request_id_from_str("x") == hash("x") & (2**64 - 1)

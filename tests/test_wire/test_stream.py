@@ -1,0 +1,87 @@
+"""FrameStream over trio streams."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+import wire
+
+
+async def test_send_and_receive_over_a_socket_pair() -> None:
+    a, b = trio.socket.socketpair()
+    left = wire.FrameStream(trio.SocketStream(a))
+    right = wire.FrameStream(trio.SocketStream(b))
+    frames = [wire.make_request(i, "m:A", "echo", [i]) for i in range(50)]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(left.send_frames, frames)
+        got = [await right.receive_frame() for _ in frames]
+    assert got == frames
+    await left.aclose()
+    assert await right.receive_frame() is None
+    await right.aclose()
+
+
+async def test_send_frames_is_one_write() -> None:
+    writes = 0
+
+    async def count() -> None:
+        nonlocal writes
+        writes += 1
+
+    send = trio.testing.MemorySendStream(send_all_hook=count)
+    stream = wire.FrameStream(trio.StapledStream(send, trio.testing.MemoryReceiveStream()))
+    frames = [wire.Ping(1).to_frame(), wire.Pong(1).to_frame(), wire.make_end(3)]
+    await stream.send_frames(frames)
+    assert writes == 1
+    data = send.get_data_nowait()
+    assert data == b"".join(wire.encode_frame(f) for f in frames)
+
+
+async def test_clean_eof_returns_none_and_eof_mid_frame_raises() -> None:
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    stream = wire.FrameStream(trio.StapledStream(trio.testing.MemorySendStream(), receive))
+    await send.send_all(wire.encode_frame(wire.make_end(1)) + b"GD\x01")
+    await send.aclose()
+    assert await stream.receive_frame() == wire.make_end(1)
+    with pytest.raises(wire.Truncated, match="ended inside a frame"):
+        await stream.receive_frame()
+
+
+async def test_async_iteration_ends_at_eof() -> None:
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    stream = wire.FrameStream(trio.StapledStream(trio.testing.MemorySendStream(), receive))
+    await send.send_all(wire.encode_frame(wire.make_end(1)) * 3)
+    await send.aclose()
+    assert [f.request_id async for f in stream] == [1, 1, 1]
+
+
+async def test_connection_codec_overrides_frame_codec() -> None:
+    send = trio.testing.MemorySendStream()
+    stream = wire.FrameStream(
+        trio.StapledStream(send, trio.testing.MemoryReceiveStream()), codec=wire.Codec.CBOR
+    )
+    await stream.send_frame(wire.Send(wire.Pid("a", 1), "hi").to_frame())
+    (frame,) = wire.FrameDecoder().feed(send.get_data_nowait())
+    assert frame.codec is wire.Codec.CBOR
+    assert wire.parse_dist(frame) == wire.Send(wire.Pid("a", 1), "hi")
+
+
+async def test_encoding_error_writes_nothing() -> None:
+    send = trio.testing.MemorySendStream()
+    stream = wire.FrameStream(trio.StapledStream(send, trio.testing.MemoryReceiveStream()))
+    bad = wire.make_response(2, {1, 2})
+    with pytest.raises(wire.UnknownValueType):
+        await stream.send_frames([wire.make_end(1), bad])
+    with pytest.raises(trio.WouldBlock):  # nothing was written
+        send.get_data_nowait()
+
+
+async def test_error_after_good_frames_surfaces_without_more_data() -> None:
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    stream = wire.FrameStream(trio.StapledStream(trio.testing.MemorySendStream(), receive))
+    await send.send_all(wire.encode_frame(wire.make_end(1)) + b"XX" + bytes(14))
+    assert await stream.receive_frame() == wire.make_end(1)
+    with pytest.raises(wire.BadMagic):
+        await stream.receive_frame()  # the peer sent nothing more: no hang

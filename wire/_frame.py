@@ -1,0 +1,393 @@
+"""Frames: the 16-byte "GD" header of Gunicorn's dirty protocol, and the sans-IO frame decoder.
+
+Version 1 frames are Gunicorn 27's dirty protocol byte for byte; version 2 frames share the
+header, add message types for distribution, and flag a CBOR payload with the type byte's high bit.
+:class:`FrameDecoder` is incremental and does no I/O: feed it bytes, get frames back.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Any
+
+import attrs
+
+from ._cbor import cbor_decode, cbor_encode
+from ._errors import (
+    BadMagic,
+    InvalidValue,
+    LimitExceeded,
+    MalformedMessage,
+    TrailingBytes,
+    Truncated,
+    UnknownMessageType,
+    UnsupportedVersion,
+    ValueOutOfRange,
+    WireError,
+)
+from ._limits import Limits
+from ._tlv import _decode_at, _encode_into
+
+__all__ = [
+    "CBOR_FLAG",
+    "HEADER_SIZE",
+    "MAGIC",
+    "Codec",
+    "Frame",
+    "FrameDecoder",
+    "MessageType",
+    "encode_frame",
+]
+
+MAGIC = b"GD"
+HEADER_SIZE = 16
+#: In a version 2 header, this bit of the type byte marks a CBOR payload (clear: TLV).
+CBOR_FLAG = 0x80
+_HEADER = struct.Struct(">2sBBIQ")
+_U64_MAX = (1 << 64) - 1
+_DEFAULT_LIMITS = Limits()
+
+
+class MessageType(enum.IntEnum):
+    """Frame message types.
+
+    0x01..0x12 are Gunicorn's dirty protocol (versions 1 and 2); 0x20..0x2A are distribution
+    messages (version 2 only; 0x2C..0x3F reserved for distribution); 0x40..0x5F are reserved
+    for the matching service's stream messages; 0x60..0x7F are reserved.
+    """
+
+    REQUEST = 0x01
+    RESPONSE = 0x02
+    ERROR = 0x03
+    CHUNK = 0x04
+    END = 0x05
+    STASH = 0x10
+    STATUS = 0x11
+    MANAGE = 0x12
+    HANDSHAKE = 0x20
+    SEND = 0x21
+    REG_SEND = 0x22
+    LINK = 0x23
+    UNLINK = 0x24
+    EXIT = 0x25
+    MONITOR = 0x26
+    DEMONITOR = 0x27
+    DOWN = 0x28
+    PING = 0x29
+    PONG = 0x2A
+    EXIT2 = 0x2B
+
+
+class Codec(enum.Enum):
+    """How a frame's payload is encoded. Version 1 frames are always TLV."""
+
+    TLV = "tlv"
+    CBOR = "cbor"
+
+
+_V1_TYPES = {int(t): t for t in MessageType if t < 0x20}
+_V2_TYPES = {int(t): t for t in MessageType}
+
+
+def _check_type(inst: Frame, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not MessageType:
+        raise UnknownMessageType(
+            f"Frame.type must be a MessageType (got {value!r}); use MessageType(code)"
+        )
+
+
+def _check_version(inst: Frame, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value not in (1, 2) or type(value) is not int:
+        raise UnsupportedVersion(f"Frame.version must be 1 or 2 (got {value!r})")
+
+
+def _check_request_id(inst: Frame, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not int or not 0 <= value <= _U64_MAX:
+        raise ValueOutOfRange(
+            f"Frame.request_id must be an int 0..2**64-1 (got {value!r}); for Gunicorn's str "
+            "ids use request_id_from_str()"
+        )
+
+
+@attrs.frozen
+class Frame:
+    """One message: header fields plus the decoded payload.
+
+    Attributes:
+        type: The message type.
+        request_id: The unsigned 64-bit request id (0 where a message type has none).
+        payload: The payload value; ``None`` means an empty payload (length 0). Version 1
+            payloads are a dict or ``None``.
+        version: 1 (Gunicorn's dirty protocol) or 2.
+        codec: How the payload is (or was) encoded; CBOR only in version 2.
+    """
+
+    type: MessageType = attrs.field(validator=_check_type)
+    request_id: int = attrs.field(default=0, validator=_check_request_id)
+    payload: Any = None
+    version: int = attrs.field(default=1, validator=_check_version)
+    codec: Codec = attrs.field(default=Codec.TLV)
+
+    def __attrs_post_init__(self) -> None:
+        if self.version == 1:
+            if self.type >= 0x20:
+                raise UnknownMessageType(
+                    f"message type {self.type.name} exists only in version 2 (got version=1)"
+                )
+            if self.codec is not Codec.TLV:
+                raise InvalidValue("version 1 frames are always TLV (got codec=Codec.CBOR)")
+        elif type(self.codec) is not Codec:
+            raise InvalidValue(f"Frame.codec must be a Codec (got {self.codec!r})")
+
+
+def encode_frame(
+    frame: Frame,
+    *,
+    codec: Codec | None = None,
+    coerce_keys: bool = False,
+    limits: Limits = _DEFAULT_LIMITS,
+) -> bytes:
+    """Encode a frame: header plus payload.
+
+    Args:
+        frame: The frame.
+        codec: Encode a version 2 payload with this codec instead of ``frame.codec``.
+        coerce_keys: Version 1 compatibility mode: non-str dict keys become ``str(key)``.
+        limits: Limits the peer enforces; ``max_payload`` is checked on the encoded payload.
+
+    Returns:
+        The frame's bytes.
+
+    Raises:
+        WireError: The payload cannot be encoded (see :func:`tlv_encode`), a version 1 payload
+            is not a dict, or the payload exceeds ``limits.max_payload``.
+    """
+    version = frame.version
+    payload = frame.payload
+    if codec is None or version == 1:
+        codec = frame.codec
+    mtype = int(frame.type)
+    if payload is None:
+        body = b""
+        if codec is Codec.CBOR:
+            mtype |= CBOR_FLAG
+    elif codec is Codec.TLV:
+        if version == 1 and type(payload) is not dict:
+            raise MalformedMessage(
+                f"a version 1 {frame.type.name} payload must be a dict (got "
+                f"{type(payload).__name__})"
+            )
+        out = bytearray(HEADER_SIZE)
+        _encode_into(out, payload, version == 2, coerce_keys, limits)
+        length = len(out) - HEADER_SIZE
+        if length > limits.max_payload:
+            raise LimitExceeded(
+                f"{frame.type.name} payload of {length} bytes exceeds max_payload="
+                f"{limits.max_payload}; split it into CHUNK frames"
+            )
+        _HEADER.pack_into(out, 0, MAGIC, version, mtype, length, frame.request_id)
+        return bytes(out)
+    else:
+        body = cbor_encode(payload, limits=limits)
+        mtype |= CBOR_FLAG
+    if len(body) > limits.max_payload:
+        raise LimitExceeded(
+            f"{frame.type.name} payload of {len(body)} bytes exceeds max_payload="
+            f"{limits.max_payload}; split it into CHUNK frames"
+        )
+    return _HEADER.pack(MAGIC, version, mtype, len(body), frame.request_id) + body
+
+
+def _frame(mtype: MessageType, request_id: int, payload: Any, version: int, codec: Codec) -> Frame:
+    """Build a decoded frame without re-running the validators the decoder already applied."""
+    frame = object.__new__(Frame)
+    object.__setattr__(frame, "type", mtype)
+    object.__setattr__(frame, "request_id", request_id)
+    object.__setattr__(frame, "payload", payload)
+    object.__setattr__(frame, "version", version)
+    object.__setattr__(frame, "codec", codec)
+    return frame
+
+
+class FrameDecoder:
+    """Incremental, sans-IO frame decoder: ``feed(bytes)`` returns the frames completed so far.
+
+    Every header is checked as soon as its 16 bytes arrive (magic, version, type, payload length
+    against ``limits.max_payload``), before its payload is buffered; payload values are checked
+    against ``limits`` before anything is allocated for them. A malformed input raises a
+    :class:`WireError` subclass whose ``offset`` counts from the first byte ever fed; after that
+    the stream cannot be resynchronised and every later call raises the same error.
+
+    Args:
+        limits: Decoding limits.
+        versions: The protocol versions to accept (``{1}`` for a Gunicorn-only endpoint).
+    """
+
+    def __init__(
+        self, *, limits: Limits = _DEFAULT_LIMITS, versions: frozenset[int] = frozenset({1, 2})
+    ) -> None:
+        if not versions or not versions <= {1, 2}:
+            raise UnsupportedVersion(
+                f"versions must be a non-empty subset of {{1, 2}} (got {versions!r})"
+            )
+        self._limits = limits
+        self._versions = versions
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._need = 2
+        self._consumed = 0
+        self._error: WireError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an incomplete frame."""
+        return self._buffered
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Add bytes; return every frame they complete, in order.
+
+        Raises:
+            WireError: The input is malformed, now or in an earlier call; see the class docs.
+        """
+        if self._error is not None:
+            raise self._error
+        size = len(data)
+        if not size:
+            return []
+        if self._buffered + size < self._need:
+            self._chunks.append(bytes(data))
+            self._buffered += size
+            return []
+        if self._chunks:
+            self._chunks.append(bytes(data))
+            buf = b"".join(self._chunks)
+            self._chunks = []
+        else:
+            buf = bytes(data)
+        frames: list[Frame] = []
+        try:
+            pos = self._parse(buf, frames)
+        except WireError as exc:
+            self._error = exc
+            if not frames:
+                raise
+            # Deliver what came before the bad bytes; the error is raised by the next call.
+            self._chunks = []
+            self._buffered = 0
+            return frames
+        rest = len(buf) - pos
+        self._consumed += pos
+        self._buffered = rest
+        if rest:
+            self._chunks.append(buf[pos:])
+        return frames
+
+    def feed_eof(self) -> None:
+        """Declare the end of the input.
+
+        Raises:
+            Truncated: The input ended inside a frame.
+        """
+        if self._error is not None:
+            raise self._error
+        if self._buffered:
+            exc = Truncated(
+                f"the stream ended inside a frame: {self._buffered} bytes of a frame that needs "
+                f"{self._need} were received",
+                self._consumed,
+            )
+            self._error = exc
+            raise exc
+
+    def _parse(self, buf: bytes, frames: list[Frame]) -> int:
+        limits = self._limits
+        max_payload = limits.max_payload
+        versions = self._versions
+        unpack = _HEADER.unpack_from
+        append = frames.append
+        end = len(buf)
+        pos = 0
+        base = self._consumed
+        while end - pos >= HEADER_SIZE:
+            magic, version, code, length, request_id = unpack(buf, pos)
+            if magic != MAGIC or version not in versions:
+                raise self._bad_header(buf, pos, base)
+            if version == 1:
+                mtype = _V1_TYPES.get(code)
+                codec = Codec.TLV
+            else:
+                mtype = _V2_TYPES.get(code & 0x7F)
+                codec = Codec.CBOR if code & CBOR_FLAG else Codec.TLV
+            if mtype is None:
+                raise self._bad_header(buf, pos, base)
+            if length > max_payload:
+                raise LimitExceeded(
+                    f"frame payload length {length} exceeds max_payload={max_payload}",
+                    base + pos + 4,
+                )
+            stop = pos + HEADER_SIZE + length
+            if stop > end:
+                self._need = HEADER_SIZE + length
+                return pos
+            if length == 0:
+                payload = None
+            else:
+                try:
+                    if codec is Codec.TLV:
+                        start = pos + HEADER_SIZE
+                        data = buf if start == 0 and stop == end else buf[start:stop]
+                        payload, used = _decode_at(data, 0, version == 2, limits)
+                        if used != length:
+                            raise TrailingBytes(
+                                f"{length - used} bytes remain after the payload's value; a "
+                                "payload holds exactly one value",
+                                used,
+                            )
+                    else:
+                        payload = cbor_decode(buf[pos + HEADER_SIZE : stop], limits=limits)
+                except WireError as exc:
+                    raise exc._shifted(base + pos + HEADER_SIZE)
+                if version == 1 and type(payload) is not dict:
+                    raise MalformedMessage(
+                        f"a version 1 {mtype.name} payload must be a dict (got "
+                        f"{type(payload).__name__})",
+                        base + pos + HEADER_SIZE,
+                    )
+            append(_frame(mtype, request_id, payload, version, codec))
+            pos = stop
+        if pos < end and buf[pos : pos + 2] != MAGIC[: min(2, end - pos)]:
+            raise BadMagic(
+                f'bad magic {buf[pos : pos + 2].hex(" ")}: a frame starts with 47 44 ("GD")',
+                base + pos,
+            )
+        self._need = HEADER_SIZE
+        return pos
+
+    def _bad_header(self, buf: bytes, pos: int, base: int) -> WireError:
+        magic, version, code, _length, _rid = _HEADER.unpack_from(buf, pos)
+        if magic != MAGIC:
+            return BadMagic(
+                f'bad magic {magic.hex(" ")}: a frame starts with 47 44 ("GD"); is the peer '
+                "speaking this protocol?",
+                base + pos,
+            )
+        if version not in self._versions:
+            accepted = ", ".join(str(v) for v in sorted(self._versions))
+            return UnsupportedVersion(
+                f"unsupported protocol version {version}; this endpoint accepts {accepted}",
+                base + pos + 2,
+            )
+        if version == 1 and code in _V2_TYPES:
+            return UnknownMessageType(
+                f"message type 0x{code:02x} ({_V2_TYPES[code].name}) exists only in version 2",
+                base + pos + 3,
+            )
+        if version == 1 and code & CBOR_FLAG:
+            return UnknownMessageType(
+                f"unknown message type 0x{code:02x}: the CBOR flag 0x80 exists only in version 2",
+                base + pos + 3,
+            )
+        return UnknownMessageType(
+            f"unknown message type 0x{code:02x} in version {version}", base + pos + 3
+        )

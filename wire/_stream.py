@@ -1,0 +1,116 @@
+"""FrameStream: frames over any ``trio.abc.Stream`` (a socket, a pipe, a TLS stream).
+
+The I/O shell around the sans-IO :class:`~wire.FrameDecoder`, in the spirit of trio's own
+wrappers: one reader task and one writer task at a time, every method a checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+
+import trio
+
+from ._frame import Codec, Frame, FrameDecoder, encode_frame
+from ._limits import Limits
+
+__all__ = ["FrameStream"]
+
+_DEFAULT_LIMITS = Limits()
+
+
+class FrameStream:
+    """Send and receive :class:`Frame` objects over a byte stream.
+
+    Args:
+        stream: Any ``trio.abc.Stream`` (or an object with ``send_all``, ``receive_some`` and
+            ``aclose``).
+        limits: Limits for both directions.
+        versions: Protocol versions accepted when receiving.
+        codec: If given, version 2 payloads are sent with this codec whatever ``frame.codec``
+            says (the codec negotiated for the connection).
+        coerce_keys: Version 1 compatibility mode for sending (``str(key)`` for non-str keys).
+        receive_size: The most bytes asked of the stream at once.
+    """
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        *,
+        limits: Limits = _DEFAULT_LIMITS,
+        versions: frozenset[int] = frozenset({1, 2}),
+        codec: Codec | None = None,
+        coerce_keys: bool = False,
+        receive_size: int = 65536,
+    ) -> None:
+        self.stream = stream
+        self.codec = codec
+        self._limits = limits
+        self._coerce_keys = coerce_keys
+        self._receive_size = receive_size
+        self._decoder = FrameDecoder(limits=limits, versions=versions)
+        self._ready: deque[Frame] = deque()
+        self._eof = False
+
+    def _encode(self, frame: Frame) -> bytes:
+        return encode_frame(
+            frame, codec=self.codec, coerce_keys=self._coerce_keys, limits=self._limits
+        )
+
+    async def send_frame(self, frame: Frame) -> None:
+        """Encode ``frame`` and write it in one ``send_all``.
+
+        On cancellation the frame may have been partly written; the stream is then unusable, as
+        with any trio stream whose ``send_all`` was cancelled.
+
+        Raises:
+            WireError: The frame cannot be encoded (nothing was written).
+        """
+        await self.stream.send_all(self._encode(frame))
+
+    async def send_frames(self, frames: Iterable[Frame]) -> None:
+        """Encode several frames and write them together in one ``send_all``.
+
+        Every frame is encoded before anything is written, so an encoding error writes nothing.
+        Cancellation is as for :meth:`send_frame`.
+        """
+        data = b"".join([self._encode(frame) for frame in frames])
+        if data:
+            await self.stream.send_all(data)
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def receive_frame(self) -> Frame | None:
+        """Return the next frame, or ``None`` at a clean end of stream.
+
+        A clean end is one that falls between frames; an end inside a frame raises
+        :class:`Truncated`. Cancellation loses nothing: bytes already read stay buffered for the
+        next call.
+
+        Raises:
+            WireError: The peer sent malformed bytes (the stream cannot recover; close it).
+        """
+        while not self._ready:
+            self._decoder.feed(b"")  # raises an error found after the last frame delivered
+            if self._eof:
+                await trio.lowlevel.checkpoint()
+                return None
+            data = await self.stream.receive_some(self._receive_size)
+            if not data:
+                self._eof = True
+                self._decoder.feed_eof()
+                return None
+            self._ready.extend(self._decoder.feed(data))
+        await trio.lowlevel.checkpoint()
+        return self._ready.popleft()
+
+    def __aiter__(self) -> AsyncIterator[Frame]:
+        return self._frames()
+
+    async def _frames(self) -> AsyncIterator[Frame]:
+        while (frame := await self.receive_frame()) is not None:
+            yield frame
+
+    async def aclose(self) -> None:
+        """Close the underlying stream."""
+        await self.stream.aclose()

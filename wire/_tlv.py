@@ -1,0 +1,671 @@
+"""The TLV value codec: Gunicorn 27's dirty-protocol TLV (version 1) and our extension (version 2).
+
+Version 1 is byte-for-byte ``gunicorn.dirty.tlv.TLVEncoder``; version 2 adds atoms, tuples, big
+ints, pids, refs, exit reasons and error values (see ``wire/SPEC.md``). Both directions are one
+loop over precompiled :class:`struct.Struct` objects with an explicit stack, so deep values cost no
+Python recursion and the depth limit is a plain comparison.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator
+from itertools import chain, repeat
+from typing import Any
+
+from ._errors import (
+    InvalidUtf8,
+    InvalidValue,
+    LimitExceeded,
+    TrailingBytes,
+    Truncated,
+    UnknownValueType,
+    ValueOutOfRange,
+    WireError,
+)
+from ._limits import Limits
+from ._values import MAX_NAME_BYTES, Atom, ErrorValue, ExitReason, Pid, Ref
+
+__all__ = ["TlvType", "tlv_decode", "tlv_encode"]
+
+
+class TlvType(enum.IntEnum):
+    """TLV type codes. Codes 0x07, 0x12, 0x22 and 0x30..0x33 exist only in version 2."""
+
+    NONE = 0x00
+    BOOL = 0x01
+    INT64 = 0x05
+    FLOAT64 = 0x06
+    BIGINT = 0x07
+    BYTES = 0x10
+    STR = 0x11
+    ATOM = 0x12
+    LIST = 0x20
+    DICT = 0x21
+    TUPLE = 0x22
+    PID = 0x30
+    REF = 0x31
+    EXIT = 0x32
+    ERROR = 0x33
+
+
+_V1_CODES = frozenset({0x00, 0x01, 0x05, 0x06, 0x10, 0x11, 0x20, 0x21})
+_V2_ONLY = {int(t): t.name.lower() for t in TlvType if int(t) not in _V1_CODES}
+
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+_F64 = struct.Struct(">d")
+_NAMEHDR = struct.Struct(">BI")  # type byte + u32 length/count
+_INT = struct.Struct(">Bq")
+_FLOAT = struct.Struct(">Bd")
+_IDS = struct.Struct(">QI")  # pid/ref id + creation
+_U32_unpack = _U32.unpack_from
+_I64_unpack = _I64.unpack_from
+_F64_unpack = _F64.unpack_from
+_IDS_unpack = _IDS.unpack_from
+_hdr = _NAMEHDR.pack
+_int = _INT.pack
+_float = _FLOAT.pack
+_ids = _IDS.pack
+
+_DEFAULT_LIMITS = Limits()
+_LIST_HEADS = [_hdr(0x20, n) for n in range(256)]
+_DICT_HEADS = [_hdr(0x21, n) for n in range(256)]
+_SMALL_INTS = [_int(0x05, n) for n in range(256)]
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidUtf8(
+            f"cannot encode {what} as UTF-8: {exc.reason} at character {exc.start} "
+            "(lone surrogates have no UTF-8 form; fix the text before sending it)"
+        ) from exc
+
+
+def _bigint_bytes(value: int) -> bytes:
+    size = ((value if value >= 0 else ~value).bit_length() + 8) // 8
+    return value.to_bytes(size, "big", signed=True)
+
+
+def _normalise(value: object, v2: bool) -> object:
+    """Map a subclass of a supported type (IntEnum, StrEnum, OrderedDict, namedtuple, ...) to the
+    base type; anything else has no wire form."""
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str.__str__(value)  # the text itself, not an Enum's str()
+    if isinstance(value, bytes):
+        return bytes(value)
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, tuple):
+        return tuple(value) if v2 else list(value)
+    allowed = (
+        "None, bool, int, float, bytes, str, list, tuple, dict, Atom, Pid, Ref, ExitReason, "
+        "ErrorValue"
+        if v2
+        else "None, bool, int (int64), float, bytes, str, list, tuple (sent as a list), dict"
+    )
+    hint = ""
+    if isinstance(value, (bytearray, memoryview)):
+        hint = "; convert it with bytes(...)"
+    elif not v2 and isinstance(value, (Atom, Pid, Ref, ExitReason, ErrorValue)):
+        hint = "; it exists only in wire version 2"
+    raise UnknownValueType(
+        f"cannot encode a value of type {_type_name(value)} in TLV version {2 if v2 else 1}: "
+        f"supported types are {allowed}{hint}"
+    )
+
+
+# Encoded forms (type byte, length and UTF-8) of short strings: dict keys, action names and
+# other strings that repeat in every frame. Bounded; filled until full, never evicted.
+_STR_CACHE: dict[str, bytes] = {}
+_STR_CACHE_LEN = 64
+_STR_CACHE_SIZE = 4096
+
+
+def _no_cache(text: str) -> None:
+    return None
+
+
+def _encode_str(text: str, max_str: int) -> bytes:
+    try:
+        b = text.encode("utf-8")
+    except UnicodeEncodeError:
+        b = _utf8(text, "a str")
+    n = len(b)
+    if n > max_str:
+        raise LimitExceeded(f"str of {n} UTF-8 bytes exceeds max_str={max_str}; send it in chunks")
+    return _hdr(0x11, n) + b
+
+
+def tlv_encode(
+    value: object,
+    *,
+    version: int = 2,
+    coerce_keys: bool = False,
+    limits: Limits = _DEFAULT_LIMITS,
+) -> bytes:
+    """Encode one value as TLV.
+
+    Args:
+        value: The value. Version 1 takes None, bool, int (int64), float, bytes, str, list,
+            tuple (written as a list, as Gunicorn does) and dict with str keys; version 2 also
+            takes tuples (as tuples), ints of any size, :class:`Atom`, :class:`Pid`,
+            :class:`Ref`, :class:`ExitReason`, :class:`ErrorValue` and hashable non-str keys.
+        version: 1 (Gunicorn's dirty protocol) or 2.
+        coerce_keys: Version 1 only: turn non-str dict keys into ``str(key)`` as Gunicorn does,
+            instead of raising :class:`InvalidValue` (the compatibility mode).
+        limits: The same limits a decoder enforces, so nothing is sent a peer must reject.
+
+    Returns:
+        The encoded bytes.
+
+    Raises:
+        UnknownValueType: A value has no wire form (sets, custom objects, bytearray, ...).
+        ValueOutOfRange: An int outside int64 in version 1.
+        InvalidValue: A non-str dict key in strict version 1.
+        LimitExceeded: A string, container, depth or item total exceeds ``limits``.
+        InvalidUtf8: A string holds lone surrogates.
+    """
+    if version not in (1, 2):
+        raise InvalidValue(f"TLV version must be 1 or 2 (got {version!r})")
+    out = bytearray()
+    _encode_into(out, value, version == 2, coerce_keys, limits)
+    return bytes(out)
+
+
+def _encode_into(
+    out: bytearray, value: object, v2: bool, coerce_keys: bool, limits: Limits
+) -> None:
+    max_depth = limits.max_depth
+    max_items = limits.max_items
+    max_str = limits.max_str
+    max_total = limits.max_total_items
+    total = 1
+    cache = _STR_CACHE
+    short_ok = max_str >= 4 * _STR_CACHE_LEN
+    cached: Any = cache.get if short_ok else _no_cache
+    small = _SMALL_INTS
+    stack: list[Iterator[Any]] = []
+    it: Iterator[Any] = iter((value,))
+    while True:
+        for v in it:
+            t = type(v)
+            if t is str:
+                b = cached(v)
+                if b is None:
+                    b = _encode_str(v, max_str)
+                    if len(v) <= _STR_CACHE_LEN and len(cache) < _STR_CACHE_SIZE and short_ok:
+                        cache[v] = b
+                out += b
+            elif t is int:
+                if 0 <= v < 256:
+                    out += small[v]
+                elif _I64_MIN <= v <= _I64_MAX:
+                    out += _int(0x05, v)
+                elif v2:
+                    b = _bigint_bytes(v)
+                    if len(b) > limits.max_bigint_bytes:
+                        raise LimitExceeded(
+                            f"int of {len(b)} bytes exceeds max_bigint_bytes="
+                            f"{limits.max_bigint_bytes}"
+                        )
+                    out += _hdr(0x07, len(b))
+                    out += b
+                else:
+                    raise ValueOutOfRange(
+                        f"int {v} does not fit in int64 ({_I64_MIN}..{_I64_MAX}), the only int "
+                        "type of TLV version 1; send it as a str, or use wire version 2 "
+                        "(big ints)"
+                    )
+            elif t is dict:
+                n = len(v)
+                if n > max_items:
+                    raise LimitExceeded(f"dict of {n} pairs exceeds max_items={max_items}")
+                if len(stack) >= max_depth:
+                    raise LimitExceeded(f"value nests deeper than max_depth={max_depth}")
+                out += _DICT_HEADS[n] if n < 256 else _hdr(0x21, n)
+                if n:
+                    total += 2 * n
+                    if total > max_total:
+                        raise LimitExceeded(
+                            f"value holds more than max_total_items={max_total} items "
+                            "(is it cyclic?)"
+                        )
+                    items: Any = v.items()
+                    if not v2:
+                        for k in v:
+                            if not isinstance(k, str):
+                                if not coerce_keys:
+                                    raise InvalidValue(
+                                        f"dict key {k!r} is a {_type_name(k)}, but TLV version "
+                                        "1 keys must be str; convert the keys, or use "
+                                        "coerce_keys=True for Gunicorn's str(key) coercion"
+                                    )
+                                items = [
+                                    (k2 if isinstance(k2, str) else str(k2), x)
+                                    for k2, x in v.items()
+                                ]
+                                break
+                    stack.append(it)
+                    it = chain.from_iterable(items)
+                    break
+            elif t is list or (t is tuple and not v2):
+                n = len(v)
+                if n > max_items:
+                    raise LimitExceeded(f"list of {n} items exceeds max_items={max_items}")
+                if len(stack) >= max_depth:
+                    raise LimitExceeded(f"value nests deeper than max_depth={max_depth}")
+                out += _LIST_HEADS[n] if n < 256 else _hdr(0x20, n)
+                if n:
+                    total += n
+                    if total > max_total:
+                        raise LimitExceeded(
+                            f"value holds more than max_total_items={max_total} items "
+                            "(is it cyclic?)"
+                        )
+                    stack.append(it)
+                    it = iter(v)
+                    break
+            elif v is None:
+                out.append(0x00)
+            elif t is bool:
+                out += b"\x01\x01" if v else b"\x01\x00"
+            elif t is float:
+                out += _float(0x06, v)
+            elif t is bytes:
+                n = len(v)
+                if n > max_str:
+                    raise LimitExceeded(
+                        f"bytes of length {n} exceeds max_str={max_str}; send it in chunks"
+                    )
+                out += _hdr(0x10, n)
+                out += v
+            elif not v2:
+                it = chain((_normalise(v, v2),), it)
+                break
+            elif t is tuple:
+                n = len(v)
+                if n > max_items:
+                    raise LimitExceeded(f"tuple of {n} items exceeds max_items={max_items}")
+                if len(stack) >= max_depth:
+                    raise LimitExceeded(f"value nests deeper than max_depth={max_depth}")
+                out += _hdr(0x22, n)
+                if n:
+                    total += n
+                    if total > max_total:
+                        raise LimitExceeded(
+                            f"value holds more than max_total_items={max_total} items "
+                            "(is it cyclic?)"
+                        )
+                    stack.append(it)
+                    it = iter(v)
+                    break
+            elif t is Atom:
+                b = _utf8(v.name, "an atom")
+                out += _hdr(0x12, len(b))
+                out += b
+            elif t is Pid or t is Ref:
+                b = _utf8(v.node, "a node name")
+                out += _hdr(0x30 if t is Pid else 0x31, len(b))
+                out += b
+                out += _ids(v.id, v.creation)
+            elif t is ExitReason or t is ErrorValue:
+                if len(stack) >= max_depth:
+                    raise LimitExceeded(f"value nests deeper than max_depth={max_depth}")
+                total += 2 if t is ExitReason else 4
+                if total > max_total:
+                    raise LimitExceeded(f"value holds more than max_total_items={max_total} items")
+                if t is ExitReason:
+                    out.append(0x32)
+                    fields: tuple[Any, ...] = (v.kind, v.detail)
+                else:
+                    out.append(0x33)
+                    fields = (v.type, v.message, v.details, v.traceback)
+                stack.append(it)
+                it = iter(fields)
+                break
+            else:
+                it = chain((_normalise(v, v2),), it)
+                break
+        else:
+            if not stack:
+                return
+            it = stack.pop()
+
+
+def tlv_decode(
+    data: bytes | bytearray | memoryview,
+    *,
+    version: int = 2,
+    limits: Limits = _DEFAULT_LIMITS,
+) -> Any:
+    """Decode exactly one TLV value; trailing bytes are an error.
+
+    Args:
+        data: The encoded value.
+        version: 1 (only Gunicorn's eight types) or 2.
+        limits: Bounds checked before anything is allocated.
+
+    Returns:
+        The value: None, bool, int, float, bytes, str, list, dict, and in version 2 also tuple,
+        :class:`Atom`, :class:`Pid`, :class:`Ref`, :class:`ExitReason`, :class:`ErrorValue`.
+
+    Raises:
+        WireError: A subclass naming what was wrong, with ``offset`` into ``data``.
+    """
+    if version not in (1, 2):
+        raise InvalidValue(f"TLV version must be 1 or 2 (got {version!r})")
+    if type(data) is not bytes:
+        data = bytes(data)
+    value, off = _decode_at(data, 0, version == 2, limits)
+    if off != len(data):
+        raise TrailingBytes(
+            f"{len(data) - off} bytes remain after the TLV value; a payload holds exactly one "
+            "value",
+            off,
+        )
+    return value
+
+
+def _decode_at(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, int]:
+    """Decode one value starting at ``data[off]``; return it and the offset after it.
+
+    The current container lives in locals (``kind``, ``cur``, ``append``, ``remaining``); the stack
+    only holds the enclosing ones, so a value costs no list indexing and no Python call. Reading
+    past the end raises ``IndexError``/``struct.error`` inside the loop, turned into
+    :class:`Truncated` once, instead of a bounds check before every field.
+    Kinds: 0 top level, 1 list, 2 dict (keys and values alternate until it closes), 3 tuple,
+    4 exit reason, 5 error value.
+    """
+    try:
+        return _decode_loop(data, off, v2, limits)
+    except (IndexError, struct.error):
+        raise _truncation(data, off, v2) from None
+
+
+def _decode_loop(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, int]:
+    end = len(data)
+    max_depth = limits.max_depth
+    max_items = limits.max_items
+    max_str = limits.max_str
+    max_total = limits.max_total_items
+    u32 = _U32_unpack
+    i64 = _I64_unpack
+    f64 = _F64_unpack
+    total = 1
+    stack: list[tuple[Any, ...]] = []
+    # The current container: its kind, its items so far, and an iterator that yields once per
+    # item still to read. The top level is a one-item list.
+    kind = 1
+    cur: list[Any] = []
+    append = cur.append
+    it: Iterator[None] = repeat(None, 1)
+    cstart = off
+    v: Any
+    while True:
+        for _ in it:
+            t = data[off]
+            if t == 0x11:
+                n = u32(data, off + 1)[0]
+                off += 5
+                if n > max_str or n > end - off:
+                    raise _bad_length("str", n, max_str, off, end, "max_str")
+                try:
+                    append(data[off : off + n].decode())
+                except UnicodeDecodeError as exc:
+                    raise InvalidUtf8(f"invalid UTF-8 in str: {exc.reason}", off + exc.start)
+                off += n
+            elif t == 0x05:
+                append(i64(data, off + 1)[0])
+                off += 9
+            elif t == 0x21 or t == 0x20 or (t == 0x22 and v2):
+                n = u32(data, off + 1)[0]
+                if len(stack) >= max_depth:
+                    raise LimitExceeded(f"value nests deeper than max_depth={max_depth}", off)
+                if n:
+                    if n > max_items:
+                        raise LimitExceeded(
+                            f"{_CONTAINER[t]} of {n} items exceeds max_items={max_items}", off
+                        )
+                    if t == 0x21:
+                        n *= 2
+                    if n > end - off - 5:
+                        raise Truncated(
+                            f"truncated {_CONTAINER[t]}: declares {n} items and values, "
+                            f"needing at least {n} bytes, only {end - off - 5} remain",
+                            off,
+                        )
+                    total += n
+                    if total > max_total:
+                        raise LimitExceeded(
+                            f"payload holds more than max_total_items={max_total} items", off
+                        )
+                    stack.append((kind, cur, append, it, cstart))
+                    kind = 2 if t == 0x21 else (1 if t == 0x20 else 3)
+                    cur = []
+                    append = cur.append
+                    it = repeat(None, n)
+                    cstart = off
+                    off += 5
+                    break
+                off += 5
+                append({} if t == 0x21 else ([] if t == 0x20 else ()))
+            elif t == 0x00:
+                append(None)
+                off += 1
+            elif t == 0x01:
+                b = data[off + 1]
+                if b > 1:
+                    raise InvalidValue(f"bool byte must be 0x00 or 0x01 (got 0x{b:02x})", off + 1)
+                append(b == 1)
+                off += 2
+            elif t == 0x06:
+                append(f64(data, off + 1)[0])
+                off += 9
+            elif t == 0x10:
+                n = u32(data, off + 1)[0]
+                off += 5
+                if n > max_str or n > end - off:
+                    raise _bad_length("bytes", n, max_str, off, end, "max_str")
+                append(data[off : off + n])
+                off += n
+            elif not v2:
+                if t in _V2_ONLY:
+                    raise UnknownValueType(
+                        f"TLV type code 0x{t:02x} ({_V2_ONLY[t]}) exists only in version 2, "
+                        "this is a version 1 payload",
+                        off,
+                    )
+                raise UnknownValueType(f"unknown TLV type code 0x{t:02x}", off)
+            elif t == 0x12 or t == 0x30 or t == 0x31:
+                what = "atom" if t == 0x12 else "node name"
+                n = u32(data, off + 1)[0]
+                if n > MAX_NAME_BYTES:
+                    raise LimitExceeded(
+                        f"{what} of {n} bytes exceeds the {MAX_NAME_BYTES}-byte limit", off
+                    )
+                off += 5
+                if n > end - off:
+                    raise _bad_length(what, n, MAX_NAME_BYTES, off, end, "MAX_NAME_BYTES")
+                try:
+                    s = data[off : off + n].decode()
+                except UnicodeDecodeError as exc:
+                    raise InvalidUtf8(f"invalid UTF-8 in {what}: {exc.reason}", off + exc.start)
+                off += n
+                if t == 0x12:
+                    append(Atom(s))
+                else:
+                    ident, creation = _IDS_unpack(data, off)
+                    off += 12
+                    append(Pid(s, ident, creation) if t == 0x30 else Ref(s, ident, creation))
+            elif t == 0x07:
+                n = u32(data, off + 1)[0]
+                if n > limits.max_bigint_bytes:
+                    raise LimitExceeded(
+                        f"big int of {n} bytes exceeds max_bigint_bytes={limits.max_bigint_bytes}",
+                        off,
+                    )
+                if n > end - off - 5:
+                    raise _bad_length(
+                        "big int", n, limits.max_bigint_bytes, off + 5, end, "max_bigint_bytes"
+                    )
+                v = int.from_bytes(data[off + 5 : off + 5 + n], "big", signed=True)
+                if _I64_MIN <= v <= _I64_MAX or len(_bigint_bytes(v)) != n:
+                    raise InvalidValue(
+                        "non-canonical big int: type 0x07 must hold the minimal two's-complement "
+                        "bytes of an int outside int64 (smaller ints use 0x05)",
+                        off,
+                    )
+                append(v)
+                off += 5 + n
+            elif t == 0x32 or t == 0x33:
+                if len(stack) >= max_depth:
+                    raise LimitExceeded(f"value nests deeper than max_depth={max_depth}", off)
+                n = 2 if t == 0x32 else 4
+                if n > end - off - 1:
+                    raise Truncated(
+                        f"truncated {'exit reason' if t == 0x32 else 'error value'}: needs {n} "
+                        f"values, only {end - off - 1} bytes remain",
+                        off,
+                    )
+                total += n
+                if total > max_total:
+                    raise LimitExceeded(
+                        f"payload holds more than max_total_items={max_total} items", off
+                    )
+                stack.append((kind, cur, append, it, cstart))
+                kind = 4 if t == 0x32 else 5
+                cur = []
+                append = cur.append
+                it = repeat(None, n)
+                cstart = off
+                off += 1
+                break
+            else:
+                raise UnknownValueType(f"unknown TLV type code 0x{t:02x}", off)
+        else:
+            # The current container is complete: it becomes an item of its parent.
+            if not stack:
+                return cur[0], off
+            if kind == 1:
+                v = cur
+            elif kind == 2:
+                keys = cur[0::2]
+                try:
+                    v = dict(zip(keys, cur[1::2], strict=True))
+                except TypeError:
+                    v = None
+                if v is None or len(v) != len(keys):
+                    v = _make_dict(cur, v2, cstart)
+                elif not v2:
+                    for k in keys:
+                        if type(k) is not str:
+                            v = _make_dict(cur, v2, cstart)
+            elif kind == 3:
+                v = tuple(cur)
+            else:
+                v = _composite(kind, cur, cstart)
+            kind, cur, append, it, cstart = stack.pop()
+            append(v)
+
+
+_CONTAINER = {0x20: "list", 0x21: "dict", 0x22: "tuple"}
+
+
+def _bad_length(what: str, n: int, limit: int, off: int, end: int, name: str) -> WireError:
+    if n > limit:
+        return LimitExceeded(f"{what} length {n} exceeds {name}={limit}", off - 5)
+    return Truncated(f"truncated {what}: declares {n} bytes, only {end - off} remain", off)
+
+
+def _truncation(data: bytes, start: int, v2: bool) -> Truncated:
+    """Find where a value that ran off the end of ``data`` was cut (the slow path only)."""
+    off = start
+    # Re-walk headers without building values to name the field that was cut.
+    sizes = {0x00: 0, 0x01: 1, 0x05: 8, 0x06: 8}
+    while off < len(data):
+        t = data[off]
+        if t in sizes:
+            if off + 1 + sizes[t] > len(data):
+                return Truncated(
+                    f"truncated value: type 0x{t:02x} needs {sizes[t]} bytes, only "
+                    f"{len(data) - off - 1} remain",
+                    off,
+                )
+            off += 1 + sizes[t]
+        elif t in (0x20, 0x21, 0x22, 0x32, 0x33):
+            if t in (0x32, 0x33):
+                off += 1
+                continue
+            if off + 5 > len(data):
+                break
+            off += 5
+        elif t in (0x10, 0x11, 0x12, 0x07, 0x30, 0x31):
+            if off + 5 > len(data):
+                break
+            off += 5 + _U32_unpack(data, off + 1)[0] + (12 if t in (0x30, 0x31) else 0)
+        else:
+            break
+    if off >= len(data):
+        return Truncated("truncated value: expected a type byte, found the end of the data", off)
+    return Truncated(
+        f"truncated value: the field after type byte 0x{data[off]:02x} is cut short "
+        f"({len(data) - off - 1} bytes remain)",
+        off,
+    )
+
+
+def _make_dict(flat: list[Any], v2: bool, start: int) -> dict[Any, Any]:
+    keys = flat[0::2]
+    if not v2:
+        for k in keys:
+            if type(k) is not str:
+                raise InvalidValue(
+                    f"dict key {k!r} is a {_type_name(k)}, but version 1 dict keys must be str",
+                    start,
+                )
+    try:
+        d = dict(zip(keys, flat[1::2], strict=True))
+    except TypeError:
+        bad = next(k for k in keys if not _hashable(k))
+        raise InvalidValue(f"dict key of type {_type_name(bad)} is not hashable", start)
+    if len(d) != len(keys):
+        seen: set[Any] = set()
+        dup = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise InvalidValue(f"duplicate dict key {dup!r}", start)
+    return d
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _composite(kind: int, fields: list[Any], start: int) -> Any:
+    try:
+        if kind == 4:
+            return ExitReason(*fields)
+        return ErrorValue(*fields)
+    except WireError as exc:
+        raise type(exc)(exc.message, start) from None
