@@ -172,7 +172,7 @@ class Connection:
         self.state = "connecting"
         self.codec: wire.Codec | None = None
         self.creation = 0
-        self._pending: list[wire.Frame] = []
+        self._pending: list[tuple[wire.MessageType, Any]] = []
         self._outbox: list[bytes] = []
         self._writer_lot = trio.lowlevel.ParkingLot()
         self.settled = trio.Event()
@@ -189,27 +189,29 @@ class Connection:
         """Queue one distribution frame; encodes it now so the sender hears of a bad value."""
         if self.state == "down":
             return
-        frame = wire.Frame(mtype, 0, payload, version=2)
-        if self.codec is None:
-            self._pending.append(frame)
-        else:
-            try:
-                data = wire.encode_frame(frame, codec=self.codec, limits=self.dist.config.limits)
-            except wire.WireError as exc:
-                raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
-            self._outbox.append(data)
-            if self._writer_lot:
-                self._writer_lot.unpark()
+        codec = self.codec
+        if codec is None:
+            self._pending.append((mtype, payload))
+            return
+        try:
+            data = wire.encode_message(mtype, payload, codec=codec, limits=self.dist.config.limits)
+        except wire.WireError as exc:
+            raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
+        self._outbox.append(data)
+        if self._writer_lot:
+            self._writer_lot.unpark()
 
     def went_up(self, peer: Peer) -> None:
         self.codec = peer.codec
         self.creation = peer.creation
         self.state = "up"
         pending, self._pending = self._pending, []
-        for frame in pending:
+        for mtype, payload in pending:
             try:
                 self._outbox.append(
-                    wire.encode_frame(frame, codec=self.codec, limits=self.dist.config.limits)
+                    wire.encode_message(
+                        mtype, payload, codec=peer.codec, limits=self.dist.config.limits
+                    )
                 )
             except wire.WireError as exc:
                 logger.error("dropped a frame queued for %s: %s", self.peer, exc)
@@ -714,10 +716,23 @@ class Distribution:
                 self.connection(name)
 
 
+_WIRE_PIDS: dict[Pid | None, wire.Pid] = {}
+
+
 def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
-    if pid is None:
-        return wire.Pid(node.name, 0, node.creation)
-    return wire.Pid(pid.node, pid.id, pid.creation)
+    """The wire form of a sender's pid (cached: the same few processes send most messages)."""
+    cached = _WIRE_PIDS.get(pid)
+    if cached is not None and (pid is not None or cached.node == node.name):
+        return cached
+    if len(_WIRE_PIDS) > 4096:
+        _WIRE_PIDS.clear()
+    made = (
+        wire.Pid(node.name, 0, node.creation)
+        if pid is None
+        else wire.Pid(pid.node, pid.id, pid.creation)
+    )
+    _WIRE_PIDS[pid] = made
+    return made
 
 
 def _sender() -> Pid | None:
@@ -867,15 +882,18 @@ async def _read_loop(
 ) -> None:
     while True:
         with trio.move_on_after(liveness) as scope:
-            frame = await frames.receive_frame()
+            batch = await frames.receive_frames()
         if scope.cancelled_caught:
             raise _LivenessTimeout()
-        if frame is None:
+        if not batch:
             return
-        try:
-            dist.dispatch(conn, frame)
-        except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise wire.MalformedMessage(f"bad {frame.type.name} payload: {exc!r}") from exc
+        # Every frame that arrived together is dispatched in one go: one scheduler pass per
+        # read, not per frame (per-pair order is the order of the batch).
+        for frame in batch:
+            try:
+                dist.dispatch(conn, frame)
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                raise wire.MalformedMessage(f"bad {frame.type.name} payload: {exc!r}") from exc
 
 
 async def _pinger(conn: Connection, liveness: float) -> None:

@@ -66,6 +66,7 @@ from ._frame import Frame as Frame
 from ._frame import FrameDecoder as FrameDecoder
 from ._frame import MessageType as MessageType
 from ._frame import encode_frame as encode_frame
+from ._frame import encode_message as encode_message
 from ._json import frame_from_json as frame_from_json
 from ._json import frame_to_json as frame_to_json
 from ._json import from_json as from_json
@@ -142,6 +143,7 @@ __all__ = [
     "check_reply",
     "choose_codec",
     "encode_frame",
+    "encode_message",
     "frame_from_json",
     "frame_to_json",
     "from_json",

@@ -104,6 +104,23 @@ class FrameStream:
         await trio.lowlevel.checkpoint()
         return self._ready.popleft()
 
+    async def receive_frames(self) -> list[Frame]:
+        """Return every frame available now (at least one, reading if needed), or ``[]`` at a
+        clean end of stream: one checkpoint for a whole batch, for readers that keep up with
+        many small frames.
+
+        Raises:
+            WireError: as :meth:`receive_frame`.
+        """
+        first = await self.receive_frame()
+        if first is None:
+            return []
+        batch = [first]
+        ready = self._ready
+        while ready:
+            batch.append(ready.popleft())
+        return batch
+
     def __aiter__(self) -> AsyncIterator[Frame]:
         return self._frames()
 

@@ -25,7 +25,16 @@ from ._errors import (
     WireError,
 )
 from ._limits import Limits
-from ._values import MAX_NAME_BYTES, Atom, ErrorValue, ExitReason, Pid, Ref
+from ._values import (
+    MAX_NAME_BYTES,
+    Atom,
+    ErrorValue,
+    ExitReason,
+    Pid,
+    Ref,
+    trusted_pid,
+    trusted_ref,
+)
 
 __all__ = ["TlvType", "tlv_decode", "tlv_encode"]
 
@@ -515,7 +524,9 @@ def _decode_loop(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, 
                 else:
                     ident, creation = _IDS_unpack(data, off)
                     off += 12
-                    append(Pid(s, ident, creation) if t == 0x30 else Ref(s, ident, creation))
+                    # Every field was checked above (length, UTF-8, u64/u32 by the format).
+                    make = trusted_pid if t == 0x30 else trusted_ref
+                    append(make(s, ident, creation))
             elif t == 0x07:
                 n = u32(data, off + 1)[0]
                 if n > limits.max_bigint_bytes:

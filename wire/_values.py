@@ -149,3 +149,21 @@ class ErrorValue:
     message: str = attrs.field(validator=_str_field)
     details: dict[Any, Any] = attrs.field(factory=dict, validator=_dict_field)
     traceback: str = attrs.field(default="", validator=_str_field)
+
+
+def trusted_pid(node: str, id: int, creation: int) -> Pid:
+    """A :class:`Pid` from fields a decoder has already checked (no validators run)."""
+    pid = object.__new__(Pid)
+    object.__setattr__(pid, "node", node)
+    object.__setattr__(pid, "id", id)
+    object.__setattr__(pid, "creation", creation)
+    return pid
+
+
+def trusted_ref(node: str, id: int, creation: int) -> Ref:
+    """A :class:`Ref` from fields a decoder has already checked (no validators run)."""
+    ref = object.__new__(Ref)
+    object.__setattr__(ref, "node", node)
+    object.__setattr__(ref, "id", id)
+    object.__setattr__(ref, "creation", creation)
+    return ref
