@@ -4,7 +4,7 @@ in order, and an orderly stop on signals."""
 from ._boot import banner as banner
 from ._boot import resolve_application as resolve_application
 from ._boot import serve as serve
-from ._config import DEFAULT_APP as DEFAULT_APP
+from ._config import DEFAULT_APPS as DEFAULT_APPS
 from ._config import ConfigError as ConfigError
 from ._config import DistSettings as DistSettings
 from ._config import NodeConfig as NodeConfig
@@ -13,7 +13,7 @@ from ._config import load_object as load_object
 from ._main import main as main
 
 __all__ = [
-    "DEFAULT_APP",
+    "DEFAULT_APPS",
     "ConfigError",
     "DistSettings",
     "NodeConfig",

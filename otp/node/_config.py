@@ -13,7 +13,9 @@ import attrs
 
 import otp
 
-DEFAULT_APP = "otp.node._demo:demo_application"
+#: What ``python -m otp.node`` runs with no ``--app``: loaded by path, since nothing below
+#: ``apps`` may import it.
+DEFAULT_APPS = ("otp.node._demo:demo_application", "apps.dispatcher")
 
 
 class ConfigError(ValueError):

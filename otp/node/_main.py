@@ -8,7 +8,7 @@ import sys
 import trio
 
 from ._boot import resolve_application, serve
-from ._config import DEFAULT_APP, ConfigError, load_config
+from ._config import DEFAULT_APPS, ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
             level=config.log_level.upper(),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
-        applications = [resolve_application(path, config) for path in config.apps or (DEFAULT_APP,)]
+        applications = [resolve_application(path, config) for path in config.apps or DEFAULT_APPS]
     except ConfigError as exc:
         print(f"python -m otp.node: {exc}", file=sys.stderr)
         return 2
