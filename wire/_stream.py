@@ -90,18 +90,22 @@ class FrameStream:
         Raises:
             WireError: The peer sent malformed bytes (the stream cannot recover; close it).
         """
+        received = False
         while not self._ready:
             self._decoder.feed(b"")  # raises an error found after the last frame delivered
             if self._eof:
                 await trio.lowlevel.checkpoint()
                 return None
             data = await self.stream.receive_some(self._receive_size)
+            received = True
             if not data:
                 self._eof = True
                 self._decoder.feed_eof()
                 return None
             self._ready.extend(self._decoder.feed(data))
-        await trio.lowlevel.checkpoint()
+        if not received:
+            # receive_some was a checkpoint already; a frame from the buffer needs its own.
+            await trio.lowlevel.checkpoint()
         return self._ready.popleft()
 
     async def receive_frames(self) -> list[Frame]:
