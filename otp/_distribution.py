@@ -13,13 +13,14 @@ to every other, so n nodes hold n(n-1)/2 connections).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket as _socket
 import ssl
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,14 +188,19 @@ class Connection:
         #: The socket's descriptor when frames may be written to it directly (plain sockets).
         self.direct_fd: int | None = None
         self._last_direct = 0.0
+        self._corked = False
         #: Set by the writer once everything queued is written (see Distribution.flush).
         self.drained: trio.Event | None = None
 
     def __repr__(self) -> str:
         return f"<Connection {self.peer} {self.state}>"
 
-    def enqueue(self, mtype: wire.MessageType, payload: Any) -> None:
-        """Queue one distribution frame; encodes it now so the sender hears of a bad value."""
+    def enqueue(self, mtype: wire.MessageType, payload: Any, *, lazy: bool = False) -> None:
+        """Queue one distribution frame; encodes it now so the sender hears of a bad value.
+
+        ``lazy`` frames (bookkeeping such as DEMONITOR) never take the direct-write path: they
+        wait for the writer, or for the next frame, off the latency path.
+        """
         if self.state == "down":
             return
         codec = self.codec
@@ -206,7 +212,13 @@ class Connection:
         except wire.WireError as exc:
             raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
         fd = self.direct_fd
-        if fd is not None and not self._outbox and not self._writing:
+        if (
+            fd is not None
+            and not lazy
+            and not self._corked
+            and not self._outbox
+            and not self._writing
+        ):
             now = time.perf_counter()
             if now - self._last_direct > DIRECT_WRITE_GAP:
                 # The first frame after a quiet spell goes straight to the socket, as BEAM writes
@@ -224,7 +236,29 @@ class Connection:
                     return
                 data = data[written:]
         self._outbox.append(data)
-        if self._writer_lot:
+        if self._writer_lot and not self._corked:
+            self._writer_lot.unpark()
+
+    @contextlib.contextmanager
+    def corked(self) -> Iterator[None]:
+        """Frames queued inside go out together, in one write (as TCP_CORK does)."""
+        self._corked = True
+        try:
+            yield
+        finally:
+            self._corked = False
+        if self._outbox and not self._writing and self.direct_fd is not None:
+            batch, self._outbox = self._outbox, []
+            data = b"".join(batch)
+            try:
+                written = os.write(self.direct_fd, data)
+            except OSError:
+                written = 0
+            self._last_direct = time.perf_counter()
+            self.sent_since_tick = True
+            if written < len(data):
+                self._outbox.insert(0, data[written:])
+        if self._outbox and self._writer_lot:
             self._writer_lot.unpark()
 
     def went_up(self, peer: Peer) -> None:
@@ -525,6 +559,7 @@ class Distribution:
             conn.enqueue(
                 wire.MessageType.DEMONITOR,
                 {"from": value_to_wire(me), "to": to, "ref": value_to_wire(ref)},
+                lazy=True,
             )
 
     def send_down(self, watcher: Pid, ref: Ref, pid: Any, reason: Any) -> None:
@@ -565,9 +600,13 @@ class Distribution:
             me.monitors[ref] = server
         else:
             me.monitors[ref] = NamedMonitor(Pid._make(server[1], 0, 0), label)
-        self.monitor(me.pid, server, ref)
-        if not waiter.done:
-            self.send(server, _Call(From(me.pid, ref), request))
+        conn = self._conn_for(server.node if server.__class__ is Pid else server[1])
+        if conn is None:
+            self.monitor(me.pid, server, ref)
+        else:
+            with conn.corked():
+                self.monitor(me.pid, server, ref)
+                self.send(server, _Call(From(me.pid, ref), request))
 
         def cleanup() -> None:
             assert me.aliases is not None
