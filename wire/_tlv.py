@@ -404,10 +404,97 @@ def _decode_at(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, in
     Kinds: 0 top level, 1 list, 2 dict (keys and values alternate until it closes), 3 tuple,
     4 exit reason, 5 error value.
     """
+    if limits.max_depth <= _FAST_MAX_DEPTH:
+        try:
+            budget = [limits.max_total_items - 1]
+            return _decode_fast(data, off, len(data), v2, limits, 0, budget)
+        except Exception:  # the exact loop below names what is wrong
+            pass
     try:
         return _decode_loop(data, off, v2, limits)
     except (IndexError, struct.error):
         raise _truncation(data, off, v2) from None
+
+
+#: The fast decoder recurses once per container level; deeper limits use the loop alone.
+_FAST_MAX_DEPTH = 300
+
+
+class _Fallback(Exception):
+    """The fast decoder met something it leaves to the exact loop (a rare type or an error)."""
+
+
+def _decode_fast(
+    data: bytes, off: int, end: int, v2: bool, limits: Limits, depth: int, budget: list[int]
+) -> tuple[Any, int]:
+    """Decode one value by recursion: about twice as fast as the loop on the small, shallow
+    payloads of real traffic. It checks every rule the loop checks and gives up (any exception)
+    on anything wrong or unusual, so :func:`_decode_at` then runs the loop, which names the
+    error with its offset. It never returns a value the loop would refuse."""
+    t = data[off]
+    if t == 0x11 or t == 0x10:
+        n = _U32_unpack(data, off + 1)[0]
+        off += 5
+        if n > limits.max_str or off + n > end:
+            raise _Fallback
+        if t == 0x11:
+            return data[off : off + n].decode(), off + n
+        return data[off : off + n], off + n
+    if t == 0x05:
+        if off + 9 > end:
+            raise _Fallback
+        return _I64_unpack(data, off + 1)[0], off + 9
+    if t == 0x21 or t == 0x20 or (t == 0x22 and v2):
+        n = _U32_unpack(data, off + 1)[0]
+        if depth >= limits.max_depth or n > limits.max_items:
+            raise _Fallback
+        count = 2 * n if t == 0x21 else n
+        if count > end - off - 5:
+            raise _Fallback
+        budget[0] -= count
+        if budget[0] < 0:
+            raise _Fallback
+        off += 5
+        depth += 1
+        if t == 0x21:
+            result: dict[Any, Any] = {}
+            for _ in range(n):
+                key, off = _decode_fast(data, off, end, v2, limits, depth, budget)
+                if not v2 and key.__class__ is not str:
+                    raise _Fallback
+                result[key], off = _decode_fast(data, off, end, v2, limits, depth, budget)
+            if len(result) != n:
+                raise _Fallback
+            return result, off
+        items = []
+        for _ in range(n):
+            item, off = _decode_fast(data, off, end, v2, limits, depth, budget)
+            items.append(item)
+        return (items if t == 0x20 else tuple(items)), off
+    if t == 0x00:
+        return None, off + 1
+    if t == 0x01:
+        b = data[off + 1]
+        if b > 1:
+            raise _Fallback
+        return b == 1, off + 2
+    if t == 0x06:
+        if off + 9 > end:
+            raise _Fallback
+        return _F64_unpack(data, off + 1)[0], off + 9
+    if v2 and (t == 0x30 or t == 0x31 or t == 0x12):
+        n = _U32_unpack(data, off + 1)[0]
+        off += 5
+        if n > MAX_NAME_BYTES or off + n + (0 if t == 0x12 else 12) > end:
+            raise _Fallback
+        name = data[off : off + n].decode()
+        off += n
+        if t == 0x12:
+            return Atom(name), off
+        ident, creation = _IDS_unpack(data, off)
+        make = trusted_pid if t == 0x30 else trusted_ref
+        return make(name, ident, creation), off + 12
+    raise _Fallback
 
 
 def _decode_loop(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, int]:
