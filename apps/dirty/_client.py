@@ -1,0 +1,594 @@
+"""Clients of the pool: ``DirtyClient`` (sync and async), found through ``GUNICORN_DIRTY_SOCKET``.
+
+The API of ``gunicorn.dirty.client`` (``execute``, ``stream``, ``execute_async``,
+``stream_async``, ``get_dirty_client``, ``get_dirty_client_async``), without its limits: one
+client object may be shared by threads (sync calls) and by tasks (async calls, on asyncio or
+trio); every call has its own request id, so many are in flight on one connection. Abandoning a
+stream (breaking out of the loop) sends the pool an END for it, which stops the generator in the
+worker; the client stays usable. A call that exceeds the client's ``timeout`` raises
+``DirtyTimeoutError`` and is abandoned the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import sniffio
+import trio
+
+import wire
+
+from ._errors import (
+    DirtyConnectionError,
+    DirtyError,
+    DirtyProtocolError,
+    DirtyTimeoutError,
+    error_from_dict,
+)
+from ._frames import CHUNK, END, ERROR, RESPONSE, FrameSplitter, decode_payload, encode, header
+
+__all__ = [
+    "DirtyClient",
+    "close_dirty_client",
+    "get_dirty_client",
+    "get_dirty_client_async",
+    "get_dirty_socket_path",
+]
+
+_ENV = "GUNICORN_DIRTY_SOCKET"
+
+
+def get_dirty_socket_path() -> str:
+    """The pool's socket path, from ``GUNICORN_DIRTY_SOCKET``.
+
+    Raises:
+        DirtyError: The variable is not set.
+    """
+    path = os.environ.get(_ENV)
+    if not path:
+        raise DirtyError(
+            f"Dirty socket path not configured: set {_ENV} to the pool's socket (the node"
+            " prints it at start) or pass the path to DirtyClient(path)"
+        )
+    return path
+
+
+class _Slot:
+    __slots__ = ("event", "frames")
+
+    def __init__(self) -> None:
+        self.frames: deque[tuple[int, bytes]] = deque()
+        self.event: Any = None
+
+
+class _Conn:
+    """One connection: its socket (or async stream), frame splitter and waiting slots."""
+
+    def __init__(self) -> None:
+        self.splitter = FrameSplitter()
+        self.slots: dict[int, _Slot] = {}
+        self.reading = False
+        self.broken: DirtyError | None = None
+        self.sock: socket.socket | None = None
+        self.stream: Any = None
+        self.writer: Any = None
+        self.backend = ""
+        self.loop: Any = None
+        self.send_lock: Any = None
+
+    def dispatch(self, data: bytes) -> None:
+        try:
+            frames = self.splitter.feed(data)
+        except DirtyProtocolError as exc:
+            self.fail(exc)
+            return
+        for mtype, rid, payload in frames:
+            slot = self.slots.get(rid)
+            if slot is not None:
+                slot.frames.append((mtype, payload))
+                if slot.event is not None:
+                    slot.event.set()
+            elif rid == 0 and mtype == ERROR:
+                self.fail(_error_of(payload))
+
+    def fail(self, error: DirtyError) -> None:
+        if self.broken is None:
+            self.broken = error
+        for slot in self.slots.values():
+            if slot.event is not None:
+                slot.event.set()
+
+    def wake_all(self) -> None:
+        for slot in self.slots.values():
+            if slot.event is not None:
+                slot.event.set()
+
+
+def _error_of(payload: bytes) -> DirtyError:
+    try:
+        body = decode_payload(payload) or {}
+        error = body.get("error")
+        return error_from_dict(error if isinstance(error, dict) else {})
+    except DirtyProtocolError as exc:
+        return exc
+
+
+def _result(mtype: int, payload: bytes) -> Any:
+    """The value a final frame carries, or raise the error it carries."""
+    if mtype == ERROR:
+        raise _error_of(payload)
+    body = decode_payload(payload)
+    if mtype == RESPONSE:
+        return (body or {}).get("result")
+    if mtype == CHUNK:
+        return (body or {}).get("data")
+    raise DirtyProtocolError(f"unexpected message type 0x{mtype:02x} in a reply")
+
+
+class DirtyClient:
+    """A client of a dirty pool (Gunicorn's ``DirtyClient`` API).
+
+    Args:
+        socket_path: The pool's Unix socket; None reads ``GUNICORN_DIRTY_SOCKET``.
+        timeout: Seconds a call may take (each wait for the next chunk of a stream, too)
+            before it raises :class:`DirtyTimeoutError`; None waits forever.
+
+    Thread- and task-safe. Sync calls share one connection, async calls another (per event
+    loop). Closing the client fails the calls in flight with :class:`DirtyConnectionError`.
+    """
+
+    def __init__(self, socket_path: str | None = None, timeout: float | None = 30.0) -> None:
+        self.socket_path = socket_path or get_dirty_socket_path()
+        self.timeout = timeout
+        self._ids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._sync: _Conn | None = None
+        self._async: _Conn | None = None
+
+    # ------------------------------------------------------------------------ sync calls
+
+    def connect(self) -> None:
+        """Connect now (calls connect on first use anyway).
+
+        Raises:
+            DirtyConnectionError: The socket cannot be reached.
+        """
+        self._sync_conn()
+
+    def _sync_conn(self) -> _Conn:
+        with self._cond:
+            conn = self._sync
+            if conn is not None and conn.broken is None:
+                return conn
+            conn = _Conn()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.socket_path)
+            except OSError as exc:
+                sock.close()
+                raise DirtyConnectionError(
+                    f"cannot connect to the dirty pool at {self.socket_path}: {exc}; is the"
+                    " node running, and is GUNICORN_DIRTY_SOCKET right?",
+                    socket_path=self.socket_path,
+                ) from exc
+            conn.sock = sock
+            self._sync = conn
+            return conn
+
+    def _send(self, conn: _Conn, data: bytes) -> None:
+        assert conn.sock is not None
+        try:
+            with self._send_lock:
+                conn.sock.sendall(data)
+        except OSError as exc:
+            with self._cond:
+                conn.fail(self._lost(exc))
+            raise self._lost(exc) from exc
+
+    def _lost(self, exc: Any) -> DirtyConnectionError:
+        return DirtyConnectionError(
+            f"lost the connection to the dirty pool at {self.socket_path}: {exc}",
+            socket_path=self.socket_path,
+        )
+
+    def _open(self, frame: wire.Frame) -> tuple[_Conn, int, _Slot]:
+        conn = self._sync_conn()
+        rid = frame.request_id
+        slot = _Slot()
+        with self._cond:
+            conn.slots[rid] = slot
+        try:
+            self._send(conn, encode(frame))
+        except BaseException:
+            with self._cond:
+                conn.slots.pop(rid, None)
+            raise
+        return conn, rid, slot
+
+    def _next(
+        self, conn: _Conn, rid: int, slot: _Slot, deadline: float | None
+    ) -> tuple[int, bytes]:
+        """The next frame for ``rid``; one waiting thread reads the socket for all of them."""
+        while True:
+            with self._cond:
+                while True:
+                    if slot.frames:
+                        return slot.frames.popleft()
+                    if conn.broken is not None:
+                        raise conn.broken
+                    if not conn.reading:
+                        conn.reading = True
+                        break
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise self._timed_out()
+                    self._cond.wait(remaining)
+            data: bytes | None = None
+            error: DirtyError | None = None
+            try:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise self._timed_out()
+                assert conn.sock is not None
+                conn.sock.settimeout(remaining)
+                try:
+                    data = conn.sock.recv(262144)
+                except TimeoutError:
+                    data = None
+                except OSError as exc:
+                    error = self._lost(exc)
+            finally:
+                with self._cond:
+                    conn.reading = False
+                    if data:
+                        conn.dispatch(data)
+                    elif data == b"":
+                        conn.fail(self._lost("the pool closed the connection"))
+                    elif error is not None:
+                        conn.fail(error)
+                    self._cond.notify_all()
+
+    def _timed_out(self) -> DirtyTimeoutError:
+        return DirtyTimeoutError(
+            f"the dirty call did not finish within the client's timeout={self.timeout}s",
+            timeout=self.timeout,
+        )
+
+    def _abandon(self, conn: _Conn, rid: int) -> None:
+        with self._cond:
+            had = conn.slots.pop(rid, None) is not None
+        if had and conn.broken is None:
+            try:
+                self._send(conn, header(END, 0, rid))
+            except DirtyError:
+                pass
+
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else time.monotonic() + self.timeout
+
+    def _call(self, frame: wire.Frame) -> Any:
+        conn, rid, slot = self._open(frame)
+        done = False
+        try:
+            mtype, payload = self._next(conn, rid, slot, self._deadline())
+            done = True
+            return _result(mtype, payload)
+        finally:
+            if done:
+                with self._cond:
+                    conn.slots.pop(rid, None)
+            else:
+                self._abandon(conn, rid)
+
+    def execute(self, app_path: str, action: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``action`` of the app at ``app_path`` in a worker; return its result.
+
+        Raises:
+            DirtyAppError: The action raised (``traceback`` has the worker's traceback).
+            DirtyAppNotFoundError, DirtyNoWorkersAvailableError, DirtyWorkerError,
+            DirtyTimeoutError, DirtyConnectionError, DirtyProtocolError: as named.
+        """
+        return self._call(wire.make_request(next(self._ids), app_path, action, args, kwargs))
+
+    def stream(self, app_path: str, action: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        """Run a streaming action; iterate its chunks. Breaking out of the loop (or closing the
+        iterator) abandons the stream: the worker's generator is stopped. An error mid-stream
+        is raised from the iteration as its typed error."""
+        return self._stream(wire.make_request(next(self._ids), app_path, action, args, kwargs))
+
+    def _stream(self, frame: wire.Frame) -> Iterator[Any]:
+        conn, rid, slot = self._open(frame)
+        finished = False
+        try:
+            while True:
+                mtype, payload = self._next(conn, rid, slot, self._deadline())
+                if mtype == END:
+                    finished = True
+                    return
+                if mtype != CHUNK:
+                    finished = True
+                    result = _result(mtype, payload)
+                    if result is not None:
+                        yield result
+                    return
+                yield _result(mtype, payload)
+        finally:
+            if finished:
+                with self._cond:
+                    conn.slots.pop(rid, None)
+            else:
+                self._abandon(conn, rid)
+
+    def stash_request(
+        self, op: int, table: str, key: Any = None, value: Any = None, pattern: str | None = None
+    ) -> Any:
+        """Send one STASH operation; return its result (see :mod:`apps.dirty.stash`)."""
+        return self._call(wire.make_stash(next(self._ids), op, table, key, value, pattern))
+
+    def status(self) -> dict[str, Any]:
+        """The pool's STATUS: its OS pid, workers (pid, apps, ...) and apps."""
+        return self._call(wire.make_status(next(self._ids)))
+
+    def manage(self, op: str | int, count: int = 1) -> dict[str, Any]:
+        """MANAGE: ``"add"`` (1) or ``"remove"`` (2) ``count`` workers; returns the outcome."""
+        code = {"add": 1, "remove": 2}[op] if isinstance(op, str) else op
+        return self._call(wire.make_manage(next(self._ids), code, count))
+
+    def close(self) -> None:
+        """Close the sync connection; calls in flight on it fail with DirtyConnectionError."""
+        with self._cond:
+            conn, self._sync = self._sync, None
+            if conn is not None:
+                conn.fail(DirtyConnectionError("the client was closed", self.socket_path))
+                self._cond.notify_all()
+        if conn is not None and conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.sock.close()
+
+    def __enter__(self) -> DirtyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------- async calls
+
+    async def connect_async(self) -> None:
+        """Connect the async connection now (done on first use anyway)."""
+        await self._async_conn()
+
+    async def _async_conn(self) -> _Conn:
+        backend = sniffio.current_async_library()
+        loop: Any = (
+            asyncio.get_running_loop()
+            if backend == "asyncio"
+            else trio.lowlevel.current_trio_token()
+        )
+        conn = self._async
+        if conn is not None and conn.broken is None and conn.loop is loop:
+            return conn
+        conn = _Conn()
+        conn.backend = backend
+        conn.loop = loop
+        try:
+            if backend == "asyncio":
+                reader, writer = await asyncio.open_unix_connection(self.socket_path)
+                conn.stream, conn.writer = reader, writer
+                conn.send_lock = asyncio.Lock()
+            else:
+                conn.stream = await trio.open_unix_socket(self.socket_path)
+                conn.send_lock = trio.Lock()
+        except OSError as exc:
+            raise DirtyConnectionError(
+                f"cannot connect to the dirty pool at {self.socket_path}: {exc}; is the node"
+                " running, and is GUNICORN_DIRTY_SOCKET right?",
+                socket_path=self.socket_path,
+            ) from exc
+        self._async = conn
+        return conn
+
+    async def _send_async(self, conn: _Conn, data: bytes) -> None:
+        try:
+            async with conn.send_lock:
+                if conn.backend == "asyncio":
+                    conn.writer.write(data)
+                    await conn.writer.drain()
+                else:
+                    await conn.stream.send_all(data)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            conn.fail(self._lost(exc))
+            raise self._lost(exc) from exc
+
+    async def _open_async(self, frame: wire.Frame) -> tuple[_Conn, int, _Slot]:
+        conn = await self._async_conn()
+        slot = _Slot()
+        conn.slots[frame.request_id] = slot
+        try:
+            await self._send_async(conn, encode(frame))
+        except BaseException:
+            conn.slots.pop(frame.request_id, None)
+            raise
+        return conn, frame.request_id, slot
+
+    async def _next_async(
+        self, conn: _Conn, slot: _Slot, deadline: float | None
+    ) -> tuple[int, bytes]:
+        asyncio_backend = conn.backend == "asyncio"
+        while True:
+            if slot.frames:
+                return slot.frames.popleft()
+            if conn.broken is not None:
+                raise conn.broken
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise self._timed_out()
+            if conn.reading:
+                slot.event = asyncio.Event() if asyncio_backend else trio.Event()
+                if asyncio_backend:
+                    try:
+                        await asyncio.wait_for(slot.event.wait(), remaining)
+                    except TimeoutError:
+                        pass
+                else:
+                    with trio.move_on_after(remaining if remaining is not None else float("inf")):
+                        await slot.event.wait()
+                slot.event = None
+                continue
+            conn.reading = True
+            data: bytes | None = None
+            try:
+                if asyncio_backend:
+                    try:
+                        data = await asyncio.wait_for(conn.stream.read(262144), remaining)
+                    except TimeoutError:
+                        data = None
+                else:
+                    with trio.move_on_after(remaining if remaining is not None else float("inf")):
+                        data = await conn.stream.receive_some(262144)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                conn.fail(self._lost(exc))
+            finally:
+                conn.reading = False
+                if data:
+                    conn.dispatch(data)
+                elif data == b"":
+                    conn.fail(self._lost("the pool closed the connection"))
+                conn.wake_all()
+
+    async def _call_async(self, frame: wire.Frame) -> Any:
+        conn, rid, slot = await self._open_async(frame)
+        done = False
+        try:
+            mtype, payload = await self._next_async(conn, slot, self._deadline())
+            done = True
+            return _result(mtype, payload)
+        finally:
+            conn.slots.pop(rid, None)
+            if not done:
+                await _send_end(conn, rid)
+
+    async def execute_async(self, app_path: str, action: str, *args: Any, **kwargs: Any) -> Any:
+        """Async :meth:`execute` (asyncio or trio). Cancelling it abandons the call."""
+        return await self._call_async(
+            wire.make_request(next(self._ids), app_path, action, args, kwargs)
+        )
+
+    def stream_async(
+        self, app_path: str, action: str, *args: Any, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """Async :meth:`stream`; ``aclose()`` or breaking out of ``async for`` abandons it."""
+        return self._stream_async(
+            wire.make_request(next(self._ids), app_path, action, args, kwargs)
+        )
+
+    async def _stream_async(self, frame: wire.Frame) -> AsyncIterator[Any]:
+        conn, rid, slot = await self._open_async(frame)
+        finished = False
+        try:
+            while True:
+                mtype, payload = await self._next_async(conn, slot, self._deadline())
+                if mtype == END:
+                    finished = True
+                    return
+                if mtype != CHUNK:
+                    finished = True
+                    result = _result(mtype, payload)
+                    if result is not None:
+                        yield result
+                    return
+                yield _result(mtype, payload)
+        finally:
+            conn.slots.pop(rid, None)
+            if not finished:
+                await _send_end(conn, rid)
+
+    async def stash_request_async(
+        self, op: int, table: str, key: Any = None, value: Any = None, pattern: str | None = None
+    ) -> Any:
+        """Async :meth:`stash_request`."""
+        return await self._call_async(
+            wire.make_stash(next(self._ids), op, table, key, value, pattern)
+        )
+
+    async def status_async(self) -> dict[str, Any]:
+        """Async :meth:`status`."""
+        return await self._call_async(wire.make_status(next(self._ids)))
+
+    async def close_async(self) -> None:
+        """Close the async connection."""
+        conn, self._async = self._async, None
+        if conn is None:
+            return
+        conn.fail(DirtyConnectionError("the client was closed", self.socket_path))
+        if conn.backend == "asyncio":
+            conn.writer.close()
+        else:
+            await conn.stream.aclose()
+
+    async def __aenter__(self) -> DirtyClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close_async()
+
+
+async def _send_end(conn: _Conn, rid: int) -> None:
+    """Tell the pool a request is abandoned; safe in cleanup after a cancellation."""
+    if conn.broken is not None:
+        return
+    data = header(END, 0, rid)
+    try:
+        if conn.backend == "asyncio":
+            conn.writer.write(data)  # buffered, in order with other writes; no await needed
+        else:
+            with trio.CancelScope(shield=True):
+                async with conn.send_lock:
+                    await conn.stream.send_all(data)
+    except (OSError, RuntimeError, trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+_clients: dict[tuple[int, str], DirtyClient] = {}
+_clients_lock = threading.Lock()
+
+
+def get_dirty_client(timeout: float | None = 30.0) -> DirtyClient:
+    """The process's shared client of the pool at ``GUNICORN_DIRTY_SOCKET`` (thread-safe).
+
+    Raises:
+        DirtyError: ``GUNICORN_DIRTY_SOCKET`` is not set.
+    """
+    path = get_dirty_socket_path()
+    key = (os.getpid(), path)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = DirtyClient(path, timeout=timeout)
+        return client
+
+
+async def get_dirty_client_async(timeout: float | None = 30.0) -> DirtyClient:
+    """The shared client, for async code (its async calls use their own connection)."""
+    await trio.lowlevel.checkpoint() if sniffio.current_async_library() == "trio" else None
+    return get_dirty_client(timeout)
+
+
+def close_dirty_client() -> None:
+    """Close this process's shared clients."""
+    with _clients_lock:
+        clients = [c for (pid, _), c in _clients.items() if pid == os.getpid()]
+        _clients.clear()
+    for client in clients:
+        client.close()

@@ -1,0 +1,249 @@
+"""Dirty pool settings, with Gunicorn's names and defaults, and Gunicorn's per-app allocation.
+
+Settings come from node.toml's ``[dirty]`` table and the ``--dirty-*`` flags (flags win):
+``dirty_apps``, ``dirty_workers`` (0), ``dirty_timeout`` (300 s, 0 = off), ``dirty_threads`` (1),
+``dirty_graceful_timeout`` (30 s), plus ours: ``dirty_socket``, ``dirty_pidfile`` and the hooks
+``on_dirty_starting``, ``dirty_post_fork``, ``dirty_worker_init``, ``dirty_worker_exit`` (each a
+``module:attr`` path, or found by name in the ``dirty_config`` module).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ._app import AppSpec, resolve_app_spec
+from ._errors import DirtyConfigError
+
+__all__ = [
+    "DirtyConfig",
+    "add_arguments",
+    "apps_for_new_worker",
+    "initial_allocation",
+    "minimum_workers",
+]
+
+HOOKS = ("on_dirty_starting", "dirty_post_fork", "dirty_worker_init", "dirty_worker_exit")
+
+
+def _non_negative_int(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not int or value < 0:
+        raise DirtyConfigError(f"{attr.name} must be an int >= 0 (got {value!r})")
+
+
+def _positive_int(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise DirtyConfigError(f"{attr.name} must be an int >= 1 (got {value!r})")
+
+
+def _non_negative_number(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise DirtyConfigError(f"{attr.name} must be a number of seconds >= 0 (got {value!r})")
+
+
+def _to_specs(value: Any) -> tuple[AppSpec, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise DirtyConfigError(
+            "dirty_apps must be a list of 'module:Class' or 'module:Class:N' strings"
+            f" (got {value!r})"
+        )
+    specs = []
+    for item in value:
+        if isinstance(item, AppSpec):
+            specs.append(item)
+        elif isinstance(item, str):
+            specs.append(resolve_app_spec(item))
+        else:
+            raise DirtyConfigError(f"dirty_apps holds {item!r}, which is not a 'module:Class' str")
+    paths = [s.import_path for s in specs]
+    if len(set(paths)) != len(paths):
+        raise DirtyConfigError(f"dirty_apps names an app twice (got {paths})")
+    return tuple(specs)
+
+
+def _default_pidfile() -> str:
+    return os.path.join(tempfile.gettempdir(), f"otp-dirty-{os.geteuid()}.pid")
+
+
+@attrs.frozen
+class DirtyConfig:
+    """How the pool runs.
+
+    Attributes:
+        dirty_apps: The apps, as :class:`AppSpec` (strings ``module:Class[:N]`` are converted).
+        dirty_workers: Worker processes; 0 (Gunicorn's default) means as many as the apps need
+            (the largest per-app N, at least 1).
+        dirty_timeout: Seconds a call may run, and a worker may stay silent, before the worker
+            is killed and replaced (its callers get DirtyTimeoutError); 0 turns it off.
+        dirty_threads: Threads per worker for sync actions (real parallelism across calls).
+        dirty_graceful_timeout: Seconds in-flight calls get to finish on shutdown, HUP or scaling
+            down, before their worker is killed.
+        dirty_socket: The Unix socket path clients connect to (``GUNICORN_DIRTY_SOCKET``);
+            None picks one in the temporary directory.
+        dirty_pidfile: Where the pool records its OS pid and its workers' (orphans of a previous
+            life are killed at start); "" turns it off.
+        hooks: Hook name -> ``module:attr`` path or callable.
+        handle_signals: Whether the pool reacts to SIGHUP, SIGUSR1, SIGTTIN, SIGTTOU, SIGQUIT.
+    """
+
+    dirty_apps: tuple[AppSpec, ...] = attrs.field(default=(), converter=_to_specs)
+    dirty_workers: int = attrs.field(default=0, validator=_non_negative_int)
+    dirty_timeout: float = attrs.field(default=300.0, validator=_non_negative_number)
+    dirty_threads: int = attrs.field(default=1, validator=_positive_int)
+    dirty_graceful_timeout: float = attrs.field(default=30.0, validator=_non_negative_number)
+    dirty_socket: str | None = None
+    dirty_pidfile: str = attrs.field(factory=_default_pidfile)
+    hooks: Mapping[str, Any] = attrs.field(factory=dict)
+    handle_signals: bool = True
+
+    @hooks.validator
+    def _check_hooks(self, _attr: Any, value: Mapping[str, Any]) -> None:
+        for name in value:
+            if name not in HOOKS:
+                raise DirtyConfigError(
+                    f"unknown dirty hook {name!r}; the hooks are {', '.join(HOOKS)}"
+                )
+
+    @property
+    def worker_count(self) -> int:
+        """How many workers the pool starts with."""
+        return self.dirty_workers or minimum_workers(self.dirty_apps)
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """How often a worker proves it is alive (a quarter of dirty_timeout, at most 5 s)."""
+        if not self.dirty_timeout:
+            return 5.0
+        return max(0.02, min(5.0, self.dirty_timeout / 4))
+
+    def hook(self, name: str) -> Callable[..., Any] | None:
+        """The hook ``name`` as a callable, or None."""
+        value = self.hooks.get(name)
+        if value is None or callable(value):
+            return value
+        return _load(str(value), name)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> DirtyConfig:
+        """Build it from a node's settings: the ``[dirty]`` table, then the flags.
+
+        Raises:
+            DirtyConfigError: A setting is invalid or unknown.
+        """
+        table = dict(settings.get("dirty", {}))
+        flags = settings.get("flags", {}) or {}
+        for key in ("dirty_apps", "dirty_workers", "dirty_timeout", "dirty_threads"):
+            if flags.get(key) is not None:
+                table[key] = flags[key]
+        for key in ("dirty_graceful_timeout", "dirty_socket", "dirty_pidfile", "dirty_config"):
+            if flags.get(key) is not None:
+                table[key] = flags[key]
+        hooks = {name: table.pop(name) for name in HOOKS if name in table}
+        config_module = table.pop("dirty_config", None)
+        if config_module:
+            try:
+                module = importlib.import_module(config_module)
+            except ImportError as exc:
+                raise DirtyConfigError(
+                    f"dirty_config: cannot import module {config_module!r} ({exc})"
+                ) from exc
+            for name in HOOKS:
+                if name not in hooks and callable(getattr(module, name, None)):
+                    hooks[name] = f"{config_module}:{name}"
+        known = {f.name for f in attrs.fields(cls)} - {"hooks"}
+        unknown = sorted(set(table) - known)
+        if unknown:
+            raise DirtyConfigError(
+                f"[dirty] has unknown settings {unknown}; known: {sorted(known | set(HOOKS))}"
+            )
+        for key in ("dirty_timeout", "dirty_graceful_timeout"):
+            if key in table and isinstance(table[key], int) and not isinstance(table[key], bool):
+                table[key] = float(table[key])
+        return cls(**table, hooks=hooks)
+
+
+def _load(path: str, what: str) -> Callable[..., Any]:
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        raise DirtyConfigError(f"{what} must be a 'module:attr' path (got {path!r})")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise DirtyConfigError(f"{what}: cannot load {path!r} ({exc})") from exc
+    if not callable(obj):
+        raise DirtyConfigError(f"{what}: {path!r} is not callable")
+    return obj
+
+
+def minimum_workers(specs: Sequence[AppSpec]) -> int:
+    """The largest per-app N (at least 1): the pool never scales below it."""
+    return max([1, *(s.workers for s in specs if s.workers is not None)])
+
+
+def apps_for_new_worker(specs: Sequence[AppSpec], holders: Mapping[str, int]) -> list[str]:
+    """The apps a new worker loads (Gunicorn's rule): every unlimited app, and each limited app
+    whose holders number fewer than its N."""
+    return [
+        s.import_path
+        for s in specs
+        if s.workers is None or holders.get(s.import_path, 0) < s.workers
+    ]
+
+
+def initial_allocation(specs: Sequence[AppSpec], count: int) -> list[list[str]]:
+    """The apps of workers 1..count, as Gunicorn assigns them: workers 1..N get an app limited
+    to N. A worker that would get no app is not started (Gunicorn skips it too)."""
+    holders: dict[str, int] = {}
+    out = []
+    for _ in range(count):
+        apps = apps_for_new_worker(specs, holders)
+        if not apps:
+            break
+        for path in apps:
+            holders[path] = holders.get(path, 0) + 1
+        out.append(apps)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``--dirty-*`` flags to ``python -m otp.node``."""
+    g = parser.add_argument_group("dirty pool (apps.dirty)")
+    g.add_argument(
+        "--dirty-app",
+        dest="dirty_apps",
+        action="append",
+        default=None,
+        metavar="MODULE:CLASS[:N]",
+        help="a DirtyApp to host (repeatable); :N limits it to N workers",
+    )
+    g.add_argument("--dirty-workers", type=int, default=None, metavar="N", help="worker processes")
+    g.add_argument(
+        "--dirty-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="kill and replace a worker silent or busy on one call this long (default 300, 0 off)",
+    )
+    g.add_argument(
+        "--dirty-threads", type=int, default=None, metavar="N", help="threads per worker"
+    )
+    g.add_argument(
+        "--dirty-graceful-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="time in-flight calls get on shutdown/reload (default 30)",
+    )
+    g.add_argument(
+        "--dirty-socket", default=None, metavar="PATH", help="Unix socket clients connect to"
+    )
+    g.add_argument("--dirty-pidfile", default=None, metavar="PATH", help="PID file ('' for none)")
+    g.add_argument(
+        "--dirty-config", default=None, metavar="MODULE", help="a module defining dirty hooks"
+    )

@@ -1,0 +1,108 @@
+"""Raw GD v1 frames: split a byte stream into (type, request id, payload bytes) and re-address
+frames by rewriting the header's request id.
+
+The pool forwards a payload verbatim from worker to client (and a validated REQUEST from client
+to worker) instead of decoding and re-encoding it; only the 16-byte header changes. Payloads
+from clients are decoded with ``wire.tlv_decode`` (version 1 limits) before anything trusts them.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import wire
+
+from ._errors import DirtyProtocolError
+
+__all__ = ["HEADER", "FrameSplitter", "decode_payload", "encode", "header"]
+
+HEADER = struct.Struct(">2sBBIQ")
+_TYPES = frozenset(int(t) for t in wire.MessageType if t < 0x20)
+REQUEST = 0x01
+RESPONSE = 0x02
+ERROR = 0x03
+CHUNK = 0x04
+END = 0x05
+STASH = 0x10
+STATUS = 0x11
+MANAGE = 0x12
+_LIMITS = wire.Limits()
+
+
+def header(mtype: int, length: int, request_id: int) -> bytes:
+    """A GD v1 header."""
+    return HEADER.pack(b"GD", 1, mtype, length, request_id)
+
+
+def encode(frame: wire.Frame) -> bytes:
+    """A frame's bytes (Gunicorn's encoding; non-str dict keys are ``str()``-ed as it does)."""
+    return wire.encode_frame(frame, coerce_keys=True)
+
+
+def decode_payload(payload: bytes) -> Any:
+    """Decode a v1 payload (empty -> None).
+
+    Raises:
+        DirtyProtocolError: The payload is not one valid TLV dict.
+    """
+    if not payload:
+        return None
+    try:
+        value = wire.tlv_decode(payload, version=1, limits=_LIMITS)
+    except wire.WireError as exc:
+        raise DirtyProtocolError(f"malformed payload: {exc}") from exc
+    if type(value) is not dict:
+        raise DirtyProtocolError(f"a payload must be a dict (got {type(value).__name__})")
+    return value
+
+
+class FrameSplitter:
+    """Incremental splitter: ``feed(bytes)`` returns ``[(type, request_id, payload), ...]``.
+
+    Headers are checked (magic, version 1, known type, payload at most 64 MiB); payloads are
+    not decoded. After an error the stream cannot be resynchronised.
+    """
+
+    __slots__ = ("_buf", "_max")
+
+    def __init__(self, max_payload: int = wire.MAX_PAYLOAD) -> None:
+        self._buf = b""
+        self._max = max_payload
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an incomplete frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        """Add bytes; return the frames they complete.
+
+        Raises:
+            DirtyProtocolError: The bytes are not GD v1 frames.
+        """
+        buf = self._buf + data if self._buf else data
+        out = []
+        pos = 0
+        end = len(buf)
+        unpack = HEADER.unpack_from
+        while end - pos >= 16:
+            magic, version, mtype, length, rid = unpack(buf, pos)
+            if magic != b"GD" or version != 1 or mtype not in _TYPES or length > self._max:
+                self._buf = b""
+                raise DirtyProtocolError(
+                    f"bad frame header at byte {pos}: magic={magic!r} version={version}"
+                    f" type=0x{mtype:02x} length={length}; expected a GD v1 frame",
+                    raw_data=bytes(buf[pos : pos + 16]),
+                )
+            stop = pos + 16 + length
+            if stop > end:
+                break
+            out.append((mtype, rid, buf[pos + 16 : stop]))
+            pos = stop
+        if pos < end and end - pos < 16 and buf[pos : pos + 2] != b"GD"[: min(2, end - pos)]:
+            raise DirtyProtocolError(
+                "bad frame header: a frame starts with 47 44 ('GD')", raw_data=bytes(buf[pos:])
+            )
+        self._buf = buf[pos:] if pos < end else b""
+        return out

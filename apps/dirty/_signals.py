@@ -1,0 +1,68 @@
+"""The pool's signal handler process: HUP reloads every worker, USR1 reopens log files (the
+node's and the workers'), TTIN/TTOU add/remove a worker, QUIT stops at once. (SIGTERM and
+SIGINT belong to the node, which stops its applications gracefully: the pool drains.)"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import trio
+
+import otp
+
+from ._pool import ROUTER
+
+logger = logging.getLogger("apps.dirty")
+
+SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGTTIN, signal.SIGTTOU, signal.SIGQUIT)
+
+
+async def start_signals() -> otp.Pid:
+    """Start the signal handler process linked to the caller."""
+    return otp.spawn_link(_signal_loop)
+
+
+def reopen_log_files() -> None:
+    """Close every FileHandler of the root logger; each reopens its file on its next record."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.acquire()
+            try:
+                handler.close()
+            finally:
+                handler.release()
+
+
+async def _signal_loop() -> None:
+    with trio.open_signal_receiver(*SIGNALS) as signals:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            logger.info("dirty pool: %s", name)
+            try:
+                await _handle(signum)
+            except (otp.CallError, otp.CallTimeout) as exc:
+                logger.error("dirty pool: %s not handled: %s", name, exc)
+
+
+async def _handle(signum: int) -> None:
+    if signum == signal.SIGHUP:
+        await otp.call(ROUTER, "reload", timeout=None)
+    elif signum == signal.SIGUSR1:
+        reopen_log_files()
+        otp.cast(ROUTER, "usr1")
+    elif signum == signal.SIGTTIN:
+        await otp.call(ROUTER, ("add", 1), timeout=None)
+    elif signum == signal.SIGTTOU:
+        await otp.call(ROUTER, ("remove", 1), timeout=None)
+    elif signum == signal.SIGQUIT:
+        workers = await otp.call(ROUTER, "workers")
+        for info in workers.values():
+            if info.os_pid:
+                try:
+                    os.kill(info.os_pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        logging.shutdown()
+        os._exit(0)

@@ -1,0 +1,183 @@
+"""The stash, server side: shared tables as ``otp.ets`` tables, one owner actor per table.
+
+Owner actors are temporary children of the ``dirty_stash_tables`` DynamicSupervisor; the
+``dirty_stash`` GenServer creates and deletes tables (so two clients creating one table race
+safely). Reads and writes run in the connection process, directly on the public ETS table, each
+atomic. Gunicorn's ten operations keep its semantics, except that a missing key is reported as
+``StashKeyNotFoundError`` (so ``get(table, key, default)`` returns the default, with Gunicorn's
+own client too); ours add ``INCR`` (update_counter), ``INSERT_NEW``, ``CAS`` and ``PUT`` with a
+time to live.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+from typing import Any
+
+import otp
+import supervisors
+from otp import ets
+
+from ._errors import StashError, StashKeyNotFoundError, StashTableNotFoundError
+
+__all__ = ["StashExtOp", "StashManager", "stash_operation"]
+
+MANAGER = "dirty_stash"
+TABLES = "dirty_stash_tables"
+_PREFIX = "apps.dirty.stash:"
+
+
+class StashExtOp(enum.IntEnum):
+    """Our STASH op codes beyond Gunicorn's 1..10; ``value`` is a dict of their arguments."""
+
+    INCR = 11
+    INSERT_NEW = 12
+    CAS = 13
+    PUT_TTL = 14
+
+
+def _ets_name(table: str) -> str:
+    return _PREFIX + table
+
+
+def _freeze(key: Any) -> Any:
+    if isinstance(key, list | tuple):
+        return tuple(_freeze(k) for k in key)
+    if isinstance(key, dict):
+        raise StashError(
+            f"a stash key must be hashable: a str, number, bytes or list (got {key!r})"
+        )
+    return key
+
+
+class _TableOwner(otp.GenServer):
+    """Owns one stash table; the table lives as long as this process."""
+
+    def init(self, name: str) -> Any:
+        try:
+            ets.new(_ets_name(name), access=ets.PUBLIC, named=True)
+        except ets.NameTaken:
+            return otp.Ignore()
+        return otp.Ok(name)
+
+
+class StashManager(otp.GenServer):
+    """Creates (``ensure``) and deletes stash tables; registered as ``dirty_stash``."""
+
+    async def init(self, initial: tuple[str, ...]) -> Any:
+        for name in initial:
+            await _create(name)
+        return otp.Ok(None)
+
+    async def handle_call(self, request: Any, from_: otp.From, state: Any) -> Any:
+        match request:
+            case ("ensure", name):
+                return otp.Reply(await _create(name), state)
+            case ("delete", name):
+                info = ets.info(_ets_name(name))
+                if info is None:
+                    return otp.Reply(False, state)
+                await supervisors.terminate_child(TABLES, info.owner)
+                return otp.Reply(True, state)
+        return otp.Reply(None, state)
+
+
+async def _create(name: str) -> bool:
+    if ets.whereis(_ets_name(name)) is not None:
+        return True
+    spec = supervisors.ChildSpec(
+        ("stash", name), (_TableOwner.start_link, name), restart="temporary"
+    )
+    await supervisors.start_child(TABLES, spec)
+    return True
+
+
+def _tables() -> list[str]:
+    return sorted(
+        t[len(_PREFIX) :] for t in ets.all() if isinstance(t, str) and t.startswith(_PREFIX)
+    )
+
+
+async def stash_operation(
+    op: int, table: str, key: Any = None, value: Any = None, pattern: str | None = None
+) -> Any:
+    """Run one STASH operation; returns the RESPONSE result.
+
+    Raises:
+        StashError: (or its subclasses) the operation failed; the ERROR frame carries it.
+    """
+    name = _ets_name(table)
+    exists = ets.whereis(name) is not None
+    if op in (1, 7, 11, 12, 13, 14) and not exists:
+        await otp.call(MANAGER, ("ensure", table))
+    if op == 1:  # PUT
+        ets.insert(name, (_freeze(key), value))
+        return True
+    if op == 2:  # GET
+        rows = ets.lookup(name, _freeze(key)) if exists else []
+        if not rows:
+            raise StashKeyNotFoundError(table, key)
+        return rows[0][1]
+    if op == 3:  # DELETE
+        if not exists:
+            return False
+        return bool(ets.take(name, _freeze(key)))
+    if op == 4:  # KEYS
+        if not exists:
+            return []
+        keys = [row[0] for row in ets.tab2list(name)]
+        if pattern:
+            keys = [k for k in keys if fnmatch.fnmatch(str(k), pattern)]
+        return keys
+    if op == 5:  # CLEAR
+        if exists:
+            ets.delete_all_objects(name)
+        return True
+    if op == 6:  # INFO
+        info = ets.info(name)
+        if info is None:
+            raise StashTableNotFoundError(table)
+        return {"size": info.size, "table": table}
+    if op == 7:  # ENSURE
+        return True
+    if op == 8:  # DELETE_TABLE
+        return bool(await otp.call(MANAGER, ("delete", table)))
+    if op == 9:  # TABLES
+        return _tables()
+    if op == 10:  # EXISTS
+        if not exists:
+            return False
+        return True if key is None else ets.member(name, _freeze(key))
+    args = value if isinstance(value, dict) else {}
+    k = _freeze(key)
+    ttl = args.get("ttl")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0):
+        raise StashError(f"ttl must be a number of seconds > 0 (got {ttl!r})")
+    expire: Any = ttl if ttl is not None else ets.DEFAULT
+    if op == StashExtOp.INCR:
+        incr = args.get("incr", 1)
+        default = args.get("default", 0)
+        if isinstance(incr, bool) or not isinstance(incr, int):
+            raise StashError(f"update_counter: incr must be an int (got {incr!r})")
+        rows = ets.lookup(name, k)
+        if rows and (isinstance(rows[0][1], bool) or not isinstance(rows[0][1], int)):
+            raise StashError(
+                f"update_counter: the value of {key!r} in {table} is {rows[0][1]!r}, not an int"
+            )
+        return ets.update_counter(name, k, (1, incr), default=(k, default))
+    if op == StashExtOp.INSERT_NEW:
+        return ets.insert_new(name, (k, args.get("value")), expire_after=expire)
+    if op == StashExtOp.CAS:
+        rows = ets.lookup(name, k)
+        if args.get("absent"):
+            if rows:
+                return False
+        elif not rows or rows[0][1] != args.get("expected"):
+            return False
+        ets.insert(name, (k, args.get("value")), expire_after=expire)
+        return True
+    if op == StashExtOp.PUT_TTL:
+        ets.insert(name, (k, args.get("value")), expire_after=expire)
+        return True
+    raise StashError(f"Unknown stash operation: {op}")

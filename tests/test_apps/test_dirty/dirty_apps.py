@@ -1,0 +1,87 @@
+"""DirtyApps the tests run in real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from apps.dirty import DirtyApp
+
+
+class EchoApp(DirtyApp):
+    """Echo, errors, streams, sleeps: the behaviours the tests need."""
+
+    stashes = ("echo_table",)
+
+    def init(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+        self.stopped: dict[str, bool] = {}
+
+    def echo(self, value: Any) -> Any:
+        return value
+
+    def add(self, a: int, b: int = 0) -> int:
+        return a + b
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def fail(self, message: str) -> None:
+        raise RuntimeError(message)
+
+    def sleep(self, seconds: float) -> float:
+        time.sleep(seconds)  # blocking work, as a real app would do
+        return seconds
+
+    async def async_add(self, a: int, b: int) -> int:
+        await asyncio.sleep(0)
+        return a + b
+
+    def count(self, n: int) -> Iterator[int]:
+        yield from range(n)
+
+    async def acount(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
+
+    def fail_midway(self, n: int) -> Iterator[int]:
+        yield from range(n)
+        raise ValueError("broke mid-stream")
+
+    def endless(self, tag: str) -> Iterator[int]:
+        i = 0
+        try:
+            while True:
+                yield i
+                i += 1
+                time.sleep(0.001)
+        finally:
+            self.stopped[tag] = True
+
+    def was_stopped(self, tag: str) -> bool:
+        return self.stopped.get(tag, False)
+
+    def _private(self) -> str:
+        return "secret"
+
+
+class LimitedApp(DirtyApp):
+    """Loaded by one worker only."""
+
+    workers = 1
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class BrokenApp(DirtyApp):
+    """Fails to load."""
+
+    def init(self) -> None:
+        raise RuntimeError("cannot load the model")

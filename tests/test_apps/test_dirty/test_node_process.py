@@ -1,0 +1,150 @@
+"""The pool as users run it: ``python -m otp.node --app apps.dirty ...`` in a real OS process,
+called by Gunicorn 27's own client, driven by real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from apps import dirty
+
+from .conftest import ECHO, LIMITED
+
+gunicorn_dirty = pytest.importorskip("gunicorn.dirty")
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+class Node:
+    """A node process; its output goes to a file we can read."""
+
+    def __init__(self, tmp: Path, *args: str) -> None:
+        self.socket = str(tmp / "pool.sock")
+        self.log = tmp / "node.log"
+        self.args = [
+            sys.executable, "-m", "otp.node", "--log-level", "info", "--app", "apps.dirty",
+            "--dirty-socket", self.socket, "--dirty-pidfile", str(tmp / "pool.pid"), *args,
+        ]  # fmt: skip
+        self.process: trio.Process | None = None
+
+    async def __aenter__(self) -> Node:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+        self.out = open(self.log, "wb")
+        self.process = await trio.lowlevel.open_process(
+            self.args, stdout=self.out, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+        )
+        await self.wait_for("is running")
+        return self
+
+    async def wait_for(self, text: str, timeout: float = 20) -> None:
+        with trio.fail_after(timeout):
+            while text not in self.log.read_text():
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    raise AssertionError(f"node exited: {self.log.read_text()}")
+                await trio.sleep(0.05)
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.process is not None
+        if self.process.returncode is None:
+            self.process.kill()
+        await self.process.wait()
+        self.out.close()
+
+
+def gclient(node: Node) -> Any:
+    return gunicorn_dirty.DirtyClient(node.socket, timeout=10)
+
+
+async def test_gunicorn_client_execute_stream_stash_status_manage(tmp_path: Path) -> None:
+    async with Node(tmp_path, "--dirty-app", ECHO, "--dirty-app", f"{LIMITED}:1",
+                    "--dirty-workers", "2") as node:  # fmt: skip
+
+        def use() -> None:
+            client = gclient(node)
+            assert client.execute(ECHO, "add", 2, b=3) == 5
+            assert list(client.stream(ECHO, "count", 4)) == [0, 1, 2, 3]
+            with pytest.raises(gunicorn_dirty.DirtyAppError, match="kaput"):
+                client.execute(ECHO, "fail", "kaput")
+            assert client.execute(ECHO, "echo", "still usable") == "still usable"
+            client.close()
+            from gunicorn.dirty import stash as gstash
+
+            s = gstash.StashClient(node.socket, timeout=10)
+            s.put("t", "k", {"v": 1})
+            assert s.get("t", "k") == {"v": 1}
+            assert s.get("t", "missing", "dflt") == "dflt"  # Gunicorn's own arbiter fails this
+            assert s.keys("t") == ["k"] and s.exists("t", "k")
+            assert "t" in s.tables()
+            s.close()
+
+        await trio.to_thread.run_sync(use)
+        ours = dirty.DirtyClient(node.socket)
+        status = await trio.to_thread.run_sync(ours.status)
+        assert status["worker_count"] == 2
+        added = await trio.to_thread.run_sync(ours.manage, "add", 1)
+        assert added["total_workers"] == 3
+        ours.close()
+        node.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        with trio.fail_after(20):
+            assert await node.process.wait() == 0  # type: ignore[union-attr]
+
+
+async def test_signals_hup_ttin_ttou_and_graceful_drain(tmp_path: Path) -> None:
+    async with Node(tmp_path, "--dirty-app", ECHO, "--dirty-workers", "2") as node:
+        client = dirty.DirtyClient(node.socket)
+        status = await trio.to_thread.run_sync(client.status)
+        old = {w["pid"] for w in status["workers"]}
+        assert len(old) == 2
+        node.process.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        with trio.fail_after(20):
+            while True:
+                pids = {w["pid"] for w in (await trio.to_thread.run_sync(client.status))["workers"]}
+                if len(pids) == 2 and not pids & old:
+                    break
+                await trio.sleep(0.1)
+        for pid in old:  # HUP really replaced (and stopped) every old worker
+            with trio.fail_after(10):
+                while os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid):
+                    await trio.sleep(0.05)
+        node.process.send_signal(signal.SIGTTIN)  # type: ignore[union-attr]
+        await _wait_workers(client, 3)
+        node.process.send_signal(signal.SIGTTOU)  # type: ignore[union-attr]
+        await _wait_workers(client, 2)
+        # A call in flight when SIGTERM arrives finishes before the node exits.
+        async with trio.open_nursery() as nursery:
+            result: list[Any] = []
+
+            async def slow() -> None:
+                result.append(await trio.to_thread.run_sync(client.execute, ECHO, "sleep", 0.5))
+
+            nursery.start_soon(slow)
+            await trio.sleep(0.2)
+            node.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        assert result == [0.5]
+        with trio.fail_after(20):
+            assert await node.process.wait() == 0  # type: ignore[union-attr]
+        client.close()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+async def _wait_workers(client: dirty.DirtyClient, n: int) -> None:
+    with trio.fail_after(20):
+        while True:
+            status = await trio.to_thread.run_sync(client.status)
+            if len([w for w in status["workers"] if not w["draining"]]) == n:
+                return
+            await trio.sleep(0.05)

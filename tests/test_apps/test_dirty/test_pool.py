@@ -1,0 +1,228 @@
+"""The pool end to end in one node: real worker processes; our clients, sync and async."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import pytest
+import trio
+
+from apps import dirty
+
+from .conftest import ECHO, LIMITED
+
+
+async def test_execute_sync_client_from_a_thread(start_pool: Any, socket_path: str) -> None:
+    await start_pool()
+    client = dirty.DirtyClient(socket_path)
+    assert await trio.to_thread.run_sync(client.execute, ECHO, "add", 40, 2) == 42
+    client.close()
+
+
+async def test_app_errors_arrive_typed_with_traceback(start_pool: Any, socket_path: str) -> None:
+    await start_pool()
+    client = dirty.DirtyClient(socket_path)
+    with pytest.raises(dirty.DirtyAppError) as info:
+        await client.execute_async(ECHO, "fail", "kaput")
+    assert info.value.message == "kaput" and info.value.action == "fail"
+    assert "RuntimeError: kaput" in (info.value.traceback or "")
+    with pytest.raises(dirty.DirtyAppError, match="Unknown action: _private"):
+        await client.execute_async(ECHO, "_private")
+    with pytest.raises(dirty.DirtyAppNotFoundError, match=r"Dirty app not found: no\.such:App"):
+        await client.execute_async("no.such:App", "x")
+    assert await client.execute_async(ECHO, "async_add", 2, 3) == 5
+    await client.close_async()
+
+
+async def test_streams_sync_and_async_generators(start_pool: Any, socket_path: str) -> None:
+    await start_pool()
+    client = dirty.DirtyClient(socket_path)
+    assert [x async for x in client.stream_async(ECHO, "count", 5)] == [0, 1, 2, 3, 4]
+    assert [x async for x in client.stream_async(ECHO, "acount", 3)] == [0, 1, 2]
+    got = []
+    with pytest.raises(dirty.DirtyAppError, match="broke mid-stream"):
+        async for x in client.stream_async(ECHO, "fail_midway", 2):
+            got.append(x)
+    assert got == [0, 1]
+    sync = await trio.to_thread.run_sync(lambda: list(client.stream(ECHO, "count", 1000)))
+    assert sync == list(range(1000))
+    await client.close_async()
+
+
+async def test_abandoned_stream_stops_the_generator_and_client_stays_usable(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+
+    def abandon() -> None:
+        for i in client.stream(ECHO, "endless", "sync"):
+            if i == 3:
+                break
+        assert client.execute(ECHO, "echo", "next") == "next"
+
+    await trio.to_thread.run_sync(abandon)
+    async for i in client.stream_async(ECHO, "endless", "async"):
+        if i == 3:
+            break
+    assert await client.execute_async(ECHO, "echo", "after") == "after"
+    with trio.fail_after(5):
+        while not await client.execute_async(ECHO, "was_stopped", "sync") or not (
+            await client.execute_async(ECHO, "was_stopped", "async")
+        ):
+            await trio.sleep(0.01)
+    await client.close_async()
+    client.close()
+
+
+async def test_many_calls_in_flight_on_one_async_client(start_pool: Any, socket_path: str) -> None:
+    await start_pool(dirty_workers=2, dirty_threads=4)
+    client = dirty.DirtyClient(socket_path)
+    results: dict[int, Any] = {}
+
+    async def one(i: int) -> None:
+        results[i] = await client.execute_async(ECHO, "add", i, 1000)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            for i in range(50):
+                nursery.start_soon(one, i)
+    assert results == {i: i + 1000 for i in range(50)}
+    await client.close_async()
+
+
+async def test_one_sync_client_shared_by_threads(start_pool: Any, socket_path: str) -> None:
+    await start_pool(dirty_workers=2, dirty_threads=2)
+    client = dirty.DirtyClient(socket_path)
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            for i in range(30):
+                assert client.execute(ECHO, "echo", [n, i]) == [n, i]
+            assert list(client.stream(ECHO, "count", 20)) == list(range(20))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def run() -> None:
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+
+    await trio.to_thread.run_sync(run)
+    assert errors == []
+    client.close()
+
+
+async def test_threads_give_parallelism_in_one_worker(start_pool: Any, socket_path: str) -> None:
+    await start_pool(dirty_workers=1, dirty_threads=4)
+    client = dirty.DirtyClient(socket_path)
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(client.execute_async, ECHO, "sleep", 0.3)
+    assert trio.current_time() - start < 1.0  # four 0.3 s calls at once, not one after another
+    await client.close_async()
+
+
+async def test_round_robin_and_per_app_limits(start_pool: Any, socket_path: str) -> None:
+    await start_pool(dirty_apps=[ECHO, LIMITED], dirty_workers=3)
+    client = dirty.DirtyClient(socket_path)
+    pids = {await client.execute_async(ECHO, "pid") for _ in range(9)}
+    assert len(pids) == 3
+    limited = {await client.execute_async(LIMITED, "pid") for _ in range(6)}
+    assert len(limited) == 1
+    status = await client.status_async()
+    assert status["worker_count"] == 3 and status["arbiter_pid"] == os.getpid()
+    assert sorted(len(w["apps"]) for w in status["workers"]) == [1, 1, 2]
+    await client.close_async()
+
+
+async def test_client_timeout_raises_dirty_timeout_error(start_pool: Any, socket_path: str) -> None:
+    await start_pool()
+    client = dirty.DirtyClient(socket_path, timeout=0.2)
+    with pytest.raises(dirty.DirtyTimeoutError):
+        await client.execute_async(ECHO, "sleep", 1.0)
+    with pytest.raises(dirty.DirtyTimeoutError):
+        await trio.to_thread.run_sync(client.execute, ECHO, "sleep", 1.0)
+    client.timeout = 5
+    assert await client.execute_async(ECHO, "echo", 1) == 1
+    await client.close_async()
+    client.close()
+
+
+async def test_missing_socket_is_a_connection_error(tmp_path: Any) -> None:
+    client = dirty.DirtyClient(str(tmp_path / "none.sock"))
+    with pytest.raises(dirty.DirtyConnectionError, match="cannot connect"):
+        client.execute(ECHO, "echo", 1)
+
+
+async def test_stash_operations(start_pool: Any, socket_path: str) -> None:
+    await start_pool()
+    client = dirty.DirtyClient(socket_path)
+    s = dirty.stash.StashClient(client)
+
+    def ops() -> None:
+        assert "echo_table" in s.tables()  # declared by EchoApp.stashes
+        s.put("t", "user:1", {"name": "a"})
+        s.put("t", "user:2", [1, 2])
+        s.put("t", "other", 3)
+        assert s.get("t", "user:1") == {"name": "a"}
+        assert s.get("t", "missing", "dflt") == "dflt"
+        assert s.get("nope", "k", 7) == 7
+        assert sorted(s.keys("t", "user:*")) == ["user:1", "user:2"]
+        assert s.exists("t") and s.exists("t", "other") and not s.exists("t", "x")
+        assert s.info("t") == {"size": 3, "table": "t"}
+        assert s.delete("t", "other") and not s.delete("t", "other")
+        table = s.table("t")
+        table["k"] = "v"
+        assert table["k"] == "v" and "k" in table and len(table) == 3
+        with pytest.raises(dirty.StashKeyNotFoundError):
+            table["missing"]
+        assert s.update_counter("c", "hits") == 1
+        assert s.update_counter("c", "hits", 5) == 6
+        assert s.insert_new("c", "once", 1) and not s.insert_new("c", "once", 2)
+        assert s.compare_and_set("c", "once", 1, 10)
+        assert not s.compare_and_set("c", "once", 1, 11)
+        assert s.compare_and_set("c", "new", dirty.stash.ABSENT, "x")
+        assert s.get("c", "once") == 10
+        s.clear("t")
+        assert s.keys("t") == []
+        assert s.delete_table("t") and "t" not in s.tables()
+        with pytest.raises(dirty.StashTableNotFoundError):
+            s.info("t")
+
+    await trio.to_thread.run_sync(ops)
+    client.close()
+
+
+async def test_stash_ttl_expires_entries(start_pool: Any, socket_path: str) -> None:
+    await start_pool(dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+    s = dirty.stash.StashClient(client)
+    await trio.to_thread.run_sync(lambda: s.put("ttl", "k", 1, ttl=0.2))
+    assert await trio.to_thread.run_sync(s.get, "ttl", "k") == 1
+    await trio.sleep(0.3)
+    assert await trio.to_thread.run_sync(s.get, "ttl", "k", "gone") == "gone"
+    client.close()
+
+
+async def test_manage_adds_and_removes_workers_never_below_n(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_apps=[ECHO, f"{LIMITED}:2"], dirty_workers=2)
+    client = dirty.DirtyClient(socket_path)
+    added = await trio.to_thread.run_sync(client.manage, "add", 1)
+    assert added["spawned"] == 1 and added["total_workers"] == 3
+    removed = await trio.to_thread.run_sync(client.manage, "remove", 2)
+    assert removed["removed"] == 1 and "never shrinks below 2" in removed["reason"]
+    with trio.fail_after(10):
+        while (await client.status_async())["worker_count"] != 2:
+            await trio.sleep(0.05)
+    assert len({await client.execute_async(LIMITED, "pid") for _ in range(6)}) == 2
+    await client.close_async()
+    client.close()

@@ -1,0 +1,151 @@
+"""Real worker processes killed, hung, flooded; clients that misbehave."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+from typing import Any
+
+import pytest
+import trio
+
+from apps import dirty
+
+from .conftest import ECHO
+
+
+async def _pids(client: dirty.DirtyClient) -> list[int]:
+    return [w["pid"] for w in (await client.status_async())["workers"] if w["pid"]]
+
+
+async def _wait_size(client: dirty.DirtyClient, n: int, old: set[int] | None = None) -> None:
+    with trio.fail_after(20):
+        while True:
+            pids = set(await _pids(client))
+            if len(pids) == n and not (old and pids & old):
+                return
+            await trio.sleep(0.05)
+
+
+async def test_sigkilled_worker_fails_its_call_at_once_and_is_replaced(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_workers=2)
+    client = dirty.DirtyClient(socket_path)
+    s = dirty.stash.StashClient(client)
+    await trio.to_thread.run_sync(s.put, "keep", "k", "v")
+    await _wait_size(client, 2)
+    pids = await _pids(client)
+    victim = pids[0]
+    outcome: list[Any] = []
+
+    async def call_on_victim() -> None:
+        # Both workers are busy with one slow call each; kill one of them.
+        try:
+            outcome.append(await client.execute_async(ECHO, "sleep", 5))
+        except dirty.DirtyError as exc:
+            outcome.append(exc)
+
+    with trio.fail_after(4):  # the killed call fails at once, not after its 5 s
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call_on_victim)
+            nursery.start_soon(call_on_victim)
+            await trio.sleep(0.3)
+            os.kill(victim, signal.SIGKILL)
+            with trio.move_on_after(2):
+                while not outcome:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert isinstance(outcome[0], dirty.DirtyWorkerError)
+    await _wait_size(client, 2, {victim})
+    assert await client.execute_async(ECHO, "echo", "ok") == "ok"
+    assert await trio.to_thread.run_sync(s.get, "keep", "k") == "v"  # stash intact
+    await client.close_async()
+    client.close()
+
+
+async def test_hung_worker_is_killed_after_dirty_timeout(start_pool: Any, socket_path: str) -> None:
+    await start_pool(dirty_workers=1, dirty_timeout=0.5)
+    client = dirty.DirtyClient(socket_path)
+    before = set(await _pids(client))
+    with pytest.raises(dirty.DirtyTimeoutError, match=r"dirty_timeout=0\.5s") as info:
+        with trio.fail_after(5):
+            await client.execute_async(ECHO, "sleep", 30)
+    assert info.value.timeout == 0.5
+    await _wait_size(client, 1, before)
+    assert await client.execute_async(ECHO, "echo", 1) == 1
+    await client.close_async()
+
+
+async def test_concurrent_clients_with_random_worker_kills_never_hang(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_workers=3, dirty_threads=2)
+    rng = random.Random(8)
+    outcomes: list[str] = []
+
+    async def caller(n: int) -> None:
+        client = dirty.DirtyClient(socket_path, timeout=10)
+        for i in range(25):
+            try:
+                if i % 5 == 0:
+                    got = [x async for x in client.stream_async(ECHO, "count", 10)]
+                    assert got == list(range(10))
+                else:
+                    assert await client.execute_async(ECHO, "echo", [n, i]) == [n, i]
+                outcomes.append("ok")
+            except (dirty.DirtyWorkerError, dirty.DirtyNoWorkersAvailableError):
+                outcomes.append("typed error")
+        await client.close_async()
+
+    async def killer() -> None:
+        admin = dirty.DirtyClient(socket_path)
+        for _ in range(4):
+            await trio.sleep(rng.uniform(0.05, 0.2))
+            pids = await _pids(admin)
+            if pids:
+                os.kill(rng.choice(pids), signal.SIGKILL)
+        await admin.close_async()
+
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            for n in range(8):
+                nursery.start_soon(caller, n)
+            nursery.start_soon(killer)
+    assert len(outcomes) == 8 * 25 and outcomes.count("ok") > 0
+
+
+async def test_garbage_on_the_socket_gets_a_protocol_error_and_a_close(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_workers=1)
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await sock.connect(socket_path)
+    await sock.send(b"GET / HTTP/1.1\r\n\r\n" * 2)
+    data = b""
+    with trio.fail_after(5):
+        while chunk := await sock.recv(65536):
+            data += chunk
+    assert data[:4] == b"GD\x01\x03" and b"DirtyProtocolError" in data
+    sock.close()
+    client = dirty.DirtyClient(socket_path)
+    assert await client.execute_async(ECHO, "echo", "fine") == "fine"
+    await client.close_async()
+
+
+async def test_client_disconnecting_mid_call_leaves_the_pool_serving(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_workers=1)
+    gone = dirty.DirtyClient(socket_path)
+    with trio.move_on_after(0.2):
+        async for _ in gone.stream_async(ECHO, "endless", "disconnect"):
+            pass
+    await gone.close_async()
+    other = dirty.DirtyClient(socket_path)
+    with trio.fail_after(5):
+        while not await other.execute_async(ECHO, "was_stopped", "disconnect"):
+            await trio.sleep(0.02)
+    await other.close_async()
