@@ -179,3 +179,44 @@ async def test_a_node_leaves_no_process_behind() -> None:
 
         otp.spawn(trapping)
     assert node.processes == {}
+
+
+async def test_exit_hooks_run_after_the_name_is_freed_and_before_links_fire() -> None:
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        seen: list[object] = []
+
+        async def owner() -> None:
+            otp.register("owner", otp.self())
+            otp.add_exit_hook(
+                lambda pid, reason: seen.append(("hook", reason, otp.whereis("owner")))
+            )
+            await otp.receive()
+            otp.exit_self("done")
+
+        pid = otp.spawn_link(owner)
+        await trio.testing.wait_all_tasks_blocked()
+        otp.send(pid, "go")
+        exit_message = await otp.receive(otp.Exit)
+        seen.append(("exit", exit_message.reason))
+        assert seen == [("hook", "done", None), ("exit", "done")]
+
+
+async def test_a_failing_exit_hook_is_logged_and_the_others_still_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with otp.open_node():
+        ran: list[str] = []
+
+        def broken(pid: otp.Pid, reason: object) -> None:
+            raise RuntimeError("hook bug")
+
+        async def owner() -> None:
+            otp.add_exit_hook(broken)
+            otp.add_exit_hook(lambda pid, reason: ran.append("second"))
+
+        _, ref = otp.spawn_monitor(owner)
+        await otp.receive(otp.Down)
+        assert ran == ["second"]
+        assert any("exit hook" in r.getMessage() for r in caplog.records)
+        assert ref is not None
