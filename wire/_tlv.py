@@ -456,18 +456,45 @@ def _decode_fast(
             raise _Fallback
         off += 5
         depth += 1
+        max_str = limits.max_str
         if t == 0x21:
             result: dict[Any, Any] = {}
             for _ in range(n):
-                key, off = _decode_fast(data, off, end, v2, limits, depth, budget)
-                if not v2 and key.__class__ is not str:
-                    raise _Fallback
-                result[key], off = _decode_fast(data, off, end, v2, limits, depth, budget)
+                # str keys and str/int values are decoded inline: most payloads are dicts of them.
+                if data[off] == 0x11:
+                    k = _U32_unpack(data, off + 1)[0]
+                    off += 5
+                    if k > max_str or off + k > end:
+                        raise _Fallback
+                    key: Any = data[off : off + k].decode()
+                    off += k
+                else:
+                    key, off = _decode_fast(data, off, end, v2, limits, depth, budget)
+                    if not v2 and key.__class__ is not str:
+                        raise _Fallback
+                vt = data[off]
+                if vt == 0x11:
+                    k = _U32_unpack(data, off + 1)[0]
+                    off += 5
+                    if k > max_str or off + k > end:
+                        raise _Fallback
+                    result[key] = data[off : off + k].decode()
+                    off += k
+                elif vt == 0x05 and off + 9 <= end:
+                    result[key] = _I64_unpack(data, off + 1)[0]
+                    off += 9
+                else:
+                    result[key], off = _decode_fast(data, off, end, v2, limits, depth, budget)
             if len(result) != n:
                 raise _Fallback
             return result, off
         items = []
         for _ in range(n):
+            vt = data[off]
+            if vt == 0x05 and off + 9 <= end:
+                items.append(_I64_unpack(data, off + 1)[0])
+                off += 9
+                continue
             item, off = _decode_fast(data, off, end, v2, limits, depth, budget)
             items.append(item)
         return (items if t == 0x20 else tuple(items)), off
