@@ -3,18 +3,23 @@ sync client, each figure against a raw Unix-socket ping-pong measured in the sam
 
 ``dirty.execute``: median round trip of a small echo (1 client); ``dirty.execute_8``: calls/s
 with 8 concurrent callers (threads sharing one client); ``dirty.stream``: chunks/s of a 10k-chunk
-stream; ``dirty.bytes_1mib``: a 1 MiB echo round trip. (Gunicorn's arbiter is not compared here
-yet.)
+stream; ``dirty.bytes_1mib``: a 1 MiB echo round trip. When gunicorn is installed, the same four
+are measured against a real ``gunicorn`` 27 started with the same dirty app, workers and threads
+(``dirty.*_vs_gunicorn``), in the same run.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 import trio
 
@@ -38,7 +43,9 @@ class BenchApp(dirty.DirtyApp):
 
 
 def _raw_pingpong(path: str, n: int, size: int = 64) -> float:
-    """Median round trip (s) of ``size`` bytes over a Unix socket to an echo thread."""
+    """Median round trip (s) of ``size`` bytes over a Unix socket to an echo thread: the floor
+    any socket RPC pays. Small messages go out with one ``sendall`` from the measuring thread;
+    large ones from a long-lived sender thread (so the echo cannot deadlock on full buffers)."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(1)
@@ -54,16 +61,27 @@ def _raw_pingpong(path: str, n: int, size: int = 64) -> float:
     c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     c.connect(path)
     payload = b"x" * size
+    jobs: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def sender() -> None:
+        while (data := jobs.get()) is not None:
+            c.sendall(data)
+
+    s = threading.Thread(target=sender, daemon=True)
+    s.start()
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        sender = threading.Thread(target=c.sendall, args=(payload,))
-        sender.start()
+        if size <= 65536:
+            c.sendall(payload)
+        else:
+            jobs.put(payload)
         got = 0
         while got < size:
             got += len(c.recv(1 << 20))
-        sender.join()
         times.append(time.perf_counter() - t0)
+    jobs.put(None)
+    s.join(5)
     c.close()
     t.join(5)
     server.close()
@@ -71,8 +89,9 @@ def _raw_pingpong(path: str, n: int, size: int = 64) -> float:
     return statistics.median(times)
 
 
-def _measure(socket_path: str, quick: bool) -> dict[str, float]:
-    client = dirty.DirtyClient(socket_path)
+def _measure(client: Any, quick: bool, callers: list[Any] | None = None) -> dict[str, float]:
+    """The four figures, with ``client`` (ours or Gunicorn's ``DirtyClient``); the 8 callers use
+    ``callers`` (one client each) if given, else share ``client``."""
     n = 300 if quick else 3000
     for _ in range(50):
         client.execute(APP, "echo", "warm")
@@ -83,12 +102,13 @@ def _measure(socket_path: str, quick: bool) -> dict[str, float]:
         times.append(time.perf_counter() - t0)
     out = {"execute": statistics.median(times)}
     per = n // 4
+    clients = callers or [client] * 8
 
-    def caller() -> None:
+    def caller(c: Any) -> None:
         for _ in range(per):
-            client.execute(APP, "echo", "hello")
+            c.execute(APP, "echo", "hello")
 
-    threads = [threading.Thread(target=caller) for _ in range(8)]
+    threads = [threading.Thread(target=caller, args=(c,)) for c in clients]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -106,8 +126,83 @@ def _measure(socket_path: str, quick: bool) -> dict[str, float]:
         client.execute(APP, "echo", blob)
         big.append(time.perf_counter() - t0)
     out["bytes_1mib"] = statistics.median(big)
-    client.close()
     return out
+
+
+#: Gunicorn's config for the comparison: the same app, workers and threads as our pool.
+_GUNICORN_CONF = """
+import os
+bind = "127.0.0.1:0"
+workers = 1
+dirty_apps = [{app!r}]
+dirty_workers = 2
+dirty_threads = 4
+loglevel = "warning"
+
+def on_dirty_starting(arbiter):
+    with open(os.environ["BENCH_DIRTY_SOCKET_FILE"], "w") as f:
+        f.write(arbiter.socket_path)
+"""
+
+
+def wsgi_app(environ: Any, start_response: Any) -> list[bytes]:
+    """The web app Gunicorn serves in the comparison (unused: only its dirty pool is called)."""
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"ok"]
+
+
+def _run_gunicorn(quick: bool) -> dict[str, float] | None:
+    """Start a real gunicorn 27 with a dirty app, as a user would; measure it with its own
+    client (one client per caller thread: Gunicorn's client is not safe to share)."""
+    try:
+        from gunicorn.dirty import DirtyClient as GunicornClient  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    tmp = tempfile.mkdtemp(prefix="bench-gunicorn-")
+    conf = os.path.join(tmp, "gunicorn.conf.py")
+    socket_file = os.path.join(tmp, "socket-path")
+    with open(conf, "w") as f:
+        f.write(_GUNICORN_CONF.format(app=APP))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, BENCH_DIRTY_SOCKET_FILE=socket_file, PYTHONPATH=root)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-c", conf, "benchmarks.bench_dirty:wsgi_app"],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        path = ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            if os.path.exists(socket_file):
+                path = open(socket_file).read().strip()
+                if path and os.path.exists(path):
+                    try:
+                        probe = GunicornClient(path, timeout=2)
+                        probe.execute(APP, "echo", 1)
+                        probe.close()
+                        break
+                    except Exception:
+                        pass
+            time.sleep(0.1)
+        else:
+            return None
+        client = GunicornClient(path, timeout=60)
+        callers = [GunicornClient(path, timeout=60) for _ in range(8)]
+        try:
+            return _measure(client, quick, callers)
+        finally:
+            for c in [client, *callers]:
+                c.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _run_pool(quick: bool) -> dict[str, float]:
@@ -125,7 +220,9 @@ def _run_pool(quick: bool) -> dict[str, float]:
 
     async def main() -> None:
         await supervisors.start_application(dirty.application(dirty_config=config))
-        result.update(await trio.to_thread.run_sync(_measure, path, quick))
+        client = dirty.DirtyClient(path)
+        result.update(await trio.to_thread.run_sync(_measure, client, quick))
+        client.close()
         await supervisors.stop_application("dirty")
 
     otp.run(main)
@@ -138,17 +235,32 @@ def run(quick: bool) -> list[Result]:
     raw_small = _raw_pingpong(os.path.join(tmp, "raw.sock"), n)
     raw_big = _raw_pingpong(os.path.join(tmp, "raw2.sock"), 5 if quick else 20, 1 << 20)
     ours = _run_pool(quick)
+    theirs = _run_gunicorn(quick)
     raw_rate = 1 / raw_small
-    return [
+    results = [
         Result("dirty.execute", "us", ours["execute"] * 1e6, "raw unix ping-pong",
-               raw_small * 1e6, direction="lower"),
+               raw_small * 1e6, direction="lower", notes="target: at most 5x the raw round trip"),
         Result("dirty.execute_8", "calls/s", ours["execute_8"], "raw ping-pong (1 caller)",
-               raw_rate),
+               raw_rate, notes="8 threads sharing one client"),
         Result("dirty.stream", "chunks/s", ours["stream"], "raw ping-pong round trips/s",
-               raw_rate),
+               raw_rate, notes="target: at least 100k chunks/s"),
         Result("dirty.bytes_1mib", "ms", ours["bytes_1mib"] * 1e3, "raw 1 MiB ping-pong",
-               raw_big * 1e3, direction="lower"),
+               raw_big * 1e3, direction="lower", notes="target: under 3 ms"),
     ]  # fmt: skip
+    if theirs is not None:
+        results += [
+            Result("dirty.execute_vs_gunicorn", "us", ours["execute"] * 1e6,
+                   "gunicorn 27 dirty arbiter", theirs["execute"] * 1e6, direction="lower",
+                   notes=f"raw ping-pong {raw_small * 1e6:.1f} us"),
+            Result("dirty.execute_8_vs_gunicorn", "calls/s", ours["execute_8"],
+                   "gunicorn 27 dirty arbiter", theirs["execute_8"],
+                   notes="target: at least 10x; gunicorn: one client per thread"),
+            Result("dirty.stream_vs_gunicorn", "chunks/s", ours["stream"],
+                   "gunicorn 27 dirty arbiter", theirs["stream"]),
+            Result("dirty.bytes_1mib_vs_gunicorn", "ms", ours["bytes_1mib"] * 1e3,
+                   "gunicorn 27 dirty arbiter", theirs["bytes_1mib"] * 1e3, direction="lower"),
+        ]  # fmt: skip
+    return results
 
 
 BENCHMARKS = [Benchmark("dirty", run)]

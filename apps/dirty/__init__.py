@@ -31,12 +31,14 @@ replaces every worker, USR1 reopens logs, TTIN/TTOU add/remove a worker. Gunicor
 ``gunicorn.dirty`` client works against it unchanged.
 """
 
+from . import examples as examples
 from . import stash as stash
 from ._app import AppSpec as AppSpec
 from ._app import DirtyApp as DirtyApp
 from ._app import load_dirty_app as load_dirty_app
 from ._app import parse_dirty_app_spec as parse_dirty_app_spec
 from ._application import application as application
+from ._application import default_application as default_application
 from ._client import DirtyClient as DirtyClient
 from ._client import close_dirty_client as close_dirty_client
 from ._client import get_dirty_client as get_dirty_client
@@ -83,6 +85,7 @@ __all__ = [
     "StashTableNotFoundError",
     "add_arguments",
     "application",
+    "default_application",
     "apps_for_new_worker",
     "close_dirty_client",
     "get_dirty_client",
@@ -92,6 +95,7 @@ __all__ = [
     "load_dirty_app",
     "minimum_workers",
     "parse_dirty_app_spec",
+    "examples",
     "stash",
 ]
 

@@ -15,6 +15,8 @@ import os
 import tempfile
 from typing import Any
 
+import attrs
+
 import supervisors
 from otp import node
 
@@ -26,10 +28,11 @@ from ._pool import ROUTER, PoolContext
 from ._router import POOL, Router
 from ._signals import start_signals
 from ._stash import MANAGER, TABLES, StashManager
+from .examples import EXAMPLE_APP
 
 logger = logging.getLogger("apps.dirty")
 
-__all__ = ["application", "dirty_supervisor_spec"]
+__all__ = ["application", "default_application", "dirty_supervisor_spec"]
 
 
 def _default_socket() -> str:
@@ -95,7 +98,8 @@ async def _start_router(ctx: PoolContext) -> Any:
             hook(ctx)
         except Exception:
             logger.exception("dirty hook on_dirty_starting failed")
-    kill_orphans(ctx.config.dirty_pidfile)
+    if ctx.config.dirty_pidfile and not kill_orphans(ctx.config.dirty_pidfile):
+        ctx = attrs.evolve(ctx, config=attrs.evolve(ctx.config, dirty_pidfile=""))
     return await Router.start_link(ctx, name=ROUTER)
 
 
@@ -126,6 +130,26 @@ def application(
         "dirty",
         (start_dirty_sup, ctx),
         env={"socket": ctx.socket_path},
-        description=f"dirty worker pool (clients: GUNICORN_DIRTY_SOCKET={ctx.socket_path})",
+        description=(
+            f"dirty worker pool, {dirty_config.worker_count} worker(s) hosting"
+            f" {', '.join(s.import_path for s in dirty_config.dirty_apps) or 'no apps'};"
+            f" clients: export GUNICORN_DIRTY_SOCKET={ctx.socket_path}"
+        ),
         version="0.1.0",
     )
+
+
+def default_application(config: node.NodeConfig | None = None) -> supervisors.Application:
+    """The pool as ``python -m otp.node`` runs it with no ``--app``: the node's ``[dirty]``
+    settings, hosting the bundled :mod:`apps.dirty.examples` app unless they name apps.
+
+    The banner prints the socket clients use (``GUNICORN_DIRTY_SOCKET=...``).
+    """
+    settings = dict(config.settings) if config is not None else {}
+    table = dict(settings.get("dirty", {}))
+    flags = settings.get("flags", {}) or {}
+    if not table.get("dirty_apps") and not flags.get("dirty_apps"):
+        table["dirty_apps"] = [EXAMPLE_APP]
+    settings["dirty"] = table
+    dirty_config = DirtyConfig.from_settings(settings)
+    return application(config, dirty_config=dirty_config)

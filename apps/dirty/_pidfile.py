@@ -10,7 +10,7 @@ import stat
 
 logger = logging.getLogger("apps.dirty")
 
-__all__ = ["kill_orphans", "read_pidfile", "write_pidfile"]
+__all__ = ["kill_orphans", "read_pidfile", "remove_pidfile", "write_pidfile"]
 
 
 def _owned_regular_file(st: os.stat_result) -> bool:
@@ -64,20 +64,59 @@ def write_pidfile(path: str, pids: list[int]) -> None:
         logger.warning("dirty pool: cannot write PID file %s: %s", path, exc)
 
 
-def kill_orphans(path: str) -> int:
-    """Kill the workers a previous life of the pool left behind (listed in its PID file, owned
-    by this user, running our worker program); returns how many were killed."""
+def _running_node(pid: int) -> bool:
+    """Whether ``pid`` is a live process of this user other than us (not a zombie)."""
+    if pid == os.getpid():
+        return False
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+            return False
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def kill_orphans(path: str) -> bool:
+    """Kill the workers a previous life of the pool left behind, and claim the PID file.
+
+    Trusts the file only if it is ours (a regular file of this user nobody else can write), and
+    kills only the pids it lists that are this user's processes running the dirty worker
+    program. If the node it names is still running, its workers are not orphans: they are left
+    alone and the file is not claimed.
+
+    Returns:
+        Whether this pool owns the PID file now (False: another running pool does, or there is
+        none).
+    """
     if not path:
-        return 0
-    killed = 0
+        return False
     pids = read_pidfile(path)
+    if pids[:1] == [os.getpid()]:
+        return True  # ours: a restarted router of this very pool
+    if pids and _running_node(pids[0]):
+        logger.warning(
+            "dirty pool: PID file %s belongs to a running pool (OS pid %d); leaving it and its"
+            " workers alone (set dirty_pidfile to a path of this pool's own)",
+            path,
+            pids[0],
+        )
+        return False
     for pid in pids[1:]:
         if pid != os.getpid() and _ours(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
                 logger.warning("dirty pool: killed orphan worker %d of a previous run", pid)
             except OSError:
                 pass
     write_pidfile(path, [])
-    return killed
+    return True
+
+
+def remove_pidfile(path: str) -> None:
+    """Remove the PID file if it is ours and names this node (a clean stop)."""
+    if path and read_pidfile(path)[:1] == [os.getpid()]:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

@@ -23,6 +23,7 @@ import trio
 
 import otp
 import wire
+from otp import ets
 
 from ._config import DirtyConfig
 from ._errors import DirtyError, DirtyTimeoutError, DirtyWorkerError
@@ -32,6 +33,10 @@ from ._worker import DirtyWorkerInfo
 logger = logging.getLogger("apps.dirty")
 
 ROUTER = "dirty_router"
+#: A public ETS table the router owns: ``(worker_actor_pid, last_seen)``, trio clock, written
+#: by the worker actors at most every ``_BEAT_EVERY`` seconds; STATUS's ``last_heartbeat``.
+HEARTBEATS = "apps.dirty.heartbeats"
+_BEAT_EVERY = 0.1
 #: How long a new worker may take to load its apps.
 START_TIMEOUT = 60.0
 #: SIGTERM-to-SIGKILL grace of a worker port.
@@ -193,6 +198,7 @@ def _run_hook(hook: Any, name: str, *args: Any) -> None:
 
 
 def _announce(actor: _Actor) -> None:
+    _publish_beat(actor, actor.last_seen)
     router = otp.whereis(ROUTER)
     if router is not None:
         otp.cast(
@@ -412,6 +418,13 @@ def _fail_all(actor: _Actor, error: DirtyError) -> None:
         otp.send(conn, Out(b"".join(parts), tuple(done)))
 
 
+def _publish_beat(actor: _Actor, now: float) -> None:
+    try:
+        ets.insert(HEARTBEATS, (actor.me, now))
+    except ets.EtsError:
+        pass  # the router is restarting; its next table gets the next beat
+
+
 async def _read_worker(actor: _Actor) -> None:
     assert actor.stream is not None
     receive = actor.stream.receive_some
@@ -419,6 +432,7 @@ async def _read_worker(actor: _Actor) -> None:
     inflight = actor.inflight
     keys = actor.keys
     send = otp.send
+    published = 0.0
     while True:
         try:
             data = await receive(262144)
@@ -428,6 +442,9 @@ async def _read_worker(actor: _Actor) -> None:
             return
         now = trio.current_time()
         actor.last_seen = now
+        if now - published > _BEAT_EVERY:
+            published = now
+            _publish_beat(actor, now)
         groups: dict[otp.Pid, tuple[list[bytes], list[int]]] = {}
         for mtype, wid, payload in splitter.feed(data):
             entry = inflight.get(wid)

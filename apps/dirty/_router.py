@@ -25,8 +25,8 @@ import supervisors
 from otp import ets
 
 from ._config import apps_for_new_worker, initial_allocation, minimum_workers
-from ._pidfile import write_pidfile
-from ._pool import PoolContext, Reregister, WorkerDraining, WorkerUp, start_worker
+from ._pidfile import remove_pidfile, write_pidfile
+from ._pool import HEARTBEATS, PoolContext, Reregister, WorkerDraining, WorkerUp, start_worker
 
 logger = logging.getLogger("apps.dirty")
 
@@ -61,6 +61,7 @@ class Router(otp.GenServer):
     async def init(self, ctx: PoolContext) -> Any:
         otp.process_flag(trap_exit=True)
         ets.new(ROUTES, access=ets.PUBLIC, named=True)
+        ets.new(HEARTBEATS, access=ets.PUBLIC, named=True)
         for spec in ctx.config.dirty_apps:
             ets.insert(ROUTES, (spec.import_path, (), 0))
         state = _State(ctx)
@@ -103,6 +104,7 @@ class Router(otp.GenServer):
             pid = state.monitors.pop(msg.ref)
             state.workers.pop(pid, None)
             state.draining.discard(pid)
+            ets.delete(HEARTBEATS, pid)
             _publish(state)
         return otp.NoReply(state)
 
@@ -121,10 +123,12 @@ class Router(otp.GenServer):
         return otp.Reply(("error", ("unknown_request", request)), state)
 
     def terminate(self, reason: Any, state: _State) -> None:
-        try:
-            ets.delete(ROUTES)
-        except ets.EtsError:
-            pass
+        remove_pidfile(state.ctx.config.dirty_pidfile)
+        for table in (ROUTES, HEARTBEATS):
+            try:
+                ets.delete(table)
+            except ets.EtsError:
+                pass
 
 
 def _kill(os_pid: int, signum: int) -> None:
@@ -179,6 +183,12 @@ async def _add(state: _State, apps: list[str] | tuple[str, ...]) -> Any:
     return None
 
 
+def _since_heartbeat(info: WorkerUp, now: float) -> float | None:
+    """Seconds since the worker was last heard from (Gunicorn's ``last_heartbeat``)."""
+    rows = ets.lookup(HEARTBEATS, info.pid)
+    return round(max(0.0, now - rows[0][1]), 2) if rows else None
+
+
 def _status(state: _State) -> dict[str, Any]:
     now = trio.current_time()
     workers = [
@@ -187,7 +197,7 @@ def _status(state: _State) -> dict[str, Any]:
             "age": info.worker_id,
             "apps": list(info.apps),
             "booted": True,
-            "last_heartbeat": None,
+            "last_heartbeat": _since_heartbeat(info, now),
             "uptime": round(now - info.started, 2),
             "draining": info.pid in state.draining,
         }

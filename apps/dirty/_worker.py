@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import traceback
 from collections.abc import AsyncGenerator, Generator
 from typing import Any
@@ -40,6 +41,10 @@ logger = logging.getLogger("apps.dirty.worker")
 
 #: Pending output (bytes) above which a streaming generator waits for the socket to drain.
 _HIGH_WATER = 4 << 20
+#: How often a worker checks that the node (its parent) is alive, in seconds.
+_PARENT_POLL = 0.2
+#: How long an orphaned worker gets to close its apps before it exits regardless.
+_ORPHAN_GRACE = 2.0
 
 
 @attrs.frozen
@@ -123,6 +128,11 @@ class Worker:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         self.out = _Output(loop, writer)
         loop.add_signal_handler(signal.SIGTERM, self.stop.set)
+        # On the loop rather than in a signal handler, so it never runs inside a log emit.
+        loop.add_signal_handler(signal.SIGUSR1, _reopen_logs)
+        threading.Thread(
+            target=self._watch_parent, args=(loop,), name="dirty-parent-watch", daemon=True
+        ).start()
         self.out.write(encode(wire.make_response(0, {"pid": os.getpid()})))
         beat = asyncio.create_task(self._heartbeats())
         read = asyncio.create_task(self._read(reader))
@@ -139,13 +149,24 @@ class Worker:
             pass
         self.executor.shutdown(wait=False, cancel_futures=True)
 
+    def _watch_parent(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Parent-death detection, in a thread so a busy loop cannot delay it: when the node
+        dies the worker stops (its apps are closed), and exits at once if that takes over
+        ``_ORPHAN_GRACE`` seconds."""
+        while os.getppid() == self.ppid:
+            time.sleep(_PARENT_POLL)
+        logger.warning("dirty worker %d: the node died; exiting", os.getpid())
+        try:
+            loop.call_soon_threadsafe(self.stop.set)
+        except RuntimeError:
+            pass  # the loop is closed: the worker is exiting anyway
+        time.sleep(_ORPHAN_GRACE)
+        os._exit(1)
+
     async def _heartbeats(self) -> None:
         status = encode(wire.make_status(0))
         while True:
             await asyncio.sleep(self.heartbeat)
-            if os.getppid() != self.ppid:
-                logger.warning("dirty worker %d: the node died; exiting", os.getpid())
-                return
             self.out.write(status)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:

@@ -15,7 +15,11 @@ import otp
 
 #: What ``python -m otp.node`` runs with no ``--app``: loaded by path, since nothing below
 #: ``apps`` may import it.
-DEFAULT_APPS = ("otp.node._demo:demo_application", "apps.dispatcher")
+DEFAULT_APPS = (
+    "otp.node._demo:demo_application",
+    "apps.dispatcher",
+    "apps.dirty:default_application",
+)
 
 
 class ConfigError(ValueError):
@@ -58,9 +62,10 @@ class NodeConfig:
     distribution: DistSettings | None = None
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(*, add_help: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m otp.node",
+        add_help=add_help,
         description=(
             "Boot an otp-runtime node. With no --app it runs the embedded default. SIGINT or"
             " SIGTERM stops it gracefully (exit code 0); a second SIGINT stops it at once."
@@ -160,9 +165,10 @@ def load_config(argv: list[str] | None = None) -> NodeConfig:
     An application module may define ``add_arguments(parser)`` to add its own flags; their
     values reach it as ``config.settings["flags"]``.
     """
+    # A first pass without --help finds the applications, so their own flags are in --help.
+    known, _ = parser(add_help=False).parse_known_args(argv)
     p = parser()
-    known, _ = p.parse_known_args(argv)
-    for path in known.app or []:
+    for path in known.app or DEFAULT_APPS:
         module = _import_module(path.partition(":")[0], path)
         add_arguments = getattr(module, "add_arguments", None)
         if callable(add_arguments):

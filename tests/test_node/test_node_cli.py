@@ -93,6 +93,9 @@ async def test_the_default_node_runs_the_demo_tree_and_stops_gracefully(signum: 
         assert "demo@localhost" in await node.line_with("is running")
         await node.line_with("application demo")
         await node.line_with("greeter")
+        dirty = await node.line_with("application dirty")
+        assert "apps.dirty.examples:ExampleApp" in dirty
+        assert "export GUNICORN_DIRTY_SOCKET=/" in dirty
         await node.line_with("stop with Ctrl-C")
         node.signal(signum)
         await node.line_with("stopping gracefully")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -85,3 +86,26 @@ class BrokenApp(DirtyApp):
 
     def init(self) -> None:
         raise RuntimeError("cannot load the model")
+
+
+class LogApp(DirtyApp):
+    """Logs through the worker's root logger (USR1 tests) and reports its environment (hooks)."""
+
+    def log(self, message: str) -> None:
+        logging.getLogger("dirty.test").warning("%s", message)
+
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    def sleep(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    async def async_block(self, seconds: float) -> float:
+        time.sleep(seconds)  # blocks the worker's loop: no heartbeats either
+        return seconds
+
+    def stall_stream(self, seconds: float) -> Iterator[int]:
+        yield 1
+        time.sleep(seconds)
+        yield 2

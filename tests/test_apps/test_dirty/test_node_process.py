@@ -17,6 +17,8 @@ from apps import dirty
 
 from .conftest import ECHO, LIMITED
 
+LOG = "tests.test_apps.test_dirty.dirty_apps:LogApp"
+
 gunicorn_dirty = pytest.importorskip("gunicorn.dirty")
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -148,3 +150,50 @@ async def _wait_workers(client: dirty.DirtyClient, n: int) -> None:
             if len([w for w in status["workers"] if not w["draining"]]) == n:
                 return
             await trio.sleep(0.05)
+
+
+async def test_quit_stops_the_node_and_its_workers_at_once(tmp_path: Path) -> None:
+    async with Node(tmp_path, "--dirty-app", ECHO, "--dirty-workers", "2") as node:
+        client = dirty.DirtyClient(node.socket)
+        pids = [w["pid"] for w in (await trio.to_thread.run_sync(client.status))["workers"]]
+        async with trio.open_nursery() as nursery:
+            outcome: list[Any] = []
+
+            async def busy() -> None:  # QUIT does not wait for it, unlike TERM
+                try:
+                    outcome.append(await client.execute_async(ECHO, "sleep", 30))
+                except dirty.DirtyError as exc:
+                    outcome.append(exc)
+
+            nursery.start_soon(busy)
+            await trio.sleep(0.2)
+            node.process.send_signal(signal.SIGQUIT)  # type: ignore[union-attr]
+            with trio.fail_after(3):
+                await node.process.wait()  # type: ignore[union-attr]
+        assert isinstance(outcome[0], dirty.DirtyConnectionError)
+        with trio.fail_after(5):
+            while not all(_state(pid) == "Z" for pid in pids):
+                await trio.sleep(0.05)
+        await client.close_async()
+
+
+async def test_workers_exit_when_the_node_dies(tmp_path: Path) -> None:
+    """Even a worker whose loop is blocked (so it cannot see its socket close) exits."""
+    async with Node(tmp_path, "--dirty-app", LOG, "--dirty-workers", "2") as node:
+        client = dirty.DirtyClient(node.socket)
+        pids = [w["pid"] for w in (await client.status_async())["workers"]]
+        assert len(pids) == 2 and all(_state(pid) != "Z" for pid in pids)
+        async with trio.open_nursery() as nursery:
+
+            async def block() -> None:
+                with pytest.raises(dirty.DirtyConnectionError):
+                    await client.execute_async(LOG, "async_block", 60)
+
+            nursery.start_soon(block)
+            await trio.sleep(0.3)
+            node.process.kill()  # type: ignore[union-attr]
+            await node.process.wait()  # type: ignore[union-attr]
+        with trio.fail_after(6):  # parent-death detection, not the 300 s dirty_timeout
+            while not all(_state(pid) == "Z" for pid in pids):
+                await trio.sleep(0.05)
+        await client.close_async()
