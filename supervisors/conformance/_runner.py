@@ -13,10 +13,8 @@ precedes the restart it causes, as in the collector of the OTP run.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -321,43 +319,6 @@ class Driver:
 # -- running ------------------------------------------------------------------------------------
 
 
-class _FifoRandom:
-    """Stands in for trio's scheduler randomness: always "reverse", never shuffle, so tasks made
-    runnable in one batch run in the order they were woken (as an Erlang run queue)."""
-
-    def random(self) -> float:
-        return 0.0
-
-    def shuffle(self, batch: list[Any]) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def fifo_scheduling() -> Iterator[None]:
-    """Make trio run woken tasks first-in first-out for the duration (trio randomises the order
-    of each batch to shake out races; a trace must not depend on it). Touches trio internals;
-    does nothing if they are not there."""
-    try:
-        from trio._core import _run as trio_run
-    except ImportError:  # pragma: no cover
-        yield
-        return
-    saved = (
-        getattr(trio_run, "_r", None),
-        getattr(trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING", None),
-    )
-    if saved[0] is None:  # pragma: no cover
-        yield
-        return
-    setattr(trio_run, "_r", _FifoRandom())  # noqa: B010 - a private, Final-typed global
-    setattr(trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING", False)  # noqa: B010
-    try:
-        yield
-    finally:
-        setattr(trio_run, "_r", saved[0])  # noqa: B010
-        setattr(trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING", saved[1])  # noqa: B010
-
-
 async def run_scenario_async(scenario: dict[str, Any]) -> list[str]:
     """Run ``scenario`` on a fresh node in the current ``trio.run`` and return its trace lines."""
     collector = Collector()
@@ -373,5 +334,4 @@ def run_scenario(scenario: dict[str, Any]) -> list[str]:
     """Run ``scenario`` in its own ``trio.run`` on a ``MockClock``; return the trace lines."""
     clock = trio.testing.MockClock(autojump_threshold=0)
     clock.jump(CLOCK_START)
-    with fifo_scheduling():
-        return trio.run(run_scenario_async, scenario, clock=clock)
+    return trio.run(run_scenario_async, scenario, clock=clock)
