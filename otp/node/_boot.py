@@ -45,6 +45,8 @@ def resolve_application(path: str, config: NodeConfig) -> supervisors.Applicatio
 
 async def _tree(pid: Any, indent: str, out: list[str]) -> None:
     for child_id, child, kind, _modules in reversed(await supervisors.which_children(pid)):
+        if child_id is None:
+            child_id = "(dynamic child)"  # OTP's undefined: a DynamicSupervisor's children
         if kind == "supervisor" and isinstance(child, otp.Pid):
             out.append(f"{indent}{child_id} (supervisor) {child!r}")
             await _tree(child, indent + "  ", out)
