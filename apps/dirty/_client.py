@@ -33,7 +33,17 @@ from ._errors import (
     DirtyTimeoutError,
     error_from_dict,
 )
-from ._frames import CHUNK, END, ERROR, RESPONSE, FrameSplitter, decode_payload, encode, header
+from ._frames import (
+    CHUNK,
+    END,
+    ERROR,
+    RESPONSE,
+    FrameSplitter,
+    decode_payload,
+    encode,
+    header,
+    tune_socket,
+)
 
 __all__ = [
     "DirtyClient",
@@ -172,6 +182,7 @@ class DirtyClient:
             conn = _Conn()
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
+                tune_socket(sock)
                 sock.connect(self.socket_path)
             except OSError as exc:
                 sock.close()
@@ -241,7 +252,7 @@ class DirtyClient:
                 assert conn.sock is not None
                 conn.sock.settimeout(remaining)
                 try:
-                    data = conn.sock.recv(262144)
+                    data = conn.sock.recv(conn.splitter.read_size())
                 except TimeoutError:
                     data = None
                 except OSError as exc:
@@ -386,9 +397,13 @@ class DirtyClient:
             if backend == "asyncio":
                 reader, writer = await asyncio.open_unix_connection(self.socket_path)
                 conn.stream, conn.writer = reader, writer
+                raw = writer.get_extra_info("socket")
+                if raw is not None:
+                    tune_socket(raw)
                 conn.send_lock = asyncio.Lock()
             else:
                 conn.stream = await trio.open_unix_socket(self.socket_path)
+                tune_socket(conn.stream.socket)
                 conn.send_lock = trio.Lock()
         except OSError as exc:
             raise DirtyConnectionError(

@@ -8,6 +8,7 @@ from clients are decoded with ``wire.tlv_decode`` (version 1 limits) before anyt
 
 from __future__ import annotations
 
+import socket
 import struct
 from typing import Any
 
@@ -15,7 +16,7 @@ import wire
 
 from ._errors import DirtyProtocolError
 
-__all__ = ["HEADER", "FrameSplitter", "decode_payload", "encode", "header"]
+__all__ = ["HEADER", "FrameSplitter", "decode_payload", "encode", "header", "tune_socket"]
 
 HEADER = struct.Struct(">2sBBIQ")
 _TYPES = frozenset(int(t) for t in wire.MessageType if t < 0x20)
@@ -28,6 +29,20 @@ STASH = 0x10
 STATUS = 0x11
 MANAGE = 0x12
 _LIMITS = wire.Limits()
+
+
+#: Socket buffer size asked for on every pool socket, so a 1 MiB frame moves in one write
+#: (Linux caps it at ``net.core.wmem_max``/``rmem_max``; failure is harmless).
+SOCKET_BUFFER = 4 << 20
+
+
+def tune_socket(sock: Any) -> None:
+    """Ask for large send/receive buffers on a (stdlib or trio) Unix socket."""
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+        except OSError:
+            pass
 
 
 def header(mtype: int, length: int, request_id: int) -> bytes:
@@ -64,16 +79,26 @@ class FrameSplitter:
     not decoded. After an error the stream cannot be resynchronised.
     """
 
-    __slots__ = ("_buf", "_max")
+    __slots__ = ("_buf", "_have", "_head", "_max", "_need", "_parts")
 
     def __init__(self, max_payload: int = wire.MAX_PAYLOAD) -> None:
         self._buf = b""
         self._max = max_payload
+        # A large frame arriving in many reads is collected in ``_parts`` (``_have`` bytes of
+        # the ``_need`` it takes) and joined once, instead of re-copying the buffer per read.
+        self._parts: list[bytes] = []
+        self._have = 0
+        self._need = 0
+        self._head: tuple[int, int] = (0, 0)
 
     @property
     def buffered(self) -> int:
         """Bytes held for an incomplete frame."""
-        return len(self._buf)
+        return len(self._buf) + self._have
+
+    def read_size(self, default: int = 262144) -> int:
+        """How many bytes to ask the socket for next: the rest of a large frame, or ``default``."""
+        return max(default, self._need - self._have)
 
     def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
         """Add bytes; return the frames they complete.
@@ -81,8 +106,24 @@ class FrameSplitter:
         Raises:
             DirtyProtocolError: The bytes are not GD v1 frames.
         """
-        buf = self._buf + data if self._buf else data
-        out = []
+        out: list[tuple[int, int, bytes]] = []
+        if self._parts:
+            self._parts.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return []
+            over = self._have - self._need
+            if over:
+                self._parts[-1] = data[: len(data) - over]
+            payload = b"".join(self._parts)
+            out.append((*self._head, payload))
+            self._parts = []
+            self._have = self._need = 0
+            if not over:
+                return out
+            buf = data[len(data) - over :]
+        else:
+            buf = self._buf + data if self._buf else data
         pos = 0
         end = len(buf)
         unpack = HEADER.unpack_from
@@ -97,6 +138,14 @@ class FrameSplitter:
                 )
             stop = pos + 16 + length
             if stop > end:
+                if length >= 65536:
+                    # Collect the payload's pieces; one join when it is complete.
+                    self._head = (mtype, rid)
+                    self._parts = [buf[pos + 16 :]]
+                    self._have = end - pos - 16
+                    self._need = length
+                    self._buf = b""
+                    return out
                 break
             out.append((mtype, rid, buf[pos + 16 : stop]))
             pos = stop

@@ -43,6 +43,7 @@ from ._frames import (
     FrameSplitter,
     decode_payload,
     encode,
+    tune_socket,
 )
 from ._pool import ROUTER, Cancel, Dispatch, Out, PoolContext, error_bytes
 from ._router import ROUTES
@@ -93,6 +94,7 @@ async def _accept_loop(ctx: PoolContext, listener: trio.SocketListener) -> None:
     try:
         while True:
             stream = await listener.accept()
+            tune_socket(stream.socket)
             spec = supervisors.ChildSpec(
                 "conn", (_start_connection, stream), restart="temporary", shutdown="brutal_kill"
             )
@@ -185,7 +187,7 @@ async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
     try:
         while True:
             try:
-                data = await conn.stream.receive_some(262144)
+                data = await conn.stream.receive_some(splitter.read_size())
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             if not data:

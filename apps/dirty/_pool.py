@@ -27,7 +27,7 @@ from otp import ets
 
 from ._config import DirtyConfig
 from ._errors import DirtyError, DirtyTimeoutError, DirtyWorkerError
-from ._frames import CHUNK, END, REQUEST, RESPONSE, FrameSplitter, encode, header
+from ._frames import CHUNK, END, REQUEST, RESPONSE, FrameSplitter, encode, header, tune_socket
 from ._worker import DirtyWorkerInfo
 
 logger = logging.getLogger("apps.dirty")
@@ -160,6 +160,8 @@ async def _worker_actor(
     otp.process_flag(trap_exit=True)
     actor = _Actor(ctx, worker_id, apps, parent, me=otp.self())
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    tune_socket(ours)
+    tune_socket(theirs)
     reason: Any = otp.NORMAL
     try:
         try:
@@ -435,7 +437,7 @@ async def _read_worker(actor: _Actor) -> None:
     published = 0.0
     while True:
         try:
-            data = await receive(262144)
+            data = await receive(splitter.read_size())
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
         if not data:

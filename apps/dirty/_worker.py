@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import inspect
 import json
 import logging
@@ -63,45 +62,131 @@ class DirtyWorkerInfo:
 
 
 class _Output:
-    """Frames waiting to be written, coalesced into one write per loop iteration."""
+    """The worker's end of its socket, written from the loop and from action threads.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, writer: asyncio.StreamWriter) -> None:
+    A frame is sent at once (one ``send`` from the calling thread, under a lock) when nothing is
+    queued; otherwise, and for stream chunks (``write_deferred``), it is queued and the loop
+    writes the queue, coalesced, when the socket has room. Order is kept: nothing overtakes a
+    queued frame.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
         self.loop = loop
-        self.writer = writer
-        self.parts: list[bytes] = []
-        self.scheduled = False
+        self.sock = sock
+        self.fd = sock.fileno()
         self.lock = threading.Lock()
+        self.queue: list[Any] = []
+        self.size = 0
+        self.scheduled = False
+        self.watching = False
+        self.closed = False
         self.room = threading.Event()
         self.room.set()
+        #: Loop-side waits (set by ``flush`` only): room below the high-water mark; all sent.
+        self.has_room = asyncio.Event()
+        self.drained = asyncio.Event()
+        self.loop_thread = threading.get_ident()
 
     def write(self, data: bytes) -> None:
-        self.parts.append(data)
-        if not self.scheduled:
-            self.scheduled = True
-            self.loop.call_soon(self.flush)
-
-    def write_threadsafe(self, data: bytes) -> None:
+        """Send ``data`` now if nothing is queued (any thread)."""
         with self.lock:
-            self.parts.append(data)
-            if self.scheduled:
+            if self.closed:
                 return
+            if self.queue:
+                self._enqueue(data)
+                return
+            try:
+                n = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                self.closed = True
+                return
+            if n < len(data):
+                self._enqueue(memoryview(data)[n:] if n else data)
+
+    def write_deferred(self, data: bytes) -> None:
+        """Queue ``data``; the loop writes the queue soon, coalescing frames (any thread)."""
+        with self.lock:
+            if not self.closed:
+                self._enqueue(data)
+
+    def _enqueue(self, data: Any) -> None:
+        # Called with the lock held.
+        self.queue.append(data)
+        self.size += len(data)
+        if self.size >= _HIGH_WATER:
+            self.room.clear()
+        if not self.scheduled and not self.watching:
             self.scheduled = True
-        self.loop.call_soon_threadsafe(self.flush)
+            if threading.get_ident() == self.loop_thread:
+                self.loop.call_soon(self.flush)
+            else:
+                self.loop.call_soon_threadsafe(self.flush)
 
     def flush(self) -> None:
+        """Write what is queued (loop thread); wait for the socket to drain if it is full."""
         with self.lock:
-            parts, self.parts = self.parts, []
             self.scheduled = False
-        if parts and not self.writer.is_closing():
-            self.writer.write(b"".join(parts))
-        if self.writer.transport.get_write_buffer_size() < _HIGH_WATER:
-            self.room.set()
-        else:
-            self.room.clear()
-            self.loop.call_later(0.005, self.flush)
+            if self.closed or not self.queue:
+                self._unwatch()
+                self.room.set()
+                self.has_room.set()
+                self.drained.set()
+                return
+            data = b"".join(self.queue) if len(self.queue) > 1 else self.queue[0]
+            try:
+                n = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                self.closed = True
+                self.queue = []
+                self.size = 0
+                self.room.set()
+                self.has_room.set()
+                self.drained.set()
+                self._unwatch()
+                return
+            if n >= len(data):
+                self.queue = []
+                self.size = 0
+                self._unwatch()
+            else:
+                rest = memoryview(data)[n:]
+                self.queue = [rest]
+                self.size = len(rest)
+                if not self.watching:
+                    self.watching = True
+                    self.loop.add_writer(self.fd, self.flush)
+            if self.size < _HIGH_WATER:
+                self.room.set()
+                self.has_room.set()
+            if not self.size:
+                self.drained.set()
+
+    async def wait_room(self) -> None:
+        """Loop side: wait until the queue is below the high-water mark."""
+        if self.size > _HIGH_WATER and not self.closed:
+            self.has_room.clear()
+            await self.has_room.wait()
+
+    async def wait_drained(self, timeout: float) -> None:
+        """Loop side: wait (at most ``timeout`` seconds) until everything queued is sent."""
+        if self.size and not self.closed:
+            self.drained.clear()
+            try:
+                await asyncio.wait_for(self.drained.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    def _unwatch(self) -> None:
+        if self.watching:
+            self.watching = False
+            self.loop.remove_writer(self.fd)
 
     def backlog(self) -> int:
-        return self.writer.transport.get_write_buffer_size()
+        return self.size
 
 
 def _error_frame(rid: int, error: DirtyError) -> bytes:
@@ -120,13 +205,16 @@ class Worker:
             max_workers=threads, thread_name_prefix="dirty"
         )
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.abandoned: dict[int, threading.Event] = {}
+        #: Sync requests running (or queued) in the threads, and those of them abandoned.
+        self.running: set[int] = set()
+        self.abandoned: set[int] = set()
         self.stop = asyncio.Event()
 
     async def serve(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        reader, writer = await asyncio.open_unix_connection(sock=sock)
-        self.out = _Output(loop, writer)
+        self.loop = loop
+        sock.setblocking(False)
+        self.out = _Output(loop, sock)
         loop.add_signal_handler(signal.SIGTERM, self.stop.set)
         # On the loop rather than in a signal handler, so it never runs inside a log emit.
         loop.add_signal_handler(signal.SIGUSR1, _reopen_logs)
@@ -134,19 +222,19 @@ class Worker:
             target=self._watch_parent, args=(loop,), name="dirty-parent-watch", daemon=True
         ).start()
         self.out.write(encode(wire.make_response(0, {"pid": os.getpid()})))
+        self.eof = loop.create_future()
+        self.splitter = FrameSplitter()
+        self.sock = sock
+        loop.add_reader(sock.fileno(), self._readable)
         beat = asyncio.create_task(self._heartbeats())
-        read = asyncio.create_task(self._read(reader))
         stopped = asyncio.create_task(self.stop.wait())
-        await asyncio.wait({read, stopped, beat}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (read, stopped, beat, *self.tasks.values()):
+        await asyncio.wait({self.eof, stopped, beat}, return_when=asyncio.FIRST_COMPLETED)
+        loop.remove_reader(sock.fileno())
+        for task in (stopped, beat, *self.tasks.values()):
             task.cancel()
-        for event in self.abandoned.values():
-            event.set()
+        self.abandoned.update(self.running)
         self.out.flush()
-        try:
-            await asyncio.wait_for(writer.drain(), 1.0)
-        except (TimeoutError, OSError):
-            pass
+        await self.out.wait_drained(1.0)
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     def _watch_parent(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -169,23 +257,38 @@ class Worker:
             await asyncio.sleep(self.heartbeat)
             self.out.write(status)
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        splitter = FrameSplitter()
-        while True:
-            data = await reader.read(262144)
-            if not data:
-                return
-            for mtype, rid, payload in splitter.feed(data):
-                if mtype == REQUEST:
-                    task = asyncio.create_task(self._handle(rid, decode_payload(payload)))
-                    self.tasks[rid] = task
-                elif mtype == END:
-                    self._abandon(rid)
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(self.splitter.read_size())
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.loop.remove_reader(self.sock.fileno())
+            if not self.eof.done():
+                self.eof.set_result(None)
+            return
+        for mtype, rid, payload in self.splitter.feed(data):
+            if mtype == REQUEST:
+                self._dispatch(rid, decode_payload(payload))
+            elif mtype == END:
+                self._abandon(rid)
+
+    def _dispatch(self, rid: int, msg: dict[str, Any]) -> None:
+        app_path = str(msg.get("app_path"))
+        action = str(msg.get("action"))
+        app = self.apps.get(app_path)
+        if app is not None and self._method(app, action) is None:
+            # A sync action: a thread runs it and writes its reply itself.
+            self.running.add(rid)
+            self.executor.submit(self._run_sync, rid, app, msg, app_path, action)
+            return
+        self.tasks[rid] = asyncio.create_task(self._handle(rid, msg))
 
     def _abandon(self, rid: int) -> None:
-        event = self.abandoned.get(rid)
-        if event is not None:
-            event.set()
+        if rid in self.running:
+            self.abandoned.add(rid)
         task = self.tasks.get(rid)
         if task is not None:
             task.cancel()
@@ -199,6 +302,58 @@ class Worker:
             return method
         return None
 
+    def _run_sync(
+        self, rid: int, app: Any, msg: dict[str, Any], app_path: str, action: str
+    ) -> None:
+        """In a thread: run a sync action and write its reply (or stream its chunks)."""
+        handed_over = False
+        try:
+            if rid in self.abandoned:
+                return
+            args = msg.get("args") or []
+            kwargs = msg.get("kwargs") or {}
+            result = app(action, *args, **kwargs)
+            if inspect.iscoroutine(result) or inspect.isasyncgen(result):
+                handed_over = True
+                self.running.discard(rid)
+                self.abandoned.discard(rid)
+                self.loop.call_soon_threadsafe(self._finish_on_loop, rid, result, app_path, action)
+                return
+            if inspect.isgenerator(result):
+                self._stream_in_thread(rid, result, app_path, action)  # type: ignore[arg-type]
+            elif rid not in self.abandoned:
+                self.out.write(encode(wire.make_response(rid, result)))
+        except Exception as exc:
+            if rid not in self.abandoned:
+                self.out.write(_error_frame(rid, _app_error(exc, app_path, action)))
+        finally:
+            if not handed_over:
+                self.running.discard(rid)
+                self.abandoned.discard(rid)
+
+    def _finish_on_loop(self, rid: int, result: Any, app_path: str, action: str) -> None:
+        self.tasks[rid] = asyncio.create_task(self._finish(rid, result, app_path, action))
+
+    async def _finish(self, rid: int, result: Any, app_path: str, action: str) -> None:
+        try:
+            if inspect.iscoroutine(result):
+                result = await result
+            await self._reply(rid, result, app_path, action)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.out.write(_error_frame(rid, _app_error(exc, app_path, action)))
+        finally:
+            self.tasks.pop(rid, None)
+
+    async def _reply(self, rid: int, result: Any, app_path: str, action: str) -> None:
+        if inspect.isgenerator(result):
+            await self._stream_sync(rid, result, app_path, action)  # type: ignore[arg-type]
+        elif inspect.isasyncgen(result):
+            await self._stream_async(rid, result, app_path, action)  # type: ignore[arg-type]
+        else:
+            self.out.write(encode(wire.make_response(rid, result)))
+
     async def _handle(self, rid: int, msg: dict[str, Any]) -> None:
         app_path = str(msg.get("app_path"))
         action = str(msg.get("action"))
@@ -208,22 +363,10 @@ class Worker:
                 raise DirtyAppNotFoundError(app_path)
             args = msg.get("args") or []
             kwargs = msg.get("kwargs") or {}
-            method = self._method(app, action)
-            if method is not None:
-                result = method(*args, **kwargs)
-            else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(
-                    self.executor, functools.partial(app, action, *args, **kwargs)
-                )
+            result = self._method(app, action)(*args, **kwargs)
             if inspect.iscoroutine(result):
                 result = await result
-            if inspect.isgenerator(result):
-                await self._stream_sync(rid, result, app_path, action)  # type: ignore[arg-type]
-            elif inspect.isasyncgen(result):
-                await self._stream_async(rid, result, app_path, action)  # type: ignore[arg-type]
-            else:
-                self.out.write(encode(wire.make_response(rid, result)))
+            await self._reply(rid, result, app_path, action)
         except asyncio.CancelledError:
             raise
         except DirtyAppNotFoundError as exc:
@@ -240,51 +383,56 @@ class Worker:
         try:
             try:
                 async for item in gen:
-                    out.write(encode(wire.make_chunk(rid, item)))
-                    if out.backlog() > _HIGH_WATER:
-                        await out.writer.drain()
+                    out.write_deferred(encode(wire.make_chunk(rid, item)))
+                    await out.wait_room()
             finally:
                 await gen.aclose()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            out.write(_error_frame(rid, _app_error(exc, app_path, action)))
+            out.write_deferred(_error_frame(rid, _app_error(exc, app_path, action)))
             return
-        out.write(encode(wire.make_end(rid)))
+        out.write_deferred(encode(wire.make_end(rid)))
+
+    def _stream_in_thread(
+        self, rid: int, gen: Generator[Any, None, None], app_path: str, action: str
+    ) -> None:
+        """In a thread: stream a sync generator's items as CHUNK frames, then END."""
+        out = self.out
+        make_chunk = wire.make_chunk
+        abandoned = self.abandoned
+        try:
+            for item in gen:
+                out.write_deferred(encode(make_chunk(rid, item)))
+                while not out.room.wait(0.05):
+                    if rid in abandoned:
+                        break
+                if rid in abandoned:
+                    return
+        except Exception as exc:
+            if rid not in abandoned:
+                out.write_deferred(_error_frame(rid, _app_error(exc, app_path, action)))
+            return
+        finally:
+            gen.close()
+        out.write_deferred(encode(wire.make_end(rid)))
 
     async def _stream_sync(
         self, rid: int, gen: Generator[Any, None, None], app_path: str, action: str
     ) -> None:
-        abandoned = threading.Event()
-        self.abandoned[rid] = abandoned
-        out = self.out
-        make_chunk = wire.make_chunk
-
-        def run() -> None:
-            try:
-                for item in gen:
-                    out.write_threadsafe(encode(make_chunk(rid, item)))
-                    while not out.room.wait(0.05):
-                        if abandoned.is_set():
-                            break
-                    if abandoned.is_set():
-                        return
-            except Exception as exc:
-                if not abandoned.is_set():
-                    out.write_threadsafe(_error_frame(rid, _app_error(exc, app_path, action)))
-                return
-            finally:
-                gen.close()
-            out.write_threadsafe(encode(wire.make_end(rid)))
-
+        self.running.add(rid)
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self.executor, run)
+            await loop.run_in_executor(
+                self.executor, self._stream_in_thread, rid, gen, app_path, action
+            )
         except asyncio.CancelledError:
-            abandoned.set()
+            self.abandoned.add(rid)
             raise
         finally:
-            self.abandoned.pop(rid, None)
+            self.running.discard(rid)
+            if not self.tasks.get(rid):
+                self.abandoned.discard(rid)
 
 
 def _app_error(exc: Exception, app_path: str, action: str) -> DirtyError:

@@ -109,3 +109,28 @@ class LogApp(DirtyApp):
         yield 1
         time.sleep(seconds)
         yield 2
+
+
+class CallApp(DirtyApp):
+    """Its own ``__call__`` (runs in a worker thread) hands back coroutines, async
+    generators, generators and plain values."""
+
+    def __call__(self, action: str, *args: Any, **kwargs: Any) -> Any:
+        if action == "coro":
+            return self._coro(*args)
+        if action == "agen":
+            return self._agen(*args)
+        if action == "gen":
+            return (i for i in range(args[0]))
+        if action == "fail":
+            raise ValueError("custom call failed")
+        return (action, list(args))
+
+    async def _coro(self, value: Any) -> Any:
+        await asyncio.sleep(0)
+        return ["coro", value]
+
+    async def _agen(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
