@@ -45,7 +45,7 @@ from ._frames import (
     encode,
     tune_socket,
 )
-from ._pool import ROUTER, Cancel, Dispatch, Out, PoolContext, error_bytes
+from ._pool import ACTORS, ROUTER, Outbox, PoolContext, error_bytes
 from ._router import ROUTES
 from ._stash import stash_operation
 
@@ -119,57 +119,58 @@ async def _start_connection(stream: trio.SocketStream) -> otp.Pid:
 class _Conn:
     me: otp.Pid
     stream: trio.SocketStream
+    outbox: Outbox
     pending: dict[int, otp.Pid] = attrs.Factory(dict)
     monitors: dict[otp.Pid, otp.Ref] = attrs.Factory(dict)
     by_ref: dict[otp.Ref, otp.Pid] = attrs.Factory(dict)
 
+    def deliver(self, data: bytes, done: tuple[int, ...]) -> None:
+        """Frames from a worker actor (run in its task): written to the client at once."""
+        pending = self.pending
+        for rid in done:
+            pending.pop(rid, None)
+        self.outbox.write(data)
+
 
 async def _connection(stream: trio.SocketStream) -> None:
-    conn = _Conn(otp.self(), stream)
+    me = otp.self()
+    outbox = Outbox(stream.socket.fileno(), lambda: otp.send(me, _ReaderDone("broken")))
+    conn = _Conn(me, stream, outbox)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_reader, conn, nursery)
+            nursery.start_soon(outbox.run)
             await _writer(conn)
             nursery.cancel_scope.cancel()
     finally:
+        outbox.close()
         for rid, worker in conn.pending.items():
-            otp.send(worker, Cancel(conn.me, rid))
+            actor = ACTORS.get(worker)
+            if actor is not None:
+                actor.cancel(conn, rid)
         with trio.CancelScope(shield=True):
             await stream.aclose()
 
 
 async def _writer(conn: _Conn) -> None:
-    stream = conn.stream
+    """The connection's mailbox: a worker's death fails its calls; the reader's end ends it."""
     pending = conn.pending
+    outbox = conn.outbox
     while True:
         msg = await otp.receive()
-        parts: list[bytes] = []
-        closing = False
-        while msg is not None:
-            kind = type(msg)
-            if kind is Out:
-                parts.append(msg.data)
-                for rid in msg.done:
-                    pending.pop(rid, None)
-            elif kind is bytes:
-                parts.append(msg)
-            elif kind is otp.Down:
-                worker = conn.by_ref.pop(msg.ref, None)
-                if worker is not None:
-                    conn.monitors.pop(worker, None)
-                    lost = [rid for rid, w in pending.items() if w == worker]
-                    for rid in lost:
-                        del pending[rid]
-                        parts.append(error_bytes(rid, _worker_gone(msg.reason)))
-            elif kind is _ReaderDone:
-                closing = True
-            msg = await otp.receive(timeout=0, default=None)
-        if parts:
-            try:
-                await stream.send_all(b"".join(parts))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-        if closing:
+        kind = type(msg)
+        if kind is otp.Down:
+            worker = conn.by_ref.pop(msg.ref, None)
+            if worker is not None:
+                conn.monitors.pop(worker, None)
+                lost = [rid for rid, w in pending.items() if w == worker]
+                for rid in lost:
+                    del pending[rid]
+                    outbox.write(error_bytes(rid, _worker_gone(msg.reason)))
+        elif kind is bytes:
+            outbox.write(msg)
+        elif kind is _ReaderDone:
+            await outbox.flush()
             return
 
 
@@ -182,6 +183,7 @@ def _worker_gone(reason: Any) -> DirtyError:
 async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
     me = conn.me
     send = otp.send
+    write = conn.outbox.write
     splitter = FrameSplitter()
     reason: Any = otp.NORMAL
     try:
@@ -195,25 +197,26 @@ async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
             try:
                 frames = splitter.feed(data)
             except DirtyProtocolError as exc:
-                send(me, error_bytes(0, exc))
+                write(error_bytes(0, exc))
                 logger.warning("dirty pool: dropping a client that sent garbage: %s", exc)
                 return
             for mtype, rid, payload in frames:
                 if mtype == REQUEST:
                     error = _route(conn, rid, payload)
                     if error is not None:
-                        send(me, error_bytes(rid, error))
+                        write(error_bytes(rid, error))
                 elif mtype == END:
                     worker = conn.pending.pop(rid, None)
                     if worker is not None:
-                        send(worker, Cancel(me, rid))
+                        actor = ACTORS.get(worker)
+                        if actor is not None:
+                            actor.cancel(conn, rid)
                 elif mtype == STASH:
-                    send(me, await _stash(rid, payload))
+                    write(await _stash(rid, payload))
                 elif mtype in (STATUS, MANAGE):
                     nursery.start_soon(_control, me, mtype, rid, payload)
                 else:
-                    send(
-                        me,
+                    write(
                         error_bytes(
                             rid,
                             DirtyProtocolError(
@@ -256,7 +259,10 @@ def _route(conn: _Conn, rid: int, payload: bytes) -> DirtyError | None:
         conn.monitors[worker] = ref
         conn.by_ref[ref] = worker
     conn.pending[rid] = worker
-    otp.send(worker, Dispatch(conn.me, rid, payload))
+    actor = ACTORS.get(worker)
+    if actor is not None:
+        actor.submit(conn, rid, payload)
+    # else: the worker actor is gone; its Down (monitor) fails the call
     return None
 
 

@@ -53,31 +53,6 @@ class PoolContext:
 
 
 @attrs.frozen
-class Dispatch:
-    """A connection asks a worker actor to run a REQUEST (payload as the client sent it)."""
-
-    conn: otp.Pid
-    rid: int
-    payload: bytes
-
-
-@attrs.frozen
-class Cancel:
-    """A connection abandons a request (client gone, stream abandoned)."""
-
-    conn: otp.Pid
-    rid: int
-
-
-@attrs.frozen
-class Out:
-    """Bytes for a connection to write; ``done`` lists the request ids they finish."""
-
-    data: bytes
-    done: tuple[int, ...]
-
-
-@attrs.frozen
 class WorkerUp:
     """A worker actor tells the router it serves ``apps``."""
 
@@ -98,6 +73,101 @@ class WorkerDraining:
 @attrs.frozen
 class Reregister:
     """A (restarted) router asks the worker actors to announce themselves again."""
+
+
+class Outbox:
+    """Ordered, synchronous writes to a non-blocking socket.
+
+    ``write`` sends at once with ``os.write`` while nothing is queued; what the socket does not
+    take is queued for ``run`` (a task of the owner) to send when it is writable. Any task of
+    the node may write (trio runs them on one thread), so a frame goes from one process straight
+    to another's socket without a mailbox hop.
+    """
+
+    __slots__ = ("_idle", "_wake", "broken", "buf", "closed", "fd", "on_broken")
+
+    def __init__(self, fd: int, on_broken: Any = None) -> None:
+        self.fd = fd
+        self.buf: list[memoryview] = []
+        self.closed = False
+        self.broken = False
+        self.on_broken = on_broken
+        self._wake = trio.Event()
+        self._idle: trio.Event | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.closed or not data:
+            return
+        if not self.buf:
+            try:
+                n = os.write(self.fd, data)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                self._break()
+                return
+            if n == len(data):
+                return
+            self.buf.append(memoryview(data)[n:])
+            self._wake.set()
+        else:
+            self.buf.append(memoryview(data))
+
+    def _break(self) -> None:
+        self.closed = self.broken = True
+        self.buf.clear()
+        self._wake.set()
+        self._idled()
+        if self.on_broken is not None:
+            self.on_broken()
+
+    def close(self) -> None:
+        """No more writes (before the socket is closed: its fd number may be reused)."""
+        self.closed = True
+        self.buf.clear()
+        self._wake.set()
+        self._idled()
+
+    def _idled(self) -> None:
+        if self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
+    async def run(self) -> None:
+        """Send what ``write`` queued, as the socket takes it."""
+        buf = self.buf
+        while not self.closed:
+            if not buf:
+                self._idled()
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            await trio.lowlevel.wait_writable(self.fd)
+            while buf and not self.closed:
+                data = buf[0]
+                try:
+                    n = os.write(self.fd, data)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    self._break()
+                    return
+                if n == len(data):
+                    buf.pop(0)
+                else:
+                    buf[0] = data[n:]
+                    break
+
+    async def flush(self) -> None:
+        """Wait until everything written has been sent (or the socket broke)."""
+        while self.buf and not self.closed:
+            if self._idle is None:
+                self._idle = trio.Event()
+            await self._idle.wait()
+
+
+#: Worker actors of this node by pid, for connections to submit to directly.
+ACTORS: dict[otp.Pid, Any] = {}
 
 
 @attrs.frozen
@@ -152,6 +222,27 @@ class _Actor:
     started: float = 0.0
     me: otp.Pid | None = None
     draining: bool = False
+    outbox: Outbox | None = None
+
+    def submit(self, conn: Any, rid: int, payload: bytes) -> None:
+        """Send a client's REQUEST to the worker now; ``conn.deliver(bytes, done)`` gets the
+        reply frames (called from the connection's own task)."""
+        wid = self.next_id
+        self.next_id = wid + 1
+        self.inflight[wid] = [conn, rid, trio.current_time()]
+        self.keys[(conn, rid)] = wid
+        assert self.outbox is not None
+        self.outbox.write(header(REQUEST, len(payload), wid) + payload)
+
+    def cancel(self, conn: Any, rid: int) -> None:
+        """Abandon a request (client END or gone): the worker gets an END."""
+        wid = self.keys.pop((conn, rid), 0)
+        if wid:
+            self.inflight.pop(wid, None)
+            assert self.outbox is not None
+            self.outbox.write(header(END, 0, wid))
+            if self.draining and not self.inflight and self.me is not None:
+                otp.send(self.me, "drained")
 
 
 async def _worker_actor(
@@ -174,6 +265,8 @@ async def _worker_actor(
             if actor.port is not None:
                 otp.exit(actor.port, otp.KILL)
             return
+        assert actor.me is not None
+        ACTORS[actor.me] = actor
         otp.send(parent, _Started(ref, None))
         hook = ctx.config.hook("dirty_post_fork")
         if hook is not None:
@@ -181,6 +274,9 @@ async def _worker_actor(
         _announce(actor)
         reason = await _serve(actor)
     finally:
+        ACTORS.pop(otp.self(), None)
+        if actor.outbox is not None:
+            actor.outbox.close()
         ours.close()
         hook = ctx.config.hook("dirty_worker_exit")
         if hook is not None and actor.os_pid:
@@ -235,6 +331,7 @@ async def _open(actor: _Actor, ours: socket.socket, theirs: socket.socket) -> No
         theirs.close()
     actor.os_pid = await otp.port_os_pid(actor.port)
     actor.stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+    actor.outbox = Outbox(ours.fileno())
     splitter = FrameSplitter()
     with trio.fail_after(START_TIMEOUT):
         while True:
@@ -265,6 +362,8 @@ async def _serve(actor: _Actor) -> Any:
     """Run until the worker dies, hangs or the actor is told to stop; returns the exit reason."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_read_worker, actor)
+        assert actor.outbox is not None
+        nursery.start_soon(actor.outbox.run)
         action, reason = await _loop(actor)
         nursery.cancel_scope.cancel()
     if action == "close":
@@ -278,29 +377,15 @@ async def _loop(actor: _Actor) -> tuple[str, Any]:
     tick = max(0.01, min(1.0, timeout / 10)) if timeout else 5.0
     me = otp.self()
     assert actor.stream is not None
-    stream = actor.stream
     draining_until: float | None = None
     stop_reason: Any = None
     if True:
         otp.send_after(tick, me, "tick")
         while True:
             msg = await otp.receive()
-            parts: list[bytes] = []
             while True:
                 kind = type(msg)
-                if kind is Dispatch:
-                    wid = actor.next_id
-                    actor.next_id = wid + 1
-                    actor.inflight[wid] = [msg.conn, msg.rid, trio.current_time()]
-                    actor.keys[(msg.conn, msg.rid)] = wid
-                    parts.append(header(REQUEST, len(msg.payload), wid))
-                    parts.append(msg.payload)
-                elif kind is Cancel:
-                    wid = actor.keys.pop((msg.conn, msg.rid), 0)
-                    if wid:
-                        actor.inflight.pop(wid, None)
-                        parts.append(header(END, 0, wid))
-                elif msg == "tick":
+                if msg == "tick":
                     otp.send_after(tick, me, "tick")
                     now = trio.current_time()
                     if timeout and _hung(actor, now, timeout):
@@ -374,11 +459,6 @@ async def _loop(actor: _Actor) -> tuple[str, Any]:
                     break
             if draining_until is not None and not actor.inflight:
                 return ("close", stop_reason)
-            if parts:
-                try:
-                    await stream.send_all(b"".join(parts))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass  # the worker is gone; its port's exit follows
 
 
 def _hung(actor: _Actor, now: float, timeout: float) -> bool:
@@ -409,7 +489,7 @@ async def _close(actor: _Actor, reason: Any) -> Any:
 
 
 def _fail_all(actor: _Actor, error: DirtyError) -> None:
-    groups: dict[otp.Pid, tuple[list[bytes], list[int]]] = {}
+    groups: dict[Any, tuple[list[bytes], list[int]]] = {}
     for conn, rid, _ in actor.inflight.values():
         parts, done = groups.setdefault(conn, ([], []))
         parts.append(error_bytes(rid, error))
@@ -417,7 +497,7 @@ def _fail_all(actor: _Actor, error: DirtyError) -> None:
     actor.inflight.clear()
     actor.keys.clear()
     for conn, (parts, done) in groups.items():
-        otp.send(conn, Out(b"".join(parts), tuple(done)))
+        conn.deliver(b"".join(parts), tuple(done))
 
 
 def _publish_beat(actor: _Actor, now: float) -> None:
@@ -433,7 +513,6 @@ async def _read_worker(actor: _Actor) -> None:
     splitter = FrameSplitter()
     inflight = actor.inflight
     keys = actor.keys
-    send = otp.send
     published = 0.0
     while True:
         try:
@@ -447,7 +526,7 @@ async def _read_worker(actor: _Actor) -> None:
         if now - published > _BEAT_EVERY:
             published = now
             _publish_beat(actor, now)
-        groups: dict[otp.Pid, tuple[list[bytes], list[int]]] = {}
+        groups: dict[Any, tuple[list[bytes], list[int]]] = {}
         for mtype, wid, payload in splitter.feed(data):
             entry = inflight.get(wid)
             if entry is None:
@@ -465,6 +544,6 @@ async def _read_worker(actor: _Actor) -> None:
                 keys.pop((conn, rid), None)
                 group[1].append(rid)
         for conn, (parts, done) in groups.items():
-            send(conn, Out(b"".join(parts), tuple(done)))
+            conn.deliver(b"".join(parts), tuple(done))
         if actor.draining and not inflight and actor.me is not None:
-            send(actor.me, "drained")
+            otp.send(actor.me, "drained")
