@@ -93,7 +93,8 @@ def ping_pong(quick: bool) -> list[Result]:
     return results
 
 
-def _pykka_ping_pong(n: int) -> float | None:
+def _pykka_samples(n: int) -> list[float] | None:
+    """Seconds each of ``n`` pykka ``ask()`` round trips took, or None without pykka."""
     try:
         import pykka
     except ImportError:
@@ -105,12 +106,20 @@ def _pykka_ping_pong(n: int) -> float | None:
 
     ref = Echo.start()
     try:
-        start = time.perf_counter()
+        samples = []
+        clock = time.perf_counter
         for i in range(n):
+            start = clock()
             ref.ask(i)
-        return n / (time.perf_counter() - start)
+            samples.append(clock() - start)
+        return samples
     finally:
         ref.stop()
+
+
+def _pykka_ping_pong(n: int) -> float | None:
+    samples = _pykka_samples(n)
+    return None if samples is None else n / sum(samples)
 
 
 # -- one-way send -----------------------------------------------------------------------------
@@ -247,25 +256,8 @@ def call(quick: bool) -> list[Result]:
 
 
 def _pykka_call(n: int) -> float | None:
-    try:
-        import pykka
-    except ImportError:
-        return None
-
-    class Echo(pykka.ThreadingActor):  # type: ignore[misc]
-        def on_receive(self, message: Any) -> Any:
-            return message
-
-    ref = Echo.start()
-    try:
-        samples = []
-        for i in range(n):
-            start = time.perf_counter()
-            ref.ask(i)
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
-    finally:
-        ref.stop()
+    samples = _pykka_samples(n)
+    return None if samples is None else statistics.median(samples)
 
 
 # -- spawn ------------------------------------------------------------------------------------
