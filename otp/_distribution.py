@@ -43,7 +43,7 @@ from ._ids import Pid, Ref
 from ._messages import From
 from ._node import NamedMonitor, Node, current_node
 from ._pg import PG_NAME, GroupState
-from ._process import TIMED_OUT, CallWaiter, Process, current_process
+from ._process import TIMED_OUT, CallWaiter, Process, current_process, current_process_or_none
 from ._reasons import KILL, NOCONNECTION, NOPROC
 
 logger = logging.getLogger("otp.dist")
@@ -115,7 +115,8 @@ class DistConfig:
         tls: Certificates for TCP; required for TCP unless ``insecure_tcp``.
         insecure_tcp: Allow plain TCP (logged as a warning: the cookie alone is no security).
         liveness_timeout: Seconds without any frame from a peer before its connection counts as
-            lost; pings keep an idle connection alive.
+            lost (noticed within 1.25 times this, as Erlang's ``net_ticktime``); pings every
+            quarter of it keep an idle connection alive.
         handshake_timeout: Seconds a peer has to finish the handshake.
         codecs: Payload codecs this node speaks, most preferred first.
         mesh: Connect to the nodes peers know about (a full mesh, as Erlang's ``global``).
@@ -184,6 +185,7 @@ class Connection:
         self.settled = trio.Event()
         self.process: Process | None = None
         self.sent_since_tick = False
+        self.received_since_tick = False
         self._writing = False
         #: The socket's descriptor when frames may be written to it directly (plain sockets).
         self.direct_fd: int | None = None
@@ -801,8 +803,6 @@ def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
 
 
 def _sender() -> Pid | None:
-    from ._process import current_process_or_none
-
     proc = current_process_or_none()
     return proc.pid if proc is not None else None
 
@@ -906,11 +906,15 @@ async def _run_connection(
             if isinstance(stream, trio.SocketStream):
                 conn.direct_fd = stream.socket.fileno()
             dist.connection_up(conn, peer)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(conn.write_loop, stream)
-                nursery.start_soon(_pinger, conn, config.liveness_timeout)
-                await _read_loop(dist, conn, frames, config.liveness_timeout)
-                nursery.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(conn.write_loop, stream)
+                    nursery.start_soon(_ticker, conn, config.liveness_timeout)
+                    await _read_loop(dist, conn, frames)
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                # The reader, writer or ticker failed: let the handlers below name the cause.
+                raise _sole(group) from None
         except trio.TooSlowError:
             logger.warning("distribution connection %s: handshake timed out", what)
         except HandshakeError as exc:
@@ -945,28 +949,42 @@ class _LivenessTimeout(Exception):
     pass
 
 
-async def _read_loop(
-    dist: Distribution, conn: Connection, frames: wire.FrameStream, liveness: float
-) -> None:
-    while True:
-        with trio.move_on_after(liveness) as scope:
-            batch = await frames.receive_frames()
-        if scope.cancelled_caught:
-            raise _LivenessTimeout()
-        if not batch:
-            return
+def _sole(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member exception groups (else ``exc`` itself)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def _read_loop(dist: Distribution, conn: Connection, frames: wire.FrameStream) -> None:
+    dispatch = dist.dispatch
+    receive_frames = frames.receive_frames
+    while batch := await receive_frames():
+        conn.received_since_tick = True
         # Every frame that arrived together is dispatched in one go: one scheduler pass per
         # read, not per frame (per-pair order is the order of the batch).
         for frame in batch:
             try:
-                dist.dispatch(conn, frame)
+                dispatch(conn, frame)
             except (KeyError, TypeError, AttributeError, ValueError) as exc:
                 raise wire.MalformedMessage(f"bad {frame.type.name} payload: {exc!r}") from exc
 
 
-async def _pinger(conn: Connection, liveness: float) -> None:
+async def _ticker(conn: Connection, liveness: float) -> None:
+    """Erlang's net tick: every quarter of ``liveness``, ping a peer we have sent nothing to,
+    and count the connection lost once nothing has come from the peer for ``liveness``.
+
+    Liveness is checked here, not by a deadline on every read: the reader only sets a flag.
+    """
+    heard = trio.current_time()
     while True:
         await trio.sleep(liveness / 4)
+        now = trio.current_time()
+        if conn.received_since_tick:
+            conn.received_since_tick = False
+            heard = now
+        elif now - heard >= liveness:
+            raise _LivenessTimeout()
         if not conn.sent_since_tick:
             conn.enqueue(wire.MessageType.PING, None)
         conn.sent_since_tick = False

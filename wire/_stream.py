@@ -116,14 +116,27 @@ class FrameStream:
         Raises:
             WireError: as :meth:`receive_frame`.
         """
-        first = await self.receive_frame()
-        if first is None:
-            return []
-        batch = [first]
         ready = self._ready
-        while ready:
-            batch.append(ready.popleft())
-        return batch
+        if ready or self._eof:
+            first = await self.receive_frame()
+            if first is None:
+                return []
+            batch = [first]
+            while ready:
+                batch.append(ready.popleft())
+            return batch
+        decoder = self._decoder
+        while True:
+            # Most reads complete whole frames: hand the decoder's list over as it is.
+            decoder.feed(b"")  # raises an error found after the last frame delivered
+            data = await self.stream.receive_some(self._receive_size)
+            if not data:
+                self._eof = True
+                decoder.feed_eof()
+                return []
+            frames = decoder.feed(data)
+            if frames:
+                return frames
 
     def __aiter__(self) -> AsyncIterator[Frame]:
         return self._frames()

@@ -174,3 +174,72 @@ async def test_plain_tcp_with_insecure_tcp_logs_a_warning(
             assert await otp.connect("b@localhost", b_address)
             assert await otp.call(("echo", "b@localhost"), "whoami") == "b@localhost"
     assert any("plain TCP" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("garbage", b"\x00garbage that is not a frame at all"),
+        ("a dirty-protocol frame", wire.encode_frame(wire.Frame(wire.MessageType.STATUS, 1))),
+        ("a bad SEND payload", wire.encode_message(wire.MessageType.SEND, {"msg": 1})),
+    ],
+)
+async def test_a_connected_peer_that_turns_to_garbage_is_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str, data: bytes
+) -> None:
+    from otp._dist_handshake import initiate
+
+    address = f"unix:{tmp_path}/b.sock"
+    async with PeerNode("b@localhost", address):
+        stream = await trio.open_unix_socket(str(tmp_path / "b.sock"))
+        frames = wire.FrameStream(stream, versions=frozenset({2}))
+        peer = await initiate(
+            frames,
+            name="x@localhost",
+            creation=1,
+            cookie=COOKIE,
+            codecs=(wire.Codec.TLV,),
+            listen=(),
+            expected="b@localhost",
+        )
+        assert peer.name == "b@localhost"
+        await stream.send_all(data)
+        with trio.fail_after(5):
+            while await stream.receive_some(65536):
+                pass  # the node closes the connection
+        await stream.aclose()
+        await _node_is_healthy(address, expected_processes=3)
+    assert any(
+        "dropped: malformed input" in record.getMessage() for record in caplog.records
+    ), name
+
+
+async def test_a_connected_peer_that_falls_silent_is_dropped_after_the_liveness_timeout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from otp._dist_handshake import initiate
+
+    address = f"unix:{tmp_path}/b.sock"
+    async with PeerNode("b@localhost", address, liveness_timeout=0.4):
+        stream = await trio.open_unix_socket(str(tmp_path / "b.sock"))
+        frames = wire.FrameStream(stream, versions=frozenset({2}))
+        await initiate(
+            frames,
+            name="x@localhost",
+            creation=1,
+            cookie=COOKIE,
+            codecs=(wire.Codec.TLV,),
+            listen=(),
+            expected="b@localhost",
+        )
+        start = trio.current_time()
+        pings = 0
+        with trio.fail_after(10):
+            # The node pings us (we never answer) and then gives up on us.
+            async for frame in frames:
+                pings += frame.type is wire.MessageType.PING
+        assert trio.current_time() - start >= 0.4
+        assert pings >= 2
+        await stream.aclose()
+        await _node_is_healthy(address, expected_processes=3)
+    assert any("sent nothing for 0.4 s" in record.getMessage() for record in caplog.records)
