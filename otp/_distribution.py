@@ -170,6 +170,45 @@ def parse_address(address: str) -> tuple[str, Any]:
     )
 
 
+#: Most messages, and about the most bytes, in one SEND_BATCH / REG_SEND_BATCH frame.
+BATCH_MESSAGES = 1024
+BATCH_BYTES = 65536
+
+
+class _Run:
+    """Consecutive sends on one route, encoded one by one, waiting to become a batch frame."""
+
+    __slots__ = ("batch_type", "fields", "items", "mtype", "room", "route", "size")
+
+    def __init__(
+        self,
+        mtype: wire.MessageType,
+        route: tuple[Any, Any],
+        codec: wire.Codec,
+        limits: wire.Limits,
+    ) -> None:
+        self.mtype = mtype
+        self.route = route
+        if mtype is wire.MessageType.SEND:
+            self.batch_type = wire.MessageType.SEND_BATCH
+            self.fields = {"to": route[0]}
+        else:
+            self.batch_type = wire.MessageType.REG_SEND_BATCH
+            self.fields = {"from": route[0], "to": route[1]}
+        self.items: list[bytes] = []
+        self.size = 0
+        # What the items may add up to: the frame must fit the payload limit (the list head
+        # grows by at most 4 bytes over the empty one), and a batch stays about BATCH_BYTES.
+        empty = len(wire.encode_batch(self.batch_type, self.fields, [], codec, limits=limits))
+        self.room = min(BATCH_BYTES, limits.max_payload - (empty - wire.HEADER_SIZE) - 4)
+
+
+def _send_payload(mtype: wire.MessageType, route: tuple[Any, Any], message: Any) -> Any:
+    if mtype is wire.MessageType.SEND:
+        return {"to": route[0], "msg": message}
+    return {"from": route[0], "to": route[1], "msg": message}
+
+
 class Connection:
     """One peer node: its state, the frames waiting to be written, and its process."""
 
@@ -181,6 +220,8 @@ class Connection:
         self.creation = 0
         self._pending: list[tuple[wire.MessageType, Any]] = []
         self._outbox: list[bytes] = []
+        #: Sends queued after the outbox, still joining into one batch frame.
+        self._run: _Run | None = None
         self._writer_lot = trio.lowlevel.ParkingLot()
         self.settled = trio.Event()
         self.process: Process | None = None
@@ -213,33 +254,113 @@ class Connection:
             data = wire.encode_message(mtype, payload, codec=codec, limits=self.dist.config.limits)
         except wire.WireError as exc:
             raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
-        fd = self.direct_fd
-        if (
-            fd is not None
-            and not lazy
-            and not self._corked
-            and not self._outbox
-            and not self._writing
-        ):
-            now = time.perf_counter()
-            if now - self._last_direct > DIRECT_WRITE_GAP:
-                # The first frame after a quiet spell goes straight to the socket, as BEAM writes
-                # to an idle distribution port: no writer task hop on the latency path. Frames
-                # that follow it closely queue and go out in one write.
-                self._last_direct = now
-                try:
-                    written = os.write(fd, data)
-                except (BlockingIOError, InterruptedError):
-                    written = 0
-                except OSError:
-                    written = 0  # the writer meets the error too, and the connection closes
-                self.sent_since_tick = True
-                if written == len(data):
-                    return
-                data = data[written:]
+        if not lazy and self._may_write_directly():
+            data = self._write_directly(data)
+            if not data:
+                return
+        if self._run is not None:
+            self._close_run()
         self._outbox.append(data)
         if self._writer_lot and not self._corked:
             self._writer_lot.unpark()
+
+    def enqueue_send(self, mtype: wire.MessageType, route: tuple[Any, Any], message: Any) -> None:
+        """Queue a SEND (``route`` is ``(to, None)``) or REG_SEND (``(from, name)``) of the wire
+        value ``message``.
+
+        When frames are queued already, consecutive messages on one route join an open batch
+        (SEND_BATCH / REG_SEND_BATCH, see wire/SPEC.md): each message is encoded alone, now, and
+        the routing fields once per batch, so a burst of sends costs a value encoding each on
+        this side and a value decoding each on the other. A lone message after a quiet spell
+        still goes out at once as a plain frame.
+        """
+        if self.state == "down":
+            return
+        codec = self.codec
+        if codec is None or (self._run is None and self._may_write_directly(peek=True)):
+            self.enqueue(mtype, _send_payload(mtype, route, message))
+            return
+        limits = self.dist.config.limits
+        try:
+            item = wire.encode_value(message, codec, limits=limits)
+        except wire.WireError as exc:
+            raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
+        run = self._run
+        if (
+            run is None
+            or run.mtype is not mtype
+            or run.route != route
+            or run.size + len(item) > run.room
+            or len(run.items) >= BATCH_MESSAGES
+        ):
+            if run is not None:
+                self._close_run()
+            run = self._run = _Run(mtype, route, codec, limits)
+            if len(item) > run.room:
+                # Too big for a batch frame: a frame of its own, checked against the frame
+                # limit now, so an oversized message fails in its sender, not in the writer.
+                self._run = None
+                try:
+                    data = wire.encode_batch(
+                        run.batch_type, run.fields, [item], codec, limits=limits
+                    )
+                except wire.WireError as exc:
+                    raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
+                self._outbox.append(data)
+                run = None
+        if run is not None:
+            run.items.append(item)
+            run.size += len(item)
+        if self._writer_lot and not self._corked:
+            self._writer_lot.unpark()
+
+    def _close_run(self) -> None:
+        """Turn the open batch into a frame at the end of the outbox (it fits: see _Run.room)."""
+        run = self._run
+        assert run is not None and self.codec is not None
+        self._run = None
+        self._outbox.append(
+            wire.encode_batch(
+                run.batch_type, run.fields, run.items, self.codec, limits=self.dist.config.limits
+            )
+        )
+
+    def _take_outbox(self) -> list[bytes]:
+        if self._run is not None:
+            self._close_run()
+        batch, self._outbox = self._outbox, []
+        return batch
+
+    def _may_write_directly(self, *, peek: bool = False) -> bool:
+        """Whether a frame may go straight to the socket now: an idle connection after a quiet
+        spell (as BEAM writes to an idle distribution port: no writer task hop on the latency
+        path). Frames that follow closely queue and go out together."""
+        if (
+            self.direct_fd is None
+            or self._corked
+            or self._outbox
+            or self._run is not None
+            or self._writing
+        ):
+            return False
+        now = time.perf_counter()
+        if now - self._last_direct <= DIRECT_WRITE_GAP:
+            return False
+        if not peek:
+            self._last_direct = now
+        return True
+
+    def _write_directly(self, data: bytes) -> bytes:
+        """Write what the socket takes now; returns the rest (empty when all went out)."""
+        assert self.direct_fd is not None
+        try:
+            written = os.write(self.direct_fd, data)
+        except (BlockingIOError, InterruptedError):
+            written = 0
+        except OSError:
+            written = 0  # the writer meets the error too, and the connection closes
+        self.sent_since_tick = True
+        return data[written:] if written < len(data) else b""
 
     @contextlib.contextmanager
     def corked(self) -> Iterator[None]:
@@ -249,17 +370,11 @@ class Connection:
             yield
         finally:
             self._corked = False
-        if self._outbox and not self._writing and self.direct_fd is not None:
-            batch, self._outbox = self._outbox, []
-            data = b"".join(batch)
-            try:
-                written = os.write(self.direct_fd, data)
-            except OSError:
-                written = 0
+        if (self._outbox or self._run) and not self._writing and self.direct_fd is not None:
+            rest = self._write_directly(b"".join(self._take_outbox()))
             self._last_direct = time.perf_counter()
-            self.sent_since_tick = True
-            if written < len(data):
-                self._outbox.insert(0, data[written:])
+            if rest:
+                self._outbox.insert(0, rest)
         if self._outbox and self._writer_lot:
             self._writer_lot.unpark()
 
@@ -282,18 +397,18 @@ class Connection:
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing being written."""
-        return not self._outbox and not self._writing
+        return not self._outbox and self._run is None and not self._writing
 
     async def write_loop(self, stream: trio.abc.Stream) -> None:
         while True:
-            while not self._outbox:
+            while not self._outbox and self._run is None:
                 await self._writer_lot.park()
-            batch, self._outbox = self._outbox, []
+            batch = self._take_outbox()
             self.sent_since_tick = True
             self._writing = True
             await stream.send_all(b"".join(batch) if len(batch) > 1 else batch[0])
             self._writing = False
-            if self.drained is not None and not self._outbox:
+            if self.drained is not None and self.idle:
                 self.drained.set()
 
 
@@ -459,22 +574,20 @@ class Distribution:
             conn = self._conn_for(dest.node)
             if conn is None:
                 return
-            conn.enqueue(
+            conn.enqueue_send(
                 wire.MessageType.SEND,
-                {"to": _wire_pid(self.node, dest), "msg": self._message_to_wire(message)},
+                (_wire_pid(self.node, dest), None),
+                self._message_to_wire(message),
             )
             return
         name, peer = dest
         conn = self._conn_for(peer)
         if conn is None:
             return
-        conn.enqueue(
+        conn.enqueue_send(
             wire.MessageType.REG_SEND,
-            {
-                "from": _wire_pid(self.node, _sender()),
-                "to": name,
-                "msg": self._message_to_wire(message),
-            },
+            (_wire_pid(self.node, _sender()), name),
+            self._message_to_wire(message),
         )
 
     def _message_to_wire(self, message: Any) -> Any:
@@ -646,20 +759,20 @@ class Distribution:
         t = frame.type
         p = frame.payload
         M = wire.MessageType
-        if t is M.SEND:
+        if t is M.SEND_BATCH:
+            messages = _batch(p)
+            proc = node.resolve(pid_from_wire(p["to"], node))
+            if proc is not None:
+                for message in messages:
+                    self._deliver_to(proc, message)
+        elif t is M.REG_SEND_BATCH:
+            name = p["to"]
+            for message in _batch(p):
+                self._reg_send(conn, name, message)
+        elif t is M.SEND:
             self._deliver_send(pid_from_wire(p["to"], node), p["msg"])
         elif t is M.REG_SEND:
-            name, message = p["to"], p["msg"]
-            if name == _NET_KERNEL:
-                self._net_kernel(conn, message)
-                return
-            if name == PG_NAME:
-                if node.pg is not None:
-                    node.pg.from_peer(conn.peer, message)
-                return
-            proc = node.names.get(name.name if isinstance(name, wire.Atom) else name)
-            if proc is not None:
-                self._deliver_to(proc, message)
+            self._reg_send(conn, p["to"], p["msg"])
         elif t is M.LINK:
             sender, target = (
                 pid_from_wire(p["from"], node),
@@ -716,6 +829,18 @@ class Distribution:
             pass
         else:
             raise wire.MalformedMessage(f"{t.name} is not a message nodes send each other")
+
+    def _reg_send(self, conn: Connection, name: Any, message: Any) -> None:
+        node = self.node
+        if name == _NET_KERNEL:
+            self._net_kernel(conn, message)
+        elif name == PG_NAME:
+            if node.pg is not None:
+                node.pg.from_peer(conn.peer, message)
+        else:
+            proc = node.names.get(name.name if isinstance(name, wire.Atom) else name)
+            if proc is not None:
+                self._deliver_to(proc, message)
 
     def _on_monitor(self, watcher: Pid, to: Any, ref: Ref) -> None:
         node = self.node
@@ -800,6 +925,13 @@ def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
     )
     _WIRE_PIDS[pid] = made
     return made
+
+
+def _batch(payload: Any) -> list[Any]:
+    messages = payload["msgs"]
+    if messages.__class__ is not list:
+        raise TypeError(f"msgs must be a list (got {type(messages).__name__})")
+    return messages
 
 
 def _sender() -> Pid | None:

@@ -41,9 +41,13 @@ from ._dist import Monitor as Monitor
 from ._dist import Ping as Ping
 from ._dist import Pong as Pong
 from ._dist import RegSend as RegSend
+from ._dist import RegSendBatch as RegSendBatch
 from ._dist import Send as Send
+from ._dist import SendBatch as SendBatch
 from ._dist import Unlink as Unlink
 from ._dist import choose_codec as choose_codec
+from ._dist import encode_batch as encode_batch
+from ._dist import encode_value as encode_value
 from ._dist import parse_dist as parse_dist
 from ._errors import BadMagic as BadMagic
 from ._errors import InvalidUtf8 as InvalidUtf8
@@ -122,10 +126,12 @@ __all__ = [
     "Pong",
     "Ref",
     "RegSend",
+    "RegSendBatch",
     "Request",
     "RequestIdMismatch",
     "Response",
     "Send",
+    "SendBatch",
     "Stash",
     "StashOp",
     "Status",
@@ -142,8 +148,10 @@ __all__ = [
     "cbor_encode",
     "check_reply",
     "choose_codec",
+    "encode_batch",
     "encode_frame",
     "encode_message",
+    "encode_value",
     "frame_from_json",
     "frame_to_json",
     "from_json",

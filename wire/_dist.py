@@ -7,13 +7,17 @@ so that each field has a name in ``wire/SPEC.md``.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from ._errors import InvalidValue, MalformedMessage
-from ._frame import Codec, Frame, MessageType
+from ._cbor import cbor_encode
+from ._errors import InvalidValue, LimitExceeded, MalformedMessage
+from ._frame import _HEADER, CBOR_FLAG, MAGIC, Codec, Frame, MessageType
+from ._limits import Limits
+from ._tlv import tlv_encode
 from ._values import Atom, ExitReason, Pid, Ref
 
 __all__ = [
@@ -27,9 +31,13 @@ __all__ = [
     "Ping",
     "Pong",
     "RegSend",
+    "RegSendBatch",
     "Send",
+    "SendBatch",
     "Unlink",
     "choose_codec",
+    "encode_batch",
+    "encode_value",
     "parse_dist",
 ]
 
@@ -159,6 +167,30 @@ class RegSend(_Message):
     message: Any
 
 
+def _messages(value: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class SendBatch(_Message):
+    """SEND_BATCH: deliver each of ``messages``, in order, to the process ``to``: what that
+    many SENDs would do, with the routing fields written once."""
+
+    to: Pid = attrs.field(validator=_pid)
+    messages: tuple[Any, ...] = attrs.field(converter=_messages)
+    sender: Pid | None = attrs.field(default=None, validator=_opt_pid)
+
+
+@attrs.frozen
+class RegSendBatch(_Message):
+    """REG_SEND_BATCH: deliver each of ``messages``, in order, to the process registered as
+    ``to``: what that many REG_SENDs would do."""
+
+    sender: Pid = attrs.field(validator=_pid)
+    to: Atom | str = attrs.field(validator=_name)
+    messages: tuple[Any, ...] = attrs.field(converter=_messages)
+
+
 @attrs.frozen
 class Link(_Message):
     """LINK: ``sender`` links to ``to``."""
@@ -240,6 +272,8 @@ DistMessage = (
     Handshake
     | Send
     | RegSend
+    | SendBatch
+    | RegSendBatch
     | Link
     | Unlink
     | Exit
@@ -255,6 +289,14 @@ DistMessage = (
 _LAYOUT: dict[type, tuple[MessageType, tuple[tuple[str, str], ...]]] = {
     Send: (MessageType.SEND, (("to", "to"), ("message", "msg"), ("sender", "from"))),
     RegSend: (MessageType.REG_SEND, (("sender", "from"), ("to", "to"), ("message", "msg"))),
+    SendBatch: (
+        MessageType.SEND_BATCH,
+        (("to", "to"), ("sender", "from"), ("messages", "msgs")),
+    ),
+    RegSendBatch: (
+        MessageType.REG_SEND_BATCH,
+        (("sender", "from"), ("to", "to"), ("messages", "msgs")),
+    ),
     Link: (MessageType.LINK, (("sender", "from"), ("to", "to"))),
     Unlink: (MessageType.UNLINK, (("sender", "from"), ("to", "to"))),
     Exit: (MessageType.EXIT, (("sender", "from"), ("to", "to"), ("reason", "reason"))),
@@ -267,7 +309,7 @@ _LAYOUT: dict[type, tuple[MessageType, tuple[tuple[str, str], ...]]] = {
     ),
 }
 _BY_TYPE = {mtype: (cls, fields) for cls, (mtype, fields) in _LAYOUT.items()}
-_OPTIONAL = {(Send, "from")}
+_OPTIONAL = {(Send, "from"), (SendBatch, "from")}
 
 
 def _to_frame(self: Any, codec: Codec = Codec.TLV) -> Frame:
@@ -280,7 +322,7 @@ def _to_frame(self: Any, codec: Codec = Codec.TLV) -> Frame:
         value = getattr(self, attribute)
         if value is None and (type(self), key) in _OPTIONAL:
             continue
-        payload[key] = value
+        payload[key] = list(value) if key == "msgs" else value
     return Frame(mtype, 0, payload, version=2, codec=codec)
 
 
@@ -327,7 +369,89 @@ def parse_dist(frame: Frame) -> DistMessage:
                 continue
             raise MalformedMessage(f"{t.name} payload lacks the key {key!r}")
         args[attribute] = payload[key]
+    if "messages" in args and type(args["messages"]) is not list:
+        raise MalformedMessage(
+            f"a {t.name} payload's msgs must be a list (got {type(args['messages']).__name__})"
+        )
     try:
         return cls(**args)
     except InvalidValue as exc:
         raise MalformedMessage(f"malformed {t.name} payload: {exc.message}") from exc
+
+
+_DEFAULT_LIMITS = Limits()
+
+
+def encode_value(value: Any, codec: Codec, *, limits: Limits = _DEFAULT_LIMITS) -> bytes:
+    """One version 2 value alone, as it appears inside a payload encoded with ``codec``: the
+    items :func:`encode_batch` takes (so a sender learns of a bad value when it sends it).
+
+    Raises:
+        WireError: as :func:`tlv_encode` / :func:`cbor_encode`.
+    """
+    if codec is Codec.TLV:
+        return tlv_encode(value, version=2, limits=limits)
+    return cbor_encode(value, limits=limits)
+
+
+_TLV_EMPTY_LIST = b"\x20\x00\x00\x00\x00"
+_TLV_COUNT = struct.Struct(">I")
+_CBOR_EMPTY_ARRAY = b"\x80"
+
+
+def _cbor_array_head(n: int) -> bytes:
+    if n < 24:
+        return bytes((0x80 + n,))
+    if n < 0x100:
+        return bytes((0x98, n))
+    if n < 0x10000:
+        return b"\x99" + n.to_bytes(2, "big")
+    return b"\x9a" + n.to_bytes(4, "big")
+
+
+def encode_batch(
+    mtype: MessageType,
+    fields: dict[str, Any],
+    items: Sequence[bytes],
+    codec: Codec,
+    *,
+    limits: Limits = _DEFAULT_LIMITS,
+) -> bytes:
+    """A whole SEND_BATCH or REG_SEND_BATCH frame from its routing ``fields`` (``to``, ``from``)
+    and messages already encoded by :func:`encode_value`: the bytes equal encoding the payload
+    ``{**fields, "msgs": [...]}`` in one go, without encoding any message twice.
+
+    Raises:
+        MalformedMessage: ``mtype`` is not a batch type, or ``fields`` has a ``msgs`` key.
+        LimitExceeded: More messages than ``limits.max_items``, or a payload over
+            ``limits.max_payload``.
+    """
+    if mtype is not MessageType.SEND_BATCH and mtype is not MessageType.REG_SEND_BATCH:
+        raise MalformedMessage(f"{mtype.name} is not a batch message type")
+    if "msgs" in fields:
+        raise MalformedMessage("batch fields must not hold msgs: pass the messages as items")
+    n = len(items)
+    if n > limits.max_items:
+        raise LimitExceeded(f"a batch of {n} messages exceeds max_items={limits.max_items}")
+    # "msgs" is the payload's last key in both codecs: TLV keeps insertion order, and in CBOR's
+    # deterministic order it sorts after "to" and "from". So the payload is the encoding of the
+    # fields with an empty msgs list, that list's head rewritten for n items, then the items.
+    if codec is Codec.TLV:
+        head = tlv_encode({**fields, "msgs": []}, version=2, limits=limits)
+        if not head.endswith(_TLV_EMPTY_LIST):
+            raise MalformedMessage("msgs must be the last key of a batch payload")
+        parts = [head[:-4], _TLV_COUNT.pack(n), *items]
+        code = int(mtype)
+    else:
+        head = cbor_encode({**fields, "msgs": []}, limits=limits)
+        if not head.endswith(_CBOR_EMPTY_ARRAY):
+            raise MalformedMessage("msgs must be the last key of a batch payload")
+        parts = [head[:-1], _cbor_array_head(n), *items]
+        code = int(mtype) | CBOR_FLAG
+    length = sum(map(len, parts))
+    if length > limits.max_payload:
+        raise LimitExceeded(
+            f"{mtype.name} payload of {length} bytes exceeds max_payload={limits.max_payload}; "
+            "send fewer messages per batch"
+        )
+    return b"".join([_HEADER.pack(MAGIC, 2, code, length, 0), *parts])

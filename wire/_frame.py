@@ -53,8 +53,8 @@ _DEFAULT_LIMITS = Limits()
 class MessageType(enum.IntEnum):
     """Frame message types.
 
-    0x01..0x12 are Gunicorn's dirty protocol (versions 1 and 2); 0x20..0x2A are distribution
-    messages (version 2 only; 0x2C..0x3F reserved for distribution); 0x40..0x5F are reserved
+    0x01..0x12 are Gunicorn's dirty protocol (versions 1 and 2); 0x20..0x2D are distribution
+    messages (version 2 only; 0x2E..0x3F reserved for distribution); 0x40..0x5F are reserved
     for the matching service's stream messages; 0x60..0x7F are reserved.
     """
 
@@ -78,6 +78,8 @@ class MessageType(enum.IntEnum):
     PING = 0x29
     PONG = 0x2A
     EXIT2 = 0x2B
+    SEND_BATCH = 0x2C
+    REG_SEND_BATCH = 0x2D
 
 
 class Codec(enum.Enum):

@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 import otp
+import wire
 
 from .peer import COOKIE, PeerNode
 
@@ -218,3 +219,46 @@ async def test_a_full_mesh_forms_through_a_common_peer(sockets: Any) -> None:
                 "a@localhost",
                 "b@localhost",
             ]
+
+
+async def test_a_burst_of_sends_casts_and_calls_keeps_per_pair_order(sockets: Any) -> None:
+    # Bursts travel as batch frames; calls, other routes and plain frames interleave with them.
+    async with PeerNode("b@localhost", sockets("b")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            await otp.connect("b@localhost", sockets("b"))
+            me = otp.self()
+            echo = ("echo", "b@localhost")
+            expected = []
+            for i in range(3000):
+                if i % 500 == 499:
+                    assert await otp.call(echo, i) == i
+                    continue
+                if i % 3 == 0:
+                    otp.send(echo, (me, i))  # echoed back as ("echo", i)
+                    expected.append(("echo", i))
+                else:
+                    otp.cast(echo, (me, i))  # sent back as i
+                    expected.append(i)
+                if i % 7 == 0:
+                    otp.send(("nobody", "b@localhost"), i)  # another route, dropped there
+            got = [await otp.receive() for _ in expected]
+            assert got == expected
+
+
+async def test_a_bad_message_in_a_burst_fails_in_its_sender_only(sockets: Any) -> None:
+    async with PeerNode("b@localhost", sockets("b")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"), limits=wire.Limits(max_payload=4096))
+            await otp.connect("b@localhost", sockets("b"))
+            me = otp.self()
+            echo = ("echo", "b@localhost")
+            for i in range(200):
+                otp.send(echo, (me, i))
+                if i == 50:
+                    with pytest.raises(otp.BadArg, match="a set cannot be sent to another node"):
+                        otp.send(echo, (me, {1, 2}))
+                if i == 100:
+                    with pytest.raises(otp.BadArg, match="max_payload=4096"):
+                        otp.send(echo, (me, b"x" * 10_000))
+            assert [await otp.receive() for _ in range(200)] == [("echo", i) for i in range(200)]

@@ -182,6 +182,12 @@ async def test_plain_tcp_with_insecure_tcp_logs_a_warning(
         ("garbage", b"\x00garbage that is not a frame at all"),
         ("a dirty-protocol frame", wire.encode_frame(wire.Frame(wire.MessageType.STATUS, 1))),
         ("a bad SEND payload", wire.encode_message(wire.MessageType.SEND, {"msg": 1})),
+        (
+            "a batch whose msgs is no list",
+            wire.encode_message(
+                wire.MessageType.SEND_BATCH, {"to": wire.Pid("b@localhost", 1, 1), "msgs": 5}
+            ),
+        ),
     ],
 )
 async def test_a_connected_peer_that_turns_to_garbage_is_dropped(
@@ -209,9 +215,7 @@ async def test_a_connected_peer_that_turns_to_garbage_is_dropped(
                 pass  # the node closes the connection
         await stream.aclose()
         await _node_is_healthy(address, expected_processes=3)
-    assert any(
-        "dropped: malformed input" in record.getMessage() for record in caplog.records
-    ), name
+    assert any("dropped: malformed input" in record.getMessage() for record in caplog.records), name
 
 
 async def test_a_connected_peer_that_falls_silent_is_dropped_after_the_liveness_timeout(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import wire
 
@@ -70,6 +72,9 @@ def test_replies_are_checked_against_the_request_id() -> None:
         wire.Send(P, "m", sender=Q),
         wire.RegSend(P, wire.Atom("logger"), {"a": 1}),
         wire.RegSend(P, "logger", None),
+        wire.SendBatch(P, [1, "two", (wire.Atom("x"),)]),
+        wire.SendBatch(P, [], sender=Q),
+        wire.RegSendBatch(P, wire.Atom("logger"), [{"a": 1}, None]),
         wire.Link(P, Q),
         wire.Unlink(P, Q),
         wire.Exit(P, Q, wire.ExitReason("shutdown", "bye")),
@@ -87,6 +92,62 @@ def test_dist_messages_round_trip(message: object, codec: wire.Codec) -> None:
     (decoded,) = wire.FrameDecoder().feed(wire.encode_frame(frame))
     assert decoded.version == 2 and decoded.codec is codec
     assert wire.parse_dist(decoded) == message
+
+
+batch_items = st.lists(
+    st.one_of(
+        st.none(),
+        st.integers(-(2**70), 2**70),
+        st.text(max_size=30),
+        st.binary(max_size=30),
+        st.tuples(st.integers(), st.text(max_size=5)),
+        st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+    ),
+    max_size=300,
+)
+
+
+@given(batch_items, st.sampled_from(list(wire.Codec)), st.booleans())
+def test_a_batch_built_from_encoded_items_equals_the_whole_payload_encoded(
+    items: list[object], codec: wire.Codec, registered: bool
+) -> None:
+    message: wire.SendBatch | wire.RegSendBatch = (
+        wire.RegSendBatch(Q, wire.Atom("logger"), items)
+        if registered
+        else wire.SendBatch(P, items, sender=Q)
+    )
+    frame = message.to_frame(codec)
+    fields = {k: v for k, v in frame.payload.items() if k != "msgs"}
+    built = wire.encode_batch(
+        frame.type, fields, [wire.encode_value(item, codec) for item in items], codec
+    )
+    assert built == wire.encode_frame(frame)
+    (decoded,) = wire.FrameDecoder().feed(built)
+    assert wire.parse_dist(decoded) == message
+
+
+def test_encode_batch_refuses_what_a_peer_would_reject() -> None:
+    one = [wire.encode_value(1, wire.Codec.TLV)]
+    with pytest.raises(wire.MalformedMessage, match="SEND is not a batch message type"):
+        wire.encode_batch(wire.MessageType.SEND, {"to": P}, one, wire.Codec.TLV)
+    with pytest.raises(wire.MalformedMessage, match="must not hold msgs"):
+        wire.encode_batch(wire.MessageType.SEND_BATCH, {"to": P, "msgs": []}, one, wire.Codec.TLV)
+    small = wire.Limits(max_items=2, max_payload=64)
+    with pytest.raises(wire.LimitExceeded, match="batch of 3 messages exceeds max_items=2"):
+        wire.encode_batch(
+            wire.MessageType.SEND_BATCH, {"to": P}, one * 3, wire.Codec.TLV, limits=small
+        )
+    with pytest.raises(wire.LimitExceeded, match="exceeds max_payload=64"):
+        wire.encode_batch(
+            wire.MessageType.SEND_BATCH,
+            {"to": P},
+            [b"\x10" + bytes(60)],
+            wire.Codec.TLV,
+            limits=small,
+        )
+    frame = wire.Frame(wire.MessageType.SEND_BATCH, 0, {"to": P, "msgs": 1}, version=2)
+    with pytest.raises(wire.MalformedMessage, match="msgs must be a list"):
+        wire.parse_dist(frame)
 
 
 def test_handshake_and_codec_choice() -> None:
