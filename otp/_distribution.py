@@ -178,29 +178,37 @@ BATCH_BYTES = 65536
 class _Run:
     """Consecutive sends on one route, encoded one by one, waiting to become a batch frame."""
 
-    __slots__ = ("batch_type", "fields", "items", "mtype", "room", "route", "size")
+    __slots__ = ("items", "mtype", "room", "route", "size")
 
-    def __init__(
-        self,
-        mtype: wire.MessageType,
-        route: tuple[Any, Any],
-        codec: wire.Codec,
-        limits: wire.Limits,
-    ) -> None:
+    def __init__(self, mtype: wire.MessageType, route: tuple[Any, Any], room: int) -> None:
         self.mtype = mtype
         self.route = route
-        if mtype is wire.MessageType.SEND:
-            self.batch_type = wire.MessageType.SEND_BATCH
-            self.fields = {"to": route[0]}
-        else:
-            self.batch_type = wire.MessageType.REG_SEND_BATCH
-            self.fields = {"from": route[0], "to": route[1]}
+        self.room = room
         self.items: list[bytes] = []
         self.size = 0
-        # What the items may add up to: the frame must fit the payload limit (the list head
-        # grows by at most 4 bytes over the empty one), and a batch stays about BATCH_BYTES.
-        empty = len(wire.encode_batch(self.batch_type, self.fields, [], codec, limits=limits))
-        self.room = min(BATCH_BYTES, limits.max_payload - (empty - wire.HEADER_SIZE) - 4)
+
+    def frame(self, codec: wire.Codec, limits: wire.Limits) -> bytes:
+        batch_type, fields = _batch_fields(self.mtype, self.route)
+        return wire.encode_batch(batch_type, fields, self.items, codec, limits=limits)
+
+
+def _batch_fields(
+    mtype: wire.MessageType, route: tuple[Any, Any]
+) -> tuple[wire.MessageType, dict[str, Any]]:
+    if mtype is wire.MessageType.SEND:
+        return wire.MessageType.SEND_BATCH, {"to": route[0]}
+    return wire.MessageType.REG_SEND_BATCH, {"from": route[0], "to": route[1]}
+
+
+def _batch_room(
+    mtype: wire.MessageType, route: tuple[Any, Any], codec: wire.Codec, limits: wire.Limits
+) -> int:
+    """How many bytes of messages a batch on ``route`` may hold: the frame must fit the payload
+    limit (the list head grows by at most 4 bytes over the empty one's), and a batch stays
+    about BATCH_BYTES."""
+    batch_type, fields = _batch_fields(mtype, route)
+    empty = len(wire.encode_batch(batch_type, fields, [], codec, limits=limits))
+    return min(BATCH_BYTES, limits.max_payload - (empty - wire.HEADER_SIZE) - 4)
 
 
 def _send_payload(mtype: wire.MessageType, route: tuple[Any, Any], message: Any) -> Any:
@@ -222,6 +230,7 @@ class Connection:
         self._outbox: list[bytes] = []
         #: Sends queued after the outbox, still joining into one batch frame.
         self._run: _Run | None = None
+        self._rooms: dict[tuple[Any, Any], int] = {}
         self._writer_lot = trio.lowlevel.ParkingLot()
         self.settled = trio.Event()
         self.process: Process | None = None
@@ -277,7 +286,10 @@ class Connection:
         if self.state == "down":
             return
         codec = self.codec
-        if codec is None or (self._run is None and self._may_write_directly(peek=True)):
+        if codec is None or (
+            self._run is None and (self._corked or self._may_write_directly(peek=True))
+        ):
+            # Nothing to join (a corked call's request, or the first frame after a quiet spell).
             self.enqueue(mtype, _send_payload(mtype, route, message))
             return
         limits = self.dist.config.limits
@@ -295,15 +307,19 @@ class Connection:
         ):
             if run is not None:
                 self._close_run()
-            run = self._run = _Run(mtype, route, codec, limits)
+            room = self._rooms.get(route)
+            if room is None:
+                if len(self._rooms) >= 1024:
+                    self._rooms.clear()
+                room = self._rooms[route] = _batch_room(mtype, route, codec, limits)
+            run = self._run = _Run(mtype, route, room)
             if len(item) > run.room:
                 # Too big for a batch frame: a frame of its own, checked against the frame
                 # limit now, so an oversized message fails in its sender, not in the writer.
                 self._run = None
+                run.items.append(item)
                 try:
-                    data = wire.encode_batch(
-                        run.batch_type, run.fields, [item], codec, limits=limits
-                    )
+                    data = run.frame(codec, limits)
                 except wire.WireError as exc:
                     raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
                 self._outbox.append(data)
@@ -319,11 +335,7 @@ class Connection:
         run = self._run
         assert run is not None and self.codec is not None
         self._run = None
-        self._outbox.append(
-            wire.encode_batch(
-                run.batch_type, run.fields, run.items, self.codec, limits=self.dist.config.limits
-            )
-        )
+        self._outbox.append(run.frame(self.codec, self.dist.config.limits))
 
     def _take_outbox(self) -> list[bytes]:
         if self._run is not None:
