@@ -299,34 +299,37 @@ class Connection:
             raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
         run = self._run
         if (
-            run is None
-            or run.mtype is not mtype
-            or run.route != route
-            or run.size + len(item) > run.room
-            or len(run.items) >= BATCH_MESSAGES
+            run is not None
+            and run.mtype is mtype
+            and run.route == route
+            and run.size + len(item) <= run.room
+            and len(run.items) < BATCH_MESSAGES
         ):
-            if run is not None:
-                self._close_run()
-            room = self._rooms.get(route)
-            if room is None:
-                if len(self._rooms) >= 1024:
-                    self._rooms.clear()
-                room = self._rooms[route] = _batch_room(mtype, route, codec, limits)
-            run = self._run = _Run(mtype, route, room)
-            if len(item) > run.room:
-                # Too big for a batch frame: a frame of its own, checked against the frame
-                # limit now, so an oversized message fails in its sender, not in the writer.
-                self._run = None
-                run.items.append(item)
-                try:
-                    data = run.frame(codec, limits)
-                except wire.WireError as exc:
-                    raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
-                self._outbox.append(data)
-                run = None
-        if run is not None:
+            # The common case of a burst: the writer was woken when the batch began.
             run.items.append(item)
             run.size += len(item)
+            return
+        if run is not None:
+            self._close_run()
+        room = self._rooms.get(route)
+        if room is None:
+            if len(self._rooms) >= 1024:
+                self._rooms.clear()
+            room = self._rooms[route] = _batch_room(mtype, route, codec, limits)
+        run = self._run = _Run(mtype, route, room)
+        if len(item) > run.room:
+            # Too big for a batch frame: a frame of its own, checked against the frame
+            # limit now, so an oversized message fails in its sender, not in the writer.
+            self._run = None
+            run.items.append(item)
+            try:
+                data = run.frame(codec, limits)
+            except wire.WireError as exc:
+                raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
+            self._outbox.append(data)
+        else:
+            run.items.append(item)
+            run.size = len(item)
         if self._writer_lot and not self._corked:
             self._writer_lot.unpark()
 
