@@ -70,6 +70,27 @@ while True:
 """
 
 
+_RAW_TRIO_PEER = r"""
+import sys, trio
+async def main():
+    server = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    await server.bind(sys.argv[1])
+    server.listen(1)
+    print("ready", flush=True)
+    conn, _ = await server.accept()
+    data = b""
+    while True:
+        chunk = await conn.recv(16 - len(data))
+        if not chunk:
+            return
+        data += chunk
+        if len(data) == 16:
+            await conn.send(data)
+            data = b""
+trio.run(main)
+"""
+
+
 def _spawn(code: str, *args: str) -> subprocess.Popen[str]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
@@ -98,6 +119,33 @@ def _raw_round_trips(path: str, n: int) -> list[float]:
                     received += sock.recv(16 - len(received))
                 samples.append(clock() - start)
             return samples
+    finally:
+        peer.kill()
+        peer.wait()
+
+
+def _raw_trio_round_trips(path: str, n: int) -> list[float]:
+    """The same ping-pong with trio on both sides: the floor for anything built on trio's
+    scheduler (two task wake-ups per round trip instead of two blocking reads)."""
+    peer = _spawn(_RAW_TRIO_PEER, path)
+    try:
+
+        async def main() -> list[float]:
+            stream = await trio.open_unix_socket(path)
+            frame = b"0123456789abcdef"
+            samples = []
+            clock = time.perf_counter
+            for _ in range(n):
+                start = clock()
+                await stream.send_all(frame)
+                received = b""
+                while len(received) < 16:
+                    received += await stream.receive_some(16 - len(received))
+                samples.append(clock() - start)
+            await stream.aclose()
+            return samples
+
+        return trio.run(main)
     finally:
         peer.kill()
         peer.wait()
@@ -146,6 +194,7 @@ def remote(quick: bool) -> list[Result]:
     sends = 50_000 if quick else 300_000
     with tempfile.TemporaryDirectory() as tmp:
         raw = statistics.median(_raw_round_trips(f"{tmp}/raw.sock", calls))
+        raw_trio = statistics.median(_raw_trio_round_trips(f"{tmp}/trio.sock", calls))
         samples, elapsed = _otp_remote(f"unix:{tmp}/peer.sock", calls, sends)
     ours = statistics.median(samples)
     return [
@@ -157,6 +206,15 @@ def remote(quick: bool) -> list[Result]:
             raw * 1e6,
             direction="lower",
             notes="GenServer.call to a node in another OS process over a Unix socket",
+        ),
+        Result(
+            "remote.call_vs_trio",
+            "us median",
+            ours * 1e6,
+            "raw trio unix ping-pong (16 B)",
+            raw_trio * 1e6,
+            direction="lower",
+            notes="context: the same ping-pong with trio tasks on both ends",
         ),
         Result(
             "remote.send",
