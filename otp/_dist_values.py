@@ -39,6 +39,21 @@ _SCALARS = (type(None), bool, int, float, str, bytes)
 _ATOM_REASONS = frozenset({"normal", "shutdown", "kill", "killed", "noproc", "noconnection"})
 
 
+_WIRE_IDS: dict[Pid | Ref, Any] = {}
+
+
+def wire_id(value: Pid | Ref) -> Any:
+    """The wire form of a pid or ref, cached: the same few pids send most messages, and a call's
+    ref crosses three times (MONITOR, the request, DEMONITOR); the wire classes validate."""
+    made = _WIRE_IDS.get(value)
+    if made is None:
+        if len(_WIRE_IDS) >= 4096:
+            _WIRE_IDS.clear()
+        kind = wire.Pid if value.__class__ is Pid else wire.Ref
+        made = _WIRE_IDS[value] = kind(value.node, value.id, value.creation)
+    return made
+
+
 def reason_to_wire(reason: Any) -> wire.ExitReason:
     """An exit reason as a wire ``ExitReason``."""
     if isinstance(reason, str) and reason in _ATOM_REASONS:
@@ -89,10 +104,8 @@ def value_to_wire(value: Any) -> Any:
     cls = value.__class__
     if cls in _SCALARS:
         return value
-    if cls is Pid:
-        return wire.Pid(value.node, value.id, value.creation)
-    if cls is Ref:
-        return wire.Ref(value.node, value.id, value.creation)
+    if cls is Pid or cls is Ref:
+        return wire_id(value)
     if cls is list:
         return [value_to_wire(item) for item in value]
     if cls is tuple:

@@ -36,6 +36,7 @@ from ._dist_values import (
     reason_to_wire,
     value_from_wire,
     value_to_wire,
+    wire_id,
 )
 from ._errors import BadArg, CallError, CallTimeout, OtpError
 from ._gen_server import _Call, _Cast, _wait
@@ -923,22 +924,11 @@ class Distribution:
                 self.connection(name)
 
 
-_WIRE_PIDS: dict[Pid | None, wire.Pid] = {}
-
-
 def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
-    """The wire form of a sender's pid (cached: the same few processes send most messages)."""
-    cached = _WIRE_PIDS.get(pid)
-    if cached is not None and (pid is not None or cached.node == node.name):
-        return cached
-    if len(_WIRE_PIDS) > 4096:
-        _WIRE_PIDS.clear()
-    made = (
-        wire.Pid(node.name, 0, node.creation)
-        if pid is None
-        else wire.Pid(pid.node, pid.id, pid.creation)
-    )
-    _WIRE_PIDS[pid] = made
+    """The wire form of a sender's pid; outside any process, the node's own pseudo-pid 0."""
+    if pid is None:
+        return wire.Pid(node.name, 0, node.creation)
+    made: wire.Pid = wire_id(pid)
     return made
 
 
