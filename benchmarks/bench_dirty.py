@@ -1,5 +1,6 @@
-"""Dirty pool benchmarks: a real pool (this process's node + worker processes) called by our
-sync client, each figure against a raw Unix-socket ping-pong measured in the same run.
+"""Dirty pool benchmarks: a real pool (``python -m otp.node --app apps.dirty``, its own OS process,
+with its worker processes) called by our sync client from this process, each figure against a
+raw Unix-socket ping-pong measured in the same run.
 
 ``dirty.execute``: median round trip of a small echo (1 client); ``dirty.execute_8``: calls/s
 with 8 concurrent callers (threads sharing one client); ``dirty.stream``: chunks/s of a 10k-chunk
@@ -21,10 +22,6 @@ import threading
 import time
 from typing import Any
 
-import trio
-
-import otp
-import supervisors
 from apps import dirty
 
 from ._harness import Benchmark, Result
@@ -120,6 +117,8 @@ def _measure(client: Any, quick: bool, callers: list[Any] | None = None) -> dict
     count = sum(1 for _ in client.stream(APP, "chunks", chunks))
     out["stream"] = count / (time.perf_counter() - t0)
     blob = b"y" * (1 << 20)
+    for _ in range(4):  # each worker's first large frames (buffers, heap) are not the figure
+        client.execute(APP, "echo", blob)
     big = []
     for _ in range(5 if quick else 20):
         t0 = time.perf_counter()
@@ -172,61 +171,86 @@ def _run_gunicorn(quick: bool) -> dict[str, float] | None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    found: list[str] = []
+
+    def probe() -> None:
+        with open(socket_file) as f:
+            path = f.read().strip()
+        client = GunicornClient(path, timeout=2)
+        try:
+            client.execute(APP, "echo", 1)
+        finally:
+            client.close()
+        found.append(path)
+
     try:
-        deadline = time.monotonic() + 30
-        path = ""
-        while time.monotonic() < deadline and proc.poll() is None:
-            if os.path.exists(socket_file):
-                path = open(socket_file).read().strip()
-                if path and os.path.exists(path):
-                    try:
-                        probe = GunicornClient(path, timeout=2)
-                        probe.execute(APP, "echo", 1)
-                        probe.close()
-                        break
-                    except Exception:
-                        pass
-            time.sleep(0.1)
-        else:
+        if not _wait_answering(proc, probe, "gunicorn's dirty arbiter"):
             return None
-        client = GunicornClient(path, timeout=60)
-        callers = [GunicornClient(path, timeout=60) for _ in range(8)]
+        client = GunicornClient(found[0], timeout=60)
+        callers = [GunicornClient(found[0], timeout=60) for _ in range(8)]
         try:
             return _measure(client, quick, callers)
         finally:
             for c in [client, *callers]:
                 c.close()
     finally:
-        proc.terminate()
+        _stop(proc)
+
+
+def _wait_answering(proc: subprocess.Popen[bytes], ready: Any, what: str) -> bool:
+    """Poll ``ready()`` until it returns without raising (True), or the process exits or 30 s
+    pass (False)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            ready()
+            return True
+        except Exception:
+            time.sleep(0.1)
+    print(f"bench_dirty: {what} did not start answering", file=sys.stderr)
+    return False
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _run_pool(quick: bool) -> dict[str, float]:
+    """Start our pool as users run it (``python -m otp.node --app apps.dirty ...``, its own OS
+    process, same app, workers and threads as Gunicorn's) and measure it from this process with
+    one sync client shared by the 8 caller threads."""
     tmp = tempfile.mkdtemp(prefix="bench-dirty-")
     path = os.path.join(tmp, "pool.sock")
-    config = dirty.DirtyConfig(
-        dirty_apps=[APP],
-        dirty_workers=2,
-        dirty_threads=4,
-        dirty_socket=path,
-        dirty_pidfile="",
-        handle_signals=False,
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = [
+        sys.executable, "-m", "otp.node", "--log-level", "warning", "--app", "apps.dirty",
+        "--dirty-app", APP, "--dirty-workers", "2", "--dirty-threads", "4",
+        "--dirty-socket", path, "--dirty-pidfile", "",
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=root)
+    proc = subprocess.Popen(
+        args, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    result: dict[str, float] = {}
+    try:
 
-    async def main() -> None:
-        await supervisors.start_application(dirty.application(dirty_config=config))
-        client = dirty.DirtyClient(path)
-        result.update(await trio.to_thread.run_sync(_measure, client, quick))
-        client.close()
-        await supervisors.stop_application("dirty")
+        def probe() -> None:
+            with dirty.DirtyClient(path, timeout=2) as c:
+                c.execute(APP, "echo", 1)
 
-    otp.run(main)
-    return result
+        if not _wait_answering(proc, probe, "the otp.node dirty pool"):
+            raise RuntimeError(f"the dirty pool node did not start (exit code {proc.poll()})")
+        client = dirty.DirtyClient(path, timeout=60)
+        try:
+            return _measure(client, quick)
+        finally:
+            client.close()
+    finally:
+        _stop(proc)
 
 
 def run(quick: bool) -> list[Result]:

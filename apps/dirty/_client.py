@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import select
 import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -34,14 +36,19 @@ from ._errors import (
     error_from_dict,
 )
 from ._frames import (
+    BIG,
     CHUNK,
     END,
     ERROR,
     RESPONSE,
+    FrameBuffer,
     FrameSplitter,
+    big_value,
     decode_payload,
     encode,
     header,
+    request_parts,
+    send_parts,
     tune_socket,
 )
 
@@ -80,14 +87,13 @@ class _Slot:
 
 
 class _Conn:
-    """One connection: its socket (or async stream), frame splitter and waiting slots."""
+    """The async connection: its stream, frame splitter and waiting slots."""
 
     def __init__(self) -> None:
         self.splitter = FrameSplitter()
         self.slots: dict[int, _Slot] = {}
         self.reading = False
         self.broken: DirtyError | None = None
-        self.sock: socket.socket | None = None
         self.stream: Any = None
         self.writer: Any = None
         self.backend = ""
@@ -131,8 +137,39 @@ def _error_of(payload: bytes) -> DirtyError:
         return exc
 
 
-def _result(mtype: int, payload: bytes) -> Any:
+_CHUNK_HEAD = b"\x21\x00\x00\x00\x01" + wire.tlv_encode("data", version=1)
+_CHUNK_HEAD_LEN = len(_CHUNK_HEAD)
+#: The value sits one level inside the payload's dict (its key and value count as two items).
+_V1_LIMITS = wire.Limits(
+    max_depth=wire.Limits().max_depth - 1, max_total_items=wire.Limits().max_total_items - 2
+)
+
+
+def _decode_value(payload: bytes) -> Any:
+    """The value of a ``{data: value}`` CHUNK payload (decoded after its fixed head).
+
+    Raises:
+        DirtyProtocolError: The value is not valid TLV.
+    """
+    try:
+        return wire.tlv_decode(payload[_CHUNK_HEAD_LEN:], version=1, limits=_V1_LIMITS)
+    except wire.WireError as exc:
+        raise DirtyProtocolError(f"malformed payload: {exc}") from exc
+
+
+class _Value:
+    """A reply's value, taken out of its payload already (see ``big_value``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _result(mtype: int, payload: Any) -> Any:
     """The value a final frame carries, or raise the error it carries."""
+    if type(payload) is _Value:
+        return payload.value
     if mtype == ERROR:
         raise _error_of(payload)
     body = decode_payload(payload)
@@ -141,6 +178,120 @@ def _result(mtype: int, payload: bytes) -> Any:
     if mtype == CHUNK:
         return (body or {}).get("data")
     raise DirtyProtocolError(f"unexpected message type 0x{mtype:02x} in a reply")
+
+
+_allocate_lock = threading.Lock
+_DONTWAIT = socket.MSG_DONTWAIT
+_WAITALL = socket.MSG_WAITALL
+
+
+class _Waiter:
+    """One sync call's frames; while its thread sleeps, ``lock`` is held and released to wake it."""
+
+    __slots__ = ("frames", "lock")
+
+    def __init__(self) -> None:
+        self.frames: deque[tuple[int, Any]] = deque()
+        self.lock: Any = None
+
+
+class _SyncConn:
+    """The sync connection, shared by threads.
+
+    Writes: a thread queues its frame; if no thread is sending, it becomes the sender and sends
+    everything queued (its frame and those queued meanwhile by others) until the queue is empty,
+    so concurrent callers share sends. Reads (leader/follower): one waiting thread at a time
+    reads the socket, hands every frame of the read to its waiter (waking that thread only) and,
+    once its own reply is in, passes the reading role to a sleeping waiter. A lone caller so
+    reads its own reply with no thread switch. ``lock`` guards everything but the socket I/O.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.poller = select.poll()
+        self.poller.register(sock.fileno(), select.POLLIN)
+        self.lock = threading.Lock()
+        self.buffer = FrameBuffer()
+        self.waiters: dict[int, _Waiter] = {}
+        #: Waiters whose thread sleeps on its ``lock``, by request id.
+        self.sleeping: dict[int, _Waiter] = {}
+        self.out: list[Any] = []
+        self.sending = False
+        self.reading = False
+        self.broken: DirtyError | None = None
+
+    def fail(self, error: DirtyError) -> None:
+        """Break the connection (lock held): every call on it raises ``error``."""
+        if self.broken is None:
+            self.broken = error
+        self.out.clear()
+        self.wake_all()
+
+    def wake_all(self) -> None:
+        for waiter in self.sleeping.values():
+            waiter.lock.release()
+        self.sleeping.clear()
+
+    def wake_reader(self) -> None:
+        """Pass the reading role to a sleeping waiter, if any (lock held)."""
+        if self.sleeping:
+            waiter = self.sleeping.pop(next(iter(self.sleeping)))
+            waiter.lock.release()
+
+    def take(self, n: int) -> None:
+        """Hand the frames completed by ``n`` received bytes to their waiters (lock held).
+
+        Raises:
+            DirtyProtocolError: The pool sent bytes that are not GD v1 frames.
+        """
+        buffer = self.buffer
+        view = buffer.view
+        waiters = self.waiters
+        sleeping = self.sleeping
+        for mtype, rid, start, stop in buffer.frames(n):
+            waiter = waiters.get(rid)
+            if waiter is not None:
+                value = big_value(mtype, view, start, stop) if stop - start >= BIG else None
+                waiter.frames.append(
+                    (mtype, bytes(view[start:stop]) if value is None else _Value(value))
+                )
+                if rid in sleeping:
+                    del sleeping[rid]
+                    waiter.lock.release()
+            elif rid == 0 and mtype == ERROR:
+                self.fail(_error_of(bytes(view[start:stop])))
+
+    def send(self, parts: list[Any], rid: int = 0, waiter: _Waiter | None = None) -> None:
+        """Register ``waiter`` for ``rid`` (if given) and send ``parts``, or queue them for the
+        thread sending now.
+
+        Raises:
+            DirtyError: The connection is broken.
+            OSError: Sending failed (the connection is then broken).
+        """
+        lock = self.lock
+        with lock:
+            if self.broken is not None:
+                raise self.broken
+            if waiter is not None:
+                self.waiters[rid] = waiter
+            if self.sending:
+                self.out += parts
+                return
+            self.sending = True
+        try:
+            while True:
+                send_parts(self.sock, parts)
+                with lock:
+                    parts = self.out
+                    if not parts:
+                        self.sending = False
+                        return
+                    self.out = []
+        except BaseException:
+            with lock:
+                self.sending = False
+            raise
 
 
 class DirtyClient:
@@ -159,9 +310,8 @@ class DirtyClient:
         self.socket_path = socket_path or get_dirty_socket_path()
         self.timeout = timeout
         self._ids = itertools.count(1)
-        self._cond = threading.Condition()
-        self._send_lock = threading.Lock()
-        self._sync: _Conn | None = None
+        self._connect_lock = threading.Lock()
+        self._sync: _SyncConn | None = None
         self._async: _Conn | None = None
 
     # ------------------------------------------------------------------------ sync calls
@@ -174,15 +324,25 @@ class DirtyClient:
         """
         self._sync_conn()
 
-    def _sync_conn(self) -> _Conn:
-        with self._cond:
+    def _sync_conn(self) -> _SyncConn:
+        conn = self._sync
+        if conn is not None and conn.broken is None:
+            return conn
+        with self._connect_lock:
             conn = self._sync
             if conn is not None and conn.broken is None:
                 return conn
-            conn = _Conn()
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 tune_socket(sock)
+                if self.timeout is not None:
+                    # Blocking sends (and reads of a large frame's rest) give up after the
+                    # timeout too; the socket stays blocking: the reading thread polls with its
+                    # own deadline.
+                    seconds = max(0.001, self.timeout)
+                    timeval = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
                 sock.connect(self.socket_path)
             except OSError as exc:
                 sock.close()
@@ -191,19 +351,8 @@ class DirtyClient:
                     " node running, and is GUNICORN_DIRTY_SOCKET right?",
                     socket_path=self.socket_path,
                 ) from exc
-            conn.sock = sock
-            self._sync = conn
+            conn = self._sync = _SyncConn(sock)
             return conn
-
-    def _send(self, conn: _Conn, data: bytes) -> None:
-        assert conn.sock is not None
-        try:
-            with self._send_lock:
-                conn.sock.sendall(data)
-        except OSError as exc:
-            with self._cond:
-                conn.fail(self._lost(exc))
-            raise self._lost(exc) from exc
 
     def _lost(self, exc: Any) -> DirtyConnectionError:
         return DirtyConnectionError(
@@ -211,62 +360,98 @@ class DirtyClient:
             socket_path=self.socket_path,
         )
 
-    def _open(self, frame: wire.Frame) -> tuple[_Conn, int, _Slot]:
+    def _open(self, rid: int, parts: list[Any]) -> tuple[_SyncConn, _Waiter]:
         conn = self._sync_conn()
-        rid = frame.request_id
-        slot = _Slot()
-        with self._cond:
-            conn.slots[rid] = slot
+        waiter = _Waiter()
         try:
-            self._send(conn, encode(frame))
+            conn.send(parts, rid, waiter)
+        except OSError as exc:
+            error = self._lost(exc)
+            with conn.lock:
+                conn.waiters.pop(rid, None)
+                conn.fail(error)
+            raise error from exc
         except BaseException:
-            with self._cond:
-                conn.slots.pop(rid, None)
+            with conn.lock:
+                conn.waiters.pop(rid, None)
             raise
-        return conn, rid, slot
+        return conn, waiter
 
     def _next(
-        self, conn: _Conn, rid: int, slot: _Slot, deadline: float | None
+        self, conn: _SyncConn, rid: int, waiter: _Waiter, deadline: float | None, last: bool
     ) -> tuple[int, bytes]:
-        """The next frame for ``rid``; one waiting thread reads the socket for all of them."""
+        """The next frame for ``rid`` (``last``: the call ends with it). The calling thread
+        reads the socket for every waiting call when no other thread does."""
+        frames = waiter.frames
+        if frames and not last:
+            return frames.popleft()  # only this thread takes from its waiter
+        lock = conn.lock
         while True:
-            with self._cond:
-                while True:
-                    if slot.frames:
-                        return slot.frames.popleft()
-                    if conn.broken is not None:
-                        raise conn.broken
-                    if not conn.reading:
-                        conn.reading = True
-                        break
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise self._timed_out()
-                    self._cond.wait(remaining)
-            data: bytes | None = None
-            error: DirtyError | None = None
-            try:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise self._timed_out()
-                assert conn.sock is not None
-                conn.sock.settimeout(remaining)
+            lock.acquire()
+            if waiter.frames:
+                frame = waiter.frames.popleft()
+                if last:
+                    conn.waiters.pop(rid, None)
+                lock.release()
+                return frame
+            if conn.broken is not None:
+                lock.release()
+                raise conn.broken
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                lock.release()
+                raise self._timed_out()
+            if conn.reading:
+                sleeper = waiter.lock = _allocate_lock()
+                sleeper.acquire()
+                conn.sleeping[rid] = waiter
+                lock.release()
+                if not sleeper.acquire(True, -1 if remaining is None else remaining):
+                    with lock:
+                        conn.sleeping.pop(rid, None)
+                continue
+            conn.reading = True
+            lock.release()
+            self._read(conn, remaining, waiter)
+
+    def _read(self, conn: _SyncConn, remaining: float | None, waiter: _Waiter) -> None:
+        """One read for every waiting call (this thread has the reading role)."""
+        n = 0
+        error: DirtyError | None = None
+        ready: Any = True
+        try:
+            missing = conn.buffer.missing()
+            if missing >= BIG:
+                # The rest of a large frame, in one blocking read (SO_RCVTIMEO bounds it).
+                n = conn.sock.recv_into(conn.buffer.space(), missing, _WAITALL)
+            else:
+                ready = conn.poller.poll(None if remaining is None else remaining * 1000 + 1)
+                if ready:
+                    n = conn.sock.recv_into(conn.buffer.space(), 0, _DONTWAIT)
+            if ready and not n:
+                error = self._lost("the pool closed the connection")
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:
+            error = self._lost(exc)
+        except DirtyProtocolError as exc:
+            error = exc
+        except BaseException:  # (KeyboardInterrupt, ...): another waiter reads on
+            with conn.lock:
+                conn.reading = False
+                conn.wake_reader()
+            raise
+        with conn.lock:
+            conn.reading = False
+            if n:
                 try:
-                    data = conn.sock.recv(conn.splitter.read_size())
-                except TimeoutError:
-                    data = None
-                except OSError as exc:
-                    error = self._lost(exc)
-            finally:
-                with self._cond:
-                    conn.reading = False
-                    if data:
-                        conn.dispatch(data)
-                    elif data == b"":
-                        conn.fail(self._lost("the pool closed the connection"))
-                    elif error is not None:
-                        conn.fail(error)
-                    self._cond.notify_all()
+                    conn.take(n)
+                except DirtyProtocolError as exc:
+                    error = exc
+            if error is not None:
+                conn.fail(error)
+            elif waiter.frames or not ready:
+                conn.wake_reader()  # this thread is done reading: another waiter takes over
 
     def _timed_out(self) -> DirtyTimeoutError:
         return DirtyTimeoutError(
@@ -274,31 +459,33 @@ class DirtyClient:
             timeout=self.timeout,
         )
 
-    def _abandon(self, conn: _Conn, rid: int) -> None:
-        with self._cond:
-            had = conn.slots.pop(rid, None) is not None
-        if had and conn.broken is None:
-            try:
-                self._send(conn, header(END, 0, rid))
-            except DirtyError:
-                pass
+    def _abandon(self, conn: _SyncConn, rid: int) -> None:
+        with conn.lock:
+            had = conn.waiters.pop(rid, None) is not None
+            conn.sleeping.pop(rid, None)
+            if not had or conn.broken is not None:
+                return
+        try:
+            conn.send([header(END, 0, rid)])
+        except (DirtyError, OSError):
+            pass
 
     def _deadline(self) -> float | None:
         return None if self.timeout is None else time.monotonic() + self.timeout
 
     def _call(self, frame: wire.Frame) -> Any:
-        conn, rid, slot = self._open(frame)
+        return self._call_parts(frame.request_id, [encode(frame)])
+
+    def _call_parts(self, rid: int, parts: list[Any]) -> Any:
+        conn, waiter = self._open(rid, parts)
         done = False
         try:
-            mtype, payload = self._next(conn, rid, slot, self._deadline())
+            mtype, payload = self._next(conn, rid, waiter, self._deadline(), True)
             done = True
-            return _result(mtype, payload)
         finally:
-            if done:
-                with self._cond:
-                    conn.slots.pop(rid, None)
-            else:
+            if not done:
                 self._abandon(conn, rid)
+        return _result(mtype, payload)
 
     def execute(self, app_path: str, action: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``action`` of the app at ``app_path`` in a worker; return its result.
@@ -308,35 +495,42 @@ class DirtyClient:
             DirtyAppNotFoundError, DirtyNoWorkersAvailableError, DirtyWorkerError,
             DirtyTimeoutError, DirtyConnectionError, DirtyProtocolError: as named.
         """
-        return self._call(wire.make_request(next(self._ids), app_path, action, args, kwargs))
+        rid = next(self._ids)
+        return self._call_parts(rid, request_parts(rid, app_path, action, args, kwargs))
 
     def stream(self, app_path: str, action: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
         """Run a streaming action; iterate its chunks. Breaking out of the loop (or closing the
         iterator) abandons the stream: the worker's generator is stopped. An error mid-stream
         is raised from the iteration as its typed error."""
-        return self._stream(wire.make_request(next(self._ids), app_path, action, args, kwargs))
+        rid = next(self._ids)
+        return self._stream(rid, request_parts(rid, app_path, action, args, kwargs))
 
-    def _stream(self, frame: wire.Frame) -> Iterator[Any]:
-        conn, rid, slot = self._open(frame)
+    def _stream(self, rid: int, parts: list[Any]) -> Iterator[Any]:
+        conn, waiter = self._open(rid, parts)
         finished = False
+        frames = waiter.frames
         try:
             while True:
-                mtype, payload = self._next(conn, rid, slot, self._deadline())
-                if mtype == END:
-                    finished = True
-                    return
-                if mtype != CHUNK:
-                    finished = True
+                if frames:  # chunks already read: no lock (only this thread takes them)
+                    mtype, payload = frames.popleft()
+                else:
+                    mtype, payload = self._next(conn, rid, waiter, self._deadline(), False)
+                if mtype == CHUNK:
+                    if type(payload) is bytes and payload[:_CHUNK_HEAD_LEN] == _CHUNK_HEAD:
+                        yield _decode_value(payload)
+                    else:
+                        yield _result(mtype, payload)
+                    continue
+                finished = True
+                with conn.lock:
+                    conn.waiters.pop(rid, None)
+                if mtype != END:
                     result = _result(mtype, payload)
                     if result is not None:
                         yield result
-                    return
-                yield _result(mtype, payload)
+                return
         finally:
-            if finished:
-                with self._cond:
-                    conn.slots.pop(rid, None)
-            else:
+            if not finished:
                 self._abandon(conn, rid)
 
     def stash_request(
@@ -356,12 +550,11 @@ class DirtyClient:
 
     def close(self) -> None:
         """Close the sync connection; calls in flight on it fail with DirtyConnectionError."""
-        with self._cond:
+        with self._connect_lock:
             conn, self._sync = self._sync, None
-            if conn is not None:
+        if conn is not None:
+            with conn.lock:
                 conn.fail(DirtyConnectionError("the client was closed", self.socket_path))
-                self._cond.notify_all()
-        if conn is not None and conn.sock is not None:
             try:
                 conn.sock.shutdown(socket.SHUT_RDWR)
             except OSError:

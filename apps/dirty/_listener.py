@@ -3,11 +3,12 @@
 The listener binds the pool's Unix socket (``GUNICORN_DIRTY_SOCKET``) and starts a connection
 process under the ``dirty_connections`` DynamicSupervisor for each client. A connection reads GD
 v1 frames; many requests may be in flight on it at once, matched by request id. A REQUEST goes
-to a worker holding its app (round-robin, from the router's ETS table); replies come back as
-bytes ready to write. STASH runs here, on ETS; STATUS and MANAGE ask the router. An END *from* a
-client abandons that request (the worker stops its generator). A client that breaks the protocol
-gets an ERROR (DirtyProtocolError) and is disconnected; a client that disconnects abandons its
-requests.
+to a worker holding its app (round-robin, from the router's ``Routes``); only the payload's
+leading ``app_path`` is read, the bytes are forwarded as they are (all of one read's requests
+for a worker in one write), and replies come back as bytes ready to write. STASH runs here, on
+ETS; STATUS and MANAGE ask the router. An END *from* a client abandons that request (the worker
+stops its generator). A client that breaks the protocol gets an ERROR (DirtyProtocolError) and is
+disconnected; a client that disconnects abandons its requests.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ from ._frames import (
     REQUEST,
     STASH,
     STATUS,
-    FrameSplitter,
+    FrameBuffer,
     decode_payload,
     encode,
+    peek_route,
     tune_socket,
 )
-from ._pool import ACTORS, ROUTER, Outbox, PoolContext, error_bytes
-from ._router import ROUTES
+from ._pool import BUSY_READS, ROUTER, Outbox, PoolContext, Routes, error_bytes
 from ._stash import stash_operation
 
 logger = logging.getLogger("apps.dirty")
@@ -96,7 +97,10 @@ async def _accept_loop(ctx: PoolContext, listener: trio.SocketListener) -> None:
             stream = await listener.accept()
             tune_socket(stream.socket)
             spec = supervisors.ChildSpec(
-                "conn", (_start_connection, stream), restart="temporary", shutdown="brutal_kill"
+                "conn",
+                (_start_connection, stream, ctx.routes),
+                restart="temporary",
+                shutdown="brutal_kill",
             )
             result = await supervisors.start_child(CONNECTIONS, spec)
             if result[0] != "ok":
@@ -111,8 +115,8 @@ async def _accept_loop(ctx: PoolContext, listener: trio.SocketListener) -> None:
             pass
 
 
-async def _start_connection(stream: trio.SocketStream) -> otp.Pid:
-    return otp.spawn_link(_connection, stream)
+async def _start_connection(stream: trio.SocketStream, routes: Routes) -> otp.Pid:
+    return otp.spawn_link(_connection, stream, routes)
 
 
 @attrs.define(eq=False)
@@ -120,22 +124,24 @@ class _Conn:
     me: otp.Pid
     stream: trio.SocketStream
     outbox: Outbox
-    pending: dict[int, otp.Pid] = attrs.Factory(dict)
-    monitors: dict[otp.Pid, otp.Ref] = attrs.Factory(dict)
-    by_ref: dict[otp.Ref, otp.Pid] = attrs.Factory(dict)
+    routes: Routes
+    #: Requests in flight: client request id -> the worker actor running it.
+    pending: dict[int, Any] = attrs.Factory(dict)
+    monitors: dict[Any, otp.Ref] = attrs.Factory(dict)
+    by_ref: dict[otp.Ref, Any] = attrs.Factory(dict)
 
-    def deliver(self, data: bytes, done: tuple[int, ...]) -> None:
+    def deliver(self, parts: list[Any], done: list[int]) -> None:
         """Frames from a worker actor (run in its task): written to the client at once."""
         pending = self.pending
         for rid in done:
             pending.pop(rid, None)
-        self.outbox.write(data)
+        self.outbox.writev(parts)
 
 
-async def _connection(stream: trio.SocketStream) -> None:
+async def _connection(stream: trio.SocketStream, routes: Routes) -> None:
     me = otp.self()
     outbox = Outbox(stream.socket.fileno(), lambda: otp.send(me, _ReaderDone("broken")))
-    conn = _Conn(me, stream, outbox)
+    conn = _Conn(me, stream, outbox, routes)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_reader, conn, nursery)
@@ -144,10 +150,8 @@ async def _connection(stream: trio.SocketStream) -> None:
             nursery.cancel_scope.cancel()
     finally:
         outbox.close()
-        for rid, worker in conn.pending.items():
-            actor = ACTORS.get(worker)
-            if actor is not None:
-                actor.cancel(conn, rid)
+        for rid, actor in conn.pending.items():
+            actor.cancel(conn, rid)
         with trio.CancelScope(shield=True):
             await stream.aclose()
 
@@ -163,7 +167,7 @@ async def _writer(conn: _Conn) -> None:
             worker = conn.by_ref.pop(msg.ref, None)
             if worker is not None:
                 conn.monitors.pop(worker, None)
-                lost = [rid for rid, w in pending.items() if w == worker]
+                lost = [rid for rid, w in pending.items() if w is worker]
                 for rid in lost:
                     del pending[rid]
                     outbox.write(error_bytes(rid, _worker_gone(msg.reason)))
@@ -181,40 +185,60 @@ def _worker_gone(reason: Any) -> DirtyError:
 
 
 async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
+    """Take every frame of each read: requests go to their workers with one write per worker
+    per read; the payload bytes are forwarded, not decoded (only the route is read)."""
     me = conn.me
-    send = otp.send
     write = conn.outbox.write
-    splitter = FrameSplitter()
-    reason: Any = otp.NORMAL
+    fd = conn.stream.socket.fileno()
+    buffer = FrameBuffer()
+    readv = os.readv
+    wait_readable = trio.lowlevel.wait_readable
+    busy = 0
+    drained = True
     try:
         while True:
+            if drained:  # the last read did not fill the buffer: wait for more
+                busy = 0
+                await wait_readable(fd)
+            elif busy == BUSY_READS:  # let the other tasks run now and then
+                busy = 0
+                await trio.lowlevel.checkpoint()
             try:
-                data = await conn.stream.receive_some(splitter.read_size())
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                space = buffer.space()
+                n = readv(fd, [space])
+                busy += 1
+                if not n:
+                    return
+                drained = n < len(space)
+                frames = buffer.frames(n)
+            except BlockingIOError:
+                drained = True
+                continue
+            except (OSError, trio.ClosedResourceError):
                 return
-            if not data:
-                return
-            try:
-                frames = splitter.feed(data)
             except DirtyProtocolError as exc:
                 write(error_bytes(0, exc))
                 logger.warning("dirty pool: dropping a client that sent garbage: %s", exc)
                 return
-            for mtype, rid, payload in frames:
+            if not frames:
+                continue  # (a large frame's first part: read on at once)
+            view = buffer.view
+            now = trio.current_time()
+            touched: dict[Any, None] = {}
+            for mtype, rid, start, stop in frames:
                 if mtype == REQUEST:
-                    error = _route(conn, rid, payload)
+                    error = _route(conn, rid, view, start, stop, now, touched)
                     if error is not None:
                         write(error_bytes(rid, error))
                 elif mtype == END:
                     worker = conn.pending.pop(rid, None)
                     if worker is not None:
-                        actor = ACTORS.get(worker)
-                        if actor is not None:
-                            actor.cancel(conn, rid)
+                        worker.cancel(conn, rid)
                 elif mtype == STASH:
-                    write(await _stash(rid, payload))
+                    _flush(touched)
+                    write(await _stash(rid, bytes(view[start:stop])))
                 elif mtype in (STATUS, MANAGE):
-                    nursery.start_soon(_control, me, mtype, rid, payload)
+                    nursery.start_soon(_control, me, mtype, rid, bytes(view[start:stop]))
                 else:
                     write(
                         error_bytes(
@@ -225,44 +249,62 @@ async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
                             ),
                         ),
                     )
+            _flush(touched)
+
     finally:
-        send(me, _ReaderDone(reason))
+        otp.send(me, _ReaderDone(otp.NORMAL))
 
 
-def _route(conn: _Conn, rid: int, payload: bytes) -> DirtyError | None:
-    try:
-        msg = decode_payload(payload)
-    except DirtyProtocolError as exc:
-        return exc
-    app_path = msg.get("app_path") if msg else None
-    if not isinstance(app_path, str) or not isinstance(msg.get("action"), str):
-        return DirtyProtocolError("a REQUEST needs str app_path and action")
+def _flush(touched: dict[Any, None]) -> None:
+    for actor in touched:
+        actor.flush()
+    touched.clear()
+
+
+def _route(
+    conn: _Conn,
+    rid: int,
+    view: memoryview,
+    start: int,
+    stop: int,
+    now: float,
+    touched: dict[Any, None],
+) -> DirtyError | None:
+    route = peek_route(view, start, stop)
+    if route is not None:
+        app_path = route[0]
+    else:
+        try:
+            msg = decode_payload(view[start:stop])
+        except DirtyProtocolError as exc:
+            return exc
+        path = msg.get("app_path") if msg else None
+        if not isinstance(path, str) or not isinstance(msg.get("action"), str):
+            return DirtyProtocolError("a REQUEST needs str app_path and action")
+        app_path = path
     if rid in conn.pending:
         return DirtyProtocolError(f"request id {rid} is already in flight on this connection")
-    try:
-        rows = ets.lookup(ROUTES, app_path)
-    except ets.EtsError:
-        return DirtyNoWorkersAvailableError(app_path, "The dirty pool is shutting down")
-    if not rows:
+    routes = conn.routes
+    workers = routes.table.get(app_path)
+    if workers is None:
+        if not routes.open:
+            return DirtyNoWorkersAvailableError(app_path, "The dirty pool is shutting down")
         return DirtyAppNotFoundError(app_path)
-    workers = rows[0][1]
     if not workers:
         return DirtyNoWorkersAvailableError(app_path)
     if len(workers) == 1:
         worker = workers[0]
     else:
-        turn = ets.update_counter(ROUTES, app_path, (2, 1))
-        assert isinstance(turn, int)
+        turn = routes.turns[app_path] = routes.turns.get(app_path, 0) + 1
         worker = workers[turn % len(workers)]
     if worker not in conn.monitors:
-        ref = otp.monitor(worker)
+        # A dead worker actor's Down (noproc) fails the call, as does one dying later.
+        ref = otp.monitor(worker.me)
         conn.monitors[worker] = ref
         conn.by_ref[ref] = worker
     conn.pending[rid] = worker
-    actor = ACTORS.get(worker)
-    if actor is not None:
-        actor.submit(conn, rid, payload)
-    # else: the worker actor is gone; its Down (monitor) fails the call
+    worker.submit(conn, rid, view, start, stop, now)
+    touched[worker] = None
     return None
 
 

@@ -27,7 +27,18 @@ from otp import ets
 
 from ._config import DirtyConfig
 from ._errors import DirtyError, DirtyTimeoutError, DirtyWorkerError
-from ._frames import CHUNK, END, REQUEST, RESPONSE, FrameSplitter, encode, header, tune_socket
+from ._frames import (
+    BIG,
+    CHUNK,
+    END,
+    RESPONSE,
+    RID,
+    FrameBuffer,
+    FrameSplitter,
+    encode,
+    header,
+    tune_socket,
+)
 from ._worker import DirtyWorkerInfo
 
 logger = logging.getLogger("apps.dirty")
@@ -37,10 +48,28 @@ ROUTER = "dirty_router"
 #: by the worker actors at most every ``_BEAT_EVERY`` seconds; STATUS's ``last_heartbeat``.
 HEARTBEATS = "apps.dirty.heartbeats"
 _BEAT_EVERY = 0.1
+#: glibc malloc settings of worker processes (unless the environment sets them): payloads up to
+#: the protocol's 64 MiB come from (and go back to) the heap instead of fresh ``mmap`` pages,
+#: so a large argument or result costs a copy, not a page fault per 4 KiB on every call.
+WORKER_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
 #: How long a new worker may take to load its apps.
 START_TIMEOUT = 60.0
 #: SIGTERM-to-SIGKILL grace of a worker port.
 KILL_TIMEOUT = 5.0
+
+
+class Routes:
+    """Which worker actors serve each app: written by the router, read by the connections on
+    every REQUEST (one dict lookup; the round-robin turn is a plain counter, as the node runs
+    on one thread). ``open`` is False while no router publishes (the pool is shutting down).
+    """
+
+    __slots__ = ("open", "table", "turns")
+
+    def __init__(self) -> None:
+        self.table: dict[str, tuple[Any, ...]] = {}
+        self.turns: dict[str, int] = {}
+        self.open = False
 
 
 @attrs.frozen
@@ -50,6 +79,7 @@ class PoolContext:
     config: DirtyConfig
     socket_path: str
     log_level: str = "INFO"
+    routes: Routes = attrs.field(factory=Routes, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -75,20 +105,78 @@ class Reregister:
     """A (restarted) router asks the worker actors to announce themselves again."""
 
 
+_IOV_MAX = 1024
+#: Reads a socket's reader takes back to back (while the socket has data, skipping the wait
+#: for readiness) before it lets the node's other tasks run.
+BUSY_READS = 8
+
+
+class Batch:
+    """Frames for one destination, gathered while one read's frames are handled and written
+    with one ``writev``. Small frames are copied into one buffer; a large payload is kept as a
+    view of the receive buffer (no copy), so the batch must be written before the next read.
+    """
+
+    __slots__ = ("parts", "small")
+
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
+        self.small = bytearray()
+
+    def frame(self, view: memoryview, start: int, stop: int, rid: int) -> None:
+        """Add the frame whose payload is ``view[start:stop]``, re-addressed to ``rid``."""
+        if stop - start < BIG:
+            small = self.small
+            small += view[start - 16 : stop]
+            RID.pack_into(small, len(small) - (stop - start) - 8, rid)
+        else:
+            head = bytearray(view[start - 16 : start])
+            RID.pack_into(head, 8, rid)
+            if self.small:
+                self.parts.append(self.small)
+                self.small = bytearray()
+            self.parts.append(head)
+            self.parts.append(view[start:stop])
+
+    def run(self, view: memoryview, frames: list[Any], first: int, last: int, rid: int) -> None:
+        """Add ``frames[first:last]`` (back to back in ``view``, all small), re-addressed to
+        ``rid``, with one copy."""
+        begin = frames[first][2] - 16
+        small = self.small
+        base = len(small) - begin - 8
+        small += view[begin : frames[last - 1][3]]
+        pack_into = RID.pack_into
+        for k in range(first, last):
+            pack_into(small, base + frames[k][2], rid)
+
+    def add(self, data: bytes) -> None:
+        """Add encoded frames."""
+        self.small += data
+
+    def take(self) -> list[Any]:
+        """The buffers to write (the batch is then empty)."""
+        parts = self.parts
+        if self.small:
+            parts.append(self.small)
+            self.small = bytearray()
+        self.parts = []
+        return parts
+
+
 class Outbox:
     """Ordered, synchronous writes to a non-blocking socket.
 
-    ``write`` sends at once with ``os.write`` while nothing is queued; what the socket does not
-    take is queued for ``run`` (a task of the owner) to send when it is writable. Any task of
-    the node may write (trio runs them on one thread), so a frame goes from one process straight
-    to another's socket without a mailbox hop.
+    ``write``/``writev`` send at once (one ``writev``) while nothing is queued; what the socket
+    does not take is copied and queued for ``run`` (a task of the owner) to send when it is
+    writable. Any task of the node may write (trio runs them on one thread), so a frame goes
+    from one process straight to another's socket without a mailbox hop.
     """
 
     __slots__ = ("_idle", "_wake", "broken", "buf", "closed", "fd", "on_broken")
 
     def __init__(self, fd: int, on_broken: Any = None) -> None:
         self.fd = fd
-        self.buf: list[memoryview] = []
+        self.buf: list[Any] = []
         self.closed = False
         self.broken = False
         self.on_broken = on_broken
@@ -96,22 +184,43 @@ class Outbox:
         self._idle: trio.Event | None = None
 
     def write(self, data: bytes) -> None:
+        """Send ``data`` (or queue it behind what is queued)."""
         if self.closed or not data:
             return
-        if not self.buf:
+        if self.buf:
+            self.buf.append(data)
+            return
+        self.writev([data])
+
+    def writev(self, parts: list[Any]) -> None:
+        """Send the buffers in order; views (of a receive buffer) are copied if queued."""
+        if self.closed or not parts:
+            return
+        if self.buf:
+            self.buf.extend(bytes(p) for p in parts)
+            return
+        fd = self.fd
+        i = 0
+        while i < len(parts):
+            chunk = parts[i : i + _IOV_MAX]
             try:
-                n = os.write(self.fd, data)
+                n = os.writev(fd, chunk)
             except BlockingIOError:
                 n = 0
             except OSError:
                 self._break()
                 return
-            if n == len(data):
+            for part in chunk:
+                size = len(part)
+                if n >= size:
+                    n -= size
+                    i += 1
+                    continue
+                # The socket is full: queue the rest (copied: views die with the next read).
+                self.buf.append(bytes(memoryview(part)[n:]))
+                self.buf.extend(bytes(p) for p in parts[i + 1 :])
+                self._wake.set()
                 return
-            self.buf.append(memoryview(data)[n:])
-            self._wake.set()
-        else:
-            self.buf.append(memoryview(data))
 
     def _break(self) -> None:
         self.closed = self.broken = True
@@ -144,18 +253,24 @@ class Outbox:
                 continue
             await trio.lowlevel.wait_writable(self.fd)
             while buf and not self.closed:
-                data = buf[0]
+                chunk = buf[:_IOV_MAX]
                 try:
-                    n = os.write(self.fd, data)
+                    n = os.writev(self.fd, chunk)
                 except BlockingIOError:
                     break
                 except OSError:
                     self._break()
                     return
-                if n == len(data):
-                    buf.pop(0)
-                else:
-                    buf[0] = data[n:]
+                done = 0
+                for data in chunk:
+                    if n < len(data):
+                        break
+                    n -= len(data)
+                    done += 1
+                del buf[:done]
+                if n:
+                    buf[0] = memoryview(buf[0])[n:]
+                if done < len(chunk):
                     break
 
     async def flush(self) -> None:
@@ -223,16 +338,25 @@ class _Actor:
     me: otp.Pid | None = None
     draining: bool = False
     outbox: Outbox | None = None
+    batch: Batch = attrs.Factory(Batch)
 
-    def submit(self, conn: Any, rid: int, payload: bytes) -> None:
-        """Send a client's REQUEST to the worker now; ``conn.deliver(bytes, done)`` gets the
-        reply frames (called from the connection's own task)."""
+    def submit(
+        self, conn: Any, rid: int, view: memoryview, start: int, stop: int, now: float
+    ) -> None:
+        """Queue a client's REQUEST (its payload is ``view[start:stop]``, received at ``now``)
+        for the worker, with the rest of the current read's requests (:meth:`flush`);
+        ``conn.deliver(parts, done)`` gets the reply frames (called from this actor's reader
+        task)."""
         wid = self.next_id
         self.next_id = wid + 1
-        self.inflight[wid] = [conn, rid, trio.current_time()]
+        self.inflight[wid] = [conn, rid, now]
         self.keys[(conn, rid)] = wid
+        self.batch.frame(view, start, stop, wid)
+
+    def flush(self) -> None:
+        """Write the requests :meth:`submit` gathered."""
         assert self.outbox is not None
-        self.outbox.write(header(REQUEST, len(payload), wid) + payload)
+        self.outbox.writev(self.batch.take())
 
     def cancel(self, conn: Any, rid: int) -> None:
         """Abandon a request (client END or gone): the worker gets an END."""
@@ -320,6 +444,8 @@ async def _open(actor: _Actor, ours: socket.socket, theirs: socket.socket) -> No
     }
     env = dict(os.environ)
     env["GUNICORN_DIRTY_SOCKET"] = ctx.socket_path
+    for name, value in WORKER_MALLOC.items():
+        env.setdefault(name, value)
     try:
         actor.port = await otp.open_port(
             [sys.executable, "-m", "apps.dirty._worker_main", json.dumps(spec)],
@@ -497,7 +623,7 @@ def _fail_all(actor: _Actor, error: DirtyError) -> None:
     actor.inflight.clear()
     actor.keys.clear()
     for conn, (parts, done) in groups.items():
-        conn.deliver(b"".join(parts), tuple(done))
+        conn.deliver(parts, done)
 
 
 def _publish_beat(actor: _Actor, now: float) -> None:
@@ -508,42 +634,85 @@ def _publish_beat(actor: _Actor, now: float) -> None:
 
 
 async def _read_worker(actor: _Actor) -> None:
+    """Forward the worker's frames to their connections: every frame of one read, re-addressed,
+    in one write per connection."""
     assert actor.stream is not None
-    receive = actor.stream.receive_some
-    splitter = FrameSplitter()
+    fd = actor.stream.socket.fileno()
+    buffer = FrameBuffer()
     inflight = actor.inflight
     keys = actor.keys
     published = 0.0
+    readv = os.readv
+    wait_readable = trio.lowlevel.wait_readable
+    busy = 0
+    drained = True
     while True:
+        if drained:  # the last read did not fill the buffer: wait for more
+            busy = 0
+            try:
+                await wait_readable(fd)
+            except trio.ClosedResourceError:
+                return
+        elif busy == BUSY_READS:  # let the other tasks run now and then
+            busy = 0
+            await trio.lowlevel.checkpoint()
         try:
-            data = await receive(splitter.read_size())
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            space = buffer.space()
+            n = readv(fd, [space])
+            busy += 1
+        except BlockingIOError:
+            drained = True
+            continue
+        except OSError:
             return
-        if not data:
+        if not n:
             return
+        drained = n < len(space)
         now = trio.current_time()
         actor.last_seen = now
         if now - published > _BEAT_EVERY:
             published = now
             _publish_beat(actor, now)
-        groups: dict[Any, tuple[list[bytes], list[int]]] = {}
-        for mtype, wid, payload in splitter.feed(data):
+        frames = buffer.frames(n)
+        if not frames:
+            continue  # (a large frame's first part: read on at once)
+        view = buffer.view
+        groups: dict[Any, tuple[Batch, list[int]]] = {}
+        i = 0
+        count = len(frames)
+        while i < count:
+            mtype, wid, start, stop = frames[i]
             entry = inflight.get(wid)
             if entry is None:
+                i += 1
                 continue  # heartbeat, or a request abandoned or failed already
             conn, rid, _ = entry
             group = groups.get(conn)
             if group is None:
-                group = groups[conn] = ([], [])
-            group[0].append(header(mtype, len(payload), rid))
-            group[0].append(payload)
+                group = groups[conn] = (Batch(), [])
             if mtype == CHUNK:
                 entry[2] = now
+                # A run of this stream's small chunks: one copy, then each header's id.
+                j = i + 1
+                while (
+                    j < count
+                    and frames[j][1] == wid
+                    and frames[j][0] == CHUNK
+                    and frames[j][3] - frames[j][2] < BIG
+                ):
+                    j += 1
+                if j - i > 1 and stop - start < BIG:
+                    group[0].run(view, frames, i, j, rid)
+                    i = j
+                    continue
+                group[0].frame(view, start, stop, rid)
             else:
+                group[0].frame(view, start, stop, rid)
                 del inflight[wid]
-                keys.pop((conn, rid), None)
+                del keys[(conn, rid)]
                 group[1].append(rid)
-        for conn, (parts, done) in groups.items():
-            conn.deliver(b"".join(parts), tuple(done))
+            i += 1
+        for conn, (batch, done) in groups.items():
+            conn.deliver(batch.take(), done)
         if actor.draining and not inflight and actor.me is not None:
             otp.send(actor.me, "drained")

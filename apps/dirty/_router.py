@@ -1,9 +1,9 @@
 """The router: which workers hold which app, the pool's size, scaling and rolling reloads.
 
-A GenServer registered as ``dirty_router``. It publishes ``app -> workers`` in a public ETS table
-(``apps.dirty.routes``, one row ``(app_path, worker_pids, counter)`` per configured app) that
-connection processes read directly, taking the next worker round-robin with an atomic
-``update_counter``; no message goes through the router on a call's path. Workers join with
+A GenServer registered as ``dirty_router``. It publishes ``app -> worker actors`` in the pool's
+:class:`Routes` (``PoolContext.routes``), which connection processes read directly on every
+REQUEST, taking the next worker round-robin; no message goes through the router on a call's
+path. Workers join with
 ``WorkerUp`` once their apps are loaded and leave on their death (monitor) or when they start
 draining. Scaling adds or removes pool children (``start_child``/``terminate_child``); HUP
 starts a replacement for every worker first, then drains the old ones.
@@ -26,11 +26,18 @@ from otp import ets
 
 from ._config import apps_for_new_worker, initial_allocation, minimum_workers
 from ._pidfile import remove_pidfile, write_pidfile
-from ._pool import HEARTBEATS, PoolContext, Reregister, WorkerDraining, WorkerUp, start_worker
+from ._pool import (
+    ACTORS,
+    HEARTBEATS,
+    PoolContext,
+    Reregister,
+    WorkerDraining,
+    WorkerUp,
+    start_worker,
+)
 
 logger = logging.getLogger("apps.dirty")
 
-ROUTES = "apps.dirty.routes"
 POOL = "dirty_pool"
 
 
@@ -60,10 +67,9 @@ class Router(otp.GenServer):
 
     async def init(self, ctx: PoolContext) -> Any:
         otp.process_flag(trap_exit=True)
-        ets.new(ROUTES, access=ets.PUBLIC, named=True)
         ets.new(HEARTBEATS, access=ets.PUBLIC, named=True)
-        for spec in ctx.config.dirty_apps:
-            ets.insert(ROUTES, (spec.import_path, (), 0))
+        ctx.routes.table = {spec.import_path: () for spec in ctx.config.dirty_apps}
+        ctx.routes.open = True
         state = _State(ctx)
         existing = [
             pid
@@ -124,11 +130,12 @@ class Router(otp.GenServer):
 
     def terminate(self, reason: Any, state: _State) -> None:
         remove_pidfile(state.ctx.config.dirty_pidfile)
-        for table in (ROUTES, HEARTBEATS):
-            try:
-                ets.delete(table)
-            except ets.EtsError:
-                pass
+        state.ctx.routes.open = False
+        state.ctx.routes.table = {}
+        try:
+            ets.delete(HEARTBEATS)
+        except ets.EtsError:
+            pass
 
 
 def _kill(os_pid: int, signum: int) -> None:
@@ -146,14 +153,14 @@ def _live(state: _State) -> list[WorkerUp]:
 
 
 def _publish(state: _State) -> None:
-    by_app: dict[str, list[otp.Pid]] = {s.import_path: [] for s in state.ctx.config.dirty_apps}
+    by_app: dict[str, list[Any]] = {s.import_path: [] for s in state.ctx.config.dirty_apps}
     for info in _live(state):
+        actor = ACTORS.get(info.pid)
+        if actor is None:
+            continue  # gone; its Down is on its way
         for path in info.apps:
-            by_app.setdefault(path, []).append(info.pid)
-    for path, pids in by_app.items():
-        rows = ets.lookup(ROUTES, path)
-        counter = rows[0][2] if rows else 0
-        ets.insert(ROUTES, (path, tuple(pids), counter))
+            by_app.setdefault(path, []).append(actor)
+    state.ctx.routes.table = {path: tuple(actors) for path, actors in by_app.items()}
     write_pidfile(
         state.ctx.config.dirty_pidfile, [w.os_pid for w in state.workers.values() if w.os_pid]
     )

@@ -3,7 +3,12 @@
 One OS process hosting its DirtyApps, talking GD v1 frames with the pool over a socketpair end
 it inherits (``pass_fds``). It runs an asyncio loop (Gunicorn's dirty worker does, so ``async
 def`` actions written for Gunicorn work unchanged) and runs sync actions in ``dirty_threads``
-threads, so many requests are in flight at once, matched by request id.
+threads, so many requests are in flight at once, matched by request id. A reader thread takes
+the frames (a blocking read: no event-loop round per request); a sync action that has proved
+quick (under 1 ms, three times in a row) runs right there, with no thread hand-off, while fewer
+than ``dirty_threads`` sync actions run (one slow inline run sends it back to the threads), and
+the replies of one read go out in one send. Heartbeats come from the loop, so a loop blocked by
+an async action (or a worker stuck holding the GIL) stops them.
 
 Worker-side protocol (private to the pool): REQUEST in; RESPONSE/ERROR/CHUNK/END out; an END
 *in* abandons that request (a streaming generator is closed); a STATUS frame out (id 0) is a
@@ -33,8 +38,19 @@ import attrs
 import wire
 
 from ._app import DirtyApp, load_dirty_app
-from ._errors import DirtyAppError, DirtyAppNotFoundError, DirtyError
-from ._frames import END, REQUEST, FrameSplitter, decode_payload, encode
+from ._errors import DirtyAppError, DirtyAppNotFoundError, DirtyError, DirtyProtocolError
+from ._frames import (
+    CHUNK,
+    END,
+    HEADER,
+    REQUEST,
+    RESPONSE,
+    FrameBuffer,
+    decode_payload,
+    encode,
+    header,
+    reply_parts,
+)
 
 logger = logging.getLogger("apps.dirty.worker")
 
@@ -64,10 +80,12 @@ class DirtyWorkerInfo:
 class _Output:
     """The worker's end of its socket, written from the loop and from action threads.
 
-    A frame is sent at once (one ``send`` from the calling thread, under a lock) when nothing is
-    queued; otherwise, and for stream chunks (``write_deferred``), it is queued and the loop
-    writes the queue, coalesced, when the socket has room. Order is kept: nothing overtakes a
-    queued frame.
+    A frame is sent at once (one ``sendmsg`` from the calling thread) when nothing is queued,
+    nobody else is sending and the loop is not gathering a batch (``cork``); otherwise, and for
+    stream chunks (``write_deferred``), it is queued and the loop sends the queue (one
+    ``sendmsg`` of many frames) when the batch ends or the socket has room. Order is kept:
+    nothing overtakes a queued frame or a send in progress. The lock guards the queue and the
+    flags only; no thread holds it while sending.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
@@ -77,6 +95,8 @@ class _Output:
         self.lock = threading.Lock()
         self.queue: list[Any] = []
         self.size = 0
+        self.corked = False
+        self.sending = False
         self.scheduled = False
         self.watching = False
         self.closed = False
@@ -89,81 +109,154 @@ class _Output:
 
     def write(self, data: bytes) -> None:
         """Send ``data`` now if nothing is queued (any thread)."""
+        self.write_parts([data])
+
+    def write_parts(self, parts: list[Any]) -> None:
+        """Send the buffers (one frame or more) now if nothing is queued (any thread)."""
         with self.lock:
             if self.closed:
                 return
+            if self.queue or self.corked or self.sending:
+                self._enqueue(parts)
+                return
+            self.sending = True
+        try:
+            n = self.sock.sendmsg(parts, (), _DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            n = -1
+        with self.lock:
+            self.sending = False
+            if n < 0:
+                self._close()
+                return
+            rest = _rest(parts, n)
+            if rest:
+                self.queue[:0] = rest
+                for part in rest:
+                    self.size += len(part)
             if self.queue:
-                self._enqueue(data)
-                return
-            try:
-                n = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                n = 0
-            except OSError:
-                self.closed = True
-                return
-            if n < len(data):
-                self._enqueue(memoryview(data)[n:] if n else data)
+                self._schedule()
 
     def write_deferred(self, data: bytes) -> None:
         """Queue ``data``; the loop writes the queue soon, coalescing frames (any thread)."""
         with self.lock:
-            if not self.closed:
-                self._enqueue(data)
+            if self.closed:
+                return
+            self.queue.append(data)
+            self.size += len(data)
+            if self.size >= _HIGH_WATER:
+                self.room.clear()
+            if self.scheduled or self.watching or self.corked or self.sending:
+                return
+            self.scheduled = True
+        if threading.get_ident() == self.loop_thread:
+            self.loop.call_soon(self.flush)
+        else:
+            self.loop.call_soon_threadsafe(self.flush)
 
-    def _enqueue(self, data: Any) -> None:
+    def cork(self) -> None:
+        """Reader side: gather what is written until :meth:`uncork` (one send for a batch)."""
+        self.corked = True
+
+    def uncork(self) -> None:
+        """Reader side: send what was gathered since :meth:`cork`."""
+        with self.lock:
+            self.corked = False
+            go = bool(self.queue) and not self.watching and not self.sending
+        if go:
+            self.flush()
+
+    def _enqueue(self, parts: Any) -> None:
         # Called with the lock held.
-        self.queue.append(data)
-        self.size += len(data)
+        self.queue.extend(parts)
+        for part in parts:
+            self.size += len(part)
         if self.size >= _HIGH_WATER:
             self.room.clear()
-        if not self.scheduled and not self.watching:
-            self.scheduled = True
-            if threading.get_ident() == self.loop_thread:
-                self.loop.call_soon(self.flush)
-            else:
-                self.loop.call_soon_threadsafe(self.flush)
+        if not self.corked and not self.sending:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        # Called with the lock held: the loop will flush the queue.
+        if self.scheduled or self.watching:
+            return
+        self.scheduled = True
+        if threading.get_ident() == self.loop_thread:
+            self.loop.call_soon(self.flush)
+        else:
+            self.loop.call_soon_threadsafe(self.flush)
+
+    def _close(self) -> None:
+        # Called with the lock held: the socket failed.
+        self.closed = True
+        self.queue = []
+        self.size = 0
+        self._roomy(True)
+        self._unwatch()
 
     def flush(self) -> None:
-        """Write what is queued (loop thread); wait for the socket to drain if it is full."""
+        """Write what is queued (the loop, or the reader thread ending a batch); if the socket
+        is full, the loop waits for room and writes the rest."""
         with self.lock:
             self.scheduled = False
+            if self.sending:
+                return  # the sending thread schedules a flush when it is done
             if self.closed or not self.queue:
                 self._unwatch()
-                self.room.set()
-                self.has_room.set()
-                self.drained.set()
+                self._roomy(True)
                 return
-            data = b"".join(self.queue) if len(self.queue) > 1 else self.queue[0]
+            queue, self.queue = self.queue, []
+            self.sending = True
+        failed = False
+        sent = 0
+        while queue:
+            batch = queue[:_IOV_MAX]
             try:
-                n = self.sock.send(data)
+                n = self.sock.sendmsg(batch, (), _DONTWAIT)
             except (BlockingIOError, InterruptedError):
-                n = 0
+                break
             except OSError:
-                self.closed = True
-                self.queue = []
-                self.size = 0
-                self.room.set()
-                self.has_room.set()
-                self.drained.set()
-                self._unwatch()
+                failed = True
+                break
+            sent += n
+            rest = _rest(batch, n)
+            del queue[: len(batch)]
+            if rest:
+                queue[:0] = rest
+                break
+        with self.lock:
+            self.sending = False
+            if failed:
+                self._close()
                 return
-            if n >= len(data):
-                self.queue = []
+            self.size -= sent
+            if queue:
+                self.queue[:0] = queue
+            if not self.queue:
                 self.size = 0
                 self._unwatch()
-            else:
-                rest = memoryview(data)[n:]
-                self.queue = [rest]
-                self.size = len(rest)
-                if not self.watching:
+            elif not queue:
+                self._schedule()  # written meanwhile by threads: the socket has room
+            elif not self.watching:
+                if threading.get_ident() == self.loop_thread:
                     self.watching = True
                     self.loop.add_writer(self.fd, self.flush)
+                else:
+                    self._schedule()  # the loop's flush waits for room
             if self.size < _HIGH_WATER:
-                self.room.set()
-                self.has_room.set()
-            if not self.size:
-                self.drained.set()
+                self._roomy(not self.size)
+
+    def _roomy(self, drained: bool) -> None:
+        # Called with the lock held: below the high-water mark (and ``drained``: all sent).
+        # The events are set only when cleared: setting a threading.Event takes its lock.
+        if not self.room.is_set():
+            self.room.set()
+        if not self.has_room.is_set():
+            self.has_room.set()
+        if drained and not self.drained.is_set():
+            self.drained.set()
 
     async def wait_room(self) -> None:
         """Loop side: wait until the queue is below the high-water mark."""
@@ -183,10 +276,27 @@ class _Output:
     def _unwatch(self) -> None:
         if self.watching:
             self.watching = False
-            self.loop.remove_writer(self.fd)
+            if threading.get_ident() == self.loop_thread:
+                self.loop.remove_writer(self.fd)
+            else:
+                self.loop.call_soon_threadsafe(self.loop.remove_writer, self.fd)
 
     def backlog(self) -> int:
         return self.size
+
+
+_IOV_MAX = 1024
+_DONTWAIT = socket.MSG_DONTWAIT
+
+
+def _rest(parts: Any, n: int) -> list[Any]:
+    """The part of ``parts`` not in the first ``n`` bytes sent."""
+    for i, part in enumerate(parts):
+        size = len(part)
+        if n < size:
+            return [memoryview(part)[n:] if n else part, *parts[i + 1 :]]
+        n -= size
+    return []
 
 
 def _error_frame(rid: int, error: DirtyError) -> bytes:
@@ -194,11 +304,22 @@ def _error_frame(rid: int, error: DirtyError) -> bytes:
     return encode(wire.make_error(rid, e["error_type"], e["message"], e["details"]))
 
 
+#: A sync action runs on the loop (no thread hand-off) once it has finished this fast
+#: ``_INLINE_AFTER`` times in a row; one inline run slower than this sends it back to the
+#: threads for ``_INLINE_PENALTY`` more fast runs. Never when ``dirty_threads`` sync actions
+#: would then run at once.
+_INLINE_MAX = 0.001
+
+_INLINE_AFTER = 3
+_INLINE_PENALTY = 50
+
+
 class Worker:
     """The serving loop of one worker process."""
 
     def __init__(self, apps: dict[str, Any], threads: int, heartbeat: float, ppid: int) -> None:
         self.apps = apps
+        self.threads = threads
         self.heartbeat = heartbeat
         self.ppid = ppid
         self.executor = concurrent.futures.ThreadPoolExecutor(
@@ -208,12 +329,17 @@ class Worker:
         #: Sync requests running (or queued) in the threads, and those of them abandoned.
         self.running: set[int] = set()
         self.abandoned: set[int] = set()
+        #: (app_path, action) -> its async method's kind, or "" for a sync call.
+        self.kinds: dict[tuple[str, str], str] = {}
+        #: (app_path, action) -> fast runs in a row (>= _INLINE_AFTER: run on the loop).
+        self.fast: dict[tuple[str, str], int] = {}
         self.stop = asyncio.Event()
 
     async def serve(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         self.loop = loop
-        sock.setblocking(False)
+        # Blocking for the reader thread; every send is non-blocking (MSG_DONTWAIT).
+        sock.setblocking(True)
         self.out = _Output(loop, sock)
         loop.add_signal_handler(signal.SIGTERM, self.stop.set)
         # On the loop rather than in a signal handler, so it never runs inside a log emit.
@@ -223,13 +349,12 @@ class Worker:
         ).start()
         self.out.write(encode(wire.make_response(0, {"pid": os.getpid()})))
         self.eof = loop.create_future()
-        self.splitter = FrameSplitter()
+        self.buffer = FrameBuffer()
         self.sock = sock
-        loop.add_reader(sock.fileno(), self._readable)
+        threading.Thread(target=self._reader, name="dirty-reader", daemon=True).start()
         beat = asyncio.create_task(self._heartbeats())
         stopped = asyncio.create_task(self.stop.wait())
         await asyncio.wait({self.eof, stopped, beat}, return_when=asyncio.FIRST_COMPLETED)
-        loop.remove_reader(sock.fileno())
         for task in (stopped, beat, *self.tasks.values()):
             task.cancel()
         self.abandoned.update(self.running)
@@ -257,41 +382,95 @@ class Worker:
             await asyncio.sleep(self.heartbeat)
             self.out.write(status)
 
-    def _readable(self) -> None:
+    def _reader(self) -> None:
+        """The reader thread: takes every frame of each read as it comes (a blocking read, no
+        event-loop round per request). Quick sync actions run right here; the replies of one
+        read go out in one send. Async actions and cancellations go to the loop."""
+        while self._read():
+            pass
         try:
-            data = self.sock.recv(self.splitter.read_size())
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.loop.remove_reader(self.sock.fileno())
-            if not self.eof.done():
-                self.eof.set_result(None)
-            return
-        for mtype, rid, payload in self.splitter.feed(data):
-            if mtype == REQUEST:
-                self._dispatch(rid, decode_payload(payload))
-            elif mtype == END:
-                self._abandon(rid)
+            self.loop.call_soon_threadsafe(self._eof)
+        except RuntimeError:
+            pass  # the loop is closed: the worker is exiting
 
-    def _dispatch(self, rid: int, msg: dict[str, Any]) -> None:
-        app_path = str(msg.get("app_path"))
-        action = str(msg.get("action"))
+    def _eof(self) -> None:
+        if not self.eof.done():
+            self.eof.set_result(None)
+
+    def _read(self) -> bool:
+        """One read (reader thread); False at the end of the stream."""
+        try:
+            n = self.sock.recv_into(self.buffer.space())
+        except InterruptedError:
+            return True
+        except (OSError, DirtyProtocolError):
+            return False
+        if not n:
+            return False
+        try:
+            frames = self.buffer.frames(n)
+        except DirtyProtocolError:
+            logger.exception("dirty worker %d: the pool sent garbage", os.getpid())
+            return False
+        view = self.buffer.view
+        out = self.out
+        out.cork()
+        try:
+            for mtype, rid, start, stop in frames:
+                if mtype == REQUEST:
+                    try:
+                        msg = decode_payload(view[start:stop])
+                        app_path = msg["app_path"]
+                        action = msg["action"]
+                        if type(app_path) is not str or type(action) is not str:
+                            raise KeyError
+                    except DirtyProtocolError as exc:
+                        out.write(_error_frame(rid, exc))
+                        continue
+                    except (KeyError, TypeError):
+                        error = DirtyProtocolError("a REQUEST needs str app_path and action")
+                        out.write(_error_frame(rid, error))
+                        continue
+                    self._dispatch(rid, msg, app_path, action)
+                elif mtype == END:
+                    self._abandon(rid)
+        finally:
+            out.uncork()
+        return True
+
+    def _dispatch(self, rid: int, msg: dict[str, Any], app_path: str, action: str) -> None:
         app = self.apps.get(app_path)
-        if app is not None and self._method(app, action) is None:
-            # A sync action: a thread runs it and writes its reply itself.
-            self.running.add(rid)
-            self.executor.submit(self._run_sync, rid, app, msg, app_path, action)
+        key = (app_path, action)
+        kind = self.kinds.get(key)
+        if kind is None and app is not None:
+            kind = self.kinds[key] = self._kind(app, action)
+        if kind == "":
+            if self.fast.get(key, 0) >= _INLINE_AFTER and len(self.running) < self.threads:
+                self._run_inline(rid, app, msg, key)
+            else:
+                # A sync action: a thread runs it and writes its reply itself.
+                self.running.add(rid)
+                self.executor.submit(self._run_sync, rid, app, msg, key)
             return
+        self.loop.call_soon_threadsafe(self._start, rid, msg)
+
+    def _start(self, rid: int, msg: dict[str, Any]) -> None:
         self.tasks[rid] = asyncio.create_task(self._handle(rid, msg))
 
     def _abandon(self, rid: int) -> None:
+        """(Reader thread.) A sync call's thread sees ``abandoned``; a task is cancelled."""
         if rid in self.running:
             self.abandoned.add(rid)
+        self.loop.call_soon_threadsafe(self._cancel, rid)
+
+    def _cancel(self, rid: int) -> None:
         task = self.tasks.get(rid)
         if task is not None:
             task.cancel()
+
+    def _kind(self, app: Any, action: str) -> str:
+        """ "async" if an unmodified ``DirtyApp.__call__`` would run an async method, else ""."""
+        return "async" if self._method(app, action) is not None else ""
 
     def _method(self, app: Any, action: str) -> Any:
         """The bound method an unmodified ``DirtyApp.__call__`` would run, if it is async."""
@@ -302,17 +481,52 @@ class Worker:
             return method
         return None
 
-    def _run_sync(
-        self, rid: int, app: Any, msg: dict[str, Any], app_path: str, action: str
-    ) -> None:
+    def _run_inline(self, rid: int, app: Any, msg: dict[str, Any], key: tuple[str, str]) -> None:
+        """On the reader thread: run a sync action known to be quick; its reply joins the
+        batch."""
+        app_path, action = key
+        args = msg.get("args") or []
+        kwargs = msg.get("kwargs") or {}
+        began = time.perf_counter()
+        try:
+            result = app(action, *args, **kwargs)
+        except Exception as exc:
+            self.out.write(_error_frame(rid, _app_error(exc, app_path, action)))
+            return
+        finally:
+            if time.perf_counter() - began > _INLINE_MAX:
+                self.fast[key] = -_INLINE_PENALTY
+        if inspect.iscoroutine(result) or inspect.isasyncgen(result):
+            self.loop.call_soon_threadsafe(self._finish_on_loop, rid, result, app_path, action)
+        elif inspect.isgenerator(result):
+            self.running.add(rid)
+            self.executor.submit(self._iterate, rid, result, app_path, action)  # type: ignore[arg-type]
+        else:
+            self._respond(rid, result, app_path, action)
+
+    def _respond(self, rid: int, result: Any, app_path: str, action: str) -> None:
+        try:
+            parts = reply_parts(RESPONSE, rid, result)
+        except wire.WireError as exc:
+            self.out.write(_error_frame(rid, _app_error(exc, app_path, action)))
+            return
+        self.out.write_parts(parts)
+
+    def _run_sync(self, rid: int, app: Any, msg: dict[str, Any], key: tuple[str, str]) -> None:
         """In a thread: run a sync action and write its reply (or stream its chunks)."""
+        app_path, action = key
         handed_over = False
         try:
             if rid in self.abandoned:
                 return
             args = msg.get("args") or []
             kwargs = msg.get("kwargs") or {}
+            began = time.perf_counter()
             result = app(action, *args, **kwargs)
+            if time.perf_counter() - began <= _INLINE_MAX:
+                self.fast[key] = self.fast.get(key, 0) + 1
+            else:
+                self.fast[key] = min(0, self.fast.get(key, 0))
             if inspect.iscoroutine(result) or inspect.isasyncgen(result):
                 handed_over = True
                 self.running.discard(rid)
@@ -322,7 +536,7 @@ class Worker:
             if inspect.isgenerator(result):
                 self._stream_in_thread(rid, result, app_path, action)  # type: ignore[arg-type]
             elif rid not in self.abandoned:
-                self.out.write(encode(wire.make_response(rid, result)))
+                self._respond(rid, result, app_path, action)
         except Exception as exc:
             if rid not in self.abandoned:
                 self.out.write(_error_frame(rid, _app_error(exc, app_path, action)))
@@ -330,6 +544,19 @@ class Worker:
             if not handed_over:
                 self.running.discard(rid)
                 self.abandoned.discard(rid)
+
+    def _iterate(
+        self, rid: int, gen: Generator[Any, None, None], app_path: str, action: str
+    ) -> None:
+        """In a thread: stream a generator an inline call returned."""
+        try:
+            if rid not in self.abandoned:
+                self._stream_in_thread(rid, gen, app_path, action)
+            else:
+                gen.close()
+        finally:
+            self.running.discard(rid)
+            self.abandoned.discard(rid)
 
     def _finish_on_loop(self, rid: int, result: Any, app_path: str, action: str) -> None:
         self.tasks[rid] = asyncio.create_task(self._finish(rid, result, app_path, action))
@@ -352,7 +579,7 @@ class Worker:
         elif inspect.isasyncgen(result):
             await self._stream_async(rid, result, app_path, action)  # type: ignore[arg-type]
         else:
-            self.out.write(encode(wire.make_response(rid, result)))
+            self._respond(rid, result, app_path, action)
 
     async def _handle(self, rid: int, msg: dict[str, Any]) -> None:
         app_path = str(msg.get("app_path"))
@@ -383,7 +610,7 @@ class Worker:
         try:
             try:
                 async for item in gen:
-                    out.write_deferred(encode(wire.make_chunk(rid, item)))
+                    out.write_deferred(_chunk(rid, item))
                     await out.wait_room()
             finally:
                 await gen.aclose()
@@ -392,30 +619,32 @@ class Worker:
         except Exception as exc:
             out.write_deferred(_error_frame(rid, _app_error(exc, app_path, action)))
             return
-        out.write_deferred(encode(wire.make_end(rid)))
+        out.write_deferred(header(END, 0, rid))
 
     def _stream_in_thread(
         self, rid: int, gen: Generator[Any, None, None], app_path: str, action: str
     ) -> None:
         """In a thread: stream a sync generator's items as CHUNK frames, then END."""
         out = self.out
-        make_chunk = wire.make_chunk
         abandoned = self.abandoned
+        room = out.room
+        write = out.write_deferred
         try:
             for item in gen:
-                out.write_deferred(encode(make_chunk(rid, item)))
-                while not out.room.wait(0.05):
-                    if rid in abandoned:
-                        break
+                write(_chunk(rid, item))
+                if not room.is_set():
+                    while not room.wait(0.05):
+                        if rid in abandoned:
+                            break
                 if rid in abandoned:
                     return
         except Exception as exc:
             if rid not in abandoned:
-                out.write_deferred(_error_frame(rid, _app_error(exc, app_path, action)))
+                write(_error_frame(rid, _app_error(exc, app_path, action)))
             return
         finally:
             gen.close()
-        out.write_deferred(encode(wire.make_end(rid)))
+        write(header(END, 0, rid))
 
     async def _stream_sync(
         self, rid: int, gen: Generator[Any, None, None], app_path: str, action: str
@@ -433,6 +662,19 @@ class Worker:
             self.running.discard(rid)
             if not self.tasks.get(rid):
                 self.abandoned.discard(rid)
+
+
+_CHUNK_HEAD = b"\x21\x00\x00\x00\x01" + wire.tlv_encode("data", version=1)
+_tlv_encode = wire.tlv_encode
+_pack_header = HEADER.pack
+
+
+def _chunk(rid: int, item: Any) -> bytes:
+    """A CHUNK frame's bytes (``encode(wire.make_chunk(rid, item))``)."""
+    body = _CHUNK_HEAD + _tlv_encode(item, version=1, coerce_keys=True)
+    if len(body) > wire.MAX_PAYLOAD:
+        return b"".join(reply_parts(CHUNK, rid, item))  # raises the LimitExceeded
+    return _pack_header(b"GD", 1, CHUNK, len(body), rid) + body
 
 
 def _app_error(exc: Exception, app_path: str, action: str) -> DirtyError:

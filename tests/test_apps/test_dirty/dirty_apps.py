@@ -22,6 +22,18 @@ class EchoApp(DirtyApp):
         self.calls = 0
         self.lock = threading.Lock()
         self.stopped: dict[str, bool] = {}
+        self.active = 0
+        self.most_active = 0
+
+    def track(self, seconds: float) -> int:
+        """Counts the sync actions running at once; returns the most seen so far."""
+        with self.lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        time.sleep(seconds)
+        with self.lock:
+            self.active -= 1
+            return self.most_active
 
     def echo(self, value: Any) -> Any:
         return value

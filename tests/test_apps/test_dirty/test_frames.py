@@ -1,4 +1,5 @@
-"""The frame splitter: frames of any size, fed in pieces of any size, come out whole."""
+"""The frame splitter and receive buffer: frames of any size, fed in pieces of any size, come out
+whole; the hot encoders give exactly the bytes of ``wire``'s encoder."""
 
 from __future__ import annotations
 
@@ -6,22 +7,24 @@ import random
 
 import pytest
 
+import wire
 from apps.dirty import _frames
 from apps.dirty._errors import DirtyProtocolError
 
+_ALL = (0, 5, 100, 65535, 65536, 70000, 300000)
+#: Byte-at-a-time feeding is quadratic in a frame's size: small frames only there.
+_SMALL = (0, 5, 100, 3000)
 
-def _stream() -> tuple[list[tuple[int, int, bytes]], bytes]:
+
+def _stream(sizes: tuple[int, ...]) -> tuple[list[tuple[int, int, bytes]], bytes]:
     rng = random.Random(7)
-    frames = [
-        (1, i, rng.randbytes(rng.choice([0, 5, 100, 65535, 65536, 70000, 300000])))
-        for i in range(1, 40)
-    ]
+    frames = [(1, i, rng.randbytes(rng.choice(sizes))) for i in range(1, 40)]
     return frames, b"".join(_frames.header(t, len(p), r) + p for t, r, p in frames)
 
 
 @pytest.mark.parametrize("sizes", [(1,), (7, 16), (1000,), (65536,), (200000, 3), (1 << 22,)])
 def test_splitter_reassembles_frames_fed_in_pieces(sizes: tuple[int, ...]) -> None:
-    frames, data = _stream()
+    frames, data = _stream(_SMALL if sizes[0] < 100 else _ALL)
     splitter = _frames.FrameSplitter()
     got = []
     pos = 0
@@ -34,6 +37,37 @@ def test_splitter_reassembles_frames_fed_in_pieces(sizes: tuple[int, ...]) -> No
         pos += n
     assert got == frames
     assert splitter.buffered == 0
+
+
+@pytest.mark.parametrize("sizes", [(1,), (7, 16), (1000,), (65536,), (200000, 3), (1 << 22,)])
+def test_frame_buffer_reassembles_frames_received_in_pieces(sizes: tuple[int, ...]) -> None:
+    frames, data = _stream(_SMALL if sizes[0] < 100 else _ALL)
+    buffer = _frames.FrameBuffer(size=4096, keep=100000)
+    got = []
+    pos = 0
+    turn = 0
+    while pos < len(data):
+        space = buffer.space()
+        n = min(sizes[turn % len(sizes)], len(space), len(data) - pos)
+        turn += 1
+        space[:n] = data[pos : pos + n]
+        pos += n
+        for mtype, rid, start, stop in buffer.frames(n):
+            got.append((mtype, rid, bytes(buffer.view[start:stop])))
+        if buffer.missing():
+            assert len(buffer.space()) >= buffer.missing()  # a large frame fits once grown
+    assert got == frames
+    assert buffer.buffered == 0
+    assert len(buffer.space()) == 4096  # shrunk back after the frames larger than keep
+
+
+def test_frame_buffer_rejects_garbage() -> None:
+    buffer = _frames.FrameBuffer()
+    space = buffer.space()
+    data = _frames.header(2, 3, 1) + b"abc" + b"GET / HTTP/1.1\r\n\r\n"
+    space[: len(data)] = data
+    with pytest.raises(DirtyProtocolError, match="bad frame header at byte 19"):
+        buffer.frames(len(data))
 
 
 def test_splitter_asks_for_the_rest_of_a_large_frame() -> None:
@@ -51,3 +85,36 @@ def test_splitter_rejects_garbage_after_a_large_frame() -> None:
     splitter = _frames.FrameSplitter()
     with pytest.raises(DirtyProtocolError):
         splitter.feed(_frames.header(2, len(payload), 1) + payload + b"XX" + b"\0" * 14)
+
+
+BLOB = b"\x00\xff" * 40000
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((), {}), ((1, "a", None, 2.5), {"k": True}), ((BLOB,), {}), ((1, BLOB, "x"), {"b": BLOB}),
+     (([1, BLOB],), {}), ((BLOB,), {"nested": {"a": 1}})],
+)  # fmt: skip
+def test_request_parts_are_the_encoded_request(args: tuple[object, ...], kwargs: dict) -> None:
+    parts = _frames.request_parts(7, "m:App", "act", args, kwargs)
+    assert b"".join(parts) == _frames.encode(wire.make_request(7, "m:App", "act", args, kwargs))
+    scalars = all(type(a) is not list for a in args) and "nested" not in kwargs
+    assert any(p is BLOB for p in parts) == (scalars and BLOB in (*args, *kwargs.values()))
+
+
+@pytest.mark.parametrize("value", [None, 1, "é", [1, {"a": b"x"}], BLOB, b"short"])
+def test_reply_parts_and_big_value(value: object) -> None:
+    for mtype, make in ((2, wire.make_response), (4, wire.make_chunk)):
+        data = b"".join(_frames.reply_parts(mtype, 3, value))
+        assert data == _frames.encode(make(3, value))
+        view = memoryview(data)
+        assert _frames.big_value(mtype, view, 16, len(data)) == (value if value is BLOB else None)
+    parts = _frames.request_parts(1, "m:App", "act", (1,))
+    view = memoryview(parts[0])
+    assert _frames.peek_route(view, 16, len(parts[0])) == ("m:App", "act")
+    assert _frames.peek_route(view, 16, 30) is None
+
+
+def test_peek_route_leaves_other_key_orders_to_the_decoder() -> None:
+    payload = wire.tlv_encode({"action": "a", "app_path": "m:App", "args": [], "kwargs": {}})
+    assert _frames.peek_route(memoryview(payload), 0, len(payload)) is None

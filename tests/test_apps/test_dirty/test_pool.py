@@ -226,3 +226,62 @@ async def test_manage_adds_and_removes_workers_never_below_n(
     assert len({await client.execute_async(LIMITED, "pid") for _ in range(6)}) == 2
     await client.close_async()
     client.close()
+
+
+async def test_large_bytes_round_trip_sync_and_async(start_pool: Any, socket_path: str) -> None:
+    await start_pool(dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+    blob = bytes(range(256)) * 4096  # 1 MiB, sent and answered by reference
+    nested = {"k": [b"x" * 70000, 1]}
+    assert await trio.to_thread.run_sync(client.execute, ECHO, "echo", blob) == blob
+    assert await trio.to_thread.run_sync(client.execute, ECHO, "echo", nested) == nested
+    assert await client.execute_async(ECHO, "echo", blob) == blob
+    got = await trio.to_thread.run_sync(lambda: list(client.stream(ECHO, "count", 3)))
+    assert got == [0, 1, 2]  # the connection is still in step after the large frames
+    client.close()
+    await client.close_async()
+
+
+async def test_quick_actions_run_inline_but_never_beyond_dirty_threads(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_workers=1, dirty_threads=1)
+    client = dirty.DirtyClient(socket_path)
+    for _ in range(5):  # quick: from now on it runs on the worker's loop
+        assert await client.execute_async(ECHO, "track", 0) == 1
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.execute_async, ECHO, "track", 0.3)
+        await trio.sleep(0.1)
+        for _ in range(3):  # while the thread runs, the quick call waits its turn
+            assert await client.execute_async(ECHO, "track", 0) == 1
+    await client.close_async()
+
+
+async def test_threads_sharing_a_client_time_out_alone(start_pool: Any, socket_path: str) -> None:
+    await start_pool(dirty_workers=2, dirty_threads=2)
+    client = dirty.DirtyClient(socket_path, timeout=0.5)
+    outcomes: list[Any] = []
+
+    def slow() -> None:
+        try:
+            client.execute(ECHO, "sleep", 2.0)
+        except dirty.DirtyTimeoutError as exc:
+            outcomes.append(exc)
+
+    def quick() -> None:
+        for i in range(50):
+            assert client.execute(ECHO, "echo", i) == i
+        outcomes.append("quick done")
+
+    def run() -> None:
+        threads = [threading.Thread(target=f) for f in (slow, quick, quick)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+
+    await trio.to_thread.run_sync(run)
+    assert outcomes.count("quick done") == 2
+    assert any(isinstance(o, dirty.DirtyTimeoutError) for o in outcomes)
+    assert await trio.to_thread.run_sync(client.execute, ECHO, "echo", "after") == "after"
+    client.close()

@@ -149,3 +149,27 @@ async def test_client_disconnecting_mid_call_leaves_the_pool_serving(
         while not await other.execute_async(ECHO, "was_stopped", "disconnect"):
             await trio.sleep(0.02)
     await other.close_async()
+
+
+async def test_malformed_request_payload_gets_a_protocol_error_from_the_worker(
+    start_pool: Any, socket_path: str
+) -> None:
+    """The node routes on the payload's leading app_path/action without decoding the rest; a
+    worker that cannot decode the rest answers that request with DirtyProtocolError."""
+    from apps.dirty import _frames
+
+    await start_pool(dirty_workers=1)
+    good = _frames.request_parts(5, ECHO, "echo", ("x",))[0][16:]
+    bad = good[:-6] + b"\x77" * 6  # the args/kwargs part is garbage
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await sock.connect(socket_path)
+    await sock.send(_frames.header(1, len(bad), 5) + bad + _frames.header(1, len(good), 6) + good)
+    data = b""
+    with trio.fail_after(5):
+        while data.count(b"GD\x01") < 2:
+            data += await sock.recv(65536)
+    splitter = _frames.FrameSplitter()
+    replies = {rid: (mtype, payload) for mtype, rid, payload in splitter.feed(data)}
+    assert replies[5][0] == 0x03 and b"DirtyProtocolError" in replies[5][1]
+    assert replies[6][0] == 0x02 and _frames.decode_payload(replies[6][1]) == {"result": "x"}
+    sock.close()
