@@ -26,9 +26,10 @@ instances living in worker OS processes::
 
 The tree (``dirty_sup``, rest_for_one): stash (table owners), connections (one process per
 client), pool (one worker actor + port per OS process), router (app -> workers, scaling,
-reload), signals, listener. Signals: TERM/INT drain (the node's), QUIT stops at once, HUP
-replaces every worker, USR1 reopens logs, TTIN/TTOU add/remove a worker. Gunicorn's own
-``gunicorn.dirty`` client works against it unchanged.
+reload), signals, listener (owns the socket; its acceptor starts the connections). Signals:
+TERM/INT drain (the node's), QUIT stops at once, HUP replaces every worker, USR1 reopens logs,
+TTIN/TTOU add/remove a worker. Gunicorn's own ``gunicorn.dirty`` client works against it
+unchanged.
 """
 
 from . import examples as examples

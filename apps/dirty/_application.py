@@ -2,10 +2,12 @@
 
 ``dirty_sup`` (rest_for_one) starts, in order: the stash (a supervisor over the table owners'
 DynamicSupervisor and the stash manager), the connections' DynamicSupervisor, the pool (a
-DynamicSupervisor of worker actors), the router (which starts the workers), the signal handler
-and the listener. Stopping runs in reverse: the listener stops accepting, the router stops
-routing, the workers drain their in-flight calls (concurrently, up to
-``dirty_graceful_timeout``) while their connections are still there to deliver the replies.
+DynamicSupervisor of worker actors), the router (a GenServer; it starts the workers), the
+signal handler and the listener (a GenServer owning the socket, with a linked acceptor starting
+connection processes under the connections' supervisor). Stopping runs in reverse: the
+listener stops accepting, the router stops routing, the workers drain their in-flight calls
+(concurrently, up to ``dirty_graceful_timeout``) while their connections are still there to
+deliver the replies.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
-"""The socket listener and the connection processes (one per client connection).
+"""The socket listener: a GenServer (``dirty_listener``) owning the pool's Unix socket
+(``GUNICORN_DIRTY_SOCKET``), and its acceptor.
 
-The listener binds the pool's Unix socket (``GUNICORN_DIRTY_SOCKET``) and starts a connection
-process under the ``dirty_connections`` DynamicSupervisor for each client. A connection reads GD
-v1 frames; many requests may be in flight on it at once, matched by request id. A REQUEST goes
-to a worker holding its app (round-robin, from the router's ``Routes``); only the payload's
-leading ``app_path`` is read, the bytes are forwarded as they are (all of one read's requests
-for a worker in one write), and replies come back as bytes ready to write. STASH runs here, on
-ETS; STATUS and MANAGE ask the router. An END *from* a client abandons that request (the worker
-stops its generator). A client that breaks the protocol gets an ERROR (DirtyProtocolError) and is
-disconnected; a client that disconnects abandons its requests.
+As in Erlang's acceptor pools (ranch: the listener owns the socket, acceptors accept), the
+server binds the socket and links one acceptor process that runs the blocking ``accept`` loop,
+starts a connection process under the ``dirty_connections`` DynamicSupervisor for each client
+and reports it; the server's own loop never blocks, so it answers calls (its address, the
+connections it serves) at any time. The acceptor dying is the server's exit (the listener is
+restarted by ``dirty_sup``, binding the socket anew; open connections carry on).
 """
 
 from __future__ import annotations
@@ -24,61 +22,137 @@ import trio
 
 import otp
 import supervisors
-import wire
-from otp import ets
 
-from ._errors import (
-    DirtyAppNotFoundError,
-    DirtyError,
-    DirtyNoWorkersAvailableError,
-    DirtyProtocolError,
-    DirtyWorkerError,
-    StashError,
-)
-from ._frames import (
-    END,
-    MANAGE,
-    REQUEST,
-    STASH,
-    STATUS,
-    FrameBuffer,
-    decode_payload,
-    encode,
-    peek_route,
-    tune_socket,
-)
-from ._pool import BUSY_READS, ROUTER, Outbox, PoolContext, Routes, error_bytes
-from ._stash import stash_operation
+from ._connection import start_connection
+from ._frames import tune_socket
+from ._pool import PoolContext, Routes
 
 logger = logging.getLogger("apps.dirty")
 
+LISTENER = "dirty_listener"
 CONNECTIONS = "dirty_connections"
+#: The listening socket's backlog.
+BACKLOG = 512
 
 
 @attrs.frozen
-class _ReaderDone:
-    reason: Any
+class _Accepted:
+    """The acceptor tells the server it started connection process ``pid``."""
+
+    pid: otp.Pid
+
+
+@attrs.define(eq=False)
+class _State:
+    ctx: PoolContext
+    sock: Any
+    acceptor: otp.Pid | None = None
+    #: The connection processes alive, by the server's monitor of each.
+    connections: dict[otp.Ref, otp.Pid] = attrs.Factory(dict)
+    accepted: int = 0
 
 
 async def start_listener(ctx: PoolContext) -> otp.Pid:
-    """Bind the socket and start accepting, linked to the caller.
+    """Start the listener (registered as ``dirty_listener``) linked to the caller; return
+    once the socket is bound and accepting.
 
     Raises:
-        otp.StartError: The socket cannot be bound (the reason is the OSError).
+        otp.StartError: The socket cannot be bound (reason ``("dirty_socket", path, error)``).
     """
-    path = ctx.socket_path
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        _remove_stale(path)
-        await sock.bind(path)
-        os.chmod(path, 0o600)
-        sock.listen(512)
-    except OSError as exc:
-        sock.close()
-        raise otp.StartError(("dirty_socket", path, str(exc))) from exc
-    os.environ["GUNICORN_DIRTY_SOCKET"] = path
-    logger.info("dirty pool: clients connect to %s (GUNICORN_DIRTY_SOCKET)", path)
-    return otp.spawn_link(_accept_loop, ctx, trio.SocketListener(sock))
+    return await Listener.start_link(ctx, name=LISTENER)
+
+
+class Listener(otp.GenServer):
+    """Owns the listening socket; an acceptor it links accepts, connections are supervised.
+
+    Calls: ``"address"`` (the socket path), ``"connections"`` (how many connection processes
+    are alive), ``"statistics"`` (a dict of those, plus ``accepted``, the clients accepted since
+    this listener started, and ``acceptor``, its acceptor's pid).
+    """
+
+    # ======================================== client side ====================================
+
+    @staticmethod
+    async def address(server: Any = LISTENER) -> str:
+        """The socket path clients connect to."""
+        result: str = await otp.call(server, "address")
+        return result
+
+    @staticmethod
+    async def connections(server: Any = LISTENER) -> int:
+        """How many client connections are open."""
+        result: int = await otp.call(server, "connections")
+        return result
+
+    @staticmethod
+    async def statistics(server: Any = LISTENER) -> dict[str, Any]:
+        """``address``, ``connections``, ``accepted`` and ``acceptor`` (pid) as a dict."""
+        result: dict[str, Any] = await otp.call(server, "statistics")
+        return result
+
+    # ======================================== callbacks ======================================
+
+    async def init(self, ctx: PoolContext) -> Any:
+        otp.process_flag(trap_exit=True)
+        path = ctx.socket_path
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            _remove_stale(path)
+            await sock.bind(path)
+            os.chmod(path, 0o600)
+            sock.listen(BACKLOG)
+        except OSError as exc:
+            sock.close()
+            return otp.Stop(("dirty_socket", path, str(exc)))
+        os.environ["GUNICORN_DIRTY_SOCKET"] = path
+        logger.info("dirty pool: clients connect to %s (GUNICORN_DIRTY_SOCKET)", path)
+        state = _State(ctx, sock)
+        # A restarted listener counts the connections its previous life started.
+        for _, pid, _, _ in await supervisors.which_children(CONNECTIONS):
+            if isinstance(pid, otp.Pid):
+                state.connections[otp.monitor(pid)] = pid
+        state.acceptor = otp.spawn_link(
+            _acceptor, otp.self(), trio.SocketListener(sock), ctx.routes
+        )
+        return otp.Ok(state)
+
+    def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
+        match request:
+            case "address":
+                return otp.Reply(state.ctx.socket_path, state)
+            case "connections":
+                return otp.Reply(len(state.connections), state)
+            case "statistics":
+                stats = {
+                    "address": state.ctx.socket_path,
+                    "connections": len(state.connections),
+                    "accepted": state.accepted,
+                    "acceptor": state.acceptor,
+                }
+                return otp.Reply(stats, state)
+        return otp.Reply(("error", ("unknown_request", request)), state)
+
+    def handle_info(self, msg: Any, state: _State) -> Any:
+        kind = type(msg)
+        if kind is _Accepted:
+            state.accepted += 1
+            state.connections[otp.monitor(msg.pid)] = msg.pid
+        elif kind is otp.Down:
+            state.connections.pop(msg.ref, None)
+        elif kind is otp.Exit and msg.pid == state.acceptor:
+            state.acceptor = None
+            return otp.Stop(("dirty_acceptor_exited", msg.reason), state)
+        return otp.NoReply(state)
+
+    def terminate(self, reason: Any, state: _State) -> None:
+        if state.acceptor is not None:
+            otp.unlink(state.acceptor)
+            otp.exit(state.acceptor, otp.KILL)
+        state.sock.close()
+        try:
+            os.unlink(state.ctx.socket_path)
+        except OSError:
+            pass
 
 
 def _remove_stale(path: str) -> None:
@@ -91,253 +165,21 @@ def _remove_stale(path: str) -> None:
             raise
 
 
-async def _accept_loop(ctx: PoolContext, listener: trio.SocketListener) -> None:
-    try:
-        while True:
-            stream = await listener.accept()
-            tune_socket(stream.socket)
-            spec = supervisors.ChildSpec(
-                "conn",
-                (_start_connection, stream, ctx.routes),
-                restart="temporary",
-                shutdown="brutal_kill",
-            )
-            result = await supervisors.start_child(CONNECTIONS, spec)
-            if result[0] != "ok":
-                logger.warning("dirty pool: could not serve a client: %r", result)
-                await stream.aclose()
-    finally:
-        with trio.CancelScope(shield=True):
-            await listener.aclose()
-        try:
-            os.unlink(ctx.socket_path)
-        except OSError:
-            pass
-
-
-async def _start_connection(stream: trio.SocketStream, routes: Routes) -> otp.Pid:
-    return otp.spawn_link(_connection, stream, routes)
-
-
-@attrs.define(eq=False)
-class _Conn:
-    me: otp.Pid
-    stream: trio.SocketStream
-    outbox: Outbox
-    routes: Routes
-    #: Requests in flight: client request id -> the worker actor running it.
-    pending: dict[int, Any] = attrs.Factory(dict)
-    monitors: dict[Any, otp.Ref] = attrs.Factory(dict)
-    by_ref: dict[otp.Ref, Any] = attrs.Factory(dict)
-
-    def deliver(self, parts: list[Any], done: list[int]) -> None:
-        """Frames from a worker actor (run in its task): written to the client at once."""
-        pending = self.pending
-        for rid in done:
-            pending.pop(rid, None)
-        self.outbox.writev(parts)
-
-
-async def _connection(stream: trio.SocketStream, routes: Routes) -> None:
-    me = otp.self()
-    outbox = Outbox(stream.socket.fileno(), lambda: otp.send(me, _ReaderDone("broken")))
-    conn = _Conn(me, stream, outbox, routes)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_reader, conn, nursery)
-            nursery.start_soon(outbox.run)
-            await _writer(conn)
-            nursery.cancel_scope.cancel()
-    finally:
-        outbox.close()
-        for rid, actor in conn.pending.items():
-            actor.cancel(conn, rid)
-        with trio.CancelScope(shield=True):
-            await stream.aclose()
-
-
-async def _writer(conn: _Conn) -> None:
-    """The connection's mailbox: a worker's death fails its calls; the reader's end ends it."""
-    pending = conn.pending
-    outbox = conn.outbox
+async def _acceptor(server: otp.Pid, listener: trio.SocketListener, routes: Routes) -> None:
+    """Accept clients for ``server``: each gets a connection process under
+    ``dirty_connections``, reported to the server. Ends (as a crash) if accepting fails."""
     while True:
-        msg = await otp.receive()
-        kind = type(msg)
-        if kind is otp.Down:
-            worker = conn.by_ref.pop(msg.ref, None)
-            if worker is not None:
-                conn.monitors.pop(worker, None)
-                lost = [rid for rid, w in pending.items() if w is worker]
-                for rid in lost:
-                    del pending[rid]
-                    outbox.write(error_bytes(rid, _worker_gone(msg.reason)))
-        elif kind is bytes:
-            outbox.write(msg)
-        elif kind is _ReaderDone:
-            await outbox.flush()
-            return
-
-
-def _worker_gone(reason: Any) -> DirtyError:
-    return DirtyWorkerError(
-        f"the dirty worker running the call is gone ({otp.format_reason(reason)})"
-    )
-
-
-async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
-    """Take every frame of each read: requests go to their workers with one write per worker
-    per read; the payload bytes are forwarded, not decoded (only the route is read)."""
-    me = conn.me
-    write = conn.outbox.write
-    fd = conn.stream.socket.fileno()
-    buffer = FrameBuffer()
-    readv = os.readv
-    wait_readable = trio.lowlevel.wait_readable
-    busy = 0
-    drained = True
-    try:
-        while True:
-            if drained:  # the last read did not fill the buffer: wait for more
-                busy = 0
-                await wait_readable(fd)
-            elif busy == BUSY_READS:  # let the other tasks run now and then
-                busy = 0
-                await trio.lowlevel.checkpoint()
-            try:
-                space = buffer.space()
-                n = readv(fd, [space])
-                busy += 1
-                if not n:
-                    return
-                drained = n < len(space)
-                frames = buffer.frames(n)
-            except BlockingIOError:
-                drained = True
-                continue
-            except (OSError, trio.ClosedResourceError):
-                return
-            except DirtyProtocolError as exc:
-                write(error_bytes(0, exc))
-                logger.warning("dirty pool: dropping a client that sent garbage: %s", exc)
-                return
-            if not frames:
-                continue  # (a large frame's first part: read on at once)
-            view = buffer.view
-            now = trio.current_time()
-            touched: dict[Any, None] = {}
-            for mtype, rid, start, stop in frames:
-                if mtype == REQUEST:
-                    error = _route(conn, rid, view, start, stop, now, touched)
-                    if error is not None:
-                        write(error_bytes(rid, error))
-                elif mtype == END:
-                    worker = conn.pending.pop(rid, None)
-                    if worker is not None:
-                        worker.cancel(conn, rid)
-                elif mtype == STASH:
-                    _flush(touched)
-                    write(await _stash(rid, bytes(view[start:stop])))
-                elif mtype in (STATUS, MANAGE):
-                    nursery.start_soon(_control, me, mtype, rid, bytes(view[start:stop]))
-                else:
-                    write(
-                        error_bytes(
-                            rid,
-                            DirtyProtocolError(
-                                f"a client may send REQUEST, STASH, STATUS or MANAGE, not"
-                                f" message type 0x{mtype:02x}"
-                            ),
-                        ),
-                    )
-            _flush(touched)
-
-    finally:
-        otp.send(me, _ReaderDone(otp.NORMAL))
-
-
-def _flush(touched: dict[Any, None]) -> None:
-    for actor in touched:
-        actor.flush()
-    touched.clear()
-
-
-def _route(
-    conn: _Conn,
-    rid: int,
-    view: memoryview,
-    start: int,
-    stop: int,
-    now: float,
-    touched: dict[Any, None],
-) -> DirtyError | None:
-    route = peek_route(view, start, stop)
-    if route is not None:
-        app_path = route[0]
-    else:
-        try:
-            msg = decode_payload(view[start:stop])
-        except DirtyProtocolError as exc:
-            return exc
-        path = msg.get("app_path") if msg else None
-        if not isinstance(path, str) or not isinstance(msg.get("action"), str):
-            return DirtyProtocolError("a REQUEST needs str app_path and action")
-        app_path = path
-    if rid in conn.pending:
-        return DirtyProtocolError(f"request id {rid} is already in flight on this connection")
-    routes = conn.routes
-    workers = routes.table.get(app_path)
-    if workers is None:
-        if not routes.open:
-            return DirtyNoWorkersAvailableError(app_path, "The dirty pool is shutting down")
-        return DirtyAppNotFoundError(app_path)
-    if not workers:
-        return DirtyNoWorkersAvailableError(app_path)
-    if len(workers) == 1:
-        worker = workers[0]
-    else:
-        turn = routes.turns[app_path] = routes.turns.get(app_path, 0) + 1
-        worker = workers[turn % len(workers)]
-    if worker not in conn.monitors:
-        # A dead worker actor's Down (noproc) fails the call, as does one dying later.
-        ref = otp.monitor(worker.me)
-        conn.monitors[worker] = ref
-        conn.by_ref[ref] = worker
-    conn.pending[rid] = worker
-    worker.submit(conn, rid, view, start, stop, now)
-    touched[worker] = None
-    return None
-
-
-async def _stash(rid: int, payload: bytes) -> bytes:
-    try:
-        msg = decode_payload(payload) or {}
-        op = msg.get("op")
-        table = msg.get("table", "")
-        if type(op) is not int or not isinstance(table, str):
-            raise DirtyProtocolError("a STASH needs an int op and a str table")
-        pattern = msg.get("pattern")
-        result = await stash_operation(op, table, msg.get("key"), msg.get("value"), pattern)
-        return encode(wire.make_response(rid, result))
-    except DirtyError as exc:
-        return error_bytes(rid, exc)
-    except (otp.CallError, otp.CallTimeout, ets.EtsError, TypeError, ValueError) as exc:
-        return error_bytes(rid, StashError(f"stash operation failed: {exc}"))
-    except wire.WireError as exc:
-        return error_bytes(rid, StashError(f"stash result cannot be encoded: {exc}"))
-
-
-async def _control(me: otp.Pid, mtype: int, rid: int, payload: bytes) -> None:
-    try:
-        if mtype == STATUS:
-            result = await otp.call(ROUTER, "status")
+        stream = await listener.accept()
+        tune_socket(stream.socket)
+        spec = supervisors.ChildSpec(
+            "conn",
+            (start_connection, stream, routes),
+            restart="temporary",
+            shutdown="brutal_kill",
+        )
+        result = await supervisors.start_child(CONNECTIONS, spec)
+        if result[0] == "ok":
+            otp.send(server, _Accepted(result[1]))
         else:
-            msg = decode_payload(payload) or {}
-            op, count = msg.get("op"), msg.get("count", 1)
-            if op not in (1, 2) or type(count) is not int:
-                raise DirtyProtocolError("a MANAGE needs op 1 (add) or 2 (remove) and an int count")
-            result = await otp.call(ROUTER, ("add" if op == 1 else "remove", count), timeout=None)
-        otp.send(me, encode(wire.make_response(rid, result)))
-    except DirtyError as exc:
-        otp.send(me, error_bytes(rid, exc))
-    except (otp.CallError, otp.CallTimeout) as exc:
-        otp.send(me, error_bytes(rid, DirtyError(f"the dirty router did not answer: {exc}")))
+            logger.warning("dirty pool: could not serve a client: %r", result)
+            await stream.aclose()

@@ -7,6 +7,12 @@ path. Workers join with
 ``WorkerUp`` once their apps are loaded and leave on their death (monitor) or when they start
 draining. Scaling adds or removes pool children (``start_child``/``terminate_child``); HUP
 starts a replacement for every worker first, then drains the old ones.
+
+The router never waits for a worker to start inside a callback: scaling and reload requests
+queue up (their callers get a deferred reply) and run one at a time; each worker start is a
+``start_child`` made by a short-lived helper process linked to the router, which reports the
+outcome as a message. Meanwhile the router answers STATUS, follows workers joining and leaving,
+and queues further requests.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 from typing import Any
 
 import attrs
@@ -50,6 +57,39 @@ class _State:
     next_id: int = 1
     target: int = 0
     started_at: float = attrs.Factory(time.time)
+    #: The scaling or reload request being carried out, and those waiting their turn.
+    op: _Op | None = None
+    queue: deque[_Op] = attrs.Factory(deque)
+
+
+@attrs.define(eq=False)
+class _Op:
+    """A scaling (``add``/``remove``) or ``reload`` request, carried out one worker start at a
+    time; ``from_`` gets the result when it is done."""
+
+    kind: str
+    count: int
+    from_: otp.From | None
+    #: reload: the workers still to replace, and how many there were.
+    old: deque[WorkerUp] = attrs.Factory(deque)
+    total: int = 0
+    #: Workers started (add) or replaced (reload) so far.
+    done: int = 0
+    reason: str | None = None
+    #: The worker start in progress: the helper's pid, its tag, and what it starts.
+    helper: otp.Pid | None = None
+    tag: otp.Ref | None = None
+    worker_id: int = 0
+    apps: tuple[str, ...] = ()
+    replacing: WorkerUp | None = None
+
+
+@attrs.frozen
+class _Started:
+    """A helper's report: the outcome of ``start_child`` for the worker tagged ``tag``."""
+
+    tag: otp.Ref
+    result: Any
 
 
 def worker_spec(ctx: PoolContext, worker_id: int, apps: list[str] | tuple[str, ...]) -> Any:
@@ -106,24 +146,36 @@ class Router(otp.GenServer):
         return otp.NoReply(state)
 
     def handle_info(self, msg: Any, state: _State) -> Any:
-        if type(msg) is otp.Down and msg.ref in state.monitors:
+        kind = type(msg)
+        if kind is otp.Down and msg.ref in state.monitors:
             pid = state.monitors.pop(msg.ref)
             state.workers.pop(pid, None)
             state.draining.discard(pid)
             ets.delete(HEARTBEATS, pid)
             _publish(state)
+        elif kind is _Started:
+            op = state.op
+            if op is not None and msg.tag == op.tag:
+                _step_done(state, op, msg.result)
+        elif kind is otp.Exit:
+            op = state.op
+            if op is not None and msg.pid == op.helper and msg.reason != otp.NORMAL:
+                # The helper died before it reported (it reports before it exits normally).
+                _step_done(state, op, ("error", msg.reason))
         return otp.NoReply(state)
 
-    async def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
+    def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
         match request:
             case "status":
                 return otp.Reply(_status(state), state)
-            case ("add", count):
-                return otp.Reply(await _scale_up(state, count), state)
-            case ("remove", count):
-                return otp.Reply(_scale_down(state, count), state)
+            case [("add" | "remove") as kind, int() as count]:
+                state.queue.append(_Op(kind, count, from_))
+                _next_op(state)
+                return otp.NoReply(state)
             case "reload":
-                return otp.Reply(await _reload(state), state)
+                state.queue.append(_Op("reload", 0, from_))
+                _next_op(state)
+                return otp.NoReply(state)
             case "workers":
                 return otp.Reply(dict(state.workers), state)
         return otp.Reply(("error", ("unknown_request", request)), state)
@@ -181,13 +233,17 @@ async def _add(state: _State, apps: list[str] | tuple[str, ...]) -> Any:
     if result[0] != "ok":
         logger.error("dirty worker %d could not start: %r", worker_id, result)
         return ("dirty_worker_start_failed", worker_id, result[1])
-    pid = result[1]
-    if isinstance(pid, otp.Pid) and pid not in state.workers:
-        # Routable at once; its own WorkerUp (with its OS pid) is handled after this call.
-        state.monitors[otp.monitor(pid)] = pid
-        state.workers[pid] = WorkerUp(pid, worker_id, tuple(apps), 0, trio.current_time())
-        _publish(state)
+    _register(state, result[1], worker_id, tuple(apps))
     return None
+
+
+def _register(state: _State, pid: Any, worker_id: int, apps: tuple[str, ...]) -> None:
+    """A worker the pool just started is routable at once (unless its own WorkerUp, with its
+    OS pid, came first)."""
+    if isinstance(pid, otp.Pid) and pid not in state.workers:
+        state.monitors[otp.monitor(pid)] = pid
+        state.workers[pid] = WorkerUp(pid, worker_id, apps, 0, trio.current_time())
+        _publish(state)
 
 
 def _since_heartbeat(info: WorkerUp, now: float) -> float | None:
@@ -218,34 +274,6 @@ def _status(state: _State) -> dict[str, Any]:
         "apps": [s.import_path for s in state.ctx.config.dirty_apps],
         "app_workers": {path: n for path, n in _holders(state).items()},
     }
-
-
-async def _scale_up(state: _State, count: int) -> dict[str, Any]:
-    spawned = 0
-    reason = None
-    for _ in range(max(1, count)):
-        apps = apps_for_new_worker(state.ctx.config.dirty_apps, _holders(state))
-        if not apps:
-            reason = "All apps have reached their worker limits"
-            break
-        error = await _add(state, apps)
-        if error is not None:
-            reason = f"a worker failed to start: {error!r}"
-            break
-        spawned += 1
-        state.target += 1
-    result: dict[str, Any] = {
-        "success": reason is None or spawned > 0 or "limits" in reason,
-        "operation": "add",
-        "requested": count,
-        "spawned": spawned,
-        "total_workers": len(_live(state)),
-        "target_workers": state.target,
-    }
-    if reason is not None:
-        result["reason"] = reason
-    logger.info("dirty pool: added %d worker(s), now %d", spawned, len(_live(state)))
-    return result
 
 
 def _scale_down(state: _State, count: int) -> dict[str, Any]:
@@ -284,21 +312,110 @@ def _scale_down(state: _State, count: int) -> dict[str, Any]:
 
 
 async def _terminate(pid: otp.Pid) -> None:
-    await supervisors.terminate_child(POOL, pid)
+    try:
+        await supervisors.terminate_child(POOL, pid)
+    except otp.CallError:
+        pass  # the pool is shutting down (and stops the worker itself)
 
 
-async def _reload(state: _State) -> dict[str, Any]:
-    """HUP: a new worker for every old one (same apps), then drain the old ones."""
-    old = _live(state)
-    started = 0
-    for info in old:
-        error = await _add(state, info.apps)
-        if error is not None:
+# -- scaling and reload: one request at a time, one worker start at a time, never blocking ----
+
+
+def _next_op(state: _State) -> None:
+    """Start the next queued request unless one is being carried out."""
+    while state.op is None and state.queue:
+        op = state.queue.popleft()
+        if op.kind == "remove":
+            _reply(op, _scale_down(state, op.count))
+            continue
+        if op.kind == "reload":
+            op.old = deque(_live(state))
+            op.total = len(op.old)
+        state.op = op
+        _step(state, op)
+
+
+def _step(state: _State, op: _Op) -> None:
+    """Start the request's next worker (in a helper process), or finish the request."""
+    if op.kind == "add":
+        apps: tuple[str, ...] = ()
+        if op.done < max(1, op.count):
+            apps = tuple(apps_for_new_worker(state.ctx.config.dirty_apps, _holders(state)))
+            if not apps:
+                op.reason = "All apps have reached their worker limits"
+        if not apps:
+            _finish(state, op)
+            return
+        op.replacing = None
+    else:
+        while op.old and op.old[0].pid not in state.workers:
+            # Died since the reload began: its supervisor's restart is a new worker already.
+            op.old.popleft()
+            op.done += 1
+        if not op.old:
+            _finish(state, op)
+            return
+        op.replacing = op.old.popleft()
+        apps = op.replacing.apps
+    op.worker_id = state.next_id
+    state.next_id += 1
+    op.apps = apps
+    op.tag = otp.make_ref()
+    spec = worker_spec(state.ctx, op.worker_id, apps)
+    op.helper = otp.spawn_link(_start_worker_child, otp.self(), op.tag, spec)
+
+
+async def _start_worker_child(router: otp.Pid, tag: otp.Ref, spec: Any) -> None:
+    """A helper of the router: start one worker (as long as that takes) and report."""
+    otp.send(router, _Started(tag, await supervisors.start_child(POOL, spec)))
+
+
+def _step_done(state: _State, op: _Op, result: Any) -> None:
+    op.helper = op.tag = None
+    if result[0] != "ok":
+        logger.error("dirty worker %d could not start: %r", op.worker_id, result)
+        error = ("dirty_worker_start_failed", op.worker_id, result[1])
+        if op.kind == "reload":
             logger.error("dirty pool reload: stopped early: %r", error)
-            break
-        started += 1
-        state.draining.add(info.pid)
-        _publish(state)
-        otp.spawn(_terminate, info.pid)
-    logger.info("dirty pool reloaded: %d worker(s) replaced", started)
-    return {"success": started == len(old), "operation": "reload", "replaced": started}
+        op.reason = f"a worker failed to start: {error!r}"
+        _finish(state, op)
+        return
+    _register(state, result[1], op.worker_id, op.apps)
+    op.done += 1
+    if op.kind == "add":
+        state.target += 1
+    elif op.replacing is not None:
+        # The new worker first, then the old one drained.
+        old = op.replacing.pid
+        op.replacing = None
+        if old in state.workers:
+            state.draining.add(old)
+            _publish(state)
+            otp.spawn(_terminate, old)
+    _step(state, op)
+
+
+def _finish(state: _State, op: _Op) -> None:
+    state.op = None
+    if op.kind == "add":
+        result: dict[str, Any] = {
+            "success": op.reason is None or op.done > 0 or "limits" in op.reason,
+            "operation": "add",
+            "requested": op.count,
+            "spawned": op.done,
+            "total_workers": len(_live(state)),
+            "target_workers": state.target,
+        }
+        if op.reason is not None:
+            result["reason"] = op.reason
+        logger.info("dirty pool: added %d worker(s), now %d", op.done, len(_live(state)))
+    else:
+        logger.info("dirty pool reloaded: %d worker(s) replaced", op.done)
+        result = {"success": op.done == op.total, "operation": "reload", "replaced": op.done}
+    _reply(op, result)
+    _next_op(state)
+
+
+def _reply(op: _Op, result: dict[str, Any]) -> None:
+    if op.from_ is not None:
+        otp.reply(op.from_, result)

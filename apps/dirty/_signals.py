@@ -36,14 +36,21 @@ def reopen_log_files() -> None:
 
 
 async def _signal_loop() -> None:
-    with trio.open_signal_receiver(*SIGNALS) as signals:
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            logger.info("dirty pool: %s", name)
-            try:
-                await _handle(signum)
-            except (otp.CallError, otp.CallTimeout) as exc:
-                logger.error("dirty pool: %s not handled: %s", name, exc)
+    # Each signal is handled in a task of its own: a QUIT is not held up behind a HUP whose
+    # reload is still starting workers (the router queues HUP/TTIN/TTOU in arrival order).
+    async with trio.open_nursery() as nursery:
+        with trio.open_signal_receiver(*SIGNALS) as signals:
+            async for signum in signals:
+                nursery.start_soon(_handle_logged, signum)
+
+
+async def _handle_logged(signum: int) -> None:
+    name = signal.Signals(signum).name
+    logger.info("dirty pool: %s", name)
+    try:
+        await _handle(signum)
+    except (otp.CallError, otp.CallTimeout) as exc:
+        logger.error("dirty pool: %s not handled: %s", name, exc)
 
 
 async def _handle(signum: int) -> None:

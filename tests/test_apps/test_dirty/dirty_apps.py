@@ -146,3 +146,21 @@ class CallApp(DirtyApp):
         for i in range(n):
             await asyncio.sleep(0)
             yield i
+
+
+class GatedApp(DirtyApp):
+    """A worker started while the FIFO named by ``DIRTY_TEST_GATE`` exists loads this app only
+    once the test has opened the FIFO for writing and closed it again: a worker start the test
+    holds open for as long as it likes (and knows to be under way). A plain file there makes
+    the load fail."""
+
+    def init(self) -> None:
+        gate = os.environ.get("DIRTY_TEST_GATE")
+        if gate and os.path.isfile(gate):
+            raise RuntimeError("the gate is shut")
+        if gate and os.path.exists(gate):
+            with open(gate) as fifo:  # blocks until the test opens the writing end
+                fifo.read()  # until the test closes it
+
+    def pid(self) -> int:
+        return os.getpid()

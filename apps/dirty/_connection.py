@@ -1,0 +1,284 @@
+"""Connection processes: one per client connection, children of the ``dirty_connections``
+DynamicSupervisor (the listener's acceptor starts them).
+
+A connection reads GD v1 frames; many requests may be in flight on it at once, matched by
+request id. A REQUEST goes to a worker holding its app (round-robin, from the router's
+``Routes``); only the payload's leading ``app_path`` is read, the bytes are forwarded as they
+are (all of one read's requests for a worker in one write), and replies come back as bytes
+ready to write. STASH runs here, on ETS; STATUS and MANAGE ask the router. An END *from* a
+client abandons that request (the worker stops its generator). A client that breaks the
+protocol gets an ERROR (DirtyProtocolError) and is disconnected; a client that disconnects
+abandons its requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import attrs
+import trio
+
+import otp
+import wire
+from otp import ets
+
+from ._errors import (
+    DirtyAppNotFoundError,
+    DirtyError,
+    DirtyNoWorkersAvailableError,
+    DirtyProtocolError,
+    DirtyWorkerError,
+    StashError,
+)
+from ._frames import (
+    END,
+    MANAGE,
+    REQUEST,
+    STASH,
+    STATUS,
+    FrameBuffer,
+    decode_payload,
+    encode,
+    peek_route,
+)
+from ._pool import BUSY_READS, ROUTER, Outbox, Routes, error_bytes
+from ._stash import stash_operation
+
+logger = logging.getLogger("apps.dirty")
+
+
+@attrs.frozen
+class _ReaderDone:
+    reason: Any
+
+
+async def start_connection(stream: trio.SocketStream, routes: Routes) -> otp.Pid:
+    """Start a connection process serving ``stream``, linked to the caller (the
+    ``dirty_connections`` supervisor)."""
+    return otp.spawn_link(_connection, stream, routes)
+
+
+@attrs.define(eq=False)
+class _Conn:
+    me: otp.Pid
+    stream: trio.SocketStream
+    outbox: Outbox
+    routes: Routes
+    #: Requests in flight: client request id -> the worker actor running it.
+    pending: dict[int, Any] = attrs.Factory(dict)
+    monitors: dict[Any, otp.Ref] = attrs.Factory(dict)
+    by_ref: dict[otp.Ref, Any] = attrs.Factory(dict)
+
+    def deliver(self, parts: list[Any], done: list[int]) -> None:
+        """Frames from a worker actor (run in its task): written to the client at once."""
+        pending = self.pending
+        for rid in done:
+            pending.pop(rid, None)
+        self.outbox.writev(parts)
+
+
+async def _connection(stream: trio.SocketStream, routes: Routes) -> None:
+    me = otp.self()
+    outbox = Outbox(stream.socket.fileno(), lambda: otp.send(me, _ReaderDone("broken")))
+    conn = _Conn(me, stream, outbox, routes)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_reader, conn, nursery)
+            nursery.start_soon(outbox.run)
+            await _writer(conn)
+            nursery.cancel_scope.cancel()
+    finally:
+        outbox.close()
+        for rid, actor in conn.pending.items():
+            actor.cancel(conn, rid)
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+async def _writer(conn: _Conn) -> None:
+    """The connection's mailbox: a worker's death fails its calls; the reader's end ends it."""
+    pending = conn.pending
+    outbox = conn.outbox
+    while True:
+        msg = await otp.receive()
+        kind = type(msg)
+        if kind is otp.Down:
+            worker = conn.by_ref.pop(msg.ref, None)
+            if worker is not None:
+                conn.monitors.pop(worker, None)
+                lost = [rid for rid, w in pending.items() if w is worker]
+                for rid in lost:
+                    del pending[rid]
+                    outbox.write(error_bytes(rid, _worker_gone(msg.reason)))
+        elif kind is bytes:
+            outbox.write(msg)
+        elif kind is _ReaderDone:
+            await outbox.flush()
+            return
+
+
+def _worker_gone(reason: Any) -> DirtyError:
+    return DirtyWorkerError(
+        f"the dirty worker running the call is gone ({otp.format_reason(reason)})"
+    )
+
+
+async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
+    """Take every frame of each read: requests go to their workers with one write per worker
+    per read; the payload bytes are forwarded, not decoded (only the route is read)."""
+    me = conn.me
+    write = conn.outbox.write
+    fd = conn.stream.socket.fileno()
+    buffer = FrameBuffer()
+    readv = os.readv
+    wait_readable = trio.lowlevel.wait_readable
+    busy = 0
+    drained = True
+    try:
+        while True:
+            if drained:  # the last read did not fill the buffer: wait for more
+                busy = 0
+                await wait_readable(fd)
+            elif busy == BUSY_READS:  # let the other tasks run now and then
+                busy = 0
+                await trio.lowlevel.checkpoint()
+            try:
+                space = buffer.space()
+                n = readv(fd, [space])
+                busy += 1
+                if not n:
+                    return
+                drained = n < len(space)
+                frames = buffer.frames(n)
+            except BlockingIOError:
+                drained = True
+                continue
+            except (OSError, trio.ClosedResourceError):
+                return
+            except DirtyProtocolError as exc:
+                write(error_bytes(0, exc))
+                logger.warning("dirty pool: dropping a client that sent garbage: %s", exc)
+                return
+            if not frames:
+                continue  # (a large frame's first part: read on at once)
+            view = buffer.view
+            now = trio.current_time()
+            touched: dict[Any, None] = {}
+            for mtype, rid, start, stop in frames:
+                if mtype == REQUEST:
+                    error = _route(conn, rid, view, start, stop, now, touched)
+                    if error is not None:
+                        write(error_bytes(rid, error))
+                elif mtype == END:
+                    worker = conn.pending.pop(rid, None)
+                    if worker is not None:
+                        worker.cancel(conn, rid)
+                elif mtype == STASH:
+                    _flush(touched)
+                    write(await _stash(rid, bytes(view[start:stop])))
+                elif mtype in (STATUS, MANAGE):
+                    nursery.start_soon(_control, me, mtype, rid, bytes(view[start:stop]))
+                else:
+                    write(
+                        error_bytes(
+                            rid,
+                            DirtyProtocolError(
+                                f"a client may send REQUEST, STASH, STATUS or MANAGE, not"
+                                f" message type 0x{mtype:02x}"
+                            ),
+                        ),
+                    )
+            _flush(touched)
+
+    finally:
+        otp.send(me, _ReaderDone(otp.NORMAL))
+
+
+def _flush(touched: dict[Any, None]) -> None:
+    for actor in touched:
+        actor.flush()
+    touched.clear()
+
+
+def _route(
+    conn: _Conn,
+    rid: int,
+    view: memoryview,
+    start: int,
+    stop: int,
+    now: float,
+    touched: dict[Any, None],
+) -> DirtyError | None:
+    route = peek_route(view, start, stop)
+    if route is not None:
+        app_path = route[0]
+    else:
+        try:
+            msg = decode_payload(view[start:stop])
+        except DirtyProtocolError as exc:
+            return exc
+        path = msg.get("app_path") if msg else None
+        if not isinstance(path, str) or not isinstance(msg.get("action"), str):
+            return DirtyProtocolError("a REQUEST needs str app_path and action")
+        app_path = path
+    if rid in conn.pending:
+        return DirtyProtocolError(f"request id {rid} is already in flight on this connection")
+    routes = conn.routes
+    workers = routes.table.get(app_path)
+    if workers is None:
+        if not routes.open:
+            return DirtyNoWorkersAvailableError(app_path, "The dirty pool is shutting down")
+        return DirtyAppNotFoundError(app_path)
+    if not workers:
+        return DirtyNoWorkersAvailableError(app_path)
+    if len(workers) == 1:
+        worker = workers[0]
+    else:
+        turn = routes.turns[app_path] = routes.turns.get(app_path, 0) + 1
+        worker = workers[turn % len(workers)]
+    if worker not in conn.monitors:
+        # A dead worker actor's Down (noproc) fails the call, as does one dying later.
+        ref = otp.monitor(worker.me)
+        conn.monitors[worker] = ref
+        conn.by_ref[ref] = worker
+    conn.pending[rid] = worker
+    worker.submit(conn, rid, view, start, stop, now)
+    touched[worker] = None
+    return None
+
+
+async def _stash(rid: int, payload: bytes) -> bytes:
+    try:
+        msg = decode_payload(payload) or {}
+        op = msg.get("op")
+        table = msg.get("table", "")
+        if type(op) is not int or not isinstance(table, str):
+            raise DirtyProtocolError("a STASH needs an int op and a str table")
+        pattern = msg.get("pattern")
+        result = await stash_operation(op, table, msg.get("key"), msg.get("value"), pattern)
+        return encode(wire.make_response(rid, result))
+    except DirtyError as exc:
+        return error_bytes(rid, exc)
+    except (otp.CallError, otp.CallTimeout, ets.EtsError, TypeError, ValueError) as exc:
+        return error_bytes(rid, StashError(f"stash operation failed: {exc}"))
+    except wire.WireError as exc:
+        return error_bytes(rid, StashError(f"stash result cannot be encoded: {exc}"))
+
+
+async def _control(me: otp.Pid, mtype: int, rid: int, payload: bytes) -> None:
+    try:
+        if mtype == STATUS:
+            result = await otp.call(ROUTER, "status")
+        else:
+            msg = decode_payload(payload) or {}
+            op, count = msg.get("op"), msg.get("count", 1)
+            if op not in (1, 2) or type(count) is not int:
+                raise DirtyProtocolError("a MANAGE needs op 1 (add) or 2 (remove) and an int count")
+            result = await otp.call(ROUTER, ("add" if op == 1 else "remove", count), timeout=None)
+        otp.send(me, encode(wire.make_response(rid, result)))
+    except DirtyError as exc:
+        otp.send(me, error_bytes(rid, exc))
+    except (otp.CallError, otp.CallTimeout) as exc:
+        otp.send(me, error_bytes(rid, DirtyError(f"the dirty router did not answer: {exc}")))

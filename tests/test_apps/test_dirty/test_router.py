@@ -1,0 +1,156 @@
+"""The router never blocks on a worker start: STATUS is answered while a reload or a scale-up
+waits for a new worker, and scaling requests queue behind the one in progress. Real worker
+processes; a FIFO holds a new worker's start open (events, not sleeps)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import otp
+from apps import dirty
+from apps.dirty._pool import ROUTER
+
+GATED = "tests.test_apps.test_dirty.dirty_apps:GatedApp"
+
+
+@pytest.fixture
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the gate FIFO goes (workers see it through ``DIRTY_TEST_GATE``)."""
+    path = tmp_path / "gate"
+    monkeypatch.setenv("DIRTY_TEST_GATE", str(path))
+    return path
+
+
+@asynccontextmanager
+async def holding_a_worker_start(gate: Path) -> AsyncIterator[None]:
+    """Inside the block, a worker start is under way and stays so: the next worker to start
+    has opened the gate and waits in its app's ``init``. Leaving the block lets it finish (and
+    later workers start freely)."""
+    os.mkfifo(gate)
+    with trio.fail_after(30):
+        # Opening a FIFO for writing returns once its reader (the new worker) opened it.
+        fd = await trio.to_thread.run_sync(os.open, gate, os.O_WRONLY, abandon_on_cancel=True)
+    os.unlink(gate)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def _pids(status: dict[str, Any]) -> list[int]:
+    return [w["pid"] for w in status["workers"]]
+
+
+async def _wait_gone(client: dirty.DirtyClient, pids: set[int]) -> None:
+    with trio.fail_after(20):
+        while pids & set(_pids(await client.status_async())):
+            await trio.sleep(0.05)
+
+
+async def test_status_is_answered_while_a_reload_waits_for_its_new_worker(
+    start_pool: Any, socket_path: str, gate: Path
+) -> None:
+    await start_pool(dirty_apps=[GATED], dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+    old = _pids(await client.status_async())
+    assert len(old) == 1
+    reloaded: list[Any] = []
+
+    async def reload() -> None:
+        reloaded.append(await otp.call(ROUTER, "reload", timeout=None))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reload)
+        async with holding_a_worker_start(gate):
+            # The reload is under way (its new worker is loading): the router still answers,
+            # and the old worker still serves until its replacement is up.
+            status = await client.status_async()
+            assert _pids(status) == old and not status["workers"][0]["draining"]
+            assert _pids(await otp.call(ROUTER, "status")) == old
+            assert await client.execute_async(GATED, "pid") == old[0]
+            assert reloaded == []
+    assert reloaded == [{"success": True, "operation": "reload", "replaced": 1}]
+    await _wait_gone(client, set(old))  # new workers first, then the old one drained
+    [new] = _pids(await client.status_async())
+    assert await client.execute_async(GATED, "pid") == new != old[0]
+    await client.close_async()
+
+
+async def test_scaling_requests_queue_behind_a_reload_and_status_is_answered_meanwhile(
+    start_pool: Any, socket_path: str, gate: Path
+) -> None:
+    await start_pool(dirty_apps=[GATED], dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+    old = set(_pids(await client.status_async()))
+    results: list[Any] = []
+
+    async def request(what: Any) -> None:
+        results.append(await otp.call(ROUTER, what, timeout=None))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(request, "reload")
+        async with holding_a_worker_start(gate):
+            nursery.start_soon(request, ("add", 1))
+            await trio.testing.wait_all_tasks_blocked()
+            # MANAGE (add) over the socket also waits its turn; STATUS does not.
+            nursery.start_soon(trio.to_thread.run_sync, client.manage, "add", 1)
+            status = await client.status_async()
+            assert set(_pids(status)) == old and status["target_workers"] == 1
+            assert results == []
+    assert results[0] == {"success": True, "operation": "reload", "replaced": 1}
+    assert results[1]["operation"] == "add" and results[1]["spawned"] == 1
+    await _wait_gone(client, old)
+    status = await client.status_async()
+    assert status["worker_count"] == 3 and status["target_workers"] == 3
+    await client.close_async()
+    client.close()
+
+
+async def test_status_is_answered_while_a_scale_up_waits_for_its_new_worker(
+    start_pool: Any, socket_path: str, gate: Path
+) -> None:
+    await start_pool(dirty_apps=[GATED], dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+    added: list[Any] = []
+
+    async def add() -> None:
+        added.append(await trio.to_thread.run_sync(client.manage, "add", 1))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(add)
+        async with holding_a_worker_start(gate):
+            assert (await client.status_async())["worker_count"] == 1
+            assert added == []
+    assert added[0]["spawned"] == 1 and added[0]["total_workers"] == 2
+    assert (await client.status_async())["worker_count"] == 2
+    await client.close_async()
+    client.close()
+
+
+async def test_a_worker_that_fails_to_start_ends_its_request_and_the_next_one_runs(
+    start_pool: Any, socket_path: str, gate: Path
+) -> None:
+    await start_pool(dirty_apps=[GATED], dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+    gate.write_text("shut")  # new workers fail to load the app
+    failed = await otp.call(ROUTER, ("add", 2), timeout=None)
+    assert failed["spawned"] == 0 and not failed["success"]
+    assert "a worker failed to start" in failed["reason"]
+    reload = await otp.call(ROUTER, "reload", timeout=None)
+    assert reload == {"success": False, "operation": "reload", "replaced": 0}
+    status = await client.status_async()
+    assert status["worker_count"] == 1 and status["target_workers"] == 1
+    assert not status["workers"][0]["draining"]  # no replacement: the old worker stays
+    gate.unlink()
+    added = await trio.to_thread.run_sync(client.manage, "add", 1)
+    assert added["spawned"] == 1 and added["total_workers"] == 2
+    await client.close_async()
+    client.close()
