@@ -1,9 +1,11 @@
 """The TLV value codec: Gunicorn 27's dirty-protocol TLV (version 1) and our extension (version 2).
 
 Version 1 is byte-for-byte ``gunicorn.dirty.tlv.TLVEncoder``; version 2 adds atoms, tuples, big
-ints, pids, refs, exit reasons and error values (see ``wire/SPEC.md``). Both directions are one
-loop over precompiled :class:`struct.Struct` objects with an explicit stack, so deep values cost no
-Python recursion and the depth limit is a plain comparison.
+ints, pids, refs, exit reasons and error values (see ``wire/SPEC.md``). Each direction has two
+paths: the optimistic recursive fast path of :mod:`wire._tlv_fast`, which gives up on anything
+unusual, and the exact loop here, one loop over precompiled :class:`struct.Struct` objects with an
+explicit stack (deep values cost no Python recursion, the depth limit is a plain comparison), which
+decides every case the fast path leaves to it and names every error with its offset.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 from itertools import chain, repeat
 from typing import Any
 
+from . import _tlv_fast
 from ._errors import (
     InvalidUtf8,
     InvalidValue,
@@ -82,9 +85,10 @@ _float = _FLOAT.pack
 _ids = _IDS.pack
 
 _DEFAULT_LIMITS = Limits()
-_LIST_HEADS = [_hdr(0x20, n) for n in range(256)]
-_DICT_HEADS = [_hdr(0x21, n) for n in range(256)]
-_SMALL_INTS = [_int(0x05, n) for n in range(256)]
+# Encoded headers of short lists and dicts, and small ints (shared with the fast path).
+_LIST_HEADS = _tlv_fast.HEADS[0x20]
+_DICT_HEADS = _tlv_fast.HEADS[0x21]
+_SMALL_INTS = _tlv_fast.SMALL_INTS
 
 
 def _type_name(value: object) -> str:
@@ -193,16 +197,109 @@ def tlv_encode(
         LimitExceeded: A string, container, depth or item total exceeds ``limits``.
         InvalidUtf8: A string holds lone surrogates.
     """
-    if version not in (1, 2):
-        raise InvalidValue(f"TLV version must be 1 or 2 (got {version!r})")
+    if limits is _DEFAULT_LIMITS and type(value) is dict:
+        # The common case first, in a few steps: what _encode_fast() does, for a dict under the
+        # default limits.
+        if version == 1:
+            encode_dict = _V1_ENCODE_DICT
+        elif version == 2:
+            encode_dict = _V2_ENCODE_DICT
+        else:
+            raise InvalidValue(f"TLV version must be 1 or 2 (got {version!r})")
+        parts: list[bytes] = []
+        try:
+            encode_dict(value, parts, _DEFAULT_LEFT)
+        except Exception:
+            pass
+        else:
+            if len(parts) <= _DEFAULT_MAX_TOTAL:
+                return b"".join(parts)
+        # else the exact loop names what is wrong
+    else:
+        if version != 2 and version != 1:
+            raise InvalidValue(f"TLV version must be 1 or 2 (got {version!r})")
+        fast = _encode_fast(value, version == 2, limits)
+        if fast is not None:
+            return b"".join(fast)
     out = bytearray()
-    _encode_into(out, value, version == 2, coerce_keys, limits)
+    _encode_loop(out, value, version == 2, coerce_keys, limits)
     return bytes(out)
 
 
 def _encode_into(
     out: bytearray, value: object, v2: bool, coerce_keys: bool, limits: Limits
 ) -> None:
+    """Append the encoding of ``value`` to ``out`` (the frame encoder's entry point)."""
+    parts = _encode_fast(value, v2, limits)
+    if parts is not None:
+        out += b"".join(parts)
+    else:
+        _encode_loop(out, value, v2, coerce_keys, limits)
+
+
+#: The fast paths recurse once per container level; deeper limits use the exact loops alone.
+_FAST_MAX_DEPTH = 300
+
+# Fast encoders by (version 2?, max_items, max_total_items, max_str); bounded, since every
+# distinct Limits makes one. Past the bound, encoders are built per call (still correct).
+_ENCODERS: dict[tuple[bool, int, int, int], tuple[_tlv_fast.Encode, _tlv_fast.Encode]] = {}
+_ENCODERS_SIZE = 64
+
+
+def _fast_encoder(v2: bool, limits: Limits) -> tuple[_tlv_fast.Encode, _tlv_fast.Encode]:
+    key = (v2, limits.max_items, limits.max_total_items, limits.max_str)
+    encode = _ENCODERS.get(key)
+    if encode is None:
+        max_str = limits.max_str
+
+        def cache_str(text: str) -> bytes:
+            b = _encode_str(text, max_str)
+            if len(text) <= _STR_CACHE_LEN and len(_STR_CACHE) < _STR_CACHE_SIZE:
+                _STR_CACHE[text] = b
+            return b
+
+        # The cached encodings are of strs of up to _STR_CACHE_LEN characters, so at most four
+        # times as many bytes: only a max_str that large may skip the check by using them.
+        cache = _STR_CACHE if max_str >= 4 * _STR_CACHE_LEN else {}
+        encode = _tlv_fast.encoder(
+            v2, limits.max_items, limits.max_total_items, max_str, cache, cache_str
+        )
+        if len(_ENCODERS) < _ENCODERS_SIZE:
+            _ENCODERS[key] = encode
+    return encode
+
+
+_DEFAULT_ENCODERS = (_fast_encoder(False, _DEFAULT_LIMITS), _fast_encoder(True, _DEFAULT_LIMITS))
+_V1_ENCODE_DICT = _DEFAULT_ENCODERS[0][1]
+_V2_ENCODE_DICT = _DEFAULT_ENCODERS[1][1]
+_DEFAULT_MAX_TOTAL = _DEFAULT_LIMITS.max_total_items
+
+
+def _encode_fast(value: object, v2: bool, limits: Limits) -> list[bytes] | None:
+    """The pieces of the encoding of ``value``, or None when the exact loop must encode it."""
+    max_depth = limits.max_depth
+    if max_depth > _FAST_MAX_DEPTH:
+        return None
+    encode, encode_dict = (
+        _DEFAULT_ENCODERS[v2] if limits is _DEFAULT_LIMITS else _fast_encoder(v2, limits)
+    )
+    parts: list[bytes] = []
+    try:
+        if type(value) is dict:  # as encode() would, one call fewer
+            encode_dict(value, parts, max_depth - 1)
+        else:
+            encode(value, parts, max_depth)
+    except Exception:  # the exact loop gives the same bytes or names the error
+        return None
+    if len(parts) > limits.max_total_items:
+        return None  # maybe over max_total_items: the exact loop counts
+    return parts
+
+
+def _encode_loop(
+    out: bytearray, value: object, v2: bool, coerce_keys: bool, limits: Limits
+) -> None:
+    """The exact encoder: append the encoding of ``value`` to ``out``, or raise the error."""
     max_depth = limits.max_depth
     max_items = limits.max_items
     max_str = limits.max_str
@@ -380,7 +477,26 @@ def tlv_decode(
     Raises:
         WireError: A subclass naming what was wrong, with ``offset`` into ``data``.
     """
-    if version not in (1, 2):
+    if limits is _DEFAULT_LIMITS and type(data) is bytes and len(data) <= _DEFAULT_FAST_SIZE:
+        # The common case first, in a few steps: what _decode_at() does, for the default limits.
+        if version == 1:
+            decoders = _DECODERS[0]
+        elif version == 2:
+            decoders = _DECODERS[1]
+        else:
+            raise InvalidValue(f"TLV version must be 1 or 2 (got {version!r})")
+        try:
+            if data[0] == 0x21:  # a dict, as decode() would (one call fewer)
+                value, off = decoders[1](data, 5, _U32_unpack(data, 1)[0], _DEFAULT_LEFT)
+            else:
+                value, off = decoders[0](data, 0, _DEFAULT_LIMITS.max_depth)
+        except Exception:
+            pass
+        else:
+            if off == len(data):
+                return value
+        # else the exact loop names what is wrong
+    elif version != 2 and version != 1:
         raise InvalidValue(f"TLV version must be 1 or 2 (got {version!r})")
     if type(data) is not bytes:
         data = bytes(data)
@@ -394,137 +510,82 @@ def tlv_decode(
     return value
 
 
+# Fast decoders by (version 2?, max_items), bounded as the encoders are.
+_DECODERS_BY: dict[tuple[bool, int], tuple[_tlv_fast.Decode, _tlv_fast.DecodeDict]] = {}
+
+
+def _fast_decoder(v2: bool, limits: Limits) -> tuple[_tlv_fast.Decode, _tlv_fast.DecodeDict]:
+    key = (v2, limits.max_items)
+    decoders = _DECODERS_BY.get(key)
+    if decoders is None:
+        decoders = _tlv_fast.decoder(v2, limits.max_items)
+        if len(_DECODERS_BY) < _ENCODERS_SIZE:
+            _DECODERS_BY[key] = decoders
+    return decoders
+
+
+_DECODERS = (_fast_decoder(False, _DEFAULT_LIMITS), _fast_decoder(True, _DEFAULT_LIMITS))
+
+
+def _decode_fast(data: bytes, v2: bool, limits: Limits) -> tuple[Any, int]:
+    """The fast decoder on ``data``; raises if it gives up (the end may lie past the data)."""
+    decode, decode_dict = _DECODERS[v2] if limits is _DEFAULT_LIMITS else _fast_decoder(v2, limits)
+    max_depth = limits.max_depth
+    if data[0] == 0x21 and max_depth:  # as decode() would, one call fewer
+        return decode_dict(data, 5, _U32_unpack(data, 1)[0], max_depth - 1)
+    return decode(data, 0, max_depth)
+
+
+def _fast_size(limits: Limits) -> int:
+    """The longest payload the fast decoder may take under ``limits``: one no longer than
+    ``max_total_items`` and ``max_str`` cannot exceed them (every item takes at least one byte),
+    and those are the limits the fast decoder does not check itself."""
+    if limits.max_depth > _FAST_MAX_DEPTH:
+        return -1
+    return min(limits.max_total_items, limits.max_str)
+
+
+_DEFAULT_FAST_SIZE = _fast_size(_DEFAULT_LIMITS)
+_DEFAULT_LEFT = _DEFAULT_LIMITS.max_depth - 1  # what a dict payload leaves to its contents
+
+
 def _decode_at(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, int]:
     """Decode one value starting at ``data[off]``; return it and the offset after it.
 
-    The current container lives in locals (``kind``, ``cur``, ``append``, ``remaining``); the stack
-    only holds the enclosing ones, so a value costs no list indexing and no Python call. Reading
-    past the end raises ``IndexError``/``struct.error`` inside the loop, turned into
-    :class:`Truncated` once, instead of a bounds check before every field.
-    Kinds: 0 top level, 1 list, 2 dict (keys and values alternate until it closes), 3 tuple,
-    4 exit reason, 5 error value.
+    The fast decoder runs when the payload is within :func:`_fast_size`; otherwise, and whenever
+    it gives up or its value would run past the end, the exact loop decodes the payload and names
+    what is wrong.
     """
-    if limits.max_depth <= _FAST_MAX_DEPTH:
+    size = len(data) - off
+    if size <= (_DEFAULT_FAST_SIZE if limits is _DEFAULT_LIMITS else _fast_size(limits)):
         try:
-            budget = [limits.max_total_items - 1]
-            return _decode_fast(data, off, len(data), v2, limits, 0, budget)
+            value, stop = _decode_fast(data if off == 0 else data[off:], v2, limits)
         except Exception:  # the exact loop below names what is wrong
             pass
+        else:
+            if stop <= size:
+                return value, off + stop
+    return _decode_loop_at(data, off, v2, limits)
+
+
+def _decode_loop_at(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, int]:
+    """:func:`_decode_loop`, with a read past the end reported as :class:`Truncated`."""
     try:
         return _decode_loop(data, off, v2, limits)
     except (IndexError, struct.error):
         raise _truncation(data, off, v2) from None
 
 
-#: The fast decoder recurses once per container level; deeper limits use the loop alone.
-_FAST_MAX_DEPTH = 300
-
-
-class _Fallback(Exception):
-    """The fast decoder met something it leaves to the exact loop (a rare type or an error)."""
-
-
-def _decode_fast(
-    data: bytes, off: int, end: int, v2: bool, limits: Limits, depth: int, budget: list[int]
-) -> tuple[Any, int]:
-    """Decode one value by recursion: about twice as fast as the loop on the small, shallow
-    payloads of real traffic. It checks every rule the loop checks and gives up (any exception)
-    on anything wrong or unusual, so :func:`_decode_at` then runs the loop, which names the
-    error with its offset. It never returns a value the loop would refuse."""
-    t = data[off]
-    if t == 0x11 or t == 0x10:
-        n = _U32_unpack(data, off + 1)[0]
-        off += 5
-        if n > limits.max_str or off + n > end:
-            raise _Fallback
-        if t == 0x11:
-            return data[off : off + n].decode(), off + n
-        return data[off : off + n], off + n
-    if t == 0x05:
-        if off + 9 > end:
-            raise _Fallback
-        return _I64_unpack(data, off + 1)[0], off + 9
-    if t == 0x21 or t == 0x20 or (t == 0x22 and v2):
-        n = _U32_unpack(data, off + 1)[0]
-        if depth >= limits.max_depth or n > limits.max_items:
-            raise _Fallback
-        count = 2 * n if t == 0x21 else n
-        if count > end - off - 5:
-            raise _Fallback
-        budget[0] -= count
-        if budget[0] < 0:
-            raise _Fallback
-        off += 5
-        depth += 1
-        max_str = limits.max_str
-        if t == 0x21:
-            result: dict[Any, Any] = {}
-            for _ in range(n):
-                # str keys and str/int values are decoded inline: most payloads are dicts of them.
-                if data[off] == 0x11:
-                    k = _U32_unpack(data, off + 1)[0]
-                    off += 5
-                    if k > max_str or off + k > end:
-                        raise _Fallback
-                    key: Any = data[off : off + k].decode()
-                    off += k
-                else:
-                    key, off = _decode_fast(data, off, end, v2, limits, depth, budget)
-                    if not v2 and key.__class__ is not str:
-                        raise _Fallback
-                vt = data[off]
-                if vt == 0x11:
-                    k = _U32_unpack(data, off + 1)[0]
-                    off += 5
-                    if k > max_str or off + k > end:
-                        raise _Fallback
-                    result[key] = data[off : off + k].decode()
-                    off += k
-                elif vt == 0x05 and off + 9 <= end:
-                    result[key] = _I64_unpack(data, off + 1)[0]
-                    off += 9
-                else:
-                    result[key], off = _decode_fast(data, off, end, v2, limits, depth, budget)
-            if len(result) != n:
-                raise _Fallback
-            return result, off
-        items = []
-        for _ in range(n):
-            vt = data[off]
-            if vt == 0x05 and off + 9 <= end:
-                items.append(_I64_unpack(data, off + 1)[0])
-                off += 9
-                continue
-            item, off = _decode_fast(data, off, end, v2, limits, depth, budget)
-            items.append(item)
-        return (items if t == 0x20 else tuple(items)), off
-    if t == 0x00:
-        return None, off + 1
-    if t == 0x01:
-        b = data[off + 1]
-        if b > 1:
-            raise _Fallback
-        return b == 1, off + 2
-    if t == 0x06:
-        if off + 9 > end:
-            raise _Fallback
-        return _F64_unpack(data, off + 1)[0], off + 9
-    if v2 and (t == 0x30 or t == 0x31 or t == 0x12):
-        n = _U32_unpack(data, off + 1)[0]
-        off += 5
-        if n > MAX_NAME_BYTES or off + n + (0 if t == 0x12 else 12) > end:
-            raise _Fallback
-        name = data[off : off + n].decode()
-        off += n
-        if t == 0x12:
-            return Atom(name), off
-        ident, creation = _IDS_unpack(data, off)
-        make = trusted_pid if t == 0x30 else trusted_ref
-        return make(name, ident, creation), off + 12
-    raise _Fallback
-
-
 def _decode_loop(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, int]:
+    """The exact decoder: one value starting at ``data[off]``, and the offset after it.
+
+    The current container lives in locals (``kind``, ``cur``, ``append``, ``remaining``); the stack
+    only holds the enclosing ones, so a value costs no list indexing and no Python call. Reading
+    past the end raises ``IndexError``/``struct.error`` inside the loop, turned into
+    :class:`Truncated` once (by :func:`_decode_loop_at`), instead of a bounds check before every
+    field. Kinds: 0 top level, 1 list, 2 dict (keys and values alternate until it closes),
+    3 tuple, 4 exit reason, 5 error value.
+    """
     end = len(data)
     max_depth = limits.max_depth
     max_items = limits.max_items
