@@ -213,9 +213,8 @@ def _batch_room(
 
 
 def _send_payload(mtype: wire.MessageType, route: tuple[Any, Any], message: Any) -> Any:
-    if mtype is wire.MessageType.SEND:
-        return {"to": route[0], "msg": message}
-    return {"from": route[0], "to": route[1], "msg": message}
+    """The payload of a lone SEND or REG_SEND: the batch's routing fields plus ``msg``."""
+    return {**_batch_fields(mtype, route)[1], "msg": message}
 
 
 class Connection:
