@@ -3,6 +3,11 @@
 Version 1 is Gunicorn 27's dirty protocol ("GD" header, TLV payloads) byte for byte; version 2
 adds the values actors send (pids, refs, atoms, tuples, big ints, exit reasons, errors), CBOR
 payloads and distribution messages. The normative description is ``wire/SPEC.md``.
+
+The codecs are pure Python, with optional C fast paths (``wire/_speedups.c``, built by
+``pip install`` where a C compiler is present) for the common values: they give the same bytes
+and values, and hand anything unusual, and every error, back to the Python code. Setting
+``WIRE_NO_SPEEDUPS=1`` turns them off.
 """
 
 from __future__ import annotations

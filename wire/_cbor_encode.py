@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from itertools import chain
 from typing import Any
 
+from ._accel import C as _C
 from ._errors import InvalidUtf8, LimitExceeded, UnknownValueType, WireError
 from ._limits import Limits
 from ._values import Atom, ErrorValue, ExitReason, Pid, Ref
@@ -141,6 +142,12 @@ def cbor_encode(value: object, *, limits: Limits = _DEFAULT_LIMITS) -> bytes:
         LimitExceeded: A string, container, depth or item total exceeds ``limits``.
         InvalidUtf8: A string holds lone surrogates.
     """
+    if _C is not None:
+        data = _C.cbor_encode(
+            value, limits.max_depth, limits.max_items, limits.max_total_items, limits.max_str
+        )
+        if data is not None:
+            return data
     data = _fast_encode(value, limits)
     if data is None:
         out = bytearray()

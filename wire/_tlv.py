@@ -17,6 +17,7 @@ from itertools import chain, repeat
 from typing import Any
 
 from . import _tlv_fast
+from ._accel import C as _C
 from ._errors import (
     InvalidUtf8,
     InvalidValue,
@@ -197,6 +198,17 @@ def tlv_encode(
         LimitExceeded: A string, container, depth or item total exceeds ``limits``.
         InvalidUtf8: A string holds lone surrogates.
     """
+    if _C is not None and (version == 1 or version == 2):
+        data = _C.tlv_encode(
+            value,
+            version == 2,
+            limits.max_depth,
+            limits.max_items,
+            limits.max_total_items,
+            limits.max_str,
+        )
+        if data is not None:
+            return data
     if limits is _DEFAULT_LIMITS and type(value) is dict:
         # The common case first, in a few steps: what _encode_fast() does, for a dict under the
         # default limits.
@@ -230,6 +242,13 @@ def _encode_into(
     out: bytearray, value: object, v2: bool, coerce_keys: bool, limits: Limits
 ) -> None:
     """Append the encoding of ``value`` to ``out`` (the frame encoder's entry point)."""
+    if _C is not None:
+        data = _C.tlv_encode(
+            value, v2, limits.max_depth, limits.max_items, limits.max_total_items, limits.max_str
+        )
+        if data is not None:
+            out += data
+            return
     parts = _encode_fast(value, v2, limits)
     if parts is not None:
         out += b"".join(parts)
@@ -477,6 +496,12 @@ def tlv_decode(
     Raises:
         WireError: A subclass naming what was wrong, with ``offset`` into ``data``.
     """
+    if _C is not None and (version == 1 or version == 2):
+        size = len(data)
+        if size <= (_DEFAULT_FAST_SIZE if limits is _DEFAULT_LIMITS else _fast_size(limits)):
+            fast = _C.tlv_decode(data, version == 2, limits.max_depth, limits.max_items)
+            if fast is not None and fast[1] == size:
+                return fast[0]
     if limits is _DEFAULT_LIMITS and type(data) is bytes and len(data) <= _DEFAULT_FAST_SIZE:
         # The common case first, in a few steps: what _decode_at() does, for the default limits.
         if version == 1:
@@ -558,6 +583,12 @@ def _decode_at(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, in
     """
     size = len(data) - off
     if size <= (_DEFAULT_FAST_SIZE if limits is _DEFAULT_LIMITS else _fast_size(limits)):
+        if _C is not None:
+            fast = _C.tlv_decode(
+                data if off == 0 else memoryview(data)[off:], v2, limits.max_depth, limits.max_items
+            )
+            if fast is not None:
+                return fast[0], off + fast[1]
         try:
             value, stop = _decode_fast(data if off == 0 else data[off:], v2, limits)
         except Exception:  # the exact loop below names what is wrong

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import wire
 from wire import _tlv, _tlv_fast
 
+from .codec_paths import codec_path  # noqa: F401 (runs the module with and without C)
 from .strategies import v1_values, v2_values
 
 SETTINGS = settings(max_examples=200, deadline=None)

@@ -1,0 +1,265 @@
+"""wire's C fast paths (wire/_speedups.c), called directly: each returns exactly what the Python
+code gives, or None (never an error, never a value the Python code refuses), and takes every
+ordinary value itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import wire
+from wire import _accel, _cbor_encode, _tlv
+
+from .strategies import v1_values, v2_values
+
+C: Any = _accel.C
+SETTINGS = settings(max_examples=300, deadline=None)
+DEFAULT = wire.Limits()
+
+pytestmark = pytest.mark.skipif(
+    C is None and bool(os.environ.get("WIRE_NO_SPEEDUPS")),
+    reason="WIRE_NO_SPEEDUPS is set",
+)
+
+limits = st.builds(
+    wire.Limits,
+    max_depth=st.integers(1, 8),
+    max_items=st.integers(1, 8),
+    max_total_items=st.integers(1, 60),
+    max_str=st.integers(1, 40),
+    max_bigint_bytes=st.integers(9, 100),
+)
+
+
+def _has_big_int(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is int and not -(2**63) <= v < 2**63:
+            return True
+        if isinstance(v, list | tuple):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v)
+            stack.extend(v.values())
+        elif isinstance(v, wire.ExitReason):
+            stack.append(v.detail)
+        elif isinstance(v, wire.ErrorValue):
+            stack.append(v.details)
+    return False
+
+
+def _exact_tlv(value: Any, v2: bool, lim: wire.Limits) -> bytes | None:
+    out = bytearray()
+    try:
+        _tlv._encode_loop(out, value, v2, False, lim)
+    except wire.WireError:
+        return None
+    return bytes(out)
+
+
+def _exact_cbor(value: Any, lim: wire.Limits) -> bytes | None:
+    out = bytearray()
+    try:
+        _cbor_encode._encode_into(out, value, lim)
+    except wire.WireError:
+        return None
+    return bytes(out)
+
+
+def _tlv_c(value: Any, v2: bool, lim: wire.Limits) -> bytes | None:
+    return C.tlv_encode(value, v2, lim.max_depth, lim.max_items, lim.max_total_items, lim.max_str)
+
+
+def _cbor_c(value: Any, lim: wire.Limits) -> bytes | None:
+    return C.cbor_encode(value, lim.max_depth, lim.max_items, lim.max_total_items, lim.max_str)
+
+
+def test_the_extension_is_built() -> None:
+    # CI has a C compiler: a build failure must not pass unnoticed as the (slower) Python path.
+    assert C is not None, "wire/_speedups.c was not built: pip install -e . needs a C compiler"
+
+
+@SETTINGS
+@given(v2_values(), st.booleans(), st.one_of(st.just(DEFAULT), limits))
+def test_tlv_encoding_is_the_exact_loops_or_none(value: Any, v2: bool, lim: wire.Limits) -> None:
+    got = _tlv_c(value, v2, lim)
+    if got is not None:
+        assert got == _exact_tlv(value, v2, lim)
+
+
+@SETTINGS
+@given(v2_values(), st.booleans())
+def test_tlv_encoding_takes_every_ordinary_value(value: Any, v2: bool) -> None:
+    if _has_big_int(value):
+        return  # (big ints are the Python code's: version 1 refuses them, version 2 has 0x07)
+    want = _exact_tlv(value, v2, DEFAULT)
+    if want is not None:  # (version 1 refuses non-str keys)
+        assert _tlv_c(value, v2, DEFAULT) == want
+
+
+@SETTINGS
+@given(v2_values(), st.one_of(st.just(DEFAULT), limits))
+def test_cbor_encoding_is_the_general_encoders_or_none(value: Any, lim: wire.Limits) -> None:
+    got = _cbor_c(value, lim)
+    if got is not None:
+        assert got == _exact_cbor(value, lim)
+
+
+@SETTINGS
+@given(v1_values())
+def test_cbor_encoding_takes_every_value_with_str_keys(value: Any) -> None:
+    assert _cbor_c(value, DEFAULT) == _exact_cbor(value, DEFAULT)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        0.0, -0.0, 1.5, 65504.0, 65520.0, 1e-7, 5.960464477539063e-08, 3.4028234663852886e38,
+        3.5e38, 1e300, float("inf"), float("-inf"), float("nan"), 0.1, 1 / 3,
+    ],
+)  # fmt: skip
+def test_cbor_floats_take_the_shortest_exact_form(value: float) -> None:
+    assert _cbor_c(value, DEFAULT) == _exact_cbor(value, DEFAULT)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [2**64 - 1, 2**63, -(2**63), -(2**63) - 1, -(2**64), 2**64, 24, 23, -24, -25, 255, 256],
+)
+def test_cbor_ints_at_the_edges(value: int) -> None:
+    got = _cbor_c(value, DEFAULT)
+    assert got is None or got == _exact_cbor(value, DEFAULT)
+    if -(2**63) <= value < 2**64:
+        assert got is not None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        OrderedDict(a=1), {1: "int key"}, {"k": bytearray(b"x")}, [{1, 2}], "\ud800",
+        {"\ud800": 1}, 2**70, [2**70], True.__class__, object(),
+    ],
+)  # fmt: skip
+def test_anything_unusual_is_handed_back(value: Any) -> None:
+    assert _cbor_c(value, DEFAULT) is None
+    assert _tlv_c(value, False, DEFAULT) is None
+
+
+def test_map_keys_sort_by_their_encoded_bytes() -> None:
+    # Longer keys sort after shorter ones whatever their letters (the head holds the length),
+    # including across the 23/24-byte head boundary.
+    value = {"b": 1, "aa": 2, "a": 3, "x" * 24: 4, "y" * 23: 5, "é": 6}
+    assert _cbor_c(value, DEFAULT) == _exact_cbor(value, DEFAULT)
+
+
+@st.composite
+def tlv_payloads(draw: Any) -> tuple[bytes, bool]:
+    """A valid payload, or one damaged by truncation, a flipped bit or an overwritten byte."""
+    v2 = draw(st.booleans())
+    value = draw(v2_values() if v2 else v1_values())
+    data = _exact_tlv(value, v2, DEFAULT)
+    if data is None:
+        data = b"\x00"
+    damage = draw(st.sampled_from(["none", "cut", "flip", "byte"]))
+    if damage == "cut":
+        data = data[: draw(st.integers(0, len(data)))]
+    elif damage in ("flip", "byte") and data:
+        i = draw(st.integers(0, len(data) - 1))
+        b = (
+            data[i] ^ (1 << draw(st.integers(0, 7)))
+            if damage == "flip"
+            else draw(st.integers(0, 255))
+        )
+        data = data[:i] + bytes([b]) + data[i + 1 :]
+    return data, v2
+
+
+def _exact_decode(data: bytes, v2: bool, lim: wire.Limits) -> Any:
+    try:
+        value, off = _tlv._decode_loop_at(data, 0, v2, lim)
+    except wire.WireError:
+        return _REFUSED
+    return value, off
+
+
+_REFUSED = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and (a == b or repr(a) == repr(b))
+
+
+decode_limits = st.builds(
+    wire.Limits,
+    max_depth=st.integers(1, 8),
+    max_items=st.integers(1, 8),
+    max_total_items=st.integers(200, 400),
+    max_str=st.integers(200, 400),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tlv_payloads(), st.one_of(st.just(DEFAULT), decode_limits))
+def test_tlv_decoding_is_the_exact_loops_or_none(payload: tuple[bytes, bool], lim: Any) -> None:
+    data, v2 = payload
+    if len(data) > _tlv._fast_size(lim):
+        return  # (callers pass only payloads too short to break max_total_items and max_str)
+    got = C.tlv_decode(data, v2, lim.max_depth, lim.max_items)
+    want = _exact_decode(data, v2, lim)
+    if got is None:
+        return
+    assert want is not _REFUSED, (data, got)
+    assert got[1] == want[1]
+    assert _same(got[0], want[0])
+
+
+@SETTINGS
+@given(st.binary(max_size=48), st.booleans())
+def test_tlv_decoding_arbitrary_bytes(data: bytes, v2: bool) -> None:
+    got = C.tlv_decode(data, v2, DEFAULT.max_depth, DEFAULT.max_items)
+    if got is not None:
+        want = _exact_decode(data, v2, DEFAULT)
+        assert want is not _REFUSED
+        assert got[1] == want[1] and _same(got[0], want[0])
+
+
+@SETTINGS
+@given(v2_values(), st.booleans())
+def test_tlv_decoding_takes_every_ordinary_payload(value: Any, v2: bool) -> None:
+    data = _exact_tlv(value, v2, DEFAULT)
+    if data is None or (v2 and _has_big_int(value)):
+        return
+    got = C.tlv_decode(data, v2, DEFAULT.max_depth, DEFAULT.max_items)
+    assert got is not None
+    assert got[1] == len(data)
+    assert _same(got[0], _exact_decode(data, v2, DEFAULT)[0])
+
+
+def test_deep_nesting_is_handed_back_not_a_crash() -> None:
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert _cbor_c(deep, DEFAULT) is None
+    assert _tlv_c(deep, True, DEFAULT) is None
+    data = b"\x20\x00\x00\x00\x01" * 100_000 + b"\x00"
+    assert C.tlv_decode(data, True, 256, DEFAULT.max_items) is None
+    assert C.tlv_decode(data, True, 10_000, DEFAULT.max_items) is None  # over its own bound
+
+
+def test_the_pure_python_code_runs_when_the_extension_is_off() -> None:
+    code = (
+        "import wire; from wire import _accel; assert _accel.C is None;"
+        "v = {'a': [1, 2.5, None, b'x', (wire.Atom('ok'),)]};"
+        "assert wire.tlv_decode(wire.tlv_encode(v)) == v;"
+        "assert wire.cbor_decode(wire.cbor_encode(v)) == v"
+    )
+    env = dict(os.environ, WIRE_NO_SPEEDUPS="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)

@@ -1,0 +1,745 @@
+/* wire._speedups: optional C fast paths for the TLV and CBOR codecs.
+ *
+ * Each function does the common case and gives up on anything else: it returns None (never
+ * raises), and the caller runs the Python code, which gives the same result or names the error
+ * with its offset. So this module never has to report an error, and the Python code stays the
+ * definition of the format: every path here is tested to agree with it (tests/test_wire/
+ * test_speedups.py). Giving up is always safe; accepting something the Python code refuses is the
+ * one thing these functions must never do, so every limit is checked as the exact Python loops
+ * check it, or more strictly.
+ *
+ * Only exact built-in types are taken (a subclass such as IntEnum or OrderedDict makes it give
+ * up, since the Python code normalises those). No Python code runs while a value is encoded
+ * (exact types, slot reads), so the containers cannot change under us. Recursion is bounded by
+ * MAX_DEPTH.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define MAX_DEPTH 300
+
+/* The wire value classes and constructors, set once by init(). */
+static PyObject *Atom_t, *Pid_t, *Ref_t, *Exit_t, *Error_t;
+static PyObject *make_atom, *make_pid, *make_ref;
+static PyObject *s_name, *s_node, *s_id, *s_creation, *s_kind, *s_detail, *s_type, *s_message,
+    *s_details, *s_traceback;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Output buffer */
+
+typedef struct {
+    char *buf;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+    char small[1024];
+} Out;
+
+static void out_init(Out *o) {
+    o->buf = o->small;
+    o->len = 0;
+    o->cap = sizeof(o->small);
+}
+
+static void out_free(Out *o) {
+    if (o->buf != o->small) PyMem_Free(o->buf);
+}
+
+static int out_reserve(Out *o, Py_ssize_t n) {
+    if (o->len + n <= o->cap) return 0;
+    Py_ssize_t cap = o->cap;
+    while (cap < o->len + n) {
+        if (cap > PY_SSIZE_T_MAX / 2) return -1;
+        cap *= 2;
+    }
+    char *buf;
+    if (o->buf == o->small) {
+        buf = PyMem_Malloc(cap);
+        if (buf) memcpy(buf, o->small, o->len);
+    } else {
+        buf = PyMem_Realloc(o->buf, cap);
+    }
+    if (!buf) return -1;
+    o->buf = buf;
+    o->cap = cap;
+    return 0;
+}
+
+static inline int out_write(Out *o, const void *data, Py_ssize_t n) {
+    if (out_reserve(o, n) < 0) return -1;
+    memcpy(o->buf + o->len, data, n);
+    o->len += n;
+    return 0;
+}
+
+static inline int out_byte(Out *o, unsigned char b) {
+    if (o->len >= o->cap && out_reserve(o, 1) < 0) return -1;
+    o->buf[o->len++] = (char)b;
+    return 0;
+}
+
+static inline void put_be(unsigned char *p, unsigned long long v, int n) {
+    for (int i = n - 1; i >= 0; i--) {
+        p[i] = (unsigned char)(v & 0xff);
+        v >>= 8;
+    }
+}
+
+static inline unsigned long long get_be(const unsigned char *p, int n) {
+    unsigned long long v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+static PyObject *out_bytes(Out *o) {
+    return PyBytes_FromStringAndSize(o->buf, o->len);
+}
+
+/* Read a slot (or attribute) of a wire value; NULL on failure. */
+static inline PyObject *field(PyObject *x, PyObject *name) {
+    return PyObject_GetAttr(x, name);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* CBOR: RFC 8949 core deterministic encoding, wire's tags (see wire/_cbor_encode.py) */
+
+typedef struct {
+    Out out;
+    int bound; /* depth bound: min(max_depth, MAX_DEPTH) */
+    Py_ssize_t max_items, max_total, max_str;
+    Py_ssize_t total;
+} CborEnc;
+
+static int cbor_head(Out *o, int major, unsigned long long n) {
+    unsigned char b[9];
+    int mt = major << 5;
+    if (n < 24) return out_byte(o, (unsigned char)(mt | n));
+    if (n < 0x100) {
+        b[0] = mt | 24;
+        b[1] = (unsigned char)n;
+        return out_write(o, b, 2);
+    }
+    if (n < 0x10000) {
+        b[0] = mt | 25;
+        put_be(b + 1, n, 2);
+        return out_write(o, b, 3);
+    }
+    if (n < 0x100000000ULL) {
+        b[0] = mt | 26;
+        put_be(b + 1, n, 4);
+        return out_write(o, b, 5);
+    }
+    b[0] = mt | 27;
+    put_be(b + 1, n, 8);
+    return out_write(o, b, 9);
+}
+
+static int cbor_float(Out *o, double v) {
+    unsigned char b[9];
+    if (v != v) return out_write(o, "\xf9\x7e\x00", 3);
+    /* The shortest of binary16/32/64 that holds v exactly, through the same packing functions
+     * as Python's struct (so rounding and overflow behave identically). */
+    if (PyFloat_Pack4(v, (char *)b + 1, 0) < 0) {
+        PyErr_Clear();
+    } else if (PyFloat_Unpack4((const char *)b + 1, 0) == v) {
+        unsigned char h[3];
+        if (PyFloat_Pack2(v, (char *)h + 1, 0) < 0) {
+            PyErr_Clear();
+        } else if (PyFloat_Unpack2((const char *)h + 1, 0) == v) {
+            h[0] = 0xf9;
+            return out_write(o, h, 3);
+        }
+        b[0] = 0xfa;
+        return out_write(o, b, 5);
+    }
+    b[0] = 0xfb;
+    if (PyFloat_Pack8(v, (char *)b + 1, 0) < 0) return -1;
+    return out_write(o, b, 9);
+}
+
+static int cbor_str(CborEnc *e, PyObject *s) {
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    if (!u || n > e->max_str) return -1;
+    if (cbor_head(&e->out, 3, (unsigned long long)n) < 0) return -1;
+    return out_write(&e->out, u, n);
+}
+
+typedef struct {
+    const char *key;
+    Py_ssize_t len;
+    PyObject *value;
+} Pair;
+
+/* RFC 8949's bytewise order of encoded text-string keys is (length, bytes) order: the head
+ * grows with the length. */
+static int pair_cmp(const void *a, const void *b) {
+    const Pair *x = a, *y = b;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return memcmp(x->key, y->key, x->len);
+}
+
+static int cbor_value(CborEnc *e, PyObject *x, int depth);
+
+static int cbor_fields(CborEnc *e, PyObject *x, PyObject **names, int n, int depth) {
+    e->total += n;
+    if (e->total > e->max_total) return -1;
+    if (cbor_head(&e->out, 4, n) < 0) return -1;
+    for (int i = 0; i < n; i++) {
+        PyObject *f = field(x, names[i]);
+        if (!f) return -1;
+        int r = cbor_value(e, f, depth);
+        Py_DECREF(f);
+        if (r < 0) return -1;
+    }
+    return 0;
+}
+
+static int cbor_tag(Out *o, unsigned int tag) {
+    unsigned char b[3] = {0xd9, (unsigned char)(tag >> 8), (unsigned char)tag};
+    return out_write(o, b, 3);
+}
+
+static int cbor_value(CborEnc *e, PyObject *x, int depth) {
+    PyTypeObject *t = Py_TYPE(x);
+    Out *o = &e->out;
+    if (t == &PyUnicode_Type) return cbor_str(e, x);
+    if (t == &PyLong_Type) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+        if (overflow) {
+            if (overflow < 0) return -1; /* below int64: the Python code (major 1 or a bignum) */
+            unsigned long long u = PyLong_AsUnsignedLongLong(x);
+            if (u == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+            return cbor_head(o, 0, u);
+        }
+        if (v == -1 && PyErr_Occurred()) return -1;
+        if (v >= 0) return cbor_head(o, 0, (unsigned long long)v);
+        return cbor_head(o, 1, (unsigned long long)(-1 - v));
+    }
+    if (t == &PyDict_Type) {
+        Py_ssize_t n = PyDict_GET_SIZE(x);
+        if (n == 0) return out_byte(o, 0xa0);
+        if (n > e->max_items || depth >= e->bound) return -1;
+        e->total += 2 * n;
+        if (e->total > e->max_total) return -1;
+        if (cbor_head(o, 5, (unsigned long long)n) < 0) return -1;
+        Pair small[8];
+        Pair *pairs = n <= 8 ? small : PyMem_Malloc(sizeof(Pair) * n);
+        if (!pairs) return -1;
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *k, *v;
+        int r = 0;
+        while (PyDict_Next(x, &pos, &k, &v)) {
+            if (Py_TYPE(k) != &PyUnicode_Type) { /* other keys: the Python code sorts them */
+                r = -1;
+                break;
+            }
+            pairs[i].key = PyUnicode_AsUTF8AndSize(k, &pairs[i].len);
+            if (!pairs[i].key || pairs[i].len > e->max_str) {
+                r = -1;
+                break;
+            }
+            pairs[i].value = v;
+            i++;
+        }
+        if (r == 0) {
+            qsort(pairs, n, sizeof(Pair), pair_cmp);
+            for (i = 0; i < n; i++) {
+                if (cbor_head(o, 3, (unsigned long long)pairs[i].len) < 0 ||
+                    out_write(o, pairs[i].key, pairs[i].len) < 0 ||
+                    cbor_value(e, pairs[i].value, depth + 1) < 0) {
+                    r = -1;
+                    break;
+                }
+            }
+        }
+        if (pairs != small) PyMem_Free(pairs);
+        return r;
+    }
+    if (t == &PyList_Type || t == &PyTuple_Type) {
+        Py_ssize_t n = Py_SIZE(x);
+        PyObject **items = t == &PyList_Type ? ((PyListObject *)x)->ob_item
+                                             : ((PyTupleObject *)x)->ob_item;
+        int inner = depth;
+        if (t == &PyTuple_Type) {
+            /* The tag encloses the array; the array encloses the items. */
+            if (depth >= e->bound || (n && depth + 1 >= e->bound)) return -1;
+            if (cbor_tag(o, 61441) < 0) return -1;
+            inner = depth + 1;
+        }
+        if (n == 0) return out_byte(o, 0x80);
+        if (n > e->max_items || inner >= e->bound) return -1;
+        e->total += n;
+        if (e->total > e->max_total) return -1;
+        if (cbor_head(o, 4, (unsigned long long)n) < 0) return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            /* (A list cannot change here: no Python code runs while encoding.) */
+            if (cbor_value(e, items[i], inner + 1) < 0) return -1;
+        }
+        return 0;
+    }
+    if (t == &PyFloat_Type) return cbor_float(o, PyFloat_AS_DOUBLE(x));
+    if (x == Py_None) return out_byte(o, 0xf6);
+    if (x == Py_True) return out_byte(o, 0xf5);
+    if (x == Py_False) return out_byte(o, 0xf4);
+    if (t == &PyBytes_Type) {
+        Py_ssize_t n = PyBytes_GET_SIZE(x);
+        if (n > e->max_str) return -1;
+        if (cbor_head(o, 2, (unsigned long long)n) < 0) return -1;
+        return out_write(o, PyBytes_AS_STRING(x), n);
+    }
+    if ((PyObject *)t == Atom_t) {
+        if (depth >= e->bound) return -1;
+        PyObject *name = field(x, s_name);
+        if (!name) return -1;
+        int r = -1;
+        if (Py_TYPE(name) == &PyUnicode_Type && cbor_tag(o, 61440) == 0) r = cbor_str(e, name);
+        Py_DECREF(name);
+        return r;
+    }
+    if ((PyObject *)t == Pid_t || (PyObject *)t == Ref_t || (PyObject *)t == Exit_t ||
+        (PyObject *)t == Error_t) {
+        if (depth + 1 >= e->bound) return -1;
+        PyObject *ids[3] = {s_node, s_id, s_creation};
+        PyObject *exit[2] = {s_kind, s_detail};
+        PyObject *error[4] = {s_type, s_message, s_details, s_traceback};
+        if ((PyObject *)t == Pid_t || (PyObject *)t == Ref_t) {
+            if (cbor_tag(o, (PyObject *)t == Pid_t ? 61442 : 61443) < 0) return -1;
+            return cbor_fields(e, x, ids, 3, depth + 2);
+        }
+        if ((PyObject *)t == Exit_t) {
+            if (cbor_tag(o, 61444) < 0) return -1;
+            return cbor_fields(e, x, exit, 2, depth + 2);
+        }
+        if (cbor_tag(o, 61445) < 0) return -1;
+        return cbor_fields(e, x, error, 4, depth + 2);
+    }
+    return -1;
+}
+
+static PyObject *cbor_encode(PyObject *self, PyObject *args) {
+    PyObject *value;
+    int max_depth;
+    Py_ssize_t max_items, max_total, max_str;
+    if (!PyArg_ParseTuple(args, "Oinnn", &value, &max_depth, &max_items, &max_total, &max_str))
+        return NULL;
+    if (!Atom_t) Py_RETURN_NONE;
+    CborEnc e;
+    out_init(&e.out);
+    e.bound = max_depth < MAX_DEPTH ? max_depth : MAX_DEPTH;
+    e.max_items = max_items;
+    e.max_total = max_total;
+    e.max_str = max_str;
+    e.total = 1;
+    PyObject *result;
+    if (cbor_value(&e, value, 0) < 0) {
+        PyErr_Clear();
+        result = Py_NewRef(Py_None);
+    } else {
+        result = out_bytes(&e.out);
+    }
+    out_free(&e.out);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* TLV encoding (see wire/_tlv.py and wire/_tlv_fast.py) */
+
+typedef struct {
+    Out out;
+    int v2;
+    Py_ssize_t max_items, max_total, max_str;
+    Py_ssize_t total;
+} TlvEnc;
+
+static inline int tlv_hdr(Out *o, unsigned char code, unsigned long long n) {
+    unsigned char b[5];
+    b[0] = code;
+    put_be(b + 1, n, 4);
+    return out_write(o, b, 5);
+}
+
+static int tlv_text(TlvEnc *e, unsigned char code, PyObject *s, Py_ssize_t max) {
+    Py_ssize_t n;
+    if (Py_TYPE(s) != &PyUnicode_Type) return -1;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    if (!u || n > max) return -1;
+    if (tlv_hdr(&e->out, code, (unsigned long long)n) < 0) return -1;
+    return out_write(&e->out, u, n);
+}
+
+static int tlv_value(TlvEnc *e, PyObject *x, int left);
+
+static int tlv_fields(TlvEnc *e, PyObject *x, PyObject **names, int n, int left) {
+    e->total += n;
+    if (e->total > e->max_total) return -1;
+    for (int i = 0; i < n; i++) {
+        PyObject *f = field(x, names[i]);
+        if (!f) return -1;
+        int r = tlv_value(e, f, left);
+        Py_DECREF(f);
+        if (r < 0) return -1;
+    }
+    return 0;
+}
+
+/* ``left``: the container levels still allowed (a list, dict, tuple, exit reason or error value
+ * takes one, empty or not). */
+static int tlv_value(TlvEnc *e, PyObject *x, int left) {
+    PyTypeObject *t = Py_TYPE(x);
+    Out *o = &e->out;
+    if (t == &PyUnicode_Type) return tlv_text(e, 0x11, x, e->max_str);
+    if (t == &PyLong_Type) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) return -1;
+        unsigned char b[9];
+        b[0] = 0x05;
+        put_be(b + 1, (unsigned long long)v, 8);
+        return out_write(o, b, 9);
+    }
+    if (t == &PyDict_Type) {
+        Py_ssize_t n = PyDict_GET_SIZE(x);
+        if (!left || n > e->max_items) return -1;
+        e->total += 2 * n;
+        if (e->total > e->max_total) return -1;
+        if (tlv_hdr(o, 0x21, (unsigned long long)n) < 0) return -1;
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(x, &pos, &k, &v)) {
+            if (Py_TYPE(k) == &PyUnicode_Type) {
+                if (tlv_text(e, 0x11, k, e->max_str) < 0) return -1;
+            } else if (!e->v2 || tlv_value(e, k, left - 1) < 0) {
+                return -1; /* version 1: the Python code refuses or coerces it */
+            }
+            if (tlv_value(e, v, left - 1) < 0) return -1;
+        }
+        return 0;
+    }
+    if (t == &PyList_Type || t == &PyTuple_Type) {
+        Py_ssize_t n = Py_SIZE(x);
+        PyObject **items = t == &PyList_Type ? ((PyListObject *)x)->ob_item
+                                             : ((PyTupleObject *)x)->ob_item;
+        if (!left || n > e->max_items) return -1;
+        e->total += n;
+        if (e->total > e->max_total) return -1;
+        /* Version 1 writes a tuple as a list, as Gunicorn does. */
+        if (tlv_hdr(o, t == &PyTuple_Type && e->v2 ? 0x22 : 0x20, (unsigned long long)n) < 0)
+            return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (tlv_value(e, items[i], left - 1) < 0) return -1;
+        }
+        return 0;
+    }
+    if (x == Py_None) return out_byte(o, 0x00);
+    if (t == &PyFloat_Type) {
+        unsigned char b[9];
+        b[0] = 0x06;
+        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(x), (char *)b + 1, 0) < 0) return -1;
+        return out_write(o, b, 9);
+    }
+    if (x == Py_True) return out_write(o, "\x01\x01", 2);
+    if (x == Py_False) return out_write(o, "\x01\x00", 2);
+    if (t == &PyBytes_Type) {
+        Py_ssize_t n = PyBytes_GET_SIZE(x);
+        if (n > e->max_str) return -1;
+        if (tlv_hdr(o, 0x10, (unsigned long long)n) < 0) return -1;
+        return out_write(o, PyBytes_AS_STRING(x), n);
+    }
+    if (!e->v2) return -1;
+    if ((PyObject *)t == Pid_t || (PyObject *)t == Ref_t) {
+        PyObject *node = field(x, s_node), *id = field(x, s_id), *cr = field(x, s_creation);
+        int r = -1;
+        if (node && id && cr && Py_TYPE(id) == &PyLong_Type && Py_TYPE(cr) == &PyLong_Type) {
+            unsigned long long i = PyLong_AsUnsignedLongLong(id);
+            unsigned long c = PyLong_AsUnsignedLong(cr);
+            if (!PyErr_Occurred() && c <= 0xffffffffUL &&
+                tlv_text(e, (PyObject *)t == Pid_t ? 0x30 : 0x31, node, 255) == 0) {
+                unsigned char b[12];
+                put_be(b, i, 8);
+                put_be(b + 8, c, 4);
+                r = out_write(o, b, 12);
+            }
+        }
+        Py_XDECREF(node);
+        Py_XDECREF(id);
+        Py_XDECREF(cr);
+        return r;
+    }
+    if ((PyObject *)t == Atom_t) {
+        PyObject *name = field(x, s_name);
+        if (!name) return -1;
+        int r = tlv_text(e, 0x12, name, 255);
+        Py_DECREF(name);
+        return r;
+    }
+    if ((PyObject *)t == Exit_t || (PyObject *)t == Error_t) {
+        if (!left) return -1;
+        if ((PyObject *)t == Exit_t) {
+            PyObject *names[2] = {s_kind, s_detail};
+            if (out_byte(o, 0x32) < 0) return -1;
+            return tlv_fields(e, x, names, 2, left - 1);
+        }
+        PyObject *names[4] = {s_type, s_message, s_details, s_traceback};
+        if (out_byte(o, 0x33) < 0) return -1;
+        return tlv_fields(e, x, names, 4, left - 1);
+    }
+    return -1;
+}
+
+static PyObject *tlv_encode(PyObject *self, PyObject *args) {
+    PyObject *value;
+    int v2, max_depth;
+    Py_ssize_t max_items, max_total, max_str;
+    if (!PyArg_ParseTuple(args, "Opinnn", &value, &v2, &max_depth, &max_items, &max_total,
+                          &max_str))
+        return NULL;
+    if (!Atom_t || max_depth > MAX_DEPTH) Py_RETURN_NONE;
+    TlvEnc e;
+    out_init(&e.out);
+    e.v2 = v2;
+    e.max_items = max_items;
+    e.max_total = max_total;
+    e.max_str = max_str;
+    e.total = 1;
+    PyObject *result;
+    if (tlv_value(&e, value, max_depth) < 0) {
+        PyErr_Clear();
+        result = Py_NewRef(Py_None);
+    } else {
+        result = out_bytes(&e.out);
+    }
+    out_free(&e.out);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* TLV decoding. The caller passes only payloads no longer than max_total_items and max_str,
+ * which bound those two limits by themselves (every item takes at least a byte). */
+
+typedef struct {
+    const unsigned char *p;
+    Py_ssize_t end;
+    int v2;
+    Py_ssize_t max_items;
+} TlvDec;
+
+static PyObject *tlv_decode_value(TlvDec *d, Py_ssize_t *off, int left);
+
+/* A u32 length or count at *off + 1 (after a type byte); -1 if the bytes are not there. */
+static inline long long tlv_u32(TlvDec *d, Py_ssize_t off) {
+    if (off + 5 > d->end) return -1;
+    return (long long)get_be(d->p + off + 1, 4);
+}
+
+static PyObject *tlv_decode_text(TlvDec *d, Py_ssize_t *off, Py_ssize_t max) {
+    long long n = tlv_u32(d, *off);
+    if (n < 0 || n > max || *off + 5 + n > d->end) return NULL;
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)d->p + *off + 5, (Py_ssize_t)n, "strict");
+    *off += 5 + n;
+    return s;
+}
+
+static PyObject *tlv_decode_items(TlvDec *d, Py_ssize_t *off, int left) {
+    long long n = tlv_u32(d, *off);
+    /* Every item takes at least a byte: a count the rest cannot hold is cut short. */
+    if (n < 0 || n > d->max_items || n > d->end - *off - 5 || !left) return NULL;
+    *off += 5;
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (!list) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = tlv_decode_value(d, off, left - 1);
+        if (!v) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, v);
+    }
+    return list;
+}
+
+static PyObject *tlv_decode_value(TlvDec *d, Py_ssize_t *off, int left) {
+    if (*off >= d->end) return NULL;
+    const unsigned char *p = d->p + *off;
+    switch (p[0]) {
+    case 0x11:
+        return tlv_decode_text(d, off, PY_SSIZE_T_MAX);
+    case 0x05:
+        if (*off + 9 > d->end) return NULL;
+        *off += 9;
+        return PyLong_FromLongLong((long long)get_be(p + 1, 8));
+    case 0x21: {
+        long long n = tlv_u32(d, *off);
+        if (n < 0 || n > d->max_items || 2 * n > d->end - *off - 5 || !left) return NULL;
+        *off += 5;
+        PyObject *dict = PyDict_New();
+        if (!dict) return NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *k;
+            if (*off < d->end && d->p[*off] == 0x11) {
+                k = tlv_decode_text(d, off, PY_SSIZE_T_MAX);
+            } else if (d->v2) {
+                k = tlv_decode_value(d, off, left - 1);
+            } else {
+                k = NULL; /* version 1 keys are str */
+            }
+            PyObject *v = k ? tlv_decode_value(d, off, left - 1) : NULL;
+            /* (An unhashable key fails here; a duplicate one shows in the size.) */
+            if (!v || PyDict_SetItem(dict, k, v) < 0 || PyDict_GET_SIZE(dict) != i + 1) {
+                Py_XDECREF(k);
+                Py_XDECREF(v);
+                Py_DECREF(dict);
+                return NULL;
+            }
+            Py_DECREF(k);
+            Py_DECREF(v);
+        }
+        return dict;
+    }
+    case 0x20:
+        return tlv_decode_items(d, off, left);
+    case 0x00:
+        *off += 1;
+        Py_RETURN_NONE;
+    case 0x01:
+        if (*off + 2 > d->end || p[1] > 1) return NULL;
+        *off += 2;
+        return PyBool_FromLong(p[1]);
+    case 0x06: {
+        if (*off + 9 > d->end) return NULL;
+        double v = PyFloat_Unpack8((const char *)p + 1, 0);
+        if (v == -1.0 && PyErr_Occurred()) return NULL;
+        *off += 9;
+        return PyFloat_FromDouble(v);
+    }
+    case 0x10: {
+        long long n = tlv_u32(d, *off);
+        if (n < 0 || *off + 5 + n > d->end) return NULL;
+        *off += 5 + n;
+        return PyBytes_FromStringAndSize((const char *)p + 5, (Py_ssize_t)n);
+    }
+    }
+    if (!d->v2) return NULL;
+    switch (p[0]) {
+    case 0x22: {
+        PyObject *list = tlv_decode_items(d, off, left);
+        if (!list) return NULL;
+        PyObject *tuple = PyList_AsTuple(list);
+        Py_DECREF(list);
+        return tuple;
+    }
+    case 0x12: {
+        PyObject *name = tlv_decode_text(d, off, 255);
+        if (!name) return NULL;
+        PyObject *atom = PyObject_CallOneArg(make_atom, name);
+        Py_DECREF(name);
+        return atom;
+    }
+    case 0x30:
+    case 0x31: {
+        PyObject *node = tlv_decode_text(d, off, 255);
+        if (!node) return NULL;
+        if (*off + 12 > d->end) {
+            Py_DECREF(node);
+            return NULL;
+        }
+        PyObject *id = PyLong_FromUnsignedLongLong(get_be(d->p + *off, 8));
+        PyObject *cr = PyLong_FromUnsignedLongLong(get_be(d->p + *off + 8, 4));
+        *off += 12;
+        PyObject *r = NULL;
+        if (id && cr) {
+            PyObject *argv[3] = {node, id, cr};
+            r = PyObject_Vectorcall(p[0] == 0x30 ? make_pid : make_ref, argv, 3, NULL);
+        }
+        Py_DECREF(node);
+        Py_XDECREF(id);
+        Py_XDECREF(cr);
+        return r;
+    }
+    case 0x32:
+    case 0x33: {
+        if (!left) return NULL;
+        int n = p[0] == 0x32 ? 2 : 4;
+        PyObject *argv[4] = {NULL, NULL, NULL, NULL};
+        *off += 1;
+        PyObject *r = NULL;
+        int i;
+        for (i = 0; i < n; i++) {
+            argv[i] = tlv_decode_value(d, off, left - 1);
+            if (!argv[i]) break;
+        }
+        /* The constructors check the fields as the exact loop does. */
+        if (i == n) r = PyObject_Vectorcall(p[0] == 0x32 ? Exit_t : Error_t, argv, n, NULL);
+        for (i = 0; i < n; i++) Py_XDECREF(argv[i]);
+        return r;
+    }
+    }
+    return NULL; /* a big int, an unknown type code */
+}
+
+static PyObject *tlv_decode(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    int v2, max_depth;
+    Py_ssize_t max_items;
+    if (!PyArg_ParseTuple(args, "y*pin", &buf, &v2, &max_depth, &max_items)) return NULL;
+    if (!Atom_t || max_depth > MAX_DEPTH) {
+        PyBuffer_Release(&buf);
+        Py_RETURN_NONE;
+    }
+    TlvDec d = {buf.buf, buf.len, v2, max_items};
+    Py_ssize_t off = 0;
+    PyObject *value = tlv_decode_value(&d, &off, max_depth);
+    PyBuffer_Release(&buf);
+    if (!value) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *result = Py_BuildValue("(Nn)", value, off);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static PyObject *init(PyObject *self, PyObject *args) {
+    PyObject *a, *p, *r, *x, *er, *ma, *mp, *mr;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &a, &p, &r, &x, &er, &ma, &mp, &mr)) return NULL;
+    PyObject **slots[] = {&Atom_t, &Pid_t, &Ref_t, &Exit_t, &Error_t, &make_atom, &make_pid,
+                          &make_ref};
+    PyObject *values[] = {a, p, r, x, er, ma, mp, mr};
+    for (int i = 0; i < 8; i++) {
+        Py_XDECREF(*slots[i]);
+        *slots[i] = Py_NewRef(values[i]);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"init", init, METH_VARARGS,
+     "init(Atom, Pid, Ref, ExitReason, ErrorValue, make_atom, make_pid, make_ref)"},
+    {"cbor_encode", cbor_encode, METH_VARARGS,
+     "cbor_encode(value, max_depth, max_items, max_total_items, max_str) -> bytes | None"},
+    {"tlv_encode", tlv_encode, METH_VARARGS,
+     "tlv_encode(value, v2, max_depth, max_items, max_total_items, max_str) -> bytes | None"},
+    {"tlv_decode", tlv_decode, METH_VARARGS,
+     "tlv_decode(data, v2, max_depth, max_items) -> (value, end) | None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "wire._speedups",
+    "Optional C fast paths of wire's codecs; each returns None where the Python code must run.",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+    const char *names[] = {"name",   "node",    "id",      "creation", "kind",
+                           "detail", "type",    "message", "details",  "traceback"};
+    PyObject **slots[] = {&s_name,   &s_node,    &s_id,      &s_creation, &s_kind,
+                          &s_detail, &s_type,    &s_message, &s_details,  &s_traceback};
+    for (int i = 0; i < 10; i++) {
+        *slots[i] = PyUnicode_InternFromString(names[i]);
+        if (!*slots[i]) return NULL;
+    }
+    return PyModule_Create(&module);
+}
