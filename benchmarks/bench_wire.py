@@ -17,6 +17,7 @@ from typing import Any
 import cbor2
 
 import wire
+from wire import _accel
 
 from ._harness import Benchmark, Result, best_of, timed
 
@@ -36,6 +37,14 @@ REQUEST: dict[str, Any] = {
         "meta": {"user": "u-123", "tags": ["a", "b"]},
     },
 }
+
+
+#: Which code the figures measure: wire's C fast paths run when they were built.
+PATHS = (
+    "C fast paths on"
+    if _accel.C is not None
+    else "pure Python (C fast paths off: WIRE_NO_SPEEDUPS set or not built)"
+)
 
 
 def _gunicorn() -> Any:
@@ -83,6 +92,7 @@ def run_tlv(quick: bool) -> list[Result]:
         ours, base = _rates(n, repeats, ours_body, base_body)
         baseline = "json.dumps + json.loads (stdlib)"
         notes = "gunicorn not installed: baseline is a stdlib json round trip, not Gunicorn"
+    notes = f"{notes}; {PATHS}"
     return [Result("wire.tlv_roundtrip", "ops/s", ours, baseline, base, "higher", notes)]
 
 
@@ -100,7 +110,7 @@ def run_cbor(quick: bool) -> list[Result]:
     )
     notes = (
         "ours adds deterministic encoding (shortest floats, sorted keys), OTP tags, limits and a "
-        "type check of every decoded value; bare cbor2 does none of these"
+        f"type check of every decoded value; bare cbor2 does none of these; {PATHS}"
     )
     return [
         Result(
@@ -156,6 +166,7 @@ def run_frames(quick: bool) -> list[Result]:
         ours, base = _rates(count, repeats, ours_body, base_body)
         baseline = "wire.tlv_decode on pre-split payloads"
         notes = "gunicorn not installed: baseline is our own payload decoder without framing"
+    notes = f"{notes}; {PATHS}"
     return [Result("wire.frames", "frames/s", ours, baseline, base, "higher", notes)]
 
 
