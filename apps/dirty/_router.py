@@ -60,6 +60,10 @@ class _State:
     #: The scaling or reload request being carried out, and those waiting their turn.
     op: _Op | None = None
     queue: deque[_Op] = attrs.Factory(deque)
+    #: Ids of workers the pool replaced (reload) or removed (scale-down). Workers are permanent
+    #: children, so one that dies before the pool has stopped it comes back under the same id;
+    #: that restart is stopped at once, or the pool would end up a worker over its size.
+    retired: set[int] = attrs.Factory(set)
 
 
 @attrs.define(eq=False)
@@ -136,7 +140,14 @@ class Router(otp.GenServer):
                 state.monitors[otp.monitor(msg.pid)] = msg.pid
             state.workers[msg.pid] = msg
             state.next_id = max(state.next_id, msg.worker_id + 1)
-            _publish(state)
+            if msg.worker_id in state.retired and msg.pid not in state.draining:
+                logger.info(
+                    "dirty worker %d came back after the pool had retired it: stopping it",
+                    msg.worker_id,
+                )
+                _retire(state, msg.pid)
+            else:
+                _publish(state)
         elif type(msg) is WorkerDraining:
             state.draining.add(msg.pid)
             _publish(state)
@@ -293,9 +304,8 @@ def _scale_down(state: _State, count: int) -> dict[str, Any]:
             w for w in live if all(p not in limited or holders[p] > 1 for p in w.apps)
         ] or live
         victim = victims[-1]
-        state.draining.add(victim.pid)
-        _publish(state)
-        otp.spawn(_terminate, victim.pid)
+        state.retired.add(victim.worker_id)
+        _retire(state, victim.pid)
         removed += 1
         state.target = max(0, state.target - 1)
     result: dict[str, Any] = {
@@ -385,14 +395,22 @@ def _step_done(state: _State, op: _Op, result: Any) -> None:
     if op.kind == "add":
         state.target += 1
     elif op.replacing is not None:
-        # The new worker first, then the old one drained.
-        old = op.replacing.pid
+        # The new worker first, then the old one drained; if the old one died meanwhile, the
+        # restart its supervisor gave it (same worker id) is what goes.
+        retired = op.replacing.worker_id
         op.replacing = None
-        if old in state.workers:
-            state.draining.add(old)
-            _publish(state)
-            otp.spawn(_terminate, old)
+        state.retired.add(retired)
+        for info in list(state.workers.values()):
+            if info.worker_id == retired and info.pid not in state.draining:
+                _retire(state, info.pid)
     _step(state, op)
+
+
+def _retire(state: _State, pid: otp.Pid) -> None:
+    """Stop routing to the worker ``pid`` and stop it (it drains its calls first)."""
+    state.draining.add(pid)
+    _publish(state)
+    otp.spawn(_terminate, pid)
 
 
 def _finish(state: _State, op: _Op) -> None:

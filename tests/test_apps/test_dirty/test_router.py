@@ -5,6 +5,7 @@ processes; a FIFO holds a new worker's start open (events, not sleeps)."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,8 +16,10 @@ import trio
 import trio.testing
 
 import otp
+import supervisors
 from apps import dirty
 from apps.dirty._pool import ROUTER
+from apps.dirty._router import POOL
 
 GATED = "tests.test_apps.test_dirty.dirty_apps:GatedApp"
 
@@ -154,3 +157,43 @@ async def test_a_worker_that_fails_to_start_ends_its_request_and_the_next_one_ru
     assert added["spawned"] == 1 and added["total_workers"] == 2
     await client.close_async()
     client.close()
+
+
+async def _settled(client: dirty.DirtyClient) -> dict[str, Any]:
+    """The pool's status once no worker is draining and it holds as many workers as it should."""
+    with trio.fail_after(20):
+        while True:
+            status = await client.status_async()
+            live = [w for w in status["workers"] if not w["draining"]]
+            if len(live) == status["worker_count"] == status["target_workers"]:
+                return status
+            await trio.sleep(0.05)
+
+
+async def test_a_worker_that_dies_while_a_reload_replaces_it_is_not_brought_back(
+    start_pool: Any, socket_path: str, gate: Path
+) -> None:
+    # The old worker dies while its replacement loads: its supervisor restarts it (workers are
+    # permanent), and that restart must go too, or the pool ends up one worker over its size.
+    await start_pool(dirty_apps=[GATED], dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+    [old] = _pids(await client.status_async())
+    reloaded: list[Any] = []
+
+    async def reload() -> None:
+        reloaded.append(await otp.call(ROUTER, "reload", timeout=None))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reload)
+        async with holding_a_worker_start(gate):
+            os.kill(old, signal.SIGKILL)
+            await _wait_gone(client, {old})
+    assert reloaded == [{"success": True, "operation": "reload", "replaced": 1}]
+    # Answered once the pool supervisor is done with the death it saw while it started the new
+    # worker (it restarts the killed one then).
+    assert len(await supervisors.which_children(POOL)) >= 1
+    status = await _settled(client)
+    assert status["worker_count"] == 1
+    [new] = _pids(status)
+    assert new != old
+    assert await client.execute_async(GATED, "pid") == new
