@@ -4,13 +4,15 @@ raw Unix-socket ping-pong measured in the same run.
 
 ``dirty.execute``: median round trip of a small echo (1 client); ``dirty.execute_8``: calls/s
 with 8 concurrent callers (threads sharing one client); ``dirty.stream``: chunks/s of a 10k-chunk
-stream; ``dirty.bytes_1mib``: a 1 MiB echo round trip. When gunicorn is installed, the same four
-are measured against a real ``gunicorn`` 27 started with the same dirty app, workers and threads
-(``dirty.*_vs_gunicorn``), in the same run.
+stream; ``dirty.bytes_1mib``: a 1 MiB echo round trip; ``dirty.execute_async`` and
+``dirty.execute_8_async``: the first two from asyncio tasks (as an ASGI app calls the pool).
+When gunicorn is installed, the same figures are measured against a real ``gunicorn`` 27
+started with the same dirty app, workers and threads (``dirty.*_vs_gunicorn``), in the same run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import socket
@@ -86,9 +88,15 @@ def _raw_pingpong(path: str, n: int, size: int = 64) -> float:
     return statistics.median(times)
 
 
-def _measure(client: Any, quick: bool, callers: list[Any] | None = None) -> dict[str, float]:
-    """The four figures, with ``client`` (ours or Gunicorn's ``DirtyClient``); the 8 callers use
-    ``callers`` (one client each) if given, else share ``client``."""
+def _measure(
+    client: Any,
+    quick: bool,
+    callers: list[Any] | None = None,
+    async_callers: list[Any] | None = None,
+) -> dict[str, float]:
+    """The figures, with ``client`` (ours or Gunicorn's ``DirtyClient``); the 8 callers use
+    ``callers`` (one client each; ``async_callers`` for the asyncio ones) if given, else share
+    ``client``."""
     n = 300 if quick else 3000
     for _ in range(50):
         client.execute(APP, "echo", "warm")
@@ -125,7 +133,36 @@ def _measure(client: Any, quick: bool, callers: list[Any] | None = None) -> dict
         client.execute(APP, "echo", blob)
         big.append(time.perf_counter() - t0)
     out["bytes_1mib"] = statistics.median(big)
+    out.update(asyncio.run(_measure_async(client, quick, async_callers)))
     return out
+
+
+async def _measure_async(
+    client: Any, quick: bool, callers: list[Any] | None = None
+) -> dict[str, float]:
+    """``execute`` latency and 8-caller throughput from asyncio tasks; the 8 tasks use
+    ``callers`` (one client each) if given, else share ``client``."""
+    n = 300 if quick else 3000
+    for _ in range(50):
+        await client.execute_async(APP, "echo", "warm")
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await client.execute_async(APP, "echo", "hello")
+        times.append(time.perf_counter() - t0)
+    per = n // 4
+    clients = callers or [client] * 8
+
+    async def caller(c: Any) -> None:
+        for _ in range(per):
+            await c.execute_async(APP, "echo", "hello")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller(c) for c in clients))
+    rate = 8 * per / (time.perf_counter() - t0)
+    for c in {id(c): c for c in [client, *clients]}.values():
+        await c.close_async()
+    return {"execute_async": statistics.median(times), "execute_8_async": rate}
 
 
 #: Gunicorn's config for the comparison: the same app, workers and threads as our pool.
@@ -188,10 +225,11 @@ def _run_gunicorn(quick: bool) -> dict[str, float] | None:
             return None
         client = GunicornClient(found[0], timeout=60)
         callers = [GunicornClient(found[0], timeout=60) for _ in range(8)]
+        async_callers = [GunicornClient(found[0], timeout=60) for _ in range(8)]
         try:
-            return _measure(client, quick, callers)
+            return _measure(client, quick, callers, async_callers)
         finally:
-            for c in [client, *callers]:
+            for c in [client, *callers, *async_callers]:
                 c.close()
     finally:
         _stop(proc)
@@ -270,6 +308,10 @@ def run(quick: bool) -> list[Result]:
                raw_rate, notes="target: at least 100k chunks/s"),
         Result("dirty.bytes_1mib", "ms", ours["bytes_1mib"] * 1e3, "raw 1 MiB ping-pong",
                raw_big * 1e3, direction="lower", notes="target: under 3 ms"),
+        Result("dirty.execute_async", "us", ours["execute_async"] * 1e6, "raw unix ping-pong",
+               raw_small * 1e6, direction="lower", notes="from an asyncio task"),
+        Result("dirty.execute_8_async", "calls/s", ours["execute_8_async"],
+               "raw ping-pong (1 caller)", raw_rate, notes="8 asyncio tasks sharing one client"),
     ]  # fmt: skip
     if theirs is not None:
         results += [
@@ -283,6 +325,12 @@ def run(quick: bool) -> list[Result]:
                    "gunicorn 27 dirty arbiter", theirs["stream"]),
             Result("dirty.bytes_1mib_vs_gunicorn", "ms", ours["bytes_1mib"] * 1e3,
                    "gunicorn 27 dirty arbiter", theirs["bytes_1mib"] * 1e3, direction="lower"),
+            Result("dirty.execute_async_vs_gunicorn", "us", ours["execute_async"] * 1e6,
+                   "gunicorn 27 dirty arbiter", theirs["execute_async"] * 1e6,
+                   direction="lower", notes="asyncio, both clients"),
+            Result("dirty.execute_8_async_vs_gunicorn", "calls/s", ours["execute_8_async"],
+                   "gunicorn 27 dirty arbiter", theirs["execute_8_async"],
+                   notes="8 asyncio tasks; gunicorn: one client per task"),
         ]  # fmt: skip
     return results
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import select
 import socket
@@ -79,26 +80,34 @@ def get_dirty_socket_path() -> str:
 
 
 class _Slot:
-    __slots__ = ("event", "frames")
+    """One async call's frames; ``waiter`` is set while its task sleeps (an asyncio future or a
+    trio event)."""
+
+    __slots__ = ("frames", "waiter")
 
     def __init__(self) -> None:
-        self.frames: deque[tuple[int, bytes]] = deque()
-        self.event: Any = None
+        self.frames: deque[tuple[int, Any]] = deque()
+        self.waiter: Any = None
 
 
 class _Conn:
-    """The async connection: its stream, frame splitter and waiting slots."""
+    """The async connection: its frame splitter and the calls waiting on it.
 
-    def __init__(self) -> None:
+    On asyncio the connection is a protocol: the event loop hands it each read and it wakes the
+    calls it completes, so a call costs one send and one wake-up. On trio (which has no
+    callbacks) one waiting task at a time reads for all of them (leader/follower, as the sync
+    connection does)."""
+
+    def __init__(self, backend: str, loop: Any) -> None:
+        self.backend = backend
+        self.loop = loop
         self.splitter = FrameSplitter()
         self.slots: dict[int, _Slot] = {}
-        self.reading = False
         self.broken: DirtyError | None = None
+        # trio: the stream, its send lock, and whether a task is reading.
         self.stream: Any = None
-        self.writer: Any = None
-        self.backend = ""
-        self.loop: Any = None
         self.send_lock: Any = None
+        self.reading = False
 
     def dispatch(self, data: bytes) -> None:
         try:
@@ -106,26 +115,87 @@ class _Conn:
         except DirtyProtocolError as exc:
             self.fail(exc)
             return
+        slots = self.slots
         for mtype, rid, payload in frames:
-            slot = self.slots.get(rid)
+            slot = slots.get(rid)
             if slot is not None:
                 slot.frames.append((mtype, payload))
-                if slot.event is not None:
-                    slot.event.set()
+                _wake(slot)
             elif rid == 0 and mtype == ERROR:
                 self.fail(_error_of(payload))
 
     def fail(self, error: DirtyError) -> None:
         if self.broken is None:
             self.broken = error
-        for slot in self.slots.values():
-            if slot.event is not None:
-                slot.event.set()
+        self.wake_all()
 
     def wake_all(self) -> None:
         for slot in self.slots.values():
-            if slot.event is not None:
-                slot.event.set()
+            _wake(slot)
+
+
+def _wake(slot: _Slot) -> None:
+    waiter = slot.waiter
+    if waiter is not None:
+        if type(waiter) is trio.Event:
+            waiter.set()
+        elif not waiter.done():
+            waiter.set_result(None)
+
+
+class _Protocol(asyncio.BufferedProtocol):
+    """The asyncio side of a :class:`_Conn`: reads go straight to its calls."""
+
+    def __init__(self, conn: _Conn, lost: Any) -> None:
+        self.conn = conn
+        self.lost = lost
+        self.transport: Any = None
+        self.buffer = bytearray(262144)
+        self.view = memoryview(self.buffer)
+        self.paused = False
+        self.drained: list[asyncio.Future[None]] = []
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            tune_socket(sock)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.conn.dispatch(bytes(self.view[:nbytes]))
+        if self.conn.broken is not None and self.transport is not None:
+            self.transport.close()
+
+    def eof_received(self) -> bool:
+        self.conn.fail(self.lost("the pool closed the connection"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.fail(self.lost(exc or "the connection was closed"))
+        self._resume(exc)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self._resume(None)
+
+    def _resume(self, exc: Exception | None) -> None:
+        self.paused = False
+        for waiter in self.drained:
+            if not waiter.done():
+                waiter.set_result(None)
+        self.drained.clear()
+
+    async def drain(self) -> None:
+        """Wait until the transport takes writes again (its buffer went under the limit)."""
+        if self.paused:
+            waiter = asyncio.get_running_loop().create_future()
+            self.drained.append(waiter)
+            await waiter
 
 
 def _error_of(payload: bytes) -> DirtyError:
@@ -583,17 +653,13 @@ class DirtyClient:
         conn = self._async
         if conn is not None and conn.broken is None and conn.loop is loop:
             return conn
-        conn = _Conn()
-        conn.backend = backend
-        conn.loop = loop
+        conn = _Conn(backend, loop)
         try:
             if backend == "asyncio":
-                reader, writer = await asyncio.open_unix_connection(self.socket_path)
-                conn.stream, conn.writer = reader, writer
-                raw = writer.get_extra_info("socket")
-                if raw is not None:
-                    tune_socket(raw)
-                conn.send_lock = asyncio.Lock()
+                _, protocol = await loop.create_unix_connection(
+                    lambda: _Protocol(conn, self._lost), self.socket_path
+                )
+                conn.stream = protocol
             else:
                 conn.stream = await trio.open_unix_socket(self.socket_path)
                 tune_socket(conn.stream.socket)
@@ -607,33 +673,39 @@ class DirtyClient:
         self._async = conn
         return conn
 
-    async def _send_async(self, conn: _Conn, data: bytes) -> None:
+    async def _send_async(self, conn: _Conn, parts: list[Any]) -> None:
         try:
-            async with conn.send_lock:
-                if conn.backend == "asyncio":
-                    conn.writer.write(data)
-                    await conn.writer.drain()
-                else:
-                    await conn.stream.send_all(data)
+            if conn.backend == "asyncio":
+                protocol = conn.stream
+                if protocol.transport.is_closing():
+                    raise ConnectionResetError("the connection is closing")
+                protocol.transport.writelines(parts)
+                await protocol.drain()
+            else:
+                async with conn.send_lock:
+                    for part in parts:
+                        await conn.stream.send_all(part)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             conn.fail(self._lost(exc))
             raise self._lost(exc) from exc
 
-    async def _open_async(self, frame: wire.Frame) -> tuple[_Conn, int, _Slot]:
+    async def _open_async(self, rid: int, parts: list[Any]) -> tuple[_Conn, _Slot]:
         conn = await self._async_conn()
+        if conn.broken is not None:
+            raise conn.broken
         slot = _Slot()
-        conn.slots[frame.request_id] = slot
+        conn.slots[rid] = slot
         try:
-            await self._send_async(conn, encode(frame))
+            await self._send_async(conn, parts)
         except BaseException:
-            conn.slots.pop(frame.request_id, None)
+            conn.slots.pop(rid, None)
             raise
-        return conn, frame.request_id, slot
+        return conn, slot
 
     async def _next_async(
         self, conn: _Conn, slot: _Slot, deadline: float | None
-    ) -> tuple[int, bytes]:
-        asyncio_backend = conn.backend == "asyncio"
+    ) -> tuple[int, Any]:
+        """The next frame for ``slot``'s call, within ``deadline``."""
         while True:
             if slot.frames:
                 return slot.frames.popleft()
@@ -642,67 +714,69 @@ class DirtyClient:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise self._timed_out()
-            if conn.reading:
-                slot.event = asyncio.Event() if asyncio_backend else trio.Event()
-                if asyncio_backend:
-                    try:
-                        await asyncio.wait_for(slot.event.wait(), remaining)
-                    except TimeoutError:
-                        pass
-                else:
-                    with trio.move_on_after(remaining if remaining is not None else float("inf")):
-                        await slot.event.wait()
-                slot.event = None
-                continue
-            conn.reading = True
-            data: bytes | None = None
-            try:
-                if asyncio_backend:
-                    try:
-                        data = await asyncio.wait_for(conn.stream.read(262144), remaining)
-                    except TimeoutError:
-                        data = None
-                else:
-                    with trio.move_on_after(remaining if remaining is not None else float("inf")):
-                        data = await conn.stream.receive_some(262144)
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                conn.fail(self._lost(exc))
-            finally:
-                conn.reading = False
-                if data:
-                    conn.dispatch(data)
-                elif data == b"":
-                    conn.fail(self._lost("the pool closed the connection"))
-                conn.wake_all()
+            if conn.backend == "asyncio":
+                slot.waiter = conn.loop.create_future()
+                try:
+                    async with asyncio.timeout(remaining):
+                        await slot.waiter
+                except TimeoutError:
+                    pass
+                finally:
+                    slot.waiter = None
+            elif conn.reading:
+                slot.waiter = trio.Event()
+                try:
+                    with trio.move_on_after(remaining if remaining is not None else math.inf):
+                        await slot.waiter.wait()
+                finally:
+                    slot.waiter = None
+            else:
+                await self._read_trio(conn, remaining)
 
-    async def _call_async(self, frame: wire.Frame) -> Any:
-        conn, rid, slot = await self._open_async(frame)
+    async def _read_trio(self, conn: _Conn, remaining: float | None) -> None:
+        """One read for every waiting call (this task has the reading role)."""
+        conn.reading = True
+        data: bytes | None = None
+        try:
+            with trio.move_on_after(remaining if remaining is not None else math.inf):
+                data = await conn.stream.receive_some(262144)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            conn.fail(self._lost(exc))
+        finally:
+            conn.reading = False
+            if data:
+                conn.dispatch(data)
+            elif data == b"":
+                conn.fail(self._lost("the pool closed the connection"))
+            # Another waiting task takes over the reading (or finds its frame).
+            conn.wake_all()
+
+    async def _call_async(self, rid: int, parts: list[Any]) -> Any:
+        conn, slot = await self._open_async(rid, parts)
         done = False
         try:
             mtype, payload = await self._next_async(conn, slot, self._deadline())
             done = True
-            return _result(mtype, payload)
         finally:
             conn.slots.pop(rid, None)
             if not done:
                 await _send_end(conn, rid)
+        return _result(mtype, payload)
 
     async def execute_async(self, app_path: str, action: str, *args: Any, **kwargs: Any) -> Any:
         """Async :meth:`execute` (asyncio or trio). Cancelling it abandons the call."""
-        return await self._call_async(
-            wire.make_request(next(self._ids), app_path, action, args, kwargs)
-        )
+        rid = next(self._ids)
+        return await self._call_async(rid, request_parts(rid, app_path, action, args, kwargs))
 
     def stream_async(
         self, app_path: str, action: str, *args: Any, **kwargs: Any
     ) -> AsyncIterator[Any]:
         """Async :meth:`stream`; ``aclose()`` or breaking out of ``async for`` abandons it."""
-        return self._stream_async(
-            wire.make_request(next(self._ids), app_path, action, args, kwargs)
-        )
+        rid = next(self._ids)
+        return self._stream_async(rid, request_parts(rid, app_path, action, args, kwargs))
 
-    async def _stream_async(self, frame: wire.Frame) -> AsyncIterator[Any]:
-        conn, rid, slot = await self._open_async(frame)
+    async def _stream_async(self, rid: int, parts: list[Any]) -> AsyncIterator[Any]:
+        conn, slot = await self._open_async(rid, parts)
         finished = False
         try:
             while True:
@@ -722,17 +796,20 @@ class DirtyClient:
             if not finished:
                 await _send_end(conn, rid)
 
+    async def _frame_async(self, frame: wire.Frame) -> Any:
+        return await self._call_async(frame.request_id, [encode(frame)])
+
     async def stash_request_async(
         self, op: int, table: str, key: Any = None, value: Any = None, pattern: str | None = None
     ) -> Any:
         """Async :meth:`stash_request`."""
-        return await self._call_async(
+        return await self._frame_async(
             wire.make_stash(next(self._ids), op, table, key, value, pattern)
         )
 
     async def status_async(self) -> dict[str, Any]:
         """Async :meth:`status`."""
-        return await self._call_async(wire.make_status(next(self._ids)))
+        return await self._frame_async(wire.make_status(next(self._ids)))
 
     async def close_async(self) -> None:
         """Close the async connection."""
@@ -741,7 +818,7 @@ class DirtyClient:
             return
         conn.fail(DirtyConnectionError("the client was closed", self.socket_path))
         if conn.backend == "asyncio":
-            conn.writer.close()
+            conn.stream.transport.close()
         else:
             await conn.stream.aclose()
 
@@ -759,7 +836,7 @@ async def _send_end(conn: _Conn, rid: int) -> None:
     data = header(END, 0, rid)
     try:
         if conn.backend == "asyncio":
-            conn.writer.write(data)  # buffered, in order with other writes; no await needed
+            conn.stream.transport.write(data)  # in order with other writes; no await needed
         else:
             with trio.CancelScope(shield=True):
                 async with conn.send_lock:
