@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from apps import dirty
+from apps.dirty._client import _Conn, _Protocol
 from apps.dirty._frames import header
 
 from .conftest import ECHO
@@ -65,14 +66,17 @@ async def test_many_tasks_share_one_client(start_pool: Any, socket_path: str) ->
     await start_pool(dirty_workers=2, dirty_threads=4)
     client = dirty.DirtyClient(socket_path)
 
+    blobs = [bytes([i]) * (1 << 20) for i in range(6)]  # writes that fill the socket
+
     async def scenario() -> list[Any]:
         results = await asyncio.gather(
-            *(client.execute_async(ECHO, "add", i, 1000) for i in range(200))
+            *(client.execute_async(ECHO, "add", i, 1000) for i in range(200)),
+            *(client.execute_async(ECHO, "echo", blob) for blob in blobs),
         )
         await client.close_async()
         return results
 
-    assert await _in_asyncio(scenario) == [i + 1000 for i in range(200)]
+    assert await _in_asyncio(scenario) == [i + 1000 for i in range(200)] + blobs
 
 
 async def test_abandoned_stream_timeout_and_cancellation_leave_the_client_usable(
@@ -154,3 +158,26 @@ async def test_missing_socket_is_a_connection_error(tmp_path: Any) -> None:
             await client.execute_async(ECHO, "echo", 1)
 
     await _in_asyncio(scenario)
+
+
+def test_writes_wait_while_the_transport_is_paused() -> None:
+    # Flow control, deterministically: a send waits from pause_writing to resume_writing, and
+    # a lost connection releases it (the call then fails on the broken connection).
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        for release in ("resume", "lost"):
+            conn = _Conn("asyncio", loop)
+            protocol = _Protocol(conn, lambda why: dirty.DirtyConnectionError(str(why)))
+            protocol.pause_writing()
+            drained = asyncio.ensure_future(protocol.drain())
+            await asyncio.sleep(0)
+            assert not drained.done()
+            if release == "resume":
+                protocol.resume_writing()
+            else:
+                protocol.connection_lost(None)
+                assert isinstance(conn.broken, dirty.DirtyConnectionError)
+            await asyncio.wait_for(drained, 5)
+            await protocol.drain()  # not paused: returns at once
+
+    asyncio.run(scenario())
