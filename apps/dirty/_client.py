@@ -133,6 +133,14 @@ class _Conn:
         for slot in self.slots.values():
             _wake(slot)
 
+    def wake_reader(self) -> None:
+        """trio: pass the reading role to one sleeping call still waiting for its frame."""
+        for slot in self.slots.values():
+            waiter = slot.waiter
+            if waiter is not None and not slot.frames and not waiter.is_set():
+                waiter.set()
+                return
+
 
 def _wake(slot: _Slot) -> None:
     waiter = slot.waiter
@@ -731,10 +739,12 @@ class DirtyClient:
                 finally:
                     slot.waiter = None
             else:
-                await self._read_trio(conn, remaining)
+                await self._read_trio(conn, slot, remaining)
 
-    async def _read_trio(self, conn: _Conn, remaining: float | None) -> None:
-        """One read for every waiting call (this task has the reading role)."""
+    async def _read_trio(self, conn: _Conn, slot: _Slot, remaining: float | None) -> None:
+        """One read for every waiting call (this task has the reading role). Only the calls
+        whose frames came are woken; when this task stops reading (its own frame came, or its
+        wait ended), one other waiting call takes the role over."""
         conn.reading = True
         data: bytes | None = None
         try:
@@ -748,8 +758,8 @@ class DirtyClient:
                 conn.dispatch(data)
             elif data == b"":
                 conn.fail(self._lost("the pool closed the connection"))
-            # Another waiting task takes over the reading (or finds its frame).
-            conn.wake_all()
+            if conn.broken is None and (slot.frames or data is None):
+                conn.wake_reader()
 
     async def _call_async(self, rid: int, parts: list[Any]) -> Any:
         conn, slot = await self._open_async(rid, parts)

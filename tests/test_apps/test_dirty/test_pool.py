@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from apps import dirty
 
@@ -285,3 +286,32 @@ async def test_threads_sharing_a_client_time_out_alone(start_pool: Any, socket_p
     assert any(isinstance(o, dirty.DirtyTimeoutError) for o in outcomes)
     assert await trio.to_thread.run_sync(client.execute, ECHO, "echo", "after") == "after"
     client.close()
+
+
+async def test_a_cancelled_reading_task_hands_the_reading_to_another(
+    start_pool: Any, socket_path: str
+) -> None:
+    # trio: one waiting task reads for all. Cancelling it must pass the role to another
+    # waiting call, which would otherwise sleep until its own timeout.
+    await start_pool(dirty_workers=1, dirty_threads=2)
+    client = dirty.DirtyClient(socket_path, timeout=30)
+    first = trio.CancelScope()
+    got: list[Any] = []
+
+    async def reading() -> None:
+        with first:
+            await client.execute_async(ECHO, "sleep", 5.0)
+
+    async def waiting() -> None:
+        got.append(await client.execute_async(ECHO, "sleep", 0.2))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reading)
+            await trio.testing.wait_all_tasks_blocked()  # its call is out; it reads
+            nursery.start_soon(waiting)
+            await trio.testing.wait_all_tasks_blocked()  # its call is out; it sleeps
+            first.cancel()
+    assert got == [0.2]
+    assert await client.execute_async(ECHO, "echo", "after") == "after"
+    await client.close_async()
