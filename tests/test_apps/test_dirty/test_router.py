@@ -18,7 +18,7 @@ import trio.testing
 import otp
 import supervisors
 from apps import dirty
-from apps.dirty._pool import ROUTER
+from apps.dirty._pool import ROUTER, WorkerUp
 from apps.dirty._router import POOL
 
 GATED = "tests.test_apps.test_dirty.dirty_apps:GatedApp"
@@ -197,3 +197,26 @@ async def test_a_worker_that_dies_while_a_reload_replaces_it_is_not_brought_back
     [new] = _pids(status)
     assert new != old
     assert await client.execute_async(GATED, "pid") == new
+
+
+async def test_a_worker_back_under_a_retired_id_is_drained_and_stopped(
+    start_pool: Any, socket_path: str
+) -> None:
+    # What a supervisor's restart of a worker the pool has retired looks like to the router:
+    # a WorkerUp under the retired id. It must never be routed to.
+    await start_pool(dirty_apps=[GATED], dirty_workers=1)
+    [retired] = [w["age"] for w in (await otp.call(ROUTER, "status"))["workers"]]
+    assert (await otp.call(ROUTER, "reload", timeout=None))["replaced"] == 1
+
+    async def idle() -> None:
+        await otp.receive()
+
+    ghost = otp.spawn(idle)
+    otp.cast(ROUTER, WorkerUp(ghost, retired, (GATED,), 0, trio.current_time()))
+    status = await otp.call(ROUTER, "status")  # (after the cast: same sender, in order)
+    [entry] = [w for w in status["workers"] if w["pid"] == 0]  # (the ghost has no OS pid)
+    assert entry["draining"] and status["app_workers"] == {GATED: 1}
+    otp.exit(ghost, otp.KILL)
+    client = dirty.DirtyClient(socket_path)
+    status = await _settled(client)
+    assert status["worker_count"] == 1 and retired not in [w["age"] for w in status["workers"]]
