@@ -384,6 +384,9 @@ def _step_done(state: _State, op: _Op, result: Any) -> None:
     op.helper = op.tag = None
     if result[0] != "ok":
         logger.error("dirty worker %d could not start: %r", op.worker_id, result)
+        # If the start goes on without its helper (the helper died), the worker it brings up
+        # is not the pool's: it is stopped when it announces itself.
+        state.retired.add(op.worker_id)
         error = ("dirty_worker_start_failed", op.worker_id, result[1])
         if op.kind == "reload":
             logger.error("dirty pool reload: stopped early: %r", error)

@@ -220,3 +220,41 @@ async def test_a_worker_back_under_a_retired_id_is_drained_and_stopped(
     client = dirty.DirtyClient(socket_path)
     status = await _settled(client)
     assert status["worker_count"] == 1 and retired not in [w["age"] for w in status["workers"]]
+
+
+async def test_a_helper_that_dies_mid_start_fails_the_request_and_adds_no_worker(
+    start_pool: Any, socket_path: str, gate: Path
+) -> None:
+    await start_pool(dirty_apps=[GATED], dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+    router = otp.whereis(ROUTER)
+    assert router is not None
+    added: list[Any] = []
+    answered = trio.Event()
+
+    async def add() -> None:
+        added.append(await otp.call(ROUTER, ("add", 1), timeout=None))
+        answered.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(add)
+        async with holding_a_worker_start(gate):
+            # The router's helper for this start: the process it spawned linked.
+            helpers = [
+                pid
+                for pid in otp.processes()
+                if (info := otp.process_info(pid)) is not None
+                and info.parent == router
+                and router in info.links
+            ]
+            assert len(helpers) == 1
+            otp.exit(helpers[0], otp.KILL)
+            with trio.fail_after(10):
+                await answered.wait()  # (the router answers as soon as it sees the EXIT)
+            assert added[0]["success"] is False and added[0]["spawned"] == 0
+            assert "failed to start" in added[0]["reason"]
+            assert (await client.status_async())["worker_count"] == 1  # answered meanwhile
+    # The start went on without its helper; the worker it brought up is stopped.
+    assert len(await supervisors.which_children(POOL)) >= 1
+    status = await _settled(client)
+    assert status["worker_count"] == 1 and status["target_workers"] == 1
