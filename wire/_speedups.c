@@ -679,12 +679,14 @@ static PyObject *tlv_decode_value(TlvDec *d, Py_ssize_t *off, int left) {
 }
 
 static PyObject *tlv_decode(PyObject *self, PyObject *args) {
+    PyObject *data;
     Py_buffer buf;
     int v2, max_depth;
     Py_ssize_t max_items;
-    if (!PyArg_ParseTuple(args, "y*pin", &buf, &v2, &max_depth, &max_items)) return NULL;
-    if (!Atom_t || max_depth > MAX_DEPTH) {
-        PyBuffer_Release(&buf);
+    if (!PyArg_ParseTuple(args, "Opin", &data, &v2, &max_depth, &max_items)) return NULL;
+    if (!Atom_t || max_depth > MAX_DEPTH) Py_RETURN_NONE;
+    if (PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear(); /* (a non-contiguous buffer, say: the Python code copies it) */
         Py_RETURN_NONE;
     }
     TlvDec d = {buf.buf, buf.len, v2, max_items};

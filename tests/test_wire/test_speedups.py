@@ -263,3 +263,13 @@ def test_the_pure_python_code_runs_when_the_extension_is_off() -> None:
     )
     env = dict(os.environ, WIRE_NO_SPEEDUPS="1")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+def test_any_buffer_decodes_a_non_contiguous_one_through_the_python_code() -> None:
+    value = {"a": [1, 2, 3], "b": b"x"}
+    data = wire.tlv_encode(value)
+    spread = bytearray(2 * len(data))
+    spread[::2] = data
+    assert C.tlv_decode(memoryview(spread)[::2], True, 256, 1 << 20) is None
+    assert wire.tlv_decode(memoryview(spread)[::2]) == value
+    assert wire.tlv_decode(bytearray(data)) == wire.tlv_decode(memoryview(data)) == value
