@@ -15,7 +15,6 @@ import asyncio
 import itertools
 import math
 import os
-import select
 import socket
 import struct
 import threading
@@ -259,7 +258,8 @@ def _result(mtype: int, payload: Any) -> Any:
 
 
 _allocate_lock = threading.Lock
-_DONTWAIT = socket.MSG_DONTWAIT
+#: How far SO_RCVTIMEO may be from a reading call's time left before it is set again (s).
+_RCVTIMEO_SLACK = 0.002
 _WAITALL = socket.MSG_WAITALL
 
 
@@ -286,8 +286,8 @@ class _SyncConn:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.poller = select.poll()
-        self.poller.register(sock.fileno(), select.POLLIN)
+        #: The socket's SO_RCVTIMEO in seconds (None: reads block until data comes).
+        self.rcvtimeo: float | None = None
         self.lock = threading.Lock()
         self.buffer = FrameBuffer()
         self.waiters: dict[int, _Waiter] = {}
@@ -315,6 +315,19 @@ class _SyncConn:
         if self.sleeping:
             waiter = self.sleeping.pop(next(iter(self.sleeping)))
             waiter.lock.release()
+
+    def bound_reads(self, remaining: float) -> None:
+        """Make a blocking read give up after about ``remaining`` seconds (the reading call's
+        time left). The socket option is changed only when it is off by more than
+        ``_RCVTIMEO_SLACK``: a lone caller, whose time left is the client's timeout, never
+        changes it."""
+        current = self.rcvtimeo
+        if current is not None and abs(current - remaining) <= _RCVTIMEO_SLACK:
+            return
+        seconds = max(0.001, remaining)
+        timeval = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        self.rcvtimeo = seconds
 
     def take(self, n: int) -> None:
         """Hand the frames completed by ``n`` received bytes to their waiters (lock held).
@@ -414,13 +427,10 @@ class DirtyClient:
             try:
                 tune_socket(sock)
                 if self.timeout is not None:
-                    # Blocking sends (and reads of a large frame's rest) give up after the
-                    # timeout too; the socket stays blocking: the reading thread polls with its
-                    # own deadline.
+                    # Blocking sends give up after the timeout too (reads: see bound_reads).
                     seconds = max(0.001, self.timeout)
                     timeval = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
                 sock.connect(self.socket_path)
             except OSError as exc:
                 sock.close()
@@ -457,7 +467,7 @@ class DirtyClient:
 
     def _next(
         self, conn: _SyncConn, rid: int, waiter: _Waiter, deadline: float | None, last: bool
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, Any]:
         """The next frame for ``rid`` (``last``: the call ends with it). The calling thread
         reads the socket for every waiting call when no other thread does."""
         frames = waiter.frames
@@ -490,26 +500,33 @@ class DirtyClient:
                 continue
             conn.reading = True
             lock.release()
-            self._read(conn, remaining, waiter)
+            read = self._read(conn, remaining, waiter, rid, last)
+            if read is not None:
+                return read
 
-    def _read(self, conn: _SyncConn, remaining: float | None, waiter: _Waiter) -> None:
-        """One read for every waiting call (this thread has the reading role)."""
+    def _read(
+        self, conn: _SyncConn, remaining: float | None, waiter: _Waiter, rid: int, last: bool
+    ) -> tuple[int, Any] | None:
+        """One read for every waiting call (this thread has the reading role): a blocking
+        ``recv_into`` that gives up when this call's time is up (SO_RCVTIMEO), so a read costs
+        one system call and a lone caller reads its reply as soon as it comes. Returns this
+        call's next frame if the read brought it (as :meth:`_next` would)."""
         n = 0
         error: DirtyError | None = None
-        ready: Any = True
+        timed_out = False
         try:
+            if remaining is not None:
+                conn.bound_reads(remaining)
             missing = conn.buffer.missing()
             if missing >= BIG:
-                # The rest of a large frame, in one blocking read (SO_RCVTIMEO bounds it).
+                # The rest of a large frame, in one read.
                 n = conn.sock.recv_into(conn.buffer.space(), missing, _WAITALL)
             else:
-                ready = conn.poller.poll(None if remaining is None else remaining * 1000 + 1)
-                if ready:
-                    n = conn.sock.recv_into(conn.buffer.space(), 0, _DONTWAIT)
-            if ready and not n:
+                n = conn.sock.recv_into(conn.buffer.space())
+            if not n:
                 error = self._lost("the pool closed the connection")
-        except (BlockingIOError, InterruptedError):
-            pass
+        except (BlockingIOError, InterruptedError):  # SO_RCVTIMEO expired
+            timed_out = True
         except OSError as exc:
             error = self._lost(exc)
         except DirtyProtocolError as exc:
@@ -528,8 +545,15 @@ class DirtyClient:
                     error = exc
             if error is not None:
                 conn.fail(error)
-            elif waiter.frames or not ready:
+            frames = waiter.frames
+            if frames:
                 conn.wake_reader()  # this thread is done reading: another waiter takes over
+                if last:
+                    conn.waiters.pop(rid, None)
+                return frames.popleft()
+            if timed_out:
+                conn.wake_reader()
+        return None
 
     def _timed_out(self) -> DirtyTimeoutError:
         return DirtyTimeoutError(

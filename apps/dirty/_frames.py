@@ -166,9 +166,19 @@ def request_parts(
     """
     args = list(args)
     kwargs = dict(kwargs) if kwargs else {}
-    big = any(_big_ok(a) for a in args) or any(_big_ok(v) for v in kwargs.values())
+    big = False
+    for a in args:
+        if type(a) is bytes and len(a) >= BIG:
+            big = True
+            break
+    else:
+        for a in kwargs.values():
+            if type(a) is bytes and len(a) >= BIG:
+                big = True
+                break
     if (
         not big
+        or not (any(_big_ok(a) for a in args) or any(_big_ok(v) for v in kwargs.values()))
         or type(app_path) is not str
         or type(action) is not str
         or len(args) > _LIMITS.max_items

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import threading
 from typing import Any
 
@@ -11,6 +13,7 @@ import trio
 import trio.testing
 
 from apps import dirty
+from apps.dirty._client import _SyncConn
 
 from .conftest import ECHO, LIMITED
 
@@ -154,6 +157,48 @@ async def test_client_timeout_raises_dirty_timeout_error(start_pool: Any, socket
     assert await client.execute_async(ECHO, "echo", 1) == 1
     await client.close_async()
     client.close()
+
+
+async def test_a_read_gives_up_at_the_reading_calls_own_deadline(
+    start_pool: Any, socket_path: str
+) -> None:
+    # The reading thread blocks in recv bounded by SO_RCVTIMEO; once a call with a long
+    # timeout has set it, a call with a short one must lower it, not wait for the reply.
+    await start_pool()
+    client = dirty.DirtyClient(socket_path, timeout=30)
+    assert await trio.to_thread.run_sync(client.execute, ECHO, "echo", 1) == 1
+    client.timeout = 0.3
+    t0 = trio.current_time()
+    with pytest.raises(dirty.DirtyTimeoutError):
+        await trio.to_thread.run_sync(client.execute, ECHO, "sleep", 3.0)
+    assert trio.current_time() - t0 < 2.5  # (not the 3 s the action takes)
+    client.timeout = 30
+    assert await trio.to_thread.run_sync(client.execute, ECHO, "echo", 2) == 2
+    client.close()
+
+
+def test_bound_reads_changes_the_socket_option_only_when_it_is_off() -> None:
+    a, b = socket.socketpair()
+    try:
+        conn = _SyncConn(a)
+
+        def option() -> float:
+            sec, usec = struct.unpack("ll", a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))
+            return sec + usec / 1e6
+
+        assert conn.rcvtimeo is None and option() == 0
+        conn.bound_reads(30)
+        assert conn.rcvtimeo == 30 and option() == pytest.approx(30, abs=0.01)
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 7, 0))
+        conn.bound_reads(29.999)  # within the slack: left as it is (no system call)
+        assert conn.rcvtimeo == 30 and option() == pytest.approx(7, abs=0.01)
+        conn.bound_reads(0.25)
+        assert conn.rcvtimeo == 0.25 and option() == pytest.approx(0.25, abs=0.01)
+        conn.bound_reads(-1)  # a deadline already past: the shortest bound, never "forever"
+        assert conn.rcvtimeo == 0.001 and 0 < option() <= 0.005
+    finally:
+        a.close()
+        b.close()
 
 
 async def test_missing_socket_is_a_connection_error(tmp_path: Any) -> None:
