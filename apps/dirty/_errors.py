@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import wire
+
 __all__ = [
     "DirtyAppError",
     "DirtyAppNotFoundError",
@@ -168,7 +170,13 @@ class StashKeyNotFoundError(StashError, KeyError):
     """The key is not in the stash table."""
 
     def __init__(self, table_name: str, key: Any) -> None:
-        super().__init__(f"Key not found in {table_name}: {key}", {"table": table_name})
+        details: dict[str, Any] = {"table": table_name}
+        try:
+            wire.tlv_encode(key, version=1)
+            details["key"] = key  # (it crosses the wire with the error: the client's .key)
+        except wire.WireError:
+            pass
+        super().__init__(f"Key not found in {table_name}: {key}", details)
         self.table_name = table_name
         self.key = key
 

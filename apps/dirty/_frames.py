@@ -29,6 +29,7 @@ __all__ = [
     "encode",
     "frame_bytes",
     "header",
+    "notice",
     "peek_route",
     "reply_parts",
     "request_parts",
@@ -103,6 +104,18 @@ def frame_bytes(mtype: int, request_id: int, payload: dict[str, Any]) -> bytes:
     if len(body) > _MAX_PAYLOAD:
         raise _too_big(mtype, len(body))
     return _pack(b"GD", 1, mtype, len(body), request_id) + body
+
+
+#: Worker -> node notices (private to the pool): a STATUS frame carrying a request's id says
+#: the request waits for a free thread (``QUEUED``) or has started in one (``STARTED``), so
+#: ``dirty_timeout`` charges a call only for the time it runs.
+QUEUED = _body("queued")
+STARTED = _body("started")
+
+
+def notice(body: bytes, request_id: int) -> bytes:
+    """The STATUS notice ``body`` (``QUEUED`` or ``STARTED``) for ``request_id``."""
+    return _pack(b"GD", 1, STATUS, len(body), request_id) + body
 
 
 _SCALARS = (str, int, float, bool, type(None))

@@ -31,8 +31,10 @@ from ._frames import (
     BIG,
     CHUNK,
     END,
+    QUEUED,
     RESPONSE,
     RID,
+    STATUS,
     FrameBuffer,
     FrameSplitter,
     encode,
@@ -330,6 +332,8 @@ class _Actor:
     port: otp.Pid | None = None
     os_pid: int = 0
     stream: trio.SocketStream | None = None
+    #: Requests in flight by worker request id: [connection, client request id, when it began
+    #: running (or last streamed a chunk); None while it waits in the worker for a thread].
     inflight: dict[int, list[Any]] = attrs.Factory(dict)
     keys: dict[tuple[otp.Pid, int], int] = attrs.Factory(dict)
     next_id: int = 1
@@ -588,9 +592,13 @@ async def _loop(actor: _Actor) -> tuple[str, Any]:
 
 
 def _hung(actor: _Actor, now: float, timeout: float) -> bool:
+    """Silent for ``timeout``, or busy that long on one call (not counting the time a call
+    waited in the worker for a free thread: its run time, ``entry[2]``, is None meanwhile)."""
     if now - actor.last_seen > timeout:
         return True
-    return any(now - entry[2] > timeout for entry in actor.inflight.values())
+    return any(
+        entry[2] is not None and now - entry[2] > timeout for entry in actor.inflight.values()
+    )
 
 
 async def _close(actor: _Actor, reason: Any) -> Any:
@@ -686,6 +694,10 @@ async def _read_worker(actor: _Actor) -> None:
             if entry is None:
                 i += 1
                 continue  # heartbeat, or a request abandoned or failed already
+            if mtype == STATUS:  # the worker queued or started it: its run time counts from then
+                entry[2] = None if view[start:stop] == QUEUED else now
+                i += 1
+                continue
             conn, rid, _ = entry
             group = groups.get(conn)
             if group is None:

@@ -12,9 +12,10 @@ an async action (or a worker stuck holding the GIL) stops them.
 
 Worker-side protocol (private to the pool): REQUEST in; RESPONSE/ERROR/CHUNK/END out; an END
 *in* abandons that request (a streaming generator is closed); a STATUS frame out (id 0) is a
-heartbeat; a RESPONSE out with id 0 says the apps are loaded. The worker exits when its socket
-closes or its parent changes (the node died), on SIGTERM after closing its apps, at once on
-SIGQUIT; SIGUSR1 reopens log files; SIGINT is ignored (the node handles Ctrl-C).
+heartbeat, and one with a request's id a notice that the request waits for a thread or has
+started in one; a RESPONSE out with id 0 says the apps are loaded. The worker exits when its
+socket closes or its parent changes (the node died), on SIGTERM after closing its apps, at once
+on SIGQUIT; SIGUSR1 reopens log files; SIGINT is ignored (the node handles Ctrl-C).
 """
 
 from __future__ import annotations
@@ -43,12 +44,15 @@ from ._frames import (
     CHUNK,
     END,
     HEADER,
+    QUEUED,
     REQUEST,
     RESPONSE,
+    STARTED,
     FrameBuffer,
     decode_payload,
     encode,
     header,
+    notice,
     reply_parts,
 )
 
@@ -329,6 +333,8 @@ class Worker:
         #: Sync requests running (or queued) in the threads, and those of them abandoned.
         self.running: set[int] = set()
         self.abandoned: set[int] = set()
+        #: Sync requests waiting for a free thread (the node was told: see ``notice``).
+        self.queued: set[int] = set()
         #: (app_path, action) -> its async method's kind, or "" for a sync call.
         self.kinds: dict[tuple[str, str], str] = {}
         #: (app_path, action) -> fast runs in a row (>= _INLINE_AFTER: run on the loop).
@@ -448,7 +454,12 @@ class Worker:
             if self.fast.get(key, 0) >= _INLINE_AFTER and len(self.running) < self.threads:
                 self._run_inline(rid, app, msg, key)
             else:
-                # A sync action: a thread runs it and writes its reply itself.
+                # A sync action: a thread runs it and writes its reply itself. One that must
+                # wait for a thread says so, and again when it starts (dirty_timeout counts
+                # from then).
+                if len(self.running) >= self.threads:
+                    self.queued.add(rid)
+                    self.out.write(notice(QUEUED, rid))
                 self.running.add(rid)
                 self.executor.submit(self._run_sync, rid, app, msg, key)
             return
@@ -519,6 +530,9 @@ class Worker:
         try:
             if rid in self.abandoned:
                 return
+            if rid in self.queued:
+                self.queued.discard(rid)
+                self.out.write(notice(STARTED, rid))
             args = msg.get("args") or []
             kwargs = msg.get("kwargs") or {}
             began = time.perf_counter()
@@ -541,6 +555,7 @@ class Worker:
             if rid not in self.abandoned:
                 self.out.write(_error_frame(rid, _app_error(exc, app_path, action)))
         finally:
+            self.queued.discard(rid)
             if not handed_over:
                 self.running.discard(rid)
                 self.abandoned.discard(rid)
