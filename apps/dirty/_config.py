@@ -79,7 +79,8 @@ class DirtyConfig:
         dirty_apps: The apps, as :class:`AppSpec` (strings ``module:Class[:N]`` are converted).
         dirty_workers: Worker processes; 0 (Gunicorn's default) means as many as the apps need
             (the largest per-app N, at least 1).
-        dirty_timeout: Seconds a call may run, and a worker may stay silent, before the worker
+        dirty_timeout: Seconds a call may run (from when a worker thread takes it, not
+            counting a wait for a free thread), and a worker may stay silent, before the worker
             is killed and replaced (its callers get DirtyTimeoutError); 0 turns it off.
         dirty_threads: Threads per worker for sync actions (real parallelism across calls).
         dirty_graceful_timeout: Seconds in-flight calls get to finish on shutdown, HUP or scaling
