@@ -2,7 +2,8 @@
 plain values of ``wire`` (version 2), so nothing is ever pickled.
 
 A message may hold None, bool, int, float, str, bytes, list, tuple, dict and any of otp's
-:class:`~otp.Pid`, :class:`~otp.Ref`, :class:`~otp.Shutdown`, :class:`~otp.Crash` nested inside;
+:class:`~otp.Pid`, :class:`~otp.Ref` and exit reasons (:class:`~otp.Shutdown`, :class:`~otp.Crash`,
+a port's :class:`~otp.ExitStatus` and :class:`~otp.Signaled`) nested inside;
 anything else cannot leave the node and is refused with :class:`~otp.BadArg` at send time.
 A :class:`~otp.Crash` arrives on the other node carrying a :class:`RemoteException` (the type name,
 message and traceback text of the original).
@@ -16,7 +17,7 @@ import wire
 
 from ._errors import BadArg
 from ._ids import Pid, Ref
-from ._reasons import BadReturnValue, Crash, Shutdown
+from ._reasons import BadReturnValue, Crash, ExitStatus, Shutdown, Signaled
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -38,6 +39,9 @@ _SCALARS = (type(None), bool, int, float, str, bytes)
 #: Reasons that are plain atoms travel as ExitReason(kind) with no detail.
 _ATOM_REASONS = frozenset({"normal", "shutdown", "kill", "killed", "noproc", "noconnection"})
 
+
+#: otp's exit reason classes: they cross as wire exit reasons, wherever they are in a message.
+_REASON_CLASSES = frozenset({Shutdown, Crash, BadReturnValue, ExitStatus, Signaled})
 
 _WIRE_IDS: dict[Pid | Ref, Any] = {}
 
@@ -64,6 +68,10 @@ def reason_to_wire(reason: Any) -> wire.ExitReason:
         return wire.ExitReason("crash", error_to_wire(reason.exception))
     if isinstance(reason, BadReturnValue):
         return wire.ExitReason("bad_return_value", _safe(reason.value))
+    if isinstance(reason, ExitStatus):
+        return wire.ExitReason("exit_status", reason.status)
+    if isinstance(reason, Signaled):
+        return wire.ExitReason("signal", reason.signal)
     return wire.ExitReason("term", _safe(reason))
 
 
@@ -77,6 +85,10 @@ def reason_from_wire(reason: wire.ExitReason, node: Node) -> Any:
         return BadReturnValue(value_from_wire(detail, node))
     if kind == "term":
         return value_from_wire(detail, node)
+    if kind == "exit_status" and type(detail) is int:
+        return ExitStatus(detail)
+    if kind == "signal" and type(detail) is str:
+        return Signaled(detail)
     return kind
 
 
@@ -112,7 +124,7 @@ def value_to_wire(value: Any) -> Any:
         return tuple(value_to_wire(item) for item in value)
     if cls is dict:
         return {value_to_wire(k): value_to_wire(v) for k, v in value.items()}
-    if cls is Shutdown or cls is Crash or cls is BadReturnValue:
+    if cls in _REASON_CLASSES:
         return reason_to_wire(value)
     if cls in (wire.Atom, wire.ExitReason, wire.ErrorValue):
         return value

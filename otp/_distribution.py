@@ -508,10 +508,12 @@ class Distribution:
         if peer == self.node.name:
             raise HandshakeError(f"the peer claims this node's own name {peer!r}")
         existing = self.connections.get(peer)
-        if existing is None:
+        if existing is None or existing.state == "up":
+            # Up: the peer dials again, so it no longer has the connection we still count (it
+            # restarted, or dropped it before we noticed). As OTP's handshake answers "alive"
+            # and the initiator "true", the new connection replaces the old one, once it has
+            # proved the cookie (see connection_up).
             return
-        if existing.state == "up":
-            raise HandshakeError(f"node {peer!r} is already connected")
         # Both sides dialled at once: the node with the smaller name keeps its own dial.
         if self.node.name < peer:
             raise HandshakeError(f"simultaneous connect with {peer!r}: keeping our own dial")
@@ -519,12 +521,19 @@ class Distribution:
     def connection_up(self, conn: Connection, peer: Peer) -> Connection:
         existing = self.connections.get(peer.name)
         if existing is not None and existing is not conn:
-            # An accepted connection replaces our own pending dial to the same node.
-            existing.state = "down"
-            if existing.process is not None:
-                existing.process.die(KILL)
-            existing.settled.set()
-            conn._pending = existing._pending + conn._pending
+            if existing.state == "up":
+                # The peer reconnected (see admit): the old connection is lost, with
+                # noconnection for every link and monitor across it and a NodeDown.
+                self.connection_lost(existing)
+                if existing.process is not None:
+                    existing.process.die(KILL)
+            else:
+                # An accepted connection replaces our own pending dial to the same node.
+                existing.state = "down"
+                if existing.process is not None:
+                    existing.process.die(KILL)
+                existing.settled.set()
+                conn._pending = existing._pending + conn._pending
         conn.peer = peer.name
         self.connections[peer.name] = conn
         for address in peer.listen[:1]:
@@ -1085,11 +1094,38 @@ class _LivenessTimeout(Exception):
     pass
 
 
+#: What ends a connection in the ordinary way (each is logged, never a crash).
+_CONNECTION_ENDINGS = (
+    trio.TooSlowError,
+    HandshakeError,
+    wire.WireError,
+    OSError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    ssl.SSLError,
+    _LivenessTimeout,
+    DistributionError,
+)
+
+
 def _sole(exc: BaseException) -> BaseException:
-    """The one exception inside nested single-member exception groups (else ``exc`` itself)."""
+    """What ended the connection: the one exception inside nested single-member exception
+    groups; when several tasks failed at once (a reset seen by the reader and the writer), the
+    first of them if every one is an ordinary ending; else ``exc`` itself."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = _leaves(exc)
+        if all(isinstance(leaf, _CONNECTION_ENDINGS) for leaf in leaves):
+            return leaves[0]
     return exc
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 async def _read_loop(dist: Distribution, conn: Connection, frames: wire.FrameStream) -> None:

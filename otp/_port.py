@@ -12,6 +12,7 @@ SIGKILLs the program on its way out, so no path leaks an OS process.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from ._gen_server import _Call, call, reply
 from ._ids import Pid
 from ._messages import Exit, From
 from ._process import CallWaiter, ProcessExit, current_process
-from ._reasons import NORMAL
+from ._reasons import NORMAL, ExitStatus, Signaled
 
 logger = logging.getLogger("otp.port")
 
@@ -41,20 +42,6 @@ class PortData:
 
     port: Pid
     data: bytes
-
-
-@attrs.frozen
-class ExitStatus:
-    """Exit reason of a port whose program exited with a non-zero status (``{exit_status, N}``)."""
-
-    status: int
-
-
-@attrs.frozen
-class Signaled:
-    """Exit reason of a port whose program was killed by a signal (``{signal, "SIGKILL"}``)."""
-
-    signal: str
 
 
 @attrs.frozen
@@ -261,16 +248,22 @@ async def _serve_port(
         me.deliver(_ProgramExited())
 
     nursery.start_soon(wait_for_program)
+    # Commands queue for a writer task, as they queue in an Erlang port: a program that does
+    # not read its stdin must never keep the port from its mailbox (close, exit signals).
+    commands, to_write = trio.open_memory_channel[bytes](math.inf)
+    if program.stdin is not None:
+        nursery.start_soon(_feed_stdin, program.stdin, to_write, me.pid)
+    else:
+        to_write.close()
     while True:
         message = await me.receive()
         if isinstance(message, _ProgramExited):
             return exit_reason_of(program.returncode or 0)
         if isinstance(message, _Command):
-            if program.stdin is not None:
-                try:
-                    await program.stdin.send_all(message.data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    logger.debug("port %r: program closed its stdin", me.pid)
+            try:
+                commands.send_nowait(message.data)
+            except trio.BrokenResourceError:
+                pass  # the program closed its stdin (or has none): the data is dropped
         elif isinstance(message, _Close):
             await _stop_program(program, spec.kill_timeout)
             return NORMAL
@@ -283,6 +276,19 @@ async def _serve_port(
             return message.reason
         else:
             logger.warning("port %r ignores unexpected message %r", me.pid, message)
+
+
+async def _feed_stdin(
+    stdin: trio.abc.SendStream, to_write: trio.MemoryReceiveChannel[bytes], port: Pid
+) -> None:
+    """Write the port's commands to its program's stdin, in order, as it reads them."""
+    async with to_write:
+        async for data in to_write:
+            try:
+                await stdin.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                logger.debug("port %r: program closed its stdin", port)
+                return
 
 
 class _ProgramExited:

@@ -23,6 +23,20 @@ NOCONNECTION = "noconnection"
 
 
 @attrs.frozen
+class ExitStatus:
+    """Exit reason of a port whose program exited with a non-zero status (``{exit_status, N}``)."""
+
+    status: int
+
+
+@attrs.frozen
+class Signaled:
+    """Exit reason of a port whose program was killed by a signal (``{signal, "SIGKILL"}``)."""
+
+    signal: str
+
+
+@attrs.frozen
 class Shutdown:
     """OTP's ``{shutdown, Detail}``: a deliberate stop that is not logged and not restarted
     by a transient child spec."""
