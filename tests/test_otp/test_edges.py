@@ -3,8 +3,10 @@ not cover). Ports run real OS programs; peer nodes run in threads and talk over 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -516,40 +518,46 @@ async def test_disconnect_fires_links_with_noconnection_on_both_sides(sockets: A
         assert report == ("watched_down", otp.NOCONNECTION)
 
 
+@contextlib.asynccontextmanager
+async def _old_incarnation(path: Path) -> AsyncIterator[tuple[trio.SocketStream, Any]]:
+    """A connection to B as a@localhost (creation 1), made by hand: it stays open and does
+    only what the test writes on it, like a node that hung or restarted unnoticed."""
+    from otp._dist_handshake import initiate
+
+    stream = await trio.open_unix_socket(str(path))
+    try:
+        frames = wire.FrameStream(stream, versions=frozenset({2}))
+        await initiate(
+            frames,
+            name="a@localhost",
+            creation=1,
+            cookie=COOKIE,
+            codecs=(wire.Codec.TLV,),
+            listen=(),
+            expected=B,
+        )
+        yield stream, frames
+    finally:
+        await stream.aclose()
+
+
 async def test_a_restarted_node_can_reconnect_while_its_old_connection_lingers(
     tmp_path: Path,
 ) -> None:
     # OTP's handshake answers an attempt from a node it believes connected with status
     # "alive"; the new incarnation confirms and the old connection is dropped. A node that
     # restarted before its peer noticed the old connection die must be able to reconnect.
-    from otp._dist_handshake import initiate
-
     address = f"unix:{tmp_path}/b.sock"
-    async with PeerNode(B, address):
-        stream = await trio.open_unix_socket(str(tmp_path / "b.sock"))
-        try:
-            frames = wire.FrameStream(stream, versions=frozenset({2}))
-            await initiate(
-                frames,
-                name="a@localhost",
-                creation=1,
-                cookie=COOKIE,
-                codecs=(wire.Codec.TLV,),
-                listen=(),
-                expected=B,
-            )
-            # B's first frame (its peer list) tells it counts the connection as up.
-            with trio.fail_after(3):
-                assert await frames.receive_frame() is not None
-            # The old incarnation of a@localhost is now hung (its socket open, silent).
-            async with otp.open_node("a@localhost"):
-                await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
-                with trio.fail_after(4):
-                    assert await otp.connect(B, address)
-                    assert await otp.call(("echo", B), "whoami") == B
-                    assert otp.nodes() == [B]
-        finally:
-            await stream.aclose()
+    async with PeerNode(B, address), _old_incarnation(tmp_path / "b.sock") as (_, frames):
+        # B's first frame (its peer list) tells it counts the connection as up.
+        with trio.fail_after(3):
+            assert await frames.receive_frame() is not None
+        async with otp.open_node("a@localhost"):
+            await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
+            with trio.fail_after(4):
+                assert await otp.connect(B, address)
+                assert await otp.call(("echo", B), "whoami") == B
+                assert otp.nodes() == [B]
 
 
 async def test_a_reconnect_replaces_the_old_connection_with_nodedown_on_the_peer(
@@ -557,44 +565,31 @@ async def test_a_reconnect_replaces_the_old_connection_with_nodedown_on_the_peer
 ) -> None:
     # What watched the old connection on the peer sees it go (NodeDown, as for any lost
     # connection) when the new one replaces it.
-    from otp._dist_handshake import initiate
-
     address = f"unix:{tmp_path}/b.sock"
-    async with PeerNode(B, address, setup=_with_factory):
-        stream = await trio.open_unix_socket(str(tmp_path / "b.sock"))
-        try:
-            frames = wire.FrameStream(stream, versions=frozenset({2}))
-            await initiate(
-                frames,
-                name="a@localhost",
-                creation=1,
-                cookie=COOKIE,
-                codecs=(wire.Codec.TLV,),
-                listen=(),
-                expected=B,
-            )
-            old = wire.Pid("a@localhost", 1, 1)
-            request = wire.encode_message(
-                wire.MessageType.REG_SEND,
-                {"from": old, "to": "factory", "msg": ("node_watch", old, "a@localhost")},
-                codec=wire.Codec.TLV,
-            )
-            await stream.send_all(request)
-            with trio.fail_after(3):  # B's watcher has its monitor_node in place
-                while True:
-                    frame = await frames.receive_frame()
-                    assert frame is not None
-                    if frame.type is wire.MessageType.SEND:
-                        assert frame.payload["msg"] == ("node_watching", "a@localhost")
-                        break
-            async with otp.open_node("a@localhost"):
-                otp.register("collector", otp.self())
-                await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
-                with trio.fail_after(4):
-                    assert await otp.connect(B, address)
-                    assert await otp.receive() == ("node_down_seen", "a@localhost")
-        finally:
-            await stream.aclose()
+    async with (
+        PeerNode(B, address, setup=_with_factory),
+        _old_incarnation(tmp_path / "b.sock") as (stream, frames),
+    ):
+        old = wire.Pid("a@localhost", 1, 1)
+        request = wire.encode_message(
+            wire.MessageType.REG_SEND,
+            {"from": old, "to": "factory", "msg": ("node_watch", old, "a@localhost")},
+            codec=wire.Codec.TLV,
+        )
+        await stream.send_all(request)
+        with trio.fail_after(3):  # B's watcher has its monitor_node in place
+            while True:
+                frame = await frames.receive_frame()
+                assert frame is not None
+                if frame.type is wire.MessageType.SEND:
+                    assert frame.payload["msg"] == ("node_watching", "a@localhost")
+                    break
+        async with otp.open_node("a@localhost"):
+            otp.register("collector", otp.self())
+            await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
+            with trio.fail_after(4):
+                assert await otp.connect(B, address)
+                assert await otp.receive() == ("node_down_seen", "a@localhost")
 
 
 async def test_send_to_an_unregistered_remote_name_is_dropped_silently(sockets: Any) -> None:
