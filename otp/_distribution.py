@@ -134,6 +134,21 @@ class DistConfig:
     mesh: bool = True
     limits: wire.Limits = attrs.field(factory=lambda: wire.Limits(max_payload=64 * 1024 * 1024))
 
+    def __attrs_post_init__(self) -> None:
+        # Checked now, so a bad setting fails where it is made (the CLI's flags, a config),
+        # not later inside the running node.
+        for name in ("liveness_timeout", "handshake_timeout"):
+            seconds = getattr(self, name)
+            if not seconds > 0:
+                raise DistributionError(f"DistConfig.{name} must be above 0 s (got {seconds!r})")
+        for address in self.listen:
+            kind, _ = parse_address(address)
+            if kind == "tcp" and self.tls is None and not self.insecure_tcp:
+                raise DistributionError(
+                    f"listening on {address} needs TLS certificates (DistConfig.tls, --tls-cert"
+                    " --tls-key --tls-ca); plain TCP only with insecure_tcp=True (--insecure-tcp)"
+                )
+
 
 def read_cookie_file(path: str | os.PathLike[str]) -> bytes:
     """The cookie in ``path``, which must be readable by its owner only (mode 0600 or 0400).
@@ -151,7 +166,10 @@ def read_cookie_file(path: str | os.PathLike[str]) -> bytes:
             f"cookie file {p} has mode {stat.S_IMODE(mode):04o}: it must be readable by its owner"
             f" only; run: chmod 600 {p}"
         )
-    cookie = p.read_bytes().strip()
+    try:
+        cookie = p.read_bytes().strip()
+    except OSError as exc:
+        raise DistributionError(f"cookie file {p}: cannot read it ({exc})") from exc
     if not cookie:
         raise DistributionError(f"cookie file {p} is empty: write a long random secret into it")
     return cookie
@@ -170,6 +188,10 @@ def parse_address(address: str) -> tuple[str, Any]:
         f"an address is 'unix:/path/to/socket' or 'tcp:host:port' (got {address!r})"
     )
 
+
+#: Limits until a peer has proved the cookie: handshake frames are small (Erlang's handshake
+#: messages have a 16-bit length), so a stranger cannot make the node buffer a large one.
+_HANDSHAKE_LIMITS = wire.Limits(max_payload=65535)
 
 #: Most messages, and about the most bytes, in one SEND_BATCH / REG_SEND_BATCH frame.
 BATCH_MESSAGES = 1024
@@ -767,6 +789,8 @@ class Distribution:
             if watchers and watcher in watchers:
                 watchers.remove(watcher)
             return
+        if peer == self.node.name:
+            return  # this node cannot go down under its own processes: no NodeDown, ever
         conn = self.connection(peer)
         if conn is None:
             proc = self.node.resolve(watcher)
@@ -953,8 +977,28 @@ def _sender() -> Pid | None:
 
 
 def _remove_stale_socket(path: Path) -> None:
-    if path.exists() and path.is_socket():
-        path.unlink()
+    """Remove the socket file a dead node left at ``path``; one a live process answers on is
+    never taken over.
+
+    Raises:
+        DistributionError: Something is listening on ``path``.
+    """
+    if not (path.exists() and path.is_socket()):
+        return
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        path.unlink(missing_ok=True)  # nobody listens: a dead node's leftover
+        return
+    except OSError:
+        return  # gone meanwhile, or not ours to judge: bind reports what is wrong
+    finally:
+        probe.close()
+    raise DistributionError(
+        f"cannot listen on unix:{path}: a live process (another node?) listens there; stop it"
+        " or choose another path"
+    )
 
 
 async def _open_listener(kind: str, where: Any) -> trio.abc.Listener[Any]:
@@ -1024,7 +1068,7 @@ async def _run_connection(
                     stream, _ = await _dial(dist, address)
                 elif config.tls is not None and _is_tcp(stream):
                     stream = trio.SSLStream(stream, config.tls.server_context(), server_side=True)
-                frames = wire.FrameStream(stream, limits=config.limits, versions=frozenset({2}))
+                frames = wire.FrameStream(stream, limits=_HANDSHAKE_LIMITS, versions=frozenset({2}))
                 if conn is not None:
                     peer = await initiate(
                         frames,
@@ -1047,6 +1091,7 @@ async def _run_connection(
                     )
                     conn = Connection(dist, peer.name)
                     conn.process = me
+            frames.limits = config.limits
             me.behaviour = f"dist_connection {peer.name}"
             if isinstance(stream, trio.SocketStream):
                 conn.direct_fd = stream.socket.fileno()
@@ -1203,6 +1248,9 @@ async def connect(peer: str, address: str | None = None) -> bool:
     """Connect to node ``peer`` (at ``address``, or where it was last seen); True once connected,
     False if it cannot be reached (Erlang's ``net_kernel:connect_node``)."""
     dist = _dist()
+    if peer == dist.node.name:
+        await trio.lowlevel.checkpoint()
+        return True  # (as net_kernel:connect_node(node()))
     if address is not None:
         parse_address(address)
         dist.addresses[peer] = address
@@ -1220,6 +1268,9 @@ def disconnect(peer: str) -> bool:
     conn = dist.connections.get(peer)
     if conn is None:
         return False
+    # Gone when this returns (as net_kernel waits for the connection's controller to exit):
+    # noconnection, NodeDown and nodes() are settled now; the process just closes the socket.
+    dist.connection_lost(conn)
     if conn.process is not None:
         conn.process.die(KILL)
     return True

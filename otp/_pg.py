@@ -17,7 +17,7 @@ import attrs
 
 import wire
 
-from ._dist_values import pid_from_wire, value_to_wire
+from ._dist_values import pid_from_wire, value_from_wire, value_to_wire
 from ._errors import BadArg
 from ._ids import Pid, Ref
 from ._node import Node, current_node
@@ -190,17 +190,20 @@ class GroupState:
             for group, pids in message[1].items():
                 members = _peer_pids(node, peer, pids)
                 if members:
-                    self._add(_group(group), members)
+                    self._add(_group(group, node), members)
         elif message[0] in ("join", "leave") and len(message) == 3:
             members = _peer_pids(node, peer, message[2])
             if members:
                 if message[0] == "join":
-                    self._add(_group(message[1]), members)
+                    self._add(_group(message[1], node), members)
                 else:
-                    self._remove(_group(message[1]), members)
+                    self._remove(_group(message[1], node), members)
 
 
-def _group(value: Any) -> Any:
+def _group(value: Any, node: Node) -> Any:
+    """A group name from a peer, as this node spells it (a name may be any term: pids in it
+    become this node's pids)."""
+    value = value_from_wire(value, node)
     return value.name if isinstance(value, wire.Atom) else value
 
 

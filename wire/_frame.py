@@ -264,7 +264,8 @@ class FrameDecoder:
     the stream cannot be resynchronised and every later call raises the same error.
 
     Args:
-        limits: Decoding limits.
+        limits: Decoding limits (the ``limits`` attribute; a change applies to the frames
+            parsed after it).
         versions: The protocol versions to accept (``{1}`` for a Gunicorn-only endpoint).
     """
 
@@ -275,7 +276,7 @@ class FrameDecoder:
             raise UnsupportedVersion(
                 f"versions must be a non-empty subset of {{1, 2}} (got {versions!r})"
             )
-        self._limits = limits
+        self.limits = limits
         self._versions = versions
         self._chunks: list[bytes] = []
         self._buffered = 0
@@ -345,7 +346,7 @@ class FrameDecoder:
             raise exc
 
     def _parse(self, buf: bytes, frames: list[Frame]) -> int:
-        limits = self._limits
+        limits = self.limits
         max_payload = limits.max_payload
         versions = self._versions
         unpack = _HEADER.unpack_from

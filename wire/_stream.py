@@ -25,7 +25,8 @@ class FrameStream:
     Args:
         stream: Any ``trio.abc.Stream`` (or an object with ``send_all``, ``receive_some`` and
             ``aclose``).
-        limits: Limits for both directions.
+        limits: Limits for both directions (the ``limits`` attribute; setting it applies to
+            the frames sent and received after, say a tight limit until a handshake is done).
         versions: Protocol versions accepted when receiving.
         codec: If given, version 2 payloads are sent with this codec whatever ``frame.codec``
             says (the codec negotiated for the connection).
@@ -51,6 +52,16 @@ class FrameStream:
         self._decoder = FrameDecoder(limits=limits, versions=versions)
         self._ready: deque[Frame] = deque()
         self._eof = False
+
+    @property
+    def limits(self) -> Limits:
+        """The limits for both directions."""
+        return self._limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:
+        self._limits = limits
+        self._decoder.limits = limits
 
     def _encode(self, frame: Frame) -> bytes:
         return encode_frame(

@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 import otp
+from otp._distribution import parse_address
 
 #: What ``python -m otp.node`` runs with no ``--app``: loaded by path, since nothing below
 #: ``apps`` may import it.
@@ -156,6 +157,21 @@ def _distribution(args: argparse.Namespace, name: str) -> DistSettings | None:
     except otp.DistributionError as exc:
         raise ConfigError(str(exc)) from exc
     connect = tuple(parse_connect(c) for c in args.connect or ())
+    for peer, address in connect:
+        try:
+            kind, _ = parse_address(address)
+        except otp.DistributionError as exc:
+            raise ConfigError(f"--connect {peer}@{address}: {exc}") from exc
+        if kind == "tcp" and tls is None and not args.insecure_tcp:
+            raise ConfigError(
+                f"--connect {peer}@{address}: dialling over TCP needs --tls-cert, --tls-key and"
+                " --tls-ca (or --insecure-tcp on a trusted network)"
+            )
+    if "@" not in name or name == "nonode@nohost":
+        raise ConfigError(
+            f"a distributed node (--listen/--connect/--cookie-file) needs a name like 'a@host'"
+            f" (got {name!r}): pass --name a@host"
+        )
     return DistSettings(config, connect)
 
 
