@@ -85,3 +85,22 @@ async def test_error_after_good_frames_surfaces_without_more_data() -> None:
     assert await stream.receive_frame() == wire.make_end(1)
     with pytest.raises(wire.BadMagic):
         await stream.receive_frame()  # the peer sent nothing more: no hang
+
+
+async def test_limits_changed_between_frames_apply_to_the_next_frame() -> None:
+    a, b = trio.socket.socketpair()
+    left = wire.FrameStream(trio.SocketStream(a))
+    right = wire.FrameStream(trio.SocketStream(b), limits=wire.Limits(max_payload=1000))
+    big = wire.make_request(2, "m:A", "echo", ["x" * 5000])
+    await left.send_frame(wire.make_request(1, "m:A", "echo", [1]))
+    assert (await right.receive_frame()) == wire.make_request(1, "m:A", "echo", [1])
+    right.limits = wire.Limits()  # (as a node does once a peer has proved the cookie)
+    assert right.limits == wire.Limits()
+    await left.send_frame(big)
+    assert await right.receive_frame() == big
+    right.limits = wire.Limits(max_payload=1000)
+    await left.send_frame(big)
+    with pytest.raises(wire.WireError):
+        await right.receive_frame()
+    await left.aclose()
+    await right.aclose()
