@@ -24,6 +24,7 @@ from otp import node
 
 from ._app import app_stashes
 from ._config import DirtyConfig
+from ._errors import DirtyAppError, DirtyConfigError
 from ._listener import CONNECTIONS, start_listener
 from ._pidfile import kill_orphans
 from ._pool import ROUTER, PoolContext
@@ -121,11 +122,11 @@ def application(
     ``--dirty-*`` flags (see :class:`DirtyConfig`).
 
     Raises:
-        DirtyConfigError: A setting is invalid.
-        DirtyAppError: An app spec is malformed or its class cannot be imported.
+        DirtyConfigError: A setting is invalid (a malformed app spec, or an app class that
+            cannot be imported, too).
     """
     if dirty_config is None:
-        dirty_config = DirtyConfig.from_settings(config.settings if config is not None else {})
+        dirty_config = _from_settings(config.settings if config is not None else {})
     level = config.log_level.upper() if config is not None else "INFO"
     ctx = PoolContext(dirty_config, dirty_config.dirty_socket or _default_socket(), level)
     return supervisors.Application(
@@ -153,5 +154,11 @@ def default_application(config: node.NodeConfig | None = None) -> supervisors.Ap
     if not table.get("dirty_apps") and not flags.get("dirty_apps"):
         table["dirty_apps"] = [EXAMPLE_APP]
     settings["dirty"] = table
-    dirty_config = DirtyConfig.from_settings(settings)
-    return application(config, dirty_config=dirty_config)
+    return application(config, dirty_config=_from_settings(settings))
+
+
+def _from_settings(settings: Any) -> DirtyConfig:
+    try:
+        return DirtyConfig.from_settings(settings)
+    except DirtyAppError as exc:  # (a bad --dirty-app: a setting like any other)
+        raise DirtyConfigError(f"dirty_apps: {exc}") from exc

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -43,8 +44,23 @@ def _positive_int(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
 
 
 def _non_negative_number(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or math.isnan(value)
+        or value < 0
+    ):
         raise DirtyConfigError(f"{attr.name} must be a number of seconds >= 0 (got {value!r})")
+
+
+def _path(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if not (isinstance(value, str) or (value is None and attr.name == "dirty_socket")):
+        raise DirtyConfigError(f"{attr.name} must be a file path, a str (got {value!r})")
+
+
+def _flag(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not bool:
+        raise DirtyConfigError(f"{attr.name} must be true or false (got {value!r})")
 
 
 def _to_specs(value: Any) -> tuple[AppSpec, ...]:
@@ -98,18 +114,22 @@ class DirtyConfig:
     dirty_timeout: float = attrs.field(default=300.0, validator=_non_negative_number)
     dirty_threads: int = attrs.field(default=1, validator=_positive_int)
     dirty_graceful_timeout: float = attrs.field(default=30.0, validator=_non_negative_number)
-    dirty_socket: str | None = None
-    dirty_pidfile: str = attrs.field(factory=_default_pidfile)
+    dirty_socket: str | None = attrs.field(default=None, validator=_path)
+    dirty_pidfile: str = attrs.field(factory=_default_pidfile, validator=_path)
     hooks: Mapping[str, Any] = attrs.field(factory=dict)
-    handle_signals: bool = True
+    handle_signals: bool = attrs.field(default=True, validator=_flag)
 
     @hooks.validator
     def _check_hooks(self, _attr: Any, value: Mapping[str, Any]) -> None:
-        for name in value:
+        for name, hook in value.items():
             if name not in HOOKS:
                 raise DirtyConfigError(
                     f"unknown dirty hook {name!r}; the hooks are {', '.join(HOOKS)}"
                 )
+            # Loaded now (as Gunicorn validates its hooks): a typo is a config error, not a
+            # worker crash later.
+            if hook is not None and not callable(hook):
+                _load(str(hook), name)
 
     @property
     def worker_count(self) -> int:

@@ -602,7 +602,11 @@ def _hung(actor: _Actor, now: float, timeout: float) -> bool:
 
 
 async def _close(actor: _Actor, reason: Any) -> Any:
-    """Fail what is left, stop the worker process (SIGTERM, then SIGKILL), return ``reason``."""
+    """Fail what is left, stop the worker process, return ``reason``. A drained worker gets
+    SIGTERM (its apps are closed; SIGKILL after ``KILL_TIMEOUT``); one still running calls at
+    ``dirty_graceful_timeout`` is killed at once, as Gunicorn does (it could not exit anyway
+    while a thread runs a call)."""
+    late = bool(actor.inflight)
     _fail_all(
         actor,
         DirtyWorkerError(
@@ -613,7 +617,10 @@ async def _close(actor: _Actor, reason: Any) -> Any:
     )
     port = actor.port
     if port is not None:
-        otp.port_close(port)
+        if late:
+            otp.exit(port, otp.KILL)
+        else:
+            otp.port_close(port)
         await otp.receive(
             lambda m: type(m) is otp.Exit and m.pid == port,
             timeout=KILL_TIMEOUT + 2,

@@ -719,6 +719,14 @@ def _load_hook(path: str | None) -> Any:
     return getattr(importlib.import_module(module_name), attr)
 
 
+def _exit_if_orphaned_while(done: threading.Event, ppid: int) -> None:
+    """Until ``done`` is set: exit at once if the node (``ppid``) dies."""
+    while not done.wait(_PARENT_POLL):
+        if os.getppid() != ppid:
+            logger.warning("dirty worker %d: the node died while it loaded its apps", os.getpid())
+            os._exit(1)
+
+
 def main(argv: list[str]) -> int:
     """Run a worker from its JSON spec (argv[0]); returns the exit status."""
     spec = json.loads(argv[0])
@@ -730,6 +738,15 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGQUIT, lambda *_: os._exit(0))
     signal.signal(signal.SIGUSR1, lambda *_: _reopen_logs())
     sock = socket.socket(fileno=int(spec["fd"]))
+    # Parent-death detection from the start: a worker still loading its apps (a model, say)
+    # when the node dies must not be left behind.
+    loading = threading.Event()
+    threading.Thread(
+        target=_exit_if_orphaned_while,
+        args=(loading, int(spec["ppid"])),
+        name="dirty-parent-watch-load",
+        daemon=True,
+    ).start()
     apps: dict[str, Any] = {}
     info = DirtyWorkerInfo(int(spec["worker_id"]), os.getpid(), tuple(spec["apps"]))
     try:
@@ -743,6 +760,7 @@ def main(argv: list[str]) -> int:
     except Exception:
         logger.exception("dirty worker %d: loading its apps failed", info.worker_id)
         return 3
+    loading.set()  # (the Worker watches its parent from here on)
     worker = Worker(apps, int(spec["threads"]), float(spec["heartbeat"]), int(spec["ppid"]))
     try:
         asyncio.run(worker.serve(sock))

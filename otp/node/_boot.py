@@ -28,13 +28,17 @@ def resolve_application(path: str, config: NodeConfig) -> supervisors.Applicatio
     """The :class:`~supervisors.Application` that ``module[:attr]`` names.
 
     ``attr`` defaults to ``application``. It may be an Application or a callable that takes the
-    :class:`NodeConfig` and returns one (so an application can read its settings).
+    :class:`NodeConfig` and returns one (so an application can read its settings); a
+    ``ValueError`` it raises says its settings are wrong, and becomes a :class:`ConfigError`.
     """
     if ":" not in path:
         path = f"{path}:application"
     obj = load_object(path)
     if not isinstance(obj, supervisors.Application) and callable(obj):
-        obj = obj(config)
+        try:
+            obj = obj(config)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
     if not isinstance(obj, supervisors.Application):
         raise ConfigError(
             f"{path} is a {type(obj).__name__}, not a supervisors.Application (or a function"
