@@ -82,6 +82,9 @@ class PoolContext:
     socket_path: str
     log_level: str = "INFO"
     routes: Routes = attrs.field(factory=Routes, eq=False, repr=False)
+    #: Worker actors whose worker is still loading its apps: the router stops them when the
+    #: pool stops, so a long app load (a model) never holds up the node's shutdown.
+    starting: set[otp.Pid] = attrs.field(factory=set, eq=False, repr=False)
 
 
 @attrs.frozen
@@ -382,9 +385,14 @@ async def _worker_actor(
     tune_socket(ours)
     tune_socket(theirs)
     reason: Any = otp.NORMAL
+    me = otp.self()
     try:
         try:
-            await _open(actor, ours, theirs)
+            ctx.starting.add(me)
+            try:
+                await _open(actor, ours, theirs)
+            finally:
+                ctx.starting.discard(me)
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 raise

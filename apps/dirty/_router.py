@@ -195,6 +195,10 @@ class Router(otp.GenServer):
         remove_pidfile(state.ctx.config.dirty_pidfile)
         state.ctx.routes.open = False
         state.ctx.routes.table = {}
+        # A worker still loading its apps would hold the pool supervisor in start_child (and
+        # the node's shutdown) until its load ends: its start fails now instead.
+        for pid in list(state.ctx.starting):
+            otp.exit(pid, otp.KILL)
         try:
             ets.delete(HEARTBEATS)
         except ets.EtsError:

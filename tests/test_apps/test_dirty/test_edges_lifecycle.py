@@ -469,12 +469,6 @@ async def test_a_worker_still_loading_its_apps_exits_when_the_node_dies(
                 os.close(fd)  # (lets a surviving worker finish init, see the node gone, exit)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: TERM while a worker loads its apps (HUP/TTIN/restart) waits for that load, up "
-    "to START_TIMEOUT (60 s): the pool supervisor is blocked in start_child, the loading worker "
-    "is never signalled",
-)
 async def test_term_while_a_worker_start_is_under_way_stops_the_node(
     tmp_path: Path, gate: Path
 ) -> None:
