@@ -70,7 +70,9 @@ def dirty_supervisor_spec(ctx: PoolContext) -> tuple[supervisors.SupFlags, list[
         supervisors.ChildSpec("router", (_start_router, ctx), shutdown=5.0),
     ]
     if config.handle_signals:
-        children.append(supervisors.ChildSpec("signals", start_signals, shutdown="brutal_kill"))
+        children.append(
+            supervisors.ChildSpec("signals", (start_signals, ctx), shutdown="brutal_kill")
+        )
     children.append(supervisors.ChildSpec("listener", (start_listener, ctx), shutdown=2.0))
     return supervisors.SupFlags(strategy="rest_for_one", intensity=3, period=5), children
 

@@ -12,48 +12,39 @@ import trio
 
 import otp
 
-from ._pool import ROUTER
+from ._logs import reopen_log_files
+from ._pidfile import remove_pidfile
+from ._pool import ROUTER, PoolContext
 
 logger = logging.getLogger("apps.dirty")
 
 SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGTTIN, signal.SIGTTOU, signal.SIGQUIT)
 
 
-async def start_signals() -> otp.Pid:
+async def start_signals(ctx: PoolContext) -> otp.Pid:
     """Start the signal handler process linked to the caller."""
-    return otp.spawn_link(_signal_loop)
+    return otp.spawn_link(_signal_loop, ctx)
 
 
-def reopen_log_files() -> None:
-    """Close every FileHandler of the root logger; each reopens its file on its next record."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.acquire()
-            try:
-                handler.close()
-            finally:
-                handler.release()
-
-
-async def _signal_loop() -> None:
+async def _signal_loop(ctx: PoolContext) -> None:
     # Each signal is handled in a task of its own: a QUIT is not held up behind a HUP whose
     # reload is still starting workers (the router queues HUP/TTIN/TTOU in arrival order).
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(*SIGNALS) as signals:
             async for signum in signals:
-                nursery.start_soon(_handle_logged, signum)
+                nursery.start_soon(_handle_logged, ctx, signum)
 
 
-async def _handle_logged(signum: int) -> None:
+async def _handle_logged(ctx: PoolContext, signum: int) -> None:
     name = signal.Signals(signum).name
     logger.info("dirty pool: %s", name)
     try:
-        await _handle(signum)
+        await _handle(ctx, signum)
     except (otp.CallError, otp.CallTimeout) as exc:
         logger.error("dirty pool: %s not handled: %s", name, exc)
 
 
-async def _handle(signum: int) -> None:
+async def _handle(ctx: PoolContext, signum: int) -> None:
     if signum == signal.SIGHUP:
         await otp.call(ROUTER, "reload", timeout=None)
     elif signum == signal.SIGUSR1:
@@ -71,5 +62,11 @@ async def _handle(signum: int) -> None:
                     os.kill(info.os_pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        # Immediate, but tidy (as Gunicorn's QUIT): no PID file or socket is left behind.
+        remove_pidfile(ctx.config.dirty_pidfile)
+        try:
+            os.unlink(ctx.socket_path)
+        except OSError:
+            pass
         logging.shutdown()
         os._exit(0)

@@ -55,6 +55,7 @@ from ._frames import (
     notice,
     reply_parts,
 )
+from ._logs import reopen_log_files
 
 logger = logging.getLogger("apps.dirty.worker")
 
@@ -349,7 +350,7 @@ class Worker:
         self.out = _Output(loop, sock)
         loop.add_signal_handler(signal.SIGTERM, self.stop.set)
         # On the loop rather than in a signal handler, so it never runs inside a log emit.
-        loop.add_signal_handler(signal.SIGUSR1, _reopen_logs)
+        loop.add_signal_handler(signal.SIGUSR1, reopen_log_files)
         threading.Thread(
             target=self._watch_parent, args=(loop,), name="dirty-parent-watch", daemon=True
         ).start()
@@ -700,16 +701,6 @@ def _app_error(exc: Exception, app_path: str, action: str) -> DirtyError:
     return DirtyAppError(str(exc), app_path=app_path, action=action, traceback=tb)
 
 
-def _reopen_logs() -> None:
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.acquire()
-            try:
-                handler.close()
-            finally:
-                handler.release()
-
-
 def _load_hook(path: str | None) -> Any:
     if not path:
         return None
@@ -736,7 +727,7 @@ def main(argv: list[str]) -> int:
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGQUIT, lambda *_: os._exit(0))
-    signal.signal(signal.SIGUSR1, lambda *_: _reopen_logs())
+    signal.signal(signal.SIGUSR1, lambda *_: reopen_log_files())
     sock = socket.socket(fileno=int(spec["fd"]))
     # Parent-death detection from the start: a worker still loading its apps (a model, say)
     # when the node dies must not be left behind.

@@ -174,6 +174,9 @@ async def test_quit_stops_the_node_and_its_workers_at_once(tmp_path: Path) -> No
         with trio.fail_after(5):
             while not all(_state(pid) == "Z" for pid in pids):
                 await trio.sleep(0.05)
+        # Immediate, but tidy, as Gunicorn's QUIT: no socket or PID file is left behind.
+        assert not os.path.exists(node.socket)
+        assert not (tmp_path / "pool.pid").exists()
         await client.close_async()
 
 
