@@ -374,9 +374,16 @@ def registered() -> list[str]:
 def send_after(delay: float, dest: Dest, message: Any) -> Ref:
     """Send ``message`` to ``dest`` after ``delay`` seconds of trio's clock; returns a timer ref.
 
-    A name is resolved when the timer fires; if nothing is registered then, nothing is sent.
+    A name is resolved when the timer fires; if nothing is registered then, nothing is sent. A
+    timer aimed at a local pid is cancelled when that process exits (at once if it is not
+    alive), as Erlang's are: ``read_timer`` then says None.
     """
     node = current_node()
+    if dest.__class__ is Pid and dest.node == node.name:
+        target = node.resolve(dest)
+        if target is None:
+            return node.make_ref()  # (a dead target: nothing will ever be sent)
+        return node.timers.start_to(delay, target, lambda: target.deliver(message))
 
     def fire() -> None:
         try:

@@ -191,6 +191,8 @@ class Node:
                 except Exception:
                     crash_logger.exception("exit hook of %r failed", proc.pid)
         self.processes.pop(proc.pid.id, None)
+        if proc.timers:
+            self.timers.cancel_all(proc)
         pid = proc.pid
         links = proc.links
         if links:

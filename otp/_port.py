@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import trio
 
-from ._api import send
+from ._api import receive, send, unlink
 from ._errors import StartError
 from ._gen_server import _Call, call, reply
 from ._ids import Pid
@@ -139,6 +139,11 @@ async def open_port(
     finally:
         me.aliases.pop(ref, None)
     if isinstance(waiter.value, BaseException):
+        if link:
+            # No port came to be (as Erlang's open_port raising enoent): no exit signal either,
+            # not even an Exit message for a caller that traps exits.
+            unlink(port.pid)
+            await receive(lambda m: type(m) is Exit and m.pid == port.pid, timeout=0, default=None)
         raise StartError(waiter.value) from waiter.value
     return port.pid
 

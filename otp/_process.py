@@ -141,6 +141,7 @@ class Process:
         "pid",
         "scope",
         "started_at",
+        "timers",
         "trap_exit",
     )
 
@@ -158,6 +159,8 @@ class Process:
         self.monitored_by: dict[Ref, Pid] | None = None
         self.aliases: dict[Ref, CallWaiter] | None = None
         self.exit_hooks: list[Callable[[Process, Any], None]] | None = None
+        #: send_after timers aimed at this process: cancelled when it exits, as Erlang's are.
+        self.timers: set[Ref] | None = None
         self.trap_exit = False
         self.alive = True
         self.exiting = False

@@ -19,6 +19,7 @@ from ._ids import Ref
 
 if TYPE_CHECKING:
     from ._node import Node
+    from ._process import Process
 
 
 class TimerService:
@@ -28,6 +29,8 @@ class TimerService:
         self._node = node
         self._heap: list[tuple[float, int, Ref]] = []
         self._actions: dict[Ref, tuple[float, Callable[[], None]]] = {}
+        #: The target process of each timer started with start_to.
+        self._targets: dict[Ref, Process] = {}
         self._order = itertools.count()
         self._scope: trio.CancelScope | None = None
 
@@ -49,10 +52,40 @@ class TimerService:
             scope.deadline = deadline
         return ref
 
+    def start_to(self, delay: float, target: Process, action: Callable[[], None]) -> Ref:
+        """A timer aimed at the local process ``target``: cancelled when ``target`` exits
+        (:meth:`cancel_all`)."""
+
+        def fire() -> None:
+            timers = target.timers
+            if timers is not None:
+                timers.discard(ref)
+            action()
+
+        ref = self.start(delay, fire)
+        self._targets[ref] = target
+        if target.timers is None:
+            target.timers = {ref}
+        else:
+            target.timers.add(ref)
+        return ref
+
+    def cancel_all(self, target: Process) -> None:
+        """Cancel the timers aimed at ``target`` (it exited)."""
+        refs = target.timers
+        if refs:
+            target.timers = None
+            for ref in refs:
+                self._actions.pop(ref, None)
+                self._targets.pop(ref, None)
+
     def cancel(self, ref: Ref) -> float | None:
         entry = self._actions.pop(ref, None)
         if entry is None:
             return None
+        target = self._targets.pop(ref, None)
+        if target is not None and target.timers is not None:
+            target.timers.discard(ref)
         return max(0.0, entry[0] - trio.current_time())
 
     def read(self, ref: Ref) -> float | None:
@@ -74,6 +107,7 @@ class TimerService:
                 _, _, ref = heapq.heappop(heap)
                 entry = self._actions.pop(ref, None)
                 if entry is not None:
+                    self._targets.pop(ref, None)
                     entry[1]()
             # Drop cancelled entries from the top so the next deadline is a live one.
             while heap and heap[0][2] not in self._actions:

@@ -251,29 +251,33 @@ async def _shutdown_many(sup_name: Any, entries: list[tuple[ChildSpec, otp.Pid]]
     if not entries:
         return
     waiting: dict[otp.Ref, tuple[ChildSpec, otp.Pid]] = {}
+    #: When each child still timed is killed: its own spec's shutdown time (children of a
+    #: DynamicSupervisor may differ, as in Elixir's); brutal_kill and infinity have none.
+    deadlines: dict[otp.Ref, float] = {}
+    now = trio.current_time()
     for spec, pid in entries:
         ref = otp.monitor(pid)
         waiting[ref] = (spec, pid)
         otp.exit(pid, otp.KILL if spec.shutdown == BRUTAL_KILL else otp.SHUTDOWN)
-    shutdown = entries[0][0].shutdown
-    deadline = (
-        trio.current_time() + float(shutdown) if shutdown not in (BRUTAL_KILL, INFINITY) else None
-    )
-    killed = False
+        if spec.shutdown not in (BRUTAL_KILL, INFINITY):
+            deadlines[ref] = now + float(spec.shutdown)
 
     def is_ours(message: Any) -> bool:
         return message.__class__ is otp.Down and message.ref in waiting
 
     while waiting:
         timeout = None
-        if deadline is not None and not killed:
-            timeout = max(0.0, deadline - trio.current_time())
+        if deadlines:
+            timeout = max(0.0, min(deadlines.values()) - trio.current_time())
         down = await otp.receive(is_ours, timeout=timeout, default=None)
         if down is None:
-            killed = True
-            for _spec, pid in waiting.values():
-                otp.exit(pid, otp.KILL)
+            now = trio.current_time()
+            for ref, deadline in list(deadlines.items()):
+                if deadline <= now:
+                    del deadlines[ref]
+                    otp.exit(waiting[ref][1], otp.KILL)
             continue
+        deadlines.pop(down.ref, None)
         spec, pid = waiting.pop(down.ref)
         reason = await _unlink_flush(pid, down.reason)
         if not _shutdown_ok(spec, reason, spec.shutdown == BRUTAL_KILL):
