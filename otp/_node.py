@@ -96,6 +96,10 @@ class Node:
                 parent.links = {proc.pid}
             else:
                 parent.links.add(proc.pid)
+        if self.closing:
+            # The node is stopping (kill_all has run): a latecomer, say the connection process
+            # of a peer dialling in now, goes the same way at once, or the node would wait on it.
+            proc.die(KILLED)
         self.nursery.start_soon(self._run_process, proc, fn, args, name=proc.pid)
         return proc
 

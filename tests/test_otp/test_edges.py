@@ -744,3 +744,17 @@ def test_a_connection_ended_by_several_tasks_at_once_is_named_by_the_first_ordin
     assert _sole(ExceptionGroup("x", [reset, ExceptionGroup("y", [broken])])) is reset
     bug = ExceptionGroup("x", [reset, RuntimeError("a bug")])
     assert _sole(bug) is bug  # a real bug is never hidden behind an ordinary ending
+
+
+async def test_a_process_spawned_while_the_node_stops_dies_at_once() -> None:
+    # A peer may dial in after kill_all ran: its connection process must not keep the
+    # stopping node waiting (the node waited on it for ever).
+    async with otp.open_node() as node:
+        node.closing = True  # (what kill_all sets)
+        try:
+            pid = otp.spawn(trio.sleep_forever)
+        finally:
+            node.closing = False
+        ref = otp.monitor(pid)
+        with trio.fail_after(1):
+            assert await otp.receive(otp.Down) == otp.Down(ref, pid, otp.KILLED)
