@@ -42,9 +42,11 @@ from ._application import application as application
 from ._application import default_application as default_application
 from ._client import DirtyClient as DirtyClient
 from ._client import close_dirty_client as close_dirty_client
+from ._client import close_dirty_client_async as close_dirty_client_async
 from ._client import get_dirty_client as get_dirty_client
 from ._client import get_dirty_client_async as get_dirty_client_async
 from ._client import get_dirty_socket_path as get_dirty_socket_path
+from ._client import set_dirty_socket_path as set_dirty_socket_path
 from ._config import DirtyConfig as DirtyConfig
 from ._config import add_arguments as add_arguments
 from ._config import apps_for_new_worker as apps_for_new_worker
@@ -89,9 +91,11 @@ __all__ = [
     "default_application",
     "apps_for_new_worker",
     "close_dirty_client",
+    "close_dirty_client_async",
     "get_dirty_client",
     "get_dirty_client_async",
     "get_dirty_socket_path",
+    "set_dirty_socket_path",
     "initial_allocation",
     "load_dirty_app",
     "minimum_workers",

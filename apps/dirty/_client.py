@@ -12,6 +12,7 @@ worker; the client stays usable. A call that exceeds the client's ``timeout`` ra
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import math
 import os
@@ -58,17 +59,32 @@ __all__ = [
     "get_dirty_client",
     "get_dirty_client_async",
     "get_dirty_socket_path",
+    "set_dirty_socket_path",
+    "close_dirty_client_async",
 ]
 
 _ENV = "GUNICORN_DIRTY_SOCKET"
 
 
+_socket_path: str | None = None
+
+
+def set_dirty_socket_path(path: str | None) -> None:
+    """Set the pool's socket path for this process (Gunicorn's API); it wins over
+    ``GUNICORN_DIRTY_SOCKET``. None goes back to the variable."""
+    global _socket_path
+    _socket_path = path
+
+
 def get_dirty_socket_path() -> str:
-    """The pool's socket path, from ``GUNICORN_DIRTY_SOCKET``.
+    """The pool's socket path: the one :func:`set_dirty_socket_path` set, else
+    ``GUNICORN_DIRTY_SOCKET``.
 
     Raises:
-        DirtyError: The variable is not set.
+        DirtyError: Neither is set.
     """
+    if _socket_path:
+        return _socket_path
     path = os.environ.get(_ENV)
     if not path:
         raise DirtyError(
@@ -107,6 +123,8 @@ class _Conn:
         self.stream: Any = None
         self.send_lock: Any = None
         self.reading = False
+        #: The process that connected (a forked child must not use the parent's socket).
+        self.pid = _getpid()
 
     def dispatch(self, data: bytes) -> None:
         try:
@@ -258,6 +276,9 @@ def _result(mtype: int, payload: Any) -> Any:
 
 
 _allocate_lock = threading.Lock
+_getpid = os.getpid
+#: A send's errors that say the pool closed the connection before any byte went out.
+_PEER_GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
 #: How far SO_RCVTIMEO may be from a reading call's time left before it is set again (s).
 _RCVTIMEO_SLACK = 0.002
 _WAITALL = socket.MSG_WAITALL
@@ -289,6 +310,8 @@ class _SyncConn:
         #: The socket's SO_RCVTIMEO in seconds (None: reads block until data comes).
         self.rcvtimeo: float | None = None
         self.lock = threading.Lock()
+        #: The process that connected (a forked child must not use the parent's socket).
+        self.pid = _getpid()
         self.buffer = FrameBuffer()
         self.waiters: dict[int, _Waiter] = {}
         #: Waiters whose thread sleeps on its ``lock``, by request id.
@@ -379,10 +402,46 @@ class _SyncConn:
                         self.sending = False
                         return
                     self.out = []
-        except BaseException:
+        except BaseException as exc:
             with lock:
                 self.sending = False
+                if not isinstance(exc, OSError):
+                    # Interrupted (KeyboardInterrupt...) with part of a frame perhaps sent: the
+                    # next bytes would be read as its rest, so the connection goes.
+                    self.fail(_interrupted())
+            if not isinstance(exc, OSError):
+                try:
+                    self.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
             raise
+
+
+def _peer_gone(exc: BaseException | None) -> bool:
+    """Whether a send failed because the pool had closed the connection (nothing went out)."""
+    while exc is not None and not isinstance(exc, OSError):
+        exc = exc.__cause__ or exc.__context__
+    return exc is not None and exc.errno in _PEER_GONE
+
+
+def _discard(conn: _Conn) -> None:
+    """Close an async connection's socket now, without its event loop (it may have ended)."""
+    if conn.backend == "asyncio":
+        sock = conn.stream.transport.get_extra_info("socket") if conn.stream else None
+        raw = getattr(sock, "_sock", None)  # (asyncio's TransportSocket hides the socket)
+        if raw is not None and conn.loop.is_closed():
+            raw.close()
+        elif conn.stream is not None:
+            conn.stream.transport.abort()
+    elif conn.stream is not None:
+        conn.stream.socket.close()
+
+
+def _interrupted() -> DirtyConnectionError:
+    return DirtyConnectionError(
+        "a send to the dirty pool was interrupted mid-frame; the connection was dropped (the"
+        " next call opens a new one)"
+    )
 
 
 class DirtyClient:
@@ -417,10 +476,16 @@ class DirtyClient:
 
     def _sync_conn(self) -> _SyncConn:
         conn = self._sync
-        if conn is not None and conn.broken is None:
+        if conn is not None and conn.broken is None and conn.pid == _getpid():
             return conn
         with self._connect_lock:
             conn = self._sync
+            if conn is not None and conn.pid != _getpid():
+                # Inherited across a fork (gunicorn --preload): the parent's socket is not
+                # ours to use or shut down; this process gets its own connection.
+                self._sync = None
+                conn.sock.close()
+                conn = None
             if conn is not None and conn.broken is None:
                 return conn
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -448,7 +513,7 @@ class DirtyClient:
             socket_path=self.socket_path,
         )
 
-    def _open(self, rid: int, parts: list[Any]) -> tuple[_SyncConn, _Waiter]:
+    def _open(self, rid: int, parts: list[Any], retry: bool = True) -> tuple[_SyncConn, _Waiter]:
         conn = self._sync_conn()
         waiter = _Waiter()
         try:
@@ -457,7 +522,12 @@ class DirtyClient:
             error = self._lost(exc)
             with conn.lock:
                 conn.waiters.pop(rid, None)
+                idle = not conn.waiters
                 conn.fail(error)
+            if retry and idle and exc.errno in _PEER_GONE:
+                # The pool closed this idle connection (it restarted): nothing of the request
+                # was delivered (a Unix socket refuses the first byte), so it goes on a new one.
+                return self._open(rid, parts, retry=False)
             raise error from exc
         except BaseException:
             with conn.lock:
@@ -654,7 +724,9 @@ class DirtyClient:
         """Close the sync connection; calls in flight on it fail with DirtyConnectionError."""
         with self._connect_lock:
             conn, self._sync = self._sync, None
-        if conn is not None:
+        if conn is not None and conn.pid != _getpid():
+            conn.sock.close()  # inherited across a fork: the parent's calls go on
+        elif conn is not None:
             with conn.lock:
                 conn.fail(DirtyConnectionError("the client was closed", self.socket_path))
             try:
@@ -683,8 +755,15 @@ class DirtyClient:
             else trio.lowlevel.current_trio_token()
         )
         conn = self._async
-        if conn is not None and conn.broken is None and conn.loop is loop:
+        if conn is not None and conn.broken is None and conn.loop is loop and conn.pid == _getpid():
             return conn
+        if (
+            conn is not None
+            and conn.pid == _getpid()
+            and conn.backend == "asyncio"
+            and conn.loop.is_closed()
+        ):
+            _discard(conn)  # the connection of an event loop that has ended (asyncio.run)
         conn = _Conn(backend, loop)
         try:
             if backend == "asyncio":
@@ -702,6 +781,16 @@ class DirtyClient:
                 " running, and is GUNICORN_DIRTY_SOCKET right?",
                 socket_path=self.socket_path,
             ) from exc
+        current = self._async
+        if (
+            current is not None
+            and current.broken is None
+            and current.loop is loop
+            and current.pid == conn.pid
+        ):
+            # Another task of this loop connected meanwhile: one connection per loop.
+            _discard(conn)
+            return current
         self._async = conn
         return conn
 
@@ -715,13 +804,24 @@ class DirtyClient:
                 await protocol.drain()
             else:
                 async with conn.send_lock:
-                    for part in parts:
-                        await conn.stream.send_all(part)
+                    try:
+                        for part in parts:
+                            await conn.stream.send_all(part)
+                    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                        raise
+                    except BaseException:
+                        # Cancelled with part of a frame perhaps sent: the connection goes (the
+                        # next bytes would be read as the frame's rest).
+                        conn.fail(_interrupted())
+                        _discard(conn)
+                        raise
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             conn.fail(self._lost(exc))
             raise self._lost(exc) from exc
 
-    async def _open_async(self, rid: int, parts: list[Any]) -> tuple[_Conn, _Slot]:
+    async def _open_async(
+        self, rid: int, parts: list[Any], retry: bool = True
+    ) -> tuple[_Conn, _Slot]:
         conn = await self._async_conn()
         if conn.broken is not None:
             raise conn.broken
@@ -729,6 +829,14 @@ class DirtyClient:
         conn.slots[rid] = slot
         try:
             await self._send_async(conn, parts)
+        except DirtyConnectionError as exc:
+            conn.slots.pop(rid, None)
+            cause = exc.__cause__
+            if retry and not conn.slots and _peer_gone(cause):
+                # The pool closed this idle connection (it restarted) before any byte of the
+                # request went out: it goes on a new connection.
+                return await self._open_async(rid, parts, retry=False)
+            raise
         except BaseException:
             conn.slots.pop(rid, None)
             raise
@@ -850,9 +958,13 @@ class DirtyClient:
         conn, self._async = self._async, None
         if conn is None:
             return
+        if conn.pid != _getpid():
+            return  # inherited across a fork: the parent's, not ours to close
         conn.fail(DirtyConnectionError("the client was closed", self.socket_path))
-        if conn.backend == "asyncio":
+        if conn.backend == "asyncio" and not conn.loop.is_closed():
             conn.stream.transport.close()
+        elif conn.backend == "asyncio":
+            _discard(conn)  # its loop has ended (asyncio.run returned): close the socket itself
         else:
             await conn.stream.aclose()
 
@@ -904,10 +1016,26 @@ async def get_dirty_client_async(timeout: float | None = 30.0) -> DirtyClient:
     return get_dirty_client(timeout)
 
 
+async def close_dirty_client_async() -> None:
+    """Close the async connections of this process's shared clients (Gunicorn's name: call it
+    when the app stops, e.g. at the end of a FastAPI lifespan)."""
+    with _clients_lock:
+        clients = [c for (pid, _), c in _clients.items() if pid == os.getpid()]
+    for client in clients:
+        await client.close_async()
+
+
 def close_dirty_client() -> None:
-    """Close this process's shared clients."""
+    """Let go of this process's shared clients (Gunicorn's name: call it when a worker or a
+    thread is done). The next :func:`get_dirty_client` makes a new one. A client is closed at
+    once if no call is in flight on it; calls other threads still have in flight finish first
+    (its socket then closes with it)."""
     with _clients_lock:
         clients = [c for (pid, _), c in _clients.items() if pid == os.getpid()]
         _clients.clear()
     for client in clients:
-        client.close()
+        conn = client._sync
+        if conn is None or not conn.waiters:
+            client.close()
+        else:
+            client._sync = None  # (the callers in flight hold the connection until they end)
