@@ -279,6 +279,15 @@ class Connection:
             return
         codec = self.codec
         if codec is None:
+            # Not agreed yet: the value must go with whichever of ours the peer picks, so the
+            # sender hears of a bad one now, as it does once the connection is up.
+            for candidate in self.dist.config.codecs:
+                try:
+                    wire.encode_message(
+                        mtype, payload, codec=candidate, limits=self.dist.config.limits
+                    )
+                except wire.WireError as exc:
+                    raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
             self._pending.append((mtype, payload))
             return
         try:
@@ -316,7 +325,13 @@ class Connection:
             return
         limits = self.dist.config.limits
         try:
-            item = wire.encode_value(message, codec, limits=limits)
+            # A batch's payload holds each message two levels down (its dict, its msgs list),
+            # one deeper than a plain SEND's: checked against that, so the peer never refuses
+            # the frame; a message only a plain frame can carry goes as one.
+            item = wire.encode_value(message, codec, limits=self.dist.batch_item_limits)
+        except wire.LimitExceeded:
+            self.enqueue(mtype, _send_payload(mtype, route, message))
+            return
         except wire.WireError as exc:
             raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
         run = self._run
@@ -455,6 +470,9 @@ class Distribution:
     def __init__(self, node: Node, config: DistConfig) -> None:
         self.node = node
         self.config = config
+        limits = config.limits
+        #: The limits a message in a batch frame is encoded under (see enqueue_send).
+        self.batch_item_limits = attrs.evolve(limits, max_depth=max(1, limits.max_depth - 2))
         self.connections: dict[str, Connection] = {}
         self.addresses: dict[str, str] = {}
         self.listening: list[str] = []
