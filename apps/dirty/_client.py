@@ -417,6 +417,26 @@ class _SyncConn:
             raise
 
 
+def _request(rid: int, app_path: str, action: str, args: Any, kwargs: Any) -> list[Any]:
+    try:
+        return request_parts(rid, app_path, action, args, kwargs)
+    except wire.WireError as exc:
+        raise _unsendable(exc) from exc
+
+
+def _frame_bytes(frame: wire.Frame) -> bytes:
+    try:
+        return encode(frame)
+    except wire.WireError as exc:
+        raise _unsendable(exc) from exc
+
+
+def _unsendable(exc: wire.WireError) -> DirtyProtocolError:
+    """A request the protocol cannot carry (a set, an object, an int past 64 bits, too deep,
+    too large): the caller's own error, as Gunicorn's client says; nothing was sent."""
+    return DirtyProtocolError(f"the request cannot be sent to the dirty pool: {exc}")
+
+
 def _peer_gone(exc: BaseException | None) -> bool:
     """Whether a send failed because the pool had closed the connection (nothing went out)."""
     while exc is not None and not isinstance(exc, OSError):
@@ -646,7 +666,7 @@ class DirtyClient:
         return None if self.timeout is None else time.monotonic() + self.timeout
 
     def _call(self, frame: wire.Frame) -> Any:
-        return self._call_parts(frame.request_id, [encode(frame)])
+        return self._call_parts(frame.request_id, [_frame_bytes(frame)])
 
     def _call_parts(self, rid: int, parts: list[Any]) -> Any:
         conn, waiter = self._open(rid, parts)
@@ -668,14 +688,14 @@ class DirtyClient:
             DirtyTimeoutError, DirtyConnectionError, DirtyProtocolError: as named.
         """
         rid = next(self._ids)
-        return self._call_parts(rid, request_parts(rid, app_path, action, args, kwargs))
+        return self._call_parts(rid, _request(rid, app_path, action, args, kwargs))
 
     def stream(self, app_path: str, action: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
         """Run a streaming action; iterate its chunks. Breaking out of the loop (or closing the
         iterator) abandons the stream: the worker's generator is stopped. An error mid-stream
         is raised from the iteration as its typed error."""
         rid = next(self._ids)
-        return self._stream(rid, request_parts(rid, app_path, action, args, kwargs))
+        return self._stream(rid, _request(rid, app_path, action, args, kwargs))
 
     def _stream(self, rid: int, parts: list[Any]) -> Iterator[Any]:
         conn, waiter = self._open(rid, parts)
@@ -908,14 +928,14 @@ class DirtyClient:
     async def execute_async(self, app_path: str, action: str, *args: Any, **kwargs: Any) -> Any:
         """Async :meth:`execute` (asyncio or trio). Cancelling it abandons the call."""
         rid = next(self._ids)
-        return await self._call_async(rid, request_parts(rid, app_path, action, args, kwargs))
+        return await self._call_async(rid, _request(rid, app_path, action, args, kwargs))
 
     def stream_async(
         self, app_path: str, action: str, *args: Any, **kwargs: Any
     ) -> AsyncIterator[Any]:
         """Async :meth:`stream`; ``aclose()`` or breaking out of ``async for`` abandons it."""
         rid = next(self._ids)
-        return self._stream_async(rid, request_parts(rid, app_path, action, args, kwargs))
+        return self._stream_async(rid, _request(rid, app_path, action, args, kwargs))
 
     async def _stream_async(self, rid: int, parts: list[Any]) -> AsyncIterator[Any]:
         conn, slot = await self._open_async(rid, parts)
@@ -939,7 +959,7 @@ class DirtyClient:
                 await _send_end(conn, rid)
 
     async def _frame_async(self, frame: wire.Frame) -> Any:
-        return await self._call_async(frame.request_id, [encode(frame)])
+        return await self._call_async(frame.request_id, [_frame_bytes(frame)])
 
     async def stash_request_async(
         self, op: int, table: str, key: Any = None, value: Any = None, pattern: str | None = None

@@ -173,7 +173,7 @@ async def stash_operation(
         if args.get("absent"):
             if rows:
                 return False
-        elif not rows or rows[0][1] != args.get("expected"):
+        elif not rows or not _same(rows[0][1], args.get("expected")):
             return False
         ets.insert(name, (k, args.get("value")), expire_after=expire)
         return True
@@ -181,3 +181,15 @@ async def stash_operation(
         ets.insert(name, (k, args.get("value")), expire_after=expire)
         return True
     raise StashError(f"Unknown stash operation: {op}")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as the wire tells values apart: ``True``, ``1`` and ``1.0`` differ (Python's ``==``
+    says they are equal), in nested lists, tuples and dicts too."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
+    return bool(a == b)

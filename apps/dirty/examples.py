@@ -91,6 +91,8 @@ class ExampleApp(DirtyApp):
     def word_count(self, text: str, top: int = 10) -> dict[str, Any]:
         """The ``top`` most frequent words of ``text`` and the total, deterministically ordered
         (by count, then alphabetically)."""
+        if type(top) is not int or top < 0:
+            raise ValueError(f"top must be an int >= 0 (got {top!r})")
         counts = Counter(_tokens(text))
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
         return {"total": sum(counts.values()), "top": [[w, c] for w, c in ranked]}
@@ -134,11 +136,12 @@ class ExampleApp(DirtyApp):
         except Exception as exc:
             raise ValueError(f"not an image Pillow can read ({len(image)} bytes): {exc}") from exc
         img.thumbnail((size, size))
-        if format.upper() in ("JPEG", "JPG") and img.mode not in ("RGB", "L"):
+        fmt = {"JPG": "JPEG"}.get(format.upper(), format.upper())  # (Pillow knows only JPEG)
+        if fmt == "JPEG" and img.mode not in ("RGB", "L"):
             img = img.convert("RGB")
         out = io.BytesIO()
-        img.save(out, format=format)
-        return {"width": img.width, "height": img.height, "format": format.upper(),
+        img.save(out, format=fmt)
+        return {"width": img.width, "height": img.height, "format": fmt,
                 "data": out.getvalue()}  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from flask import Flask, Response, jsonify, request
 
-from apps.dirty import DirtyAppError, DirtyError, get_dirty_client
+from apps.dirty import DirtyAppError, DirtyError, DirtyProtocolError, get_dirty_client
 from apps.dirty.examples import EXAMPLE_APP
 
 app = Flask(__name__)
@@ -54,7 +54,7 @@ def thumbnail() -> Any:
 def predict() -> Any:
     """``{"text": ...}`` -> the sentiment model's ``{"label", "score", "words"}``."""
     body = request.get_json(silent=True) or {}
-    text = body.get("text")
+    text = body.get("text") if isinstance(body, dict) else None
     if not isinstance(text, str):
         return jsonify(error='send JSON {"text": "..."}'), 400
     client = get_dirty_client()
@@ -68,9 +68,11 @@ def predict() -> Any:
 def count() -> Any:
     """0 .. n-1, one line each, streamed from the pool as the worker yields them."""
     n = request.args.get("n", default=10, type=int)
+    # Sent now, before the response starts: a request the pool cannot take is still a 4xx.
+    chunks = get_dirty_client().stream(EXAMPLE_APP, "count", n)
 
     def lines() -> Iterator[str]:
-        for i in get_dirty_client().stream(EXAMPLE_APP, "count", n):
+        for i in chunks:
             yield f"{i}\n"
 
     return Response(lines(), mimetype="text/plain")
@@ -80,6 +82,12 @@ def count() -> Any:
 def app_error(exc: DirtyAppError) -> Any:
     """The action failed on bad input (not an image, ...): the client's fault."""
     return jsonify(error=exc.message, action=exc.action), 422
+
+
+@app.errorhandler(DirtyProtocolError)
+def bad_request(exc: DirtyProtocolError) -> Any:
+    """The request holds a value the pool's protocol cannot carry (a 30-digit size...)."""
+    return jsonify(error=exc.message), 400
 
 
 @app.errorhandler(DirtyError)

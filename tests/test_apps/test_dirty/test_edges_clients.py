@@ -808,7 +808,7 @@ async def test_tens_of_mib_each_way_sync_asyncio_and_trio(
         return ok
 
     assert await _in_asyncio(scenario)
-    with pytest.raises(ValueError, match=r"exceeds max_"):
+    with pytest.raises(dirty.DirtyProtocolError, match=r"exceeds max_"):
         await trio.to_thread.run_sync(client.execute, ECHO, "echo", b"x" * (65 << 20))
     assert await trio.to_thread.run_sync(client.execute, ECHO, "echo", "small") == "small"
     client.close()
