@@ -1199,6 +1199,10 @@ async def _read_loop(dist: Distribution, conn: Connection, frames: wire.FrameStr
         # Every frame that arrived together is dispatched in one go: one scheduler pass per
         # read, not per frame (per-pair order is the order of the batch).
         for frame in batch:
+            if conn.state == "down":
+                # Declared lost (disconnect() does so at once): nothing more of it is
+                # delivered, or acted on (a "peers" list read just before would redial).
+                return
             try:
                 dispatch(conn, frame)
             except (KeyError, TypeError, AttributeError, ValueError) as exc:

@@ -478,3 +478,30 @@ async def test_a_call_with_an_unencodable_request_leaves_no_monitor_behind(
         # from the failed call would be first.
         assert down.ref == ref
         assert await otp.receive(otp.Down, timeout=0, default=None) is None
+
+
+async def test_frames_read_before_a_disconnect_are_not_acted_on_after_it() -> None:
+    # disconnect() declares the connection lost at once; frames its reader already holds
+    # (say a "peers" list, which would redial) must not be dispatched after that.
+    from otp._distribution import _read_loop
+
+    dispatched: list[Any] = []
+
+    class Conn:
+        state = "up"
+        received_since_tick = False
+
+    class Dist:
+        def dispatch(self, conn: Any, frame: Any) -> None:
+            dispatched.append(frame)
+            conn.state = "down"  # (what disconnect() does while the reader runs)
+
+    class Frames:
+        batches = [["first", "second", "third"]]
+
+        async def receive_frames(self) -> list[Any]:
+            await trio.lowlevel.checkpoint()
+            return self.batches.pop() if self.batches else []
+
+    await _read_loop(Dist(), Conn(), Frames())  # type: ignore[arg-type]
+    assert dispatched == ["first"]
