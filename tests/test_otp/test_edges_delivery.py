@@ -497,7 +497,8 @@ async def test_frames_read_before_a_disconnect_are_not_acted_on_after_it() -> No
             conn.state = "down"  # (what disconnect() does while the reader runs)
 
     class Frames:
-        batches = [["first", "second", "third"]]
+        def __init__(self) -> None:
+            self.batches = [["first", "second", "third"]]
 
         async def receive_frames(self) -> list[Any]:
             await trio.lowlevel.checkpoint()
