@@ -41,19 +41,17 @@ def _env() -> dict[str, str]:
     return env
 
 
+#: A node with a small app, quiet unless something goes wrong.
+_NODE = (
+    sys.executable, "-m", "otp.node", "--log-level", "warning",
+    "--app", "test_node.node_apps:second",
+)  # fmt: skip
+
+
 def _node_cli(*args: str, timeout: float = 4.0) -> subprocess.CompletedProcess[str]:
     """Run ``python -m otp.node`` with a small app; a node that should refuse its flags but
     boots instead is killed after ``timeout`` (and the test fails)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "otp.node",
-        "--log-level",
-        "warning",
-        "--app",
-        "test_node.node_apps:second",
-        *args,
-    ]
+    argv = [*_NODE, *args]
     try:
         return subprocess.run(
             argv, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=timeout
@@ -209,13 +207,7 @@ async def test_the_cli_node_on_insecure_tcp_warns_and_prints_its_real_port(
     cookie_file: Path,
 ) -> None:
     argv = [
-        sys.executable,
-        "-m",
-        "otp.node",
-        "--log-level",
-        "warning",
-        "--app",
-        "test_node.node_apps:second",
+        *_NODE,
         "--name",
         "a@localhost",
         "--listen",
