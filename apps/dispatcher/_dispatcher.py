@@ -19,12 +19,14 @@ import json
 import logging
 import math
 import random
+import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import jsonschema.exceptions  # type: ignore[import-untyped]
+import referencing.exceptions
 import trio
 
 import otp
@@ -38,7 +40,7 @@ from ._errors import (
     ErrorKind,
     TransientError,
 )
-from ._tool import ASYNC, SYNC, Tool, ToolRegistry, _RemoteTimeout
+from ._tool import ASYNC, SYNC, RetryPolicy, Tool, ToolRegistry, _RemoteTimeout
 
 logger = logging.getLogger("apps.dispatcher")
 
@@ -169,9 +171,47 @@ class _Run:
     error: DispatchError | None = None
 
 
-def _fingerprint(tool: str, args: Mapping[str, Any]) -> str:
-    text = json.dumps([tool, args], sort_keys=True, separators=(",", ":"), default=repr)
+def _fingerprint(tool: str, args: Mapping[str, Any]) -> str | None:
+    """A digest of the call, or None when its arguments are not JSON (say, a dict with keys
+    of mixed types, which ``sort_keys`` cannot order)."""
+    try:
+        text = json.dumps([tool, args], sort_keys=True, separators=(",", ":"), default=repr)
+    except (TypeError, ValueError):
+        return None
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _retry_delay(retry_after: Any, policy: RetryPolicy, attempt: int, rng: random.Random) -> float:
+    """The wait before ``attempt``: the handler's ``retry_after`` clamped to
+    ``[0, max_retry_after]`` (a negative one, say a Retry-After date already past, means at
+    once), or the policy's delay when the handler gave none or not a number (NaN)."""
+    if (
+        retry_after is None
+        or not isinstance(retry_after, int | float)
+        or isinstance(retry_after, bool)
+        or math.isnan(retry_after)
+    ):
+        return policy.delay(attempt, rng)
+    return min(max(0.0, float(retry_after)), policy.max_retry_after)
+
+
+def _check_options(name: Any, key: Any, timeout: Any) -> None:
+    """Refuse a call's malformed options before anything runs.
+
+    Raises:
+        ConfigurationError: ``key`` or ``timeout`` is malformed.
+    """
+    if key is not None and (not isinstance(key, str) or not key):
+        raise ConfigurationError(
+            f"dispatch({name!r}): idempotency_key must be a non-empty str or None (got {key!r})"
+        )
+    if timeout is not None and (
+        not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0
+    ):
+        raise ConfigurationError(
+            f"dispatch({name!r}): timeout must be a number of seconds > 0 (math.inf for no"
+            f" limit, None for the tool's own), got {timeout!r}"
+        )
 
 
 def _copy(error: DispatchError) -> DispatchError:
@@ -190,6 +230,99 @@ async def _acquire(semaphore: trio.Semaphore) -> None:
 
 def _fmt(seconds: float) -> str:
     return f"{seconds:.3g} s"
+
+
+class _Spending(Protocol):
+    """What a run spends: a caller's :class:`Budget`, or :class:`_CallsOf` one."""
+
+    @property
+    def calls(self) -> int | None: ...
+
+    @property
+    def deadline(self) -> float | None: ...
+
+    def exhausted(self, now: float) -> bool: ...
+
+    def spend(self) -> None: ...
+
+    def limit(self) -> float: ...
+
+
+@attrs.frozen
+class _CallsOf:
+    """A caller's budget as a keyed run spends it: its calls, not its deadline (the run serves
+    every caller of the key, and each of them waits by its own deadline)."""
+
+    owner: Budget
+
+    @property
+    def calls(self) -> int | None:
+        return self.owner.calls
+
+    @property
+    def deadline(self) -> float | None:
+        return None
+
+    def exhausted(self, now: float) -> bool:
+        calls = self.owner.calls
+        return calls is not None and calls <= 0
+
+    def spend(self) -> None:
+        self.owner.spend()
+
+    def limit(self) -> float:
+        return math.inf
+
+
+@attrs.define(eq=False)
+class _Slots:
+    """The concurrency slots one attempt holds.
+
+    A sync handler's thread cannot be killed: when a timeout abandons it, it keeps running and
+    so keeps its slots, released from the thread when it ends. A thread that had not started
+    when its attempt ended does not run the handler at all.
+    """
+
+    held: list[trio.Semaphore] = attrs.Factory(list)
+    lock: threading.Lock = attrs.Factory(threading.Lock)
+    token: trio.lowlevel.TrioToken | None = None
+    running: bool = False
+    ended: bool = False
+
+    def release(self) -> None:
+        for semaphore in self.held:
+            semaphore.release()
+        self.held.clear()
+
+    def in_thread(self, handler: Callable[[], Any]) -> Callable[[], Any]:
+        self.token = trio.lowlevel.current_trio_token()
+
+        def run() -> Any:
+            with self.lock:
+                if self.ended:
+                    return None  # the attempt ended before the thread started
+                self.running = True
+            try:
+                return handler()
+            finally:
+                with self.lock:
+                    self.running = False
+                    release = self.ended
+                if release:
+                    try:
+                        self.token.run_sync_soon(self.release)
+                    except trio.RunFinishedError:
+                        pass
+
+        return run
+
+    def let_go(self) -> None:
+        """The attempt ends: release the slots, unless its thread still runs."""
+        with self.lock:
+            self.ended = True
+            if self.running:
+                return
+        self.release()
 
 
 @attrs.define(eq=False)
@@ -269,6 +402,7 @@ class _State:
         timeout: float | None,
         budget: Budget | None,
     ) -> Any:
+        _check_options(name, key, timeout)
         tool = self.registry.get(name)
         if tool is None:
             known = ", ".join(map(repr, self.registry.names())) or "none"
@@ -304,7 +438,15 @@ class _State:
         return await self.keyed_call(tool, args, key, timeout, budget)
 
     def schema_error(self, tool: Tool, args: Mapping[str, Any]) -> DispatchError | None:
-        errors = list(tool.validator.iter_errors(args))
+        try:
+            errors = list(tool.validator.iter_errors(args))
+        except referencing.exceptions.Unresolvable as exc:
+            return DispatchError.make(
+                ErrorKind.INTERNAL,
+                f"tool {tool.name!r}: its schema has a $ref that does not resolve ({exc}); fix"
+                " the tool's schema",
+                data={"tool": tool.name},
+            )
         if not errors:
             return None
         best = jsonschema.exceptions.best_match(errors)
@@ -326,7 +468,7 @@ class _State:
             },
         )
 
-    def budget_error(self, tool: Tool, budget: Budget, attempts: int) -> DispatchError:
+    def budget_error(self, tool: Tool, budget: _Spending, attempts: int) -> DispatchError:
         if budget.calls is not None and budget.calls <= 0:
             why = "it has no tool calls left"
         else:
@@ -342,7 +484,7 @@ class _State:
     # -- attempts and retries --------------------------------------------------------------
 
     async def execute(
-        self, tool: Tool, args: Mapping[str, Any], timeout: float | None, budget: Budget | None
+        self, tool: Tool, args: Mapping[str, Any], timeout: float | None, budget: _Spending | None
     ) -> Any:
         """Run ``tool`` with retries in the current task; return its result or raise the
         envelope of its last failure."""
@@ -383,16 +525,12 @@ class _State:
             verdict = self.retry_verdict(tool, error, attempt, budget)
             if verdict is None:
                 now = trio.current_time()
-                delay = (
-                    min(retry_after, policy.max_retry_after)
-                    if retry_after is not None
-                    else policy.delay(attempt + 1, self.rng)
-                )
-                if not self.take_retry_token(tool, now):
+                delay = _retry_delay(retry_after, policy, attempt + 1, self.rng)
+                if now + delay >= limit:
+                    verdict = "the caller's deadline would pass before the next attempt"
+                elif not self.take_retry_token(tool, now):
                     verdict = "the tool's shared retry budget is spent (too many retries lately)"
                     self.event("dispatch.retry_denied", _WARNING, name, attempts=attempt)
-                elif now + delay >= limit:
-                    verdict = "the caller's deadline would pass before the next attempt"
                 else:
                     self.event(
                         "dispatch.retry",
@@ -410,7 +548,7 @@ class _State:
             raise error
 
     def retry_verdict(
-        self, tool: Tool, error: DispatchError, attempt: int, budget: Budget | None
+        self, tool: Tool, error: DispatchError, attempt: int, budget: _Spending | None
     ) -> str | None:
         """Why ``error`` is final, or None if the call may be retried."""
         kind = error.kind
@@ -457,22 +595,30 @@ class _State:
         """One run of the handler under the concurrency limits and a cancel scope:
         ``(result, error, retry_after)``. Records the verdict on the breaker."""
         name = tool.name
-        limiter = self.limiter
-        tool_limiter = None if tool.max_concurrency is None else self.tool_limiter(tool)
         counters = self.counters
         result: Any = None
         error: DispatchError | None = None
         retry_after: float | None = None
-        acquired = 0
         finished = False
+        tool_limiter = None if tool.max_concurrency is None else self.tool_limiter(tool)
+        limiter = self.limiter
+        limited = tool_limiter is not None or limiter is not None
+        slots = _Slots() if limited or tool.mode is SYNC else None
         try:
-            if limiter is not None:
-                await _acquire(limiter)
-                acquired = 1
-                now = trio.current_time()
-            if tool_limiter is not None:
-                await _acquire(tool_limiter)
-                acquired = 2
+            if slots is not None and limited:
+                # The tool's own slot first: a call queued behind its tool must not hold one of
+                # the dispatcher's slots, which other tools need. The caller's deadline bounds
+                # the wait.
+                with trio.move_on_at(limit):
+                    for semaphore in (tool_limiter, limiter):
+                        if semaphore is not None:
+                            await _acquire(semaphore)
+                            slots.held.append(semaphore)
+                if len(slots.held) < (tool_limiter is not None) + (limiter is not None):
+                    if breaker is not None:
+                        breaker.release(probe)
+                    finished = True
+                    return None, self.slot_deadline_error(tool, attempt), None
                 now = trio.current_time()
             deadline = now + timeout if timeout is not None else math.inf
             scope = trio.CancelScope(deadline=deadline if deadline < limit else limit)
@@ -485,9 +631,10 @@ class _State:
                     mode = tool.mode
                     if mode is ASYNC:
                         result = await tool.handler(**args)
-                    elif mode is SYNC:
+                    elif slots is not None and mode is SYNC:
                         result = await trio.to_thread.run_sync(
-                            functools.partial(tool.handler, **args), abandon_on_cancel=True
+                            slots.in_thread(functools.partial(tool.handler, **args)),
+                            abandon_on_cancel=True,
                         )
                     else:
                         result = await tool.handler.invoke(tool, args)
@@ -523,10 +670,8 @@ class _State:
                     error = self.deadline_error(tool, attempt)
             finished = True
         finally:
-            if acquired == 2:
-                tool_limiter.release()  # type: ignore[union-attr]
-            if acquired and limiter is not None:
-                limiter.release()
+            if slots is not None:
+                slots.let_go()
             if not finished and breaker is not None:
                 breaker.release(probe)  # cancelled from outside: no verdict on the tool
         if error is None:
@@ -556,6 +701,16 @@ class _State:
             data={"tool": tool.name, "timeout": timeout},
         )
 
+    def slot_deadline_error(self, tool: Tool, attempt: int) -> DispatchError:
+        return DispatchError.make(
+            ErrorKind.BUDGET_EXCEEDED,
+            f"tool {tool.name!r} was not run (attempt {attempt}): the caller's budget deadline"
+            " passed while the call waited for a concurrency slot (the dispatcher's or the"
+            " tool's max_concurrency); give the caller more time or allow more concurrency",
+            attempts=attempt - 1,
+            data={"tool": tool.name},
+        )
+
     def deadline_error(self, tool: Tool, attempt: int) -> DispatchError:
         return DispatchError.make(
             ErrorKind.BUDGET_EXCEEDED,
@@ -575,12 +730,18 @@ class _State:
         timeout: float | None,
         budget: Budget | None,
     ) -> Any:
-        if not isinstance(key, str) or not key:
-            raise ConfigurationError(
-                f"dispatch({tool.name!r}): idempotency_key must be a non-empty str or None"
-                f" (got {key!r})"
-            )
         fingerprint = _fingerprint(tool.name, args)
+        if fingerprint is None:
+            return await self.reject(
+                DispatchError.make(
+                    ErrorKind.SCHEMA,
+                    f"tool {tool.name!r}: a call with an idempotency key needs JSON arguments"
+                    " (their digest tells a repeat from a conflict); these cannot be serialised"
+                    " (mixed-type dict keys?)",
+                    data={"tool": tool.name, "errors": []},
+                ),
+                tool.name,
+            )
         try:
             cached = ets.lookup(self.table, key)
         except ets.EtsError:
@@ -603,10 +764,13 @@ class _State:
                     f"dispatcher {self.name!r} stopped; start it again to dispatch calls"
                 )
             run = self.keyed[key] = _Run(fingerprint)
+            # The run serves every caller of the key: it spends the first caller's calls, but
+            # its deadline is no one's (each caller waits by its own, below).
+            shared = None if budget is None or budget.calls is None else _CallsOf(budget)
             self.jobs.send_nowait(
-                functools.partial(self.run_keyed, run, tool, args, key, timeout, budget)
+                functools.partial(self.run_keyed, run, tool, args, key, timeout, shared)
             )
-        return await self.wait_run(run, tool, key, budget)
+        return await self.wait_run(run, tool, key, budget, timeout)
 
     def conflict_error(self, tool: Tool, key: str) -> DispatchError:
         return DispatchError.make(
@@ -623,7 +787,7 @@ class _State:
         args: Mapping[str, Any],
         key: str,
         timeout: float | None,
-        budget: Budget | None,
+        budget: _Spending | None,
     ) -> None:
         """Run a keyed call in the runner process; cache a success; wake every waiter.
 
@@ -660,23 +824,36 @@ class _State:
                 del self.keyed[key]
             run.done.set()
 
-    async def wait_run(self, run: _Run, tool: Tool, key: str, budget: Budget | None) -> Any:
-        if budget is None or budget.deadline is None:
+    async def wait_run(
+        self, run: _Run, tool: Tool, key: str, budget: Budget | None, timeout: float | None
+    ) -> Any:
+        """Wait for the key's run, until this caller's own budget deadline or ``timeout`` (if
+        it gave one); the run goes on without a caller that stops waiting."""
+        limit = budget.limit() if budget is not None else math.inf
+        until = limit if timeout is None else min(limit, trio.current_time() + timeout)
+        with trio.move_on_at(until):
             await run.done.wait()
-        else:
-            with trio.move_on_at(budget.deadline):
-                await run.done.wait()
-            if not run.done.is_set():
-                return await self.reject(
-                    DispatchError.make(
-                        ErrorKind.BUDGET_EXCEEDED,
-                        f"tool {tool.name!r}: the caller's budget deadline passed while it"
-                        f" waited for the call with idempotency key {key!r} (the call goes on;"
-                        " its result is cached for a later call with the key)",
-                        data={"tool": tool.name, "idempotency_key": key},
-                    ),
-                    tool.name,
+        if not run.done.is_set():
+            goes_on = (
+                f" for the call with idempotency key {key!r} (the call goes on; its result is"
+                " cached for a later call with the key)"
+            )
+            if until < limit:
+                self.event("dispatch.timeout", _WARNING, tool.name, attempt=0, timeout=timeout)
+                error = DispatchError.make(
+                    ErrorKind.TIMEOUT,
+                    f"tool {tool.name!r}: the caller's timeout ({_fmt(timeout or 0.0)}) passed"
+                    f" while it waited{goes_on}",
+                    data={"tool": tool.name, "idempotency_key": key, "timeout": timeout},
                 )
+            else:
+                error = DispatchError.make(
+                    ErrorKind.BUDGET_EXCEEDED,
+                    f"tool {tool.name!r}: the caller's budget deadline passed while it"
+                    f" waited{goes_on}",
+                    data={"tool": tool.name, "idempotency_key": key},
+                )
+            return await self.reject(error, tool.name)
         if run.error is not None:
             raise _copy(run.error)
         return run.value
@@ -794,6 +971,17 @@ class Dispatcher(otp.GenServer):
     def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
         if isinstance(request, tuple) and len(request) in (3, 4) and request[0] == "dispatch":
             options = request[3] if len(request) == 4 else {}
+            if not isinstance(request[1], str) or not isinstance(options, Mapping):
+                return otp.Reply(
+                    (
+                        "error",
+                        "bad_request",
+                        "a remote dispatch is ('dispatch', tool_name: str, args) or"
+                        f" ('dispatch', tool_name, args, options: dict); got {request!r}",
+                        {},
+                    ),
+                    state,
+                )
             state.jobs.send_nowait(functools.partial(_serve_remote, state, request, options, from_))
             return otp.NoReply(state)
         if request == ("statistics",):
@@ -822,6 +1010,14 @@ async def _serve_remote(
         otp.reply(from_, ("error", str(error.kind), error.message, error.data))
     except ConfigurationError as exc:
         otp.reply(from_, ("error", str(ErrorKind.SCHEMA), str(exc), {}))
+    except DispatcherNotRunning as exc:
+        otp.reply(from_, ("error", str(ErrorKind.INTERNAL), str(exc), {}))
+    except Exception as exc:  # a bug of ours: the caller gets an answer, the runner lives on
+        logger.exception("dispatcher %r: a remote dispatch of %r failed", state.name, name)
+        otp.reply(
+            from_,
+            ("error", str(ErrorKind.INTERNAL), f"the dispatcher failed on this call: {exc!r}", {}),
+        )
     else:
         otp.reply(from_, ("ok", value))
 
@@ -882,14 +1078,20 @@ async def dispatch(
 
 
 def _as_call(call: Any) -> Call:
-    if isinstance(call, Call):
-        return call
+    """``call`` as a :class:`Call`, checked before any call of the batch runs.
+
+    Raises:
+        ConfigurationError: ``call`` is malformed.
+    """
     if isinstance(call, tuple) and len(call) in (1, 2) and isinstance(call[0], str):
-        return Call(*call)
-    raise ConfigurationError(
-        "gather_bounded: each call is a Call(name, args, ...) or a (name, args) tuple"
-        f" (got {call!r})"
-    )
+        call = Call(*call)
+    if not isinstance(call, Call) or not isinstance(call.name, str):
+        raise ConfigurationError(
+            "gather_bounded: each call is a Call(name, args, ...) or a (name, args) tuple"
+            f" (got {call!r})"
+        )
+    _check_options(call.name, call.idempotency_key, call.timeout)
+    return call
 
 
 async def gather_bounded(

@@ -120,7 +120,8 @@ class DispatchError(DispatcherError):
         return _BY_KIND[ErrorKind(kind)](message, attempts=attempts, data=data)
 
     def _data(self) -> dict[str, Any]:
-        return {"kind": str(self.kind), "attempts": self.attempts, **self.data}
+        # The envelope's own fields win over a handler's data of the same name.
+        return {**self.data, "kind": str(self.kind), "attempts": self.attempts}
 
     def to_jsonrpc(self) -> dict[str, Any]:
         """The JSON-RPC 2.0 error object (the ``error`` member of a response)."""

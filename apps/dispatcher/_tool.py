@@ -19,6 +19,7 @@ import attrs
 import jsonschema  # type: ignore[import-untyped]
 import jsonschema.exceptions  # type: ignore[import-untyped]
 import jsonschema.validators  # type: ignore[import-untyped]
+import referencing.exceptions
 
 import otp
 
@@ -65,6 +66,15 @@ def _optional_count(cls: str) -> Any:
     return check
 
 
+def _whole_token(_obj: Any, _attr: Any, capacity: float) -> None:
+    if capacity < 1:
+        raise ConfigurationError(
+            f"RetryBudget.capacity must be >= 1 (got {capacity!r}): a retry takes a whole"
+            " token, so a smaller bucket would never allow one; use RetryPolicy(budget=None)"
+            " for no shared budget, or max_attempts=1 for no retries"
+        )
+
+
 @attrs.frozen
 class RetryBudget:
     """A token bucket shared by every call of one tool, so that a failing tool cannot cause a
@@ -72,7 +82,7 @@ class RetryBudget:
     ``capacity``. With the bucket empty a retryable failure is returned at once
     (event ``dispatch.retry_denied``)."""
 
-    capacity: float = attrs.field(default=10.0, validator=_positive("RetryBudget"))
+    capacity: float = attrs.field(default=10.0, validator=[_positive("RetryBudget"), _whole_token])
     refill_per_second: float = attrs.field(
         default=1.0, validator=_positive("RetryBudget", allow_zero=True)
     )
@@ -241,7 +251,10 @@ def _freeze_schema(value: Any) -> Mapping[str, Any]:
         raise ConfigurationError(
             f"Tool.schema must be a JSON Schema object (a dict) or None (got {value!r})"
         )
-    return dict(value)
+    schema = dict(value)
+    # MCP lists a tool's inputSchema as an object schema, and arguments are always an object.
+    schema.setdefault("type", "object")
+    return schema
 
 
 def _compile(tool: Tool) -> Any:
@@ -253,7 +266,56 @@ def _compile(tool: Tool) -> Any:
             f"Tool {tool.name!r}: its schema is not a valid JSON Schema ({cls.__name__}):"
             f" {exc.message} at {'/'.join(map(str, exc.path)) or 'the root'}"
         ) from exc
-    return cls(tool.schema)
+    kind = tool.schema["type"]
+    if kind != "object":
+        raise ConfigurationError(
+            f"Tool {tool.name!r}: its schema must describe an object (the arguments are a JSON"
+            f" object, and MCP's inputSchema has type 'object'); got type {kind!r}"
+        )
+    validator = cls(tool.schema)
+    _check_refs(tool, validator)
+    return validator
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, Mapping):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            yield ref
+        for value in node.values():
+            yield from _refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _refs(value)
+
+
+def _nested_ids(node: Any, root: bool = True) -> bool:
+    if isinstance(node, Mapping):
+        if not root and isinstance(node.get("$id"), str):
+            return True
+        return any(_nested_ids(value, False) for value in node.values())
+    if isinstance(node, list):
+        return any(_nested_ids(value, False) for value in node)
+    return False
+
+
+def _check_refs(tool: Tool, validator: Any) -> None:
+    """Resolve every ``$ref`` now, so that a dangling one fails the tool's definition rather
+    than a call that reaches it. (A schema with nested ``$id`` s moves the base of its refs:
+    those are left to the validator, which reports them when a call reaches them.)"""
+    # The validator's own resolver (jsonschema >= 4.18 keeps it private): it knows the
+    # metaschemas and the schema's dialect exactly as validation will.
+    resolver = getattr(validator, "_resolver", None)
+    if resolver is None or _nested_ids(tool.schema):
+        return
+    for ref in _refs(tool.schema):
+        try:
+            resolver.lookup(ref)
+        except referencing.exceptions.Unresolvable as exc:
+            raise ConfigurationError(
+                f"Tool {tool.name!r}: its schema's $ref {ref!r} does not resolve ({exc}); define"
+                " it (say under $defs) or remove the reference"
+            ) from exc
 
 
 def _accepts_any_object(schema: Mapping[str, Any]) -> bool:
