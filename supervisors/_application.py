@@ -4,8 +4,9 @@ An application is a root supervisor plus configuration (``env``). The controller
 registered as ``application_controller`` (started on first use, one per node): it starts each
 application's root supervisor linked to itself, stops them on request (``shutdown``, waiting for
 the whole tree) and watches them. When an application's root ends on its own, the controller
-applies OTP's restart types: ``temporary`` is only reported; ``transient`` stops the node when the
-reason is abnormal; ``permanent`` stops the node for any reason. "Stopping the node" means: the
+applies OTP's restart types: ``temporary`` is only reported; ``transient`` stops the node for any
+reason but ``normal`` (a root supervisor that gives up exits ``shutdown``, which counts);
+``permanent`` stops the node for any reason. "Stopping the node" means: the
 controller stops every other application in reverse start order and :func:`wait_node_stop`
 returns, so the node's boot can exit.
 """
@@ -55,6 +56,28 @@ def _convert_root(value: Any) -> tuple[Any, ...]:
     )
 
 
+def _convert_applications(value: Any) -> tuple[str, ...]:
+    # A str is iterable: "db" would become the dependencies ("d", "b").
+    if isinstance(value, list | tuple) and all(isinstance(name, str) for name in value):
+        return tuple(value)
+    raise ApplicationError(
+        "Application.applications must be a list of application names (str)"
+        f" (got {value!r}): write applications=['db'] for one dependency",
+        ("bad_applications", value),
+    )
+
+
+def _to_restart_type(value: Any) -> Restart:
+    try:
+        return Restart(value)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in Restart)
+        raise ApplicationError(
+            f"start_application's restart_type must be one of {choices} (got {value!r})",
+            ("bad_restart_type", value),
+        ) from None
+
+
 def _freeze_env(value: Any) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ApplicationError(
@@ -70,17 +93,21 @@ class Application:
     Args:
         name: Unique on the node.
         root: How to start the root supervisor, linked to the caller: a :class:`Supervisor`
-            subclass (its ``start_link()``), ``(start_fn, *args)`` or ``(flags, children)``
-            for ``Supervisor.start_link(flags, children)``.
+            subclass (its ``start_link()``), ``(start_fn, *args)`` (returning the root's pid,
+            ``("ok", pid[, info])`` or ``("error", reason)``) or ``(flags, children)`` for
+            ``Supervisor.start_link(flags, children)``.
         env: Configuration, read with :func:`get_env` while the application runs.
-        applications: Names of applications that must be running before this one starts.
+        applications: Names of applications that must be running before this one starts (a
+            list or tuple of str).
         description, version: Shown by :func:`which_applications`.
     """
 
     name: str = attrs.field(validator=_check_name)
     root: tuple[Any, ...] = attrs.field(converter=_convert_root)
     env: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_env, kw_only=True)
-    applications: tuple[str, ...] = attrs.field(default=(), converter=tuple, kw_only=True)
+    applications: tuple[str, ...] = attrs.field(
+        default=(), converter=_convert_applications, kw_only=True
+    )
     description: str = attrs.field(default="", kw_only=True)
     version: str = attrs.field(default="", kw_only=True)
 
@@ -144,6 +171,18 @@ async def _start_root(app: Application) -> Any:
         return ("error", otp.Crash(exc))
     if isinstance(ret, otp.Pid):
         return ("ok", ret)
+    if isinstance(ret, tuple) and ret:
+        # The forms ChildSpec accepts (OTP's {ok, Pid} | {ok, Pid, State} | {error, Reason}).
+        if ret[0] == "ok" and len(ret) in (2, 3) and isinstance(ret[1], otp.Pid):
+            return ("ok", ret[1])
+        if ret[0] == "error" and len(ret) == 2:
+            return ret
+    # A tree started but returned in another form would run linked to the controller and
+    # owned by no application: stop it before failing the start.
+    if isinstance(ret, tuple | list):
+        for pid in ret:
+            if isinstance(pid, otp.Pid):
+                await _stop_root(pid)
     return ("error", ("bad_return", ret))
 
 
@@ -240,7 +279,8 @@ class _Controller(otp.GenServer):
         self._report_exit(name, reason, running.restart_type)
         restart = running.restart_type
         if restart is Restart.PERMANENT or (
-            restart is Restart.TRANSIENT and otp.is_abnormal(reason)
+            # OTP's application_controller spares a transient application only for normal.
+            restart is Restart.TRANSIENT and reason != otp.NORMAL
         ):
             if state.node_stop is None:
                 reports.logger.error(
@@ -281,13 +321,16 @@ async def start_application(app: Application, restart_type: Any = Restart.TEMPOR
 
     Args:
         restart_type: ``permanent`` (its end, for any reason, stops the node), ``transient``
-            (an abnormal end stops the node) or ``temporary`` (default; its end is reported).
+            (its end for any reason but ``normal`` stops the node, ``shutdown`` included) or
+            ``temporary`` (default; its end is reported).
 
     Raises:
-        ApplicationError: ``("already_started", name)``, ``("not_started", dependency)`` or
-            the root supervisor's start failure (``reason`` is ``("error", reason)``'s reason).
+        ApplicationError: ``("bad_restart_type", value)``, ``("already_started", name)``,
+            ``("not_started", dependency)`` or the root supervisor's start failure (``reason``
+            is ``("error", reason)``'s reason; a root that started but returned something other
+            than its pid is stopped first, and ``reason`` is ``("bad_return", value)``).
     """
-    restart = Restart(restart_type)
+    restart = _to_restart_type(restart_type)
     result = await otp.call(await _controller(), ("start", app, restart), timeout=None)
     if result != "ok":
         raise ApplicationError(
@@ -325,8 +368,9 @@ async def which_applications() -> list[tuple[str, str, str]]:
 
 async def wait_node_stop() -> ApplicationExit:
     """Wait until an application's end requires the node to stop (a permanent application
-    ended, or a transient one ended abnormally); by then the controller has stopped the other
-    applications in reverse start order. Returns at once if that already happened.
+    ended, or a transient one ended with any reason but ``normal``); by then the controller has
+    stopped the other applications in reverse start order. Returns at once if that already
+    happened.
 
     Cancellation leaves nothing behind but a dropped reply.
     """

@@ -192,7 +192,20 @@ def _convert_modules(value: Any) -> Any:
         return None
     if isinstance(value, str):
         return (value,)
-    return tuple(value)
+    if not isinstance(value, Iterable):
+        raise ChildSpecError(
+            "ChildSpec.modules must be a module name (str), a list of them or None"
+            f" (got {value!r})",
+            ("invalid_modules", value),
+        )
+    modules = tuple(value)
+    for module in modules:
+        if not isinstance(module, str):
+            raise ChildSpecError(
+                f"ChildSpec.modules must hold module names (str) (got {module!r} in {value!r})",
+                ("invalid_module", module),
+            )
+    return modules
 
 
 @attrs.frozen
@@ -216,7 +229,8 @@ class ChildSpec:
             supervisors.
         significant: With ``auto_shutdown``, whether this child's end may stop the supervisor.
             Only for transient or temporary children.
-        modules: Informational, shown by ``which_children`` (OTP's ``modules``).
+        modules: Informational, shown by ``which_children`` (OTP's ``modules``): a module name,
+            a list of them or None.
 
     Raises:
         ChildSpecError: a field is invalid; ``reason`` is OTP's error term.
@@ -270,8 +284,8 @@ class ChildSpec:
         unknown = set(spec) - {f.name for f in attrs.fields(cls)}
         if unknown:
             raise ChildSpecError(
-                f"child spec {spec['id']!r} has unknown keys {sorted(unknown)!r}; known keys are"
-                " id, start, restart, type, shutdown, significant, modules",
+                f"child spec {spec['id']!r} has unknown keys {sorted(unknown, key=repr)!r}; known"
+                " keys are id, start, restart, type, shutdown, significant, modules",
                 ("invalid_child_spec", dict(spec)),
             )
         fields = dict(spec)
@@ -285,8 +299,10 @@ class ChildSpec:
         return attrs.evolve(self, start=(fn, *new_args))
 
 
-def _flags_error(field: str, expected: str, value: Any, term: str) -> SupFlagsError:
-    return SupFlagsError(f"SupFlags.{field} must be {expected} (got {value!r})", (term, value))
+def _flags_error(
+    field: str, expected: str, value: Any, term: str, owner: str = "SupFlags"
+) -> SupFlagsError:
+    return SupFlagsError(f"{owner}.{field} must be {expected} (got {value!r})", (term, value))
 
 
 def _convert_flag_enum(kind: type[enum.StrEnum], field: str, term: str) -> Callable[[Any], Any]:
@@ -313,14 +329,17 @@ def _to_auto_shutdown(value: Any) -> AutoShutdown:
     return _auto_converter(value)
 
 
-def _check_intensity(_flags: Any, _attr: Any, value: Any) -> None:
+# Shared with DynamicSupFlags: the message names the class the value was given to.
+def check_intensity(flags: Any, _attr: Any, value: Any) -> None:
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        raise _flags_error("intensity", "an int >= 0", value, "invalid_intensity")
+        owner = type(flags).__name__
+        raise _flags_error("intensity", "an int >= 0", value, "invalid_intensity", owner)
 
 
-def _check_period(_flags: Any, _attr: Any, value: Any) -> None:
+def check_period(flags: Any, _attr: Any, value: Any) -> None:
     if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-        raise _flags_error("period", "an int > 0 (seconds)", value, "invalid_period")
+        owner = type(flags).__name__
+        raise _flags_error("period", "an int > 0 (seconds)", value, "invalid_period", owner)
 
 
 @attrs.frozen
@@ -342,8 +361,8 @@ class SupFlags:
         default=Strategy.ONE_FOR_ONE,
         converter=_to_strategy,
     )
-    intensity: int = attrs.field(default=1, validator=_check_intensity)
-    period: int = attrs.field(default=5, validator=_check_period)
+    intensity: int = attrs.field(default=1, validator=check_intensity)
+    period: int = attrs.field(default=5, validator=check_period)
     auto_shutdown: AutoShutdown = attrs.field(
         default=AutoShutdown.NEVER,
         converter=_to_auto_shutdown,
@@ -363,8 +382,8 @@ class SupFlags:
             unknown = set(flags) - {"strategy", "intensity", "period", "auto_shutdown"}
             if unknown:
                 raise SupFlagsError(
-                    f"SupFlags has unknown keys {sorted(unknown)!r}; known keys are strategy,"
-                    " intensity, period, auto_shutdown",
+                    f"SupFlags has unknown keys {sorted(unknown, key=repr)!r}; known keys are"
+                    " strategy, intensity, period, auto_shutdown",
                     ("invalid_type", dict(flags)),
                 )
             return cls(**flags)

@@ -31,6 +31,8 @@ from ._spec import (
     Strategy,
     SupFlags,
     SupFlagsError,
+    check_intensity,
+    check_period,
     check_significant,
     check_startspec,
 )
@@ -133,6 +135,27 @@ class _TryAgain:
         self.key = key
 
 
+def _check_max_children(_flags: Any, _attr: Any, value: Any) -> None:
+    if value is not None and not (
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    ):
+        raise SupFlagsError(
+            f"DynamicSupFlags.max_children must be None or an int >= 0 (got {value!r})",
+            ("invalid_max_children", value),
+        )
+
+
+def _convert_extra_arguments(value: Any) -> tuple[Any, ...]:
+    # Only a sequence: a str would be split into one-letter arguments.
+    if not isinstance(value, list | tuple):
+        raise SupFlagsError(
+            "DynamicSupFlags.extra_arguments must be a list or tuple of arguments"
+            f" (got {value!r}): wrap a single argument, as extra_arguments=(config,)",
+            ("invalid_extra_arguments", value),
+        )
+    return tuple(value)
+
+
 @attrs.frozen
 class DynamicSupFlags:
     """The flags of a :class:`DynamicSupervisor` (Elixir's ``DynamicSupervisor.init/1``).
@@ -142,26 +165,16 @@ class DynamicSupFlags:
         period: the window in whole seconds (Elixir's ``max_seconds``, default 5).
         max_children: at most this many children (None: no limit); ``start_child`` beyond it
             returns ``("error", "max_children")``.
-        extra_arguments: prepended to the start arguments of every child.
+        extra_arguments: a list or tuple, prepended to the start arguments of every child.
+
+    Raises:
+        SupFlagsError: a field is invalid; ``reason`` is the error term.
     """
 
-    intensity: int = attrs.field(default=3)
-    period: int = attrs.field(default=5)
-    max_children: int | None = attrs.field(default=None)
-    extra_arguments: tuple[Any, ...] = attrs.field(default=(), converter=tuple)
-
-    def __attrs_post_init__(self) -> None:
-        SupFlags(Strategy.ONE_FOR_ONE, self.intensity, self.period)
-        if self.max_children is not None and not (
-            isinstance(self.max_children, int)
-            and not isinstance(self.max_children, bool)
-            and self.max_children >= 0
-        ):
-            raise SupFlagsError(
-                "DynamicSupFlags.max_children must be None or an int >= 0"
-                f" (got {self.max_children!r})",
-                ("invalid_max_children", self.max_children),
-            )
+    intensity: int = attrs.field(default=3, validator=check_intensity)
+    period: int = attrs.field(default=5, validator=check_period)
+    max_children: int | None = attrs.field(default=None, validator=_check_max_children)
+    extra_arguments: tuple[Any, ...] = attrs.field(default=(), converter=_convert_extra_arguments)
 
 
 # -- starting and stopping one child ----------------------------------------------------------
@@ -282,6 +295,17 @@ async def _shutdown_many(sup_name: Any, entries: list[tuple[ChildSpec, otp.Pid]]
         reason = await _unlink_flush(pid, down.reason)
         if not _shutdown_ok(spec, reason, spec.shutdown == BRUTAL_KILL):
             reports.report_error(reports.SHUTDOWN_ERROR, reason, sup_name, spec, pid)
+
+
+def _check_dynamic_significant(spec: ChildSpec) -> None:
+    """A DynamicSupervisor has no auto_shutdown, so no child of it can be significant."""
+    if spec.significant:
+        raise ChildSpecError(
+            f"child {spec.id!r} is significant but a DynamicSupervisor has no auto_shutdown:"
+            " drop significant=True, or put the child under a Supervisor whose"
+            " SupFlags.auto_shutdown is 'any_significant' or 'all_significant'",
+            ("bad_combination", [("auto_shutdown", "never"), ("significant", True)]),
+        )
 
 
 # -- the engine -------------------------------------------------------------------------------
@@ -628,6 +652,8 @@ class _Engine(otp.GenServer):
     async def _handle_start_child(self, state: _State, raw: Any) -> Any:
         if state.mode == "simple":
             assert state.template is not None
+            if not isinstance(raw, list | tuple):
+                return ("error", ("bad_extra_args", raw))
             spec = state.template.with_args(raw)
             result = await _call_start(spec)
             if result[0] == _OK and result[1] is not None:
@@ -635,9 +661,14 @@ class _Engine(otp.GenServer):
             return result
         try:
             spec = ChildSpec.from_map(raw)
+            if state.mode == "dynamic":
+                _check_dynamic_significant(spec)
             check_significant(spec, state.flags.auto_shutdown)
         except ChildSpecError as exc:
             return ("error", exc.reason)
+        except TypeError:
+            # A bad spec must be an error value: raising here would crash the supervisor.
+            return ("error", ("invalid_child_spec", raw))
         if state.mode == "dynamic":
             if state.max_children is not None and len(state.dynamic) >= state.max_children:
                 return ("error", "max_children")
@@ -678,7 +709,7 @@ class _Engine(otp.GenServer):
                 return ("error", "simple_one_for_one" if state.mode == "simple" else "not_found")
             spec = state.dynamic.get(key)
             if spec is None:
-                return ("error", "not_found")
+                return self._terminate_absent_dynamic(state, key)
             await _shutdown(state.name, spec, key)
             state.dynamic.pop(key, None)
             return _OK
@@ -688,6 +719,21 @@ class _Engine(otp.GenServer):
         await self._terminate_child(state, child)
         self._del_child(state, child)
         return _OK
+
+    def _terminate_absent_dynamic(self, state: _State, pid: otp.Pid) -> Any:
+        """``terminate_child`` of a pid that is not a running dynamic child. If its restart is
+        being retried (OTP's ``restarting(Pid)``), drop it: the queued retry then finds
+        nothing. simple_one_for_one answers ok for a pid no longer alive (OTP 25's
+        ``find_child``); DynamicSupervisor answers not_found (Elixir's)."""
+        if state.dynamic_restarts:
+            for key in state.dynamic:
+                if key.__class__ is _Restarting and key.old == pid:
+                    del state.dynamic[key]
+                    state.dynamic_restarts -= 1
+                    return _OK
+        if state.mode == "simple" and otp.process_info(pid) is None:
+            return _OK
+        return ("error", "not_found")
 
     async def _handle_restart_child(self, state: _State, key: Any) -> Any:
         if state.is_dynamic:
@@ -737,8 +783,9 @@ async def start_child(supervisor: Any, spec: Any) -> Any:
 
     For a static supervisor ``spec`` is a :class:`ChildSpec` (or its map form) and the child
     goes last in the start order (so it is stopped first). For simple_one_for_one ``spec`` is a
-    list of extra arguments appended to the template's. For a :class:`DynamicSupervisor` it is a
-    spec whose arguments get the supervisor's ``extra_arguments`` prepended.
+    list (or tuple) of extra arguments appended to the template's; anything else is answered
+    ``("error", ("bad_extra_args", spec))``. For a :class:`DynamicSupervisor` it is a spec whose
+    arguments get the supervisor's ``extra_arguments`` prepended.
 
     Returns:
         ``("ok", pid)``, ``("ok", pid, info)``, ``("ok", None)`` (the start returned ignore;
@@ -755,10 +802,12 @@ async def start_child(supervisor: Any, spec: Any) -> Any:
 
 async def terminate_child(supervisor: Any, child: Any) -> Any:
     """Stop a child by id (or pid; by pid only for dynamic supervisors); its spec is kept
-    (a temporary child's is dropped) and it is not restarted.
+    (a temporary child's is dropped) and it is not restarted. A dynamic child whose restart is
+    being retried is found by its old pid, and its retries stop.
 
-    Returns ``"ok"`` (also if it was not running), ``("error", "not_found")`` or
-    ``("error", "simple_one_for_one")`` (an id given to a simple_one_for_one supervisor).
+    Returns ``"ok"`` (also if it was not running; for simple_one_for_one, also for a pid no
+    longer alive), ``("error", "not_found")`` or ``("error", "simple_one_for_one")`` (an id
+    given to a simple_one_for_one supervisor).
     """
     return await otp.call(supervisor, _TerminateChild(child), timeout=None)
 
@@ -893,7 +942,8 @@ class DynamicSupervisor:
 
     @staticmethod
     async def terminate_child(supervisor: Any, pid: otp.Pid) -> Any:
-        """Stop the child ``pid``: ``"ok"`` or ``("error", "not_found")``."""
+        """Stop the child ``pid`` (or, by its old pid, a child whose restart is being retried):
+        ``"ok"`` or ``("error", "not_found")``."""
         return await terminate_child(supervisor, pid)
 
     which_children = staticmethod(which_children)
