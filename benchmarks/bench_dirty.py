@@ -8,6 +8,11 @@ stream; ``dirty.bytes_1mib``: a 1 MiB echo round trip; ``dirty.execute_async`` a
 ``dirty.execute_8_async``: the first two from asyncio tasks (as an ASGI app calls the pool).
 When gunicorn is installed, the same figures are measured against a real ``gunicorn`` 27
 started with the same dirty app, workers and threads (``dirty.*_vs_gunicorn``), in the same run.
+
+``dirty.execute_8_vs_floor`` (and ``dirty.execute_8_floor_vs_gunicorn``) compare with the floor
+of the design itself: 8 threads doing bare socket round trips through a raw trio process that
+only forwards bytes (the node's place in the data path) to 2 processes that echo at once (the
+workers'). No client, node or worker code runs, so nothing built this way can beat it.
 """
 
 from __future__ import annotations
@@ -187,6 +192,147 @@ def wsgi_app(environ: Any, start_response: Any) -> list[bytes]:
     return [b"ok"]
 
 
+_RECORD = 80
+
+
+def _floor_echo(path: str) -> None:
+    """(Its own process.) A stand-in for a worker that costs nothing: echoes every read back
+    at once from a plain epoll loop."""
+    import select
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+    poll = select.epoll()
+    poll.register(server.fileno(), select.EPOLLIN)
+    conns: dict[int, socket.socket] = {}
+    print("ready", flush=True)
+    while True:
+        for fd, _ in poll.poll():
+            if fd == server.fileno():
+                conn, _ = server.accept()
+                conns[conn.fileno()] = conn
+                poll.register(conn.fileno(), select.EPOLLIN)
+            elif data := conns[fd].recv(1 << 16):
+                conns[fd].sendall(data)
+            else:
+                poll.unregister(fd)
+                conns.pop(fd).close()
+
+
+def _floor_forwarder(path: str, *upstream_paths: str) -> None:
+    """(Its own process.) The least a trio node between clients and workers can do: forward
+    each read of a client to the next upstream (round-robin) and each upstream record back to
+    the client its first byte names, with raw trio (no actors, no frames, no routing table)."""
+    import trio
+
+    async def main() -> None:
+        ups = []
+        for upstream in upstream_paths:
+            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            up.connect(upstream)
+            up.setblocking(False)
+            ups.append(up)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(16)
+        server.setblocking(False)
+        clients: list[socket.socket] = []
+        turn = [0]
+
+        async def from_client(conn: socket.socket) -> None:
+            while True:
+                await trio.lowlevel.wait_readable(conn)
+                data = conn.recv(1 << 16)
+                if not data:
+                    return
+                ups[turn[0] % len(ups)].sendall(data)
+                turn[0] += 1
+
+        async def from_upstream(up: socket.socket) -> None:
+            pending = b""
+            while True:
+                await trio.lowlevel.wait_readable(up)
+                pending += up.recv(1 << 16)
+                while len(pending) >= _RECORD:
+                    record, pending = pending[:_RECORD], pending[_RECORD:]
+                    clients[record[0]].sendall(record)
+
+        async with trio.open_nursery() as nursery:
+            for up in ups:
+                nursery.start_soon(from_upstream, up)
+            print("ready", flush=True)
+            while True:
+                await trio.lowlevel.wait_readable(server)
+                conn, _ = server.accept()
+                conn.setblocking(False)
+                conn.send(bytes([len(clients)]))
+                clients.append(conn)
+                nursery.start_soon(from_client, conn)
+
+    trio.run(main)
+
+
+def _start_helper(function: str, *args: str) -> subprocess.Popen[bytes]:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"from benchmarks.bench_dirty import {function}; {function}(*{args!r})"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=root),
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != b"ready":
+        raise RuntimeError(f"bench_dirty: {function} did not start")
+    return proc
+
+
+def _node_floor(quick: bool) -> float:
+    """Calls/s of the design's floor with 8 callers: 8 threads doing bare socket round trips
+    (no frames, no client) through a raw trio forwarder process (a node doing nothing but
+    forwarding) to 2 echo processes (workers costing nothing). What the pool, with the node
+    in its data path as the design has it, could reach if client, node and workers did no
+    work of their own."""
+    tmp = tempfile.mkdtemp(prefix="bench-floor-")
+    echoes = [os.path.join(tmp, f"echo{i}.sock") for i in range(2)]
+    path = os.path.join(tmp, "node.sock")
+    procs = [_start_helper("_floor_echo", echo) for echo in echoes]
+    try:
+        procs.append(_start_helper("_floor_forwarder", path, *echoes))
+        socks = []
+        for _ in range(8):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(path)
+            socks.append((sock, sock.recv(1) + b"x" * (_RECORD - 1)))
+        end = time.monotonic() + (1.0 if quick else 3.0)
+        counts = [0] * len(socks)
+
+        def caller(i: int) -> None:
+            sock, record = socks[i]
+            while time.monotonic() < end:
+                sock.sendall(record)
+                got = 0
+                while got < _RECORD:
+                    got += len(sock.recv(1 << 16))
+                counts[i] += 1
+
+        threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(socks))]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        for sock, _ in socks:
+            sock.close()
+        return sum(counts) / elapsed
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def _run_gunicorn(quick: bool) -> dict[str, float] | None:
     """Start a real gunicorn 27 with a dirty app, as a user would; measure it with its own
     client (one client per caller thread: Gunicorn's client is not safe to share)."""
@@ -298,6 +444,7 @@ def run(quick: bool) -> list[Result]:
     raw_big = _raw_pingpong(os.path.join(tmp, "raw2.sock"), 5 if quick else 20, 1 << 20)
     ours = _run_pool(quick)
     theirs = _run_gunicorn(quick)
+    floor = _node_floor(quick)
     raw_rate = 1 / raw_small
     results = [
         Result("dirty.execute", "us", ours["execute"] * 1e6, "raw unix ping-pong",
@@ -312,6 +459,9 @@ def run(quick: bool) -> list[Result]:
                raw_small * 1e6, direction="lower", notes="from an asyncio task"),
         Result("dirty.execute_8_async", "calls/s", ours["execute_8_async"],
                "raw ping-pong (1 caller)", raw_rate, notes="8 asyncio tasks sharing one client"),
+        Result("dirty.execute_8_vs_floor", "calls/s", ours["execute_8"],
+               "no-work floor of a node in the path", floor,
+               notes="8 bare callers -> raw trio forwarder -> 2 echo processes"),
     ]  # fmt: skip
     if theirs is not None:
         results += [
@@ -321,6 +471,9 @@ def run(quick: bool) -> list[Result]:
             Result("dirty.execute_8_vs_gunicorn", "calls/s", ours["execute_8"],
                    "gunicorn 27 dirty arbiter", theirs["execute_8"],
                    notes="target: at least 10x; gunicorn: one client per thread"),
+            Result("dirty.execute_8_floor_vs_gunicorn", "calls/s", floor,
+                   "gunicorn 27 dirty arbiter", theirs["execute_8"],
+                   notes="no-work floor: bare callers, raw trio forwarder, echo workers"),
             Result("dirty.stream_vs_gunicorn", "chunks/s", ours["stream"],
                    "gunicorn 27 dirty arbiter", theirs["stream"]),
             Result("dirty.bytes_1mib_vs_gunicorn", "ms", ours["bytes_1mib"] * 1e3,
