@@ -444,6 +444,22 @@ def _frame_bytes(frame: wire.Frame) -> bytes:
         raise _unsendable(exc) from exc
 
 
+def _end(conn: _SyncConn, rid: int) -> None:
+    """Tell the pool a request is abandoned (if the connection still works)."""
+    try:
+        conn.send([header(END, 0, rid)])
+    except (DirtyError, OSError):
+        pass
+
+
+def _streamed(rid: int) -> DirtyError:
+    """The error of an execute() whose action streams (Gunicorn's client raises DirtyError)."""
+    return DirtyError(
+        f"request {rid} was answered with a stream: the action is a streaming action (it"
+        " returns a generator); call stream() or stream_async() for it, not execute()"
+    )
+
+
 def _unsendable(exc: wire.WireError) -> DirtyProtocolError:
     """A request the protocol cannot carry (a set, an object, an int past 64 bits, too deep,
     too large): the caller's own error, as Gunicorn's client says; nothing was sent."""
@@ -670,10 +686,7 @@ class DirtyClient:
             conn.sleeping.pop(rid, None)
             if not had or conn.broken is not None:
                 return
-        try:
-            conn.send([header(END, 0, rid)])
-        except (DirtyError, OSError):
-            pass
+        _end(conn, rid)
 
     def _deadline(self) -> float | None:
         return None if self.timeout is None else time.monotonic() + self.timeout
@@ -690,15 +703,22 @@ class DirtyClient:
         finally:
             if not done:
                 self._abandon(conn, rid)
+        if mtype == CHUNK or mtype == END:
+            # The rest of the stream is dropped (the call is over); END stops its generator.
+            _end(conn, rid)
+            raise _streamed(rid)
         return _result(mtype, payload)
 
     def execute(self, app_path: str, action: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``action`` of the app at ``app_path`` in a worker; return its result.
 
         Raises:
-            DirtyAppError: The action raised (``traceback`` has the worker's traceback).
+            DirtyAppError: The action raised, whatever it raised (``traceback`` has the
+                worker's traceback, which names the exception's class).
             DirtyAppNotFoundError, DirtyNoWorkersAvailableError, DirtyWorkerError,
             DirtyTimeoutError, DirtyConnectionError, DirtyProtocolError: as named.
+            DirtyError: The action streams (it returns a generator): use :meth:`stream`. The
+                stream is abandoned, so its generator stops in the worker.
         """
         rid = next(self._ids)
         return self._call_parts(rid, _request(rid, app_path, action, args, kwargs))
@@ -934,8 +954,10 @@ class DirtyClient:
             done = True
         finally:
             conn.slots.pop(rid, None)
-            if not done:
+            if not done or mtype == CHUNK or mtype == END:
                 await _send_end(conn, rid)
+        if mtype == CHUNK or mtype == END:
+            raise _streamed(rid)
         return _result(mtype, payload)
 
     async def execute_async(self, app_path: str, action: str, *args: Any, **kwargs: Any) -> Any:

@@ -2,7 +2,9 @@
 
 Each class also subclasses the nearest builtin (``DirtyTimeoutError`` is a ``TimeoutError``), and
 ``to_dict``/``from_dict`` are the ERROR frame's ``{error_type, message, details}`` form, so an
-error raised in a worker arrives in the caller as the same class.
+error the pool raises arrives in the caller as the same class. Whatever an app's action raises,
+a DirtyError included (a ``StashError`` from a stash call), arrives as ``DirtyAppError``, as
+Gunicorn's worker sends it.
 """
 
 from __future__ import annotations
@@ -93,7 +95,11 @@ class DirtyWorkerError(DirtyError):
 
 
 class DirtyAppError(DirtyError):
-    """The app's action raised; ``traceback`` is the worker's formatted traceback."""
+    """The app's action raised; ``traceback`` is the worker's formatted traceback.
+
+    Whatever the action raised (a DirtyError too) comes as this class: ``message`` is
+    ``str()`` of the exception, and the traceback names its class.
+    """
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ from typing import Any
 
 import wire
 
-from ._errors import DirtyProtocolError
+from ._errors import DirtyError, DirtyProtocolError
 
 __all__ = [
     "HEADER",
@@ -27,6 +27,7 @@ __all__ = [
     "FrameSplitter",
     "decode_payload",
     "encode",
+    "error_bytes",
     "frame_bytes",
     "header",
     "notice",
@@ -76,6 +77,34 @@ def header(mtype: int, length: int, request_id: int) -> bytes:
 def encode(frame: wire.Frame) -> bytes:
     """A frame's bytes (Gunicorn's encoding; non-str dict keys are ``str()``-ed as it does)."""
     return wire.encode_frame(frame, coerce_keys=True)
+
+
+def error_bytes(rid: int, error: DirtyError) -> bytes:
+    """An ERROR frame for ``rid``; the caller gets it whatever the error's text holds.
+
+    Text that is not valid UTF-8 (a lone surrogate: an OS file name or path decoded with
+    ``surrogateescape``) goes backslash-escaped, and a detail that still cannot be encoded is
+    left out.
+    """
+    e = error.to_dict()
+    try:
+        return encode(wire.make_error(rid, e["error_type"], e["message"], e["details"]))
+    except wire.WireError:
+        pass
+    details: dict[str, Any] = {}
+    for key, value in e["details"].items():
+        value = _escaped(value) if isinstance(value, str) else value
+        try:
+            _body(value)
+        except wire.WireError:
+            continue
+        details[_escaped(str(key))] = value
+    return encode(wire.make_error(rid, e["error_type"], _escaped(e["message"]), details))
+
+
+def _escaped(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode (lone surrogates) as backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _tlv_encode = wire.tlv_encode

@@ -22,7 +22,6 @@ import attrs
 import trio
 
 import otp
-import wire
 from otp import ets
 
 from ._config import DirtyConfig
@@ -37,7 +36,7 @@ from ._frames import (
     STATUS,
     FrameBuffer,
     FrameSplitter,
-    encode,
+    error_bytes,
     header,
     tune_socket,
 )
@@ -294,12 +293,6 @@ ACTORS: dict[otp.Pid, Any] = {}
 class _Started:
     ref: otp.Ref
     error: Any
-
-
-def error_bytes(rid: int, error: DirtyError) -> bytes:
-    """An ERROR frame for ``rid``."""
-    e = error.to_dict()
-    return encode(wire.make_error(rid, e["error_type"], e["message"], e["details"]))
 
 
 async def start_worker(ctx: PoolContext, worker_id: int, apps: tuple[str, ...]) -> otp.Pid:

@@ -180,7 +180,8 @@ class Router(otp.GenServer):
             case "status":
                 return otp.Reply(_status(state), state)
             case [("add" | "remove") as kind, int() as count]:
-                state.queue.append(_Op(kind, count, from_))
+                # Gunicorn acts on (and reports) at least one worker for a count of 0 or less.
+                state.queue.append(_Op(kind, max(1, count), from_))
                 _next_op(state)
                 return otp.NoReply(state)
             case "reload":
@@ -295,7 +296,7 @@ def _scale_down(state: _State, count: int) -> dict[str, Any]:
     minimum = minimum_workers(state.ctx.config.dirty_apps)
     removed = 0
     reason = None
-    for _ in range(max(1, count)):
+    for _ in range(count):
         live = _live(state)
         if len(live) <= minimum:
             reason = f"the pool never shrinks below {minimum} worker(s), the largest per-app N"
@@ -353,7 +354,7 @@ def _step(state: _State, op: _Op) -> None:
     """Start the request's next worker (in a helper process), or finish the request."""
     if op.kind == "add":
         apps: tuple[str, ...] = ()
-        if op.done < max(1, op.count):
+        if op.done < op.count:
             apps = tuple(apps_for_new_worker(state.ctx.config.dirty_apps, _holders(state)))
             if not apps:
                 op.reason = "All apps have reached their worker limits"

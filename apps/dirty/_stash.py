@@ -26,6 +26,8 @@ __all__ = ["StashExtOp", "StashManager", "stash_operation"]
 MANAGER = "dirty_stash"
 TABLES = "dirty_stash_tables"
 _PREFIX = "apps.dirty.stash:"
+#: The ints GD v1 carries (its only int TLV is 8-byte signed).
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class StashExtOp(enum.IntEnum):
@@ -161,9 +163,16 @@ async def stash_operation(
         if isinstance(incr, bool) or not isinstance(incr, int):
             raise StashError(f"update_counter: incr must be an int (got {incr!r})")
         rows = ets.lookup(name, k)
-        if rows and (isinstance(rows[0][1], bool) or not isinstance(rows[0][1], int)):
+        current = rows[0][1] if rows else default
+        if isinstance(current, bool) or not isinstance(current, int):
+            where = f"the value of {key!r} in {table}" if rows else "default"
+            raise StashError(f"update_counter: {where} is {current!r}, not an int")
+        if not _INT64_MIN <= current + incr <= _INT64_MAX:
+            # Refused before the write: GD v1 carries int64 only, so a counter past it could
+            # neither be answered nor read back.
             raise StashError(
-                f"update_counter: the value of {key!r} in {table} is {rows[0][1]!r}, not an int"
+                f"update_counter: {current!r} + {incr!r} for {key!r} in {table} is outside"
+                " int64, the range the dirty protocol carries; the counter is unchanged"
             )
         return ets.update_counter(name, k, (1, incr), default=(k, default))
     if op == StashExtOp.INSERT_NEW:

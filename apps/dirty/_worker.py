@@ -39,7 +39,7 @@ import attrs
 import wire
 
 from ._app import DirtyApp, load_dirty_app
-from ._errors import DirtyAppError, DirtyAppNotFoundError, DirtyError, DirtyProtocolError
+from ._errors import DirtyAppError, DirtyAppNotFoundError, DirtyProtocolError
 from ._frames import (
     CHUNK,
     END,
@@ -51,6 +51,7 @@ from ._frames import (
     FrameBuffer,
     decode_payload,
     encode,
+    error_bytes,
     header,
     notice,
     reply_parts,
@@ -304,10 +305,13 @@ def _rest(parts: Any, n: int) -> list[Any]:
     return []
 
 
-def _error_frame(rid: int, error: DirtyError) -> bytes:
-    e = error.to_dict()
-    return encode(wire.make_error(rid, e["error_type"], e["message"], e["details"]))
-
+#: What an action may raise that the worker answers as a DirtyAppError. SystemExit (argparse on
+#: a bad option) and KeyboardInterrupt are the app's own (the worker ignores SIGINT and never
+#: stops by raising them); asyncio.CancelledError and GeneratorExit are not caught.
+_APP_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
+#: At most this many (app, action) pairs are remembered (``Worker.kinds``): the names are the
+#: clients', and an app with its own ``__call__`` may accept any of them.
+_REMEMBERED = 4096
 
 #: A sync action runs on the loop (no thread hand-off) once it has finished this fast
 #: ``_INLINE_AFTER`` times in a row; one inline run slower than this sends it back to the
@@ -336,9 +340,10 @@ class Worker:
         self.abandoned: set[int] = set()
         #: Sync requests waiting for a free thread (the node was told: see ``notice``).
         self.queued: set[int] = set()
-        #: (app_path, action) -> its async method's kind, or "" for a sync call.
+        #: (app_path, action) -> "async" or "" (a sync call), for real actions only.
         self.kinds: dict[tuple[str, str], str] = {}
-        #: (app_path, action) -> fast runs in a row (>= _INLINE_AFTER: run on the loop).
+        #: (app_path, action) -> fast runs in a row (>= _INLINE_AFTER: run on the loop); for
+        #: actions in ``kinds`` only.
         self.fast: dict[tuple[str, str], int] = {}
         self.stop = asyncio.Event()
 
@@ -432,11 +437,11 @@ class Worker:
                         if type(app_path) is not str or type(action) is not str:
                             raise KeyError
                     except DirtyProtocolError as exc:
-                        out.write(_error_frame(rid, exc))
+                        out.write(error_bytes(rid, exc))
                         continue
                     except (KeyError, TypeError):
                         error = DirtyProtocolError("a REQUEST needs str app_path and action")
-                        out.write(_error_frame(rid, error))
+                        out.write(error_bytes(rid, error))
                         continue
                     self._dispatch(rid, msg, app_path, action)
                 elif mtype == END:
@@ -450,21 +455,23 @@ class Worker:
         key = (app_path, action)
         kind = self.kinds.get(key)
         if kind is None and app is not None:
-            kind = self.kinds[key] = self._kind(app, action)
-        if kind == "":
-            if self.fast.get(key, 0) >= _INLINE_AFTER and len(self.running) < self.threads:
-                self._run_inline(rid, app, msg, key)
-            else:
-                # A sync action: a thread runs it and writes its reply itself. One that must
-                # wait for a thread says so, and again when it starts (dirty_timeout counts
-                # from then).
-                if len(self.running) >= self.threads:
-                    self.queued.add(rid)
-                    self.out.write(notice(QUEUED, rid))
-                self.running.add(rid)
-                self.executor.submit(self._run_sync, rid, app, msg, key)
+            kind = self._kind(app, action)
+            if kind is not None and len(self.kinds) < _REMEMBERED:
+                self.kinds[key] = kind
+        if kind == "async" or app is None:
+            self.loop.call_soon_threadsafe(self._start, rid, msg)
             return
-        self.loop.call_soon_threadsafe(self._start, rid, msg)
+        # A sync action (or no such action: the app's ``__call__`` raises the error).
+        if self.fast.get(key, 0) >= _INLINE_AFTER and len(self.running) < self.threads:
+            self._run_inline(rid, app, msg, key)
+        else:
+            # A thread runs it and writes its reply itself. One that must wait for a thread
+            # says so, and again when it starts (dirty_timeout counts from then).
+            if len(self.running) >= self.threads:
+                self.queued.add(rid)
+                self.out.write(notice(QUEUED, rid))
+            self.running.add(rid)
+            self.executor.submit(self._run_sync, rid, app, msg, key)
 
     def _start(self, rid: int, msg: dict[str, Any]) -> None:
         self.tasks[rid] = asyncio.create_task(self._handle(rid, msg))
@@ -480,9 +487,23 @@ class Worker:
         if task is not None:
             task.cancel()
 
-    def _kind(self, app: Any, action: str) -> str:
-        """ "async" if an unmodified ``DirtyApp.__call__`` would run an async method, else ""."""
-        return "async" if self._method(app, action) is not None else ""
+    def _kind(self, app: Any, action: str) -> str | None:
+        """How ``action`` runs: "async" (an async method, on the loop), "" (a sync method, or
+        the app's own ``__call__`` decides, in a thread), or None: no such public method (run
+        as a sync call, whose ``__call__`` raises the error the caller gets)."""
+        if type(app).__call__ is not DirtyApp.__call__:
+            return ""
+        if action.startswith("_"):
+            return None
+        try:
+            method = getattr(app, action, None)
+        except Exception:
+            return None  # a property that raises: it raises again in the call, as its reply
+        if not callable(method):
+            return None
+        if inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method):
+            return "async"
+        return ""
 
     def _method(self, app: Any, action: str) -> Any:
         """The bound method an unmodified ``DirtyApp.__call__`` would run, if it is async."""
@@ -502,8 +523,8 @@ class Worker:
         began = time.perf_counter()
         try:
             result = app(action, *args, **kwargs)
-        except Exception as exc:
-            self.out.write(_error_frame(rid, _app_error(exc, app_path, action)))
+        except _APP_ERRORS as exc:
+            self.out.write(error_bytes(rid, _app_error(exc, app_path, action)))
             return
         finally:
             if time.perf_counter() - began > _INLINE_MAX:
@@ -520,7 +541,7 @@ class Worker:
         try:
             parts = reply_parts(RESPONSE, rid, result)
         except wire.WireError as exc:
-            self.out.write(_error_frame(rid, _app_error(exc, app_path, action)))
+            self.out.write(error_bytes(rid, _app_error(exc, app_path, action)))
             return
         self.out.write_parts(parts)
 
@@ -538,10 +559,10 @@ class Worker:
             kwargs = msg.get("kwargs") or {}
             began = time.perf_counter()
             result = app(action, *args, **kwargs)
-            if time.perf_counter() - began <= _INLINE_MAX:
-                self.fast[key] = self.fast.get(key, 0) + 1
-            else:
-                self.fast[key] = min(0, self.fast.get(key, 0))
+            if key in self.kinds:  # (only remembered actions run inline: ``fast`` is bounded)
+                runs = self.fast.get(key, 0)
+                quick = time.perf_counter() - began <= _INLINE_MAX
+                self.fast[key] = runs + 1 if quick else min(0, runs)
             if inspect.iscoroutine(result) or inspect.isasyncgen(result):
                 handed_over = True
                 self.running.discard(rid)
@@ -552,9 +573,9 @@ class Worker:
                 self._stream_in_thread(rid, result, app_path, action)  # type: ignore[arg-type]
             elif rid not in self.abandoned:
                 self._respond(rid, result, app_path, action)
-        except Exception as exc:
+        except _APP_ERRORS as exc:
             if rid not in self.abandoned:
-                self.out.write(_error_frame(rid, _app_error(exc, app_path, action)))
+                self.out.write(error_bytes(rid, _app_error(exc, app_path, action)))
         finally:
             self.queued.discard(rid)
             if not handed_over:
@@ -584,8 +605,8 @@ class Worker:
             await self._reply(rid, result, app_path, action)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            self.out.write(_error_frame(rid, _app_error(exc, app_path, action)))
+        except _APP_ERRORS as exc:
+            self.out.write(error_bytes(rid, _app_error(exc, app_path, action)))
         finally:
             self.tasks.pop(rid, None)
 
@@ -613,9 +634,9 @@ class Worker:
         except asyncio.CancelledError:
             raise
         except DirtyAppNotFoundError as exc:
-            self.out.write(_error_frame(rid, exc))
-        except Exception as exc:
-            self.out.write(_error_frame(rid, _app_error(exc, app_path, action)))
+            self.out.write(error_bytes(rid, exc))
+        except _APP_ERRORS as exc:
+            self.out.write(error_bytes(rid, _app_error(exc, app_path, action)))
         finally:
             self.tasks.pop(rid, None)
 
@@ -632,8 +653,8 @@ class Worker:
                 await gen.aclose()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            out.write_deferred(_error_frame(rid, _app_error(exc, app_path, action)))
+        except _APP_ERRORS as exc:
+            out.write_deferred(error_bytes(rid, _app_error(exc, app_path, action)))
             return
         out.write_deferred(header(END, 0, rid))
 
@@ -654,9 +675,9 @@ class Worker:
                             break
                 if rid in abandoned:
                     return
-        except Exception as exc:
+        except _APP_ERRORS as exc:
             if rid not in abandoned:
-                write(_error_frame(rid, _app_error(exc, app_path, action)))
+                write(error_bytes(rid, _app_error(exc, app_path, action)))
             return
         finally:
             gen.close()
@@ -693,12 +714,17 @@ def _chunk(rid: int, item: Any) -> bytes:
     return _pack_header(b"GD", 1, CHUNK, len(body), rid) + body
 
 
-def _app_error(exc: Exception, app_path: str, action: str) -> DirtyError:
-    if isinstance(exc, DirtyError):
-        return exc
+def _app_error(exc: BaseException, app_path: str, action: str) -> DirtyAppError:
+    """What an action raised, as Gunicorn's worker sends it: a DirtyAppError with ``str(exc)``
+    and the traceback (which names the original class), a DirtyError from the app included
+    (a StashError, say), so both clients can catch every app failure as DirtyAppError."""
     tb = "".join(traceback.format_exception(exc))
-    logger.debug("error executing %s.%s: %s\n%s", app_path, action, exc, tb)
-    return DirtyAppError(str(exc), app_path=app_path, action=action, traceback=tb)
+    try:
+        message = str(exc)
+    except Exception:  # (its own __str__ is broken: the caller must still get an answer)
+        message = f"<{type(exc).__name__}: str() failed>"
+    logger.debug("error executing %s.%s: %s\n%s", app_path, action, message, tb)
+    return DirtyAppError(message, app_path=app_path, action=action, traceback=tb)
 
 
 def _load_hook(path: str | None) -> Any:
