@@ -75,7 +75,9 @@ def spawn_monitor(fn: Callable[..., Awaitable[Any]], *args: Any) -> tuple[Pid, R
 
 
 def resolve_dest(node: Node, dest: Any) -> Process | None:
-    """The live local process ``dest`` names, or None. Raises BadArg for an unregistered name."""
+    """The live local process ``dest`` names, or None. Raises BadArg for an unregistered bare
+    name (Erlang's ``Name ! Msg``); an unregistered ``(name, node)`` is None, as Erlang drops
+    ``{Name, Node} ! Msg``."""
     if dest.__class__ is Pid:
         return node.resolve(dest)
     if isinstance(dest, str):
@@ -83,22 +85,32 @@ def resolve_dest(node: Node, dest: Any) -> Process | None:
         if proc is None:
             raise BadArg(f"send to {dest!r}: no process is registered under that name")
         return proc
-    if isinstance(dest, tuple) and len(dest) == 2:
-        name, node_name = dest
-        if node_name == node.name:
-            proc = node.names.get(name)
-            if proc is None:
-                raise BadArg(f"send to {dest!r}: no process is registered under {name!r}")
-            return proc
-        return None
-    raise TypeError(f"a destination is a Pid, a registered name or (name, node) (got {dest!r})")
+    _check_dest(dest)
+    name, node_name = dest
+    return node.names.get(name) if node_name == node.name else None
+
+
+def _check_dest(dest: Any) -> None:
+    """Raise TypeError unless ``dest`` has the shape of a destination."""
+    if not (
+        dest.__class__ is Pid
+        or isinstance(dest, str)
+        or (isinstance(dest, tuple) and len(dest) == 2)
+    ):
+        raise TypeError(f"a destination is a Pid, a registered name or (name, node) (got {dest!r})")
+
+
+def _not_a_pid(pid: Any, where: str) -> TypeError:
+    hint = f"; for a registered name use whereis({pid!r})" if isinstance(pid, str) else ""
+    return TypeError(f"{where}: pid must be a Pid (got {pid!r}){hint}")
 
 
 def send(dest: Dest, message: Any) -> None:
     """Send ``message`` to a pid, a registered name or ``(name, node)``; never blocks.
 
     Sending to a dead pid does nothing, as in Erlang. Sending to a name nobody registered raises
-    :class:`~otp.BadArg`, as Erlang's ``Name ! Msg`` does. Messages to another node go through the
+    :class:`~otp.BadArg`, as Erlang's ``Name ! Msg`` does; ``(name, node)`` with a name nobody
+    registered is dropped, as ``{Name, Node} ! Msg`` is. Messages to another node go through the
     distribution layer, and are dropped if it cannot reach that node.
     """
     if dest.__class__ is Pid:
@@ -142,6 +154,8 @@ def link(pid: Pid) -> None:
     :class:`~otp.NoProc` is raised, as Erlang's ``link/1`` does.
     """
     me = current_process()
+    if pid.__class__ is not Pid:
+        raise _not_a_pid(pid, "link")
     if pid == me.pid:
         return
     node = me.node
@@ -176,6 +190,8 @@ def unlink(pid: Pid) -> None:
     already in the mailbox stays there (flush it with ``receive(..., timeout=0)``).
     """
     me = current_process()
+    if pid.__class__ is not Pid:
+        raise _not_a_pid(pid, "unlink")
     if me.links is not None:
         me.links.discard(pid)
     other = me.node.resolve(pid)
@@ -194,6 +210,8 @@ def exit(pid: Pid, reason: Any) -> None:
     caller itself. Any other reason kills a non-trapping target with that reason. A signal to
     the caller itself takes effect at its next checkpoint.
     """
+    if pid.__class__ is not Pid:
+        raise _not_a_pid(pid, "exit")
     node = current_node()
     me = current_process_or_none()
     sender = me.pid if me is not None else Pid._make(node.name, 0, node.creation)
@@ -333,6 +351,8 @@ def register(name: str, pid: Pid) -> None:
     """
     if not isinstance(name, str) or not name:
         raise BadArg(f"register: a name is a non-empty str (got {name!r})")
+    if pid.__class__ is not Pid:
+        raise _not_a_pid(pid, f"register({name!r}, ...)")
     node = current_node()
     proc = node.resolve(pid)
     if proc is None:
@@ -378,6 +398,7 @@ def send_after(delay: float, dest: Dest, message: Any) -> Ref:
     timer aimed at a local pid is cancelled when that process exits (at once if it is not
     alive), as Erlang's are: ``read_timer`` then says None.
     """
+    _check_dest(dest)
     node = current_node()
     if dest.__class__ is Pid and dest.node == node.name:
         target = node.resolve(dest)
@@ -400,6 +421,8 @@ def send_after(delay: float, dest: Dest, message: Any) -> Ref:
 
 def exit_after(delay: float, pid: Pid, reason: Any) -> Ref:
     """Send an exit signal ``reason`` to ``pid`` after ``delay`` seconds, as from the caller."""
+    if pid.__class__ is not Pid:
+        raise _not_a_pid(pid, "exit_after")
     node = current_node()
     me = current_process_or_none()
     sender = me.pid if me is not None else Pid._make(node.name, 0, node.creation)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import trio
 
-from ._api import register
+from ._api import register, unlink
 from ._errors import BadArg, CallError, CallTimeout, NoProc, StartError, StartIgnored, StopError
 from ._ids import Pid, Ref
 from ._messages import Exit, From
@@ -162,7 +162,9 @@ class GenServer:
             StartError: ``init`` returned ``Stop(reason)``, raised (reason ``Crash``), returned
                 something else (``BadReturnValue``), the name is taken
                 (``("already_started", pid)``) or ``timeout`` passed (``"timeout"``; the
-                half-started process is killed). A trapping caller also gets the ``Exit``.
+                half-started process is unlinked and killed, and leaves the caller no ``Exit``).
+                When ``init`` fails, a trapping caller also gets the ``Exit``.
+            BadArg: ``name`` is not a non-empty str (nothing is started).
             StartIgnored: ``init`` returned ``Ignore()``.
         """
         return await _start(cls, args, name, timeout, link=True)
@@ -386,6 +388,12 @@ async def _start(
     me = current_process()
     node = me.node
     if name is not None:
+        if not isinstance(name, str) or not name:
+            await trio.lowlevel.checkpoint()
+            raise BadArg(
+                f"{cls.__qualname__}.start(name={name!r}): a name is a non-empty str, or None"
+                " for no name"
+            )
         holder = node.names.get(name)
         if holder is not None:
             await trio.lowlevel.checkpoint()
@@ -396,7 +404,7 @@ async def _start(
     _watch(me, child, ref, waiter)
     await _wait(node, waiter, timeout, lambda: _unwatch(me, child, ref))
     if waiter.value is TIMED_OUT:
-        node.exit_signal(child, me.pid, KILL, False)
+        _kill_flush(me, child, link)
         raise StartError("timeout")
     result = waiter.value
     if waiter.is_down:
@@ -406,6 +414,16 @@ async def _start(
     if isinstance(result, _StartFailed):
         raise StartError(result.reason)
     return child.pid
+
+
+def _kill_flush(me: Process, child: Process, link: bool) -> None:
+    """Kill a child whose start timed out without its death reaching the caller (OTP's
+    ``kill_flush``): unlink, kill, and drop an ``Exit`` the link may have queued already."""
+    if link:
+        unlink(child.pid)
+    me.node.exit_signal(child, me.pid, KILL, False)
+    if link:
+        me.remove_messages(lambda m: m.__class__ is Exit and m.pid == child.pid)
 
 
 class _StartFailed:
@@ -530,8 +548,17 @@ async def _loop(
                 raise _Bad(ret)
     except _Bad as bad:
         await _terminate(server, me, BadReturnValue(bad.value), state, message)
+    except _Terminated:
+        raise
+    except ProcessExit as exc:
+        # otp.exit_self(reason) in a callback: OTP's try_dispatch catches class exit too.
+        await _terminate(server, me, exc.reason, state, message)
     except Exception as exc:
         await _terminate(server, me, Crash(exc), state, message)
+
+
+class _Terminated(ProcessExit):
+    """The exit that ends the server once ``terminate`` has run (so it does not run again)."""
 
 
 class _Bad(Exception):
@@ -555,13 +582,15 @@ async def _terminate(
         ret = server.terminate(reason, state)
         if type(server)._async_terminate:
             await ret
+    except ProcessExit as exc:
+        reason = exc.reason  # as OTP's try_terminate, which catches class exit too
     except Exception as exc:
         reason = Crash(exc)
     if is_abnormal(reason):
         log_crash(me, reason, last_message=last_message, state=state)
     if reply_to is not None and reply is not UNSET:
         GenServer.reply(reply_to, reply)
-    raise ProcessExit(reason)
+    raise _Terminated(reason)
 
 
 call = GenServer.call

@@ -9,7 +9,7 @@ import attrs
 
 from ._ids import Pid, Ref
 from ._node import NamedMonitor, current_node
-from ._process import current_process_or_none
+from ._process import Process, current_process_or_none
 
 
 @attrs.frozen
@@ -38,8 +38,9 @@ def processes() -> list[Pid]:
 def process_info(pid: Pid) -> ProcessInfo | None:
     """A snapshot of ``pid``'s state, or None if it is not alive.
 
-    ``status`` is ``"running"`` (it is the caller), ``"waiting"`` (parked in receive),
-    ``"exiting"`` (an exit signal is unwinding it) or ``"runnable"``.
+    ``status`` is ``"running"`` (it is the caller), ``"waiting"`` (parked in receive, or in a
+    call, which is a receive in OTP), ``"exiting"`` (an exit signal is unwinding it) or
+    ``"runnable"``.
     """
     proc = current_node().resolve(pid)
     if proc is None:
@@ -48,7 +49,7 @@ def process_info(pid: Pid) -> ProcessInfo | None:
         status = "exiting"
     elif proc is current_process_or_none():
         status = "running"
-    elif proc._waiter is not None:
+    elif proc._waiter is not None or _in_call(proc):
         status = "waiting"
     else:
         status = "runnable"
@@ -70,3 +71,8 @@ def process_info(pid: Pid) -> ProcessInfo | None:
         start_time=proc.started_at,
         messages_handled=proc.handled,
     )
+
+
+def _in_call(proc: Process) -> bool:
+    """Whether a task of ``proc`` is parked on a call's reply (``call``, ``start``, ``stop``)."""
+    return any(waiter.task is not None for waiter in (proc.aliases or {}).values())

@@ -14,6 +14,8 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from inspect import isawaitable
+from types import CoroutineType
 from typing import Any
 
 import trio
@@ -26,6 +28,9 @@ from ._reasons import KILL, KILLED, NORMAL, Crash, format_reason
 from ._timers import TimerService
 
 crash_logger = logging.getLogger("otp.crash")
+
+#: What a process's nursery may raise while an exit signal unwinds it, besides a ProcessExit.
+_UNWINDING = (Exception, trio.Cancelled)
 
 _NODE: trio.lowlevel.RunVar[Node] = trio.lowlevel.RunVar("otp_node")
 
@@ -111,14 +116,18 @@ class Node:
         try:
             with proc.scope:
                 try:
-                    await fn(*args)
+                    await _call(fn, args)
                 except ProcessExit as exc:
                     reason = exc.reason
                 except BaseExceptionGroup as group:
                     reason = _reason_of_group(group)
                     if reason is None:
-                        raise
-                    if isinstance(reason, Crash) and not proc.exiting:
+                        # A process killed while a task of its own failed on the way out (the
+                        # group holds our Cancelled and that error) dies of the exit signal;
+                        # anything else (KeyboardInterrupt, say) goes on up to the node.
+                        if not proc.exiting or group.split(_UNWINDING)[1] is not None:
+                            raise
+                    elif isinstance(reason, Crash) and not proc.exiting:
                         log_crash(proc, reason)
                 except Exception as exc:
                     reason = Crash(exc)
@@ -244,6 +253,18 @@ class NamedMonitor:
     def __init__(self, pid: Pid, label: Any) -> None:
         self.pid = pid
         self.label = label
+
+
+def _call(fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> Awaitable[Any]:
+    """``fn(*args)``, checked to be awaitable (in a helper, to keep every process's frame small)."""
+    awaitable = fn(*args)
+    if awaitable.__class__ is not CoroutineType and not isawaitable(awaitable):
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        raise TypeError(
+            f"spawn({name}): calling it returned {awaitable!r}, not an awaitable: a process runs"
+            f" an async function, so define {name} with 'async def'"
+        )
+    return awaitable
 
 
 def _reason_of_group(group: BaseExceptionGroup[Any]) -> Any:

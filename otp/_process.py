@@ -9,6 +9,7 @@ processes is applied at the moment it is sent, Erlang's per-pair ordering holds 
 from __future__ import annotations
 
 import contextvars
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -218,7 +219,11 @@ class Process:
         return list(self._mailbox) if self._mailbox else []
 
     def remove_messages(self, predicate: Callable[[Any], bool]) -> int:
-        """Drop every queued message ``predicate`` accepts (used by flushes); returns how many."""
+        """Drop every queued message ``predicate`` accepts (used by flushes); returns how many.
+
+        A flush is a receive, as in Erlang: the messages count as handled, which also tells a
+        receive parked in another task of this process that the queue shifted under it.
+        """
         mailbox = self._mailbox
         if not mailbox:
             return 0
@@ -227,6 +232,7 @@ class Process:
         if removed:
             mailbox.clear()
             mailbox.extend(kept)
+            self.handled += removed
         return removed
 
     # -- receive -----------------------------------------------------------------------------
@@ -261,29 +267,43 @@ class Process:
         else:
             scanned = 0
         self._fast = 0
-        if timeout is not None and timeout <= 0:
-            await cancel_shielded_checkpoint()
-            return self._timed_out(timeout, default)
-        if self._waiter is not None:
-            raise OtpError(
-                f"two tasks of process {self.pid!r} receive at once: a mailbox has one reader;"
-                " start another process for concurrent work"
-            )
+        deadline = math.inf
+        if timeout is not None:
+            if timeout <= 0:
+                await cancel_shielded_checkpoint()
+                return self._timed_out(timeout, default)
+            if math.isnan(timeout):
+                raise ValueError(
+                    f"receive(timeout=...) takes a number of seconds or None (got {timeout!r})"
+                )
+            deadline = trio.current_time() + timeout
         while True:
+            if self._waiter is not None:
+                raise OtpError(
+                    f"two tasks of process {self.pid!r} receive at once: a mailbox has one reader;"
+                    " start another process for concurrent work"
+                )
             self._waiter = current_task()
             self._match = predicate
+            handled = self.handled
             if timeout is None:
                 await wait_task_rescheduled(self._abort_receive)
             else:
-                with trio.move_on_after(timeout) as scope:
+                with trio.move_on_at(deadline) as scope:
                     await wait_task_rescheduled(self._abort_receive)
                 if scope.cancelled_caught:
                     return self._timed_out(timeout, default)
             mailbox = self._mailbox
-            assert mailbox is not None
+            # Another task of this process may have taken (a receive with timeout=0) or flushed
+            # (demonitor(flush=True)) messages since we parked: the one we were woken for may be
+            # gone, and the queue may have shifted under ``scanned``.
+            if not mailbox:
+                continue
             if predicate is None:
                 self.handled += 1
                 return mailbox.popleft()
+            if self.handled != handled:
+                scanned = 0
             for index in range(scanned, len(mailbox)):
                 message = mailbox[index]
                 if predicate(message):

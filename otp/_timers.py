@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -20,6 +21,8 @@ from ._ids import Ref
 if TYPE_CHECKING:
     from ._node import Node
     from ._process import Process
+
+logger = logging.getLogger("otp.timers")
 
 
 class TimerService:
@@ -108,7 +111,12 @@ class TimerService:
                 entry = self._actions.pop(ref, None)
                 if entry is not None:
                     self._targets.pop(ref, None)
-                    entry[1]()
+                    try:
+                        entry[1]()
+                    except Exception:
+                        # This task serves every timer of the node: one failing action must not
+                        # stop the others, let alone take the node down.
+                        logger.exception("timer %r failed when it fired", ref)
             # Drop cancelled entries from the top so the next deadline is a live one.
             while heap and heap[0][2] not in self._actions:
                 heapq.heappop(heap)
