@@ -16,6 +16,7 @@ from typing import Any, Literal, overload
 from .._errors import CallError
 from .._gen_server import call as _gen_call
 from .._ids import Pid
+from .._node import Node
 from .._process import _CURRENT, current_process
 from ._actor import request, spawn_actor
 from ._errors import AccessDenied, EtsError, KeyNotFound, NameTaken, NoSuchTable
@@ -27,7 +28,7 @@ from ._match import (
     ordered_bindings,
     run_spec,
 )
-from ._order import order_key
+from ._order import UnorderableKey, order_key
 from ._table import Tab, describe, registry
 from ._types import (
     PROTECTED,
@@ -183,9 +184,9 @@ def new(
         access: ``PROTECTED`` (default: the owner writes, every process reads), ``PUBLIC``
             or ``PRIVATE`` (the owner only).
         named: make the table reachable by ``name``; then ``new`` returns the name.
-        heir: a process that inherits the table when the owner dies (it receives
-            ``EtsTransfer(table, old_owner, heir_data)``). A pid that is not alive now is
-            ignored, as in OTP.
+        heir: a process of this node that inherits the table when the owner dies (it
+            receives ``EtsTransfer(table, old_owner, heir_data)``). A pid that is not alive
+            now is ignored, as in OTP.
         heir_data: sent to the heir with the table.
         keypos: the index of the key in each object (0-based; Erlang's is 1-based).
         expire_after: the default time to live of objects, in seconds of trio's clock
@@ -196,10 +197,19 @@ def new(
 
     Raises:
         NameTaken: ``named`` and another table already has the name.
-        EtsError: an option is invalid.
+        EtsError: an option is invalid (a remote ``heir`` included), or the calling process
+            has exited (a task it started elsewhere still runs as it).
         NotAProcess: the caller is not a process (a table needs an owner).
     """
     owner = current_process()
+    if not owner.alive:
+        # A task the process started elsewhere outlives it with its context: a table it
+        # made would belong to a dead process and never be deleted.
+        raise EtsError(
+            f"ets.new({name!r}): the calling process {owner.pid!r} has exited; a table needs a"
+            " live owner (create it from a running process)",
+            operation="new",
+        )
     if not isinstance(name, str) or not name:
         raise EtsError(f"ets.new: the name must be a non-empty str (got {name!r})", operation="new")
     kind = _option(TableType, type, "type", name)
@@ -214,6 +224,12 @@ def new(
     if heir is not None and heir.__class__ is not Pid:
         raise EtsError(
             f"ets.new({name!r}): heir must be a Pid or None (got {heir!r})", operation="new"
+        )
+    if heir is not None and _remote(heir, owner.node):
+        raise EtsError(
+            f"ets.new({name!r}): the heir must be a process of this node ({owner.node.name}):"
+            f" a table never leaves its node (got {heir!r})",
+            operation="new",
         )
     reg = registry()
     if named and name in reg.names:
@@ -251,6 +267,11 @@ def _check_ttl(expire_after: Any, operation: str, table: Any) -> None:
             table=table,
             operation=operation,
         )
+
+
+def _remote(pid: Pid, node: Node) -> bool:
+    # A pid of an earlier incarnation of this node (another creation) is remote too, as in OTP.
+    return pid.node != node.name or pid.creation != node.creation
 
 
 def _set_heir(tab: Tab, heir: Pid | None, heir_data: Any) -> None:
@@ -313,11 +334,22 @@ def _transfer(tab: Tab, old: Pid, data: Any) -> EtsTransfer:
 
 
 def setopts(table: TableRef, *, heir: Pid | None, heir_data: Any = None) -> None:
-    """Set or clear (``heir=None``) the table's heir; only the owner may (``ets:setopts/2``)."""
+    """Set or clear (``heir=None``) the table's heir; only the owner may (``ets:setopts/2``).
+
+    Raises:
+        EtsError: ``heir`` is not a pid of this node.
+    """
     tab = _owned(table, "setopts")
     if heir is not None and heir.__class__ is not Pid:
         raise EtsError(
             f"ets.setopts({describe(table)}): heir must be a Pid or None (got {heir!r})",
+            table=table,
+            operation="setopts",
+        )
+    if heir is not None and _remote(heir, tab.node):
+        raise EtsError(
+            f"ets.setopts({describe(table)}): the heir must be a process of this node"
+            f" ({tab.node.name}): a table never leaves its node (got {heir!r})",
             table=table,
             operation="setopts",
         )
@@ -374,9 +406,7 @@ def _keys_of(tab: Tab, objects: Any, operation: str, table: Any) -> list[tuple[A
         )
     pairs = [(obj, tab.key_of(obj, operation)) for obj in objects]
     if tab.ordered:
-        for _, key in pairs:
-            if key not in tab.data:
-                tab._order_probe(key, operation)
+        tab.check_new_keys([key for _, key in pairs], operation)
     return pairs
 
 
@@ -488,7 +518,7 @@ def update_counter(
 
     ``incr`` is an int (added to the element right after the key), ``(pos, incr)``,
     ``(pos, incr, threshold, set_value)`` (if the result passes ``threshold`` — above it for
-    a positive ``incr``, below it for a negative one — it becomes ``set_value``), or a list of
+    an ``incr >= 0``, below it for a negative one — it becomes ``set_value``), or a list of
     those tuples (then a list of new values is returned, in order). Positions are 0-based.
 
     Args:
@@ -531,7 +561,7 @@ def update_counter(
             )
         value += step
         if threshold is not None and (
-            (step > 0 and value > threshold) or (step < 0 and value < threshold)
+            (step >= 0 and value > threshold) or (step < 0 and value < threshold)
         ):
             value = set_value
         elements[pos] = value
@@ -767,7 +797,7 @@ def _candidates(tab: Tab, heads: list[Any]) -> Iterable[Any]:
                 continue
         keys = unique
         if tab.ordered:
-            keys.sort(key=order_key)
+            keys = _in_order(keys)
     found: list[Any] = []
     for key in keys:
         try:
@@ -775,6 +805,23 @@ def _candidates(tab: Tab, heads: list[Any]) -> Iterable[Any]:
         except TypeError:
             continue
     return found
+
+
+def _in_order(keys: list[Any]) -> list[Any]:
+    """``keys`` in the ordered_set order, without those that have no place in it (a NaN
+    equals nothing, so no stored key matches it)."""
+    placed = []
+    for key in keys:
+        try:
+            placed.append((order_key(key), key))
+        except UnorderableKey:
+            continue
+    placed.sort(key=_first)
+    return [key for _, key in placed]
+
+
+def _first(pair: tuple[Any, Any]) -> Any:
+    return pair[0]
 
 
 def match(table: TableRef, pattern: Any) -> list[list[Any]]:
@@ -798,21 +845,24 @@ def match_object(table: TableRef, pattern: Any) -> list[tuple[Any, ...]]:
 
 def match_delete(table: TableRef, pattern: Any) -> None:
     """Delete the objects matching ``pattern`` (Erlang's ``ets:match_delete/2``)."""
-    select_delete(table, [(pattern, [], True)])
+    _select_delete(table, [(pattern, [], True)], "match_delete")
 
 
 def select(table: TableRef, spec: list[tuple[Any, list[Any], Any]]) -> list[Any]:
     """Run a match spec over the table (Erlang's ``ets:select/2``); returns the results.
 
-    ``spec`` is a list of ``(head, guards, result)`` clauses. For each object the first
-    clause whose ``head`` pattern matches and whose guards all evaluate to ``True`` gives the
-    object's result. Guards are expressions: ``Var(n)``, ``OBJECT``, ``BINDINGS``, literals,
-    and tuples ``(op, *args)`` with ``op`` one of ``==  !=  <  <=  >  >=  +  -  *  /  //  %
-    in  element  len  not  and  or  const  is_int  is_float  is_number  is_bool  is_str
-    is_bytes  is_tuple  is_list  is_none``. A guard that raises (``<`` between a str and an
-    int) fails its clause. The result is built from ``Var(n)``, ``OBJECT`` (the object),
-    ``BINDINGS`` (all bindings) and literals, inside tuples and lists. An ordered_set yields
-    results in key order; when every head fixes the key, only those keys are looked at.
+    ``spec`` is a list of ``(head, guards, result)`` clauses, ``guards`` a list. For each
+    object the first clause whose ``head`` pattern matches and whose guards all evaluate to
+    ``True`` gives the object's result; every ``Var(n)`` the guards or result use must be
+    bound by the head (else :class:`EtsError`, as OTP's ``badarg``). Guards are expressions:
+    ``Var(n)``, ``OBJECT``, ``BINDINGS``, literals, and tuples ``(op, *args)`` with ``op`` one
+    of ``==  !=  <  <=  >  >=  +  -  *  /  //  %  in  element  len  not  and  or  const  is_int
+    is_float  is_number  is_bool  is_str  is_bytes  is_tuple  is_list  is_none``
+    (``("element", pos, tuple)`` counts ``pos`` from 0). A guard that raises (``<`` between a
+    str and an int, an ``element`` outside the tuple) fails its clause. The result is built
+    from ``Var(n)``, ``OBJECT`` (the object), ``BINDINGS`` (all bindings) and literals, inside
+    tuples and lists. An ordered_set yields results in key order; when every head fixes the
+    key, only those keys are looked at.
 
     Example:
         ``select(t, [((Var(1), Var(2)), [(">", Var(2), 10)], Var(1))])`` -- the keys of the
@@ -842,8 +892,12 @@ def select_count(table: TableRef, spec: list[tuple[Any, list[Any], Any]]) -> int
 def select_delete(table: TableRef, spec: list[tuple[Any, list[Any], Any]]) -> int:
     """Delete the objects the match spec maps to ``True``; returns how many
     (Erlang's ``ets:select_delete/2``). Atomic, as every other write."""
-    tab = _writer(table, "select_delete")
-    clauses = compile_spec(spec, "select_delete")
+    return _select_delete(table, spec, "select_delete")
+
+
+def _select_delete(table: Any, spec: Any, operation: str) -> int:
+    tab = _writer(table, operation)
+    clauses = compile_spec(spec, operation)
     doomed: dict[int, Any] = {}
     keys = []
     for obj in _candidates(tab, [clause.head for clause in clauses]):

@@ -73,8 +73,16 @@ _CMP: dict[str, Callable[[Any, Any], Any]] = {
     "//": operator.floordiv,
     "%": operator.mod,
     "in": lambda item, container: item in container,
-    "element": lambda pos, tup: tup[pos],
+    "element": lambda pos, tup: _element(pos, tup),
 }
+
+
+def _element(pos: Any, tup: Any) -> Any:
+    # Python indexing would take -1 as the last element and index lists and strs; Erlang's
+    # element/2 fails the guard for anything but a position inside a tuple (0-based here).
+    if not isinstance(tup, tuple) or pos.__class__ is not int or not 0 <= pos < len(tup):
+        raise IndexError(f"element {pos!r} of {tup!r}: no such element of a tuple")
+    return tup[pos]
 
 
 def _is_int(value: Any) -> bool:
@@ -211,7 +219,9 @@ def compile_spec(spec: Any, operation: str) -> list[Clause]:
 
     Raises:
         EtsError: the spec is not a list of ``(head, guards, result)`` tuples, a guard list is
-            not a list, or a guard uses an unknown operation or the wrong number of arguments.
+            not a list, a guard uses an unknown operation or the wrong number of arguments, or
+            the guards or result use a variable the head does not bind (OTP's "variable is
+            unbound").
     """
     if not isinstance(spec, list):
         raise EtsError(
@@ -228,16 +238,49 @@ def compile_spec(spec: Any, operation: str) -> list[Clause]:
                 operation=operation,
             )
         head, guards, result = clause
-        if not isinstance(guards, list | tuple):
+        if not isinstance(guards, list):
+            # Not a tuple either: one guard written without its [ ] is a tuple too, and would
+            # be taken for a list of guards that each fail.
             raise EtsError(
                 f"ets.{operation}: the guards of a clause are a list of guard expressions"
-                f" (got {guards!r})",
+                f" (got {guards!r}; write one guard as [guard], none as [])",
                 operation=operation,
             )
         for guard in guards:
             _check_guard(guard, operation)
+        _check_bound(clause, operation)
         clauses.append(Clause(head, tuple(guards), result))
     return clauses
+
+
+def _check_bound(clause: tuple[Any, Any, Any], operation: str) -> None:
+    head, guards, result = clause
+    bound: set[int] = set()
+    _variables(head, bound, guard=False)
+    used: set[int] = set()
+    _variables(guards, used, guard=True)
+    _variables(result, used, guard=False)
+    unbound = sorted(used - bound)
+    if unbound:
+        names = ", ".join(repr(Var(n)) for n in unbound)
+        raise EtsError(
+            f"ets.{operation}: {names} unbound in clause {clause!r}: a variable the guards or"
+            " the result use must appear in the head",
+            operation=operation,
+        )
+
+
+def _variables(expr: Any, found: set[int], *, guard: bool) -> None:
+    """Add the numbers of the variables in ``expr`` to ``found`` (in a guard, a ``const``'s
+    argument is a literal)."""
+    cls = expr.__class__
+    if cls is Var:
+        found.add(expr.n)
+    elif cls is tuple or cls is list:
+        if guard and cls is tuple and expr and isinstance(expr[0], str) and expr[0] == "const":
+            return
+        for item in expr:
+            _variables(item, found, guard=guard)
 
 
 def _eval(expr: Any, bindings: dict[int, Any], obj: Any) -> Any:
@@ -295,8 +338,8 @@ _NO_MATCH: Any = object()
 
 def run_spec(clauses: list[Clause], obj: Any) -> Any:
     """The result of the first clause whose head matches ``obj`` and whose guards are all
-    ``True``, or ``NO_MATCH``. A guard that raises (say, ``<`` between a str and an int) or uses
-    an unbound variable fails its clause, as a failing guard does in Erlang."""
+    ``True``, or ``NO_MATCH``. A guard that raises (say, ``<`` between a str and an int) fails
+    its clause, as a failing guard does in Erlang (``compile_spec`` refuses unbound variables)."""
     for clause in clauses:
         bindings: dict[int, Any] = {}
         if not bind(clause.head, obj, bindings):

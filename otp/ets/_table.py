@@ -119,6 +119,7 @@ class Tab:
         "named",
         "node",
         "ordered",
+        "ords",
         "owner",
         "owner_proc",
         "raws",
@@ -163,6 +164,10 @@ class Tab:
         self.data: dict[Any, Any] = {}
         self.sks: list[Any] = []
         self.raws: list[Any] = []
+        #: Each indexed key's sort key, as computed when it was indexed: a key == to it may sort
+        #: elsewhere (``frozenset({1.0})`` and ``frozenset({1})`` have different reprs), so the
+        #: index is searched with this one, never with the caller's key.
+        self.ords: dict[Any, Any] = {}
         self.count = 0
         self.dl: dict[Any, Any] = {}
         self.heap: list[tuple[float, int, Any]] = []
@@ -407,6 +412,7 @@ class Tab:
         self.data.clear()
         self.sks.clear()
         self.raws.clear()
+        self.ords.clear()
         self.dl.clear()
         self.heap.clear()
         self.count = 0
@@ -415,7 +421,7 @@ class Tab:
 
     def memory(self) -> int:
         size = sys.getsizeof(self.data) + sys.getsizeof(self.sks) + sys.getsizeof(self.raws)
-        size += sys.getsizeof(self.dl)
+        size += sys.getsizeof(self.ords) + sys.getsizeof(self.dl)
         if self.unique:
             size += sum(sys.getsizeof(obj) for obj in self.data.values())
         else:
@@ -426,61 +432,88 @@ class Tab:
     # -- ordered_set index -------------------------------------------------------------------
 
     def _index_add(self, key: Any, operation: str) -> None:
-        try:
-            sk = order_key(key)
-        except UnorderableKey as exc:
-            raise EtsError(
-                f"ets.{operation}({describe(self.ref)}): {exc} (got {key!r})",
-                table=self.ref,
-                operation=operation,
-            ) from None
+        sk = self._order_probe(key, operation)
         sks = self.sks
         index = bisect_left(sks, sk)
         if index < len(sks) and sks[index] == sk:
-            raise EtsError(
-                f"ets.{operation}({describe(self.ref)}): the key {key!r} sorts equal to the key"
-                f" {self.raws[index]!r} but is not == to it; keys of type"
-                f" {type(key).__qualname__} need a repr that agrees with ==",
-                table=self.ref,
-                operation=operation,
-            )
+            raise self._sort_collision(key, self.raws[index], operation)
         sks.insert(index, sk)
         self.raws.insert(index, key)
+        self.ords[key] = sk
 
     def _index_remove(self, key: Any) -> None:
-        sk = order_key(key)
+        sk = self.ords.pop(key)
+        index = bisect_left(self.sks, sk)
+        del self.sks[index]
+        del self.raws[index]
+
+    def check_new_keys(self, keys: list[Any], operation: str) -> None:
+        """Check that the keys of a list insert not in the table yet can all be indexed, before
+        any is written (a list insert is all or nothing).
+
+        Raises:
+            EtsError: a key cannot be ordered, or sorts equal to another key (stored or in
+                ``keys``) without being == to it.
+        """
+        data = self.data
         sks = self.sks
-        index = bisect_left(sks, sk)
-        if index < len(sks) and sks[index] == sk:
-            del sks[index]
-            del self.raws[index]
+        fresh: dict[Any, Any] = {}
+        for key in keys:
+            if key in data:
+                continue
+            sk = self._order_probe(key, operation)
+            other = fresh.setdefault(sk, key)
+            if other is not key and other != key:
+                raise self._sort_collision(key, other, operation)
+            index = bisect_left(sks, sk)
+            if index < len(sks) and sks[index] == sk:
+                raise self._sort_collision(key, self.raws[index], operation)
+
+    def _sort_collision(self, key: Any, other: Any, operation: str) -> EtsError:
+        return EtsError(
+            f"ets.{operation}({describe(self.ref)}): the key {key!r} sorts equal to the key"
+            f" {other!r} but is not == to it; keys of type {type(key).__qualname__} need a repr"
+            " that agrees with ==",
+            table=self.ref,
+            operation=operation,
+        )
 
     def _order_probe(self, key: Any, operation: str) -> Any:
         try:
             return order_key(key)
         except UnorderableKey as exc:
             raise EtsError(
-                f"ets.{operation}({describe(self.ref)}): {exc}", table=self.ref, operation=operation
+                f"ets.{operation}({describe(self.ref)}): {exc} (got {key!r})",
+                table=self.ref,
+                operation=operation,
             ) from None
+
+    def _sort_key_of(self, key: Any, operation: str) -> Any:
+        """Where ``key`` sits in the order: a stored key's own sort key (see ``ords``)."""
+        try:
+            sk = self.ords.get(key)
+        except TypeError:
+            sk = None  # unhashable, so not stored: placed by its own order
+        return sk if sk is not None else self._order_probe(key, operation)
 
     # -- traversal ---------------------------------------------------------------------------
 
     def first(self) -> Any:
         if self.ordered:
-            return self.raws[0] if self.raws else END_OF_TABLE
+            return self._key_at(0) if self.raws else END_OF_TABLE
         for key in self.data:
             return key
         return END_OF_TABLE
 
     def last(self) -> Any:
         if self.ordered:
-            return self.raws[-1] if self.raws else END_OF_TABLE
+            return self._key_at(-1) if self.raws else END_OF_TABLE
         return self.first()
 
     def next(self, key: Any, operation: str) -> Any:
         if self.ordered:
-            index = bisect_right(self.sks, self._order_probe(key, operation))
-            return self.raws[index] if index < len(self.raws) else END_OF_TABLE
+            index = bisect_right(self.sks, self._sort_key_of(key, operation))
+            return self._key_at(index) if index < len(self.raws) else END_OF_TABLE
         data = self.data
         snap = self.snap
         if snap is None or len(data) - snap[2] + self.removed - snap[3] > 0:
@@ -504,9 +537,14 @@ class Tab:
 
     def prev(self, key: Any, operation: str) -> Any:
         if self.ordered:
-            index = bisect_left(self.sks, self._order_probe(key, operation)) - 1
-            return self.raws[index] if index >= 0 else END_OF_TABLE
+            index = bisect_left(self.sks, self._sort_key_of(key, operation)) - 1
+            return self._key_at(index) if index >= 0 else END_OF_TABLE
         return self.next(key, operation)
+
+    def _key_at(self, index: int) -> Any:
+        # The stored object's key, as OTP reports it: an insert replaces the object under an ==
+        # key (1.0 replacing 1) but the index keeps the key it was first indexed by.
+        return self.data[self.raws[index]][self.kp]
 
     def _snapshot(self) -> tuple[list[Any], dict[Any, int], int, int]:
         keys = list(self.data)
