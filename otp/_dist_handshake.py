@@ -32,6 +32,11 @@ class HandshakeError(Exception):
     """The peer failed the handshake; the message says why (logged, the connection dropped)."""
 
 
+class HandshakeRefused(HandshakeError):
+    """The acceptor closed the connection instead of answering the initiator's hello: it
+    refused the initiator (say, for its own dial to it: a simultaneous connect)."""
+
+
 @attrs.frozen
 class Peer:
     """Who is at the other end once the handshake succeeded."""
@@ -51,6 +56,10 @@ async def _receive_handshake(stream: wire.FrameStream, step: str) -> wire.Handsh
     frame = await stream.receive_frame()
     if frame is None:
         raise HandshakeError(f"the peer closed the connection during the handshake ({step})")
+    return _handshake(frame, step)
+
+
+def _handshake(frame: wire.Frame, step: str) -> wire.Handshake:
     if frame.type is not wire.MessageType.HANDSHAKE:
         raise HandshakeError(f"expected a HANDSHAKE frame ({step}), got {frame.type.name}")
     message = wire.parse_dist(frame)
@@ -93,7 +102,13 @@ async def initiate(
             {"challenge": challenge, "listen": list(listen)},
         ).to_frame()
     )
-    answer = await _receive_handshake(stream, "acceptor's answer")
+    try:
+        frame = await stream.receive_frame()
+    except trio.BrokenResourceError as exc:  # a reset: it closed with our hello unread
+        raise HandshakeRefused(f"the acceptor refused the connection ({exc})") from exc
+    if frame is None:
+        raise HandshakeRefused("the acceptor closed the connection instead of answering")
+    answer = _handshake(frame, "acceptor's answer")
     if expected is not None and answer.node != expected:
         raise HandshakeError(f"dialled node {expected!r} but {answer.node!r} answered")
     if not answer.codecs or answer.codecs[0] not in codecs:

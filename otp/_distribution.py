@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket as _socket
 import ssl
@@ -29,7 +30,7 @@ import trio
 
 import wire
 
-from ._dist_handshake import HandshakeError, Peer, accept, initiate
+from ._dist_handshake import HandshakeError, HandshakeRefused, Peer, accept, initiate
 from ._dist_values import (
     pid_from_wire,
     reason_from_wire,
@@ -52,7 +53,8 @@ logger = logging.getLogger("otp.dist")
 _GEN_CALL = wire.Atom("$gen_call")
 _GEN_CAST = wire.Atom("$gen_cast")
 _GEN_REPLY = wire.Atom("$gen_reply")
-_NET_KERNEL = "net_kernel"
+#: The mesh's peer lists travel to this name (see PG_NAME: an atom no user send names).
+_NET_KERNEL = wire.Atom("$net_kernel")
 
 #: A frame is written straight to an idle socket only if the previous direct write is at least
 #: this old (seconds); closer frames are a burst, queued and written together by the writer.
@@ -265,6 +267,12 @@ class Connection:
         self._corked = False
         #: Set by the writer once everything queued is written (see Distribution.flush).
         self.drained: trio.Event | None = None
+        #: Accepted handshakes from the peer under way that are to replace this dial of ours
+        #: (simultaneous connect, see Distribution.admit), whether one ever came, and where
+        #: the dial waits for them (see _await_rival).
+        self.rivals = 0
+        self.rival_came = False
+        self.rival_lot = trio.lowlevel.ParkingLot()
 
     def __repr__(self) -> str:
         return f"<Connection {self.peer} {self.state}>"
@@ -544,7 +552,9 @@ class Distribution:
         self._spawn_connection(conn, None, address)
         return conn
 
-    def admit(self, peer: str) -> None:
+    def admit(self, peer: str) -> Connection | None:
+        """Let the peer's dial in, or raise :class:`HandshakeError`; returns our own pending dial
+        to ``peer`` that the peer's replaces, if any (see :meth:`rival_failed`)."""
         if peer == self.node.name:
             raise HandshakeError(f"the peer claims this node's own name {peer!r}")
         existing = self.connections.get(peer)
@@ -553,10 +563,20 @@ class Distribution:
             # restarted, or dropped it before we noticed). As OTP's handshake answers "alive"
             # and the initiator "true", the new connection replaces the old one, once it has
             # proved the cookie (see connection_up).
-            return
+            return None
         # Both sides dialled at once: the node with the smaller name keeps its own dial.
         if self.node.name < peer:
             raise HandshakeError(f"simultaneous connect with {peer!r}: keeping our own dial")
+        # The peer refuses our dial; that is no lost connection while this one may still
+        # take it over, with what is queued (connection_up; see _await_rival).
+        existing.rivals += 1
+        existing.rival_came = True
+        return existing
+
+    def rival_failed(self, dial: Connection) -> None:
+        """An accepted handshake that was to replace our pending ``dial`` failed."""
+        dial.rivals -= 1
+        dial.rival_lot.unpark_all()
 
     def connection_up(self, conn: Connection, peer: Peer) -> Connection:
         existing = self.connections.get(peer.name)
@@ -645,6 +665,8 @@ class Distribution:
             )
             return
         name, peer = dest
+        if name.__class__ is not str:
+            raise _bad_name(dest)
         conn = self._conn_for(peer)
         if conn is None:
             return
@@ -714,8 +736,20 @@ class Distribution:
             )
 
     def monitor(self, me: Pid, target: Any, ref: Ref) -> None:
-        """Monitor a remote pid or ``(name, node)``; the caller recorded the monitor already."""
-        peer = target.node if target.__class__ is Pid else target[1]
+        """Monitor a remote pid or ``(name, node)``; the caller recorded the monitor already.
+
+        Raises:
+            TypeError: the name is not a str (the monitor is dropped again).
+        """
+        if target.__class__ is Pid:
+            peer = target.node
+        else:
+            name, peer = target
+            if name.__class__ is not str:
+                proc = self.node.resolve(me)
+                if proc is not None and proc.monitors is not None:
+                    proc.monitors.pop(ref, None)
+                raise _bad_name(target)
         conn = self._conn_for(peer)
         if conn is None:
             self.node.deliver_down(me, ref, target, NOCONNECTION)
@@ -806,16 +840,33 @@ class Distribution:
             watchers = self.node_watchers.get(peer)
             if watchers and watcher in watchers:
                 watchers.remove(watcher)
+                if not watchers:
+                    del self.node_watchers[peer]
             return
         if peer == self.node.name:
             return  # this node cannot go down under its own processes: no NodeDown, ever
+        proc = self.node.resolve(watcher)
+        if proc is None:
+            return
         conn = self.connection(peer)
         if conn is None:
-            proc = self.node.resolve(watcher)
-            if proc is not None:
-                proc.deliver(NodeDown(peer))
+            proc.deliver(NodeDown(peer))
             return
         self.node_watchers.setdefault(peer, []).append(watcher)
+        # As Erlang's, a process's node monitors go with it.
+        hooks = proc.exit_hooks
+        if hooks is None:
+            proc.exit_hooks = [self._node_watcher_exited]
+        elif self._node_watcher_exited not in hooks:
+            hooks.append(self._node_watcher_exited)
+
+    def _node_watcher_exited(self, proc: Process, _reason: Any) -> None:
+        pid = proc.pid
+        for peer, watchers in list(self.node_watchers.items()):
+            if pid in watchers:
+                watchers[:] = [w for w in watchers if w != pid]
+                if not watchers:
+                    del self.node_watchers[peer]
 
     # -- incoming ----------------------------------------------------------------------------
 
@@ -878,7 +929,7 @@ class Distribution:
             if isinstance(to, wire.Pid):
                 target = node.resolve(pid_from_wire(to, node))
             else:
-                target = node.names.get(to.name if isinstance(to, wire.Atom) else to)
+                target = node.names.get(_registered_name(to))
             if target is not None and target.monitored_by is not None:
                 target.monitored_by.pop(value_from_wire(p["ref"], node), None)
         elif t is M.DOWN:
@@ -898,29 +949,27 @@ class Distribution:
 
     def _reg_send(self, conn: Connection, name: Any, message: Any) -> None:
         node = self.node
-        if name == _NET_KERNEL:
-            self._net_kernel(conn, message)
-        elif name == PG_NAME:
-            if node.pg is not None:
-                node.pg.from_peer(conn.peer, message)
-        else:
-            proc = node.names.get(name.name if isinstance(name, wire.Atom) else name)
-            if proc is not None:
-                self._deliver_to(proc, message)
+        if name.__class__ is not str:
+            if name == _NET_KERNEL:
+                self._net_kernel(conn, message)
+                return
+            if name == PG_NAME:
+                if node.pg is not None:
+                    node.pg.from_peer(conn.peer, message)
+                return
+            name = _registered_name(name)
+        proc = node.names.get(name)
+        if proc is not None:
+            self._deliver_to(proc, message)
 
     def _on_monitor(self, watcher: Pid, to: Any, ref: Ref) -> None:
         node = self.node
         if isinstance(to, wire.Pid):
             target = node.resolve(pid_from_wire(to, node))
-            label: Any = pid_from_wire(to, node)
         else:
-            name = to.name if isinstance(to, wire.Atom) else to
-            target = node.names.get(name)
-            label = (name, node.name)
+            target = node.names.get(_registered_name(to))
         if target is None:
-            self.send_down(
-                watcher, ref, label if label.__class__ is Pid else wire.Atom(label[0]), NOPROC
-            )
+            self.send_down(watcher, ref, _down_label(to, node), NOPROC)
             return
         if target.monitored_by is None:
             target.monitored_by = {ref: watcher}
@@ -980,6 +1029,31 @@ def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
         return wire.Pid(node.name, 0, node.creation)
     made: wire.Pid = wire_id(pid)
     return made
+
+
+def _registered_name(name: Any) -> str:
+    """The registered name a peer's ``to`` field (a str or an atom) means; any other value
+    names no process (a name is a str), so it reaches nobody, as an unregistered one."""
+    if name.__class__ is wire.Atom:
+        name = name.name
+    return name if name.__class__ is str else ""
+
+
+def _bad_name(dest: Any) -> TypeError:
+    return TypeError(
+        f"a destination on another node is a Pid or (name, node) with a str name, as"
+        f" registered there (got {dest!r})"
+    )
+
+
+def _down_label(to: Any, node: Node) -> Any:
+    """What a DOWN for a monitor of ``to`` (a peer's MONITOR field) says went down."""
+    if isinstance(to, wire.Pid):
+        return pid_from_wire(to, node)
+    if to.__class__ is str:
+        with contextlib.suppress(wire.WireError):  # a name no atom can hold goes as it came
+            return wire.Atom(to)
+    return to
 
 
 def _batch(payload: Any) -> list[Any]:
@@ -1078,6 +1152,14 @@ async def _run_connection(
     me = current_process()
     config = dist.config
     what = f"to {conn.peer} at {address}" if conn is not None else "from a peer"
+    # Our own pending dial to the peer, which this accepted connection is to replace.
+    rival: Connection | None = None
+    refused = False  # our dial, refused by the peer before its answer
+
+    def admit(peer: str) -> None:
+        nonlocal rival
+        rival = dist.admit(peer)
+
     try:
         try:
             with trio.fail_after(config.handshake_timeout):
@@ -1086,7 +1168,11 @@ async def _run_connection(
                     stream, _ = await _dial(dist, address)
                 elif config.tls is not None and _is_tcp(stream):
                     stream = trio.SSLStream(stream, config.tls.server_context(), server_side=True)
-                frames = wire.FrameStream(stream, limits=_HANDSHAKE_LIMITS, versions=frozenset({2}))
+                # Read frame by frame: what follows the last handshake frame is read under
+                # the connection's limits (an initiator may write right behind its proof).
+                frames = wire.FrameStream(
+                    stream, limits=_HANDSHAKE_LIMITS, versions=frozenset({2}), exact=True
+                )
                 if conn is not None:
                     peer = await initiate(
                         frames,
@@ -1105,15 +1191,17 @@ async def _run_connection(
                         cookie=config.cookie,
                         codecs=config.codecs,
                         listen=dist.listening,
-                        admit=dist.admit,
+                        admit=admit,
                     )
                     conn = Connection(dist, peer.name)
                     conn.process = me
             frames.limits = config.limits
+            frames.exact = False
             me.behaviour = f"dist_connection {peer.name}"
             if isinstance(stream, trio.SocketStream):
                 conn.direct_fd = stream.socket.fileno()
             dist.connection_up(conn, peer)
+            rival = None
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(conn.write_loop, stream)
@@ -1125,6 +1213,9 @@ async def _run_connection(
                 raise _sole(group) from None
         except trio.TooSlowError:
             logger.warning("distribution connection %s: handshake timed out", what)
+        except HandshakeRefused as exc:
+            refused = True
+            logger.info("distribution connection %s refused: %s", what, exc)
         except HandshakeError as exc:
             logger.warning("distribution connection %s refused: %s", what, exc)
         except wire.WireError as exc:
@@ -1139,13 +1230,32 @@ async def _run_connection(
             )
         except DistributionError as exc:
             logger.warning("distribution connection %s: %s", what, exc)
+        if conn is not None and conn.state == "connecting":
+            await _await_rival(dist, conn, refused)
     finally:
+        if rival is not None:
+            dist.rival_failed(rival)
         if conn is not None:
             conn.direct_fd = None
             dist.connection_lost(conn)
         if stream is not None:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
+
+
+async def _await_rival(dist: Distribution, conn: Connection, refused: bool) -> None:
+    """Our dial ``conn`` failed, but the peer's own dial may replace it (see Distribution.admit):
+    wait while one is in its handshake, for it to take over (connection_up ends this process)
+    or fail. A peer that refused ours (``refused``) dials us itself if it has the smaller
+    name (a simultaneous connect), its hello sent before its refusal: if it has not come yet,
+    it may still within a handshake's time."""
+    grace = dist.config.handshake_timeout if refused and dist.node.name > conn.peer else 0.0
+    deadline = trio.current_time() + grace
+    while conn.state == "connecting" and (
+        conn.rivals or (not conn.rival_came and trio.current_time() < deadline)
+    ):
+        with trio.move_on_at(math.inf if conn.rivals else deadline):
+            await conn.rival_lot.park()
 
 
 def _is_tcp(stream: trio.abc.Stream) -> bool:
@@ -1280,8 +1390,15 @@ async def connect(peer: str, address: str | None = None) -> bool:
     if conn is None:
         await trio.lowlevel.checkpoint()
         return False
-    await conn.settled.wait()
-    return conn.state == "up"
+    while True:
+        await conn.settled.wait()
+        if conn.state == "up":
+            return True
+        # The peer's own dial may have replaced ours (simultaneous connect, connection_up).
+        newer = dist.connections.get(peer)
+        if newer is None or newer is conn:
+            return False
+        conn = newer
 
 
 def disconnect(peer: str) -> bool:

@@ -10,6 +10,7 @@ Processes may subscribe to a group's (or all groups') changes and get :class:`Pg
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Any
 
@@ -23,7 +24,11 @@ from ._ids import Pid, Ref
 from ._node import Node, current_node
 from ._process import Process, current_process
 
-PG_NAME = "pg"
+logger = logging.getLogger("otp.pg")
+
+#: The name pg's messages between nodes are sent to: an atom, where a user's remote send always
+#: names a str, so a process a user registers as "pg" (or "$pg") still gets its messages.
+PG_NAME = wire.Atom("$pg")
 
 
 @attrs.frozen
@@ -114,6 +119,7 @@ class GroupState:
         )
 
     def join(self, group: Any, pids: list[Pid]) -> None:
+        _check_group(group)
         for pid in pids:
             proc = self.node.resolve(pid)
             if proc is None:
@@ -169,7 +175,12 @@ class GroupState:
         if conn is None:
             return
         local = {group: list(counts.elements()) for group, counts in self.local.items()}
-        self._send(conn, ("sync", local))
+        try:
+            self._send(conn, ("sync", local))
+        except BadArg as exc:
+            # Called as the connection comes up, which must not fail for it (join checks
+            # each group name, so only a sync beyond the peer's limits gets here).
+            logger.error("pg: cannot tell node %s this node's groups: %s", peer, exc)
 
     def _nodedown(self, peer: str) -> None:
         for group in list(self.groups):
@@ -198,6 +209,19 @@ class GroupState:
                     self._add(_group(message[1], node), members)
                 else:
                     self._remove(_group(message[1], node), members)
+
+
+def _check_group(group: Any) -> None:
+    """Raise BadArg unless ``group`` can cross to other nodes (it does at every join, and in
+    the sync of each new connection)."""
+    try:
+        value = value_to_wire(group)
+        for codec in wire.Codec:
+            wire.encode_value(value, codec)
+    except (BadArg, wire.WireError) as exc:
+        raise BadArg(
+            f"pg.join({group!r}): a group name must be able to cross to other nodes: {exc}"
+        ) from exc
 
 
 def _group(value: Any, node: Node) -> Any:

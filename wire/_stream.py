@@ -32,6 +32,10 @@ class FrameStream:
             says (the codec negotiated for the connection).
         coerce_keys: Version 1 compatibility mode for sending (``str(key)`` for non-str keys).
         receive_size: The most bytes asked of the stream at once.
+        exact: Read no byte past the end of the frame being received (the ``exact``
+            attribute), so the bytes behind it stay in the stream and are decoded under the
+            limits set after it: a handshake's last frame, followed at once by the
+            connection's traffic. Costs a read or two per frame; meant for a few frames only.
     """
 
     def __init__(
@@ -43,6 +47,7 @@ class FrameStream:
         codec: Codec | None = None,
         coerce_keys: bool = False,
         receive_size: int = 65536,
+        exact: bool = False,
     ) -> None:
         self.stream = stream
         self.codec = codec
@@ -52,6 +57,7 @@ class FrameStream:
         self._decoder = FrameDecoder(limits=limits, versions=versions)
         self._ready: deque[Frame] = deque()
         self._eof = False
+        self.exact = exact
 
     @property
     def limits(self) -> Limits:
@@ -107,7 +113,7 @@ class FrameStream:
             if self._eof:
                 await trio.lowlevel.checkpoint()
                 return None
-            data = await self.stream.receive_some(self._receive_size)
+            data = await self.stream.receive_some(self._read_size())
             received = True
             if not data:
                 self._eof = True
@@ -119,6 +125,15 @@ class FrameStream:
             await trio.lowlevel.checkpoint()
         return self._ready.popleft()
 
+    def _read_size(self) -> int:
+        if not self.exact:
+            return self._receive_size
+        # What the frame being decoded still needs (its header, then its payload): the
+        # decoder never holds a byte of the next frame, so that one meets the limits in force
+        # when it is read.
+        decoder = self._decoder
+        return max(1, decoder._need - decoder.buffered)
+
     async def receive_frames(self) -> list[Frame]:
         """Return every frame available now (at least one, reading if needed), or ``[]`` at a
         clean end of stream: one checkpoint for a whole batch, for readers that keep up with
@@ -128,7 +143,7 @@ class FrameStream:
             WireError: as :meth:`receive_frame`.
         """
         ready = self._ready
-        if ready or self._eof:
+        if ready or self._eof or self.exact:
             first = await self.receive_frame()
             if first is None:
                 return []
