@@ -17,6 +17,7 @@ from typing import Any
 
 import cbor2
 
+from ._accel import C as _C
 from ._cbor_encode import _DEFAULT_LIMITS, CborTag, cbor_encode
 from ._errors import (
     InvalidUtf8,
@@ -33,6 +34,8 @@ from ._values import Atom, ErrorValue, ExitReason, Pid, Ref
 __all__ = ["CborTag", "cbor_decode", "cbor_encode"]
 
 _TAGS = {int(t) for t in CborTag}
+#: The fixed number of fields in the array a tag wraps.
+_ARITY: dict[int, int] = {CborTag.PID: 3, CborTag.REF: 3, CborTag.EXIT: 2, CborTag.ERROR: 4}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,11 +150,11 @@ def _semantic(max_bigint_bytes: int) -> dict[int, Any]:
 
 # What a decoded value may contain. Anything else cbor2 can produce (undefined, simple values,
 # frozendict for a map used as a key, ...) is refused by a walk over the result.
-_LEAVES = frozenset({str, int, float, bool, bytes, type(None), Atom, Pid, Ref})
+_LEAVES = frozenset({str, int, bool, bytes, type(None), Atom, Pid, Ref})
 
 
-def _check_result(value: Any) -> None:
-    """Refuse any type wire does not define.
+def _check_result(value: Any) -> int:
+    """Refuse any type wire does not define; return how many NaNs the value holds.
 
     Sizes, counts and depth need no check here: they were bounded before decoding (by the
     payload's length, by cbor2's depth limit, or by the structural scan), and big ints by the
@@ -161,12 +164,16 @@ def _check_result(value: Any) -> None:
     stack = [value]
     pop = stack.pop
     extend = stack.extend
+    nans = 0
     while stack:
         v = pop()
         t = type(v)
         if t in leaves:
             continue
-        if t is list or t is tuple:
+        if t is float:
+            if v != v:
+                nans += 1
+        elif t is list or t is tuple:
             extend(v)
         elif t is dict:
             extend(v)
@@ -181,6 +188,39 @@ def _check_result(value: Any) -> None:
                 "(only false, true and null of the simple values; no undefined; no map as a "
                 "map key)"
             )
+    return nans
+
+
+def _refuse_nan_keys(value: Any) -> None:
+    """Refuse a map with two NaN keys. They are duplicates (every NaN has one deterministic
+    encoding, ``f9 7e 00``), but a dict holds them apart, since NaN is not equal to itself."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is list or t is tuple:
+            stack.extend(v)
+        elif t is dict:
+            if sum(1 for k in v if type(k) is float and k != k) > 1:
+                raise InvalidValue(
+                    "duplicate map key NaN: a map holds two NaN keys (NaN has one encoding, "
+                    "f9 7e 00)"
+                )
+            stack.extend(v.values())
+        elif t is ExitReason:
+            stack.append(v.detail)
+        elif t is ErrorValue:
+            stack.append(v.details)
+
+
+def _plain_py(data: bytes) -> bool:
+    """What ``_speedups.cbor_plain`` tells, where it was not built (an int needle is a plain
+    memchr, a bytes one costs several times more)."""
+    if _WIRE_TAG_HEAD in data:
+        return False
+    if _F16 not in data and _F32 not in data and _F64 not in data:
+        return True  # no float at all
+    return data.translate(_NAN_MARKS).find(b"FX") < 0
 
 
 def _cbor_name(value: object) -> str:
@@ -201,7 +241,14 @@ _DEFAULT_SCAN_ABOVE = min(
 )
 # The first byte of the heads of tags 256..65535, which hold all of wire's tags (one byte, so
 # that looking for it is a memchr).
-_WIRE_TAG_HEAD = b"\xd9"
+_WIRE_TAG_HEAD = 0xD9
+_F16, _F32, _F64 = 0xF9, 0xFA, 0xFB
+# Marks the heads of floats ("F") and the bytes that start the bits of a NaN or an infinity after
+# one ("X"): "FX" in the translated payload is where a NaN may be.
+_NAN_MARKS = bytes.maketrans(
+    bytes(range(0xF9, 0xFC)) + bytes(range(0x7C, 0x80)) + bytes(range(0xFC, 0x100)),
+    b"FFF" + b"X" * 8,
+)
 
 
 def cbor_decode(data: bytes | bytearray | memoryview, *, limits: Limits = _DEFAULT_LIMITS) -> Any:
@@ -271,7 +318,9 @@ def cbor_decode(data: bytes | bytearray | memoryview, *, limits: Limits = _DEFAU
     # (the output is about the input's size) and cannot hold a wire tag (wire's types would fail
     # it; the byte also turns up inside other items, which then just take the walk).
     # Anything else, and every failure, gets the walk that names the offending value.
-    if not scanned and _WIRE_TAG_HEAD not in data:
+    # The same goes for payloads that may hold a NaN: the walk counts them, and two or more may
+    # be duplicate map keys.
+    if not scanned and _plain(data):
         try:
             marshal.dumps(value)
         except ValueError:
@@ -279,11 +328,17 @@ def cbor_decode(data: bytes | bytearray | memoryview, *, limits: Limits = _DEFAU
         else:
             return value
     try:
-        _check_result(value)
+        nans = _check_result(value)
     except WireError:
         _scan(data, limits)  # the exact offset, where the scan can tell
         raise
+    if nans > 1:
+        _refuse_nan_keys(value)
     return value
+
+
+#: Whether a payload holds no wire tag and no NaN (it may say False for a payload that does not).
+_plain: Callable[[bytes], bool] = _plain_py if _C is None else _C.cbor_plain
 
 
 def _scan(data: bytes, limits: Limits) -> None:
@@ -298,7 +353,8 @@ def _scan(data: bytes, limits: Limits) -> None:
     total = 1
     # Each entry: items still expected in an open container.
     stack: list[int] = []
-    pending_bignum = False
+    # The tag whose content the next item is (0: none).
+    tag = 0
     while True:
         if off >= end:
             raise Truncated("truncated CBOR: expected an item, found the end of the data", off)
@@ -330,16 +386,27 @@ def _scan(data: bytes, limits: Limits) -> None:
             )
         else:
             raise InvalidValue(f"malformed CBOR head 0x{ib:02x} (reserved additional info)", start)
-        if pending_bignum:
-            pending_bignum = False
+        content_of = tag
+        tag = 0
+        if content_of == 2 or content_of == 3:
             if major != 2:
                 raise InvalidValue("bignum tag 2/3 must wrap a byte string", start)
-            if arg > limits.max_bigint_bytes:
-                raise LimitExceeded(
-                    f"big int of {arg} bytes exceeds max_bigint_bytes={limits.max_bigint_bytes}",
-                    start,
+            if arg > end - off:
+                raise Truncated(
+                    f"truncated CBOR bignum: declares {arg} bytes, only {end - off} remain", start
                 )
-        if major == 2 or major == 3:
+            # The magnitude is bounded, as cbor2's path does: leading zero bytes add nothing,
+            # and max_str does not apply (SPEC 2.1).
+            if arg > limits.max_bigint_bytes:
+                size = len(data[off : off + arg].lstrip(b"\x00"))
+                if size > limits.max_bigint_bytes:
+                    raise LimitExceeded(
+                        f"big int of {size} bytes exceeds max_bigint_bytes="
+                        f"{limits.max_bigint_bytes}",
+                        start,
+                    )
+            off += arg
+        elif major == 2 or major == 3:
             if arg > limits.max_str:
                 raise LimitExceeded(
                     f"{'bytes' if major == 2 else 'str'} length {arg} exceeds "
@@ -354,7 +421,9 @@ def _scan(data: bytes, limits: Limits) -> None:
                 )
             off += arg
         elif major == 4 or major == 5:
-            if arg > limits.max_items:
+            # The array of a pid, ref, exit reason or error value holds the type's fields, not
+            # items: max_items does not apply to it (as for TLV and the encoders).
+            if arg > limits.max_items and not (major == 4 and arg == _ARITY.get(content_of)):
                 raise LimitExceeded(
                     f"{'array' if major == 4 else 'map'} of {arg} items exceeds "
                     f"max_items={limits.max_items}",
@@ -379,9 +448,8 @@ def _scan(data: bytes, limits: Limits) -> None:
                 stack.append(count)
                 continue
         elif major == 6:
-            if arg == 2 or arg == 3:
-                pending_bignum = True
-            elif arg not in _TAGS:
+            tag = arg
+            if arg != 2 and arg != 3 and arg not in _TAGS:
                 raise UnknownValueType(
                     f"unknown CBOR tag {arg}: wire accepts only tags 2 and 3 (bignums) and "
                     f"{min(_TAGS)}..{max(_TAGS)}",

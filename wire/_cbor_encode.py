@@ -11,12 +11,12 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Iterator
-from itertools import chain
+from itertools import chain, pairwise
 from typing import Any
 
 from ._accel import C as _C
-from ._errors import InvalidUtf8, LimitExceeded, UnknownValueType, WireError
-from ._limits import Limits
+from ._errors import InvalidUtf8, InvalidValue, LimitExceeded, UnknownValueType, WireError
+from ._limits import FAST_MAX_PARTS, FAST_PIECE_BYTES, NO_PIECE, Limits, payload_too_large
 from ._values import Atom, ErrorValue, ExitReason, Pid, Ref
 
 __all__ = ["CborTag", "cbor_encode"]
@@ -112,17 +112,13 @@ def _encode_str(text: str, max_str: int) -> bytes:
     return _head(3, len(b)) + b
 
 
-def _encode_key(key: object, limits: Limits, level: int) -> _Raw:
-    if type(key) is str:
-        raw = _KEY_CACHE.get(key)
-        if raw is None:
-            raw = _Raw(_encode_str(key, limits.max_str))
-            if len(key) <= _CACHE_LEN and len(_KEY_CACHE) < _CACHE_SIZE:
-                _KEY_CACHE[key] = raw
-        return raw
-    out = bytearray()
-    _encode_into(out, key, limits, level)
-    return _Raw(out)
+def _str_key(key: str, limits: Limits) -> _Raw:
+    raw = _KEY_CACHE.get(key)
+    if raw is None:
+        raw = _Raw(_encode_str(key, limits.max_str))
+        if len(key) <= _CACHE_LEN and len(_KEY_CACHE) < _CACHE_SIZE:
+            _KEY_CACHE[key] = raw
+    return raw
 
 
 def cbor_encode(value: object, *, limits: Limits = _DEFAULT_LIMITS) -> bytes:
@@ -144,7 +140,12 @@ def cbor_encode(value: object, *, limits: Limits = _DEFAULT_LIMITS) -> bytes:
     """
     if _C is not None:
         data = _C.cbor_encode(
-            value, limits.max_depth, limits.max_items, limits.max_total_items, limits.max_str
+            value,
+            limits.max_depth,
+            limits.max_items,
+            limits.max_total_items,
+            limits.max_str,
+            limits.max_payload,
         )
         if data is not None:
             return data
@@ -153,16 +154,25 @@ def cbor_encode(value: object, *, limits: Limits = _DEFAULT_LIMITS) -> bytes:
         out = bytearray()
         _encode_into(out, value, limits)
         data = bytes(out)
+    elif len(data) > limits.max_payload:
+        raise payload_too_large(len(data), limits.max_payload)
     return data
 
 
-def _encode_into(out: bytearray, value: object, limits: Limits, base: int = 0) -> None:
-    """Encode ``value`` into ``out``; ``base`` is how deep the value sits (map keys)."""
+def _encode_into(
+    out: bytearray, value: object, limits: Limits, base: int = 0, total: int = 1
+) -> int:
+    """Encode ``value`` into ``out``; ``base`` is how deep the value sits and ``total`` how many
+    items were counted before it, itself included (both for map keys). Returns the new count.
+
+    ``out`` is checked against ``max_payload`` after every str, bytes and bignum (the only items
+    that are not a few bytes each), so an encoding far over it is never built whole.
+    """
     max_depth = limits.max_depth - base
     max_items = limits.max_items
     max_str = limits.max_str
     max_total = limits.max_total_items
-    total = 1
+    max_payload = limits.max_payload
     cache = _STR_CACHE
     cached: Any = cache.get if max_str >= 4 * _CACHE_LEN else (lambda _: None)
     small = _SMALL_INTS
@@ -179,6 +189,8 @@ def _encode_into(out: bytearray, value: object, limits: Limits, base: int = 0) -
                     if len(v) <= _CACHE_LEN and len(cache) < _CACHE_SIZE and max_str >= 256:
                         cache[v] = b
                 out += b
+                if len(out) > max_payload:
+                    raise payload_too_large(len(out), max_payload)
             elif t is _Raw:
                 out += v
             elif t is int:
@@ -201,6 +213,8 @@ def _encode_into(out: bytearray, value: object, limits: Limits, base: int = 0) -
                     out += b"\xc2" if v >= 0 else b"\xc3"
                     out += _head(2, len(b))
                     out += b
+                    if len(out) > max_payload:
+                        raise payload_too_large(len(out), max_payload)
             elif t is dict:
                 n = len(v)
                 if n > max_items:
@@ -217,7 +231,7 @@ def _encode_into(out: bytearray, value: object, limits: Limits, base: int = 0) -
                         )
                     order = orders(tuple(v))
                     if order is None:
-                        order = _key_order(v, limits, base + len(stack) + 1)
+                        order, total = _key_order(v, limits, base + len(stack) + 1, total)
                     pairs = [(raw, v[k]) for raw, k in order]
                     stack.append(it)
                     it = chain.from_iterable(pairs)
@@ -259,6 +273,8 @@ def _encode_into(out: bytearray, value: object, limits: Limits, base: int = 0) -
                     raise LimitExceeded(f"bytes of length {len(v)} exceeds max_str={max_str}")
                 out += _head(2, len(v))
                 out += v
+                if len(out) > max_payload:
+                    raise payload_too_large(len(out), max_payload)
             elif t is Atom:
                 if len(stack) >= max_depth:
                     raise LimitExceeded(f"value nests deeper than max_depth={limits.max_depth}")
@@ -290,7 +306,7 @@ def _encode_into(out: bytearray, value: object, limits: Limits, base: int = 0) -
                 break
         else:
             if not stack:
-                return
+                return total
             it = stack.pop()
 
 
@@ -305,11 +321,41 @@ def _first(pair: tuple[bytes, Any]) -> bytes:
 _ORDER_CACHE: dict[tuple[Any, ...], list[tuple[_Raw, Any]]] = {}
 
 
-def _key_order(d: dict[Any, Any], limits: Limits, level: int) -> list[tuple[_Raw, Any]]:
-    order = sorted(((_encode_key(k, limits, level), k) for k in d), key=_first)
-    if len(_ORDER_CACHE) < _CACHE_SIZE and len(d) <= 64 and all(type(k) is str for k in d):
-        _ORDER_CACHE[tuple(d)] = order
-    return order
+def _key_order(
+    d: dict[Any, Any], limits: Limits, level: int, total: int
+) -> tuple[list[tuple[_Raw, Any]], int]:
+    """The keys of ``d`` in deterministic order with their encodings, and ``total`` (the items
+    counted so far) plus the items inside the keys (a tuple or pid key holds some)."""
+    order = []
+    plain = True
+    for k in d:
+        if type(k) is str:
+            raw = _str_key(k, limits)
+        else:
+            plain = False
+            out = bytearray()
+            total = _encode_into(out, k, limits, level, total)
+            raw = _Raw(out)
+        order.append((raw, k))
+    order.sort(key=_first)
+    if plain:
+        if len(_ORDER_CACHE) < _CACHE_SIZE and len(d) <= 64:
+            _ORDER_CACHE[tuple(d)] = order
+    else:
+        _refuse_equal_keys(order)
+    return order, total
+
+
+def _refuse_equal_keys(order: list[tuple[_Raw, Any]]) -> None:
+    """Refuse two keys with one encoding, which the peer must reject as duplicates: keys a
+    dict holds apart only because they are not equal to themselves (every NaN encodes as
+    ``f9 7e 00``)."""
+    for (prev, _), (raw, k) in pairwise(order):
+        if raw == prev:
+            raise InvalidValue(
+                f"duplicate dict key {k!r}: two keys encode to the same CBOR bytes "
+                f"({bytes(raw).hex()}), which a decoder must reject; use one NaN key at most"
+            )
 
 
 def _normalise(value: object) -> object:
@@ -339,6 +385,9 @@ def _normalise(value: object) -> object:
 # exactly as the general encoder checks it (max_items, max_str, max_bigint_bytes, max_depth) or
 # bounded from above (max_total_items: every counted item adds at least one part to ``parts``, so
 # ``len(parts)`` bounds the count), so the fast path accepts nothing the general one refuses.
+# It also gives up past FAST_MAX_PARTS parts, long strs and bytes adding the empty parts they
+# count for, so that the parts hold a bounded number of bytes (wire._limits); cbor_encode checks
+# max_payload on what it joins.
 
 
 class _Fallback(Exception):
@@ -359,7 +408,8 @@ _EXIT_HEAD = _TAG_HEADS[CborTag.EXIT] + b"\x82"
 _ERROR_HEAD = _TAG_HEADS[CborTag.ERROR] + b"\x84"
 
 # What the fast path needs of a Limits, as a tuple it indexes:
-# (depth bound, max_items, max_total_items, max_str, max_bigint_bytes, the Limits itself).
+# (depth bound, max_items, max_total_items lowered as above, max_str, max_bigint_bytes, the
+# Limits itself).
 _Bounds = tuple[int, int, int, int, int, Limits]
 
 
@@ -367,7 +417,7 @@ def _bounds(limits: Limits) -> _Bounds:
     return (
         min(limits.max_depth, _FAST_MAX_DEPTH),
         limits.max_items,
-        limits.max_total_items,
+        min(limits.max_total_items, FAST_MAX_PARTS),
         limits.max_str,
         limits.max_bigint_bytes,
         limits,
@@ -410,13 +460,13 @@ def _fast_items(
     for x in items:
         t = type(x)
         if t is str:
-            parts.append(cache.get(x) or _fast_str(x, bounds[3]))
+            parts.append(cache.get(x) or _fast_str(x, parts, bounds))
         elif t is int:
             parts.append(_SMALL_INTS[x] if 0 <= x < 256 else _fast_int(x, depth, bounds))
         elif t is dict:
             n = len(x)
             if n:
-                if n > bounds[1] or depth >= bounds[0] or len(parts) > bounds[2]:
+                if n > bounds[1] or depth >= bounds[0] or len(parts) + n > bounds[2]:
                     raise _Fallback
                 parts.append(_MAP_HEADS[n] if n < 256 else _head(5, n))
                 _fast_map(x, parts, depth + 1, bounds)
@@ -425,7 +475,7 @@ def _fast_items(
         elif t is list:
             n = len(x)
             if n:
-                if n > bounds[1] or depth >= bounds[0] or len(parts) > bounds[2]:
+                if n > bounds[1] or depth >= bounds[0] or len(parts) + n > bounds[2]:
                     raise _Fallback
                 parts.append(_ARRAY_HEADS[n] if n < 256 else _head(4, n))
                 _fast_items(x, parts, depth + 1, bounds)
@@ -448,10 +498,12 @@ def _fast_items(
                 raise _Fallback
             parts.append(_head(2, n))
             parts.append(x)
+            if n > FAST_PIECE_BYTES:
+                _count_pieces(n, parts, bounds)
         elif t is tuple:
             n = len(x)
             if n:
-                if n > bounds[1] or depth + 1 >= bounds[0] or len(parts) > bounds[2]:
+                if n > bounds[1] or depth + 1 >= bounds[0] or len(parts) + n > bounds[2]:
                     raise _Fallback
                 parts.append(_TUPLE_HEAD)
                 parts.append(_ARRAY_HEADS[n] if n < 256 else _head(4, n))
@@ -476,21 +528,23 @@ def _fast_map(
     order = orders.get(tuple(d))
     if order is None:
         try:
-            order = _key_order(d, bounds[5], depth)
+            order, inside = _key_order(d, bounds[5], depth, 0)
         except WireError:
             raise _Fallback from None
+        # One (empty) part for each item inside the keys keeps len(parts) a bound on the count.
+        parts += NO_PIECE * inside
     for raw, k in order:
         parts.append(raw)
         x = d[k]
         t = type(x)
         if t is str:
-            parts.append(cache.get(x) or _fast_str(x, bounds[3]))
+            parts.append(cache.get(x) or _fast_str(x, parts, bounds))
         elif t is int:
             parts.append(_SMALL_INTS[x] if 0 <= x < 256 else _fast_int(x, depth, bounds))
         elif t is list:
             n = len(x)
             if n:
-                if n > bounds[1] or depth >= bounds[0] or len(parts) > bounds[2]:
+                if n > bounds[1] or depth >= bounds[0] or len(parts) + n > bounds[2]:
                     raise _Fallback
                 parts.append(_ARRAY_HEADS[n] if n < 256 else _head(4, n))
                 _fast_items(x, parts, depth + 1, bounds)
@@ -499,7 +553,7 @@ def _fast_map(
         elif t is dict:
             n = len(x)
             if n:
-                if n > bounds[1] or depth >= bounds[0] or len(parts) > bounds[2]:
+                if n > bounds[1] or depth >= bounds[0] or len(parts) + n > bounds[2]:
                     raise _Fallback
                 parts.append(_MAP_HEADS[n] if n < 256 else _head(5, n))
                 _fast_map(x, parts, depth + 1, bounds)
@@ -512,18 +566,28 @@ def _fast_map(
             _fast_items((x,), parts, depth, bounds)
 
 
-def _fast_str(text: str, max_str: int) -> bytes:
+def _fast_str(text: str, parts: list[bytes], bounds: _Bounds) -> bytes:
     """A str the cache does not hold (it is added when short)."""
     try:
         b = text.encode("utf-8")
     except UnicodeEncodeError:
         raise _Fallback from None
-    if len(b) > max_str:
+    if len(b) > bounds[3]:
         raise _Fallback
     encoded = _head(3, len(b)) + b
     if len(text) <= _CACHE_LEN and len(_STR_CACHE) < _CACHE_SIZE:
         _STR_CACHE[text] = encoded
+    elif len(b) > FAST_PIECE_BYTES:
+        _count_pieces(len(b), parts, bounds)
     return encoded
+
+
+def _count_pieces(size: int, parts: list[bytes], bounds: _Bounds) -> None:
+    """Add the empty pieces a long str or bytes counts for, so that the number of pieces bounds
+    the bytes they hold (wire._limits)."""
+    parts += NO_PIECE * (size // FAST_PIECE_BYTES)
+    if len(parts) > bounds[2]:
+        raise _Fallback
 
 
 def _fast_int(x: int, depth: int, bounds: _Bounds) -> bytes:
@@ -545,7 +609,7 @@ def _fast_composite(x: Any, t: type, parts: list[bytes], depth: int, bounds: _Bo
         if depth >= bounds[0]:
             raise _Fallback
         parts.append(_ATOM_HEAD)
-        parts.append(_STR_CACHE.get(x.name) or _fast_str(x.name, bounds[3]))
+        parts.append(_STR_CACHE.get(x.name) or _fast_str(x.name, parts, bounds))
         return
     fields: tuple[Any, ...]
     if t is Pid or t is Ref:

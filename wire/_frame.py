@@ -164,7 +164,8 @@ def encode_frame(
 
     Raises:
         WireError: The payload cannot be encoded (see :func:`tlv_encode`), a version 1 payload
-            is not a dict, or the payload exceeds ``limits.max_payload``.
+            is not a dict, the payload exceeds ``limits.max_payload``, or ``codec`` is not a
+            :class:`Codec` (:class:`InvalidValue`).
     """
     if codec is None or frame.version == 1:
         codec = frame.codec
@@ -185,6 +186,7 @@ def encode_message(
     (the hot path of distribution, which sends one frame per message).
 
     Raises:
+        ValueOutOfRange: ``request_id`` is not an int 0..2**64-1.
         WireError: as :func:`encode_frame`.
     """
     if type.__class__ is not MessageType:
@@ -206,6 +208,8 @@ def _encode(
         body = b""
         if codec is Codec.CBOR:
             mtype |= CBOR_FLAG
+        elif codec is not Codec.TLV:
+            raise _bad_codec(codec)
     elif codec is Codec.TLV:
         if version == 1 and payload.__class__ is not dict:
             raise MalformedMessage(
@@ -219,17 +223,41 @@ def _encode(
                 f"{type.name} payload of {length} bytes exceeds max_payload="
                 f"{limits.max_payload}; split it into CHUNK frames"
             )
-        _HEADER.pack_into(out, 0, MAGIC, version, mtype, length, request_id)
+        try:
+            _HEADER.pack_into(out, 0, MAGIC, version, mtype, length, request_id)
+        except struct.error:
+            raise _bad_request_id(request_id) from None
         return bytes(out)
-    else:
+    elif codec is Codec.CBOR:
         body = cbor_encode(payload, limits=limits)
         mtype |= CBOR_FLAG
+    else:
+        raise _bad_codec(codec)
     if len(body) > limits.max_payload:
         raise LimitExceeded(
             f"{type.name} payload of {len(body)} bytes exceeds max_payload="
             f"{limits.max_payload}; split it into CHUNK frames"
         )
-    return _HEADER.pack(MAGIC, version, mtype, len(body), request_id) + body
+    try:
+        return _HEADER.pack(MAGIC, version, mtype, len(body), request_id) + body
+    except struct.error:
+        # The only field a caller gives unchecked (encode_message builds no Frame); checked
+        # here, where it costs nothing unless it is wrong.
+        raise _bad_request_id(request_id) from None
+
+
+def _bad_request_id(request_id: object) -> ValueOutOfRange:
+    return ValueOutOfRange(
+        f"request_id must be an int 0..2**64-1 (got {request_id!r}); for Gunicorn's str ids use "
+        "request_id_from_str()"
+    )
+
+
+def _bad_codec(codec: object) -> InvalidValue:
+    return InvalidValue(
+        f"codec must be Codec.TLV or Codec.CBOR (got {codec!r}); a handshake's codec name "
+        "converts with Codec(name)"
+    )
 
 
 _new_frame = object.__new__

@@ -10,12 +10,30 @@ from typing import Any
 
 import attrs
 
-from ._errors import InvalidValue
+from ._errors import InvalidValue, LimitExceeded
 
 __all__ = ["MAX_PAYLOAD", "Limits"]
 
 #: The largest payload any frame may carry (the header's limit in Gunicorn's protocol).
 MAX_PAYLOAD = 64 * 1024 * 1024
+
+# The encoders' optimistic fast paths collect the pieces of an encoding in a list and join them
+# once, so they do not count bytes as they go. They bound the bytes through the number of pieces
+# instead: a str or bytes longer than FAST_PIECE_BYTES adds one empty piece (NO_PIECE) for each
+# FAST_PIECE_BYTES it holds, every other piece holds fewer bytes than that, and the fast paths
+# give anything over FAST_MAX_PARTS pieces to the exact loops, which count every byte. So a value
+# whose encoding is far over max_payload never has all of it built.
+FAST_PIECE_BYTES = 1024
+FAST_MAX_PARTS = MAX_PAYLOAD // (2 * (FAST_PIECE_BYTES + 9))
+NO_PIECE = [b""]
+
+
+def payload_too_large(size: int, max_payload: int) -> LimitExceeded:
+    """The error of an encoding that has reached ``size`` bytes, over ``max_payload``."""
+    return LimitExceeded(
+        f"payload of {size} bytes or more exceeds max_payload={max_payload}; split it into "
+        "CHUNK frames"
+    )
 
 
 def _positive_up_to(maximum: int | None) -> Any:

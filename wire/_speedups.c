@@ -15,6 +15,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <string.h>
 
 #define MAX_DEPTH 300
@@ -32,26 +33,31 @@ typedef struct {
     char *buf;
     Py_ssize_t len;
     Py_ssize_t cap;
+    Py_ssize_t max; /* max_payload: the buffer never grows past it (the caller checks len) */
     char small[1024];
 } Out;
 
-static void out_init(Out *o) {
+static void out_init(Out *o, Py_ssize_t max) {
     o->buf = o->small;
     o->len = 0;
     o->cap = sizeof(o->small);
+    o->max = max;
 }
 
 static void out_free(Out *o) {
     if (o->buf != o->small) PyMem_Free(o->buf);
 }
 
+/* Make room for n more bytes (the callers check first whether there is room already). */
 static int out_reserve(Out *o, Py_ssize_t n) {
-    if (o->len + n <= o->cap) return 0;
+    /* Over max_payload: give up before allocating it (the Python code names the error). */
+    if (n > o->max - o->len) return -1;
     Py_ssize_t cap = o->cap;
     while (cap < o->len + n) {
         if (cap > PY_SSIZE_T_MAX / 2) return -1;
         cap *= 2;
     }
+    if (cap > o->max) cap = o->max;
     char *buf;
     if (o->buf == o->small) {
         buf = PyMem_Malloc(cap);
@@ -66,7 +72,7 @@ static int out_reserve(Out *o, Py_ssize_t n) {
 }
 
 static inline int out_write(Out *o, const void *data, Py_ssize_t n) {
-    if (out_reserve(o, n) < 0) return -1;
+    if (n > o->cap - o->len && out_reserve(o, n) < 0) return -1;
     memcpy(o->buf + o->len, data, n);
     o->len += n;
     return 0;
@@ -89,6 +95,11 @@ static inline unsigned long long get_be(const unsigned char *p, int n) {
     unsigned long long v = 0;
     for (int i = 0; i < n; i++) v = (v << 8) | p[i];
     return v;
+}
+
+/* A NaN float, which a dict holds apart from every other key, even one with the same bits. */
+static inline int is_nan(PyObject *x) {
+    return Py_TYPE(x) == &PyFloat_Type && isnan(PyFloat_AS_DOUBLE(x));
 }
 
 static PyObject *out_bytes(Out *o) {
@@ -321,19 +332,20 @@ static int cbor_value(CborEnc *e, PyObject *x, int depth) {
 static PyObject *cbor_encode(PyObject *self, PyObject *args) {
     PyObject *value;
     int max_depth;
-    Py_ssize_t max_items, max_total, max_str;
-    if (!PyArg_ParseTuple(args, "Oinnn", &value, &max_depth, &max_items, &max_total, &max_str))
+    Py_ssize_t max_items, max_total, max_str, max_payload = PY_SSIZE_T_MAX;
+    if (!PyArg_ParseTuple(args, "Oinnn|n", &value, &max_depth, &max_items, &max_total, &max_str,
+                          &max_payload))
         return NULL;
     if (!Atom_t) Py_RETURN_NONE;
     CborEnc e;
-    out_init(&e.out);
+    out_init(&e.out, max_payload);
     e.bound = max_depth < MAX_DEPTH ? max_depth : MAX_DEPTH;
     e.max_items = max_items;
     e.max_total = max_total;
     e.max_str = max_str;
     e.total = 1;
     PyObject *result;
-    if (cbor_value(&e, value, 0) < 0) {
+    if (cbor_value(&e, value, 0) < 0 || e.out.len > max_payload) {
         PyErr_Clear();
         result = Py_NewRef(Py_None);
     } else {
@@ -410,8 +422,10 @@ static int tlv_value(TlvEnc *e, PyObject *x, int left) {
         while (PyDict_Next(x, &pos, &k, &v)) {
             if (Py_TYPE(k) == &PyUnicode_Type) {
                 if (tlv_text(e, 0x11, k, e->max_str) < 0) return -1;
-            } else if (!e->v2 || tlv_value(e, k, left - 1) < 0) {
-                return -1; /* version 1: the Python code refuses or coerces it */
+            } else if (!e->v2 || is_nan(k) || tlv_value(e, k, left - 1) < 0) {
+                /* Version 1: the Python code refuses or coerces it; a NaN: it checks that no
+                 * other NaN key has the same bits. */
+                return -1;
             }
             if (tlv_value(e, v, left - 1) < 0) return -1;
         }
@@ -491,20 +505,20 @@ static int tlv_value(TlvEnc *e, PyObject *x, int left) {
 static PyObject *tlv_encode(PyObject *self, PyObject *args) {
     PyObject *value;
     int v2, max_depth;
-    Py_ssize_t max_items, max_total, max_str;
-    if (!PyArg_ParseTuple(args, "Opinnn", &value, &v2, &max_depth, &max_items, &max_total,
-                          &max_str))
+    Py_ssize_t max_items, max_total, max_str, max_payload = PY_SSIZE_T_MAX;
+    if (!PyArg_ParseTuple(args, "Opinnn|n", &value, &v2, &max_depth, &max_items, &max_total,
+                          &max_str, &max_payload))
         return NULL;
     if (!Atom_t || max_depth > MAX_DEPTH) Py_RETURN_NONE;
     TlvEnc e;
-    out_init(&e.out);
+    out_init(&e.out, max_payload);
     e.v2 = v2;
     e.max_items = max_items;
     e.max_total = max_total;
     e.max_str = max_str;
     e.total = 1;
     PyObject *result;
-    if (tlv_value(&e, value, max_depth) < 0) {
+    if (tlv_value(&e, value, max_depth) < 0 || e.out.len > max_payload) {
         PyErr_Clear();
         result = Py_NewRef(Py_None);
     } else {
@@ -581,6 +595,7 @@ static PyObject *tlv_decode_value(TlvDec *d, Py_ssize_t *off, int left) {
                 k = tlv_decode_text(d, off, PY_SSIZE_T_MAX);
             } else if (d->v2) {
                 k = tlv_decode_value(d, off, left - 1);
+                if (k && is_nan(k)) Py_CLEAR(k); /* the Python code checks NaN keys */
             } else {
                 k = NULL; /* version 1 keys are str */
             }
@@ -702,6 +717,36 @@ static PyObject *tlv_decode(PyObject *self, PyObject *args) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* CBOR decoding's check: whether a payload holds no byte 0xd9 (the first byte of wire's tags)
+ * and no float head (0xf9..0xfb) followed by the first byte of a NaN or an infinity. A byte
+ * inside a string can make it say False; that only costs the caller its walk. */
+
+static PyObject *cbor_plain(PyObject *self, PyObject *arg) {
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t n = buf.len;
+    int plain = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char b = p[i];
+        if (b < 0xd9) continue;
+        if (b == 0xd9) {
+            plain = 0;
+            break;
+        }
+        if (b >= 0xf9 && b <= 0xfb && i + 1 < n) {
+            unsigned char e = p[i + 1] & 0x7f; /* the exponent's high bits, without the sign */
+            if (b == 0xf9 ? e >= 0x7c : e == 0x7f) {
+                plain = 0;
+                break;
+            }
+        }
+    }
+    PyBuffer_Release(&buf);
+    return PyBool_FromLong(plain);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 
 static PyObject *init(PyObject *self, PyObject *args) {
     PyObject *a, *p, *r, *x, *er, *ma, *mp, *mr;
@@ -720,9 +765,13 @@ static PyMethodDef methods[] = {
     {"init", init, METH_VARARGS,
      "init(Atom, Pid, Ref, ExitReason, ErrorValue, make_atom, make_pid, make_ref)"},
     {"cbor_encode", cbor_encode, METH_VARARGS,
-     "cbor_encode(value, max_depth, max_items, max_total_items, max_str) -> bytes | None"},
+     "cbor_encode(value, max_depth, max_items, max_total_items, max_str[, max_payload]) -> "
+     "bytes | None"},
     {"tlv_encode", tlv_encode, METH_VARARGS,
-     "tlv_encode(value, v2, max_depth, max_items, max_total_items, max_str) -> bytes | None"},
+     "tlv_encode(value, v2, max_depth, max_items, max_total_items, max_str[, max_payload]) -> "
+     "bytes | None"},
+    {"cbor_plain", cbor_plain, METH_O,
+     "cbor_plain(data) -> bool: no wire tag head and no NaN (False may be wrong, True is not)"},
     {"tlv_decode", tlv_decode, METH_VARARGS,
      "tlv_decode(data, v2, max_depth, max_items) -> (value, end) | None"},
     {NULL, NULL, 0, NULL},

@@ -28,7 +28,7 @@ from ._errors import (
     ValueOutOfRange,
     WireError,
 )
-from ._limits import Limits
+from ._limits import FAST_MAX_PARTS, FAST_PIECE_BYTES, NO_PIECE, Limits, payload_too_large
 from ._values import (
     MAX_NAME_BYTES,
     Atom,
@@ -206,6 +206,7 @@ def tlv_encode(
             limits.max_items,
             limits.max_total_items,
             limits.max_str,
+            limits.max_payload,
         )
         if data is not None:
             return data
@@ -224,15 +225,21 @@ def tlv_encode(
         except Exception:
             pass
         else:
-            if len(parts) <= _DEFAULT_MAX_TOTAL:
-                return b"".join(parts)
+            if len(parts) <= _DEFAULT_MAX_PARTS:
+                data = b"".join(parts)
+                if len(data) > _DEFAULT_MAX_PAYLOAD:
+                    raise payload_too_large(len(data), _DEFAULT_MAX_PAYLOAD)
+                return data
         # else the exact loop names what is wrong
     else:
         if version != 2 and version != 1:
             raise InvalidValue(f"TLV version must be 1 or 2 (got {version!r})")
         fast = _encode_fast(value, version == 2, limits)
         if fast is not None:
-            return b"".join(fast)
+            data = b"".join(fast)
+            if len(data) > limits.max_payload:
+                raise payload_too_large(len(data), limits.max_payload)
+            return data
     out = bytearray()
     _encode_loop(out, value, version == 2, coerce_keys, limits)
     return bytes(out)
@@ -244,7 +251,13 @@ def _encode_into(
     """Append the encoding of ``value`` to ``out`` (the frame encoder's entry point)."""
     if _C is not None:
         data = _C.tlv_encode(
-            value, v2, limits.max_depth, limits.max_items, limits.max_total_items, limits.max_str
+            value,
+            v2,
+            limits.max_depth,
+            limits.max_items,
+            limits.max_total_items,
+            limits.max_str,
+            limits.max_payload,
         )
         if data is not None:
             out += data
@@ -270,19 +283,22 @@ def _fast_encoder(v2: bool, limits: Limits) -> tuple[_tlv_fast.Encode, _tlv_fast
     encode = _ENCODERS.get(key)
     if encode is None:
         max_str = limits.max_str
+        max_parts = min(limits.max_total_items, FAST_MAX_PARTS)
 
-        def cache_str(text: str) -> bytes:
+        def cache_str(text: str, parts: list[bytes]) -> bytes:
             b = _encode_str(text, max_str)
             if len(text) <= _STR_CACHE_LEN and len(_STR_CACHE) < _STR_CACHE_SIZE:
                 _STR_CACHE[text] = b
+            elif len(b) > FAST_PIECE_BYTES:  # the empty pieces it counts for (wire._limits)
+                parts += NO_PIECE * (len(b) // FAST_PIECE_BYTES)
+                if len(parts) > max_parts:
+                    raise _tlv_fast.Fallback
             return b
 
         # The cached encodings are of strs of up to _STR_CACHE_LEN characters, so at most four
         # times as many bytes: only a max_str that large may skip the check by using them.
         cache = _STR_CACHE if max_str >= 4 * _STR_CACHE_LEN else {}
-        encode = _tlv_fast.encoder(
-            v2, limits.max_items, limits.max_total_items, max_str, cache, cache_str
-        )
+        encode = _tlv_fast.encoder(v2, limits.max_items, max_parts, max_str, cache, cache_str)
         if len(_ENCODERS) < _ENCODERS_SIZE:
             _ENCODERS[key] = encode
     return encode
@@ -291,7 +307,8 @@ def _fast_encoder(v2: bool, limits: Limits) -> tuple[_tlv_fast.Encode, _tlv_fast
 _DEFAULT_ENCODERS = (_fast_encoder(False, _DEFAULT_LIMITS), _fast_encoder(True, _DEFAULT_LIMITS))
 _V1_ENCODE_DICT = _DEFAULT_ENCODERS[0][1]
 _V2_ENCODE_DICT = _DEFAULT_ENCODERS[1][1]
-_DEFAULT_MAX_TOTAL = _DEFAULT_LIMITS.max_total_items
+_DEFAULT_MAX_PARTS = min(_DEFAULT_LIMITS.max_total_items, FAST_MAX_PARTS)
+_DEFAULT_MAX_PAYLOAD = _DEFAULT_LIMITS.max_payload
 
 
 def _encode_fast(value: object, v2: bool, limits: Limits) -> list[bytes] | None:
@@ -310,20 +327,32 @@ def _encode_fast(value: object, v2: bool, limits: Limits) -> list[bytes] | None:
             encode(value, parts, max_depth)
     except Exception:  # the exact loop gives the same bytes or names the error
         return None
-    if len(parts) > limits.max_total_items:
-        return None  # maybe over max_total_items: the exact loop counts
+    if len(parts) > (
+        _DEFAULT_MAX_PARTS
+        if limits is _DEFAULT_LIMITS
+        else min(limits.max_total_items, FAST_MAX_PARTS)
+    ):
+        return None  # maybe over max_total_items or max_payload: the exact loop counts
     return parts
 
 
 def _encode_loop(
     out: bytearray, value: object, v2: bool, coerce_keys: bool, limits: Limits
 ) -> None:
-    """The exact encoder: append the encoding of ``value`` to ``out``, or raise the error."""
+    """The exact encoder: append the encoding of ``value`` to ``out``, or raise the error.
+
+    ``out`` is checked against ``max_payload`` after every str, bytes and big int (the only
+    values that are not a few bytes each), so an encoding far over it is never built whole.
+    """
     max_depth = limits.max_depth
     max_items = limits.max_items
     max_str = limits.max_str
     max_total = limits.max_total_items
+    # out may already hold a frame header: the payload may take it to this length.
+    start = len(out)
+    max_out = start + limits.max_payload
     total = 1
+    nans = 0
     cache = _STR_CACHE
     short_ok = max_str >= 4 * _STR_CACHE_LEN
     cached: Any = cache.get if short_ok else _no_cache
@@ -340,6 +369,8 @@ def _encode_loop(
                     if len(v) <= _STR_CACHE_LEN and len(cache) < _STR_CACHE_SIZE and short_ok:
                         cache[v] = b
                 out += b
+                if len(out) > max_out:
+                    raise payload_too_large(len(out) - start, limits.max_payload)
             elif t is int:
                 if 0 <= v < 256:
                     out += small[v]
@@ -354,6 +385,8 @@ def _encode_loop(
                         )
                     out += _hdr(0x07, len(b))
                     out += b
+                    if len(out) > max_out:
+                        raise payload_too_large(len(out) - start, limits.max_payload)
                 else:
                     raise ValueOutOfRange(
                         f"int {v} does not fit in int64 ({_I64_MIN}..{_I64_MAX}), the only int "
@@ -415,6 +448,8 @@ def _encode_loop(
                 out += b"\x01\x01" if v else b"\x01\x00"
             elif t is float:
                 out += _float(0x06, v)
+                if v != v:
+                    nans += 1
             elif t is bytes:
                 n = len(v)
                 if n > max_str:
@@ -423,6 +458,8 @@ def _encode_loop(
                     )
                 out += _hdr(0x10, n)
                 out += v
+                if len(out) > max_out:
+                    raise payload_too_large(len(out) - start, limits.max_payload)
             elif not v2:
                 it = chain((_normalise(v, v2),), it)
                 break
@@ -472,8 +509,44 @@ def _encode_loop(
                 break
         else:
             if not stack:
+                if nans > 1 and v2:  # (version 1 keys are str)
+                    _refuse_nan_keys(value)
                 return
             it = stack.pop()
+
+
+def _refuse_nan_keys(value: object) -> None:
+    """Refuse a dict (anywhere in ``value``) with two NaN keys of the same bits, which the peer
+    must reject as duplicates (a dict holds them apart: NaN is not equal to itself)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            dup = _nan_duplicate(v)
+            if dup is not None:
+                raise InvalidValue(
+                    f"duplicate dict key {dup!r}: two NaN keys with the same bits "
+                    f"({_F64.pack(dup).hex()}) have one encoding, which a decoder must reject"
+                )
+            stack.extend(v.values())
+        elif isinstance(v, ExitReason):
+            stack.append(v.detail)
+        elif isinstance(v, ErrorValue):
+            stack.append(v.details)
+
+
+def _nan_duplicate(keys: Any) -> float | None:
+    """A NaN among ``keys`` whose bits another NaN key shares, or None."""
+    seen: set[bytes] = set()
+    for k in keys:
+        if type(k) is float and k != k:
+            bits = _F64.pack(k)
+            if bits in seen:
+                return k
+            seen.add(bits)
+    return None
 
 
 def tlv_decode(
@@ -626,6 +699,7 @@ def _decode_loop(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, 
     i64 = _I64_unpack
     f64 = _F64_unpack
     total = 1
+    nans = 0  # from two on, every dict is checked for NaN keys of the same bits
     stack: list[tuple[Any, ...]] = []
     # The current container: its kind, its items so far, and an iterator that yields once per
     # item still to read. The top level is a one-item list.
@@ -693,7 +767,10 @@ def _decode_loop(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, 
                 append(b == 1)
                 off += 2
             elif t == 0x06:
-                append(f64(data, off + 1)[0])
+                v = f64(data, off + 1)[0]
+                if v != v:
+                    nans += 1
+                append(v)
                 off += 9
             elif t == 0x10:
                 n = u32(data, off + 1)[0]
@@ -790,7 +867,7 @@ def _decode_loop(data: bytes, off: int, v2: bool, limits: Limits) -> tuple[Any, 
                     v = dict(zip(keys, cur[1::2], strict=True))
                 except TypeError:
                     v = None
-                if v is None or len(v) != len(keys):
+                if v is None or len(v) != len(keys) or nans > 1:
                     v = _make_dict(cur, v2, cstart)
                 elif not v2:
                     for k in keys:
@@ -868,6 +945,12 @@ def _make_dict(flat: list[Any], v2: bool, start: int) -> dict[Any, Any]:
         seen: set[Any] = set()
         dup = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         raise InvalidValue(f"duplicate dict key {dup!r}", start)
+    nan = _nan_duplicate(keys)
+    if nan is not None:
+        raise InvalidValue(
+            f"duplicate dict key {nan!r}: two NaN keys with the same bits ({_F64.pack(nan).hex()})",
+            start,
+        )
     return d
 
 

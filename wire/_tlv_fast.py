@@ -14,6 +14,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from ._limits import FAST_PIECE_BYTES, NO_PIECE
 from ._values import MAX_NAME_BYTES, Atom, ErrorValue, ExitReason, Pid, Ref
 
 __all__ = ["HEADS", "SMALL_INTS", "Fallback", "decoder", "encoder"]
@@ -239,6 +240,8 @@ def decoder(v2: bool, max_items: int) -> tuple[Decode, DecodeDict]:
                     key = data[s:off].decode()
                 elif v2:
                     key, off = value(data, off, left)
+                    if type(key) is float and key != key:
+                        raise Fallback  # a NaN: the exact loop checks for another of its bits
                 else:
                     raise Fallback  # version 1 keys are str
                 try:
@@ -335,8 +338,11 @@ def decoder(v2: bool, max_items: int) -> tuple[Decode, DecodeDict]:
 # does not know makes it give up), and checks the limits as the exact loop does: depth through
 # ``left``, max_items where a container's header is written, max_str on every str and bytes it
 # encodes, and max_total_items from above: every value adds at least one piece, so the number of
-# pieces bounds the number of values; it is checked as each container starts (which also bounds
-# the work on a value that shares one list many times over) and by the caller at the end.
+# pieces bounds the number of values; it is checked as each container starts, counting the
+# container's items (which also bounds the work on a value that shares one list many times over),
+# and by the caller at the end. The caller passes a max_total lowered to FAST_MAX_PARTS, and
+# long strs and bytes add empty pieces, so that the pieces' count also bounds their bytes
+# (wire._limits).
 
 _PACK_HDR = struct.Struct(">BI").pack
 _PACK_INT = struct.Struct(">Bq").pack
@@ -355,7 +361,7 @@ def encoder(
     max_total: int,
     max_str: int,
     cache: dict[str, bytes],
-    cache_str: Callable[[str], bytes],
+    cache_str: Callable[[str, list[bytes]], bytes],
 ) -> tuple[Encode, Encode]:
     """The fast encoder of TLV version 2 (or 1) under the given limits:
     ``encode(value, parts, left)`` appends the encoding of ``value`` to ``parts``, and
@@ -363,7 +369,8 @@ def encoder(
     ``left`` from the caller's).
 
     ``cache`` maps short strs to their encoding and ``cache_str`` encodes a str (checking
-    ``max_str``), adding it to the cache when it is short; the caller passes an empty cache when
+    ``max_str``), adding it to the cache when it is short, or the pieces of FAST_PIECE_BYTES it
+    counts for when it is long (see :func:`large`); the caller passes an empty cache when
     ``max_str`` is too small for the cached encodings.
     """
     # Everything the loops use is a local of this function (a cell to them), not a global.
@@ -381,6 +388,19 @@ def encoder(
         if n > max_items:
             raise Fallback
         return hdr(code, n)
+
+    piece = min(max_str, FAST_PIECE_BYTES)
+
+    def large(x: bytes, parts: list[bytes]) -> None:
+        """Bytes longer than a piece, with the empty pieces they count for (wire._limits)."""
+        n = len_(x)
+        if n > max_str:
+            raise Fallback
+        parts.append(hdr(0x10, n))
+        parts.append(x)
+        parts += NO_PIECE * (n // FAST_PIECE_BYTES)
+        if len_(parts) > max_total:
+            raise Fallback
 
     def item(x: Any, parts: list[bytes], left: int) -> None:
         """Any value. The loops below inline the common ones and call this for the rest, so the
@@ -418,7 +438,7 @@ def encoder(
                     item(x.traceback, parts, left)
                 return
         if t is str_:
-            append(get(x) or cache_str(x))
+            append(get(x) or cache_str(x, parts))
         elif t is int_:
             append(small[x] if 0 <= x < 256 else pack_int(0x05, x))
         elif t is dict_t and left:
@@ -432,10 +452,11 @@ def encoder(
         elif t is bool_:
             append(b"\x01\x01" if x else b"\x01\x00")
         elif t is bytes_:
-            if len_(x) > max_str:
-                raise Fallback
-            append(hdr(0x10, len_(x)))
-            append(x)
+            if len_(x) > piece:
+                large(x, parts)
+            else:
+                append(hdr(0x10, len_(x)))
+                append(x)
         elif t is tuple_t and left and not v2:  # version 1 writes a tuple as a list
             list_(x, parts, left - 1, list_heads)
         else:
@@ -443,14 +464,14 @@ def encoder(
 
     def list_(v: Any, parts: list[bytes], left: int, heads: tuple[bytes, ...]) -> None:
         n = len_(v)
-        if len_(parts) > max_total:
+        if len_(parts) + n > max_total:
             raise Fallback
         append = parts.append
         append(heads[n] if n < short else head(heads[0][0], n))
         for x in v:
             t = type(x)
             if t is str_:
-                append(get(x) or cache_str(x))
+                append(get(x) or cache_str(x, parts))
             elif t is int_:
                 append(small[x] if 0 <= x < 256 else pack_int(0x05, x))
             elif t is dict_t and left:
@@ -464,44 +485,47 @@ def encoder(
             elif t is bool_:
                 append(b"\x01\x01" if x else b"\x01\x00")
             elif t is bytes_:
-                if len_(x) > max_str:
-                    raise Fallback
-                append(hdr(0x10, len_(x)))
-                append(x)
+                if len_(x) > piece:
+                    large(x, parts)
+                else:
+                    append(hdr(0x10, len_(x)))
+                    append(x)
             else:
                 item(x, parts, left)
 
     def dict_(v: dict[Any, Any], parts: list[bytes], left: int) -> None:
         n = len_(v)
-        if len_(parts) > max_total:
+        if len_(parts) + n > max_total:
             raise Fallback
         append = parts.append
         append(dict_heads[n] if n < short else head(0x21, n))
         for k in v:
             x = v[k]
             if type(k) is str_:
-                append(get(k) or cache_str(k))
-            elif v2:
+                append(get(k) or cache_str(k, parts))
+            elif v2 and not (type(k) is float_ and k != k):
                 item(k, parts, left)
             else:
-                raise Fallback  # the exact loop refuses it or coerces it (coerce_keys)
+                # Version 1: the exact loop refuses it or coerces it (coerce_keys); a NaN: it
+                # checks that no other NaN key has its bits.
+                raise Fallback
             t = type(x)
             if t is str_:
-                append(get(x) or cache_str(x))
+                append(get(x) or cache_str(x, parts))
             elif t is int_:
                 append(small[x] if 0 <= x < 256 else pack_int(0x05, x))
             elif t is list_t and left:
                 # A list: encoded here, without calling list_ (lists of scalars are the most
                 # common leaves); its items are one level down.
                 n = len_(x)
-                if len_(parts) > max_total:
+                if len_(parts) + n > max_total:
                     raise Fallback
                 append(list_heads[n] if n < short else head(0x20, n))
                 inner = left - 1
                 for y in x:
                     t = type(y)
                     if t is str_:
-                        append(get(y) or cache_str(y))
+                        append(get(y) or cache_str(y, parts))
                     elif t is int_:
                         append(small[y] if 0 <= y < 256 else pack_int(0x05, y))
                     elif t is float_:
@@ -511,10 +535,11 @@ def encoder(
                     elif t is bool_:
                         append(b"\x01\x01" if y else b"\x01\x00")
                     elif t is bytes_:
-                        if len_(y) > max_str:
-                            raise Fallback
-                        append(hdr(0x10, len_(y)))
-                        append(y)
+                        if len_(y) > piece:
+                            large(y, parts)
+                        else:
+                            append(hdr(0x10, len_(y)))
+                            append(y)
                     elif t is dict_t and inner:
                         dict_(y, parts, inner - 1)
                     elif t is list_t and inner:
@@ -530,10 +555,11 @@ def encoder(
             elif t is bool_:
                 append(b"\x01\x01" if x else b"\x01\x00")
             elif t is bytes_:
-                if len_(x) > max_str:
-                    raise Fallback
-                append(hdr(0x10, len_(x)))
-                append(x)
+                if len_(x) > piece:
+                    large(x, parts)
+                else:
+                    append(hdr(0x10, len_(x)))
+                    append(x)
             else:
                 item(x, parts, left)
 
