@@ -121,8 +121,17 @@ class _Conn:
         self.broken: DirtyError | None = None
         # trio: the stream, its send lock, and whether a task is reading.
         self.stream: Any = None
+        self.raw: socket.socket | None = None
         self.send_lock: Any = None
         self.reading = False
+        #: Bytes of CHUNK frames read but not yet taken by their streams; asyncio: whether
+        #: reading is paused for them (flow control: a slow consumer leaves its stream in the
+        #: socket, holding the pool back, as the sync and trio clients do).
+        self.queued = 0
+        self.held = False
+        #: trio: ENDs of abandoned calls, for the task holding the send lock to send after its
+        #: frame (an abandoning task never waits behind another task's send).
+        self.ends: list[bytes] = []
         #: The process that connected (a forked child must not use the parent's socket).
         self.pid = _getpid()
 
@@ -137,6 +146,8 @@ class _Conn:
             slot = slots.get(rid)
             if slot is not None:
                 slot.frames.append((mtype, payload))
+                if mtype == CHUNK:
+                    self.queued += len(payload)
                 _wake(slot)
             elif rid == 0 and mtype == ERROR:
                 self.fail(_error_of(payload))
@@ -150,8 +161,34 @@ class _Conn:
         for slot in self.slots.values():
             _wake(slot)
 
+    def took(self, payload: bytes) -> None:
+        """A stream took a chunk of ``payload`` bytes (or dropped it with the stream)."""
+        self.queued -= len(payload)
+        if self.held and self.queued < _STREAM_LOW:
+            self.release()
+
+    def hold(self) -> None:
+        """asyncio: stop reading while streams lag, unless a call waits for a frame (it would
+        wait on the held-back stream: a consumer awaiting another call mid-stream)."""
+        for slot in self.slots.values():
+            waiter = slot.waiter
+            if waiter is not None and not waiter.done():
+                return
+        transport = self.stream.transport
+        if not transport.is_closing():
+            self.held = True
+            transport.pause_reading()
+
+    def release(self) -> None:
+        """asyncio: read again."""
+        self.held = False
+        transport = self.stream.transport
+        if not transport.is_closing():
+            transport.resume_reading()
+
     def wake_reader(self) -> None:
-        """trio: pass the reading role to one sleeping call still waiting for its frame."""
+        """trio: pass the reading role to one sleeping call still waiting for its frame (one
+        whose waiter is set already has been handed the role, or its frame)."""
         for slot in self.slots.values():
             waiter = slot.waiter
             if waiter is not None and not slot.frames and not waiter.is_set():
@@ -190,9 +227,12 @@ class _Protocol(asyncio.BufferedProtocol):
         return self.view
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.conn.dispatch(bytes(self.view[:nbytes]))
-        if self.conn.broken is not None and self.transport is not None:
+        conn = self.conn
+        conn.dispatch(bytes(self.view[:nbytes]))
+        if conn.broken is not None and self.transport is not None:
             self.transport.close()
+        elif conn.queued > _STREAM_HIGH and not conn.held:
+            conn.hold()
 
     def eof_received(self) -> bool:
         self.conn.fail(self.lost("the pool closed the connection"))
@@ -221,6 +261,12 @@ class _Protocol(asyncio.BufferedProtocol):
             waiter = asyncio.get_running_loop().create_future()
             self.drained.append(waiter)
             await waiter
+
+
+#: An asyncio connection stops reading while more than this many bytes of stream chunks wait
+#: for their consumers (and no call waits for a frame), and reads again under ``_STREAM_LOW``.
+_STREAM_HIGH = 1 << 20
+_STREAM_LOW = 256 << 10
 
 
 def _error_of(payload: bytes) -> DirtyError:
@@ -483,7 +529,68 @@ def _discard(conn: _Conn) -> None:
         elif conn.stream is not None:
             conn.stream.transport.abort()
     elif conn.stream is not None:
+        sock = conn.stream.socket
+        if trio.lowlevel.in_trio_run():
+            sock.close()
+        elif sock.fileno() != -1:
+            # Out of a trio run (its run ended, we are on asyncio): close() would tell the
+            # current run's I/O manager, and there is none.
+            os.close(sock.detach())
+
+
+def _current_loop() -> Any:
+    """The running asyncio loop, or the current trio run's token; None outside both."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    return trio.lowlevel.current_trio_token() if trio.lowlevel.in_trio_run() else None
+
+
+def _loop_ended(conn: _Conn) -> bool:
+    """Whether the event loop (asyncio) or run (trio) of ``conn`` is over."""
+    if conn.backend == "asyncio":
+        return bool(conn.loop.is_closed())
+    try:
+        conn.loop.run_sync_soon(_nothing)
+    except trio.RunFinishedError:
+        return True
+    return False
+
+
+def _nothing() -> None:
+    pass
+
+
+def _shut(conn: _Conn, error: DirtyError) -> None:
+    """Close ``conn`` on its own event loop; its calls in flight fail with ``error``."""
+    conn.fail(error)
+    if conn.backend == "asyncio":
+        conn.stream.transport.close()  # (what is queued goes out first: the ENDs)
+    else:
         conn.stream.socket.close()
+
+
+def _close_conn(conn: _Conn, error: DirtyError) -> None:
+    """Close an async connection from any thread or event loop: on its own loop if that
+    still runs (futures and trio events are woken only from their own loop), at once if it
+    has ended. One inherited across a fork is the parent's: it is left alone."""
+    if conn.pid != _getpid():
+        return
+    if _current_loop() is conn.loop:
+        _shut(conn, error)
+        return
+    try:
+        if conn.backend == "asyncio":
+            conn.loop.call_soon_threadsafe(_shut, conn, error)
+        else:
+            conn.loop.run_sync_soon(_shut, conn, error)
+        return
+    except (RuntimeError, trio.RunFinishedError):  # (asyncio: "Event loop is closed")
+        pass
+    if conn.broken is None:
+        conn.broken = error  # (no call waits: its loop is over)
+    _discard(conn)
 
 
 def _interrupted() -> DirtyConnectionError:
@@ -501,8 +608,9 @@ class DirtyClient:
         timeout: Seconds a call may take (each wait for the next chunk of a stream, too)
             before it raises :class:`DirtyTimeoutError`; None waits forever.
 
-    Thread- and task-safe. Sync calls share one connection, async calls another (per event
-    loop). Closing the client fails the calls in flight with :class:`DirtyConnectionError`.
+    Thread- and task-safe. Sync calls share one connection, async calls another per event
+    loop (per asyncio loop or trio run). Closing the client fails the calls in flight with
+    :class:`DirtyConnectionError`.
     """
 
     def __init__(self, socket_path: str | None = None, timeout: float | None = 30.0) -> None:
@@ -511,6 +619,9 @@ class DirtyClient:
         self._ids = itertools.count(1)
         self._connect_lock = threading.Lock()
         self._sync: _SyncConn | None = None
+        #: The async connection of each event loop (asyncio loop, or trio run's token).
+        self._conns: dict[Any, _Conn] = {}
+        #: The one of them used last: a caller on the same loop as the last finds it at once.
         self._async: _Conn | None = None
 
     # ------------------------------------------------------------------------ sync calls
@@ -810,23 +921,58 @@ class DirtyClient:
         conn = self._async
         if conn is not None and conn.broken is None and conn.loop is loop and conn.pid == _getpid():
             return conn
-        if (
-            conn is not None
-            and conn.pid == _getpid()
-            and conn.backend == "asyncio"
-            and conn.loop.is_closed()
-        ):
-            _discard(conn)  # the connection of an event loop that has ended (asyncio.run)
+        conn = self._conns.get(loop)
+        if conn is not None and conn.broken is None and conn.pid == _getpid():
+            self._async = conn  # (event loops taking turns: each keeps its connection)
+            return conn
+        conn = await self._connect_async(backend, loop)
+        with self._connect_lock:
+            current = self._conns.get(loop)
+            if current is not None and current.broken is None and current.pid == conn.pid:
+                # Another task of this loop connected meanwhile: one connection per loop.
+                _discard(conn)
+                return current
+            ended = self._prune(loop)
+            self._conns[loop] = self._async = conn
+        for old in ended:
+            _discard(old)
+        return conn
+
+    def _prune(self, loop: Any) -> list[_Conn]:
+        """Drop the connections of event loops that have ended (and, for a forked child, its
+        parent's); return those to close (connect lock held)."""
+        pid = _getpid()
+        ended: list[_Conn] = []
+        for key, conn in list(self._conns.items()):
+            if conn.pid != pid:
+                del self._conns[key]  # the parent's: not ours to close
+            elif key is not loop and _loop_ended(conn):
+                del self._conns[key]
+                ended.append(conn)
+        return ended
+
+    async def _connect_async(self, backend: str, loop: Any) -> _Conn:
+        """A new async connection on the current event loop.
+
+        Raises:
+            DirtyConnectionError: The socket cannot be reached.
+        """
         conn = _Conn(backend, loop)
         try:
             if backend == "asyncio":
-                _, protocol = await loop.create_unix_connection(
+                _, conn.stream = await loop.create_unix_connection(
                     lambda: _Protocol(conn, self._lost), self.socket_path
                 )
-                conn.stream = protocol
             else:
-                conn.stream = await trio.open_unix_socket(self.socket_path)
-                tune_socket(conn.stream.socket)
+                conn.raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock = trio.socket.from_stdlib_socket(conn.raw)
+                try:
+                    await sock.connect(self.socket_path)
+                except BaseException:
+                    sock.close()
+                    raise
+                tune_socket(conn.raw)
+                conn.stream = trio.SocketStream(sock)
                 conn.send_lock = trio.Lock()
         except OSError as exc:
             raise DirtyConnectionError(
@@ -834,43 +980,48 @@ class DirtyClient:
                 " running, and is GUNICORN_DIRTY_SOCKET right?",
                 socket_path=self.socket_path,
             ) from exc
-        current = self._async
-        if (
-            current is not None
-            and current.broken is None
-            and current.loop is loop
-            and current.pid == conn.pid
-        ):
-            # Another task of this loop connected meanwhile: one connection per loop.
-            _discard(conn)
-            return current
-        self._async = conn
         return conn
 
     async def _send_async(self, conn: _Conn, parts: list[Any]) -> None:
+        """Send a request; a pool that takes none of it within the client's timeout fails the
+        connection (part of the frame may be out) and the call raises DirtyTimeoutError."""
+        timed_out = False
         try:
             if conn.backend == "asyncio":
                 protocol = conn.stream
                 if protocol.transport.is_closing():
                     raise ConnectionResetError("the connection is closing")
                 protocol.transport.writelines(parts)
-                await protocol.drain()
+                if protocol.paused:
+                    timed_out = await _drain(protocol, self.timeout)
             else:
-                async with conn.send_lock:
-                    try:
-                        for part in parts:
-                            await conn.stream.send_all(part)
-                    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                        raise
-                    except BaseException:
-                        # Cancelled with part of a frame perhaps sent: the connection goes (the
-                        # next bytes would be read as the frame's rest).
-                        conn.fail(_interrupted())
-                        _discard(conn)
-                        raise
+                timed_out = await self._send_trio(conn, parts)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             conn.fail(self._lost(exc))
             raise self._lost(exc) from exc
+        if timed_out:
+            raise self._timed_out()
+
+    async def _send_trio(self, conn: _Conn, parts: list[Any]) -> bool:
+        """trio: send ``parts``; True if the client's timeout passed first. What the socket
+        takes at once goes out with no wait (and no cancel scope to pay for)."""
+        lock = conn.send_lock
+        held = not lock.locked()
+        if held:
+            parts = _send_nowait(conn.raw, parts)
+            if not parts:
+                return False
+            lock.acquire_nowait()  # (part of the frame may be out: its rest goes next)
+        with trio.move_on_after(math.inf if self.timeout is None else self.timeout) as scope:
+            if held:
+                try:
+                    await _send_locked(conn, parts)
+                finally:
+                    lock.release()
+            else:
+                async with lock:
+                    await _send_locked(conn, parts)
+        return scope.cancelled_caught
 
     async def _open_async(
         self, rid: int, parts: list[Any], retry: bool = True
@@ -908,6 +1059,8 @@ class DirtyClient:
             if remaining is not None and remaining <= 0:
                 raise self._timed_out()
             if conn.backend == "asyncio":
+                if conn.held:
+                    conn.release()  # (its frame may be behind the held-back streams)
                 slot.waiter = conn.loop.create_future()
                 try:
                     async with asyncio.timeout(remaining):
@@ -921,6 +1074,12 @@ class DirtyClient:
                 try:
                     with trio.move_on_after(remaining if remaining is not None else math.inf):
                         await slot.waiter.wait()
+                except BaseException:
+                    # Cancelled, perhaps just as the reading role was handed to this call: it
+                    # goes on to another waiting call, or their replies sit unread.
+                    if not conn.reading:
+                        conn.wake_reader()
+                    raise
                 finally:
                     slot.waiter = None
             else:
@@ -955,7 +1114,10 @@ class DirtyClient:
         finally:
             conn.slots.pop(rid, None)
             if not done or mtype == CHUNK or mtype == END:
-                await _send_end(conn, rid)
+                if done and mtype == CHUNK:
+                    conn.took(payload)
+                _drop(conn, slot)
+                await _send_end(conn, rid, self.timeout)
         if mtype == CHUNK or mtype == END:
             raise _streamed(rid)
         return _result(mtype, payload)
@@ -987,11 +1149,13 @@ class DirtyClient:
                     if result is not None:
                         yield result
                     return
+                conn.took(payload)
                 yield _result(mtype, payload)
         finally:
             conn.slots.pop(rid, None)
+            _drop(conn, slot)
             if not finished:
-                await _send_end(conn, rid)
+                await _send_end(conn, rid, self.timeout)
 
     async def _frame_async(self, frame: wire.Frame) -> Any:
         return await self._call_async(frame.request_id, [_frame_bytes(frame)])
@@ -1009,19 +1173,18 @@ class DirtyClient:
         return await self._frame_async(wire.make_status(next(self._ids)))
 
     async def close_async(self) -> None:
-        """Close the async connection."""
-        conn, self._async = self._async, None
-        if conn is None:
-            return
-        if conn.pid != _getpid():
-            return  # inherited across a fork: the parent's, not ours to close
-        conn.fail(DirtyConnectionError("the client was closed", self.socket_path))
-        if conn.backend == "asyncio" and not conn.loop.is_closed():
-            conn.stream.transport.close()
-        elif conn.backend == "asyncio":
-            _discard(conn)  # its loop has ended (asyncio.run returned): close the socket itself
-        else:
-            await conn.stream.aclose()
+        """Close the async connections (every event loop's: each on its own loop, at once if
+        it has ended); calls in flight on them fail with DirtyConnectionError. The next async
+        call connects again."""
+        self._close_async_conns()
+
+    def _close_async_conns(self) -> None:
+        with self._connect_lock:
+            conns = list(self._conns.values())
+            self._conns.clear()
+            self._async = None
+        for conn in conns:
+            _close_conn(conn, DirtyConnectionError("the client was closed", self.socket_path))
 
     async def __aenter__(self) -> DirtyClient:
         return self
@@ -1030,20 +1193,94 @@ class DirtyClient:
         await self.close_async()
 
 
-async def _send_end(conn: _Conn, rid: int) -> None:
-    """Tell the pool a request is abandoned; safe in cleanup after a cancellation."""
+def _send_nowait(sock: Any, parts: list[Any]) -> list[Any]:
+    """Send what the (non-blocking) socket takes of ``parts`` at once; return the rest, as
+    byte views (none: all went out).
+
+    Raises:
+        OSError: The socket failed.
+    """
+    views = [memoryview(p).cast("B") for p in parts]
+    try:
+        n = sock.sendmsg(views[:512])
+    except BlockingIOError:
+        return views
+    while n:
+        first = views[0]
+        if n >= len(first):
+            n -= len(first)
+            views.pop(0)
+        else:
+            views[0] = first[n:]
+            n = 0
+    return views
+
+
+def _drop(conn: _Conn, slot: _Slot) -> None:
+    """Let go of the chunks an ended call leaves unread (for flow control)."""
+    for mtype, payload in slot.frames:
+        if mtype == CHUNK:
+            conn.took(payload)
+    slot.frames.clear()
+
+
+async def _drain(protocol: _Protocol, timeout: float | None) -> bool:
+    """Wait until the transport takes writes again; True if ``timeout`` passed first (the
+    connection is then dropped: part of a frame may be out)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await protocol.drain()
+    except TimeoutError:
+        protocol.conn.fail(_interrupted())
+        protocol.transport.abort()
+        return True
+    return False
+
+
+async def _send_locked(conn: _Conn, parts: list[Any]) -> None:
+    """Send ``parts``, then the ENDs queued meanwhile (the send lock held). Interrupted
+    mid-frame (cancelled, timed out), the connection goes: the next bytes would be read as the
+    frame's rest."""
+    stream = conn.stream
+    ends = conn.ends
+    try:
+        for part in parts:
+            await stream.send_all(part)
+        while ends:
+            data = b"".join(ends)
+            ends.clear()
+            await stream.send_all(data)
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+        raise
+    except BaseException:
+        conn.fail(_interrupted())
+        _discard(conn)
+        raise
+
+
+async def _send_end(conn: _Conn, rid: int, timeout: float | None) -> None:
+    """Tell the pool a request is abandoned; safe in cleanup after a cancellation, and never
+    longer than ``timeout`` (a pool that stopped reading then loses the connection)."""
     if conn.broken is not None:
         return
     data = header(END, 0, rid)
-    try:
-        if conn.backend == "asyncio":
+    if conn.backend == "asyncio":
+        try:
             conn.stream.transport.write(data)  # in order with other writes; no await needed
-        else:
-            with trio.CancelScope(shield=True):
-                async with conn.send_lock:
-                    await conn.stream.send_all(data)
-    except (OSError, RuntimeError, trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
+        except (OSError, RuntimeError):
+            pass
+        return
+    if conn.send_lock.locked():
+        conn.ends.append(data)  # the task sending now sends it after its frame
+        return
+    with trio.CancelScope(shield=True) as scope:
+        if timeout is not None:
+            scope.deadline = trio.current_time() + timeout
+        try:
+            async with conn.send_lock:
+                await _send_locked(conn, [data])
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
 
 
 _clients: dict[tuple[int, str], DirtyClient] = {}
@@ -1073,7 +1310,7 @@ async def get_dirty_client_async(timeout: float | None = 30.0) -> DirtyClient:
 
 async def close_dirty_client_async() -> None:
     """Close the async connections of this process's shared clients (Gunicorn's name: call it
-    when the app stops, e.g. at the end of a FastAPI lifespan)."""
+    when the app stops, e.g. at the end of a FastAPI lifespan); the clients stay usable."""
     with _clients_lock:
         clients = [c for (pid, _), c in _clients.items() if pid == os.getpid()]
     for client in clients:
@@ -1082,13 +1319,16 @@ async def close_dirty_client_async() -> None:
 
 def close_dirty_client() -> None:
     """Let go of this process's shared clients (Gunicorn's name: call it when a worker or a
-    thread is done). The next :func:`get_dirty_client` makes a new one. A client is closed at
-    once if no call is in flight on it; calls other threads still have in flight finish first
-    (its socket then closes with it)."""
+    thread is done). The next :func:`get_dirty_client` makes a new one. A client's sync
+    connection is closed at once if no call is in flight on it; calls other threads still have
+    in flight finish first (its socket then closes with it). Its async connections are closed
+    too (each on its own event loop), as :func:`close_dirty_client_async` would: once the
+    client is let go, nothing else could close them."""
     with _clients_lock:
         clients = [c for (pid, _), c in _clients.items() if pid == os.getpid()]
         _clients.clear()
     for client in clients:
+        client._close_async_conns()
         conn = client._sync
         if conn is None or not conn.waiters:
             client.close()

@@ -174,6 +174,9 @@ class StashTable:
             raise StashKeyNotFoundError(self._name, key)
 
     def __contains__(self, key: Any) -> bool:
+        if key is None:
+            # EXISTS without a key asks whether the table exists: None is looked up instead.
+            return self._client.get(self._name, None, _MISSING) is not _MISSING
         return self._client.exists(self._name, key)
 
     def __iter__(self) -> Iterator[Any]:
