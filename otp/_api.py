@@ -95,9 +95,11 @@ def _check_dest(dest: Any) -> None:
     if not (
         dest.__class__ is Pid
         or isinstance(dest, str)
-        or (isinstance(dest, tuple) and len(dest) == 2)
+        or (isinstance(dest, tuple) and len(dest) == 2 and isinstance(dest[0], str))
     ):
-        raise TypeError(f"a destination is a Pid, a registered name or (name, node) (got {dest!r})")
+        raise TypeError(
+            f"a destination is a Pid, a registered name (str) or (name: str, node) (got {dest!r})"
+        )
 
 
 def _not_a_pid(pid: Any, where: str) -> TypeError:
@@ -283,6 +285,8 @@ def monitor(target: Dest) -> Ref:
     ``Down`` (reason ``"noproc"``) is sent at once. Monitors stack: each call is one more DOWN.
     A monitor across nodes also fires, with ``"noconnection"``, when the connection is lost.
     """
+    if target.__class__ is not Pid:
+        _check_dest(target)
     me = current_process()
     node = me.node
     remote = _remote_node(node, target)

@@ -247,8 +247,12 @@ async def test_an_invalid_server_name_or_pid_is_named_in_the_error() -> None:
 async def test_a_timer_action_that_fails_when_it_fires_is_logged_and_the_others_still_fire(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
+    class Unhashable(str):
+        __hash__ = None  # type: ignore[assignment]
+
     async with otp.open_node() as node:
-        otp.send_after(1, (["unhashable"], node.name), "m")  # type: ignore[arg-type]
+        # A name that passes every check when armed, and fails only when looked up.
+        otp.send_after(1, (Unhashable("worker"), node.name), "m")
         otp.send_after(1, otp.self(), "same deadline")
         assert await otp.receive(timeout=5) == "same deadline"
         otp.send_after(1, otp.self(), "later")
@@ -420,3 +424,19 @@ async def test_a_name_whose_init_refused_is_free_when_the_start_returns() -> Non
         assert otp.whereis("svc") is None
         pid = await RefusesOnce.start(name="svc")
         assert otp.whereis("svc") == pid
+
+
+@pytest.mark.parametrize("how", ["send", "monitor", "send_after"])
+async def test_a_name_that_is_not_a_str_is_refused_at_once(
+    autojump_clock: trio.abc.Clock, how: str
+) -> None:
+    async with otp.open_node():
+        for node in (otp.current_node().name, "other@host"):
+            dest = (["worker"], node)
+            with pytest.raises(TypeError, match=r"\(name: str, node\)"):
+                if how == "send":
+                    otp.send(dest, "hi")
+                elif how == "monitor":
+                    otp.monitor(dest)
+                else:
+                    otp.send_after(1.0, dest, "hi")

@@ -434,9 +434,9 @@ async def test_a_send_or_monitor_of_a_name_that_is_not_str_on_another_node_is_re
         async with _raw_peer(tmp_path / "b.sock") as (_, frames):
             with trio.fail_after(5):
                 assert await frames.receive_frame() is not None
-            with pytest.raises(TypeError, match=r"str name.*\(\['x'\], 'x@localhost'\)"):
+            with pytest.raises(TypeError, match=r"name: str.*\(\['x'\], 'x@localhost'\)"):
                 otp.send((["x"], X), "m")  # type: ignore[arg-type]
-            with pytest.raises(TypeError, match="str name"):
+            with pytest.raises(TypeError, match="name: str"):
                 otp.monitor((b"x", X))  # type: ignore[arg-type]
             assert otp.disconnect(X)
         # No monitor was left behind to fire with the connection.
