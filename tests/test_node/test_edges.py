@@ -5,24 +5,24 @@ monitor_node corner cases, TLS refusals and process groups across three nodes.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import struct
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from test_otp.peer import raw_peer
 
 import otp
 import wire
-from otp._dist_handshake import initiate
 
 ROOT = Path(__file__).resolve().parents[2]
 COOKIE = b"edge-test-cookie-0123456789"
@@ -75,27 +75,10 @@ async def _listening(address: str, **config: Any) -> list[str]:
     return await otp.start_distribution(otp.DistConfig(cookie=COOKIE, **config))
 
 
-@asynccontextmanager
-async def _raw_peer(
+def _raw_peer(
     path: Path, name: str = X, expected: str = B
-) -> AsyncIterator[tuple[trio.SocketStream, wire.FrameStream]]:
-    """A hand-made connection to the node at ``path`` that passed the handshake as ``name``,
-    then does only what the test does on it."""
-    stream = await trio.open_unix_socket(str(path))
-    try:
-        frames = wire.FrameStream(stream, versions=frozenset({2}))
-        await initiate(
-            frames,
-            name=name,
-            creation=1,
-            cookie=COOKIE,
-            codecs=(wire.Codec.TLV,),
-            listen=(),
-            expected=expected,
-        )
-        yield stream, frames
-    finally:
-        await stream.aclose()
+) -> contextlib.AbstractAsyncContextManager[tuple[trio.SocketStream, wire.FrameStream]]:
+    return raw_peer(path, COOKIE, name, expected)
 
 
 async def _read_until_closed(stream: trio.SocketStream) -> bytes:

@@ -4,13 +4,17 @@ OS process (SIGKILL) start nodes as ports instead."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import trio
 
 import otp
+import wire
+from otp._dist_handshake import initiate
 
 COOKIE = b"test-cookie-0123456789"
 
@@ -107,3 +111,27 @@ class PeerNode:
             with trio.CancelScope() as self._scope:
                 self._ready.set()
                 await trio.sleep_forever()
+
+
+@contextlib.asynccontextmanager
+async def raw_peer(
+    path: Path, cookie: bytes, name: str, expected: str
+) -> AsyncIterator[tuple[trio.SocketStream, wire.FrameStream]]:
+    """A connection made by hand to the node listening at ``path``, through the handshake as
+    node ``name`` (its last frame is our proof, which the node may not have read yet), that
+    then does only what the test writes on it."""
+    stream = await trio.open_unix_socket(str(path))
+    try:
+        frames = wire.FrameStream(stream, versions=frozenset({2}))
+        await initiate(
+            frames,
+            name=name,
+            creation=1,
+            cookie=cookie,
+            codecs=(wire.Codec.TLV,),
+            listen=(),
+            expected=expected,
+        )
+        yield stream, frames
+    finally:
+        await stream.aclose()

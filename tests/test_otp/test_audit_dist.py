@@ -18,10 +18,10 @@ import trio.testing
 
 import otp
 import wire
-from otp._dist_handshake import digest, initiate
+from otp._dist_handshake import digest
 from otp._node import current_node
 
-from .peer import COOKIE, PeerNode
+from .peer import COOKIE, PeerNode, raw_peer
 
 A = "a@localhost"
 B = "b@localhost"
@@ -32,27 +32,10 @@ async def _listening(path: Path, **config: Any) -> None:
     await otp.start_distribution(otp.DistConfig(cookie=COOKIE, listen=(f"unix:{path}",), **config))
 
 
-@contextlib.asynccontextmanager
-async def _raw_peer(
+def _raw_peer(
     path: Path, name: str = X, expected: str = B
-) -> AsyncIterator[tuple[trio.SocketStream, wire.FrameStream]]:
-    """A connection made by hand to the node at ``path`` that passed the handshake as ``name``
-    and then does only what the test writes on it."""
-    stream = await trio.open_unix_socket(str(path))
-    try:
-        frames = wire.FrameStream(stream, versions=frozenset({2}))
-        await initiate(
-            frames,
-            name=name,
-            creation=1,
-            cookie=COOKIE,
-            codecs=(wire.Codec.TLV,),
-            listen=(),
-            expected=expected,
-        )
-        yield stream, frames
-    finally:
-        await stream.aclose()
+) -> contextlib.AbstractAsyncContextManager[tuple[trio.SocketStream, wire.FrameStream]]:
+    return raw_peer(path, COOKIE, name, expected)
 
 
 @contextlib.asynccontextmanager
