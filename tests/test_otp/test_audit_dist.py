@@ -66,6 +66,22 @@ async def _mute_listener(path: Path) -> AsyncIterator[list[trio.SocketStream]]:
             await listener.aclose()
 
 
+async def _pending_dial(
+    nursery: trio.Nursery, accepted: list[trio.SocketStream], peer: str, path: Path
+) -> list[bool]:
+    """Start this node's dial to ``peer`` at ``path`` (a mute listener) and return once the
+    listener holds it: a pending dial. Its connect() result is appended to the list returned."""
+    results: list[bool] = []
+
+    async def dial() -> None:
+        results.append(await otp.connect(peer, f"unix:{path}"))
+
+    nursery.start_soon(dial)
+    while not accepted:
+        await trio.sleep(0.001)
+    return results
+
+
 class _HandDial:
     """The initiator's side of the handshake in steps, so a test can act between them."""
 
@@ -116,15 +132,8 @@ async def test_connect_is_true_when_the_peers_own_dial_replaces_ours(
     # dial for a's (Distribution.admit): b is connected to a, and its connect() must say so.
     async with _mute_listener(tmp_path / "a.sock") as accepted, otp.open_node(B):
         await _listening(tmp_path / "b.sock")
-        results: list[bool] = []
-
-        async def dial() -> None:
-            results.append(await otp.connect(A, f"unix:{tmp_path}/a.sock"))
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(dial)
-            while not accepted:
-                await trio.sleep(0.001)  # b's dial is now pending at a
+            results = await _pending_dial(nursery, accepted, A, tmp_path / "a.sock")
             async with _raw_peer(tmp_path / "b.sock", name=A, expected=B) as (_, frames):
                 assert await frames.receive_frame() is not None  # b counts a as up
                 with trio.fail_after(1):
@@ -141,15 +150,8 @@ async def test_a_simultaneous_connect_keeps_what_was_queued_and_reports_no_noded
     # b's dial the moment b's hello arrives, a round trip before a's own dial is through on b.
     async with _mute_listener(tmp_path / "a.sock") as accepted, otp.open_node(B):
         await _listening(tmp_path / "b.sock")
-        results: list[bool] = []
-
-        async def dial() -> None:
-            results.append(await otp.connect(A, f"unix:{tmp_path}/a.sock"))
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(dial)
-            while not accepted:
-                await trio.sleep(0.001)  # b's dial is pending at a
+            results = await _pending_dial(nursery, accepted, A, tmp_path / "a.sock")
             otp.monitor_node(A)
             otp.send(("inbox", A), "queued while connecting")
             stream = await trio.open_unix_socket(str(tmp_path / "b.sock"))
@@ -327,15 +329,8 @@ async def test_a_simultaneous_connect_whose_other_dial_fails_too_is_a_lost_conne
     # the connection lost (NodeDown, connect False), with nothing delivered.
     async with _mute_listener(tmp_path / "a.sock") as accepted, otp.open_node(B):
         await _listening(tmp_path / "b.sock")
-        results: list[bool] = []
-
-        async def dial() -> None:
-            results.append(await otp.connect(A, f"unix:{tmp_path}/a.sock"))
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(dial)
-            while not accepted:
-                await trio.sleep(0.001)
+            results = await _pending_dial(nursery, accepted, A, tmp_path / "a.sock")
             otp.monitor_node(A)
             stream = await trio.open_unix_socket(str(tmp_path / "b.sock"))
             async with stream:
@@ -362,14 +357,7 @@ async def test_a_dial_refused_by_a_peer_with_a_greater_name_is_lost_at_once(
     async with _mute_listener(tmp_path / "b.sock") as accepted, otp.open_node(A):
         await _listening(tmp_path / "a.sock")
         async with trio.open_nursery() as nursery:
-            results: list[bool] = []
-
-            async def dial() -> None:
-                results.append(await otp.connect(B, f"unix:{tmp_path}/b.sock"))
-
-            nursery.start_soon(dial)
-            while not accepted:
-                await trio.sleep(0.001)
+            results = await _pending_dial(nursery, accepted, B, tmp_path / "b.sock")
             start = trio.current_time()
             await accepted[0].aclose()
             with trio.fail_after(1):
