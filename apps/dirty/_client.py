@@ -344,13 +344,15 @@ _WAITALL = socket.MSG_WAITALL
 
 
 class _Waiter:
-    """One sync call's frames; while its thread sleeps, ``lock`` is held and released to wake it."""
+    """One sync call's frames; while its thread sleeps, ``lock`` is held and released to wake it.
+    ``conn`` is the connection it was last registered on (what an interrupted call abandons)."""
 
-    __slots__ = ("frames", "lock")
+    __slots__ = ("conn", "frames", "lock")
 
     def __init__(self) -> None:
         self.frames: deque[tuple[int, Any]] = deque()
         self.lock: Any = None
+        self.conn: _SyncConn | None = None
 
 
 class _SyncConn:
@@ -447,28 +449,34 @@ class _SyncConn:
             if self.broken is not None:
                 raise self.broken
             if waiter is not None:
+                waiter.conn = self  # (first: an interrupt between the two leaves nothing to end)
                 self.waiters[rid] = waiter
             if self.sending:
                 self.out += parts
                 return
             self.sending = True
+        # ``whole``: no frame is half-sent and none taken from ``out`` is unsent. An interrupt
+        # (KeyboardInterrupt, between any two bytecodes) keeps the connection only then.
+        whole = False
         try:
             while True:
                 send_parts(self.sock, parts)
+                whole = True
                 with lock:
-                    parts = self.out
-                    if not parts:
+                    if not self.out:
                         self.sending = False
                         return
-                    self.out = []
+                    whole = False
+                    parts, self.out = self.out, []
         except BaseException as exc:
             with lock:
                 self.sending = False
-                if not isinstance(exc, OSError):
-                    # Interrupted (KeyboardInterrupt...) with part of a frame perhaps sent: the
-                    # next bytes would be read as its rest, so the connection goes.
+                interrupted = not isinstance(exc, OSError) and (not whole or bool(self.out))
+                if interrupted:
+                    # Part of a frame may be sent (the next bytes would be read as its rest),
+                    # or frames of other threads are left unsent: the connection goes.
                     self.fail(_interrupted())
-            if not isinstance(exc, OSError):
+            if interrupted:
                 try:
                     self.sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
@@ -673,9 +681,10 @@ class DirtyClient:
             socket_path=self.socket_path,
         )
 
-    def _open(self, rid: int, parts: list[Any], retry: bool = True) -> tuple[_SyncConn, _Waiter]:
+    def _open(self, rid: int, parts: list[Any], waiter: _Waiter, retry: bool = True) -> _SyncConn:
+        """Register ``waiter`` for ``rid`` and send the request. Interrupted, the waiter stays
+        registered (``waiter.conn``) for the caller's :meth:`_abandon`, which ends the call."""
         conn = self._sync_conn()
-        waiter = _Waiter()
         try:
             conn.send(parts, rid, waiter)
         except OSError as exc:
@@ -683,17 +692,16 @@ class DirtyClient:
             with conn.lock:
                 conn.waiters.pop(rid, None)
                 idle = not conn.waiters
+                closed = conn.broken  # (by close() from another thread, say: no retry then)
                 conn.fail(error)
+            if closed is not None:
+                raise closed from exc
             if retry and idle and exc.errno in _PEER_GONE:
                 # The pool closed this idle connection (it restarted): nothing of the request
                 # was delivered (a Unix socket refuses the first byte), so it goes on a new one.
-                return self._open(rid, parts, retry=False)
+                return self._open(rid, parts, waiter, retry=False)
             raise error from exc
-        except BaseException:
-            with conn.lock:
-                conn.waiters.pop(rid, None)
-            raise
-        return conn, waiter
+        return conn
 
     def _next(
         self, conn: _SyncConn, rid: int, waiter: _Waiter, deadline: float | None, last: bool
@@ -791,9 +799,16 @@ class DirtyClient:
             timeout=self.timeout,
         )
 
-    def _abandon(self, conn: _SyncConn, rid: int) -> None:
+    def _abandon(self, waiter: _Waiter, rid: int) -> None:
+        """End a call left early (timeout, error, interrupt, a stream closed): unregister it
+        and, if its request went out on a working connection, send the pool its END."""
+        conn = waiter.conn
+        if conn is None:
+            return  # interrupted before it was registered: nothing was sent
         with conn.lock:
-            had = conn.waiters.pop(rid, None) is not None
+            had = conn.waiters.get(rid) is waiter
+            if had:
+                del conn.waiters[rid]
             conn.sleeping.pop(rid, None)
             if not had or conn.broken is not None:
                 return
@@ -806,14 +821,15 @@ class DirtyClient:
         return self._call_parts(frame.request_id, [_frame_bytes(frame)])
 
     def _call_parts(self, rid: int, parts: list[Any]) -> Any:
-        conn, waiter = self._open(rid, parts)
+        waiter = _Waiter()
         done = False
-        try:
+        try:  # (from the send on: an interrupt anywhere in it still ends the call)
+            conn = self._open(rid, parts, waiter)
             mtype, payload = self._next(conn, rid, waiter, self._deadline(), True)
             done = True
         finally:
             if not done:
-                self._abandon(conn, rid)
+                self._abandon(waiter, rid)
         if mtype == CHUNK or mtype == END:
             # The rest of the stream is dropped (the call is over); END stops its generator.
             _end(conn, rid)
@@ -842,10 +858,11 @@ class DirtyClient:
         return self._stream(rid, _request(rid, app_path, action, args, kwargs))
 
     def _stream(self, rid: int, parts: list[Any]) -> Iterator[Any]:
-        conn, waiter = self._open(rid, parts)
+        waiter = _Waiter()
         finished = False
         frames = waiter.frames
         try:
+            conn = self._open(rid, parts, waiter)
             while True:
                 if frames:  # chunks already read: no lock (only this thread takes them)
                     mtype, payload = frames.popleft()
@@ -867,7 +884,7 @@ class DirtyClient:
                 return
         finally:
             if not finished:
-                self._abandon(conn, rid)
+                self._abandon(waiter, rid)
 
     def stash_request(
         self, op: int, table: str, key: Any = None, value: Any = None, pattern: str | None = None

@@ -15,7 +15,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +56,14 @@ class FakePool:
     """A scripted pool: answers each REQUEST with a RESPONSE carrying its first argument
     (``"hold"`` actions only once ``release`` is set). With ``stall_first``, the first
     connection reads ``stall_after`` bytes and then nothing until ``gate`` is set (a client's
-    send stays blocked half-way). Records ``(connection, type, rid, action)`` per frame and the
-    protocol errors met."""
+    send stays blocked half-way). Records ``(connection, type, rid, action)`` per frame, the
+    protocol errors met and the connections that ended."""
 
     def __init__(self, path: str, stall_first: bool = False, stall_after: int = 65536) -> None:
         self.path = path
         self.frames: list[tuple[int, int, int, str | None]] = []
         self.errors: list[str] = []
+        self.ended: set[int] = set()  # connections whose client closed them (or that failed)
         self.started = threading.Event()  # the stalled connection has read its bytes
         self.gate = threading.Event()
         self.held = threading.Event()  # a "hold" request came in
@@ -121,6 +122,8 @@ class FakePool:
             with self.lock:
                 self.errors.append(f"connection {n}: {exc!r}")
         finally:
+            with self.lock:
+                self.ended.add(n)
             conn.close()
 
     def close(self) -> None:
@@ -155,6 +158,15 @@ def shared_env(monkeypatch: pytest.MonkeyPatch, socket_path: str) -> Any:
     dirty.close_dirty_client()
 
 
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt during the test, whatever the run inherited (a shell's
+    background job starts with SIGINT ignored, and Python then installs no handler)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupt_main_when(event: threading.Event) -> threading.Thread:
     """SIGINT the main thread (a KeyboardInterrupt there) once ``event`` is set."""
     main = threading.main_thread().ident
@@ -172,7 +184,9 @@ def _interrupt_main_when(event: threading.Event) -> threading.Thread:
 # ---------------------------------------------------------------------- interrupts and sends
 
 
-def test_keyboard_interrupt_while_reading_leaves_the_sync_client_usable(fake_pool: Any) -> None:
+def test_keyboard_interrupt_while_reading_leaves_the_sync_client_usable(
+    fake_pool: Any, sigint_raises: None
+) -> None:
     pool = fake_pool()
     client = dirty.DirtyClient(pool.path, timeout=5)
     killer = _interrupt_main_when(pool.held)
@@ -181,17 +195,87 @@ def test_keyboard_interrupt_while_reading_leaves_the_sync_client_usable(fake_poo
     killer.join(BOUND)
     pool.release.set()  # the abandoned call's reply comes late; it must not be taken as the next
     assert client.execute("x:App", "echo", "next") == "next"
-    _wait_for(lambda: (0, END, 1, None) in pool.frames)  # the pool was told to drop call 1
+    # The pool was told to drop call 1: by its END, or (the interrupt came while the send was
+    # being finished, so a frame may be half-sent) by the connection's close, which drops it too.
+    _wait_for(lambda: (0, END, 1, None) in pool.frames or 0 in pool.ended)
     client.close()
 
 
-def test_keyboard_interrupt_mid_send_does_not_desync_the_sync_connection(fake_pool: Any) -> None:
+def _interrupt_once_after(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> None:
+    """The next call of ``owner.name`` runs, then raises KeyboardInterrupt (as a SIGINT landing
+    just after it would); later calls are the real one."""
+    real = getattr(owner, name)
+
+    def interrupted(*args: Any) -> None:
+        monkeypatch.setattr(owner, name, real)
+        real(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(owner, name, interrupted)
+
+
+def test_an_interrupt_between_the_send_and_the_read_still_ends_the_call(
+    fake_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The request is out whole, the waiter registered, and the interrupt comes before the read.
+    pool = fake_pool()
+    client = dirty.DirtyClient(pool.path, timeout=5)
+    _interrupt_once_after(monkeypatch, _client._SyncConn, "send")
+    with pytest.raises(KeyboardInterrupt):
+        client.execute("x:App", "echo", "first")
+    _wait_for(lambda: (0, END, 1, None) in pool.frames)  # the pool is told to drop it
+    assert client.execute("x:App", "echo", "next") == "next"  # the late "first" is dropped
+    assert 0 not in pool.ended
+    assert client._sync is not None and client._sync.waiters == {}  # nothing left behind
+    client.close()
+
+
+def test_an_interrupt_just_after_a_whole_send_drops_the_connection_safely(
+    fake_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whether the frame went out whole cannot be known here: the connection goes (the pool
+    # drops the call with it), and the next call opens a new one.
+    pool = fake_pool()
+    client = dirty.DirtyClient(pool.path, timeout=5)
+    _interrupt_once_after(monkeypatch, _client, "send_parts")
+    with pytest.raises(KeyboardInterrupt):
+        client.execute("x:App", "echo", "first")
+    _wait_for(lambda: 0 in pool.ended)
+    assert client.execute("x:App", "echo", "next") == "next"
+    assert [n for n, mtype, _, _ in pool.frames if mtype == REQUEST] == [0, 1]
+    client.close()
+
+
+def test_keyboard_interrupt_mid_send_does_not_desync_the_sync_connection(
+    fake_pool: Any, sigint_raises: None
+) -> None:
     pool = fake_pool(stall_first=True)
     client = dirty.DirtyClient(pool.path, timeout=2)
     killer = _interrupt_main_when(pool.started)
     with pytest.raises(KeyboardInterrupt):
         client.execute("x:App", "echo", b"\x01" * (32 << 20))  # blocks: the pool stopped reading
     killer.join(BOUND)
+    pool.gate.set()
+    assert client.execute("x:App", "echo", "after") == "after"
+    client.close()
+
+
+def test_close_mid_send_fails_the_call_and_does_not_resend_it(fake_pool: Any) -> None:
+    # The send fails with a broken pipe because close() shut the socket: that is not the pool
+    # having gone (which resends an idle call on a new connection), so the call fails.
+    pool = fake_pool(stall_first=True)
+    client = dirty.DirtyClient(pool.path, timeout=5)
+
+    def close_when_stalled() -> None:
+        if pool.started.wait(BOUND):
+            client.close()
+
+    closer = threading.Thread(target=close_when_stalled, daemon=True)
+    closer.start()
+    with pytest.raises(dirty.DirtyConnectionError, match="the client was closed"):
+        client.execute("x:App", "echo", b"\x01" * (32 << 20))
+    closer.join(BOUND)
+    assert not [n for n, mtype, _, _ in pool.frames if n > 0]  # nothing went on a new connection
     pool.gate.set()
     assert client.execute("x:App", "echo", "after") == "after"
     client.close()
