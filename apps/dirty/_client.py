@@ -379,7 +379,8 @@ class _SyncConn:
         self.sleeping: dict[int, _Waiter] = {}
         self.out: list[Any] = []
         self.sending = False
-        self.reading = False
+        #: The request id of the call whose thread reads the socket now (0: none does).
+        self.reader = 0
         self.broken: DirtyError | None = None
 
     def fail(self, error: DirtyError) -> None:
@@ -713,31 +714,30 @@ class DirtyClient:
             return frames.popleft()  # only this thread takes from its waiter
         lock = conn.lock
         while True:
-            lock.acquire()
-            if waiter.frames:
-                frame = waiter.frames.popleft()
-                if last:
-                    conn.waiters.pop(rid, None)
-                lock.release()
-                return frame
-            if conn.broken is not None:
-                lock.release()
-                raise conn.broken
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                lock.release()
-                raise self._timed_out()
-            if conn.reading:
-                sleeper = waiter.lock = _allocate_lock()
-                sleeper.acquire()
-                conn.sleeping[rid] = waiter
-                lock.release()
+            # (``with``, not acquire/release: a KeyboardInterrupt can land between any two
+            # bytecodes, and must never leave the lock held.)
+            with lock:
+                if waiter.frames:
+                    if last:
+                        conn.waiters.pop(rid, None)
+                    return waiter.frames.popleft()
+                if conn.broken is not None:
+                    raise conn.broken
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise self._timed_out()
+                if conn.reader:
+                    sleeper = waiter.lock = _allocate_lock()
+                    sleeper.acquire()
+                    conn.sleeping[rid] = waiter
+                else:
+                    conn.reader = rid
+                    sleeper = None
+            if sleeper is not None:
                 if not sleeper.acquire(True, -1 if remaining is None else remaining):
                     with lock:
                         conn.sleeping.pop(rid, None)
                 continue
-            conn.reading = True
-            lock.release()
             read = self._read(conn, remaining, waiter, rid, last)
             if read is not None:
                 return read
@@ -771,11 +771,11 @@ class DirtyClient:
             error = exc
         except BaseException:  # (KeyboardInterrupt, ...): another waiter reads on
             with conn.lock:
-                conn.reading = False
+                conn.reader = 0
                 conn.wake_reader()
             raise
         with conn.lock:
-            conn.reading = False
+            conn.reader = 0
             if n:
                 try:
                     conn.take(n)
@@ -810,6 +810,10 @@ class DirtyClient:
             if had:
                 del conn.waiters[rid]
             conn.sleeping.pop(rid, None)
+            if conn.reader == rid:
+                conn.reader = 0  # interrupted with the reading role (before its read began)
+            if not conn.reader:
+                conn.wake_reader()  # the role may have been passed to this call as it ended
             if not had or conn.broken is not None:
                 return
         _end(conn, rid)

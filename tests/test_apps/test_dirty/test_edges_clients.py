@@ -230,6 +230,26 @@ def test_an_interrupt_between_the_send_and_the_read_still_ends_the_call(
     client.close()
 
 
+def test_an_interrupt_as_a_call_takes_the_reading_role_passes_the_role_on(
+    fake_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The interrupt lands after the call took the reading role, before its read began: the
+    # role must not stay with the dead call (every later call would sleep to its timeout).
+    pool = fake_pool()
+    client = dirty.DirtyClient(pool.path, timeout=2)
+    real_read = dirty.DirtyClient._read
+
+    def interrupted(*args: Any) -> None:
+        monkeypatch.setattr(dirty.DirtyClient, "_read", real_read)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dirty.DirtyClient, "_read", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        client.execute("x:App", "echo", "first")
+    assert client.execute("x:App", "echo", "next") == "next"
+    client.close()
+
+
 def test_an_interrupt_just_after_a_whole_send_drops_the_connection_safely(
     fake_pool: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
