@@ -82,42 +82,45 @@ async def serve(
     out: TextIO = sys.stdout,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> int:
-    """Run a node until a signal or an application's end stops it; returns the exit code."""
+    """Run a node until a signal or an application's end stops it; returns the exit code.
+
+    A signal during the boot cancels it (a start may never end: an init waiting on a database
+    that is down), kills the tree of the application being started, and stops the ones started.
+    """
     stopping = trio.Event()
     code = 0
+
+    async def application_ended() -> None:
+        nonlocal code
+        ended = await supervisors.wait_node_stop()
+        print(
+            f"application {ended.application} ended ({otp.format_reason(ended.reason)}):"
+            " stopping the node",
+            file=out,
+            flush=True,
+        )
+        code = EXIT_APPLICATION_FAILED
+        stopping.set()
+
     async with otp.open_node(config.name):
         otp.process_flag(trap_exit=True)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_signals, stopping, out)
-            if config.distribution is not None:
-                await _start_distribution(config)
-            started = []
-            for app in applications:
-                try:
-                    await supervisors.start_application(app, "permanent")
-                except supervisors.SupervisorError as exc:
-                    print(f"application {app.name} failed to start: {exc}", file=out, flush=True)
-                    await supervisors.stop_all_applications()
+            boot = trio.CancelScope()
+            nursery.start_soon(_watch_signals, stopping, boot, out)
+            started: list[tuple[supervisors.Application, Any]] = []
+            with boot:
+                if config.distribution is not None:
+                    await _start_distribution(config)
+                if not await _start_applications(applications, started, out):
                     nursery.cancel_scope.cancel()
                     return EXIT_APPLICATION_FAILED
-                started.append((app, supervisors.application_supervisor(app.name)))
-            print(await banner(config, started), file=out, flush=True)
-            task_status.started()
-
-            async def application_ended() -> None:
-                nonlocal code
-                ended = await supervisors.wait_node_stop()
-                print(
-                    f"application {ended.application} ended ({otp.format_reason(ended.reason)}):"
-                    " stopping the node",
-                    file=out,
-                    flush=True,
-                )
-                code = EXIT_APPLICATION_FAILED
-                stopping.set()
-
-            nursery.start_soon(application_ended)
-            await stopping.wait()
+            if boot.cancelled_caught:
+                _abort_start(applications)
+            else:
+                print(await banner(config, started), file=out, flush=True)
+                task_status.started()
+                nursery.start_soon(application_ended)
+                await stopping.wait()
             print("stopping: applications in reverse order", file=out, flush=True)
             await supervisors.stop_all_applications()
             print("stopped", file=out, flush=True)
@@ -125,12 +128,49 @@ async def serve(
     return code
 
 
-async def _watch_signals(stopping: trio.Event, out: TextIO) -> None:
+async def _start_applications(
+    applications: list[supervisors.Application],
+    started: list[tuple[supervisors.Application, Any]],
+    out: TextIO,
+) -> bool:
+    """Start ``applications`` in order, appending each to ``started``; False if one failed to
+    start (then the ones started are stopped, in reverse order)."""
+    for app in applications:
+        try:
+            await supervisors.start_application(app, "permanent")
+        except supervisors.SupervisorError as exc:
+            print(f"application {app.name} failed to start: {exc}", file=out, flush=True)
+            await supervisors.stop_all_applications()
+            return False
+        started.append((app, supervisors.application_supervisor(app.name)))
+    return True
+
+
+def _abort_start(applications: list[supervisors.Application]) -> None:
+    """Kill the tree of an application whose start was cancelled but still runs.
+
+    Cancelling ``start_application`` leaves the controller blocked in that start, so it could
+    stop nothing; the tree being started is the one process linked to the controller that is
+    no running application's root. A start that may never end cannot be asked to stop: it is
+    killed, as a supervisor kills a child that overran its shutdown time.
+    """
+    controller = otp.whereis(supervisors.CONTROLLER_NAME)
+    info = None if controller is None else otp.process_info(controller)
+    if info is None:
+        return
+    roots = {supervisors.application_supervisor(app.name) for app in applications}
+    for pid in info.links:
+        if pid not in roots:
+            otp.exit(pid, otp.KILL)
+
+
+async def _watch_signals(stopping: trio.Event, boot: trio.CancelScope, out: TextIO) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             if not stopping.is_set():
                 print(f"{signal.Signals(signum).name}: stopping gracefully", file=out, flush=True)
                 stopping.set()
+                boot.cancel()
             elif signum == signal.SIGINT:
                 print("second SIGINT: stopping at once", file=out, flush=True)
                 out.flush()
@@ -140,7 +180,11 @@ async def _watch_signals(stopping: trio.Event, out: TextIO) -> None:
 async def _start_distribution(config: NodeConfig) -> None:
     dist = config.distribution
     assert dist is not None
-    await otp.start_distribution(dist.config)
+    try:
+        await otp.start_distribution(dist.config)
+    except (OSError, otp.DistributionError) as exc:
+        listen = " ".join(f"--listen {address}" for address in dist.config.listen)
+        raise ConfigError(f"{listen}: cannot listen ({exc})") from exc
     for peer, address in dist.connect:
         if not await otp.connect(peer, address):
             logger.warning("could not connect to %s at %s (will retry on first use)", peer, address)

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import logging
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,12 @@ class ConfigError(ValueError):
     """The node's configuration is invalid; the message says which setting and what to do."""
 
 
+#: The keys of node.toml's ``[node]`` table; distribution is set by flags only.
+NODE_KEYS = ("apps", "log_level", "name")
+
+
 def _check_level(_inst: Any, _attr: Any, value: str) -> None:
-    if value.upper() not in logging.getLevelNamesMapping():
+    if not isinstance(value, str) or value.upper() not in logging.getLevelNamesMapping():
         raise ConfigError(
             f"log_level must be one of debug, info, warning, error, critical (got {value!r})"
         )
@@ -178,30 +183,18 @@ def _distribution(args: argparse.Namespace, name: str) -> DistSettings | None:
 def load_config(argv: list[str] | None = None) -> NodeConfig:
     """Build the configuration from ``argv`` (and the node.toml it names); flags win.
 
-    An application module may define ``add_arguments(parser)`` to add its own flags; their
-    values reach it as ``config.settings["flags"]``.
+    An application module may define ``add_arguments(parser)`` to add its own flags (called
+    once per module); their values reach it as ``config.settings["flags"]``.
     """
-    # A first pass without --help finds the applications, so their own flags are in --help.
+    # A first pass without --help finds the applications (from --app, else node.toml), so
+    # their own flags are known to the real parse and shown in --help.
     known, _ = parser(add_help=False).parse_known_args(argv)
+    data = _read_toml(known.config) if known.config is not None else {}
+    node = _node_table(data.pop("node", {}), known.config)
+    apps = known.app if known.app is not None else node.get("apps", [])
     p = parser()
-    for path in known.app or DEFAULT_APPS:
-        module = _import_module(path.partition(":")[0], path)
-        add_arguments = getattr(module, "add_arguments", None)
-        if callable(add_arguments):
-            add_arguments(p)
+    _add_application_flags(p, apps or DEFAULT_APPS)
     args = p.parse_args(argv)
-    data: dict[str, Any] = {}
-    if args.config is not None:
-        try:
-            data = tomllib.loads(args.config.read_text())
-        except OSError as exc:
-            raise ConfigError(f"--config {args.config}: cannot read it ({exc})") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"--config {args.config}: not valid TOML ({exc})") from exc
-    node = data.pop("node", {})
-    apps = args.app if args.app is not None else node.get("apps", [])
-    if not isinstance(apps, list) or not all(isinstance(a, str) for a in apps):
-        raise ConfigError(f"node.apps must be a list of 'module:attr' strings (got {apps!r})")
     data["flags"] = vars(args)
     name = args.name or node.get("name", "nonode@nohost")
     return NodeConfig(
@@ -213,7 +206,55 @@ def load_config(argv: list[str] | None = None) -> NodeConfig:
     )
 
 
+def _add_application_flags(p: argparse.ArgumentParser, apps: Sequence[str]) -> None:
+    modules: dict[str, str] = {}
+    for path in apps:
+        # Once per module: a second add_arguments would add the same flags again (a conflict).
+        modules.setdefault(path.partition(":")[0], path)
+    for module_name, path in modules.items():
+        add_arguments = getattr(_import_module(module_name, path), "add_arguments", None)
+        if callable(add_arguments):
+            add_arguments(p)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot read it ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path}: not UTF-8, as TOML must be ({exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from exc
+
+
+def _node_table(node: Any, path: Path | None) -> dict[str, Any]:
+    """node.toml's ``[node]`` table, checked (``log_level`` is checked by NodeConfig)."""
+    if not isinstance(node, dict):
+        raise ConfigError(
+            f"--config {path}: [node] must be a table of {', '.join(NODE_KEYS)} (got {node!r})"
+        )
+    unknown = sorted(set(node) - set(NODE_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"--config {path}: [node] has unknown keys {unknown}; known: {list(NODE_KEYS)}"
+            " (distribution is set by flags: --listen, --cookie-file, --connect, --tls-*)"
+        )
+    apps = node.get("apps", [])
+    if not isinstance(apps, list) or not all(isinstance(a, str) for a in apps):
+        raise ConfigError(f"node.apps must be a list of 'module:attr' strings (got {apps!r})")
+    name = node.get("name", "nonode@nohost")
+    if not isinstance(name, str):
+        raise ConfigError(f"node.name must be a string such as 'a@host' (got {name!r})")
+    return node
+
+
 def _import_module(module_name: str, path: str) -> Any:
+    # importlib raises ValueError or TypeError (not ImportError) for these.
+    if not module_name or module_name.startswith("."):
+        raise ConfigError(
+            f"an application is named as 'module:attr' with an absolute module name (got {path!r})"
+        )
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:

@@ -10,6 +10,9 @@ import trio
 from ._boot import resolve_application, serve
 from ._config import DEFAULT_APPS, ConfigError, load_config
 
+#: Exit code when the configuration is invalid (argparse's own usage errors exit 2 as well).
+EXIT_CONFIG_ERROR = 2
+
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, boot the node, run it until it stops; returns the process exit code."""
@@ -20,7 +23,18 @@ def main(argv: list[str] | None = None) -> int:
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
         applications = [resolve_application(path, config) for path in config.apps or DEFAULT_APPS]
-    except ConfigError as exc:
+        return trio.run(serve, config, applications)
+    except* ConfigError as group:
+        # One found while booting (a --listen that cannot be bound) comes wrapped in the
+        # node's nurseries' exception groups.
+        errors = _leaves(group)
+    for exc in errors:
         print(f"python -m otp.node: {exc}", file=sys.stderr)
-        return 2
-    return trio.run(serve, config, applications)
+    return EXIT_CONFIG_ERROR
+
+
+def _leaves(group: BaseExceptionGroup[ConfigError]) -> list[ConfigError]:
+    leaves: list[ConfigError] = []
+    for exc in group.exceptions:
+        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves
