@@ -23,6 +23,7 @@ from ._process import (
     current_process_or_none,
 )
 from ._reasons import NOPROC
+from ._timers import checked_seconds
 
 Dest = Pid | str | tuple[str, str]
 
@@ -401,7 +402,13 @@ def send_after(delay: float, dest: Dest, message: Any) -> Ref:
     A name is resolved when the timer fires; if nothing is registered then, nothing is sent. A
     timer aimed at a local pid is cancelled when that process exits (at once if it is not
     alive), as Erlang's are: ``read_timer`` then says None.
+
+    Raises:
+        TypeError: ``delay`` is not a number, or ``dest`` is not a destination.
+        ValueError: ``delay`` is NaN.
     """
+    if not (delay.__class__ is float or delay.__class__ is int) or delay != delay:
+        delay = checked_seconds(delay, "send_after(delay=...)")
     _check_dest(dest)
     node = current_node()
     if dest.__class__ is Pid and dest.node == node.name:
@@ -424,7 +431,14 @@ def send_after(delay: float, dest: Dest, message: Any) -> Ref:
 
 
 def exit_after(delay: float, pid: Pid, reason: Any) -> Ref:
-    """Send an exit signal ``reason`` to ``pid`` after ``delay`` seconds, as from the caller."""
+    """Send an exit signal ``reason`` to ``pid`` after ``delay`` seconds, as from the caller.
+
+    Raises:
+        TypeError: ``delay`` is not a number, or ``pid`` is not a Pid.
+        ValueError: ``delay`` is NaN.
+    """
+    if not (delay.__class__ is float or delay.__class__ is int) or delay != delay:
+        delay = checked_seconds(delay, "exit_after(delay=...)")
     if pid.__class__ is not Pid:
         raise _not_a_pid(pid, "exit_after")
     node = current_node()
@@ -440,10 +454,28 @@ def exit_after(delay: float, pid: Pid, reason: Any) -> Ref:
 
 
 def cancel_timer(ref: Ref) -> float | None:
-    """Cancel a timer; returns the seconds it had left, or None if it fired or never existed."""
+    """Cancel a timer; returns the seconds it had left, or None if it fired or never existed.
+
+    Raises:
+        TypeError: ``ref`` is not a Ref (Erlang's ``badarg``).
+    """
+    if ref.__class__ is not Ref:
+        raise _not_a_timer_ref(ref, "cancel_timer")
     return current_node().timers.cancel(ref)
 
 
 def read_timer(ref: Ref) -> float | None:
-    """Seconds left on a timer, or None if it fired, was cancelled or never existed."""
+    """Seconds left on a timer, or None if it fired, was cancelled or never existed.
+
+    Raises:
+        TypeError: ``ref`` is not a Ref (Erlang's ``badarg``).
+    """
+    if ref.__class__ is not Ref:
+        raise _not_a_timer_ref(ref, "read_timer")
     return current_node().timers.read(ref)
+
+
+def _not_a_timer_ref(ref: Any, where: str) -> TypeError:
+    return TypeError(
+        f"{where}: ref must be the Ref that send_after or exit_after returned (got {ref!r})"
+    )

@@ -40,7 +40,7 @@ from ._dist_values import (
     wire_id,
 )
 from ._errors import BadArg, CallError, CallTimeout, OtpError
-from ._gen_server import _Call, _Cast, _wait
+from ._gen_server import _Call, _Cast, _SystemTerminate, _wait
 from ._ids import Pid, Ref
 from ._messages import From
 from ._node import NamedMonitor, Node, current_node
@@ -53,6 +53,8 @@ logger = logging.getLogger("otp.dist")
 _GEN_CALL = wire.Atom("$gen_call")
 _GEN_CAST = wire.Atom("$gen_cast")
 _GEN_REPLY = wire.Atom("$gen_reply")
+_SYSTEM = wire.Atom("system")
+_TERMINATE = wire.Atom("terminate")
 #: The mesh's peer lists travel to this name (see PG_NAME: an atom no user send names).
 _NET_KERNEL = wire.Atom("$net_kernel")
 
@@ -686,6 +688,8 @@ class Distribution:
             )
         if cls is _Cast:
             return (_GEN_CAST, value_to_wire(message.request))
+        if cls is _SystemTerminate:
+            return (_SYSTEM, _TERMINATE, reason_to_wire(message.reason))
         return value_to_wire(message)
 
     def link(self, me: Pid, remote: Pid) -> None:
@@ -800,9 +804,41 @@ class Distribution:
             )
 
     async def call(self, me: Process, server: Any, request: Any, timeout: float | None) -> Any:
-        node = self.node
-        label = server
-        ref = node.make_ref()
+        ref, waiter = self._watch(me, server)
+        conn = self._conn_for(server.node if server.__class__ is Pid else server[1])
+        if conn is None:
+            self.monitor(me.pid, server, ref)
+        else:
+            with conn.corked():
+                self.monitor(me.pid, server, ref)
+                self.send(server, _Call(From(me.pid, ref), request))
+        await _wait(self.node, waiter, timeout, lambda: self._unwatch(me, ref))
+        if waiter.value is TIMED_OUT:
+            raise CallTimeout("timeout", server, request)
+        if waiter.is_down:
+            raise CallError(waiter.value, server, request)
+        return waiter.value
+
+    async def stop(self, me: Process, server: Any, reason: Any, timeout: float | None) -> Any:
+        """``GenServer.stop`` of a server on another node: monitor it, send it a system
+        terminate (OTP's ``proc_lib:stop``) and return its exit reason (``"noproc"`` if it was
+        not alive, ``"noconnection"`` if its node is unreachable), or TIMED_OUT."""
+        ref, waiter = self._watch(me, server)
+        conn = self._conn_for(server.node if server.__class__ is Pid else server[1])
+        if conn is None:
+            self.monitor(me.pid, server, ref)
+        else:
+            # One batch, monitor first: the DOWN then always carries the reason it exited with.
+            with conn.corked():
+                self.monitor(me.pid, server, ref)
+                self.send(server, _SystemTerminate(reason))
+        await _wait(self.node, waiter, timeout, lambda: self._unwatch(me, ref))
+        return waiter.value
+
+    def _watch(self, me: Process, server: Any) -> tuple[Ref, CallWaiter]:
+        """Record a monitor of the remote ``server`` whose ref is an alias routing its DOWN (and
+        a reply) to the returned waiter; the caller sends the MONITOR."""
+        ref = self.node.make_ref()
         waiter = CallWaiter()
         if me.aliases is None:
             me.aliases = {}
@@ -812,28 +848,15 @@ class Distribution:
         if server.__class__ is Pid:
             me.monitors[ref] = server
         else:
-            me.monitors[ref] = NamedMonitor(Pid._make(server[1], 0, 0), label)
-        conn = self._conn_for(server.node if server.__class__ is Pid else server[1])
-        if conn is None:
-            self.monitor(me.pid, server, ref)
-        else:
-            with conn.corked():
-                self.monitor(me.pid, server, ref)
-                self.send(server, _Call(From(me.pid, ref), request))
+            me.monitors[ref] = NamedMonitor(Pid._make(server[1], 0, 0), server)
+        return ref, waiter
 
-        def cleanup() -> None:
-            assert me.aliases is not None
-            me.aliases.pop(ref, None)
-            target = me.monitors.pop(ref, None) if me.monitors is not None else None
-            if target is not None:
-                self.send_demonitor(me.pid, target, ref)
-
-        await _wait(node, waiter, timeout, cleanup)
-        if waiter.value is TIMED_OUT:
-            raise CallTimeout("timeout", server, request)
-        if waiter.is_down:
-            raise CallError(waiter.value, server, request)
-        return waiter.value
+    def _unwatch(self, me: Process, ref: Ref) -> None:
+        assert me.aliases is not None
+        me.aliases.pop(ref, None)
+        target = me.monitors.pop(ref, None) if me.monitors is not None else None
+        if target is not None:
+            self.send_demonitor(me.pid, target, ref)
 
     def monitor_node(self, watcher: Pid, peer: str, enable: bool) -> None:
         if not enable:
@@ -999,6 +1022,14 @@ class Distribution:
                 return
             if tag == _GEN_CAST and len(message) == 2:
                 proc.deliver(_Cast(value_from_wire(message[1], node)))
+                return
+            if (
+                tag == _SYSTEM
+                and len(message) == 3
+                and message[1] == _TERMINATE
+                and message[2].__class__ is wire.ExitReason
+            ):
+                proc.deliver(_SystemTerminate(reason_from_wire(message[2], node)))
                 return
         proc.deliver(value_from_wire(message, node))
 

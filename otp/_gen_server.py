@@ -25,6 +25,7 @@ from ._messages import Exit, From
 from ._node import Node, current_node, log_crash
 from ._process import TIMED_OUT, CallWaiter, Process, ProcessExit, current_process
 from ._reasons import KILL, NOPROC, NORMAL, BadReturnValue, Crash, is_abnormal
+from ._timers import checked_seconds
 
 logger = logging.getLogger("otp.gen_server")
 
@@ -41,35 +42,54 @@ class _Unset:
 UNSET: Any = _Unset()
 
 
+def _checked_timeout(timeout: Any, what: str) -> float | None:
+    """``timeout`` (seconds or None), or a TypeError/ValueError naming ``what``: the slow path
+    behind the inline test of the client functions, so a bad timeout is refused before anything
+    is sent or spawned."""
+    return None if timeout is None else checked_seconds(timeout, what, none_ok=True)
+
+
 # -- callback return values ---------------------------------------------------------------------
+
+
+def _valid_timeout(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    # Refused when built, not later in the server's receive with an unrelated error.
+    if value is None or ((value.__class__ is float or value.__class__ is int) and value == value):
+        return
+    checked_seconds(value, f"{type(inst).__name__}.{attribute.name}", none_ok=True)
 
 
 @attrs.define(slots=True, frozen=True)
 class Ok:
-    """``init`` succeeded: ``{ok, State}`` (optionally with a timeout or a continue)."""
+    """``init`` succeeded: ``{ok, State}`` (optionally with a timeout or a continue).
+
+    Raises:
+        TypeError: ``timeout`` is not a number of seconds or None.
+        ValueError: ``timeout`` is NaN.
+    """
 
     state: Any
-    timeout: float | None = None
+    timeout: float | None = attrs.field(default=None, validator=_valid_timeout)
     continue_: Any = UNSET
 
 
 @attrs.define(slots=True, frozen=True)
 class Reply:
-    """``handle_call`` answers now: ``{reply, Value, State}``."""
+    """``handle_call`` answers now: ``{reply, Value, State}``. ``timeout`` as in :class:`Ok`."""
 
     value: Any
     state: Any
-    timeout: float | None = None
+    timeout: float | None = attrs.field(default=None, validator=_valid_timeout)
     continue_: Any = UNSET
 
 
 @attrs.define(slots=True, frozen=True)
 class NoReply:
     """Carry on with ``state``: ``{noreply, State}`` (the call, if any, is answered later with
-    ``GenServer.reply``)."""
+    ``GenServer.reply``). ``timeout`` as in :class:`Ok`."""
 
     state: Any
-    timeout: float | None = None
+    timeout: float | None = attrs.field(default=None, validator=_valid_timeout)
     continue_: Any = UNSET
 
 
@@ -166,6 +186,12 @@ class GenServer:
                 When ``init`` fails, a trapping caller also gets the ``Exit``.
             BadArg: ``name`` is not a non-empty str (nothing is started).
             StartIgnored: ``init`` returned ``Ignore()``.
+            TypeError, ValueError: ``timeout`` is not a number of seconds or None, or is NaN
+                (nothing is started).
+
+        Cancellation by a cancel scope of the caller while ``init`` runs unlinks and kills the
+        half-started process, as a timeout does (nobody could ever get its pid). If the caller's
+        process is killed instead, the link carries its exit signal to the child, as in OTP.
         """
         return await _start(cls, args, name, timeout, link=True)
 
@@ -186,7 +212,14 @@ class GenServer:
             CallTimeout: no reply within ``timeout`` (reason ``"timeout"``).
             CallError: the server was not alive (``"noproc"``), died during the call (its exit
                 reason), or is the caller itself (``"calling_self"``).
+            TypeError, ValueError: ``timeout`` is not a number of seconds or None, or is NaN
+                (nothing is sent).
         """
+        if not (
+            timeout is None
+            or ((timeout.__class__ is float or timeout.__class__ is int) and timeout == timeout)
+        ):
+            timeout = _checked_timeout(timeout, "GenServer.call(timeout=...)")
         me = current_process()
         node = me.node
         try:
@@ -243,30 +276,43 @@ class GenServer:
 
     @staticmethod
     async def stop(server: Any, reason: Any = NORMAL, timeout: float | None = None) -> None:
-        """Stop ``server`` with ``reason``: it runs ``terminate`` and exits; waits for that.
+        """Stop ``server`` (pid, name or ``(name, node)``, on this node or another) with
+        ``reason``: it runs ``terminate`` and exits; waits for that, monitoring it.
 
         Raises:
             NoProc: the server is not alive.
-            StopError: it exited with another reason (say, ``terminate`` crashed).
-            TimeoutError: it did not exit within ``timeout`` seconds.
+            StopError: it exited with another reason (say, ``terminate`` crashed), or the
+                connection to its node was lost (``"noconnection"``).
+            TimeoutError: it did not exit within ``timeout`` seconds (it may still stop).
+            TypeError, ValueError: ``timeout`` is not a number of seconds or None, or is NaN
+                (nothing is sent).
         """
+        if timeout is not None:
+            timeout = _checked_timeout(timeout, "GenServer.stop(timeout=...)")
         me = current_process()
+        node = me.node
         try:
-            target = _resolve_server(me.node, server)
+            target = _resolve_server(node, server)
         except BadArg:
             target = None
-        if target is None:
+        if target is not None:
+            ref = node.make_ref()
+            waiter = CallWaiter()
+            _watch(me, target, ref, waiter)
+            target.deliver(_SystemTerminate(reason))
+            await _wait(node, waiter, timeout, lambda: _unwatch(me, target, ref))
+            outcome = waiter.value
+        elif node.distribution is not None and _is_remote(node, server):
+            outcome = await node.distribution.stop(me, server, reason, timeout)
+        else:
+            outcome = NOPROC
             await trio.lowlevel.checkpoint()
-            raise NoProc(f"stop({server!r}): no such process")
-        ref = me.node.make_ref()
-        waiter = CallWaiter()
-        _watch(me, target, ref, waiter)
-        target.deliver(_SystemTerminate(reason))
-        await _wait(me.node, waiter, timeout, lambda: _unwatch(me, target, ref))
-        if waiter.value is TIMED_OUT:
+        if outcome is TIMED_OUT:
             raise TimeoutError(f"stop({server!r}) timed out after {timeout} s")
-        if waiter.value != reason:
-            raise StopError(waiter.value)
+        if outcome != reason:
+            if outcome == NOPROC:
+                raise NoProc(f"stop({server!r}): no such process")
+            raise StopError(outcome)
 
     # ======================================== callbacks ======================================
     # Subclasses override these with any signature, plain or async (the engine looks once, at
@@ -348,8 +394,10 @@ async def _wait(
 ) -> None:
     """Wait for ``waiter`` or ``timeout`` seconds (on the node's timer heap, which is cheaper
     than a cancel scope per call); ``cleanup`` runs whatever happens, cancellation included."""
-    timer = node.timers.start(timeout, waiter.time_out) if timeout is not None else None
+    timer = None
     try:
+        if timeout is not None:
+            timer = node.timers.start(timeout, waiter.time_out)
         await waiter.wait()
     finally:
         cleanup()
@@ -385,6 +433,9 @@ def _unwatch(me: Process, target: Process, ref: Ref) -> None:
 async def _start(
     cls: type[GenServer], args: tuple[Any, ...], name: str | None, timeout: float | None, link: bool
 ) -> Pid:
+    if timeout is not None:
+        verb = "start_link" if link else "start"
+        timeout = _checked_timeout(timeout, f"{cls.__qualname__}.{verb}(timeout=...)")
     me = current_process()
     node = me.node
     if name is not None:
@@ -402,7 +453,16 @@ async def _start(
     waiter = CallWaiter()
     child = node.spawn(_serve, (cls, args, name, From(me.pid, ref), link), me, link=link)
     _watch(me, child, ref, waiter)
-    await _wait(node, waiter, timeout, lambda: _unwatch(me, child, ref))
+    try:
+        await _wait(node, waiter, timeout, lambda: _unwatch(me, child, ref))
+    except trio.Cancelled:
+        # A cancel scope of the caller gave up: nobody will ever get the pid. A caller that is
+        # itself exiting leaves the child to OTP's rules instead: a start_link child gets the
+        # caller's exit signal through the link (a trapping one, say a supervisor, shuts down
+        # cleanly once init returns); a start child lives on.
+        if not me.exiting:
+            _kill_flush(me, child, link)
+        raise
     if waiter.value is TIMED_OUT:
         _kill_flush(me, child, link)
         raise StartError("timeout")
@@ -417,8 +477,9 @@ async def _start(
 
 
 def _kill_flush(me: Process, child: Process, link: bool) -> None:
-    """Kill a child whose start timed out without its death reaching the caller (OTP's
-    ``kill_flush``): unlink, kill, and drop an ``Exit`` the link may have queued already."""
+    """Kill a child whose start timed out or was cancelled, without its death reaching the
+    caller (OTP's ``kill_flush``): unlink, kill, and drop an ``Exit`` the link may have queued
+    already."""
     if link:
         unlink(child.pid)
     me.node.exit_signal(child, me.pid, KILL, False)

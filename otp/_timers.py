@@ -12,7 +12,7 @@ import itertools
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -23,6 +23,24 @@ if TYPE_CHECKING:
     from ._process import Process
 
 logger = logging.getLogger("otp.timers")
+
+
+def checked_seconds(value: Any, what: str, *, none_ok: bool = False) -> float:
+    """``value`` as a number of seconds, or an error naming ``what`` (say ``"NoReply.timeout"``).
+
+    The slow path behind the callers' inline test (``int`` or ``float`` and not NaN, which keeps
+    the hot paths free of a call): it also takes other int and float subclasses.
+
+    Raises:
+        TypeError: ``value`` is not a number (a bool is not one either).
+        ValueError: ``value`` is NaN, which would fire a timer at once.
+    """
+    expected = "a number of seconds or None" if none_ok else "a number of seconds"
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"{what} must be {expected} (got {value!r})")
+    if math.isnan(value):
+        raise ValueError(f"{what} must be {expected}, not NaN")
+    return value
 
 
 class TimerService:
