@@ -100,9 +100,12 @@ def _import_class(import_path: str) -> Any:
     module_name, _, attr = import_path.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:
+        # Not only ImportError: a relative name (TypeError), a SyntaxError or whatever the
+        # module raises at import is as much a bad setting, and must be reported as one.
         raise DirtyAppError(
-            f"cannot import module {module_name!r} of dirty app {import_path}: {exc}",
+            f"cannot import module {module_name!r} of dirty app {import_path}"
+            f" ({type(exc).__name__}: {exc})",
             app_path=import_path,
         ) from exc
     obj: Any = module
@@ -117,11 +120,55 @@ def _import_class(import_path: str) -> Any:
     return obj
 
 
+#: What the worker calls on an app (Gunicorn's load_dirty_app requires the same three).
+_REQUIRED_METHODS = ("init", "__call__", "close")
+
+
+def _missing_method(obj: Any) -> str | None:
+    """The first required method that ``obj`` lacks; for a class, that its instances lack."""
+    for name in _REQUIRED_METHODS:
+        if isinstance(obj, type) and name == "__call__":
+            # Every class has a __call__ (its metaclass's, which builds an instance); its
+            # instances are callable only if the class or a base defines one.
+            method = next((vars(k)[name] for k in obj.__mro__ if name in vars(k)), None)
+        else:
+            method = getattr(obj, name, None)
+        if not callable(method):
+            return name
+    return None
+
+
+def _stash_names(cls: Any, import_path: str) -> list[str]:
+    names = getattr(cls, "stashes", None) or ()
+    if isinstance(names, str):
+        return [names]
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise DirtyConfigError(
+            f"{import_path}.stashes must be a str or a list of str, the names of the stash"
+            f" tables to create (got {names!r})"
+        )
+    return list(names)
+
+
 def resolve_app_spec(spec: str) -> AppSpec:
-    """Parse ``spec`` and, without ``:N``, take the limit from the class's ``workers``."""
+    """Parse ``spec``, check that it names a dirty app, and, without ``:N``, take the limit
+    from the class's ``workers``.
+
+    Raises:
+        DirtyAppError: The spec is malformed, or its module or class cannot be loaded.
+        DirtyConfigError: It is not a dirty app (no ``init``, ``__call__`` or ``close``), or
+            its ``workers`` (without ``:N``) or ``stashes`` is invalid.
+    """
     import_path, count = parse_dirty_app_spec(spec)
+    cls = _import_class(import_path)
+    missing = _missing_method(cls)
+    if missing is not None:
+        raise DirtyConfigError(
+            f"dirty_apps: {import_path} is not a dirty app: it has no {missing}() method"
+            " (subclass apps.dirty.DirtyApp, which has init, __call__ and close)"
+        )
+    _stash_names(cls, import_path)
     if count is None:
-        cls = _import_class(import_path)
         limit = getattr(cls, "workers", None)
         if limit is not None and (type(limit) is not int or limit < 1):
             raise DirtyConfigError(
@@ -132,25 +179,34 @@ def resolve_app_spec(spec: str) -> AppSpec:
 
 
 def app_stashes(import_path: str) -> list[str]:
-    """The stash tables the app's class declares (``stashes = [...]``)."""
-    cls = _import_class(import_path)
-    names = getattr(cls, "stashes", ()) or ()
-    if isinstance(names, str):
-        names = [names]
-    return [str(n) for n in names]
+    """The stash tables the app's class declares (``stashes = [...]``).
+
+    Raises:
+        DirtyConfigError: ``stashes`` is not a str or a list of str.
+    """
+    return _stash_names(_import_class(import_path), import_path)
 
 
 def load_dirty_app(import_path: str) -> Any:
     """Import ``module:Class`` and instantiate it (``init()`` is not called).
 
     Raises:
-        DirtyAppError: The module or class cannot be loaded, or it is not a callable app.
+        DirtyAppError: The module or class cannot be loaded, its constructor raised, or the
+            app lacks ``init``, ``__call__`` or ``close`` (Gunicorn's messages).
     """
     cls = _import_class(import_path)
-    app = cls() if isinstance(cls, type) else cls
-    if not callable(app):
+    if isinstance(cls, type):
+        try:
+            app = cls()
+        except Exception as exc:
+            raise DirtyAppError(
+                f"Failed to instantiate {import_path}: {exc}", app_path=import_path
+            ) from exc
+    else:
+        app = cls
+    missing = _missing_method(app)
+    if missing is not None:
         raise DirtyAppError(
-            f"dirty app {import_path} is a {type(app).__name__}, not a DirtyApp",
-            app_path=import_path,
+            f"{import_path} is missing required method: {missing}", app_path=import_path
         )
     return app

@@ -151,7 +151,10 @@ def default_application(config: node.NodeConfig | None = None) -> supervisors.Ap
     The banner prints the socket clients use (``GUNICORN_DIRTY_SOCKET=...``).
     """
     settings = dict(config.settings) if config is not None else {}
-    table = dict(settings.get("dirty", {}))
+    table = settings.get("dirty", {})
+    if not isinstance(table, dict):
+        return application(config)  # (from_settings refuses it, naming [dirty])
+    table = dict(table)
     flags = settings.get("flags", {}) or {}
     if not table.get("dirty_apps") and not flags.get("dirty_apps"):
         table["dirty_apps"] = [EXAMPLE_APP]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import math
 import os
 import tempfile
@@ -31,6 +32,13 @@ __all__ = [
 ]
 
 HOOKS = ("on_dirty_starting", "dirty_post_fork", "dirty_worker_init", "dirty_worker_exit")
+#: The arguments each hook is called with (Gunicorn's arities; our ``ctx`` is its arbiter).
+_HOOK_PARAMS = {
+    "on_dirty_starting": ("ctx",),
+    "dirty_post_fork": ("ctx", "worker"),
+    "dirty_worker_init": ("worker",),
+    "dirty_worker_exit": ("ctx", "worker"),
+}
 
 
 def _non_negative_int(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
@@ -105,7 +113,9 @@ class DirtyConfig:
             None picks one in the temporary directory.
         dirty_pidfile: Where the pool records its OS pid and its workers' (orphans of a previous
             life are killed at start); "" turns it off.
-        hooks: Hook name -> ``module:attr`` path or callable.
+        hooks: Hook name -> ``module:attr`` path or callable, taking Gunicorn's arguments;
+            ``dirty_worker_init`` runs in the worker, so a callable must be a module-level
+            function the worker can import.
         handle_signals: Whether the pool reacts to SIGHUP, SIGUSR1, SIGTTIN, SIGTTOU, SIGQUIT.
     """
 
@@ -121,15 +131,24 @@ class DirtyConfig:
 
     @hooks.validator
     def _check_hooks(self, _attr: Any, value: Mapping[str, Any]) -> None:
+        if not isinstance(value, Mapping):
+            raise DirtyConfigError(
+                "hooks must be a mapping of hook name to a 'module:attr' path or a callable"
+                f" (got {value!r})"
+            )
         for name, hook in value.items():
             if name not in HOOKS:
                 raise DirtyConfigError(
                     f"unknown dirty hook {name!r}; the hooks are {', '.join(HOOKS)}"
                 )
-            # Loaded now (as Gunicorn validates its hooks): a typo is a config error, not a
-            # worker crash later.
-            if hook is not None and not callable(hook):
-                _load(str(hook), name)
+            if hook is None:
+                continue
+            # Loaded and arity-checked now (as Gunicorn validates its hooks): a typo is a
+            # config error, not a worker crash later.
+            fn = hook if callable(hook) else _load(str(hook), name)
+            if name == "dirty_worker_init" and fn is hook:
+                _check_importable(fn, name)
+            _check_arity(fn, name, hook)
 
     @property
     def worker_count(self) -> int:
@@ -157,7 +176,13 @@ class DirtyConfig:
         Raises:
             DirtyConfigError: A setting is invalid or unknown.
         """
-        table = dict(settings.get("dirty", {}))
+        raw = settings.get("dirty", {})
+        if not isinstance(raw, Mapping):
+            raise DirtyConfigError(
+                f"[dirty] must be a table of dirty_* settings (got {raw!r}); in node.toml,"
+                " write a [dirty] line followed by key = value lines"
+            )
+        table = dict(raw)
         flags = settings.get("flags", {}) or {}
         for key in ("dirty_apps", "dirty_workers", "dirty_timeout", "dirty_threads"):
             if flags.get(key) is not None:
@@ -167,12 +192,21 @@ class DirtyConfig:
                 table[key] = flags[key]
         hooks = {name: table.pop(name) for name in HOOKS if name in table}
         config_module = table.pop("dirty_config", None)
+        if config_module is not None and (
+            not isinstance(config_module, str) or config_module.startswith(".")
+        ):
+            raise DirtyConfigError(
+                "dirty_config must be the absolute name of a module defining dirty hooks,"
+                f" a str like 'myproject.dirty_hooks' (got {config_module!r})"
+            )
         if config_module:
             try:
                 module = importlib.import_module(config_module)
-            except ImportError as exc:
+            except Exception as exc:
+                # Whatever the module raises at import (a SyntaxError too) is a bad setting.
                 raise DirtyConfigError(
-                    f"dirty_config: cannot import module {config_module!r} ({exc})"
+                    f"dirty_config: cannot import module {config_module!r}"
+                    f" ({type(exc).__name__}: {exc})"
                 ) from exc
             for name in HOOKS:
                 if name not in hooks and callable(getattr(module, name, None)):
@@ -195,11 +229,53 @@ def _load(path: str, what: str) -> Callable[..., Any]:
         raise DirtyConfigError(f"{what} must be a 'module:attr' path (got {path!r})")
     try:
         obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise DirtyConfigError(f"{what}: cannot load {path!r} ({exc})") from exc
+    except Exception as exc:
+        # An empty or relative module name (ValueError, TypeError) or a module raising at
+        # import is as much a bad path as a missing one.
+        raise DirtyConfigError(
+            f"{what}: cannot load {path!r} ({type(exc).__name__}: {exc})"
+        ) from exc
     if not callable(obj):
         raise DirtyConfigError(f"{what}: {path!r} is not callable")
     return obj
+
+
+def _check_importable(fn: Callable[..., Any], what: str) -> None:
+    """Refuse a callable the worker process cannot find again by its ``module:qualname`` (the
+    path the pool sends it): a lambda, a local function, a partial, a callable object, or a
+    function of ``__main__`` (the worker's ``__main__`` is not the node's)."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    path = f"{module}:{qualname}"
+    found: Any = None
+    if isinstance(module, str) and isinstance(qualname, str) and module != "__main__":
+        try:
+            found = _load(path, what)
+        except DirtyConfigError:
+            found = None
+    if found is not fn:
+        raise DirtyConfigError(
+            f"{what} runs in the worker process, which imports it by path: it must be a"
+            f" module-level function of an importable module or a 'module:attr' path"
+            f" (got {fn!r}, not importable as {path!r})"
+        )
+
+
+def _check_arity(fn: Callable[..., Any], what: str, given: Any) -> None:
+    """Refuse a hook that cannot take the arguments it is called with (Gunicorn's
+    validate_callable)."""
+    params = _HOOK_PARAMS[what]
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # (a builtin without a signature: nothing to check against)
+    try:
+        signature.bind(*[None] * len(params))
+    except TypeError as exc:
+        raise DirtyConfigError(
+            f"{what} is called with ({', '.join(params)}), but {given!r} takes {signature};"
+            f" give it {len(params)} positional parameter(s)"
+        ) from exc
 
 
 def minimum_workers(specs: Sequence[AppSpec]) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import math
 from typing import Any
 
 import otp
@@ -39,6 +40,9 @@ class StashExtOp(enum.IntEnum):
     PUT_TTL = 14
 
 
+_EXT_OPS = frozenset(StashExtOp)
+
+
 def _ets_name(table: str) -> str:
     return _PREFIX + table
 
@@ -49,6 +53,11 @@ def _freeze(key: Any) -> Any:
     if isinstance(key, dict):
         raise StashError(
             f"a stash key must be hashable: a str, number, bytes or list (got {key!r})"
+        )
+    if isinstance(key, float) and math.isnan(key):
+        # NaN != NaN: the entry could never be read or deleted, and each put would add one.
+        raise StashError(
+            f"a stash key cannot be or hold NaN, which never equals itself (got {key!r})"
         )
     return key
 
@@ -112,19 +121,24 @@ async def stash_operation(
     name = _ets_name(table)
     exists = ets.whereis(name) is not None
     if op in (1, 7, 11, 12, 13, 14) and not exists:
+        if op != 7:  # A write refused for its key or arguments creates no table either.
+            _freeze(key)
+            if op in _EXT_OPS:
+                _ext_args(op, value)
         await otp.call(MANAGER, ("ensure", table))
     if op == 1:  # PUT
         ets.insert(name, (_freeze(key), value))
         return True
+    # A bad key is refused whether or not its table exists (a refused write creates none).
     if op == 2:  # GET
-        rows = ets.lookup(name, _freeze(key)) if exists else []
+        k = _freeze(key)
+        rows = ets.lookup(name, k) if exists else []
         if not rows:
             raise StashKeyNotFoundError(table, key)
         return rows[0][1]
     if op == 3:  # DELETE
-        if not exists:
-            return False
-        return bool(ets.take(name, _freeze(key)))
+        k = _freeze(key)
+        return bool(ets.take(name, k)) if exists else False
     if op == 4:  # KEYS
         if not exists:
             return []
@@ -148,10 +162,13 @@ async def stash_operation(
     if op == 9:  # TABLES
         return _tables()
     if op == 10:  # EXISTS
-        if not exists:
-            return False
-        return True if key is None else ets.member(name, _freeze(key))
-    args = value if isinstance(value, dict) else {}
+        if key is None:
+            return exists
+        k = _freeze(key)
+        return ets.member(name, k) if exists else False
+    if op not in _EXT_OPS:
+        raise StashError(f"Unknown stash operation: {op}")
+    args = _ext_args(op, value)
     k = _freeze(key)
     ttl = args.get("ttl")
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0):
@@ -186,10 +203,17 @@ async def stash_operation(
             return False
         ets.insert(name, (k, args.get("value")), expire_after=expire)
         return True
-    if op == StashExtOp.PUT_TTL:
-        ets.insert(name, (k, args.get("value")), expire_after=expire)
-        return True
-    raise StashError(f"Unknown stash operation: {op}")
+    ets.insert(name, (k, args.get("value")), expire_after=expire)  # PUT_TTL
+    return True
+
+
+def _ext_args(op: int, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise StashError(
+            f"op {op} ({StashExtOp(op).name}): value must be a dict of its arguments, such"
+            f" as {{'value': ..., 'ttl': ...}} (got {value!r})"
+        )
+    return value
 
 
 def _same(a: Any, b: Any) -> bool:
