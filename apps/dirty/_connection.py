@@ -8,13 +8,16 @@ are (all of one read's requests for a worker in one write), and replies come bac
 ready to write. STASH runs here, on ETS; STATUS and MANAGE ask the router. An END *from* a
 client abandons that request (the worker stops its generator). A client that breaks the
 protocol gets an ERROR (DirtyProtocolError) and is disconnected; a client that disconnects
-abandons its requests.
+abandons its requests. A client that only shuts down its sending side (``shutdown(SHUT_WR)``)
+still gets the replies to every request it sent, as Gunicorn answers each request read before
+the end of input; the connection closes once they are all written.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 from typing import Any
 
 import attrs
@@ -43,7 +46,7 @@ from ._frames import (
     encode,
     peek_route,
 )
-from ._pool import BUSY_READS, ROUTER, Outbox, Routes, error_bytes
+from ._pool import BUSY_READS, HIGH_WATER, ROUTER, Outbox, Routes, error_bytes
 from ._stash import stash_operation
 
 logger = logging.getLogger("apps.dirty")
@@ -52,6 +55,15 @@ logger = logging.getLogger("apps.dirty")
 @attrs.frozen
 class _ReaderDone:
     reason: Any
+
+
+@attrs.frozen
+class _Settled:
+    """A half-closed connection's last request in flight is answered."""
+
+
+#: The reader's end when the client shut down only its sending side: replies are still wanted.
+_HALF_CLOSED = "half_closed"
 
 
 async def start_connection(stream: trio.SocketStream, routes: Routes) -> otp.Pid:
@@ -70,13 +82,23 @@ class _Conn:
     pending: dict[int, Any] = attrs.Factory(dict)
     monitors: dict[Any, otp.Ref] = attrs.Factory(dict)
     by_ref: dict[otp.Ref, Any] = attrs.Factory(dict)
+    #: STATUS and MANAGE requests in flight (each a task asking the router).
+    controls: int = 0
+    #: The client sends no more; the connection ends once ``pending`` and ``controls`` are done.
+    half_closed: bool = False
 
-    def deliver(self, parts: list[Any], done: list[int]) -> None:
-        """Frames from a worker actor (run in its task): written to the client at once."""
+    def deliver(self, parts: list[Any], done: list[int]) -> bool:
+        """Frames from a worker actor (run in its task): written to the client at once. True
+        if the client is a slow reader (over ``HIGH_WATER`` unsent): the worker actor then
+        waits for it (see ``_pool._hold_for``)."""
         pending = self.pending
         for rid in done:
             pending.pop(rid, None)
-        self.outbox.writev(parts)
+        outbox = self.outbox
+        outbox.writev(parts)
+        if self.half_closed and not pending:
+            otp.send(self.me, _Settled())
+        return outbox.size > HIGH_WATER
 
 
 async def _connection(stream: trio.SocketStream, routes: Routes) -> None:
@@ -98,7 +120,8 @@ async def _connection(stream: trio.SocketStream, routes: Routes) -> None:
 
 
 async def _writer(conn: _Conn) -> None:
-    """The connection's mailbox: a worker's death fails its calls; the reader's end ends it."""
+    """The connection's mailbox: a worker's death fails its calls; the reader's end ends it,
+    or, if the client only half-closed, the last reply to its requests in flight does."""
     pending = conn.pending
     outbox = conn.outbox
     while True:
@@ -115,8 +138,12 @@ async def _writer(conn: _Conn) -> None:
         elif kind is bytes:
             outbox.write(msg)
         elif kind is _ReaderDone:
-            await outbox.flush()
-            return
+            if msg.reason != _HALF_CLOSED:
+                break
+            conn.half_closed = True
+        if conn.half_closed and not pending and not conn.controls:
+            break
+    await outbox.flush()
 
 
 def _worker_gone(reason: Any) -> DirtyError:
@@ -136,6 +163,7 @@ async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
     wait_readable = trio.lowlevel.wait_readable
     busy = 0
     drained = True
+    end: Any = otp.NORMAL
     try:
         while True:
             if drained:  # the last read did not fill the buffer: wait for more
@@ -149,6 +177,8 @@ async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
                 n = readv(fd, [space])
                 busy += 1
                 if not n:
+                    if not _hung_up(fd):
+                        end = _HALF_CLOSED
                     return
                 drained = n < len(space)
                 frames = buffer.frames(n)
@@ -179,7 +209,8 @@ async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
                     _flush(touched)
                     write(await _stash(rid, bytes(view[start:stop])))
                 elif mtype in (STATUS, MANAGE):
-                    nursery.start_soon(_control, me, mtype, rid, bytes(view[start:stop]))
+                    conn.controls += 1
+                    nursery.start_soon(_control, conn, mtype, rid, bytes(view[start:stop]))
                 else:
                     write(
                         error_bytes(
@@ -193,7 +224,15 @@ async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
             _flush(touched)
 
     finally:
-        otp.send(me, _ReaderDone(otp.NORMAL))
+        otp.send(me, _ReaderDone(end))
+
+
+def _hung_up(fd: int) -> bool:
+    """At the end of a client's input: did it close (or shut down both ways), rather than only
+    shut down its sending side? (A Unix socket then polls as hung up.)"""
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & (select.POLLHUP | select.POLLERR) for _, events in poll.poll(0))
 
 
 def _flush(touched: dict[Any, None]) -> None:
@@ -267,7 +306,8 @@ async def _stash(rid: int, payload: bytes) -> bytes:
         return error_bytes(rid, StashError(f"stash result cannot be encoded: {exc}"))
 
 
-async def _control(me: otp.Pid, mtype: int, rid: int, payload: bytes) -> None:
+async def _control(conn: _Conn, mtype: int, rid: int, payload: bytes) -> None:
+    me = conn.me
     try:
         if mtype == STATUS:
             result = await otp.call(ROUTER, "status")
@@ -282,3 +322,6 @@ async def _control(me: otp.Pid, mtype: int, rid: int, payload: bytes) -> None:
         otp.send(me, error_bytes(rid, exc))
     except (otp.CallError, otp.CallTimeout) as exc:
         otp.send(me, error_bytes(rid, DirtyError(f"the dirty router did not answer: {exc}")))
+    finally:
+        # Before the writer takes the reply just sent: it may then end a half-closed connection.
+        conn.controls -= 1

@@ -11,6 +11,7 @@ shutdown it drains in-flight calls for up to ``dirty_graceful_timeout``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -110,6 +111,15 @@ class Reregister:
 
 
 _IOV_MAX = 1024
+#: A client connection holding more than this, unsent, is a slow reader: the worker actor that
+#: wrote it reads no more from its worker until it is down to ``LOW_WATER`` (the kernel then
+#: pushes back on the worker, whose streams wait for room), for at most ``SEND_TIMEOUT``.
+HIGH_WATER = 8 << 20
+LOW_WATER = 2 << 20
+#: How long one slow client may hold up a worker (Ranch's ``send_timeout`` default): it is
+#: then dropped, its requests abandoned, so the worker's other callers are not held longer.
+#: Never longer than ``dirty_timeout``, the longest the pool otherwise lets a call wait.
+SEND_TIMEOUT = 30.0
 #: Reads a socket's reader takes back to back (while the socket has data, skipping the wait
 #: for readiness) before it lets the node's other tasks run.
 BUSY_READS = 8
@@ -174,18 +184,23 @@ class Outbox:
     does not take is copied and queued for ``run`` (a task of the owner) to send when it is
     writable. Any task of the node may write (trio runs them on one thread), so a frame goes
     from one process straight to another's socket without a mailbox hop.
+
+    ``size`` counts the queued bytes: a writer that must not outrun the reader waits, once it
+    is over ``HIGH_WATER``, with :meth:`wait_room` (writes themselves never block or refuse).
     """
 
-    __slots__ = ("_idle", "_wake", "broken", "buf", "closed", "fd", "on_broken")
+    __slots__ = ("_idle", "_room", "_wake", "broken", "buf", "closed", "fd", "on_broken", "size")
 
     def __init__(self, fd: int, on_broken: Any = None) -> None:
         self.fd = fd
         self.buf: list[Any] = []
+        self.size = 0
         self.closed = False
         self.broken = False
         self.on_broken = on_broken
         self._wake = trio.Event()
         self._idle: trio.Event | None = None
+        self._room: trio.Event | None = None
 
     def write(self, data: bytes) -> None:
         """Send ``data`` (or queue it behind what is queued)."""
@@ -193,6 +208,7 @@ class Outbox:
             return
         if self.buf:
             self.buf.append(data)
+            self.size += len(data)
             return
         self.writev([data])
 
@@ -201,7 +217,7 @@ class Outbox:
         if self.closed or not parts:
             return
         if self.buf:
-            self.buf.extend(bytes(p) for p in parts)
+            self._queue(parts, 0)
             return
         fd = self.fd
         i = 0
@@ -221,30 +237,54 @@ class Outbox:
                     i += 1
                     continue
                 # The socket is full: queue the rest (copied: views die with the next read).
-                self.buf.append(bytes(memoryview(part)[n:]))
-                self.buf.extend(bytes(p) for p in parts[i + 1 :])
+                rest = bytes(memoryview(part)[n:])
+                self.buf.append(rest)
+                self.size += len(rest)
+                self._queue(parts, i + 1)
                 self._wake.set()
                 return
 
+    def _queue(self, parts: list[Any], first: int) -> None:
+        buf = self.buf
+        size = self.size
+        for k in range(first, len(parts)):
+            data = bytes(parts[k])  # (a view of a receive buffer dies with its next read)
+            buf.append(data)
+            size += len(data)
+        self.size = size
+
     def _break(self) -> None:
         self.closed = self.broken = True
-        self.buf.clear()
-        self._wake.set()
-        self._idled()
+        self._drop()
         if self.on_broken is not None:
             self.on_broken()
+
+    def abort(self) -> None:
+        """Drop what is queued and stop writing, as if the socket broke (``on_broken`` runs)."""
+        if not self.closed:
+            self._break()
 
     def close(self) -> None:
         """No more writes (before the socket is closed: its fd number may be reused)."""
         self.closed = True
+        self._drop()
+
+    def _drop(self) -> None:
         self.buf.clear()
+        self.size = 0
         self._wake.set()
         self._idled()
+        self._roomy()
 
     def _idled(self) -> None:
         if self._idle is not None:
             self._idle.set()
             self._idle = None
+
+    def _roomy(self) -> None:
+        if self._room is not None:
+            self._room.set()
+            self._room = None
 
     async def run(self) -> None:
         """Send what ``write`` queued, as the socket takes it."""
@@ -265,6 +305,9 @@ class Outbox:
                 except OSError:
                     self._break()
                     return
+                self.size -= n
+                if self._room is not None and self.size <= LOW_WATER:
+                    self._roomy()
                 done = 0
                 for data in chunk:
                     if n < len(data):
@@ -283,6 +326,14 @@ class Outbox:
             if self._idle is None:
                 self._idle = trio.Event()
             await self._idle.wait()
+
+    async def wait_room(self) -> None:
+        """Wait until at most ``LOW_WATER`` bytes are queued (or the outbox is closed).
+        Cancelling the wait leaves the outbox as it is."""
+        while self.size > LOW_WATER and not self.closed:
+            if self._room is None:
+                self._room = trio.Event()
+            await self._room.wait()
 
 
 #: Worker actors of this node by pid, for connections to submit to directly.
@@ -339,6 +390,8 @@ class _Actor:
     draining: bool = False
     outbox: Outbox | None = None
     batch: Batch = attrs.Factory(Batch)
+    #: Since when the actor reads nothing from its worker, for a slow client; None if it reads.
+    held_since: float | None = None
 
     def submit(
         self, conn: Any, rid: int, view: memoryview, start: int, stop: int, now: float
@@ -594,7 +647,10 @@ async def _loop(actor: _Actor) -> tuple[str, Any]:
 
 def _hung(actor: _Actor, now: float, timeout: float) -> bool:
     """Silent for ``timeout``, or busy that long on one call (not counting the time a call
-    waited in the worker for a free thread: its run time, ``entry[2]``, is None meanwhile)."""
+    waited in the worker for a free thread: its run time, ``entry[2]``, is None meanwhile).
+    Never while the actor holds its worker for a slow client: the silence is then the node's."""
+    if actor.held_since is not None:
+        return False
     if now - actor.last_seen > timeout:
         return True
     return any(
@@ -621,7 +677,8 @@ async def _close(actor: _Actor, reason: Any) -> Any:
         if late:
             otp.exit(port, otp.KILL)
         else:
-            otp.port_close(port)
+            with contextlib.suppress(otp.BadArg):  # (it has exited already: OTP's catch)
+                otp.port_close(port)
         await otp.receive(
             lambda m: type(m) is otp.Exit and m.pid == port,
             timeout=KILL_TIMEOUT + 2,
@@ -732,7 +789,44 @@ async def _read_worker(actor: _Actor) -> None:
                 del keys[(conn, rid)]
                 group[1].append(rid)
             i += 1
+        slow = None
         for conn, (batch, done) in groups.items():
-            conn.deliver(batch.take(), done)
+            if conn.deliver(batch.take(), done):
+                slow = conn
         if actor.draining and not inflight and actor.me is not None:
             otp.send(actor.me, "drained")
+        if slow is not None:
+            await _hold_for(actor, slow.outbox)
+
+
+async def _hold_for(actor: _Actor, outbox: Outbox) -> None:
+    """Read nothing more from the worker while a client connection is over ``HIGH_WATER``, so
+    that the kernel pushes back on the worker (its streams wait for room) instead of the node
+    queueing without bound. The worker's other callers wait too (their replies share its
+    socket), so a client that has not come down to ``LOW_WATER`` within ``SEND_TIMEOUT`` (or
+    ``dirty_timeout``, if shorter) is dropped: its requests are abandoned and the worker
+    serves on. The time held does not count as the worker's silence or its calls' run time.
+    """
+    timeout = actor.ctx.config.dirty_timeout
+    limit = min(SEND_TIMEOUT, timeout) if timeout else SEND_TIMEOUT
+    held = actor.held_since = trio.current_time()
+    try:
+        with trio.move_on_after(limit) as scope:
+            await outbox.wait_room()
+        if scope.cancelled_caught:
+            logger.warning(
+                "dirty pool: dropping a client that took nothing of its %d KiB of replies in"
+                " %gs; dirty worker %d was held up for it",
+                outbox.size >> 10,
+                limit,
+                actor.worker_id,
+            )
+            outbox.abort()
+    finally:
+        actor.held_since = None
+        # (Rare: a pause.) The worker and its calls were not silent, the node was not reading.
+        paused = trio.current_time() - held
+        actor.last_seen += paused
+        for entry in actor.inflight.values():
+            if entry[2] is not None:
+                entry[2] += paused

@@ -480,7 +480,10 @@ class Worker:
         """(Reader thread.) A sync call's thread sees ``abandoned``; a task is cancelled."""
         if rid in self.running:
             self.abandoned.add(rid)
-        self.loop.call_soon_threadsafe(self._cancel, rid)
+        try:
+            self.loop.call_soon_threadsafe(self._cancel, rid)
+        except RuntimeError:
+            pass  # the loop is closed: the worker is exiting, its tasks are gone
 
     def _cancel(self, rid: int) -> None:
         task = self.tasks.get(rid)
