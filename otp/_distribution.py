@@ -804,15 +804,7 @@ class Distribution:
             )
 
     async def call(self, me: Process, server: Any, request: Any, timeout: float | None) -> Any:
-        ref, waiter = self._watch(me, server)
-        conn = self._conn_for(server.node if server.__class__ is Pid else server[1])
-        if conn is None:
-            self.monitor(me.pid, server, ref)
-        else:
-            with conn.corked():
-                self.monitor(me.pid, server, ref)
-                self.send(server, _Call(From(me.pid, ref), request))
-        await _wait(self.node, waiter, timeout, lambda: self._unwatch(me, ref))
+        waiter = await self._ask(me, server, lambda ref: _Call(From(me.pid, ref), request), timeout)
         if waiter.value is TIMED_OUT:
             raise CallTimeout("timeout", server, request)
         if waiter.is_down:
@@ -823,17 +815,25 @@ class Distribution:
         """``GenServer.stop`` of a server on another node: monitor it, send it a system
         terminate (OTP's ``proc_lib:stop``) and return its exit reason (``"noproc"`` if it was
         not alive, ``"noconnection"`` if its node is unreachable), or TIMED_OUT."""
+        waiter = await self._ask(me, server, lambda _ref: _SystemTerminate(reason), timeout)
+        return waiter.value
+
+    async def _ask(
+        self, me: Process, server: Any, message: Callable[[Ref], Any], timeout: float | None
+    ) -> CallWaiter:
+        """Monitor the remote ``server`` and send it ``message(ref)`` in one batch, monitor
+        first (its DOWN then always carries the reason it exited with); wait for the reply or
+        the DOWN, which the monitor's ref (an alias) routes to the returned waiter."""
         ref, waiter = self._watch(me, server)
         conn = self._conn_for(server.node if server.__class__ is Pid else server[1])
         if conn is None:
             self.monitor(me.pid, server, ref)
         else:
-            # One batch, monitor first: the DOWN then always carries the reason it exited with.
             with conn.corked():
                 self.monitor(me.pid, server, ref)
-                self.send(server, _SystemTerminate(reason))
+                self.send(server, message(ref))
         await _wait(self.node, waiter, timeout, lambda: self._unwatch(me, ref))
-        return waiter.value
+        return waiter
 
     def _watch(self, me: Process, server: Any) -> tuple[Ref, CallWaiter]:
         """Record a monitor of the remote ``server`` whose ref is an alias routing its DOWN (and

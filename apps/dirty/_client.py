@@ -50,6 +50,7 @@ from ._frames import (
     header,
     request_parts,
     send_parts,
+    sent_from,
     tune_socket,
 )
 
@@ -1226,14 +1227,7 @@ def _send_nowait(sock: Any, parts: list[Any]) -> list[Any]:
         n = sock.sendmsg(views[:512])
     except BlockingIOError:
         return views
-    while n:
-        first = views[0]
-        if n >= len(first):
-            n -= len(first)
-            views.pop(0)
-        else:
-            views[0] = first[n:]
-            n = 0
+    sent_from(views, n)
     return views
 
 

@@ -308,15 +308,19 @@ def send_parts(sock: socket.socket, parts: list[Any]) -> None:
         return
     views = [memoryview(p).cast("B") for p in parts]
     while views:
-        n = sock.sendmsg(views[:512])
-        while n:
-            first = views[0]
-            if n >= len(first):
-                n -= len(first)
-                views.pop(0)
-            else:
-                views[0] = first[n:]
-                n = 0
+        sent_from(views, sock.sendmsg(views[:512]))
+
+
+def sent_from(views: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes (just sent) from ``views``, in place."""
+    while n:
+        first = views[0]
+        if n >= len(first):
+            n -= len(first)
+            views.pop(0)
+        else:
+            views[0] = first[n:]
+            n = 0
 
 
 def decode_payload(payload: bytes | bytearray | memoryview) -> Any:
