@@ -21,18 +21,12 @@ import otp
 from otp import GenServer
 from otp._port import _LineSplitter
 
+from .test_ports import _gone
+
 PY = sys.executable
 #: Generous bound on waits for a real OS program (a busy 2-core CI machine); every wait ends on
 #: the message it waits for, so a passing test never takes this long.
 BOUND = 10.0
-
-
-def _gone(os_pid: int) -> bool:
-    try:
-        os.kill(os_pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 async def _idle() -> None:
