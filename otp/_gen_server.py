@@ -248,7 +248,12 @@ class GenServer:
 
     @staticmethod
     def cast(server: Any, request: Any) -> None:
-        """Send ``request`` to ``server`` without waiting; never fails, as OTP's ``cast``."""
+        """Send ``request`` to ``server`` without waiting. As OTP's ``cast``, it never fails
+        for a server that is not alive or not reachable.
+
+        Raises:
+            TypeError: ``server`` is not a pid, a name or ``(name, node)`` (OTP fails there too).
+        """
         node = current_node()
         try:
             target = _resolve_server(node, server)

@@ -389,13 +389,21 @@ def leave(group: Any, pids: Pid | list[Pid] | tuple[Pid, ...] | None = None) -> 
 
 
 def get_members(group: Any) -> list[Pid]:
-    """Every member of ``group`` on every connected node (one entry per join)."""
-    return list(_state().groups.get(group, ()))
+    """Every member of ``group`` on every connected node (one entry per join); none for a
+    name that cannot be a group (unhashable), as OTP answers ``[]`` for any term."""
+    try:
+        return list(_state().groups.get(group, ()))
+    except TypeError:  # unhashable: never a group
+        return []
 
 
 def get_local_members(group: Any) -> list[Pid]:
-    """The members of ``group`` on this node."""
-    counts = _state().local.get(group)
+    """The members of ``group`` on this node (none for an unhashable name, as
+    :func:`get_members`)."""
+    try:
+        counts = _state().local.get(group)
+    except TypeError:  # unhashable: never a group
+        return []
     return list(counts.elements()) if counts else []
 
 

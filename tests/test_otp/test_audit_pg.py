@@ -191,6 +191,15 @@ async def test_an_unhashable_group_name_is_refused_clearly_and_leaves_nothing() 
         assert current_node().pg.group_watchers == {}
 
 
+async def test_an_unhashable_name_has_no_members() -> None:
+    # As OTP answers [] for any term that is no group; an unhashable name can never be one.
+    async with otp.open_node():
+        otp.pg.join("g")
+        assert otp.pg.get_members(["g"]) == []
+        assert otp.pg.get_local_members(["g"]) == []
+        assert otp.pg.get_members("g") == [otp.self()]
+
+
 async def test_a_peer_going_down_costs_time_linear_in_the_members(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
