@@ -135,3 +135,14 @@ async def raw_peer(
         yield stream, frames
     finally:
         await stream.aclose()
+
+
+async def messages_to(frames: wire.FrameStream, to: str) -> AsyncIterator[Any]:
+    """The messages the node sends to the name ``to`` on a hand-made connection (alone or in
+    a batch)."""
+    async for frame in frames:
+        if frame.type is wire.MessageType.REG_SEND and frame.payload["to"] == to:
+            yield frame.payload["msg"]
+        elif frame.type is wire.MessageType.REG_SEND_BATCH and frame.payload["to"] == to:
+            for message in frame.payload["msgs"]:
+                yield message

@@ -21,7 +21,7 @@ import wire
 from otp._dist_handshake import digest
 from otp._node import current_node
 
-from .peer import COOKIE, PeerNode, raw_peer
+from .peer import COOKIE, PeerNode, messages_to, raw_peer
 
 A = "a@localhost"
 B = "b@localhost"
@@ -112,16 +112,6 @@ def _frame(mtype: wire.MessageType, payload: Any) -> bytes:
     return wire.encode_message(mtype, payload, codec=wire.Codec.TLV)
 
 
-async def _user_messages(frames: wire.FrameStream, to: str) -> AsyncIterator[Any]:
-    """The messages the node sends to the name ``to`` on the hand-made connection."""
-    async for frame in frames:
-        if frame.type is wire.MessageType.REG_SEND and frame.payload["to"] == to:
-            yield frame.payload["msg"]
-        elif frame.type is wire.MessageType.REG_SEND_BATCH and frame.payload["to"] == to:
-            for message in frame.payload["msgs"]:
-                yield message
-
-
 # -- simultaneous connect ----------------------------------------------------------------------
 
 
@@ -167,7 +157,7 @@ async def test_a_simultaneous_connect_keeps_what_was_queued_and_reports_no_noded
                         await trio.sleep(0.001)
                 otp.send(("inbox", A), "sent once connected")
                 with trio.fail_after(5):
-                    first = await _user_messages(dial_a.frames, "inbox").__anext__()
+                    first = await messages_to(dial_a.frames, "inbox").__anext__()
                 assert first == "queued while connecting"
                 assert otp.nodes() == [A]
                 assert await otp.receive(otp.NodeDown, timeout=0, default=None) is None

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import otp
 import wire
 from otp._node import current_node
 
-from .peer import COOKIE, raw_peer
+from .peer import COOKIE, messages_to, raw_peer
 
 B = "b@localhost"
 X = "x@localhost"
@@ -49,16 +48,6 @@ def _frame(message: Any) -> bytes:
     return wire.encode_message(wire.MessageType.REG_SEND, payload, codec=wire.Codec.TLV)
 
 
-async def _pg_messages(frames: wire.FrameStream) -> AsyncIterator[Any]:
-    """The pg messages the node sends on the hand-made connection."""
-    async for frame in frames:
-        if frame.type is wire.MessageType.REG_SEND and frame.payload["to"] == PG:
-            yield frame.payload["msg"]
-        elif frame.type is wire.MessageType.REG_SEND_BATCH and frame.payload["to"] == PG:
-            for message in frame.payload["msgs"]:
-                yield message
-
-
 class _PeerView:
     """What a peer learns of the node's groups from its pg messages (sync, join, leave)."""
 
@@ -81,7 +70,7 @@ class _PeerView:
 async def _watch(frames: wire.FrameStream, view: _PeerView, until: Any) -> None:
     """Apply the node's pg messages to ``view`` until ``until(view)``, or 5 (virtual) seconds."""
     with trio.move_on_after(5):
-        async for message in _pg_messages(frames):
+        async for message in messages_to(frames, PG):
             view.apply(message)
             if until(view):
                 return

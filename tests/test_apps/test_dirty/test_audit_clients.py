@@ -15,7 +15,7 @@ import contextlib
 import math
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +37,9 @@ from apps.dirty._frames import (
 )
 
 from .conftest import ECHO
+from .test_edges_clients import _in_asyncio
 
 BOUND = 10.0  # seconds: the generous bound on any wait for a condition
-
-
-async def _in_asyncio(scenario: Callable[[], Awaitable[Any]]) -> Any:
-    """Run ``scenario()`` with ``asyncio.run`` in a worker thread, with a deadline."""
-
-    async def bounded() -> Any:
-        async with asyncio.timeout(30):
-            return await scenario()
-
-    return await trio.to_thread.run_sync(asyncio.run, bounded())
 
 
 class StallingPool:
