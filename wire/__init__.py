@@ -82,6 +82,27 @@ from ._json import from_json as from_json
 from ._json import to_json as to_json
 from ._limits import MAX_PAYLOAD as MAX_PAYLOAD
 from ._limits import Limits as Limits
+from ._matching import MatchAccept as MatchAccept
+from ._matching import MatchCall as MatchCall
+from ._matching import MatchClose as MatchClose
+from ._matching import MatchDecline as MatchDecline
+from ._matching import MatchDraining as MatchDraining
+from ._matching import MatchError as MatchError
+from ._matching import MatchFailure as MatchFailure
+from ._matching import MatchHello as MatchHello
+from ._matching import MatchMessage as MatchMessage
+from ._matching import MatchOutput as MatchOutput
+from ._matching import MatchPing as MatchPing
+from ._matching import MatchPong as MatchPong
+from ._matching import MatchReconnect as MatchReconnect
+from ._matching import MatchRegister as MatchRegister
+from ._matching import MatchRegistered as MatchRegistered
+from ._matching import MatchRejected as MatchRejected
+from ._matching import MatchReply as MatchReply
+from ._matching import MatchResult as MatchResult
+from ._matching import MatchTask as MatchTask
+from ._matching import MatchWelcome as MatchWelcome
+from ._matching import parse_matching as parse_matching
 from ._stream import FrameStream as FrameStream
 from ._tlv import TlvType as TlvType
 from ._tlv import tlv_decode as tlv_decode
@@ -124,6 +145,26 @@ __all__ = [
     "MalformedMessage",
     "Manage",
     "ManageOp",
+    "MatchAccept",
+    "MatchCall",
+    "MatchClose",
+    "MatchDecline",
+    "MatchDraining",
+    "MatchError",
+    "MatchFailure",
+    "MatchHello",
+    "MatchMessage",
+    "MatchOutput",
+    "MatchPing",
+    "MatchPong",
+    "MatchReconnect",
+    "MatchRegister",
+    "MatchRegistered",
+    "MatchRejected",
+    "MatchReply",
+    "MatchResult",
+    "MatchTask",
+    "MatchWelcome",
     "MessageType",
     "Monitor",
     "Pid",
@@ -170,6 +211,7 @@ __all__ = [
     "make_status",
     "parse_dirty",
     "parse_dist",
+    "parse_matching",
     "request_id_from_str",
     "tlv_decode",
     "tlv_encode",

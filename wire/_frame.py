@@ -1,8 +1,9 @@
 """Frames: the 16-byte "GD" header of Gunicorn's dirty protocol, and the sans-IO frame decoder.
 
 Version 1 frames are Gunicorn 27's dirty protocol byte for byte; version 2 frames share the
-header, add message types for distribution, and flag a CBOR payload with the type byte's high bit.
-:class:`FrameDecoder` is incremental and does no I/O: feed it bytes, get frames back.
+header, add message types for distribution and the matching service, and flag a CBOR payload
+with the type byte's high bit. :class:`FrameDecoder` is incremental and does no I/O: feed it
+bytes, get frames back.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ class MessageType(enum.IntEnum):
     """Frame message types.
 
     0x01..0x12 are Gunicorn's dirty protocol (versions 1 and 2); 0x20..0x2D are distribution
-    messages (version 2 only; 0x2E..0x3F reserved for distribution); 0x40..0x5F are reserved
-    for the matching service's stream messages; 0x60..0x7F are reserved.
+    messages (version 2 only; 0x2E..0x3F reserved for distribution); 0x40..0x52 are the
+    matching service's messages (version 2 only, ``M_`` names, see ``wire/_matching.py``;
+    0x53..0x5F reserved for the matching service); 0x60..0x7F are reserved.
     """
 
     REQUEST = 0x01
@@ -80,6 +82,25 @@ class MessageType(enum.IntEnum):
     EXIT2 = 0x2B
     SEND_BATCH = 0x2C
     REG_SEND_BATCH = 0x2D
+    M_HELLO = 0x40
+    M_WELCOME = 0x41
+    M_REGISTER = 0x42
+    M_REGISTERED = 0x43
+    M_REJECTED = 0x44
+    M_TASK = 0x45
+    M_ACCEPT = 0x46
+    M_DECLINE = 0x47
+    M_OUTPUT = 0x48
+    M_RESULT = 0x49
+    M_FAILURE = 0x4A
+    M_PING = 0x4B
+    M_PONG = 0x4C
+    M_DRAINING = 0x4D
+    M_RECONNECT = 0x4E
+    M_CLOSE = 0x4F
+    M_CALL = 0x50
+    M_REPLY = 0x51
+    M_ERROR = 0x52
 
 
 class Codec(enum.Enum):

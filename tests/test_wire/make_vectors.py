@@ -114,6 +114,77 @@ CBOR_VALUES: list[tuple[str, Any]] = [
     *V2_VALUES,
 ]
 
+# The matching service's messages (SPEC.md section 4.3); listed inside V2_FRAMES, before its last
+# entry, so that adding them left every earlier vector of vectors.json as it was.
+MATCHING_FRAMES: list[tuple[str, wire.Frame]] = [
+    (
+        "M_HELLO worker (always TLV)",
+        wire.MatchHello(
+            "worker",
+            "s-1",
+            token="t0k",
+            worker_id="w1",
+            codecs=(wire.Codec.CBOR, wire.Codec.TLV),
+            flows={"Order": {"steps": ["charge", "ship"], "rpcs": ["status"]}},
+        ).to_frame(wire.Codec.CBOR),
+    ),
+    ("M_HELLO client", wire.MatchHello("client", "s-2", codecs=(wire.Codec.TLV,)).to_frame()),
+    ("M_WELCOME (always TLV)", wire.MatchWelcome("dex", wire.Codec.CBOR, 10.0, 30.0).to_frame()),
+    ("M_REGISTER stream=1", wire.MatchRegister("flow", "Order", rid=1).to_frame()),
+    ("M_REGISTERED stream=1", wire.MatchRegistered("flow", "Order", rid=1).to_frame()),
+    (
+        "M_REJECTED stream=2",
+        wire.MatchRejected("already_registered", "w1 is held", True, rid=2).to_frame(),
+    ),
+    (
+        "M_TASK stream=1 tlv",
+        wire.MatchTask(
+            7, "step", "Order", "o-1", "charge", "o-1/0/charge", 1, [100], {"n": 1}, 30.0, rid=1
+        ).to_frame(),
+    ),
+    (
+        "M_TASK stream=1 cbor",
+        wire.MatchTask(
+            8, "rpc", "Order", "o-1", "status", "o-1/rpc/status", 1, [], {}, None, rid=1
+        ).to_frame(wire.Codec.CBOR),
+    ),
+    ("M_ACCEPT stream=1", wire.MatchAccept(7, rid=1).to_frame()),
+    ("M_DECLINE stream=1", wire.MatchDecline(7, "no_capacity", "busy", rid=1).to_frame()),
+    ("M_OUTPUT stream=1", wire.MatchOutput(7, "half", rid=1).to_frame()),
+    (
+        "M_RESULT stream=1",
+        wire.MatchResult(7, "ok", {"set": {"paid": True}, "delete": ["cart"]}, rid=1).to_frame(),
+    ),
+    (
+        "M_RESULT stream=1 cbor",
+        wire.MatchResult(7, "ok", rid=1).to_frame(wire.Codec.CBOR),
+    ),
+    ("M_FAILURE stream=1", wire.MatchFailure(7, "ValueError", "bad", False, rid=1).to_frame()),
+    ("M_PING stream=1", wire.MatchPing(rid=1).to_frame()),
+    ("M_PONG connection", wire.MatchPong().to_frame()),
+    ("M_PONG stream=1 cbor", wire.MatchPong(rid=1).to_frame(wire.Codec.CBOR)),
+    ("M_DRAINING", wire.MatchDraining().to_frame()),
+    ("M_RECONNECT", wire.MatchReconnect("upgrade").to_frame()),
+    ("M_CLOSE stream=1", wire.MatchClose(rid=1).to_frame()),
+    (
+        "M_CALL call=5",
+        wire.MatchCall(
+            "start_flow", {"flow_type": "Order", "flow_id": None, "args": [1]}, rid=5
+        ).to_frame(),
+    ),
+    (
+        "M_CALL call=6 cbor",
+        wire.MatchCall("get_blob", {"key": "k"}, rid=6).to_frame(wire.Codec.CBOR),
+    ),
+    ("M_REPLY call=5", wire.MatchReply("o-1", rid=5).to_frame()),
+    ("M_REPLY call=6 cbor", wire.MatchReply(b"\x00\x01", rid=6).to_frame(wire.Codec.CBOR)),
+    (
+        "M_ERROR call=5",
+        wire.MatchError("flow_exists", "o-1 exists", False, {"flow_id": "o-1"}, rid=5).to_frame(),
+    ),
+    ("M_ERROR connection", wire.MatchError("unauthenticated", "bad token").to_frame()),
+]
+
 V2_FRAMES: list[tuple[str, wire.Frame]] = [
     (
         "HANDSHAKE (always TLV)",
@@ -137,6 +208,7 @@ V2_FRAMES: list[tuple[str, wire.Frame]] = [
     ),
     ("PING seq=9", wire.Ping(9).to_frame()),
     ("PONG seq=9", wire.Pong(9).to_frame()),
+    *MATCHING_FRAMES,
     (
         "REQUEST v2 cbor with a pid argument",
         wire.Frame(
@@ -170,6 +242,13 @@ INVALID = [
         "v2 type in a v1 frame",
         "frame",
         "4744012100000000" + "0000000000000003",
+        "UnknownMessageType",
+        3,
+    ),
+    (
+        "matching type 0x40 in a v1 frame",
+        "frame",
+        "4744014000000000" + "0000000000000003",
         "UnknownMessageType",
         3,
     ),

@@ -1,0 +1,635 @@
+"""Matching-service messages (wire version 2, codes 0x40..0x52): what pull workers and clients
+say to the matching server (``apps/matching``).
+
+They follow the task streams of pull-based job servers (Temporal's and Hatchet's workers dial
+out, open streams and pull work): HELLO/WELCOME open a connection, REGISTER opens a stream on a
+queue, TASK offers work that the worker ACCEPTs or DECLINEs and ends with RESULT or FAILURE; a
+client's CALL is answered by REPLY or ERROR. Payload keys are the attribute names; the frame's
+request id is the ``rid`` attribute (a stream id or a call id). ``wire/SPEC.md`` §4.3 is the
+normative description.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ._errors import InvalidValue, MalformedMessage
+from ._frame import Codec, Frame, MessageType
+
+__all__ = [
+    "MatchAccept",
+    "MatchCall",
+    "MatchClose",
+    "MatchDecline",
+    "MatchDraining",
+    "MatchError",
+    "MatchFailure",
+    "MatchHello",
+    "MatchMessage",
+    "MatchOutput",
+    "MatchPing",
+    "MatchPong",
+    "MatchReconnect",
+    "MatchRegister",
+    "MatchRegistered",
+    "MatchRejected",
+    "MatchReply",
+    "MatchResult",
+    "MatchTask",
+    "MatchWelcome",
+    "parse_matching",
+]
+
+_U64_MAX = (1 << 64) - 1
+_CODEC_NAMES = ("tlv", "cbor")
+
+_Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
+
+
+# -- validators: each error names the field, what it must be, and what it got ---------------
+
+
+def _got(value: object) -> str:
+    if value is None or type(value) in (bool, int, float, str):
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return type(value).__name__
+
+
+def _bad(inst: Any, field: str, expected: str, got: str) -> InvalidValue:
+    return InvalidValue(f"{type(inst).__name__}.{field} must be {expected} (got {got})")
+
+
+def _fail(inst: Any, attribute: attrs.Attribute[Any], expected: str, value: object) -> InvalidValue:
+    return _bad(inst, attribute.name, expected, _got(value))
+
+
+def _str(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not str:
+        raise _fail(inst, attribute, "a str", value)
+
+
+def _name(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not str or not value:
+        raise _fail(inst, attribute, "a non-empty str", value)
+
+
+def _opt_name(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (type(value) is not str or not value):
+        raise _fail(inst, attribute, "None or a non-empty str", value)
+
+
+def _one_of(*allowed: str) -> _Validator:
+    quoted = [repr(a) for a in allowed]
+    expected = ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+    def check(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+        if type(value) is not str or value not in allowed:
+            raise _fail(inst, attribute, expected, value)
+
+    return check
+
+
+def _bool(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not bool:
+        raise _fail(inst, attribute, "a bool", value)
+
+
+def _delivery(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not int or not 0 <= value <= _U64_MAX:
+        raise _fail(inst, attribute, "a delivery id, an int 0..2**64-1", value)
+
+
+def _count(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not int or value < 0:
+        raise _fail(inst, attribute, "an int >= 0", value)
+
+
+def _float(value: Any) -> Any:
+    """Converter: an int number of seconds becomes a float (anything else is left to check)."""
+    if type(value) is int:
+        try:
+            return float(value)
+        except OverflowError:
+            return value
+    return value
+
+
+def _opt_float(value: Any) -> Any:
+    return None if value is None else _float(value)
+
+
+def _seconds(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not float or not math.isfinite(value) or value <= 0:
+        raise _fail(inst, attribute, "a number of seconds > 0", value)
+
+
+def _opt_seconds(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (type(value) is not float or not math.isfinite(value) or value < 0):
+        raise _fail(inst, attribute, "None or a number of seconds >= 0", value)
+
+
+def _list(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not list:
+        raise _fail(inst, attribute, "a list", value)
+
+
+def _dict(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not dict:
+        raise _fail(inst, attribute, "a dict", value)
+
+
+def _rid(what: str, *, zero: bool) -> _Validator:
+    expected = f"a {what} id (the frame's request id), an int 1..2**64-1"
+    if zero:
+        expected += ", or 0 for the connection"
+    low = 0 if zero else 1
+
+    def check(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+        if type(value) is not int or not low <= value <= _U64_MAX:
+            raise _fail(inst, attribute, expected, value)
+
+    return check
+
+
+def _to_codec(value: Any) -> Any:
+    return Codec(value) if type(value) is str and value in _CODEC_NAMES else value
+
+
+def _codec(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not Codec:
+        raise _fail(inst, attribute, "a Codec (or 'tlv' or 'cbor')", value)
+
+
+def _to_codecs(value: Any) -> Any:
+    if type(value) is list or type(value) is tuple:
+        return tuple(_to_codec(c) for c in value)
+    return value
+
+
+def _codecs(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    expected = "a list of Codec (or 'tlv'/'cbor')"
+    if type(value) is not tuple:
+        raise _fail(inst, attribute, expected, value)
+    for c in value:
+        if type(c) is not Codec:
+            raise _bad(inst, attribute.name, expected, f"{_got(c)} in the list")
+
+
+def _str_list(value: object) -> bool:
+    return type(value) is list and all(type(s) is str for s in value)
+
+
+def _flows(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not dict:
+        raise _fail(inst, attribute, 'a dict {flow_type: {"steps": [str], "rpcs": [str]}}', value)
+    for flow_type, names in value.items():
+        if type(flow_type) is not str or not flow_type:
+            raise _bad(inst, "flows", "keyed by non-empty str flow types", _got(flow_type))
+        field = f"flows[{flow_type!r}]"
+        if type(names) is not dict:
+            raise _bad(inst, field, 'a dict {"steps": [str], "rpcs": [str]}', _got(names))
+        for key in ("steps", "rpcs"):
+            if key not in names:
+                raise _bad(inst, f"{field}[{key!r}]", "a list of str", f"no {key!r} key")
+            if not _str_list(names[key]):
+                raise _bad(inst, f"{field}[{key!r}]", "a list of str", _got(names[key]))
+
+
+def _patch(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if type(value) is not dict:
+        raise _fail(inst, attribute, 'a dict {"set": dict, "delete": list}', value)
+    for key, kind in (("set", dict), ("delete", list)):
+        if key not in value:
+            raise _bad(inst, f"patch[{key!r}]", f"a {kind.__name__}", f"no {key!r} key")
+        if type(value[key]) is not kind:
+            raise _bad(inst, f"patch[{key!r}]", f"a {kind.__name__}", _got(value[key]))
+
+
+def _empty_patch() -> dict[str, Any]:
+    return {"set": {}, "delete": []}
+
+
+def _stream_id() -> Any:
+    return attrs.field(kw_only=True, validator=_rid("stream", zero=False))
+
+
+def _call_id() -> Any:
+    return attrs.field(kw_only=True, validator=_rid("call", zero=False))
+
+
+# -- messages -----------------------------------------------------------------------------
+
+
+class _Message:
+    """Base of the matching messages: each knows its own frame."""
+
+    __slots__ = ()
+
+    def to_frame(self, codec: Codec = Codec.TLV) -> Frame:
+        """The version 2 frame carrying this message, its payload encoded with ``codec``
+        (M_HELLO and M_WELCOME ignore it: they are always TLV)."""
+        return _to_frame(self, codec)
+
+
+@attrs.frozen
+class MatchHello(_Message):
+    """M_HELLO (client or worker -> server, request id 0): the first frame of a connection.
+
+    Always TLV. A worker names its app worker id and the flows it serves; a client has neither.
+
+    Attributes:
+        role: ``"worker"`` or ``"client"``.
+        session: Random per process (tells a reconnect from another process with the same id).
+        token: The bearer token, ``""`` for none.
+        worker_id: The app worker id: required (non-empty) for a worker, None for a client.
+        codecs: The codecs the sender can decode, most preferred first (``"tlv"``/``"cbor"``
+            convert to :class:`Codec`); on parsing, codec names this version does not know are
+            dropped.
+        flows: Workers: ``{flow_type: {"steps": [str], "rpcs": [str]}}``; ``{}`` for a client.
+    """
+
+    role: str = attrs.field(validator=_one_of("worker", "client"))
+    session: str = attrs.field(validator=_name)
+    token: str = attrs.field(default="", validator=_str)
+    worker_id: str | None = attrs.field(default=None, validator=_opt_name)
+    codecs: tuple[Codec, ...] = attrs.field(
+        default=(Codec.TLV, Codec.CBOR), converter=_to_codecs, validator=_codecs
+    )
+    flows: dict[str, dict[str, list[str]]] = attrs.field(factory=dict, validator=_flows)
+
+    def __attrs_post_init__(self) -> None:
+        if self.role == "worker" and self.worker_id is None:
+            raise _bad(self, "worker_id", "a non-empty str for role 'worker'", "None")
+        if self.role == "client" and self.worker_id is not None:
+            raise _bad(self, "worker_id", "None for role 'client'", _got(self.worker_id))
+        if self.role == "client" and self.flows:
+            n = len(self.flows)
+            raise _bad(self, "flows", "empty for role 'client'", f"{n} flow type{'s' * (n != 1)}")
+
+
+@attrs.frozen
+class MatchWelcome(_Message):
+    """M_WELCOME (server -> client or worker, request id 0): the answer to HELLO.
+
+    Always TLV; every later frame of the connection, both ways, uses ``codec``.
+
+    Attributes:
+        server: The server's name.
+        codec: The connection's codec (one the HELLO offered; ``"tlv"``/``"cbor"`` convert).
+        ping_interval: Seconds between the server's M_PING on an idle stream (> 0).
+        peer_timeout: Seconds of silence after which a peer is dropped (> 0).
+    """
+
+    server: str = attrs.field(validator=_str)
+    codec: Codec = attrs.field(converter=_to_codec, validator=_codec)
+    ping_interval: float = attrs.field(converter=_float, validator=_seconds)
+    peer_timeout: float = attrs.field(converter=_float, validator=_seconds)
+
+
+@attrs.frozen
+class MatchRegister(_Message):
+    """M_REGISTER (worker -> server): open the stream ``rid`` on a queue.
+
+    Attributes:
+        queue: ``"flow"`` (the flow-type queue ``name``) or ``"worker"`` (the queue of the app
+            worker id ``name``).
+        name: The flow type or the app worker id.
+        rid: The stream id, chosen by the worker, unique per connection, non-zero.
+    """
+
+    queue: str = attrs.field(validator=_one_of("flow", "worker"))
+    name: str = attrs.field(validator=_name)
+    rid: int = _stream_id()
+
+
+@attrs.frozen
+class MatchRegistered(_Message):
+    """M_REGISTERED (server -> worker): the stream ``rid`` is registered on that queue."""
+
+    queue: str = attrs.field(validator=_one_of("flow", "worker"))
+    name: str = attrs.field(validator=_name)
+    rid: int = _stream_id()
+
+
+@attrs.frozen
+class MatchRejected(_Message):
+    """M_REJECTED (server -> worker): the stream ``rid`` was not registered.
+
+    Attributes:
+        code: An error code (``wire/SPEC.md`` §4.3), e.g. ``"already_registered"``.
+        message: What went wrong, for people.
+        permanent: True if registering again cannot succeed (do not retry).
+    """
+
+    code: str = attrs.field(validator=_name)
+    message: str = attrs.field(validator=_str)
+    permanent: bool = attrs.field(validator=_bool)
+    rid: int = _stream_id()
+
+
+@attrs.frozen
+class MatchTask(_Message):
+    """M_TASK (server -> worker): an offer of one step attempt or RPC call on the stream ``rid``;
+    the worker answers M_ACCEPT or M_DECLINE with the same ``delivery``.
+
+    Attributes:
+        delivery: The delivery id (unique per server run), 0..2**64-1.
+        kind: ``"step"`` or ``"rpc"``.
+        flow_type, flow_id, name: The flow and the step or RPC name.
+        execution_id: Stable across the attempts of one step execution.
+        attempt: The attempt number (steps count from 1).
+        args: The arguments (a list).
+        state: The flow's state (a dict).
+        timeout: Seconds the attempt may take, or None.
+    """
+
+    delivery: int = attrs.field(validator=_delivery)
+    kind: str = attrs.field(validator=_one_of("step", "rpc"))
+    flow_type: str = attrs.field(validator=_name)
+    flow_id: str = attrs.field(validator=_name)
+    name: str = attrs.field(validator=_name)
+    execution_id: str = attrs.field(validator=_name)
+    attempt: int = attrs.field(validator=_count)
+    args: list[Any] = attrs.field(validator=_list)
+    state: dict[Any, Any] = attrs.field(validator=_dict)
+    timeout: float | None = attrs.field(default=None, converter=_opt_float, validator=_opt_seconds)
+    rid: int = _stream_id()
+
+
+@attrs.frozen
+class MatchAccept(_Message):
+    """M_ACCEPT (worker -> server): the worker runs ``delivery``."""
+
+    delivery: int = attrs.field(validator=_delivery)
+    rid: int = _stream_id()
+
+
+@attrs.frozen
+class MatchDecline(_Message):
+    """M_DECLINE (worker -> server): the worker will not run ``delivery``.
+
+    Attributes:
+        reason: ``"no_capacity"``, ``"unknown_name"`` or ``"draining"``.
+        message: Details for people (``""`` for none).
+    """
+
+    delivery: int = attrs.field(validator=_delivery)
+    reason: str = attrs.field(validator=_one_of("no_capacity", "unknown_name", "draining"))
+    message: str = attrs.field(default="", validator=_str)
+    rid: int = _stream_id()
+
+
+@attrs.frozen
+class MatchOutput(_Message):
+    """M_OUTPUT (worker -> server): progress ``value`` of ``delivery``; once one is sent, a
+    worker lost with the call is a failed attempt (not a re-dispatch)."""
+
+    delivery: int = attrs.field(validator=_delivery)
+    value: Any
+    rid: int = _stream_id()
+
+
+@attrs.frozen
+class MatchResult(_Message):
+    """M_RESULT (worker -> server): ``delivery`` returned ``value``; ``patch`` is the state
+    change, ``{"set": {key: value}, "delete": [key]}``."""
+
+    delivery: int = attrs.field(validator=_delivery)
+    value: Any
+    patch: dict[str, Any] = attrs.field(factory=_empty_patch, validator=_patch)
+    rid: int = _stream_id()
+
+
+@attrs.frozen
+class MatchFailure(_Message):
+    """M_FAILURE (worker -> server): ``delivery`` raised; ``type`` and ``message`` describe the
+    exception, ``retryable`` says whether another attempt may succeed."""
+
+    delivery: int = attrs.field(validator=_delivery)
+    type: str = attrs.field(validator=_name)
+    message: str = attrs.field(validator=_str)
+    retryable: bool = attrs.field(validator=_bool)
+    rid: int = _stream_id()
+
+
+@attrs.frozen
+class MatchPing(_Message):
+    """M_PING (server -> worker): a keepalive on the stream ``rid``, or on the connection (0)."""
+
+    rid: int = attrs.field(default=0, kw_only=True, validator=_rid("stream", zero=True))
+
+
+@attrs.frozen
+class MatchPong(_Message):
+    """M_PONG (worker -> server): the answer to M_PING, and a running task's keepalive."""
+
+    rid: int = attrs.field(default=0, kw_only=True, validator=_rid("stream", zero=True))
+
+
+@attrs.frozen
+class MatchDraining(_Message):
+    """M_DRAINING (worker -> server, request id 0): no new tasks, no sticky routing to this
+    worker."""
+
+
+@attrs.frozen
+class MatchReconnect(_Message):
+    """M_RECONNECT (server -> worker, request id 0): finish running calls, then reconnect;
+    ``reason`` says why, for people."""
+
+    reason: str = attrs.field(default="", validator=_str)
+
+
+@attrs.frozen
+class MatchClose(_Message):
+    """M_CLOSE (either way): the stream ``rid`` is closed."""
+
+    rid: int = _stream_id()
+
+
+@attrs.frozen
+class MatchCall(_Message):
+    """M_CALL (client or worker -> server): call ``op`` with ``args`` under the call id ``rid``
+    (chosen by the caller, non-zero); answered by M_REPLY or M_ERROR with the same id."""
+
+    op: str = attrs.field(validator=_name)
+    args: dict[Any, Any] = attrs.field(validator=_dict)
+    rid: int = _call_id()
+
+
+@attrs.frozen
+class MatchReply(_Message):
+    """M_REPLY (server -> caller): the call ``rid`` returned ``value``."""
+
+    value: Any
+    rid: int = _call_id()
+
+
+@attrs.frozen
+class MatchError(_Message):
+    """M_ERROR (server -> caller): the call ``rid`` failed, or (``rid`` 0) the connection did.
+
+    Attributes:
+        code: An error code (``wire/SPEC.md`` §4.3), e.g. ``"flow_not_found"``.
+        message: What went wrong, for people.
+        retryable: True if the same call may succeed later.
+        details: Further data (a dict).
+    """
+
+    code: str = attrs.field(validator=_name)
+    message: str = attrs.field(validator=_str)
+    retryable: bool = attrs.field(default=False, validator=_bool)
+    details: dict[Any, Any] = attrs.field(factory=dict, validator=_dict)
+    rid: int = attrs.field(default=0, kw_only=True, validator=_rid("call", zero=True))
+
+
+MatchMessage = (
+    MatchHello
+    | MatchWelcome
+    | MatchRegister
+    | MatchRegistered
+    | MatchRejected
+    | MatchTask
+    | MatchAccept
+    | MatchDecline
+    | MatchOutput
+    | MatchResult
+    | MatchFailure
+    | MatchPing
+    | MatchPong
+    | MatchDraining
+    | MatchReconnect
+    | MatchClose
+    | MatchCall
+    | MatchReply
+    | MatchError
+)
+
+# -- the table: message class -> type; payload keys are the attributes other than rid ---------
+
+_TYPES: dict[type, MessageType] = {
+    MatchHello: MessageType.M_HELLO,
+    MatchWelcome: MessageType.M_WELCOME,
+    MatchRegister: MessageType.M_REGISTER,
+    MatchRegistered: MessageType.M_REGISTERED,
+    MatchRejected: MessageType.M_REJECTED,
+    MatchTask: MessageType.M_TASK,
+    MatchAccept: MessageType.M_ACCEPT,
+    MatchDecline: MessageType.M_DECLINE,
+    MatchOutput: MessageType.M_OUTPUT,
+    MatchResult: MessageType.M_RESULT,
+    MatchFailure: MessageType.M_FAILURE,
+    MatchPing: MessageType.M_PING,
+    MatchPong: MessageType.M_PONG,
+    MatchDraining: MessageType.M_DRAINING,
+    MatchReconnect: MessageType.M_RECONNECT,
+    MatchClose: MessageType.M_CLOSE,
+    MatchCall: MessageType.M_CALL,
+    MatchReply: MessageType.M_REPLY,
+    MatchError: MessageType.M_ERROR,
+}
+#: Payload keys a sender may leave out (the attribute's default applies); omitted when None.
+_OPTIONAL: dict[type, frozenset[str]] = {MatchHello: frozenset({"worker_id", "flows"})}
+#: Always TLV, so they can be read before a codec is agreed.
+_TLV_ONLY = frozenset({MatchHello, MatchWelcome})
+#: attribute -> its payload form, where that is not the attribute's value itself.
+_ENCODE: dict[str, Callable[[Any], Any]] = {
+    "codec": lambda codec: codec.value,
+    "codecs": lambda codecs: [c.value for c in codecs],
+}
+#: payload key -> what the constructor gets: codec names a later version adds are dropped.
+_DECODE: dict[str, Callable[[Any], Any]] = {
+    "codecs": lambda names: (
+        [c for c in names if type(c) is not str or c in _CODEC_NAMES]
+        if type(names) is list
+        else names
+    ),
+}
+
+
+@attrs.frozen
+class _Layout:
+    cls: type
+    type: MessageType
+    keys: tuple[str, ...]
+    optional: frozenset[str]
+    has_rid: bool
+
+
+def _layout(cls: type, mtype: MessageType) -> _Layout:
+    names = [a.name for a in attrs.fields(cls)]
+    keys = tuple(n for n in names if n != "rid")
+    return _Layout(cls, mtype, keys, _OPTIONAL.get(cls, frozenset()), "rid" in names)
+
+
+_BY_CLASS = {cls: _layout(cls, mtype) for cls, mtype in _TYPES.items()}
+_BY_TYPE = {layout.type: layout for layout in _BY_CLASS.values()}
+
+
+def _to_frame(message: Any, codec: Codec) -> Frame:
+    layout = _BY_CLASS[type(message)]
+    payload: dict[str, Any] | None = None
+    if layout.keys:
+        payload = {}
+        for key in layout.keys:
+            value = getattr(message, key)
+            if value is None and key in layout.optional:
+                continue
+            encode = _ENCODE.get(key)
+            payload[key] = value if encode is None else encode(value)
+    if layout.cls in _TLV_ONLY:
+        codec = Codec.TLV
+    rid = message.rid if layout.has_rid else 0
+    return Frame(layout.type, rid, payload, version=2, codec=codec)
+
+
+def parse_matching(frame: Frame) -> MatchMessage:
+    """Check a matching frame's shape and return it as a typed message.
+
+    The frame's request id becomes ``rid``. Extra payload keys are ignored, so later versions
+    can add fields; the messages without a payload (M_PING, M_PONG, M_DRAINING, M_CLOSE) accept
+    an empty payload or a dict.
+
+    Raises:
+        MalformedMessage: The frame is not a matching message; a key is missing or has the
+            wrong type or value; a request id is 0 where a stream or call id is required, or
+            not 0 on a connection-level message; or M_HELLO/M_WELCOME is not TLV. The message
+            names the message type and the key.
+    """
+    t = frame.type
+    layout = _BY_TYPE.get(t)
+    if layout is None:
+        raise MalformedMessage(f"{t.name} is not a matching message type")
+    if layout.cls in _TLV_ONLY and frame.codec is not Codec.TLV:
+        raise MalformedMessage(f"{t.name} frames are always TLV (got a {frame.codec.name} payload)")
+    payload = frame.payload
+    if payload is None and not layout.keys:
+        payload = {}
+    elif type(payload) is not dict:
+        got = "an empty payload" if payload is None else type(payload).__name__
+        raise MalformedMessage(f"the {t.name} payload must be a dict (got {got})")
+    args: dict[str, Any] = {}
+    for key in layout.keys:
+        if key not in payload:
+            if key in layout.optional:
+                continue
+            raise MalformedMessage(f"{t.name} payload lacks the key {key!r}")
+        decode = _DECODE.get(key)
+        args[key] = payload[key] if decode is None else decode(payload[key])
+    if layout.has_rid:
+        args["rid"] = frame.request_id
+    elif frame.request_id != 0:
+        raise MalformedMessage(
+            f"{t.name} is a connection-level message: its request id must be 0 (got "
+            f"{frame.request_id})"
+        )
+    try:
+        message: MatchMessage = layout.cls(**args)
+    except InvalidValue as exc:
+        raise MalformedMessage(f"malformed {t.name} frame: {exc.message}") from exc
+    return message
