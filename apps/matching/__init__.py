@@ -1,0 +1,99 @@
+"""apps.matching: a pull-worker job server (the seed's "Dex"), its worker and client SDKs.
+
+Workers never listen: they dial out to the server, register a stream per queue (one per flow
+type, one for their own app worker id) and pull work. See ``ARCHITECTURE.md`` beside this file.
+"""
+
+from ._errors import AlreadyRegistered as AlreadyRegistered
+from ._errors import AuthenticationError as AuthenticationError
+from ._errors import CallTimeout as CallTimeout
+from ._errors import Cancelled as Cancelled
+from ._errors import ClientClosed as ClientClosed
+from ._errors import ConfigurationError as ConfigurationError
+from ._errors import Draining as Draining
+from ._errors import FlowExists as FlowExists
+from ._errors import FlowFailed as FlowFailed
+from ._errors import FlowNotFound as FlowNotFound
+from ._errors import HandlerError as HandlerError
+from ._errors import LimitError as LimitError
+from ._errors import MatchingError as MatchingError
+from ._errors import NoWorkerAvailable as NoWorkerAvailable
+from ._errors import ProtocolError as ProtocolError
+from ._errors import PullRegistrationError as PullRegistrationError
+from ._errors import Unavailable as Unavailable
+from ._errors import UnknownFlowType as UnknownFlowType
+from ._errors import UnknownName as UnknownName
+from ._errors import WorkerStopped as WorkerStopped
+from ._errors import error_from_code as error_from_code
+from ._model import Flow as Flow
+from ._model import FlowDefinition as FlowDefinition
+from ._model import FlowDescription as FlowDescription
+from ._model import FlowStatus as FlowStatus
+from ._model import FlowSummary as FlowSummary
+from ._model import Registry as Registry
+from ._model import RetryPolicy as RetryPolicy
+from ._model import RpcContext as RpcContext
+from ._model import RpcDefinition as RpcDefinition
+from ._model import StepContext as StepContext
+from ._model import StepDefinition as StepDefinition
+from ._model import apply_patch as apply_patch
+from ._model import rpc as rpc
+from ._model import state_patch as state_patch
+from ._model import step as step
+from ._options import ClientOptions as ClientOptions
+from ._options import PullWorkerOptions as PullWorkerOptions
+from ._options import ServerAddress as ServerAddress
+from ._options import WorkerOptions as WorkerOptions
+from ._options import parse_server_address as parse_server_address
+
+__all__ = [
+    "AlreadyRegistered",
+    "AuthenticationError",
+    "CallTimeout",
+    "Cancelled",
+    "ClientClosed",
+    "ConfigurationError",
+    "Draining",
+    "Flow",
+    "FlowDefinition",
+    "FlowDescription",
+    "FlowExists",
+    "FlowFailed",
+    "FlowNotFound",
+    "FlowStatus",
+    "FlowSummary",
+    "HandlerError",
+    "LimitError",
+    "MatchingError",
+    "NoWorkerAvailable",
+    "ProtocolError",
+    "PullRegistrationError",
+    "PullWorkerOptions",
+    "Registry",
+    "RetryPolicy",
+    "RpcContext",
+    "RpcDefinition",
+    "ServerAddress",
+    "StepContext",
+    "StepDefinition",
+    "Unavailable",
+    "UnknownFlowType",
+    "UnknownName",
+    "WorkerOptions",
+    "WorkerStopped",
+    "apply_patch",
+    "error_from_code",
+    "parse_server_address",
+    "rpc",
+    "state_patch",
+    "step",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) or callable(_obj):
+        try:
+            _obj.__module__ = "apps.matching"
+        except (AttributeError, TypeError):  # pragma: no cover
+            pass
+del _name, _obj

@@ -1,0 +1,492 @@
+"""Flows, Steps and RPCs as a program defines them, and the registry a worker serves.
+
+A :class:`Flow` subclass is a flow type (its ``name`` unique per server) whose ``@step``
+methods run in declaration order, each with a :class:`RetryPolicy`, and whose ``@rpc`` methods
+read and update a flow's durable state for their callers (the seed's Greeting flow: a Step
+writes a greeting into the state, an RPC reads it). State changes travel as patches
+(:func:`state_patch`), so a Step and an RPC that touch different keys never undo each other.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar
+
+import attrs
+
+from ._errors import ConfigurationError, UnknownFlowType
+
+__all__ = [
+    "Flow",
+    "FlowDefinition",
+    "FlowDescription",
+    "FlowStatus",
+    "FlowSummary",
+    "Registry",
+    "RetryPolicy",
+    "RpcContext",
+    "RpcDefinition",
+    "StepContext",
+    "StepDefinition",
+    "apply_patch",
+    "rpc",
+    "state_patch",
+    "step",
+]
+
+#: Longest flow type, step or RPC name (the server's ``max_flow_type_length`` default).
+MAX_NAME_LENGTH = 256
+
+
+def _positive(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) not in (int, float) or not value > 0 or value != value:
+        raise ConfigurationError(
+            f"{type(inst).__name__}.{attribute.name} must be a number > 0 (got {value!r})"
+        )
+
+
+def _non_negative(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) not in (int, float) or not value >= 0:
+        raise ConfigurationError(
+            f"{type(inst).__name__}.{attribute.name} must be a number >= 0 (got {value!r})"
+        )
+
+
+def _attempts(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise ConfigurationError(
+            f"RetryPolicy.max_attempts must be an int >= 1 (got {value!r}); 1 means no retry"
+        )
+
+
+def _coefficient(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) not in (int, float) or not value >= 1:
+        raise ConfigurationError(
+            f"RetryPolicy.backoff_coefficient must be a number >= 1 (got {value!r})"
+        )
+
+
+@attrs.frozen
+class RetryPolicy:
+    """How a Step is retried: ``max_attempts`` in all, waiting ``initial_backoff`` seconds
+    before the second, multiplied by ``backoff_coefficient`` each time, at most
+    ``max_backoff``. Declines and re-routes never consume an attempt; a failed attempt, a
+    dispatch that found no worker (``unavailable``, ``no_worker_available``) and a worker lost
+    after its first output do."""
+
+    max_attempts: int = attrs.field(default=3, validator=_attempts)
+    initial_backoff: float = attrs.field(default=1.0, validator=_non_negative)
+    backoff_coefficient: float = attrs.field(default=2.0, validator=_coefficient)
+    max_backoff: float = attrs.field(default=60.0, validator=_non_negative)
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        delay = self.initial_backoff * self.backoff_coefficient ** (attempt - 1)
+        return float(min(delay, self.max_backoff))
+
+
+def _check_timeout(kind: str, value: Any) -> None:
+    if value is not None and (type(value) not in (int, float) or not value > 0):
+        raise ConfigurationError(
+            f"@{kind}(timeout=...) must be a number of seconds > 0 or None (got {value!r})"
+        )
+
+
+def _check_name(kind: str, name: Any) -> str:
+    if type(name) is not str or not name or len(name) > MAX_NAME_LENGTH:
+        raise ConfigurationError(
+            f"a {kind} name must be a non-empty str of at most {MAX_NAME_LENGTH} characters"
+            f" (got {name!r})"
+        )
+    return name
+
+
+@attrs.frozen
+class StepDefinition:
+    """One Step of a flow type: its position, handler, retry policy and timeout."""
+
+    name: str
+    index: int
+    handler: Callable[..., Any] = attrs.field(eq=False)
+    retry: RetryPolicy = RetryPolicy()
+    #: Seconds one attempt may run (its method deadline); None for no limit.
+    timeout: float | None = None
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.handler)
+
+
+@attrs.frozen
+class RpcDefinition:
+    """One RPC of a flow type."""
+
+    name: str
+    handler: Callable[..., Any] = attrs.field(eq=False)
+    timeout: float | None = None
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.handler)
+
+
+_MARK = "__matching_handler__"
+
+
+def step(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    retry: RetryPolicy | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """Mark a method of a :class:`Flow` as a Step (``@step`` or ``@step(retry=...)``).
+
+    The method is called as ``method(ctx, *args)`` with a :class:`StepContext`.
+    """
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ConfigurationError(f"step retry must be a RetryPolicy (got {retry!r})")
+    _check_timeout("step", timeout)
+
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(f, _MARK, ("step", name or f.__name__, retry or RetryPolicy(), timeout))
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+def rpc(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """Mark a method of a :class:`Flow` as an RPC (``@rpc`` or ``@rpc(name=...)``).
+
+    The method is called as ``method(ctx, *args)`` with an :class:`RpcContext`.
+    """
+    _check_timeout("rpc", timeout)
+
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(f, _MARK, ("rpc", name or f.__name__, None, timeout))
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+@attrs.frozen
+class FlowDefinition:
+    """A flow type as a worker serves it: its Steps in order and its RPCs by name."""
+
+    name: str
+    steps: tuple[StepDefinition, ...]
+    rpcs: Mapping[str, RpcDefinition] = attrs.field(eq=False)
+
+    def step(self, name: str) -> StepDefinition | None:
+        for definition in self.steps:
+            if definition.name == name:
+                return definition
+        return None
+
+    def capabilities(self) -> dict[str, list[str]]:
+        """What a worker advertises at registration: ``{"steps": [...], "rpcs": [...]}``."""
+        return {"steps": [s.name for s in self.steps], "rpcs": list(self.rpcs)}
+
+
+class Flow:
+    """Base class of flow types. ``name`` (a class attribute) is the flow type's name,
+    unique per server; it defaults to the class name.
+
+    Example::
+
+        class GreetingFlow(Flow):
+            name = "Greeting"
+
+            @step(retry=RetryPolicy(max_attempts=5))
+            async def greet(self, ctx, who):
+                ctx.state["greeting"] = f"Hello, {who}!"
+                return ctx.state["greeting"]
+
+            @rpc
+            async def greeting(self, ctx):
+                return ctx.state.get("greeting")
+
+    An instance's attributes are in-memory state of one worker process: sticky routing makes
+    it likely, never certain, that the same worker serves a flow again.
+    """
+
+    name: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = cls.__name__
+        _check_name("flow type", cls.name)
+
+    def definition(self) -> FlowDefinition:
+        """This flow type's Steps (bound to this instance) and RPCs."""
+        # attribute -> mark, in the order the attributes were first defined; an override in a
+        # subclass keeps its base's position (dict assignment keeps the original slot).
+        marks: dict[str, tuple[str, str, RetryPolicy | None, float | None]] = {}
+        for klass in reversed(type(self).__mro__):
+            for attr, value in vars(klass).items():
+                mark = getattr(value, _MARK, None)
+                if mark is not None:
+                    marks[attr] = mark
+                elif attr in marks:
+                    del marks[attr]  # overridden by something that is no handler
+        steps: list[StepDefinition] = []
+        rpcs: dict[str, RpcDefinition] = {}
+        for attr, (kind, name, retry, timeout) in marks.items():
+            _check_name(kind, name)
+            handler = getattr(self, attr)
+            if kind == "step":
+                steps.append(
+                    StepDefinition(name, len(steps), handler, retry or RetryPolicy(), timeout)
+                )
+            else:
+                rpcs[name] = RpcDefinition(name, handler, timeout)
+        names = [s.name for s in steps]
+        for name in names:
+            if names.count(name) > 1:
+                raise ConfigurationError(
+                    f"flow type {self.name!r} has two steps named {name!r}; step names must be"
+                    " unique within a flow type"
+                )
+        return FlowDefinition(self.name, tuple(steps), rpcs)
+
+
+class Registry:
+    """The flow types a worker serves (and a client may start), by name.
+
+    Args:
+        flows: :class:`Flow` instances (or classes, instantiated with no arguments).
+        allow_async_handlers: Accept ``async def`` Steps and RPCs (run on the adapter's event
+            loop: asyncio for :class:`AsyncWorker`, trio for :class:`TrioWorker`). Without it an
+            async handler is refused here, since a blocking worker could only run it on a loop
+            of its own.
+
+    Raises:
+        ConfigurationError: Two flows share a name, a handler is async without
+            ``allow_async_handlers``, or a name is invalid.
+    """
+
+    def __init__(self, flows: Iterable[Flow | type[Flow]], *, allow_async_handlers: bool = False):
+        self.allow_async_handlers = bool(allow_async_handlers)
+        self._flows: dict[str, FlowDefinition] = {}
+        self._instances: dict[str, Flow] = {}
+        for flow in flows:
+            if isinstance(flow, type) and issubclass(flow, Flow):
+                flow = flow()
+            if not isinstance(flow, Flow):
+                raise ConfigurationError(
+                    f"Registry takes Flow instances or Flow subclasses (got {flow!r})"
+                )
+            if flow.name in self._flows:
+                raise ConfigurationError(
+                    f"two flows are named {flow.name!r}; flow type names must be unique"
+                )
+            definition = flow.definition()
+            if not allow_async_handlers:
+                handlers: list[StepDefinition | RpcDefinition] = [
+                    *definition.steps,
+                    *definition.rpcs.values(),
+                ]
+                for handler in handlers:
+                    if handler.is_async:
+                        raise ConfigurationError(
+                            f"{flow.name}.{handler.name} is async; pass"
+                            " allow_async_handlers=True to Registry to run async handlers"
+                        )
+            self._flows[flow.name] = definition
+            self._instances[flow.name] = flow
+
+    @property
+    def flow_types(self) -> tuple[str, ...]:
+        return tuple(self._flows)
+
+    def get(self, flow_type: str) -> FlowDefinition:
+        """The definition of ``flow_type``.
+
+        Raises:
+            UnknownFlowType: The registry has no such flow type.
+        """
+        try:
+            return self._flows[flow_type]
+        except (KeyError, TypeError):
+            known = ", ".join(sorted(self._flows)) or "none"
+            raise UnknownFlowType(
+                f"flow type {flow_type!r} is not in this registry (it has: {known})"
+            ) from None
+
+    def flow_type_of(self, flow: Flow | type[Flow] | str) -> str:
+        """The name of a flow type given as a name, a Flow class or instance."""
+        if isinstance(flow, str):
+            return flow
+        if isinstance(flow, Flow) or (isinstance(flow, type) and issubclass(flow, Flow)):
+            return flow.name
+        raise ConfigurationError(
+            f"a flow type is a name, a Flow subclass or a Flow instance (got {flow!r})"
+        )
+
+    def capabilities(self) -> dict[str, dict[str, list[str]]]:
+        """``{flow_type: {"steps": [...], "rpcs": [...]}}``, as advertised at registration."""
+        return {name: d.capabilities() for name, d in self._flows.items()}
+
+    def __contains__(self, flow_type: object) -> bool:
+        return flow_type in self._flows
+
+    def __len__(self) -> int:
+        return len(self._flows)
+
+
+@attrs.define
+class StepContext:
+    """What a Step handler gets: which execution this is, and the flow's state.
+
+    Attributes:
+        flow_id: The flow.
+        flow_type: Its type.
+        step: The Step's name.
+        execution_id: Stable across the attempts of this step execution: with ``flow_id``, an
+            idempotency key for external side effects (delivery is at least once).
+        attempt: 1 for the first attempt.
+        state: The flow's state; changes are applied when the Step succeeds.
+        deadline_in: Seconds left to this attempt's method deadline when it started, or None.
+        blobs: The worker's :class:`BlobCache`.
+    """
+
+    flow_id: str
+    flow_type: str
+    step: str
+    execution_id: str
+    attempt: int
+    state: dict[str, Any]
+    deadline_in: float | None = None
+    blobs: Any = None
+    _emit: Callable[[Any], None] | None = attrs.field(default=None, repr=False, alias="emit")
+
+    def output(self, value: Any = None) -> None:
+        """Report progress to the server (an OUTPUT frame). After the first output a worker
+        that goes away fails this attempt instead of having it re-dispatched."""
+        if self._emit is not None:
+            self._emit(value)
+
+
+@attrs.define
+class RpcContext:
+    """What an RPC handler gets: the flow and its state (changes applied when it returns)."""
+
+    flow_id: str
+    flow_type: str
+    rpc: str
+    state: dict[str, Any]
+    blobs: Any = None
+
+
+class FlowStatus(enum.StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@attrs.frozen
+class FlowSummary:
+    """One line of :meth:`AsyncClient.list_flows`."""
+
+    flow_id: str
+    flow_type: str
+    status: FlowStatus
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> FlowSummary:
+        return cls(
+            data["flow_id"],
+            data["flow_type"],
+            FlowStatus(data["status"]),
+            float(data["created_at"]),
+            float(data["updated_at"]),
+        )
+
+
+@attrs.frozen
+class FlowDescription:
+    """:meth:`AsyncClient.describe_flow`: a flow's status, state, attempts and dispatches.
+
+    ``attempts`` and ``dispatches`` are dicts as the server sends them: each attempt has
+    ``step``, ``attempt``, ``execution_id``, ``status``, ``worker_id``, ``error``; each
+    dispatch has ``delivery``, ``kind``, ``name``, ``attempt``, ``queue``, ``reason``
+    (``sticky``, ``flow_queue``, ``fallback_no_stream``, ``fallback_timeout``,
+    ``reroute_unknown_name``, ``declined_no_capacity``, ``redispatch_lost``, ``delivered``)
+    and ``worker_id``.
+    """
+
+    flow_id: str
+    flow_type: str
+    status: FlowStatus
+    args: tuple[Any, ...]
+    state: Mapping[str, Any]
+    result: Any
+    error: Mapping[str, Any] | None
+    step_index: int
+    sticky_worker: str | None
+    created_at: float
+    updated_at: float
+    attempts: tuple[Mapping[str, Any], ...] = ()
+    dispatches: tuple[Mapping[str, Any], ...] = ()
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> FlowDescription:
+        return cls(
+            data["flow_id"],
+            data["flow_type"],
+            FlowStatus(data["status"]),
+            tuple(data.get("args") or ()),
+            dict(data.get("state") or {}),
+            data.get("result"),
+            data.get("error"),
+            int(data.get("step_index", 0)),
+            data.get("sticky_worker"),
+            float(data["created_at"]),
+            float(data["updated_at"]),
+            tuple(data.get("attempts") or ()),
+            tuple(data.get("dispatches") or ()),
+        )
+
+
+def state_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """What a handler changed: ``{"set": {key: value}, "delete": [key]}`` (keys compared by
+    value, so an untouched key is not sent back)."""
+    changed = {k: v for k, v in after.items() if k not in before or before[k] != v}
+    deleted = [k for k in before if k not in after]
+    return {"set": changed, "delete": deleted}
+
+
+def apply_patch(state: Mapping[str, Any], patch: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``state`` with ``patch`` (from :func:`state_patch`) applied; ``state`` is unchanged.
+
+    Raises:
+        ValueError: ``patch`` is not of the shape :func:`state_patch` builds.
+    """
+    result = dict(state)
+    if not patch:
+        return result
+    sets = patch.get("set", {})
+    deletes = patch.get("delete", [])
+    if not isinstance(sets, Mapping) or not isinstance(deletes, list | tuple):
+        raise ValueError(f"a state patch is {{'set': dict, 'delete': list}} (got {patch!r})")
+    for key in deletes:
+        result.pop(key, None)
+    result.update(sets)
+    return result
+
+
+def copy_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of a state, so a handler's in-place changes show up in its patch."""
+    return copy.deepcopy(dict(state))
