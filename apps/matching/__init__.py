@@ -52,6 +52,7 @@ __all__ = [
     "CallTimeout",
     "Cancelled",
     "ClientClosed",
+    "ClientOptions",
     "ConfigurationError",
     "Draining",
     "Flow",
