@@ -4,8 +4,23 @@ Workers never listen: they dial out to the server, register a stream per queue (
 type, one for their own app worker id) and pull work. See ``ARCHITECTURE.md`` beside this file.
 """
 
+from ._adapters import AsyncClient as AsyncClient
+from ._adapters import AsyncWorker as AsyncWorker
+from ._adapters import Client as Client
+from ._adapters import TrioClient as TrioClient
+from ._adapters import TrioWorker as TrioWorker
+from ._adapters import Worker as Worker
+from ._adapters import readiness_handler as readiness_handler
+from ._adapters import serve_readyz as serve_readyz
+from ._application import application as application
+from ._application import default_application as default_application
+from ._blobs import BlobCache as BlobCache
+from ._config import MatchingConfig as MatchingConfig
+from ._config import add_arguments as add_arguments
 from ._errors import AlreadyRegistered as AlreadyRegistered
 from ._errors import AuthenticationError as AuthenticationError
+from ._errors import BlobCorrupted as BlobCorrupted
+from ._errors import BlobNotFound as BlobNotFound
 from ._errors import CallTimeout as CallTimeout
 from ._errors import Cancelled as Cancelled
 from ._errors import ClientClosed as ClientClosed
@@ -15,6 +30,7 @@ from ._errors import FlowExists as FlowExists
 from ._errors import FlowFailed as FlowFailed
 from ._errors import FlowNotFound as FlowNotFound
 from ._errors import HandlerError as HandlerError
+from ._errors import InvalidBlobKey as InvalidBlobKey
 from ._errors import LimitError as LimitError
 from ._errors import MatchingError as MatchingError
 from ._errors import NoWorkerAvailable as NoWorkerAvailable
@@ -45,12 +61,20 @@ from ._options import PullWorkerOptions as PullWorkerOptions
 from ._options import ServerAddress as ServerAddress
 from ._options import WorkerOptions as WorkerOptions
 from ._options import parse_server_address as parse_server_address
+from ._readiness import PullRegistrationState as PullRegistrationState
+from ._readiness import QueueRegistrationState as QueueRegistrationState
 
 __all__ = [
     "AlreadyRegistered",
+    "AsyncClient",
+    "AsyncWorker",
     "AuthenticationError",
+    "BlobCache",
+    "BlobCorrupted",
+    "BlobNotFound",
     "CallTimeout",
     "Cancelled",
+    "Client",
     "ClientClosed",
     "ClientOptions",
     "ConfigurationError",
@@ -64,12 +88,16 @@ __all__ = [
     "FlowStatus",
     "FlowSummary",
     "HandlerError",
+    "InvalidBlobKey",
     "LimitError",
+    "MatchingConfig",
     "MatchingError",
     "NoWorkerAvailable",
     "ProtocolError",
     "PullRegistrationError",
+    "PullRegistrationState",
     "PullWorkerOptions",
+    "QueueRegistrationState",
     "Registry",
     "RetryPolicy",
     "RpcContext",
@@ -77,15 +105,23 @@ __all__ = [
     "ServerAddress",
     "StepContext",
     "StepDefinition",
+    "TrioClient",
+    "TrioWorker",
     "Unavailable",
     "UnknownFlowType",
     "UnknownName",
+    "Worker",
     "WorkerOptions",
     "WorkerStopped",
+    "add_arguments",
+    "application",
     "apply_patch",
+    "default_application",
     "error_from_code",
     "parse_server_address",
+    "readiness_handler",
     "rpc",
+    "serve_readyz",
     "state_patch",
     "step",
 ]

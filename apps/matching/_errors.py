@@ -172,6 +172,27 @@ class PullRegistrationError(MatchingError):
         self.cause = cause
 
 
+class BlobNotFound(MatchingError, KeyError):
+    """No blob of that key is held (locally, or by the server): put it first."""
+
+    code = "blob_not_found"
+
+    def __str__(self) -> str:  # not KeyError's quoted form
+        return self.message
+
+
+class InvalidBlobKey(MatchingError, ValueError):
+    """A blob key is not ``"sha256:"`` followed by 64 lowercase hex digits."""
+
+    code = "bad_blob_key"
+
+
+class BlobCorrupted(MatchingError, ValueError):
+    """A blob's bytes do not hash to its key (a corrupt file, or a peer sent other bytes)."""
+
+    code = "blob_corrupted"
+
+
 class WorkerStopped(MatchingError):
     """The worker stopped before the awaited condition held."""
 
@@ -203,6 +224,9 @@ _BY_CODE: dict[str, type[MatchingError]] = {
         CallTimeout,
         Cancelled,
         Draining,
+        BlobNotFound,
+        InvalidBlobKey,
+        BlobCorrupted,
     )
 }
 

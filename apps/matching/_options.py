@@ -208,9 +208,7 @@ class _Connection:
     #: The name to check in the server's certificate (default: the address's host).
     tls_server_hostname: str | None = attrs.field(default=None, validator=_opt_str)
     #: A ready TLS context (overrides ``tls_ca_file``).
-    ssl_context: ssl.SSLContext | None = attrs.field(
-        default=None, validator=_opt_context, eq=False
-    )
+    ssl_context: ssl.SSLContext | None = attrs.field(default=None, validator=_opt_context, eq=False)
     connect_timeout: float = attrs.field(default=10.0, validator=_seconds)
     #: Payload codec to ask for: "cbor" or "tlv".
     codec: str = attrs.field(default="cbor", validator=attrs.validators.in_(("cbor", "tlv")))

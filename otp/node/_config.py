@@ -21,6 +21,7 @@ DEFAULT_APPS = (
     "otp.node._demo:demo_application",
     "apps.dispatcher",
     "apps.dirty:default_application",
+    "apps.matching:default_application",
 )
 
 

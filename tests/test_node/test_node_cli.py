@@ -96,6 +96,9 @@ async def test_the_default_node_runs_the_demo_tree_and_stops_gracefully(signum: 
         dirty = await node.line_with("application dirty")
         assert "apps.dirty.examples:ExampleApp" in dirty
         assert "export GUNICORN_DIRTY_SOCKET=/" in dirty
+        matching = await node.line_with("application matching")
+        assert "workers and clients connect to unix:/" in matching
+        assert "otp-matching-" in matching and "matching.sqlite3" in matching
         await node.line_with("stop with Ctrl-C")
         node.signal(signum)
         await node.line_with("stopping gracefully")

@@ -1,0 +1,132 @@
+"""The matching server as an OTP application: ``matching_sup`` and its configuration.
+
+``matching_sup`` (rest_for_one) starts, in order: the store (``StoreServer`` over SQLite), the
+queues' DynamicSupervisor (``matching_queues``), the matcher, the engine, the connections'
+DynamicSupervisor (``matching_connections``) and the listener. Each depends on the ones before
+it, so a crash restarts it and everything after it (a new matcher drops the old queues, and
+the listener's restart binds the sockets anew). Stopping runs in reverse: the listener stops
+accepting and removes its Unix sockets, the connections close (their streams with them), then
+the engine, the matcher, the queues and, last, the store, which commits what it was given.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import supervisors
+from otp import node
+
+from ._blobs import BlobCache
+from ._config import MatchingConfig
+from ._config import add_arguments as add_arguments  # (for --app apps.matching._application)
+from ._connection import ServerContext
+from ._engine import ENGINE, EngineOptions, FlowEngine
+from ._listener import CONNECTIONS, start_listener
+from ._matcher import MATCHER, QUEUES, start_matcher
+from ._sqlite_store import SqliteStore
+from ._store import SERVER_NAME, StoreServer
+
+__all__ = ["application", "default_application", "matching_supervisor_spec"]
+
+SUPERVISOR = "matching_sup"
+
+
+def matching_supervisor_spec(ctx: ServerContext) -> tuple[supervisors.SupFlags, list[Any]]:
+    """``(flags, children)`` of ``matching_sup`` (ARCHITECTURE.md's tree)."""
+    config = ctx.config
+    children = [
+        supervisors.ChildSpec("store", (_start_store, config.store_path), shutdown=30.0),
+        supervisors.ChildSpec("queues", (_start_dynamic, QUEUES, 1000, 5), type="supervisor"),
+        supervisors.ChildSpec("matcher", (start_matcher, config.limits, QUEUES, MATCHER)),
+        supervisors.ChildSpec("engine", (_start_engine, config), shutdown=10.0),
+        supervisors.ChildSpec(
+            "connections", (_start_dynamic, CONNECTIONS, 1000, 5), type="supervisor"
+        ),
+        supervisors.ChildSpec("listener", (start_listener, ctx), shutdown=5.0),
+    ]
+    return supervisors.SupFlags(strategy="rest_for_one", intensity=3, period=5), children
+
+
+async def _start_store(path: str) -> Any:
+    return await StoreServer.start_link(SqliteStore(path), name=SERVER_NAME)
+
+
+async def _start_engine(config: MatchingConfig) -> Any:
+    options = EngineOptions(
+        store=SERVER_NAME, matcher=MATCHER, dispatch_wait=config.limits.dispatch_wait
+    )
+    return await FlowEngine.start_link(options, name=ENGINE)
+
+
+async def _start_dynamic(name: str, intensity: int, period: int) -> Any:
+    return await supervisors.DynamicSupervisor.start_link(
+        name=name, intensity=intensity, period=period
+    )
+
+
+async def start_matching_sup(config: MatchingConfig) -> Any:
+    """Start ``matching_sup`` linked to the caller (the blob directory is made here)."""
+    blobs = BlobCache(_blob_dir(config))
+    flags, children = matching_supervisor_spec(ServerContext(config, blobs))
+    return await supervisors.Supervisor.start_link(flags, children, name=SUPERVISOR)
+
+
+def _blob_dir(config: MatchingConfig) -> str | None:
+    if config.blob_dir is not None:
+        return config.blob_dir
+    if config.store_path == ":memory:":
+        return None  # (BlobCache's per-user directory in the temporary directory)
+    return config.store_path + ".blobs"
+
+
+def application(
+    config: node.NodeConfig | None = None, *, matching_config: MatchingConfig | None = None
+) -> supervisors.Application:
+    """The matching server, for ``python -m otp.node --app apps.matching`` or
+    ``supervisors.start_application``.
+
+    Settings come from ``matching_config`` if given, else from the node's ``[matching]`` table
+    and ``--matching-*`` flags (see :class:`MatchingConfig`).
+
+    Raises:
+        ConfigurationError: A setting is invalid (the message names it).
+    """
+    if matching_config is None:
+        settings = config.settings if config is not None else {}
+        matching_config = MatchingConfig.from_settings(settings)
+    return _application(matching_config)
+
+
+def _application(config: MatchingConfig) -> supervisors.Application:
+    listen = " and ".join(config.listen)
+    auth = [role for role in ("worker", "client") if config.tokens(role)]
+    return supervisors.Application(
+        "matching",
+        (start_matching_sup, config),
+        env={"listen": list(config.listen), "store": config.store},
+        description=(
+            f"matching server; workers and clients connect to {listen}"
+            f" (tokens: {', '.join(auth) or 'none'}); flows in {config.store}"
+        ),
+        version="0.1.0",
+    )
+
+
+def default_application(config: node.NodeConfig | None = None) -> supervisors.Application:
+    """The matching server as ``python -m otp.node`` runs it with no ``--app``: the node's
+    ``[matching]`` settings, with a Unix socket in the temporary directory and the flows in a
+    SQLite file in a new temporary directory unless they say otherwise.
+
+    The banner prints where workers and clients connect.
+    """
+    settings = dict(config.settings) if config is not None else {}
+    table = settings.get("matching", {})
+    if not isinstance(table, dict):
+        return application(config)  # (from_settings refuses it, naming [matching])
+    flags = settings.get("flags", {}) or {}
+    if "store" not in table and not flags.get("matching_store"):
+        directory = tempfile.mkdtemp(prefix="otp-matching-")
+        settings["matching"] = {**table, "store": os.path.join(directory, "matching.sqlite3")}
+    return _application(MatchingConfig.from_settings(settings))

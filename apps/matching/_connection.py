@@ -1,0 +1,696 @@
+"""The server's connection processes: one per worker or client socket, children of the
+``matching_connections`` DynamicSupervisor (the listener's acceptors start them).
+
+A connection reads frames under tight limits until M_HELLO, checks the bearer token for the
+role, answers M_WELCOME with the codec both sides use from then on, and serves the role:
+a worker's M_REGISTER opens a stream (the matcher picks the queue, a linked stream process
+serves it) and its stream frames go to that stream process as messages; a client's M_CALLs run
+each in a task of their own against the engine (as a Gunicorn-style worker serves requests
+concurrently), answered by M_REPLY or M_ERROR. Malformed input gets an M_ERROR (and, when the
+bytes cannot be decoded, the connection closes); the server serves everyone else on. Writes are
+bounded (:meth:`Connection.send_message` never blocks; a peer that stops reading is dropped),
+a peer silent for ``peer_timeout`` is dropped, and an idle connection gets an M_PING every
+``ping_interval``. The connection's end kills its streams (their reports are the routing core's).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+import otp
+import wire
+
+from . import _matcher, _stream
+from ._config import MatchingConfig
+from ._dispatch import Capabilities, StreamRejection, WorkerDraining
+from ._engine import ENGINE, FlowEngine
+from ._errors import MatchingError
+
+__all__ = ["HELLO_LIMITS", "Connection", "ServerContext", "start_connection"]
+
+logger = logging.getLogger("apps.matching")
+
+#: Limits until HELLO is read: a peer that has not authenticated gets little of our memory.
+HELLO_LIMITS = wire.Limits(
+    max_payload=64 * 1024,
+    max_depth=8,
+    max_items=4096,
+    max_total_items=16384,
+    max_str=16 * 1024,
+)
+#: Frames a peer may send before a good HELLO (each answered by an M_ERROR) before it is dropped.
+MAX_FRAMES_BEFORE_HELLO = 8
+#: Client calls in flight on one connection.
+MAX_CALLS = 1024
+#: Bytes handed to the socket at once: each write must drain within ``peer_timeout``.
+WRITE_CHUNK = 256 * 1024
+#: What the server sends: the peers' decoders enforce the protocol's own limits.
+_OUT_LIMITS = wire.Limits()
+#: The codecs the server speaks.
+_CODECS = (wire.Codec.TLV, wire.Codec.CBOR)
+#: The frames a worker may send after HELLO on a stream (non-zero request id).
+_STREAM_FRAMES = (
+    wire.MatchPong,
+    wire.MatchClose,
+    wire.MatchAccept,
+    wire.MatchDecline,
+    wire.MatchOutput,
+    wire.MatchResult,
+    wire.MatchFailure,
+)
+
+
+@attrs.frozen(eq=False)
+class ServerContext:
+    """What every connection of one server shares.
+
+    Attributes:
+        config: The server's settings.
+        blobs: The server's ``BlobCache`` (``put(data) -> key``, ``get(key) -> bytes``).
+        matcher: The matcher (name or pid).
+        engine: The engine (name or pid).
+    """
+
+    config: MatchingConfig
+    blobs: Any
+    matcher: Any = _matcher.MATCHER
+    engine: Any = ENGINE
+
+
+async def start_connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) -> otp.Pid:
+    """Start a connection process serving ``stream`` (from ``peer``, for the logs), linked to
+    the caller (the ``matching_connections`` supervisor)."""
+    await trio.lowlevel.checkpoint()
+    return otp.spawn_link(_connection, stream, ctx, peer)
+
+
+@attrs.define(eq=False)
+class Connection:
+    """One connection's state; the stream processes write to the peer through
+    :meth:`send_message` (the routing core's ``StreamConn``).
+
+    Attributes:
+        peer: The peer's address, for the logs.
+        role: ``"worker"`` or ``"client"`` once HELLO is read.
+        worker_id: A worker's app worker id.
+        streams: Stream id -> the stream process serving it.
+    """
+
+    me: otp.Pid
+    stream: trio.abc.Stream
+    ctx: ServerContext
+    peer: str
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    codec: wire.Codec = wire.Codec.TLV
+    role: str = ""
+    worker_id: str = ""
+    session: str = ""
+    caps: Capabilities = attrs.Factory(Capabilities)
+    streams: dict[int, otp.Pid] = attrs.Factory(dict)
+    #: Stream ids being registered -> the frames that came for them meanwhile.
+    registering: dict[int, list[Any]] = attrs.Factory(dict)
+    calls: set[int] = attrs.Factory(set)
+    unsent: deque[bytes] = attrs.Factory(deque)
+    unsent_bytes: int = 0
+    wake: trio.Event = attrs.Factory(trio.Event)
+    last_received: float = 0.0
+    last_sent: float = 0.0
+    #: Set when the connection is to close once what is queued is written.
+    close_after_flush: str | None = None
+    reason: str = ""
+    nursery: trio.Nursery | None = None
+
+    # ---------------------------------------------------------------- StreamConn
+
+    def send_message(self, msg: Any) -> None:
+        """Queue ``msg`` (a ``wire.Match*`` message) for the peer; never blocks.
+
+        A message that cannot be encoded is logged and, for a reply, answered by an M_ERROR
+        instead. A peer that has more than ``max_unsent`` bytes waiting (it stopped reading) is
+        dropped.
+        """
+        if self.reason:
+            return
+        try:
+            data = wire.encode_frame(msg.to_frame(self.codec), codec=self.codec, limits=_OUT_LIMITS)
+        except wire.WireError as exc:
+            logger.warning(
+                "matching: cannot encode %s for %s: %s", type(msg).__name__, self.peer, exc
+            )
+            rid = getattr(msg, "rid", 0)
+            if isinstance(msg, wire.MatchReply):
+                self.send_message(
+                    wire.MatchError("limit", f"the reply cannot be sent: {exc.message}", rid=rid)
+                )
+            return
+        self.unsent.append(data)
+        self.unsent_bytes += len(data)
+        if self.unsent_bytes > self.ctx.config.max_unsent:
+            self.drop(
+                f"it stopped reading ({self.unsent_bytes} bytes unsent, over"
+                f" max_unsent={self.ctx.config.max_unsent})",
+                level=logging.WARNING,
+            )
+            return
+        self.wake.set()
+
+    def error(self, rid: int, code: str, message: str, *, retryable: bool = False) -> None:
+        """Send an M_ERROR (``rid`` 0 for the connection)."""
+        self.send_message(wire.MatchError(code, message, retryable, rid=rid))
+
+    def drop(self, why: str, *, level: int = logging.INFO) -> None:
+        """End the connection now (logged at ``level``)."""
+        if not self.reason:
+            self.reason = why
+            logger.log(level, "matching: dropping %s: %s", self.label, why)
+        self.scope.cancel()
+
+    def finish(self, why: str) -> None:
+        """End the connection once what is queued is written."""
+        if self.close_after_flush is None:
+            self.close_after_flush = why
+        self.wake.set()
+
+    @property
+    def label(self) -> str:
+        if self.role == "worker":
+            return f"worker {self.worker_id!r} at {self.peer}"
+        return f"{self.role or 'peer'} at {self.peer}"
+
+
+async def _connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) -> None:
+    otp.process_flag(trap_exit=True)
+    conn = Connection(otp.self(), stream, ctx, peer)
+    frames = wire.FrameStream(
+        stream, limits=HELLO_LIMITS, versions=frozenset({2}), exact=True, receive_size=65536
+    )
+    try:
+        with conn.scope:
+            if not await _handshake(conn, frames):
+                return
+            frames.limits = wire.Limits(max_payload=ctx.config.max_payload)
+            frames.exact = False
+            now = trio.current_time()
+            conn.last_received = conn.last_sent = now
+            async with trio.open_nursery() as nursery:
+                conn.nursery = nursery
+                nursery.start_soon(_reader, conn, frames)
+                nursery.start_soon(_writer, conn)
+                nursery.start_soon(_keepalive, conn)
+                await _mailbox(conn)
+    finally:
+        conn.reason = conn.reason or "closed"
+        for pid in conn.streams.values():
+            otp.exit(pid, otp.Shutdown("connection_closed"))
+        await trio.aclose_forcefully(stream)
+
+
+# ==================================================================== handshake
+
+
+async def _handshake(conn: Connection, frames: wire.FrameStream) -> bool:
+    """Read HELLO (answering anything else with an M_ERROR), authenticate, send WELCOME.
+    False if the connection is to close."""
+    config = conn.ctx.config
+    with trio.move_on_after(config.peer_timeout) as timer:
+        hello = await _read_hello(conn, frames)
+        if hello is None:
+            return False
+        conn.role = hello.role
+        tokens = config.tokens(hello.role)
+        if tokens and not _token_ok(hello.token, tokens):
+            logger.warning(
+                "matching: refused a %s connection from %s: %s token",
+                hello.role,
+                conn.peer,
+                "wrong" if hello.token else "missing",
+            )
+            await _send_now(
+                frames,
+                wire.MatchError(
+                    "unauthenticated",
+                    f"the {hello.role} token is {'wrong' if hello.token else 'missing'}; pass"
+                    f" the {hello.role} credentials the server is configured with",
+                ),
+            )
+            return False
+        codec = next((c for c in hello.codecs if c in _CODECS), None)
+        if codec is None:
+            await _send_now(
+                frames,
+                wire.MatchError(
+                    "unsupported", "HELLO offers no codec the server speaks (tlv, cbor)"
+                ),
+            )
+            return False
+        if hello.role == "worker":
+            assert hello.worker_id is not None
+            conn.worker_id = hello.worker_id
+            conn.caps = Capabilities.from_wire(hello.flows)
+        conn.session = hello.session
+        conn.codec = codec
+        await _send_now(
+            frames,
+            wire.MatchWelcome(
+                config.server_name, codec, float(config.ping_interval), float(config.peer_timeout)
+            ),
+        )
+        logger.debug("matching: %s connected (codec %s)", conn.label, codec.value)
+        return True
+    if timer.cancelled_caught:
+        logger.info("matching: %s sent no HELLO within %ss", conn.peer, config.peer_timeout)
+    return False
+
+
+async def _read_hello(conn: Connection, frames: wire.FrameStream) -> wire.MatchHello | None:
+    for _ in range(MAX_FRAMES_BEFORE_HELLO):
+        try:
+            frame = await frames.receive_frame()
+        except wire.WireError as exc:
+            logger.warning("matching: undecodable input from %s before HELLO: %s", conn.peer, exc)
+            await _send_now(frames, wire.MatchError("bad_frame", exc.message))
+            return None
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            logger.info("matching: %s went away before HELLO (%s)", conn.peer, exc)
+            return None
+        if frame is None:
+            return None
+        problem: str
+        if frame.type is not wire.MessageType.M_HELLO:
+            problem = f"the first frame must be M_HELLO (got {frame.type.name})"
+        else:
+            try:
+                hello = wire.parse_matching(frame)
+            except wire.WireError as exc:
+                problem = exc.message
+            else:
+                assert isinstance(hello, wire.MatchHello)
+                return hello
+        logger.warning("matching: bad frame from %s before HELLO: %s", conn.peer, problem)
+        await _send_now(frames, wire.MatchError("bad_frame", problem))
+    logger.warning("matching: %s sent %d frames but no HELLO", conn.peer, MAX_FRAMES_BEFORE_HELLO)
+    return None
+
+
+def _token_ok(given: str, tokens: tuple[str, ...]) -> bool:
+    """Constant-time: every configured token is compared, whichever matches."""
+    data = given.encode()
+    ok = False
+    for token in tokens:
+        ok |= hmac.compare_digest(data, token.encode())
+    return ok
+
+
+async def _send_now(frames: wire.FrameStream, msg: Any) -> None:
+    try:
+        await frames.send_frame(msg.to_frame(wire.Codec.TLV))
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+# ==================================================================== the running connection
+
+
+async def _mailbox(conn: Connection) -> None:
+    """The process's mailbox: stream processes ending, and the parent's exit signal."""
+    while True:
+        msg = await otp.receive()
+        if type(msg) is otp.Exit:
+            rid = next((r for r, pid in conn.streams.items() if pid == msg.pid), None)
+            if rid is None:
+                conn.drop(f"exit signal from {msg.pid!r} ({otp.format_reason(msg.reason)})")
+                return
+            del conn.streams[rid]
+            if otp.is_abnormal(msg.reason):  # (a stream that ends itself says M_CLOSE)
+                logger.warning(
+                    "matching: stream %d of %s ended: %s",
+                    rid,
+                    conn.label,
+                    otp.format_reason(msg.reason),
+                )
+                conn.send_message(wire.MatchClose(rid=rid))
+
+
+async def _writer(conn: Connection) -> None:
+    """Write what is queued, a chunk at a time; a chunk that does not drain within
+    ``peer_timeout`` drops the peer."""
+    timeout = conn.ctx.config.peer_timeout
+    stream = conn.stream
+    while True:
+        if not conn.unsent:
+            if conn.close_after_flush is not None:
+                conn.drop(conn.close_after_flush, level=logging.WARNING)
+                return
+            conn.wake = trio.Event()
+            await conn.wake.wait()
+            continue
+        chunk = _take(conn, WRITE_CHUNK)
+        with trio.move_on_after(timeout) as timer:
+            try:
+                await stream.send_all(chunk)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                conn.drop(f"writing failed ({exc})")
+                return
+        if timer.cancelled_caught:
+            conn.drop(
+                f"it stopped reading (nothing drained for {timeout}s,"
+                f" {conn.unsent_bytes + len(chunk)} bytes unsent)",
+                level=logging.WARNING,
+            )
+            return
+        conn.last_sent = trio.current_time()
+
+
+def _take(conn: Connection, size: int) -> bytes:
+    parts: list[bytes] = []
+    taken = 0
+    unsent = conn.unsent
+    while unsent and taken < size:
+        part = unsent.popleft()
+        if taken + len(part) > size and parts:
+            unsent.appendleft(part)
+            break
+        if len(part) > size:
+            unsent.appendleft(part[size:])
+            part = part[:size]
+        parts.append(part)
+        taken += len(part)
+    conn.unsent_bytes -= taken
+    return b"".join(parts)
+
+
+async def _keepalive(conn: Connection) -> None:
+    """M_PING (request id 0) when nothing was sent for ``ping_interval``; drop a peer silent
+    for ``peer_timeout`` (a client with calls in flight is waiting for us, not silent)."""
+    config = conn.ctx.config
+    ping, silence = float(config.ping_interval), float(config.peer_timeout)
+    while True:
+        await trio.sleep_until(min(conn.last_sent + ping, conn.last_received + silence))
+        now = trio.current_time()
+        if now >= conn.last_received + silence:
+            if conn.role == "client" and conn.calls:
+                # A client waiting for its answers is not silent: it waits for us.
+                conn.last_received = now
+                continue
+            conn.drop(f"silent for {silence}s (peer_timeout)", level=logging.WARNING)
+            return
+        if now >= conn.last_sent + ping and not conn.unsent:
+            conn.send_message(wire.MatchPing())
+            conn.last_sent = now
+
+
+async def _reader(conn: Connection, frames: wire.FrameStream) -> None:
+    while True:
+        try:
+            batch = await frames.receive_frames()
+        except wire.WireError as exc:
+            logger.warning("matching: undecodable input from %s: %s", conn.label, exc)
+            conn.error(0, "bad_frame", exc.message)
+            conn.finish(f"undecodable input ({exc})")
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            conn.drop(f"reading failed ({exc})")
+            return
+        if not batch:
+            conn.drop("it closed the connection", level=logging.DEBUG)
+            return
+        conn.last_received = trio.current_time()
+        for frame in batch:
+            _handle(conn, frame)
+
+
+def _handle(conn: Connection, frame: wire.Frame) -> None:
+    try:
+        msg = wire.parse_matching(frame)
+    except wire.WireError as exc:
+        _bad(conn, frame.request_id, exc.message)
+        return
+    kind = type(msg)
+    if kind is wire.MatchPong and msg.rid == 0:  # type: ignore[union-attr]
+        return
+    if kind is wire.MatchCall:
+        assert isinstance(msg, wire.MatchCall)
+        _start_call(conn, msg)
+        return
+    if conn.role == "worker":
+        if kind in _STREAM_FRAMES:
+            _to_stream(conn, msg)
+            return
+        if kind is wire.MatchRegister:
+            assert isinstance(msg, wire.MatchRegister)
+            _register(conn, msg)
+            return
+        if kind is wire.MatchDraining:
+            logger.info("matching: %s is draining", conn.label)
+            _matcher.notify_worker(WorkerDraining(conn.worker_id), matcher=conn.ctx.matcher)
+            return
+    _bad(
+        conn,
+        frame.request_id,
+        f"a {conn.role} may not send {frame.type.name}",
+    )
+
+
+def _bad(conn: Connection, rid: int, message: str) -> None:
+    logger.warning("matching: bad frame from %s: %s", conn.label, message)
+    conn.error(rid, "bad_frame", message)
+
+
+# ==================================================================== worker streams
+
+
+def _to_stream(conn: Connection, msg: Any) -> None:
+    rid = msg.rid
+    pid = conn.streams.get(rid)
+    if pid is not None:
+        otp.send(pid, msg)
+    elif rid in conn.registering:
+        conn.registering[rid].append(msg)
+    elif type(msg) is wire.MatchPong or type(msg) is wire.MatchClose:
+        pass  # (crossed the stream's own close)
+    else:
+        _bad(conn, rid, f"unknown stream id {rid}: register it first (M_REGISTER)")
+
+
+def _register(conn: Connection, msg: wire.MatchRegister) -> None:
+    rid = msg.rid
+    if rid in conn.streams or rid in conn.registering:
+        conn.send_message(
+            wire.MatchRejected(
+                "bad_frame", f"stream id {rid} is in use on this connection", True, rid=rid
+            )
+        )
+        return
+    conn.registering[rid] = []
+    assert conn.nursery is not None
+    conn.nursery.start_soon(_open_stream, conn, msg)
+
+
+async def _open_stream(conn: Connection, msg: wire.MatchRegister) -> None:
+    """Register with the matcher, start the stream process (linked to this process), then
+    answer; the frames that came for the stream meanwhile follow."""
+    rid = msg.rid
+    ctx = conn.ctx
+    try:
+        try:
+            result = await _matcher.register_stream(
+                conn.session, conn.worker_id, msg.queue, msg.name, conn.caps, matcher=ctx.matcher
+            )
+        except (otp.CallError, otp.CallTimeout) as exc:
+            result = StreamRejection("unavailable", f"the matcher did not answer: {exc}", False)
+        if isinstance(result, StreamRejection):
+            logger.info(
+                "matching: refused stream %d (%s:%s) of %s: %s %s",
+                rid,
+                msg.queue,
+                msg.name,
+                conn.label,
+                result.code,
+                result.message,
+            )
+            conn.send_message(
+                wire.MatchRejected(result.code, result.message, result.permanent, rid=rid)
+            )
+            return
+        # No checkpoint from here on: REGISTERED is queued before the stream's first TASK.
+        pid = _stream.start_stream(
+            conn,
+            rid,
+            conn.worker_id,
+            conn.caps,
+            result,
+            limits=ctx.config.limits,
+            matcher=ctx.matcher,
+        )
+        conn.streams[rid] = pid
+        conn.send_message(wire.MatchRegistered(msg.queue, msg.name, rid=rid))
+        for held in conn.registering.get(rid, ()):
+            otp.send(pid, held)
+    finally:
+        conn.registering.pop(rid, None)
+
+
+# ==================================================================== calls
+
+
+def _start_call(conn: Connection, msg: wire.MatchCall) -> None:
+    rid = msg.rid
+    if rid in conn.calls:
+        _bad(conn, rid, f"call id {rid} is already in flight on this connection")
+        return
+    if len(conn.calls) >= MAX_CALLS:
+        conn.error(
+            rid, "limit", f"{MAX_CALLS} calls are in flight on this connection", retryable=True
+        )
+        return
+    op = _OPS.get(msg.op)
+    if op is None or (conn.role == "worker" and msg.op not in _WORKER_OPS):
+        allowed = sorted(_WORKER_OPS if conn.role == "worker" else _OPS)
+        conn.error(
+            rid, "unsupported", f"a {conn.role} may call {', '.join(allowed)}, not {msg.op!r}"
+        )
+        return
+    conn.calls.add(rid)
+    assert conn.nursery is not None
+    conn.nursery.start_soon(_run_call, conn, rid, op, msg.args)
+
+
+async def _run_call(
+    conn: Connection,
+    rid: int,
+    op: Callable[[Connection, dict[Any, Any]], Awaitable[Any]],
+    args: dict[Any, Any],
+) -> None:
+    try:
+        value = await op(conn, args)
+    except MatchingError as exc:
+        conn.send_message(
+            wire.MatchError(exc.code, exc.message, exc.retryable, dict(exc.details), rid=rid)
+        )
+    except _BadArgs as exc:
+        conn.error(rid, "bad_frame", str(exc))
+    except _CodedError as exc:
+        conn.error(rid, exc.code, exc.message)
+    except otp.CallTimeout as exc:
+        conn.error(rid, "timeout", f"the server did not answer in time: {exc}", retryable=True)
+    except otp.CallError as exc:
+        conn.error(rid, "internal", f"the server failed the call: {exc}", retryable=True)
+    else:
+        conn.send_message(wire.MatchReply(value, rid=rid))
+    finally:
+        conn.calls.discard(rid)
+
+
+class _BadArgs(Exception):
+    """A call's arguments are not what its op takes."""
+
+
+class _CodedError(Exception):
+    """A call's failure with a wire code of its own."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _arg(args: dict[Any, Any], key: str, kind: Any, *, optional: bool = False) -> Any:
+    if key not in args:
+        if optional:
+            return None
+        raise _BadArgs(f"the call needs the argument {key!r}")
+    value = args[key]
+    if value is None and optional:
+        return None
+    if kind is float:
+        ok = type(value) in (int, float) and value >= 0
+    else:
+        ok = type(value) is kind
+    if not ok:
+        raise _BadArgs(
+            f"argument {key!r} must be a {getattr(kind, '__name__', kind)}"
+            f"{' or None' if optional else ''} (got {type(value).__name__})"
+        )
+    return float(value) if kind is float else value
+
+
+async def _put_blob(conn: Connection, args: dict[Any, Any]) -> Any:
+    data = _arg(args, "data", bytes)
+    return await trio.to_thread.run_sync(conn.ctx.blobs.put, data)
+
+
+async def _get_blob(conn: Connection, args: dict[Any, Any]) -> Any:
+    key = _arg(args, "key", str)
+    try:
+        return await trio.to_thread.run_sync(conn.ctx.blobs.get, key)
+    except KeyError:
+        raise _CodedError(
+            "blob_not_found", f"no blob {key} on this server: put_blob it first"
+        ) from None
+
+
+async def _start_flow(conn: Connection, args: dict[Any, Any]) -> Any:
+    return await FlowEngine.start_flow(
+        _arg(args, "flow_type", str),
+        _arg(args, "args", list),
+        _arg(args, "definition", dict),
+        _arg(args, "flow_id", str, optional=True),
+        server=conn.ctx.engine,
+    )
+
+
+async def _call_rpc(conn: Connection, args: dict[Any, Any]) -> Any:
+    return await FlowEngine.call_rpc(
+        _arg(args, "flow_id", str),
+        _arg(args, "name", str),
+        _arg(args, "args", list),
+        _arg(args, "timeout", float, optional=True),
+        server=conn.ctx.engine,
+    )
+
+
+async def _result(conn: Connection, args: dict[Any, Any]) -> Any:
+    return await FlowEngine.result(
+        _arg(args, "flow_id", str),
+        _arg(args, "timeout", float, optional=True),
+        server=conn.ctx.engine,
+    )
+
+
+async def _describe(conn: Connection, args: dict[Any, Any]) -> Any:
+    return await FlowEngine.describe(_arg(args, "flow_id", str), server=conn.ctx.engine)
+
+
+async def _list(conn: Connection, args: dict[Any, Any]) -> Any:
+    limit = _arg(args, "limit", int, optional=True)
+    return await FlowEngine.list_flows(
+        _arg(args, "flow_type", str, optional=True),
+        _arg(args, "status", str, optional=True),
+        100 if limit is None else limit,
+        server=conn.ctx.engine,
+    )
+
+
+async def _cancel(conn: Connection, args: dict[Any, Any]) -> Any:
+    await FlowEngine.cancel(_arg(args, "flow_id", str), server=conn.ctx.engine)
+    return None
+
+
+_OPS: dict[str, Callable[[Connection, dict[Any, Any]], Awaitable[Any]]] = {
+    "start_flow": _start_flow,
+    "call_rpc": _call_rpc,
+    "result": _result,
+    "describe": _describe,
+    "list": _list,
+    "cancel": _cancel,
+    "put_blob": _put_blob,
+    "get_blob": _get_blob,
+}
+_WORKER_OPS = frozenset({"put_blob", "get_blob"})

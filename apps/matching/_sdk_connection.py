@@ -1,0 +1,462 @@
+"""The SDKs' side of one connection to the matching server: dial, HELLO/WELCOME, and one reader
+task that sorts the server's frames into streams, call replies and connection-level messages.
+
+It mirrors the client half of a gRPC channel carrying the seed's bidirectional task streams (and
+OTP's ``gen_server:call`` for the request/reply part): stream ids and call ids are chosen here,
+unique per connection; a lost connection fails every waiting call and ends every stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import trio
+
+import wire
+
+from ._errors import (
+    AuthenticationError,
+    CallTimeout,
+    ClientClosed,
+    MatchingError,
+    ProtocolError,
+    Unavailable,
+    error_from_code,
+)
+from ._options import ClientOptions, WorkerOptions
+
+__all__ = ["SdkConnection"]
+
+log = logging.getLogger("apps.matching.connection")
+
+#: Frames that belong to a stream (their request id is the stream id).
+_STREAM_MESSAGES = (
+    wire.MatchRegistered,
+    wire.MatchRejected,
+    wire.MatchTask,
+    wire.MatchClose,
+)
+
+
+@attrs.define
+class _Pending:
+    """One call waiting for its M_REPLY or M_ERROR."""
+
+    done: trio.Event = attrs.field(factory=trio.Event)
+    value: Any = None
+    error: MatchingError | None = None
+
+
+class SdkConnection:
+    """One open connection to the matching server (a worker's or a client's).
+
+    Build it with :meth:`open`. Frames are sorted by one reader task:
+
+    * stream frames (M_REGISTERED, M_REJECTED, M_TASK, M_CLOSE, M_PING with a stream id) go to
+      the receive channel :meth:`open_stream` returned for that id (frames for a stream id
+      that is not open are dropped);
+    * M_REPLY / M_ERROR with a call id complete the :meth:`call` waiting for it (late replies,
+      for calls that timed out or were cancelled, are dropped);
+    * connection-level frames (M_RECONNECT, M_ERROR and M_PING with request id 0) go to
+      :attr:`control`, an unbounded channel the owner reads (and answers pings from).
+
+    When the connection is lost (the server closed it, a read or write failed, the server broke
+    the protocol) or :meth:`aclose` is called, every waiting call fails with
+    :class:`ClientClosed` (retryable), every stream channel and :attr:`control` end, and
+    :attr:`closed` is set; :attr:`error` says why.
+
+    Attributes:
+        welcome: The server's M_WELCOME.
+        codec: The connection's payload codec (the one WELCOME named).
+        control: Connection-level messages from the server.
+        error: Why the connection ended (None while it is open, or after a plain ``aclose``).
+    """
+
+    def __init__(self, frames: wire.FrameStream, welcome: wire.MatchWelcome, where: str) -> None:
+        self._frames = frames
+        self.welcome = welcome
+        self.codec: wire.Codec = welcome.codec
+        self._where = where
+        self._write_lock = trio.Lock()
+        self._next_id = 1
+        self._streams: dict[int, trio.MemorySendChannel[wire.MatchMessage]] = {}
+        self._calls: dict[int, _Pending] = {}
+        control_send, control_receive = trio.open_memory_channel[wire.MatchMessage](math.inf)
+        self._control_send = control_send
+        self.control: trio.MemoryReceiveChannel[wire.MatchMessage] = control_receive
+        self._closed = trio.Event()
+        self._reader_done = trio.Event()
+        self._reader_scope = trio.CancelScope()
+        self.error: MatchingError | None = None
+        self._reader_started = False
+
+    # -- opening --------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        options: WorkerOptions | ClientOptions,
+        role: str,
+        *,
+        worker_id: str | None = None,
+        session: str | None = None,
+        flows: Mapping[str, Mapping[str, list[str]]] | None = None,
+        nursery: trio.Nursery | None = None,
+    ) -> SdkConnection:
+        """Dial the server of ``options``, say HELLO and wait for WELCOME.
+
+        The whole of it (connect, TLS handshake, HELLO/WELCOME) is bounded by
+        ``options.connect_timeout``. Unix addresses use a Unix socket; TCP uses TLS when
+        ``options.uses_tls``, verifying the server with ``options.ssl_context`` or a context
+        built from ``tls_ca_file`` (the system's CAs by default) against
+        ``tls_server_hostname`` or the address's host.
+
+        Args:
+            options: Where and how to connect (address, credentials, TLS, codec).
+            role: ``"worker"`` or ``"client"``.
+            worker_id: The app worker id (workers only).
+            session: Random per process; a fresh one by default.
+            flows: Workers: ``{flow_type: {"steps": [...], "rpcs": [...]}}``.
+            nursery: Where the reader task runs; by default a trio system task (it ends with
+                the connection, and never raises).
+
+        Returns:
+            The open connection, already switched to the welcomed codec.
+
+        Raises:
+            Unavailable: The server cannot be reached, or closed the connection during the
+                handshake (retryable).
+            CallTimeout: The handshake did not finish within ``connect_timeout`` (retryable).
+            AuthenticationError: The server refused the credentials, or its TLS certificate
+                failed verification.
+            MatchingError: Any other M_ERROR the server answered HELLO with (its class is the
+                error code's, :func:`error_from_code`).
+            ProtocolError: The server's answer was not a WELCOME.
+
+        On cancellation the half-open connection is closed; nothing is left behind.
+        """
+        address = options.address
+        where = str(address)
+        stream: trio.abc.Stream | None = None
+        try:
+            with trio.fail_after(options.connect_timeout):
+                stream = await _dial(options, where)
+                frames = wire.FrameStream(stream, versions=frozenset({2}), exact=True)
+                hello = wire.MatchHello(
+                    role=role,
+                    session=session or secrets.token_hex(8),
+                    token=options.token,
+                    worker_id=worker_id,
+                    codecs=_codecs(options.codec),
+                    flows={
+                        k: {"steps": list(v["steps"]), "rpcs": list(v["rpcs"])}
+                        for k, v in (flows or {}).items()
+                    },
+                )
+                welcome = await _handshake(frames, hello, where)
+        except trio.TooSlowError as exc:
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
+            raise CallTimeout(
+                f"connecting to the matching server at {where} took longer than"
+                f" connect_timeout ({options.connect_timeout} s)",
+                retryable=True,
+            ) from exc
+        except BaseException:
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
+            raise
+        frames.exact = False
+        frames.codec = welcome.codec
+        conn = cls(frames, welcome, where)
+        conn._reader_started = True
+        if nursery is not None:
+            nursery.start_soon(conn._read)
+        else:
+            trio.lowlevel.spawn_system_task(conn._read)
+        return conn
+
+    # -- streams and calls ----------------------------------------------------------------
+
+    def _allocate(self) -> int:
+        rid = self._next_id
+        self._next_id += 1
+        return rid
+
+    def open_stream(self) -> tuple[int, trio.MemoryReceiveChannel[wire.MatchMessage]]:
+        """A new stream id (unique for this connection, shared with call ids) and the channel
+        its frames from the server will arrive on. Sends nothing: the caller sends M_REGISTER.
+
+        Raises:
+            ClientClosed: The connection is closed.
+        """
+        self._check_open()
+        rid = self._allocate()
+        send, receive = trio.open_memory_channel[wire.MatchMessage](math.inf)
+        self._streams[rid] = send
+        return rid, receive
+
+    def close_stream(self, stream_id: int) -> None:
+        """Forget ``stream_id``: its channel ends, later frames for it are dropped. Sends
+        nothing (the caller sends M_CLOSE when the server should know)."""
+        send = self._streams.pop(stream_id, None)
+        if send is not None:
+            send.close()
+
+    @property
+    def stream_ids(self) -> frozenset[int]:
+        """The open stream ids."""
+        return frozenset(self._streams)
+
+    async def send(self, message: wire.MatchMessage) -> None:
+        """Write one frame (writers take turns).
+
+        Raises:
+            ClientClosed: The connection is closed or the write failed (the connection is
+                then lost: everything waiting on it fails).
+            WireError: ``message`` cannot be encoded (nothing was written).
+
+        Cancellation while waiting for the writer's turn sends nothing; once writing, the
+        frame is written whole (the write is shielded, and ends early only if the connection
+        is closed).
+        """
+        self._check_open()
+        data = wire.encode_frame(
+            message.to_frame(self.codec), codec=self.codec, limits=self._frames.limits
+        )
+        async with self._write_lock:
+            self._check_open()
+            try:
+                # Shielded: a write is never cut midway by a cancellation (which would leave
+                # the peer unable to read on); only closing the connection stops a stuck one.
+                with trio.CancelScope(shield=True):
+                    await self._frames.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
+                raise ClientClosed(
+                    f"the connection to {self._where} was lost while sending", retryable=True
+                ) from exc
+
+    async def call(self, op: str, args: Mapping[str, Any], timeout: float | None = None) -> Any:
+        """Send M_CALL ``op`` and wait for its M_REPLY value.
+
+        Raises:
+            MatchingError: The server answered M_ERROR (the class its code names).
+            CallTimeout: No answer within ``timeout`` seconds (the reply, if it comes, is
+                dropped).
+            ClientClosed: The connection was lost before the answer (retryable).
+
+        On cancellation the call is forgotten (its late reply is dropped); the server may
+        still have carried it out.
+        """
+        self._check_open()
+        rid = self._allocate()
+        pending = _Pending()
+        self._calls[rid] = pending
+        try:
+            await self.send(wire.MatchCall(op=op, args=dict(args), rid=rid))
+            with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
+                await pending.done.wait()
+            if scope.cancelled_caught:
+                raise CallTimeout(f"call {op!r} to {self._where} got no answer within {timeout} s")
+        finally:
+            self._calls.pop(rid, None)
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+
+    # -- closing --------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    async def wait_closed(self) -> None:
+        """Wait until the connection is closed or lost."""
+        await self._closed.wait()
+
+    async def aclose(self) -> None:
+        """Close the connection (idempotent): waiting calls fail with :class:`ClientClosed`,
+        streams and :attr:`control` end. Returns once the reader has stopped."""
+        self._lost(None)
+        await trio.aclose_forcefully(self._frames.stream)
+        self._reader_scope.cancel()
+        if self._reader_started:
+            with trio.CancelScope(shield=True):  # its scope is cancelled: it ends at once
+                await self._reader_done.wait()
+        else:
+            await trio.lowlevel.checkpoint()
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise ClientClosed(
+                f"the connection to {self._where} is closed"
+                + (f": {self.error.message}" if self.error is not None else ""),
+                retryable=True,
+            )
+
+    def _lost(self, error: MatchingError | None) -> None:
+        """Mark the connection lost (once): fail the calls, end the channels."""
+        if self._closed.is_set():
+            return
+        self.error = error
+        self._closed.set()
+        self._reader_scope.cancel()
+        message = f"the connection to {self._where} was closed" + (
+            f": {error.message}" if error is not None else ""
+        )
+        for pending in self._calls.values():
+            pending.error = ClientClosed(message, retryable=True)
+            pending.done.set()
+        self._calls.clear()
+        for send in self._streams.values():
+            send.close()
+        self._streams.clear()
+        self._control_send.close()
+
+    # -- the reader -----------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        try:
+            with self._reader_scope:
+                while True:
+                    try:
+                        frame = await self._frames.receive_frame()
+                    except wire.WireError as exc:
+                        self._lost(ProtocolError(f"{self._where} sent a malformed frame: {exc}"))
+                        return
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                        self._lost(ClientClosed(f"read failed: {exc}", retryable=True))
+                        return
+                    if frame is None:
+                        self._lost(ClientClosed("the server closed it", retryable=True))
+                        return
+                    try:
+                        message = wire.parse_matching(frame)
+                    except wire.WireError as exc:
+                        self._lost(ProtocolError(f"{self._where} sent a bad frame: {exc}"))
+                        return
+                    self._deliver(message)
+        except Exception as exc:  # never let a system task crash the run
+            log.exception("the reader of the connection to %s failed", self._where)
+            self._lost(ClientClosed(f"the reader failed: {exc!r}", retryable=True))
+        finally:
+            self._lost(ClientClosed("the reader stopped", retryable=True))
+            self._reader_done.set()
+
+    def _deliver(self, message: wire.MatchMessage) -> None:
+        if isinstance(message, _STREAM_MESSAGES) or (
+            isinstance(message, wire.MatchPing) and message.rid != 0
+        ):
+            send = self._streams.get(message.rid)
+            if send is None:
+                log.debug("dropped %s for stream %d, which is not open", message, message.rid)
+                return
+            send.send_nowait(message)
+            return
+        if isinstance(message, wire.MatchReply) or (
+            isinstance(message, wire.MatchError) and message.rid != 0
+        ):
+            pending = self._calls.get(message.rid)
+            if pending is None:
+                log.debug("dropped a late answer to call %d", message.rid)
+                return
+            if isinstance(message, wire.MatchReply):
+                pending.value = message.value
+            else:
+                pending.error = error_from_code(
+                    message.code,
+                    message.message,
+                    retryable=message.retryable,
+                    details=message.details,
+                )
+            pending.done.set()
+            return
+        if isinstance(message, wire.MatchReconnect | wire.MatchError | wire.MatchPing):
+            self._control_send.send_nowait(message)
+            return
+        self._lost(
+            ProtocolError(
+                f"{self._where} sent {type(message).__name__}, which only a client or worker sends"
+            )
+        )
+
+
+def _codecs(preferred: str) -> tuple[wire.Codec, ...]:
+    first = wire.Codec(preferred)
+    return (first, *[c for c in (wire.Codec.CBOR, wire.Codec.TLV) if c is not first])
+
+
+def _tls_context(options: WorkerOptions | ClientOptions) -> ssl.SSLContext:
+    if options.ssl_context is not None:
+        return options.ssl_context
+    return ssl.create_default_context(cafile=options.tls_ca_file)
+
+
+async def _dial(options: WorkerOptions | ClientOptions, where: str) -> trio.abc.Stream:
+    address = options.address
+    try:
+        if address.kind == "unix":
+            return await trio.open_unix_socket(address.path)
+        tcp = await trio.open_tcp_stream(address.host, address.port)
+    except OSError as exc:
+        raise Unavailable(
+            f"cannot connect to the matching server at {where}: {exc.strerror or exc}"
+        ) from exc
+    if not options.uses_tls:
+        return tcp
+    tls = trio.SSLStream(
+        tcp,
+        _tls_context(options),
+        server_hostname=options.tls_server_hostname or address.host,
+    )
+    try:
+        await tls.do_handshake()
+    except trio.BrokenResourceError as exc:
+        await trio.aclose_forcefully(tcp)
+        cause = exc.__cause__
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            raise AuthenticationError(
+                f"the TLS certificate of the matching server at {where} failed verification:"
+                f" {cause.verify_message}; check tls_ca_file, ssl_context and"
+                " tls_server_hostname"
+            ) from exc
+        raise Unavailable(f"the TLS handshake with {where} failed: {cause or exc}") from exc
+    except BaseException:
+        await trio.aclose_forcefully(tcp)
+        raise
+    return tls
+
+
+async def _handshake(
+    frames: wire.FrameStream, hello: wire.MatchHello, where: str
+) -> wire.MatchWelcome:
+    try:
+        await frames.send_frame(hello.to_frame())
+        frame = await frames.receive_frame()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        raise Unavailable(f"the matching server at {where} dropped the handshake: {exc}") from exc
+    except wire.WireError as exc:
+        raise ProtocolError(f"the matching server at {where} answered HELLO with {exc}") from exc
+    if frame is None:
+        raise Unavailable(f"the matching server at {where} closed the connection at HELLO")
+    try:
+        answer = wire.parse_matching(frame)
+    except wire.WireError as exc:
+        raise ProtocolError(f"the matching server at {where} answered HELLO with {exc}") from exc
+    if isinstance(answer, wire.MatchError):
+        raise error_from_code(
+            answer.code, answer.message, retryable=answer.retryable, details=answer.details
+        )
+    if not isinstance(answer, wire.MatchWelcome):
+        raise ProtocolError(
+            f"the matching server at {where} answered HELLO with {type(answer).__name__},"
+            " not MatchWelcome"
+        )
+    return answer

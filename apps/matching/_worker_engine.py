@@ -1,0 +1,880 @@
+"""The pull worker's engine (trio): it dials the matching server, keeps idle task streams
+registered on every queue it serves, accepts or declines the tasks offered on them, runs the
+handlers, and drains on stop.
+
+This is the seed's pull-mode worker (拉取模式, 容量和关闭, 为 RPC 预留容量, 就绪检查): one queue per
+flow type (``flow:<type>``) and one for the app worker id (``worker:<id>``); capacity
+``max_concurrent_tasks`` shared by Steps and RPCs, with ``reserved_rpc_tasks`` slots only RPCs
+may take; a graceful stop that drains within ``stop_drain_timeout`` and then cancels. The
+asyncio and blocking adapters run this engine in a trio thread of their own.
+
+Disconnects: handlers of a lost connection keep running (they hold their slots); their results
+are dropped with a warning, since the server re-dispatches a call lost before any output and
+fails the attempt of one lost after (delivery is at least once).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import os
+import secrets
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+import wire
+
+from ._errors import (
+    ClientClosed,
+    MatchingError,
+    PullRegistrationError,
+    error_from_code,
+)
+from ._model import (
+    Registry,
+    RpcContext,
+    RpcDefinition,
+    StepContext,
+    StepDefinition,
+    copy_state,
+    state_patch,
+)
+from ._options import WorkerOptions
+from ._readiness import (
+    PullRegistrationState,
+    RegistrationTracker,
+    flow_queue_name,
+    worker_queue_name,
+)
+from ._sdk_connection import SdkConnection
+
+__all__ = [
+    "RESERVED_DECLINE_EXTRA_IDLE_SECONDS",
+    "HandlerRunner",
+    "TrioHandlerRunner",
+    "WorkerEngine",
+    "WorkerStatistics",
+    "generate_app_worker_id",
+]
+
+log = logging.getLogger("apps.matching.worker")
+
+#: How long a queue keeps one extra idle stream after its last reserved-capacity decline.
+RESERVED_DECLINE_EXTRA_IDLE_SECONDS = 30.0
+
+
+def generate_app_worker_id() -> str:
+    """A fresh app worker id, ``<host>-<pid>-<random hex>``: unique per worker process and new
+    when it restarts."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+class HandlerRunner(Protocol):
+    """Runs one Step or RPC handler: ``await runner(handler, ctx, args)`` returns what
+    ``handler(ctx, *args)`` returns (or raises what it raises).
+
+    The engine cancels the runner's task when the drain timeout passes; the runner must then
+    make the handler stop (or wait for it) before returning.
+    """
+
+    async def __call__(
+        self, handler: Callable[..., Any], ctx: StepContext | RpcContext, args: list[Any]
+    ) -> Any: ...
+
+
+class TrioHandlerRunner:
+    """The default runner: ``async def`` handlers run as trio coroutines, plain functions in a
+    worker thread (``trio.to_thread.run_sync``). A thread cannot be interrupted: on
+    cancellation the runner waits for the function to return."""
+
+    async def __call__(
+        self, handler: Callable[..., Any], ctx: StepContext | RpcContext, args: list[Any]
+    ) -> Any:
+        if inspect.iscoroutinefunction(handler):
+            return await handler(ctx, *args)
+        return await trio.to_thread.run_sync(
+            functools.partial(handler, ctx, *args), abandon_on_cancel=False
+        )
+
+
+@attrs.frozen
+class WorkerStatistics:
+    """A snapshot of a worker engine.
+
+    Attributes:
+        connected: A connection to the server is open.
+        busy: Handlers running (Steps and RPCs; those of lost connections too).
+        streams: Streams open on the current connection (registering, idle or busy).
+        idle_streams: Registered idle streams on the current connection, by queue name.
+        reserved_rpc_declines: As :attr:`WorkerEngine.pull_reserved_rpc_declines`.
+    """
+
+    connected: bool
+    busy: int
+    streams: int
+    idle_streams: Mapping[str, int]
+    reserved_rpc_declines: int
+
+
+@attrs.define(eq=False)
+class _Queue:
+    """A queue the worker serves; it outlives connections."""
+
+    name: str
+    kind: str
+    target: str
+    backoff: float
+    retry_at: float = -math.inf
+    extra_until: float = -math.inf
+
+
+@attrs.define(eq=False)
+class _Link:
+    """One connection and the streams open on it."""
+
+    conn: SdkConnection
+    nursery: trio.Nursery
+    streams: dict[int, _Stream] = attrs.field(factory=dict)
+    #: Calls accepted on this connection whose outcome is not sent yet.
+    calls: int = 0
+    reconnecting: bool = False
+    registered_any: bool = False
+
+
+@attrs.define(eq=False)
+class _Stream:
+    id: int
+    queue: _Queue
+    link: _Link
+    #: "registering", "idle", "busy" or "closed".
+    state: str = "registering"
+    #: A call's outcome is being written on it (not to be closed meanwhile).
+    sending: bool = False
+
+
+class WorkerEngine:
+    """A pull worker: the flows of ``registry``, served from the server in ``options``.
+
+    Args:
+        registry: The flow types served (one ``flow:<type>`` queue each).
+        cache: A ``BlobCache`` (arguments are unpacked and results packed through it), or None.
+        options: Address, credentials, TLS and :class:`PullWorkerOptions`.
+        runner: How handlers run (default :class:`TrioHandlerRunner`); the asyncio adapter
+            passes one that runs them on its event loop.
+
+    Use it as ``run()`` in a task, ``wait_pull_registered()`` to know it is serving, and
+    ``close()`` to stop it.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        cache: Any,
+        options: WorkerOptions,
+        *,
+        runner: HandlerRunner | None = None,
+    ) -> None:
+        self._registry = registry
+        self._cache = cache
+        self._options = options
+        self._pull = options.pull
+        self._runner: HandlerRunner = runner if runner is not None else TrioHandlerRunner()
+        self._app_worker_id = options.app_worker_id or generate_app_worker_id()
+        self._session = secrets.token_hex(8)
+        self._cap = self._pull.resolved_max_concurrent_tasks
+        self._reserved = self._pull.resolved_reserved_rpc_tasks
+        initial = self._pull.reconnect_initial_backoff
+        self._queues = [
+            _Queue(flow_queue_name(t), "flow", t, initial) for t in registry.flow_types
+        ] + [_Queue(worker_queue_name(self._app_worker_id), "worker", self._app_worker_id, initial)]
+        self._tracker = RegistrationTracker(q.name for q in self._queues)
+        self._reserved_declines = 0
+        self._busy = 0
+        self._active = 0
+        self._call_scopes: set[trio.CancelScope] = set()
+        self._link: _Link | None = None
+        self._run_called = False
+        self._draining = False
+        self._stop_requested = trio.Event()
+        self._done = trio.Event()
+        self._kicked = trio.Event()
+        self._fatal: BaseException | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    # -- public API -----------------------------------------------------------------------
+
+    @property
+    def app_worker_id(self) -> str:
+        """This worker's app worker id (``options.app_worker_id`` or a generated one)."""
+        return self._app_worker_id
+
+    @property
+    def pull_reserved_rpc_declines(self) -> int:
+        """Step tasks declined because of the slots reserved for RPCs, since construction.
+        Never reset; readable after close. Full-capacity and unknown-name declines do not
+        count; one Step re-offered and declined again counts again."""
+        return self._reserved_declines
+
+    def pull_registration_state(self) -> PullRegistrationState:
+        """Each queue's registration and the readiness flag (safe from any thread)."""
+        return self._tracker.state()
+
+    def is_ready(self) -> bool:
+        """``pull_registration_state().is_ready``: for readiness probes (200 if True)."""
+        return self._tracker.is_ready()
+
+    async def wait_pull_registered(self, timeout: float | None = None) -> None:
+        """Wait until every flow-type queue and the app worker id queue was acknowledged once.
+
+        May be called by many tasks, before :meth:`run` too; returns at once ever after.
+
+        Raises:
+            PullRegistrationError: A queue was rejected permanently, before readiness, with no
+                other registered stream.
+            WorkerStopped: The worker was stopped before readiness.
+            MatchingError: :meth:`run` failed to start (its error).
+            CallTimeout: ``timeout`` seconds passed first.
+
+        Cancellation raises ``trio.Cancelled``.
+        """
+        await self._tracker.wait_ready(timeout)
+
+    def statistics(self) -> WorkerStatistics:
+        link = self._link
+        idle: dict[str, int] = {q.name: 0 for q in self._queues}
+        streams = 0
+        if link is not None and not link.conn.closed:
+            streams = len(link.streams)
+            for s in link.streams.values():
+                if s.state == "idle":
+                    idle[s.queue.name] += 1
+        return WorkerStatistics(
+            connected=link is not None and not link.conn.closed,
+            busy=self._busy,
+            streams=streams,
+            idle_streams=idle,
+            reserved_rpc_declines=self._reserved_declines,
+        )
+
+    async def run(self) -> None:
+        """Serve until :meth:`close` (the seed's Start).
+
+        Connects, registers ``idle_streams_per_queue`` streams on every queue, serves tasks,
+        and reconnects with backoff (``reconnect_initial_backoff`` doubling up to
+        ``reconnect_max_backoff``) whenever the connection is lost. Returns once :meth:`close`
+        has drained the running handlers. At once if :meth:`close` came first.
+
+        Raises:
+            PullRegistrationError: With ``stop_on_permanent_stream_rejection``, the first
+                permanent rejection that left its queue with no registered stream (raised
+                after the running handlers were drained, even if the worker was ready).
+            MatchingError: A connection failed in a way that retrying cannot fix (bad
+                credentials, say); raised after draining. Readiness waiters get it too.
+            RuntimeError: ``run`` was called before.
+
+        Cancelling ``run`` cancels the running handlers at once (use :meth:`close` to drain).
+        """
+        if self._run_called:
+            raise RuntimeError("WorkerEngine.run() may be called only once")
+        self._run_called = True
+        self._token = trio.lowlevel.current_trio_token()
+        try:
+            if self._stop_requested.is_set():
+                await trio.lowlevel.checkpoint()
+                return
+            if self._pull.warns_unreserved:
+                log.warning(
+                    "max_concurrent_tasks is 1 and reserved_rpc_tasks is not set: RPCs may wait"
+                    " behind a long-running Step; set max_concurrent_tasks to at least 2 or set"
+                    " reserved_rpc_tasks explicitly"
+                )
+            async with trio.open_nursery() as calls:
+                self._calls_nursery = calls
+                async with trio.open_nursery() as links:
+                    links.start_soon(self._connect_loop)
+                    await self._stop_requested.wait()
+                    await self._send_draining()
+                    await self._drain()
+                    links.cancel_scope.cancel()
+        finally:
+            self._draining = True
+            self._tracker.stopped()
+            self._done.set()
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def close(self) -> None:
+        """Stop (the seed's Stop): send M_DRAINING, decline new tasks (``draining``), wait up
+        to ``stop_drain_timeout`` for running handlers, then cancel them and wait for them to
+        return; :meth:`run` then returns.
+
+        Safe to call again, concurrently, before :meth:`run` (which then returns at once) and
+        after it ended. Readiness is left as it was (take the worker out of service
+        separately); waiters not yet ready get :class:`WorkerStopped`.
+
+        Cancelling ``close`` stops the waiting only: the drain goes on in :meth:`run`.
+        """
+        self._draining = True
+        self._stop_requested.set()
+        self._tracker.stopped()
+        self._kick()
+        if not self._run_called:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._done.wait()
+
+    # -- internals: wake-ups ----------------------------------------------------------------
+
+    def _kick(self) -> None:
+        """Something changed: every loop waiting in :meth:`_wait_kick` re-checks."""
+        kicked, self._kicked = self._kicked, trio.Event()
+        kicked.set()
+
+    async def _wait_kick(self, deadline: float = math.inf) -> None:
+        kicked = self._kicked
+        with trio.move_on_at(deadline):
+            await kicked.wait()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = error
+        self._tracker.fail(error)
+        self._draining = True
+        self._stop_requested.set()
+        self._kick()
+
+    # -- connections ----------------------------------------------------------------------
+
+    async def _connect_loop(self) -> None:
+        initial = self._pull.reconnect_initial_backoff
+        backoff = initial
+        where = self._options.server_address
+        while not self._draining:
+            registered = False
+            try:
+                registered = await self._serve_link()
+            except MatchingError as exc:
+                if not exc.retryable:
+                    log.error("pull worker %s cannot connect: %s", self._app_worker_id, exc)
+                    self._fail(exc)
+                    return
+                log.warning("cannot reach the matching server at %s: %s", where, exc.message)
+            if self._draining:
+                return
+            if registered:
+                backoff = initial
+            log.info("reconnecting to %s in %.3g s", where, backoff)
+            with trio.move_on_after(backoff):
+                await self._stop_requested.wait()
+            backoff = min(backoff * 2, self._pull.reconnect_max_backoff)
+
+    async def _serve_link(self) -> bool:
+        """One connection, from dial to loss (or a reconnect the server asked for).
+        Returns whether any stream got registered on it.
+
+        Raises:
+            MatchingError: The connection could not be opened.
+        """
+        failed: MatchingError | None = None
+        link: _Link | None = None
+        async with trio.open_nursery() as nursery:
+            try:
+                conn = await SdkConnection.open(
+                    self._options,
+                    "worker",
+                    worker_id=self._app_worker_id,
+                    session=self._session,
+                    flows=self._registry.capabilities(),
+                    nursery=nursery,
+                )
+            except MatchingError as exc:  # raised below, not wrapped in the nursery's group
+                failed = exc
+            else:
+                link = _Link(conn, nursery)
+                await self._serve(link)
+        if failed is not None:
+            raise failed
+        return link is not None and link.registered_any
+
+    async def _serve(self, link: _Link) -> None:
+        conn = link.conn
+        self._link = link
+        try:
+            link.nursery.start_soon(self._control_loop, link)
+            link.nursery.start_soon(self._manage_loop, link)
+            while not conn.closed and not (link.reconnecting and link.calls == 0):
+                await self._wait_kick()
+            if not conn.closed:
+                log.info("reconnecting: the server asked, and the running calls are done")
+            else:
+                log.warning(
+                    "lost the connection to %s: %s",
+                    self._options.server_address,
+                    conn.error.message if conn.error is not None else "closed",
+                )
+        finally:
+            if self._link is link:
+                self._link = None
+            for s in list(link.streams.values()):
+                self._forget_stream(s)
+            link.nursery.cancel_scope.cancel()
+            await conn.aclose()
+            self._kick()
+
+    async def _control_loop(self, link: _Link) -> None:
+        async for message in link.conn.control:
+            if isinstance(message, wire.MatchPing):
+                await self._send_quietly(link, wire.MatchPong())
+            elif isinstance(message, wire.MatchReconnect):
+                log.info("the server asks to reconnect: %s", message.reason or "no reason given")
+                link.reconnecting = True
+            elif isinstance(message, wire.MatchError):
+                log.warning(
+                    "the matching server reported a connection error: %s (%s)",
+                    message.message,
+                    message.code,
+                )
+            self._kick()
+        self._kick()  # the connection ended
+
+    async def _send_quietly(self, link: _Link, message: wire.MatchMessage) -> bool:
+        """Send, ignoring a lost connection (the loss is handled where it is noticed)."""
+        try:
+            await link.conn.send(message)
+        except ClientClosed:
+            return False
+        return True
+
+    async def _send_draining(self) -> None:
+        link = self._link
+        if link is not None and not link.conn.closed:
+            await self._send_quietly(link, wire.MatchDraining())
+
+    async def _drain(self) -> None:
+        with trio.move_on_after(self._pull.stop_drain_timeout):
+            while self._active:
+                await self._wait_kick()
+        if self._active:
+            log.warning(
+                "%d handler(s) still running after stop_drain_timeout (%s s): cancelling them",
+                self._busy,
+                self._pull.stop_drain_timeout,
+            )
+            for scope in list(self._call_scopes):
+                scope.cancel()
+            while self._active:
+                await self._wait_kick()
+
+    # -- streams --------------------------------------------------------------------------
+
+    async def _manage_loop(self, link: _Link) -> None:
+        """Keep the idle streams of every queue at their target on ``link``."""
+        while not link.conn.closed:
+            # Taken before rebalancing, which may wait to send: a change meanwhile is not lost.
+            kicked = self._kicked
+            await self._rebalance(link)
+            now = trio.current_time()
+            wake = min(
+                (t for q in self._queues for t in (q.retry_at, q.extra_until) if t > now),
+                default=math.inf,
+            )
+            with trio.move_on_at(wake):
+                await kicked.wait()
+
+    async def _rebalance(self, link: _Link) -> None:
+        now = trio.current_time()
+        target = self._pull.idle_streams_per_queue
+        may_open = not self._draining and not link.reconnecting
+        for q in self._queues:
+            if link.conn.closed:
+                return
+            mine = [s for s in link.streams.values() if s.queue is q]
+            idle = [s for s in mine if s.state == "idle" and not s.sending]
+            registering = sum(1 for s in mine if s.state == "registering")
+            extra = 1 if q.extra_until > now else 0
+            # The extra stream after a reserved-capacity decline is not opened with every
+            # slot busy, but one that exists is kept until its 30 s are over.
+            wanted = target + (extra if self._busy < self._cap else 0)
+            kept = target + extra
+            if may_open and now >= q.retry_at:
+                for _ in range(wanted - len(idle) - registering):
+                    self._open_stream(link, q)
+            # Close registered idle streams beyond the target, always keeping one registered
+            # while others are still registering.
+            excess = min(len(idle) + registering - kept, len(idle) - 1)
+            for s in idle[len(idle) - excess :] if excess > 0 else ():
+                self._forget_stream(s)
+                await self._send_quietly(link, wire.MatchClose(rid=s.id))
+
+    def _open_stream(self, link: _Link, q: _Queue) -> None:
+        stream_id, channel = link.conn.open_stream()
+        s = _Stream(stream_id, q, link)
+        link.streams[stream_id] = s
+        link.nursery.start_soon(self._stream_loop, s, channel)
+
+    def _forget_stream(self, s: _Stream) -> None:
+        """``s`` is closed (by us, by the server, by a rejection or a lost connection)."""
+        if s.state == "closed":
+            return
+        s.state = "closed"
+        s.link.streams.pop(s.id, None)
+        s.link.conn.close_stream(s.id)
+        self._tracker.stream_gone(s.queue.name, s)
+        self._kick()
+
+    async def _stream_loop(
+        self, s: _Stream, channel: trio.MemoryReceiveChannel[wire.MatchMessage]
+    ) -> None:
+        link = s.link
+        register = wire.MatchRegister(queue=s.queue.kind, name=s.queue.target, rid=s.id)
+        async with channel:
+            if not await self._send_quietly(link, register):
+                return
+            async for message in channel:
+                if isinstance(message, wire.MatchRegistered):
+                    self._on_registered(s)
+                elif isinstance(message, wire.MatchRejected):
+                    self._on_rejected(s, message)
+                    return
+                elif isinstance(message, wire.MatchTask):
+                    await self._on_task(s, message)
+                elif isinstance(message, wire.MatchPing):
+                    await self._send_quietly(link, wire.MatchPong(rid=s.id))
+                elif isinstance(message, wire.MatchClose):
+                    log.debug("the server closed stream %d of %s", s.id, s.queue.name)
+                    self._forget_stream(s)
+                    return
+
+    def _on_registered(self, s: _Stream) -> None:
+        if s.state != "registering":
+            return
+        s.state = "idle"
+        s.queue.backoff = self._pull.reconnect_initial_backoff
+        s.queue.retry_at = -math.inf
+        s.link.registered_any = True
+        self._tracker.stream_registered(s.queue.name, s)
+        self._kick()
+
+    def _on_rejected(self, s: _Stream, message: wire.MatchRejected) -> None:
+        q = s.queue
+        self._forget_stream(s)
+        error = error_from_code(message.code, message.message, retryable=not message.permanent)
+        delay = q.backoff
+        q.retry_at = trio.current_time() + delay
+        q.backoff = min(q.backoff * 2, self._pull.reconnect_max_backoff)
+        if not message.permanent:
+            log.warning(
+                "queue %s rejected a stream (%s: %s); retrying in %.3g s",
+                q.name,
+                message.code,
+                message.message,
+                delay,
+            )
+        elif not self._tracker.permanent_rejection(q.name, error):
+            log.warning(
+                "queue %s rejected an extra stream permanently (%s: %s); another stream holds"
+                " the queue; retrying in %.3g s",
+                q.name,
+                message.code,
+                message.message,
+                delay,
+            )
+        elif self._pull.stop_on_permanent_stream_rejection:
+            log.error(
+                "queue %s rejected its only stream permanently (%s: %s); stopping, as"
+                " stop_on_permanent_stream_rejection is set",
+                q.name,
+                message.code,
+                message.message,
+            )
+            self._fail(PullRegistrationError(q.name, error))
+        else:
+            log.error(
+                "queue %s rejected its only stream permanently (%s: %s); retrying in %.3g s",
+                q.name,
+                message.code,
+                message.message,
+                delay,
+            )
+        self._kick()
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    def _handler_of(self, task: wire.MatchTask) -> StepDefinition | RpcDefinition | str:
+        """The task's handler, or why there is none (a decline message)."""
+        if task.flow_type not in self._registry:
+            return f"worker {self._app_worker_id} does not serve flow type {task.flow_type!r}"
+        flow = self._registry.get(task.flow_type)
+        handler: StepDefinition | RpcDefinition | None
+        if task.kind == "step":
+            handler = flow.step(task.name)
+        else:
+            handler = flow.rpcs.get(task.name)
+        if handler is None:
+            return (
+                f"worker {self._app_worker_id} has no {task.kind} {task.name!r} in flow type"
+                f" {task.flow_type!r}"
+            )
+        return handler
+
+    async def _decline(self, s: _Stream, task: wire.MatchTask, reason: str, message: str) -> None:
+        decline = wire.MatchDecline(
+            delivery=task.delivery, reason=reason, message=message, rid=s.id
+        )
+        await self._send_quietly(s.link, decline)
+
+    async def _on_task(self, s: _Stream, task: wire.MatchTask) -> None:
+        link = s.link
+        if s.state != "idle":
+            await self._decline(s, task, "no_capacity", "this stream runs a call already")
+            return
+        if self._draining or link.reconnecting:
+            await self._decline(s, task, "draining", f"worker {self._app_worker_id} is stopping")
+            return
+        handler = self._handler_of(task)
+        if isinstance(handler, str):
+            await self._decline(s, task, "unknown_name", handler)
+            return
+        busy, cap = self._busy, self._cap
+        if task.kind == "step" and busy >= cap - self._reserved:
+            if busy < cap:
+                self._reserved_declines += 1
+                log.debug(
+                    "declined a step of flow type %s (%s): %d of %d slots busy, %d reserved for"
+                    " RPCs",
+                    task.flow_type,
+                    task.name,
+                    busy,
+                    cap,
+                    self._reserved,
+                )
+                s.queue.extra_until = trio.current_time() + RESERVED_DECLINE_EXTRA_IDLE_SECONDS
+                self._kick()
+                message = f"{busy} of {cap} slots busy, {self._reserved} reserved for RPCs"
+            else:
+                message = f"all {cap} slots busy"
+            await self._decline(s, task, "no_capacity", message)
+            return
+        if task.kind == "rpc" and busy >= cap:
+            await self._decline(s, task, "no_capacity", f"all {cap} slots busy")
+            return
+        s.state = "busy"
+        self._busy += 1
+        self._active += 1
+        link.calls += 1
+        self._kick()
+        if not await self._send_quietly(link, wire.MatchAccept(delivery=task.delivery, rid=s.id)):
+            self._free_slot(s)
+            self._call_over(s)
+            return
+        scope = trio.CancelScope()
+        self._call_scopes.add(scope)
+        self._calls_nursery.start_soon(self._run_call, s, task, handler, scope)
+
+    def _free_slot(self, s: _Stream) -> None:
+        """The handler on ``s`` returned: its slot is free (its outcome may not be sent yet)."""
+        self._busy -= 1
+        if s.state == "busy":
+            s.state = "idle"
+        self._kick()
+
+    def _call_over(self, s: _Stream) -> None:
+        """The call on ``s`` is over, its outcome sent (or dropped)."""
+        self._active -= 1
+        s.link.calls -= 1
+        self._kick()
+
+    async def _run_call(
+        self,
+        s: _Stream,
+        task: wire.MatchTask,
+        handler: StepDefinition | RpcDefinition,
+        scope: trio.CancelScope,
+    ) -> None:
+        outcome: wire.MatchMessage | None = None
+        freed = False
+        try:
+            with scope:
+                async with trio.open_nursery() as nursery:
+                    keepalive = trio.CancelScope()
+                    nursery.start_soon(self._keepalive, s, keepalive)
+                    outputs, outputs_received = trio.open_memory_channel[Any](math.inf)
+                    nursery.start_soon(self._forward_outputs, s, task, outputs_received)
+                    try:
+                        outcome = await self._execute(s, task, handler, outputs)
+                    finally:
+                        outputs.close()
+                        keepalive.cancel()
+            if scope.cancelled_caught:
+                log.warning(
+                    "delivery %d (%s %s of flow %s) was cancelled after stop_drain_timeout; the"
+                    " server re-dispatches or fails it",
+                    task.delivery,
+                    task.kind,
+                    task.name,
+                    task.flow_id,
+                )
+            freed = True
+            self._free_slot(s)
+            if outcome is not None:
+                s.sending = True
+                try:
+                    await self._send_outcome(s, task, outcome)
+                finally:
+                    s.sending = False
+        finally:
+            self._call_scopes.discard(scope)
+            if not freed:
+                self._free_slot(s)
+            self._call_over(s)
+
+    async def _execute(
+        self,
+        s: _Stream,
+        task: wire.MatchTask,
+        handler: StepDefinition | RpcDefinition,
+        outputs: trio.MemorySendChannel[Any],
+    ) -> wire.MatchMessage:
+        conn = s.link.conn
+        try:
+            args: Any = list(task.args)
+            if self._cache is not None:
+                args = await self._cache.unpack_async(args, functools.partial(_fetch, conn))
+            before = copy_state(task.state)
+            ctx: StepContext | RpcContext
+            if task.kind == "step":
+                ctx = StepContext(
+                    flow_id=task.flow_id,
+                    flow_type=task.flow_type,
+                    step=task.name,
+                    execution_id=task.execution_id,
+                    attempt=task.attempt,
+                    state=copy_state(task.state),
+                    deadline_in=task.timeout,
+                    blobs=self._cache,
+                    emit=self._emitter(outputs),
+                )
+            else:
+                ctx = RpcContext(
+                    flow_id=task.flow_id,
+                    flow_type=task.flow_type,
+                    rpc=task.name,
+                    state=copy_state(task.state),
+                    blobs=self._cache,
+                )
+            value = await self._runner(handler.handler, ctx, list(args))
+            if self._cache is not None:
+                value = await self._cache.pack_async(value, functools.partial(_upload, conn))
+            patch = state_patch(before, ctx.state)
+            return wire.MatchResult(delivery=task.delivery, value=value, patch=patch, rid=s.id)
+        except Exception as exc:
+            retryable = not (isinstance(exc, MatchingError) and not exc.retryable)
+            log.info(
+                "%s %s of flow %s (attempt %d) raised %s: %s",
+                task.kind,
+                task.name,
+                task.flow_id,
+                task.attempt,
+                type(exc).__name__,
+                exc,
+            )
+            return wire.MatchFailure(
+                delivery=task.delivery,
+                type=type(exc).__name__,
+                message=str(exc),
+                retryable=retryable,
+                rid=s.id,
+            )
+
+    def _emitter(self, outputs: trio.MemorySendChannel[Any]) -> Callable[[Any], None]:
+        """``ctx.output``: callable from the trio thread, a worker thread or another event
+        loop's thread; outputs keep their order and come before the call's outcome."""
+        token = self._token
+        assert token is not None
+
+        def put(value: Any) -> None:
+            try:
+                outputs.send_nowait(value)
+            except trio.ClosedResourceError:
+                log.debug("an output after its call ended was dropped")
+
+        def emit(value: Any) -> None:
+            try:
+                here = trio.lowlevel.current_trio_token()
+            except RuntimeError:
+                here = None
+            if here is token:
+                put(value)
+            else:
+                try:
+                    token.run_sync_soon(put, value)
+                except trio.RunFinishedError:
+                    log.debug("an output after the worker stopped was dropped")
+
+        return emit
+
+    async def _forward_outputs(
+        self, s: _Stream, task: wire.MatchTask, received: trio.MemoryReceiveChannel[Any]
+    ) -> None:
+        async with received:
+            async for value in received:
+                output = wire.MatchOutput(delivery=task.delivery, value=value, rid=s.id)
+                try:
+                    await s.link.conn.send(output)
+                except ClientClosed:
+                    pass
+                except wire.WireError as exc:
+                    log.warning("an output of delivery %d cannot be sent: %s", task.delivery, exc)
+
+    async def _keepalive(self, s: _Stream, scope: trio.CancelScope) -> None:
+        with scope:
+            while not s.link.conn.closed:
+                await trio.sleep(self._pull.keepalive_interval)
+                await self._send_quietly(s.link, wire.MatchPong(rid=s.id))
+
+    async def _send_outcome(
+        self, s: _Stream, task: wire.MatchTask, outcome: wire.MatchMessage
+    ) -> None:
+        link = s.link
+        if link.conn.closed or s.state == "closed":
+            log.warning(
+                "the stream of delivery %d (%s %s of flow %s) is gone: its %s is dropped; the"
+                " server re-dispatches it, or fails the attempt if it sent output",
+                task.delivery,
+                task.kind,
+                task.name,
+                task.flow_id,
+                "result" if isinstance(outcome, wire.MatchResult) else "failure",
+            )
+            return
+        try:
+            await link.conn.send(outcome)
+        except wire.WireError as exc:
+            failure = wire.MatchFailure(
+                delivery=task.delivery,
+                type=type(exc).__name__,
+                message=f"the handler's result cannot be sent: {exc}",
+                retryable=False,
+                rid=s.id,
+            )
+            await self._send_quietly(link, failure)
+        except ClientClosed:
+            log.warning(
+                "the connection was lost: the outcome of delivery %d is dropped", task.delivery
+            )
+
+
+async def _fetch(conn: SdkConnection, key: str) -> bytes:
+    data = await conn.call("get_blob", {"key": key})
+    return bytes(data)
+
+
+async def _upload(conn: SdkConnection, data: bytes) -> str:
+    key = await conn.call("put_blob", {"data": data})
+    return str(key)

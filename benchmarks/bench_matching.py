@@ -1,0 +1,550 @@
+"""Matching server benchmarks: a real server (``python -m otp.node --app apps.matching``, its
+own OS process, durable SQLite store in a temp file) with pull workers in OS processes of their
+own, called by our SDK client from this process; each figure against the no-work floor of the
+same shape measured in the same run.
+
+``matching.rpc_latency``: p50 of an RPC round trip (client -> server -> one worker process with
+an empty sync handler -> back), 1 caller. ``matching.step_latency``: p50 of ``start_flow`` +
+``result`` of a one-Step flow (empty Step), 1 caller. Both against the floor of that shape:
+a bare socket round trip from this process through a raw trio relay process (the server's place
+in the data path, doing nothing but forwarding) to an echo process (a worker costing nothing)
+and back. ``matching.steps_per_s``: Steps/s of a one-Step flow with 4 worker processes x 8
+slots and 64 flows in flight from one trio client, against the floor's round trips/s with 64
+bare callers through the relay to 4 echo processes.
+
+The floor helpers (``_floor_echo``, ``_floor_forwarder``, ``_start_helper``) are bench_dirty's.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from apps.matching import Flow, rpc, step
+
+from ._harness import Benchmark, Result
+from .bench_dirty import _RECORD, _start_helper
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Flows in flight at once for ``matching.steps_per_s`` (and bare callers of its floor).
+CONCURRENCY = 64
+#: Worker processes and slots each for ``matching.steps_per_s``.
+WORKERS = 4
+SLOTS = 8
+
+
+class BenchFlow(Flow):
+    """One empty Step and one empty RPC: what the benchmarks run and call."""
+
+    name = "bench_matching"
+
+    @step
+    def work(self, ctx: Any, n: object = None) -> object:
+        return n
+
+    @rpc
+    def ping(self, ctx: Any, *args: object) -> object:
+        return None
+
+
+# --- the no-work floor (raw sockets, separate OS processes) -------------------------------------
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _start_helpers(calls: list[tuple[str, ...]]) -> list[subprocess.Popen[bytes]]:
+    """bench_dirty's ``_start_helper`` for several helpers at once (started in parallel)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    for function, *args in calls:
+        code = f"from benchmarks.bench_dirty import {function}; {function}(*{tuple(args)!r})"
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                cwd=ROOT,
+                env=dict(os.environ, PYTHONPATH=ROOT),
+                stdout=subprocess.PIPE,
+            )
+        )
+    try:
+        for proc, (function, *_) in zip(procs, calls, strict=True):
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != b"ready":
+                raise RuntimeError(f"bench_matching: {function} did not start")
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        raise
+    return procs
+
+
+class _Floor:
+    """A raw trio relay process (bench_dirty's ``_floor_forwarder``) in front of ``echoes``
+    echo processes (``_floor_echo``), all in OS processes of their own; stopped on exit."""
+
+    def __init__(self, echoes: int) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="bench-matching-floor-")
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.echoes = [os.path.join(self.tmp, f"echo{i}.sock") for i in range(echoes)]
+        self.path = os.path.join(self.tmp, "relay.sock")
+
+    def __enter__(self) -> _Floor:
+        try:
+            self.procs = _start_helpers([("_floor_echo", echo) for echo in self.echoes])
+            self.procs.append(_start_helper("_floor_forwarder", self.path, *self.echoes))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def connect(self) -> tuple[socket.socket, bytes]:
+        """A caller's socket and its record (first byte: the index the relay gave it)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(self.path)
+        return sock, sock.recv(1) + b"x" * (_RECORD - 1)
+
+
+def _floor_latency(floor: _Floor, quick: bool) -> list[float]:
+    """Round trips (s) of one bare caller: this process -> relay -> an echo -> relay -> back."""
+    n = 1000 if quick else 5000
+    sock, record = floor.connect()
+    try:
+        times = []
+        for i in range(200 + n):
+            t0 = time.perf_counter()
+            sock.sendall(record)
+            got = 0
+            while got < _RECORD:
+                got += len(sock.recv(1 << 16))
+            if i >= 200:
+                times.append(time.perf_counter() - t0)
+        return times
+    finally:
+        sock.close()
+
+
+def _floor_throughput(floor: _Floor, quick: bool) -> float:
+    """Round trips/s of ``CONCURRENCY`` bare callers (one epoll loop in this process driving
+    that many sockets, each with one record in flight) through the relay to ``WORKERS`` echo
+    processes: what the server, with 4 workers behind it, could reach doing no work at all."""
+    socks = [floor.connect() for _ in range(CONCURRENCY)]
+    poll = select.epoll()
+    try:
+        received: dict[int, int] = {}
+        by_fd: dict[int, tuple[socket.socket, bytes]] = {}
+        for sock, record in socks:
+            sock.setblocking(False)
+            by_fd[sock.fileno()] = (sock, record)
+            received[sock.fileno()] = 0
+            poll.register(sock.fileno(), select.EPOLLIN)
+
+        def drive(seconds: float) -> int:
+            done = 0
+            for sock, record in socks:
+                sock.send(record)
+            end = time.monotonic() + seconds
+            pending = len(socks)
+            while pending:
+                events = poll.poll(5.0)
+                if not events:
+                    raise RuntimeError("bench_matching: the floor's relay stopped answering")
+                for fd, _ in events:
+                    sock, record = by_fd[fd]
+                    received[fd] += len(sock.recv(1 << 16))
+                    while received[fd] >= _RECORD:
+                        received[fd] -= _RECORD
+                        done += 1
+                        if time.monotonic() < end:
+                            sock.send(record)
+                        else:
+                            pending -= 1
+            return done
+
+        drive(0.2)  # warm up
+        t0 = time.perf_counter()
+        done = drive(1.0 if quick else 4.0)
+        return done / (time.perf_counter() - t0)
+    finally:
+        poll.close()
+        for sock, _ in socks:
+            sock.close()
+
+
+# --- the matching server and its workers (OS processes of their own) ---------------------------
+
+
+def _worker_main(address: str, slots: str, blobs: str) -> None:
+    """(Its own process.) A blocking pull worker serving :class:`BenchFlow` with ``slots``
+    slots; prints ``ready`` once registered, runs until its stdin closes."""
+    from apps.matching import BlobCache, PullWorkerOptions, Registry, Worker, WorkerOptions
+
+    worker = Worker(
+        Registry((BenchFlow,)),
+        BlobCache(blobs),
+        WorkerOptions(
+            server_address=address, pull=PullWorkerOptions(max_concurrent_tasks=int(slots))
+        ),
+    )
+    try:
+        worker.start_background()
+        worker.wait_pull_registered(timeout=30)
+        print("ready", flush=True)
+        sys.stdin.read()
+    finally:
+        worker.close()
+
+
+class _Server:
+    """``python -m otp.node --app apps.matching`` on a Unix socket with a SQLite store in a
+    temp dir, plus worker processes started by :meth:`add_workers`; all stopped on exit (the
+    temp dir removed)."""
+
+    def __init__(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="bench-matching-")
+        self.sock = os.path.join(self.tmp, "matching.sock")
+        self.address = f"unix:{self.sock}"
+        self.store = os.path.join(self.tmp, "matching.sqlite3")
+        self.log = os.path.join(self.tmp, "server.log")
+        self.blobs = os.path.join(self.tmp, "blobs")
+        self.env = dict(os.environ, PYTHONPATH=ROOT)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.worker_logs: list[str] = []
+        self.log_text = ""
+
+    def __enter__(self) -> _Server:
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self) -> None:
+        args = [
+            sys.executable, "-m", "otp.node", "--log-level", "warning", "--app",
+            "apps.matching", "--matching-listen", self.address, "--matching-store", self.store,
+        ]  # fmt: skip
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.sock):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"bench_matching: the server did not start (exit code {self.proc.poll()}):"
+                    f" {self._read(self.log)[-2000:]}"
+                )
+            time.sleep(0.05)
+
+    def add_workers(self, count: int, slots: int) -> None:
+        """Start ``count`` worker processes and wait until every one is registered."""
+        code = (
+            "from benchmarks.bench_matching import _worker_main;"
+            f" _worker_main({self.address!r}, {str(slots)!r}, {self.blobs!r})"
+        )
+        started = []
+        for _ in range(count):
+            log = os.path.join(self.tmp, f"worker{len(self.workers)}.log")
+            with open(log, "wb") as err:
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", code],
+                    cwd=ROOT,
+                    env=self.env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                )
+            self.workers.append(proc)
+            self.worker_logs.append(log)
+            started.append((proc, log))
+        for proc, log in started:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != b"ready":
+                raise RuntimeError(
+                    f"bench_matching: a worker did not register (exit code {proc.poll()}):"
+                    f" {self._read(log)[-2000:]}"
+                )
+
+    @staticmethod
+    def _read(path: str) -> str:
+        try:
+            with open(path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def problems(self) -> list[str]:
+        """The server's log lines at WARNING and above, and every line a worker wrote to its
+        stderr (they write nothing when all is well)."""
+        out = []
+        for line in self._read(self.log).splitlines():
+            if any(w in line for w in ("WARNING", "ERROR", "CRITICAL", "Traceback")):
+                out.append(f"server: {line.strip()}")
+        for path in self.worker_logs:
+            for line in self._read(path).splitlines():
+                if line.strip():
+                    out.append(f"{os.path.basename(path)[:-4]}: {line.strip()}")
+        return out
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.workers:
+            if proc.stdin is not None:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+        for proc in self.workers:
+            _stop(proc, 10)
+        if self.proc is not None:
+            _stop(self.proc, 30, signal_first=True)
+        self.log_text = "\n".join(self.problems())
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen[bytes], grace: float, *, signal_first: bool = False) -> None:
+    """Wait ``grace`` seconds for ``proc`` to exit (after SIGTERM if ``signal_first``; a
+    worker exits once its stdin is closed), then SIGTERM, then SIGKILL."""
+    if signal_first and proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _latencies(fn: Callable[[], object], warm: int, n: int) -> list[float]:
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _measure_latency(server: _Server, quick: bool) -> dict[str, list[float]]:
+    """RPC and Step round trips (s) of 1 caller, with the blocking ``Client`` (as sync code
+    calls the server) and with ``TrioClient`` from a trio task."""
+    import trio
+
+    from apps.matching import BlobCache, Client, ClientOptions, Registry, TrioClient
+
+    registry = Registry((BenchFlow,))
+    options = ClientOptions(server_address=server.address)
+    n_rpc = 200 if quick else 2000
+    n_step = 80 if quick else 500
+    out: dict[str, list[float]] = {}
+    client = Client(registry, BlobCache(server.blobs), options)
+    try:
+        flow_id = client.start_flow(BenchFlow, 0)
+        client.result(flow_id, timeout=30)
+        out["rpc"] = _latencies(lambda: client.call_rpc(flow_id, "ping"), 50, n_rpc)
+
+        def one_step() -> None:
+            client.result(client.start_flow(BenchFlow, 1), timeout=30)
+
+        out["step"] = _latencies(one_step, 20, n_step)
+    finally:
+        client.close()
+
+    async def in_trio() -> None:
+        trio_client = TrioClient(registry, BlobCache(server.blobs), options)
+        try:
+            flow_id = await trio_client.start_flow(BenchFlow, 0)
+            await trio_client.result(flow_id, timeout=30)
+            for key, warm, n in (("rpc_trio", 50, n_rpc), ("step_trio", 20, n_step)):
+                times = []
+                for i in range(warm + n):
+                    t0 = time.perf_counter()
+                    if key == "rpc_trio":
+                        await trio_client.call_rpc(flow_id, "ping")
+                    else:
+                        await trio_client.result(
+                            await trio_client.start_flow(BenchFlow, 1), timeout=30
+                        )
+                    if i >= warm:
+                        times.append(time.perf_counter() - t0)
+                out[key] = times
+        finally:
+            await trio_client.close()
+
+    trio.run(in_trio)
+    return out
+
+
+def _measure_throughput(server: _Server, quick: bool) -> dict[str, float]:
+    """Steps/s of one-Step flows, ``CONCURRENCY`` in flight from trio tasks sharing one
+    ``TrioClient``, for a fixed time after a warm-up."""
+    import trio
+
+    from apps.matching import BlobCache, ClientOptions, Registry, TrioClient
+
+    seconds = 2.5 if quick else 8.0
+    out: dict[str, float] = {}
+    errors: list[str] = []
+    slow: list[float] = []
+
+    async def main() -> None:
+        client = TrioClient(
+            Registry((BenchFlow,)),
+            BlobCache(server.blobs),
+            ClientOptions(server_address=server.address),
+        )
+        try:
+
+            async def caller(end: float, counts: list[int], times: list[float]) -> None:
+                while time.monotonic() < end:
+                    t0 = time.perf_counter()
+                    try:
+                        flow_id = await client.start_flow(BenchFlow, 1)
+                        await client.result(flow_id, timeout=60)
+                    except Exception as exc:  # reported in the notes, never fails the run
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                        if len(errors) >= 100:
+                            return  # the server is broken, not slow: stop this caller
+                        continue
+                    times.append(time.perf_counter() - t0)
+                    counts[0] += 1
+
+            for phase, length in (("warm", 0.5), ("run", seconds)):
+                counts = [0]
+                times: list[float] = []
+                t0 = time.perf_counter()
+                end = time.monotonic() + length
+                async with trio.open_nursery() as nursery:
+                    for _ in range(CONCURRENCY):
+                        nursery.start_soon(caller, end, counts, times)
+                elapsed = time.perf_counter() - t0
+                if phase == "run":
+                    out["rate"] = counts[0] / elapsed
+                    out["flows"] = counts[0]
+                    if times:
+                        out["p50"] = statistics.median(times)
+                        out["p99"] = _percentile(times, 0.99)
+                        slow.extend(t for t in times if t > 1.0)
+        finally:
+            await client.close()
+
+    trio.run(main)
+    out["errors"] = len(errors)
+    out["slow"] = len(slow)
+    if errors:
+        print(f"bench_matching: {len(errors)} errors, first: {errors[0]}", file=sys.stderr)
+    return out
+
+
+def run(quick: bool) -> list[Result]:
+    with _Floor(WORKERS) as floor:
+        floor_times = _floor_latency(floor, quick)
+        floor_rate = _floor_throughput(floor, quick)
+    floor_p50 = statistics.median(floor_times)
+    floor_note = (
+        f"floor p50 {floor_p50 * 1e6:.0f} us, p99 {_percentile(floor_times, 0.99) * 1e6:.0f} us"
+    )
+    floor_name = "no-work floor: relay + echo processes"
+    floor_rate_name = f"no-work floor: {CONCURRENCY} callers, relay, {WORKERS} echoes"
+
+    def unmeasured(problem: str) -> list[Result]:
+        """The three figures at 0 with the floor and why the server was not measured."""
+        problem = f"server not measured: {problem}"
+        return [
+            Result("matching.rpc_latency", "us", 0.0, floor_name, floor_p50 * 1e6,
+                   direction="lower", notes=f"{problem}; {floor_note}"),
+            Result("matching.step_latency", "us", 0.0, floor_name, floor_p50 * 1e6,
+                   direction="lower", notes=problem),
+            Result("matching.steps_per_s", "Steps/s", 0.0, floor_rate_name, floor_rate,
+                   notes=problem),
+        ]  # fmt: skip
+
+    try:
+        from apps.matching import Client, TrioClient, TrioWorker, Worker  # noqa: F401
+    except ImportError as exc:
+        print(f"bench_matching: the matching SDK is not importable ({exc})", file=sys.stderr)
+        return unmeasured(f"the SDK is not importable ({exc})")
+    try:
+        with _Server() as server:
+            server.add_workers(1, SLOTS)
+            lat = _measure_latency(server, quick)
+            server.add_workers(WORKERS - 1, SLOTS)
+            thr = _measure_throughput(server, quick)
+    except Exception as exc:  # a broken server is reported, not a failed run
+        import traceback
+
+        traceback.print_exc()
+        return unmeasured(f"{type(exc).__name__}: {str(exc)[:300]}")
+    problems = server.log_text.splitlines()
+    if problems:
+        print(
+            f"bench_matching: {len(problems)} error/warning lines in the server's and workers'"
+            " output, first ones:",
+            file=sys.stderr,
+        )
+        for line in problems[:10]:
+            print(f"  {line}", file=sys.stderr)
+
+    def us(times: list[float], q: float) -> str:
+        return f"{_percentile(times, q) * 1e6:.0f} us"
+
+    rpc_p50 = statistics.median(lat["rpc"])
+    step_p50 = statistics.median(lat["step"])
+    rpc_notes = (
+        f"blocking Client, 1 caller, 1 worker process (empty sync RPC); p99 {us(lat['rpc'], 0.99)};"
+        f" TrioClient p50 {us(lat['rpc_trio'], 0.5)} p99 {us(lat['rpc_trio'], 0.99)};"
+        f" {floor_note}; target: ratio >= 0.3 and p50 <= 1 ms"
+    )
+    step_notes = (
+        f"start_flow + result of a one-Step flow (empty sync Step), blocking Client, 1 caller;"
+        f" p99 {us(lat['step'], 0.99)}; TrioClient p50 {us(lat['step_trio'], 0.5)}"
+        f" p99 {us(lat['step_trio'], 0.99)}; a Step is 2 client calls, a TASK/ACCEPT/RESULT"
+        f" exchange with the worker and durable SQLite commits, against a floor of one round"
+        f" trip; {floor_note}"
+    )
+    thr_notes = (
+        f"{WORKERS} worker processes x {SLOTS} slots, {CONCURRENCY} flows in flight from one"
+        f" TrioClient, durable SQLite store; {int(thr.get('flows', 0))} flows,"
+        f" flow p50 {thr.get('p50', 0) * 1e3:.1f} ms p99 {thr.get('p99', 0) * 1e3:.1f} ms,"
+        f" {int(thr['errors'])} errors, {int(thr['slow'])} flows over 1 s,"
+        f" {len(problems)} warning lines from the server and workers;"
+        f" {os.cpu_count()} CPUs; target: >= 5,000 Steps/s on 2 cores"
+    )
+    return [
+        Result("matching.rpc_latency", "us", rpc_p50 * 1e6, floor_name, floor_p50 * 1e6,
+               direction="lower", notes=rpc_notes),
+        Result("matching.step_latency", "us", step_p50 * 1e6, floor_name, floor_p50 * 1e6,
+               direction="lower", notes=step_notes),
+        Result("matching.steps_per_s", "Steps/s", thr.get("rate", 0.0), floor_rate_name,
+               floor_rate, notes=thr_notes),
+    ]  # fmt: skip
+
+
+BENCHMARKS = [Benchmark("matching", run)]

@@ -1,0 +1,504 @@
+"""The server's connection processes on real sockets: HELLO and tokens per role, bad input,
+keepalive and silence, slow readers, streams (register, reject, close) and calls."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import ssl
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trustme
+
+import otp
+import supervisors
+import wire
+from apps.matching import _matcher
+from apps.matching._config import MatchingConfig
+from apps.matching._connection import ServerContext
+from apps.matching._dispatch import MatchingLimits
+from apps.matching._listener import CONNECTIONS, Listener, start_listener
+
+from ._peers import MemoryBlobs, Peer
+
+FLOWS = {"greeting": {"steps": ["write"], "rpcs": ["read"]}}
+
+
+async def _dynamic(name: str) -> otp.Pid:
+    return await supervisors.DynamicSupervisor.start_link(name=name, intensity=100, period=5)
+
+
+async def _tree(ctx: ServerContext) -> otp.Pid:
+    """The network half of ``matching_sup``: queues, matcher, connections, listener."""
+    flags = supervisors.SupFlags(strategy="rest_for_one", intensity=3, period=5)
+    children = [
+        supervisors.ChildSpec("queues", (_dynamic, _matcher.QUEUES), type="supervisor"),
+        supervisors.ChildSpec("matcher", (_matcher.start_matcher, ctx.config.limits)),
+        supervisors.ChildSpec("connections", (_dynamic, CONNECTIONS), type="supervisor"),
+        supervisors.ChildSpec("listener", (start_listener, ctx), shutdown=2.0),
+    ]
+    return await supervisors.Supervisor.start_link(flags, children, name="test_matching_sup")
+
+
+@pytest.fixture
+def sock(tmp_path: Path) -> str:
+    return str(tmp_path / "m.sock")
+
+
+@pytest.fixture
+async def serve(sock: str) -> AsyncIterator[Callable[..., Any]]:
+    """``await serve(**MatchingConfig fields)`` runs the server's network half in this node."""
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        sups: list[otp.Pid] = []
+
+        async def start(**kw: Any) -> MatchingConfig:
+            kw.setdefault("listen", [f"unix:{sock}"])
+            kw.setdefault("store", ":memory:")
+            config = MatchingConfig(**kw)
+            sups.append(await _tree(ServerContext(config, MemoryBlobs())))
+            return config
+
+        yield start
+        for pid in sups:
+            with contextlib.suppress(otp.OtpError):
+                await otp.GenServer.stop(pid, otp.SHUTDOWN)
+
+
+def _limits(**kw: Any) -> MatchingLimits:
+    return MatchingLimits(**kw)
+
+
+# ============================================================================ HELLO and tokens
+
+
+async def test_a_client_hello_is_welcomed_with_the_chosen_codec_and_the_timers(
+    serve: Any, sock: str
+) -> None:
+    await serve(limits=_limits(ping_interval=7.0, peer_timeout=21.0))
+    peer = await Peer.unix(sock)
+    welcome = await peer.hello("client", codecs=("cbor", "tlv"))
+    assert welcome == wire.MatchWelcome("otp-matching", wire.Codec.CBOR, 7.0, 21.0)
+    assert (await peer.call(1, "put_blob", data=b"abc")).value == "k0"
+    await peer.aclose()
+
+
+async def test_the_codec_is_the_first_the_peer_offers(serve: Any, sock: str) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    assert (await peer.hello(codecs=("tlv", "cbor"))).codec is wire.Codec.TLV
+    await peer.aclose()
+
+
+@pytest.mark.parametrize("role", ["worker", "client"])
+async def test_the_right_token_for_the_role_is_accepted(serve: Any, sock: str, role: str) -> None:
+    await serve(worker_tokens=["wt"], client_tokens=["ct"])
+    peer = await Peer.unix(sock)
+    token = "wt" if role == "worker" else "ct"
+    assert type(await peer.hello(role, token=token, flows=None)) is wire.MatchWelcome
+    await peer.aclose()
+
+
+@pytest.mark.parametrize(
+    ("role", "token", "said"),
+    [
+        ("worker", "ct", "wrong"),  # the other role's token
+        ("worker", "", "missing"),
+        ("client", "nope", "wrong"),
+        ("client", "", "missing"),
+    ],
+)
+async def test_a_wrong_or_missing_token_is_refused_and_logged(
+    serve: Any, sock: str, caplog: pytest.LogCaptureFixture, role: str, token: str, said: str
+) -> None:
+    await serve(worker_tokens=["wt"], client_tokens=["ct"])
+    peer = await Peer.unix(sock)
+    with caplog.at_level(logging.WARNING, logger="apps.matching"):
+        answer = await peer.hello(role, token=token)
+        assert type(answer) is wire.MatchError
+        assert answer.code == "unauthenticated" and answer.rid == 0
+        assert f"token is {said}" in answer.message
+        assert await peer.closed()
+    [record] = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert f"refused a {role} connection" in record.getMessage()
+    assert f"{said} token" in record.getMessage()
+
+
+async def test_without_tokens_a_unix_socket_needs_none(serve: Any, sock: str) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    assert type(await peer.hello("worker", token="anything")) is wire.MatchWelcome
+    await peer.aclose()
+
+
+# ============================================================================ bad input
+
+
+async def test_a_frame_before_hello_gets_an_error_and_hello_still_works(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    await peer.send(wire.MatchCall("put_blob", {"data": b"x"}, rid=3))
+    error = await peer.receive()
+    assert type(error) is wire.MatchError and error.code == "bad_frame"
+    assert "the first frame must be M_HELLO (got M_CALL)" in error.message
+    assert type(await peer.hello()) is wire.MatchWelcome
+    await peer.aclose()
+
+
+async def test_garbage_gets_a_bad_frame_error_and_the_server_serves_others(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    bad, good = await Peer.unix(sock), await Peer.unix(sock)
+    await bad.hello()
+    await bad.send_bytes(b"XX" + bytes(30))
+    error = await bad.receive_not_ping()
+    assert type(error) is wire.MatchError and error.code == "bad_frame" and error.rid == 0
+    assert "magic" in error.message.lower() or "GD" in error.message
+    assert await bad.closed()
+    await good.hello()
+    assert (await good.call(1, "put_blob", data=b"still")).value == "k0"
+    await good.aclose()
+
+
+async def test_garbage_before_hello_gets_an_error_and_closes(serve: Any, sock: str) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    await peer.send_bytes(b"not a frame at all")
+    error = await peer.receive()
+    assert type(error) is wire.MatchError and error.code == "bad_frame"
+    assert await peer.closed()
+
+
+async def test_an_oversized_payload_is_refused_by_its_header(serve: Any, sock: str) -> None:
+    await serve(max_payload=1024)
+    peer = await Peer.unix(sock)
+    await peer.hello(codecs=("tlv",))
+    await peer.send_bytes(b"GD\x02\x50" + (4096).to_bytes(4, "big") + (1).to_bytes(8, "big"))
+    error = await peer.receive_not_ping()
+    assert error.code == "bad_frame" and "max_payload=1024" in error.message
+    assert await peer.closed()
+
+
+async def test_an_oversized_hello_is_refused(serve: Any, sock: str) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    await peer.send_bytes(b"GD\x02\x40" + (1 << 20).to_bytes(4, "big") + bytes(8))
+    error = await peer.receive()
+    assert error.code == "bad_frame" and "max_payload" in error.message
+    assert await peer.closed()
+
+
+async def test_a_malformed_message_gets_an_error_for_its_call_and_the_connection_goes_on(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    await peer.hello(codecs=("tlv",))
+    frame = wire.Frame(wire.MessageType.M_CALL, 9, {"op": 5, "args": {}}, version=2)
+    await peer.frames.send_frame(frame)
+    error = await peer.receive_not_ping()
+    assert error.rid == 9 and error.code == "bad_frame" and "M_CALL" in error.message
+    assert (await peer.call(10, "put_blob", data=b"x")).rid == 10
+    await peer.aclose()
+
+
+async def test_a_message_the_role_may_not_send_gets_an_error(serve: Any, sock: str) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    await peer.hello("client")
+    await peer.send(wire.MatchRegister("flow", "greeting", rid=1))
+    error = await peer.receive_not_ping()
+    assert error.code == "bad_frame" and "a client may not send M_REGISTER" in error.message
+    await peer.aclose()
+
+
+async def test_a_worker_frame_for_an_unknown_stream_gets_an_error(serve: Any, sock: str) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    await peer.hello("worker", flows=FLOWS)
+    await peer.send(wire.MatchAccept(7, rid=42))
+    error = await peer.receive_not_ping()
+    assert error.rid == 42 and error.code == "bad_frame" and "unknown stream id 42" in error.message
+    await peer.aclose()
+
+
+async def test_an_unknown_op_is_unsupported(serve: Any, sock: str) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    await peer.hello("worker")
+    answer = await peer.call(1, "start_flow", flow_type="x", args=[])
+    assert answer.code == "unsupported" and "a worker may call get_blob, put_blob" in answer.message
+    await peer.aclose()
+
+
+# ============================================================================ time
+
+
+async def test_an_idle_connection_is_pinged_and_a_silent_peer_is_dropped(
+    serve: Any, sock: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    await serve(limits=_limits(ping_interval=5.0, peer_timeout=15.0))
+    peer = await Peer.unix(sock)
+    await peer.hello()
+    start = trio.current_time()
+    pings = []
+    while (msg := await peer.receive()) is not None:
+        assert type(msg) is wire.MatchPing and msg.rid == 0
+        pings.append(trio.current_time() - start)
+    assert pings == [5.0, 10.0]
+    assert trio.current_time() - start == 15.0
+
+
+async def test_a_peer_answering_pings_stays(
+    serve: Any, sock: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    await serve(limits=_limits(ping_interval=5.0, peer_timeout=15.0))
+    peer = await Peer.unix(sock)
+    await peer.hello()
+    for _ in range(10):
+        assert type(await peer.receive()) is wire.MatchPing
+        await peer.send(wire.MatchPong())
+    assert trio.current_time() >= 50.0
+    # (an answer without a thread: the clock would jump while a thread runs)
+    assert (await peer.call(1, "nope")).code == "unsupported"
+    await peer.aclose()
+
+
+async def test_a_peer_that_sends_no_hello_is_dropped_after_peer_timeout(
+    serve: Any, sock: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    await serve(limits=_limits(ping_interval=5.0, peer_timeout=15.0))
+    peer = await Peer.unix(sock)
+    start = trio.current_time()
+    assert await peer.closed()
+    assert trio.current_time() - start == 15.0
+
+
+async def _flood(peer: Peer, calls: int, size: int) -> None:
+    """Calls whose answers are big (an M_ERROR naming the unknown op), answered without a
+    thread (the mock clock would jump while a thread runs)."""
+    with contextlib.suppress(trio.BrokenResourceError):  # (dropped before the last)
+        for rid in range(1, calls + 1):
+            await peer.send(wire.MatchCall("x" * size, {}, rid=rid))
+
+
+async def _connection_down() -> None:
+    [pid] = [p for _, p, _, _ in await supervisors.which_children(CONNECTIONS)]
+    ref = otp.monitor(pid)
+    await otp.receive(lambda m: type(m) is otp.Down and m.ref == ref)
+
+
+async def test_a_peer_that_stops_reading_is_dropped_when_nothing_drains(
+    serve: Any, sock: str, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    await serve(limits=_limits(ping_interval=100.0, peer_timeout=30.0))
+    peer = await Peer.unix(sock)
+    await peer.hello(codecs=("tlv",))
+    start = trio.current_time()
+    await _flood(peer, 10, 500_000)  # 5 MB of answers, more than the socket buffers
+    with caplog.at_level(logging.WARNING, logger="apps.matching"):
+        async with trio.open_nursery() as nursery:
+
+            async def pong() -> None:  # not silent, only not reading
+                while True:
+                    await trio.sleep(10)
+                    await peer.send(wire.MatchPong())
+
+            nursery.start_soon(pong)
+            await _connection_down()
+            nursery.cancel_scope.cancel()
+    assert trio.current_time() - start == pytest.approx(30.0)
+    assert any("nothing drained for 30.0s" in r.getMessage() for r in caplog.records)
+    await peer.aclose()
+
+
+async def test_a_peer_that_stops_reading_is_dropped_past_max_unsent(
+    serve: Any, sock: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await serve(max_unsent=2 << 20)
+    peer = await Peer.unix(sock)
+    await peer.hello(codecs=("tlv",))
+    with caplog.at_level(logging.WARNING, logger="apps.matching"):
+        await _flood(peer, 10, 500_000)
+        await _connection_down()
+    assert any("max_unsent=2097152" in r.getMessage() for r in caplog.records)
+    await peer.aclose()
+
+
+# ============================================================================ streams
+
+
+async def test_register_gets_registered_and_the_stream_pings(
+    serve: Any, sock: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    await serve(limits=_limits(ping_interval=5.0, peer_timeout=100.0))
+    peer = await Peer.unix(sock)
+    await peer.hello("worker", worker_id="w1", flows=FLOWS)
+    await peer.send(wire.MatchRegister("flow", "greeting", rid=1))
+    assert await peer.receive() == wire.MatchRegistered("flow", "greeting", rid=1)
+    await peer.send(wire.MatchRegister("worker", "w1", rid=2))
+    assert await peer.receive() == wire.MatchRegistered("worker", "w1", rid=2)
+    stats = await _matcher.statistics()
+    assert stats.streams == 2
+    seen = {(await peer.receive()).rid for _ in range(3)}
+    assert seen >= {1, 2}  # each idle stream is pinged
+    await peer.aclose()
+
+
+async def test_a_registration_another_session_holds_is_rejected_permanently(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    first, second = await Peer.unix(sock), await Peer.unix(sock)
+    await first.hello("worker", worker_id="w1", flows=FLOWS)
+    await first.send(wire.MatchRegister("flow", "greeting", rid=1))
+    assert type(await first.receive_not_ping()) is wire.MatchRegistered
+    await second.send(
+        wire.MatchHello("worker", "session-2", worker_id="w1", codecs=("tlv",), flows=FLOWS)
+    )
+    assert type(await second.receive()) is wire.MatchWelcome
+    await second.send(wire.MatchRegister("flow", "greeting", rid=1))
+    rejected = await second.receive_not_ping()
+    assert type(rejected) is wire.MatchRejected
+    assert rejected.code == "already_registered" and rejected.permanent is True
+    await first.aclose()
+    await second.aclose()
+
+
+async def test_a_limit_rejects_a_stream_retryably(serve: Any, sock: str) -> None:
+    await serve(limits=_limits(max_streams=1))
+    peer = await Peer.unix(sock)
+    await peer.hello("worker", flows=FLOWS)
+    await peer.send(wire.MatchRegister("flow", "greeting", rid=1))
+    assert type(await peer.receive_not_ping()) is wire.MatchRegistered
+    await peer.send(wire.MatchRegister("worker", "w1", rid=2))
+    rejected = await peer.receive_not_ping()
+    assert rejected.code == "limit" and rejected.permanent is False
+    assert "max_streams" in rejected.message
+    await peer.aclose()
+
+
+async def test_close_ends_the_stream_and_a_lost_connection_ends_them_all(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    await peer.hello("worker", flows=FLOWS)
+    for rid, (queue, name) in enumerate([("flow", "greeting"), ("worker", "w1")], 1):
+        await peer.send(wire.MatchRegister(queue, name, rid=rid))
+        assert type(await peer.receive_not_ping()) is wire.MatchRegistered
+    assert (await _matcher.statistics()).streams == 2
+    await peer.send(wire.MatchClose(rid=1))
+    await _until(lambda s: s.streams == 1)
+    await peer.aclose()
+    await _until(lambda s: s.streams == 0)
+
+
+async def _until(check: Callable[[Any], bool]) -> None:
+    with trio.fail_after(10):
+        while not check(await _matcher.statistics()):
+            await trio.sleep(0.01)
+
+
+# ============================================================================ TLS
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[str, str, ssl.SSLContext]:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    certfile, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.cert_chain_pems[0].write_to_path(str(certfile))
+    for pem in cert.cert_chain_pems[1:]:
+        pem.write_to_path(str(certfile), append=True)
+    cert.private_key_pem.write_to_path(str(keyfile))
+    keyfile.chmod(0o600)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return str(certfile), str(keyfile), client
+
+
+async def test_tcp_serves_tls_with_tokens(
+    serve: Any, tls_files: tuple[str, str, ssl.SSLContext]
+) -> None:
+    certfile, keyfile, client = tls_files
+    await serve(
+        listen=["tcp://127.0.0.1:0"],
+        tls_certfile=certfile,
+        tls_keyfile=keyfile,
+        worker_tokens=["wt"],
+        client_tokens=["ct"],
+    )
+    [address] = await Listener.address()
+    assert address.startswith("tcp://127.0.0.1:")
+    port = int(address.rpartition(":")[2])
+    peer = await Peer.tls("127.0.0.1", port, client)
+    assert type(await peer.hello("client", token="ct")) is wire.MatchWelcome
+    assert (await peer.call(1, "put_blob", data=b"over tls")).value == "k0"
+    await peer.aclose()
+    wrong = await Peer.tls("127.0.0.1", port, client)
+    assert (await wrong.hello("client", token="wt")).code == "unauthenticated"
+    await wrong.aclose()
+
+
+# ============================================================================ the listener
+
+
+async def test_the_listener_owns_a_private_socket_and_counts_connections(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    assert await Listener.address() == [f"unix:{sock}"]
+    assert os.stat(sock).st_mode & 0o777 == 0o600
+    peers = [await Peer.unix(sock) for _ in range(3)]
+    for peer in peers:
+        await peer.hello()
+    stats = await Listener.statistics()
+    assert stats["connections"] == 3 and stats["accepted"] == 3
+    first = next(p for _, p, _, _ in await supervisors.which_children(CONNECTIONS))
+    ref = otp.monitor(first)
+    otp.exit(first, otp.KILL)
+    await otp.receive(lambda m: type(m) is otp.Down and m.ref == ref)
+    # (its Down reached the listener before this call)
+    assert (await Listener.statistics())["connections"] == 2
+    await peers[0].aclose()
+    for peer in peers[1:]:
+        await peer.aclose()
+
+
+async def test_a_crashed_acceptor_restarts_the_listener_and_connections_carry_on(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    before = await Peer.unix(sock)
+    await before.hello()
+    [acceptor] = (await Listener.statistics())["acceptors"]
+    old = otp.whereis("matching_listener")
+    assert old is not None
+    ref = otp.monitor(old)
+    otp.exit(acceptor, "crash")
+    await otp.receive(lambda m: type(m) is otp.Down and m.ref == ref)
+    await supervisors.which_children("test_matching_sup")  # (after its restart)
+    assert otp.whereis("matching_listener") not in (None, old)
+    assert (await before.call(1, "put_blob", data=b"still here")).value == "k0"
+    after = await Peer.unix(sock)
+    assert type(await after.hello()) is wire.MatchWelcome
+    assert (await Listener.statistics())["connections"] == 2
+    await before.aclose()
+    await after.aclose()
+
+
+async def test_stopping_the_listener_removes_the_socket_file(serve: Any, sock: str) -> None:
+    await serve()
+    assert os.path.exists(sock)
+    await supervisors.terminate_child("test_matching_sup", "listener")
+    assert not os.path.exists(sock)

@@ -1,0 +1,847 @@
+"""The ``matching_engine`` GenServer against the real ``StoreServer`` on SQLite and a scripted
+matcher: steps in order, arguments, retries and their backoff, failures, lost workers, RPCs,
+result waiters, describe/list, cancellation, recovery, and that nothing happens before its
+commit.
+
+The matcher is a stand-in ``GenServer`` registered as ``matching_matcher`` (the name the engine
+submits to), answering each ``Dispatch`` with the outcomes a script gives. The store runs its
+sqlite calls on trio's own thread here (``InlineSqliteStore``): ``MockClock``'s autojump would
+otherwise jump while a worker thread ran, and fire every timer early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+import otp
+from apps.matching._dispatch import (
+    Completed,
+    Dispatch,
+    ErrorInfo,
+    Failed,
+    Lost,
+    NotDispatched,
+    Routed,
+    Task,
+)
+from apps.matching._engine import (
+    ENGINE,
+    EngineOptions,
+    EngineStatistics,
+    FlowEngine,
+    parse_definition,
+)
+from apps.matching._errors import (
+    CallTimeout,
+    Cancelled,
+    ConfigurationError,
+    FlowExists,
+    FlowFailed,
+    FlowNotFound,
+    HandlerError,
+    NoWorkerAvailable,
+    Unavailable,
+    UnknownName,
+)
+from apps.matching._matcher import MATCHER
+from apps.matching._model import FlowDescription, FlowStatus, FlowSummary
+from apps.matching._sqlite_store import SqliteStore
+from apps.matching._store import SERVER_NAME, StoreError, StoreServer
+
+T = TypeVar("T")
+
+
+# -- the store, the matcher, the engine ------------------------------------------------------------
+
+
+class InlineSqliteStore(SqliteStore):
+    """The real SqliteStore, its sqlite calls run on trio's thread (see the module docstring).
+    ``gate``, when set and not yet set(), holds every commit until it is."""
+
+    gate: trio.Event | None = None
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        async with self._lock:
+            await trio.lowlevel.checkpoint()
+            if self._conn is None:
+                raise StoreError(f"{self!r} is not open")
+            return fn(self._conn, *args)
+
+    async def commit_many(self, batches: Sequence[Any]) -> Any:
+        if self.gate is not None:
+            await self.gate.wait()
+        return await super().commit_many(batches)
+
+
+Script = Callable[[Task], Sequence[Callable[[int], Any]]]
+
+
+def ok(value: Any = None, *, worker: str = "w1", set: Any = None, delete: Any = ()) -> Any:
+    patch = {"set": dict(set or {}), "delete": list(delete)}
+
+    def outcomes(delivery: int) -> list[Any]:
+        return [
+            Routed(delivery, f"worker:{worker}", "delivered", worker),
+            Completed(delivery, worker, value, patch),
+        ]
+
+    return outcomes
+
+
+def fail(type_: str = "ValueError", message: str = "boom", *, retryable: bool = True) -> Any:
+    def outcomes(delivery: int) -> list[Any]:
+        return [
+            Routed(delivery, "worker:w1", "delivered", "w1"),
+            Failed(delivery, "w1", ErrorInfo(type_, message, retryable)),
+        ]
+
+    return outcomes
+
+
+def not_dispatched(reason: str, message: str = "nobody") -> Any:
+    return lambda delivery: [NotDispatched(delivery, reason, message)]
+
+
+def lost(after_output: bool) -> Any:
+    return lambda delivery: [
+        Routed(delivery, "worker:w1", "delivered", "w1"),
+        Lost(delivery, "w1", after_output),
+    ]
+
+
+def hang() -> Any:
+    return lambda delivery: [Routed(delivery, "worker:w1", "delivered", "w1")]
+
+
+@attrs.define
+class _MatcherState:
+    script: Callable[[Task], Any]
+    log: list[tuple[float, Dispatch]] = attrs.field(factory=list)
+
+
+class FakeMatcher(otp.GenServer):
+    """Registered as ``matching_matcher``: logs each dispatch with the time it came and answers
+    it with what ``script(task)`` returns (a list of outcome builders, or a plain list)."""
+
+    def init(self, script: Callable[[Task], Any]) -> otp.Ok:
+        return otp.Ok(_MatcherState(script))
+
+    def handle_cast(self, dispatch: Dispatch, state: _MatcherState) -> otp.NoReply:
+        state.log.append((trio.current_time(), dispatch))
+        routed = Routed(dispatch.task.delivery, "flow:T", "flow_queue")
+        otp.send(dispatch.reply_to, routed)
+        for build in state.script(dispatch.task) or ():
+            for outcome in build(dispatch.task.delivery):
+                otp.send(dispatch.reply_to, outcome)
+        return otp.NoReply(state)
+
+    def handle_call(self, request: Any, from_: otp.From, state: _MatcherState) -> otp.Reply:
+        if request == "log":
+            return otp.Reply(list(state.log), state)
+        state.script = request[1]
+        state.log.clear()
+        return otp.Reply(None, state)
+
+
+async def dispatches() -> list[tuple[float, Dispatch]]:
+    return await otp.call(MATCHER, "log", None)
+
+
+async def set_script(script: Callable[[Task], Any]) -> None:
+    """Answer dispatches with ``script`` from now on, and forget those logged."""
+    await otp.call(MATCHER, ("script", script), None)
+
+
+def by_step(**plans: list[Any]) -> Callable[[Task], Any]:
+    """A script: each step's or RPC's attempts, in order, get the next outcome of its plan
+    (the last one repeats)."""
+    seen: dict[str, int] = {}
+
+    def script(task: Task) -> Any:
+        plan = plans[task.name]
+        n = seen.get(task.name, 0)
+        seen[task.name] = n + 1
+        return [plan[min(n, len(plan) - 1)]]
+
+    return script
+
+
+def echo(task: Task) -> Any:
+    """Every step returns its arguments."""
+    return [ok(task.args)]
+
+
+def step(name: str, **retry: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "max_attempts": retry.get("max_attempts", 3),
+        "initial_backoff": retry.get("initial_backoff", 1.0),
+        "backoff_coefficient": retry.get("backoff_coefficient", 2.0),
+        "max_backoff": retry.get("max_backoff", 60.0),
+        "timeout": retry.get("timeout"),
+    }
+
+
+def definition(*steps: dict[str, Any], rpcs: Sequence[str] = ()) -> dict[str, Any]:
+    return {"steps": list(steps), "rpcs": list(rpcs)}
+
+
+@asynccontextmanager
+async def server(
+    script: Callable[[Task], Any] = echo, path: str = ":memory:", **options: Any
+) -> AsyncIterator[InlineSqliteStore]:
+    store = InlineSqliteStore(path)
+    await StoreServer.start_link(store, name=SERVER_NAME)
+    await FakeMatcher.start_link(script, name=MATCHER)
+    await FlowEngine.start(EngineOptions(first_delivery=1, **options), name=ENGINE)
+    yield store
+
+
+async def spawn_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> otp.Ref:
+    """Run ``await fn(*args, **kwargs)`` in a process of its own; ``outcome(tag)`` gets it."""
+    me, tag = otp.self(), otp.make_ref()
+
+    async def run() -> None:
+        try:
+            value: Any = ("ok", await fn(*args, **kwargs))
+        except Exception as exc:
+            value = ("error", exc)
+        otp.send(me, (tag, value))
+
+    otp.spawn(run)
+    return tag
+
+
+async def outcome(tag: otp.Ref, timeout: float | None = None) -> Any:
+    _, (kind, value) = await otp.receive(
+        lambda m: isinstance(m, tuple) and len(m) == 2 and m[0] == tag, timeout=timeout
+    )
+    if kind == "error":
+        raise value
+    return value
+
+
+async def describe(flow_id: str) -> FlowDescription:
+    return FlowDescription.from_wire(await FlowEngine.describe(flow_id))
+
+
+# -- steps ----------------------------------------------------------------------------------------
+
+
+async def test_steps_run_in_order_each_getting_the_previous_return_value() -> None:
+    def script(task: Task) -> Any:
+        return [ok({"step": task.name, "got": task.args})]
+
+    async with otp.open_node(), server(script):
+        spec = definition(step("a"), step("b"), step("c"))
+        flow_id = await FlowEngine.start_flow("T", [1, 2], spec, "f1")
+        result = await FlowEngine.result("f1")
+        tasks = [d.task for _, d in await dispatches()]
+    assert flow_id == "f1"
+    assert [(t.name, t.execution_id, t.attempt, t.kind) for t in tasks] == [
+        ("a", "f1/0/a", 1, "step"),
+        ("b", "f1/1/b", 1, "step"),
+        ("c", "f1/2/c", 1, "step"),
+    ]
+    assert tasks[0].args == [1, 2]
+    assert tasks[1].args == [{"step": "a", "got": [1, 2]}]
+    assert tasks[2].args == [{"step": "b", "got": [{"step": "a", "got": [1, 2]}]}]
+    assert result == {"step": "c", "got": tasks[2].args}
+
+
+async def test_a_flow_without_steps_completes_at_once_with_result_none() -> None:
+    async with otp.open_node(), server():
+        flow_id = await FlowEngine.start_flow("T", [], definition())
+        assert await FlowEngine.result(flow_id) is None
+        assert (await describe(flow_id)).status is FlowStatus.COMPLETED
+        assert await dispatches() == []
+
+
+async def test_start_flow_without_an_id_makes_a_uuid4_hex() -> None:
+    async with otp.open_node(), server():
+        first = await FlowEngine.start_flow("T", [], definition(step("a")))
+        second = await FlowEngine.start_flow("T", [], definition(step("a")))
+    assert len(first) == 32 and int(first, 16) >= 0 and first != second
+
+
+async def test_start_flow_with_a_taken_id_raises_flow_exists_running_or_ended() -> None:
+    async with otp.open_node(), server(lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f1")
+        with pytest.raises(FlowExists, match="'f1' exists already"):
+            await FlowEngine.start_flow("T", [], definition(step("a")), "f1")
+        await FlowEngine.start_flow("T", [], definition(), "done")  # ends at once
+        with pytest.raises(FlowExists):
+            await FlowEngine.start_flow("T", [], definition(), "done")
+
+
+async def test_a_bad_definition_is_refused_naming_the_field() -> None:
+    async with otp.open_node(), server():
+        with pytest.raises(ConfigurationError) as info:
+            await FlowEngine.start_flow("T", [], {"steps": [{"name": "a", "timeout": -1}]})
+        assert str(info.value) == (
+            "start_flow definition: steps[0].timeout must be a number of seconds > 0 or None"
+            " (got -1); send the flow type's definition as the client's Registry builds it"
+        )
+        with pytest.raises(ConfigurationError, match=r"RetryPolicy\.max_attempts"):
+            await FlowEngine.start_flow("T", [], {"steps": [{"name": "a", "max_attempts": 0}]})
+        with pytest.raises(ConfigurationError, match=r"steps\[1\].name must be unique"):
+            await FlowEngine.start_flow("T", [], definition(step("a"), step("a")))
+
+
+def test_parse_definition_round_trips_its_wire_form() -> None:
+    spec = parse_definition(definition(step("a", max_attempts=5, timeout=2), rpcs=["r"]))
+    assert parse_definition(spec.to_wire()) == spec
+    assert spec.steps[0].retry.max_attempts == 5 and spec.steps[0].timeout == 2.0
+
+
+async def test_a_step_sees_the_state_its_predecessors_patched_and_sticks_to_their_worker() -> None:
+    script = by_step(
+        a=[ok(1, worker="w1", set={"x": 1, "y": 2})],
+        b=[ok(2, worker="w2", set={"z": 3}, delete=["y"])],
+        c=[ok(3)],
+    )
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a"), step("b"), step("c")), "f")
+        await FlowEngine.result("f")
+        log = [d for _, d in await dispatches()]
+        described = await describe("f")
+    assert [d.task.state for d in log] == [{}, {"x": 1, "y": 2}, {"x": 1, "z": 3}]
+    assert [d.sticky_worker for d in log] == [None, "w1", "w2"]
+    assert described.state == {"x": 1, "z": 3}
+    assert described.sticky_worker == "w1"
+
+
+# -- retries --------------------------------------------------------------------------------------
+
+
+async def test_retries_wait_their_backoff(autojump_clock: trio.testing.MockClock) -> None:
+    script = by_step(a=[fail(), fail(), fail(), ok("done")])
+    spec = definition(step("a", max_attempts=4, initial_backoff=1, backoff_coefficient=3))
+    async with otp.open_node(), server(script):
+        start = trio.current_time()
+        await FlowEngine.start_flow("T", [], spec, "f")
+        assert await FlowEngine.result("f") == "done"
+        log = await dispatches()
+    assert [round(at - start, 6) for at, _ in log] == [0, 1, 4, 13]
+    assert [d.task.attempt for _, d in log] == [1, 2, 3, 4]
+    assert len({d.task.delivery for _, d in log}) == 4
+    assert {d.task.execution_id for _, d in log} == {"f/0/a"}
+
+
+async def test_the_backoff_stops_at_max_backoff(autojump_clock: trio.testing.MockClock) -> None:
+    script = by_step(a=[fail(), fail(), fail(), ok()])
+    spec = definition(step("a", max_attempts=4, initial_backoff=2, max_backoff=3))
+    async with otp.open_node(), server(script):
+        start = trio.current_time()
+        await FlowEngine.start_flow("T", [], spec, "f")
+        await FlowEngine.result("f")
+        log = await dispatches()
+    assert [round(at - start, 6) for at, _ in log] == [0, 2, 5, 8]
+
+
+async def test_when_attempts_run_out_the_flow_fails_with_the_last_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script = by_step(a=[fail("KeyError", "first"), fail("OSError", "last")])
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=2), step("b")), "f")
+        with pytest.raises(FlowFailed) as info:
+            await FlowEngine.result("f")
+        described = await describe("f")
+        names = [d.task.name for _, d in await dispatches()]
+    assert info.value.details == {"flow_id": "f", "type": "OSError", "message": "last"}
+    assert str(info.value) == "flow 'f' (T) failed: OSError: last"
+    assert described.status is FlowStatus.FAILED
+    assert described.error == {"type": "OSError", "message": "last"}
+    assert [(a["attempt"], a["status"], a["error"]["type"]) for a in described.attempts] == [
+        (1, "failed", "KeyError"),
+        (2, "failed", "OSError"),
+    ]
+    assert names == ["a", "a"]
+
+
+async def test_a_non_retryable_failure_fails_the_flow_at_once() -> None:
+    script = by_step(a=[fail("Fatal", "no", retryable=False)])
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=5)), "f")
+        with pytest.raises(FlowFailed, match="Fatal: no"):
+            await FlowEngine.result("f")
+        assert len(await dispatches()) == 1
+
+
+async def test_not_dispatched_consumes_an_attempt_and_is_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script = by_step(
+        a=[not_dispatched("unavailable"), not_dispatched("no_worker_available"), ok("x")]
+    )
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        assert await FlowEngine.result("f") == "x"
+        attempts = (await describe("f")).attempts
+    assert [(a["attempt"], a["status"], a["error"]) for a in attempts] == [
+        (1, "not_dispatched", {"type": "unavailable", "message": "nobody"}),
+        (2, "not_dispatched", {"type": "no_worker_available", "message": "nobody"}),
+        (3, "completed", None),
+    ]
+
+
+async def test_unknown_name_not_dispatched_runs_out_like_a_failure(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script = by_step(a=[not_dispatched("unknown_name", "no worker has step 'a'")])
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=2)), "f")
+        with pytest.raises(FlowFailed, match="unknown_name: no worker has step 'a'"):
+            await FlowEngine.result("f")
+
+
+async def test_lost_before_output_is_dispatched_again_as_the_same_attempt() -> None:
+    script = by_step(a=[lost(after_output=False), ok("x")])
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=1)), "f")
+        assert await FlowEngine.result("f") == "x"
+        log = [d for _, d in await dispatches()]
+        described = await describe("f")
+    assert [d.task.attempt for d in log] == [1, 1]
+    assert log[0].task.delivery != log[1].task.delivery
+    assert [(a["attempt"], a["status"]) for a in described.attempts] == [(1, "completed")]
+    redispatched = [d for d in described.dispatches if d["reason"] == "redispatch_lost"]
+    assert redispatched == [
+        {
+            "delivery": log[1].task.delivery,
+            "kind": "step",
+            "name": "a",
+            "attempt": 1,
+            "queue": "worker:w1",
+            "reason": "redispatch_lost",
+            "worker_id": "w1",
+            "at": redispatched[0]["at"],
+        }
+    ]
+
+
+async def test_lost_after_output_consumes_an_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script = by_step(a=[lost(after_output=True), ok("x")])
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        assert await FlowEngine.result("f") == "x"
+        attempts = (await describe("f")).attempts
+    assert [(a["attempt"], a["status"], a["worker_id"]) for a in attempts] == [
+        (1, "lost", "w1"),
+        (2, "completed", "w1"),
+    ]
+    assert attempts[0]["error"]["type"] == "lost"
+
+
+async def test_an_attempt_past_its_timeout_fails_and_its_late_outcome_is_ignored(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script = by_step(a=[hang(), ok("second")])
+    spec = definition(step("a", timeout=5, initial_backoff=1))
+    async with otp.open_node(), server(script, dispatch_wait=10):
+        start = trio.current_time()
+        await FlowEngine.start_flow("T", [], spec, "f")
+        first = (await dispatches())[0][1]
+        assert first.wait == 5
+        assert first.task.deadline == start + 5
+        assert await FlowEngine.result("f") == "second"
+        otp.send(ENGINE, Completed(first.task.delivery, "w1", "late", {"set": {"late": 1}}))
+        log = await dispatches()
+        described = await describe("f")
+    assert [round(at - start, 6) for at, _ in log] == [0, 6]
+    assert described.result == "second" and described.state == {}
+    assert [(a["status"], a["error"]) for a in described.attempts] == [
+        (
+            "failed",
+            {"type": "timeout", "message": "step 'a' attempt 1 did not finish within its"
+             " timeout of 5.0 s"},
+        ),
+        ("completed", None),
+    ]  # fmt: skip
+
+
+async def test_every_routed_outcome_becomes_a_dispatch_record() -> None:
+    async with otp.open_node(), server():
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        await FlowEngine.result("f")
+        (_, d), *_ = await dispatches()
+        records = (await describe("f")).dispatches
+    assert [(r["delivery"], r["kind"], r["name"], r["queue"], r["reason"]) for r in records] == [
+        (d.task.delivery, "step", "a", "flow:T", "flow_queue"),
+        (d.task.delivery, "step", "a", "worker:w1", "delivered"),
+    ]
+
+
+# -- RPCs -----------------------------------------------------------------------------------------
+
+
+async def test_an_rpc_answers_with_its_value_after_its_patch_is_stored() -> None:
+    def script(task: Task) -> Any:
+        if task.kind == "rpc":
+            return [ok(["rpc", task.args, task.state], worker="w9", set={"seen": True})]
+        return [ok("s", set={"greeting": "hi"})]
+
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a"), step("b"), rpcs=["r"]), "f")
+        await FlowEngine.result("f")
+        value = await FlowEngine.call_rpc("f", "r", [7], timeout=30)
+        assert value == ["rpc", [7], {"greeting": "hi"}]
+        rpc = next(d for _, d in await dispatches() if d.task.kind == "rpc")
+        described = await describe("f")
+    assert rpc.sticky_worker == "w1"
+    assert rpc.task.name == "r" and rpc.task.flow_id == "f"
+    assert rpc.wait == 10 and rpc.task.deadline is not None
+    assert described.state == {"greeting": "hi", "seen": True}
+    assert described.sticky_worker == "w1"  # RPCs do not move a flow's stickiness
+    assert [(r["kind"], r["name"], r["reason"]) for r in described.dispatches][-2:] == [
+        ("rpc", "r", "flow_queue"),
+        ("rpc", "r", "delivered"),
+    ]
+
+
+async def test_an_rpc_on_a_running_flow_patches_its_state() -> None:
+    def script(task: Task) -> Any:
+        return [ok(None, set={"k": "v"})] if task.kind == "rpc" else [hang()]
+
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        assert await FlowEngine.call_rpc("f", "r") is None
+        assert (await describe("f")).state == {"k": "v"}
+
+
+@pytest.mark.parametrize(
+    ("reason", "error"),
+    [
+        ("unavailable", Unavailable),
+        ("no_worker_available", NoWorkerAvailable),
+        ("unknown_name", UnknownName),
+    ],
+)
+async def test_an_rpc_not_dispatched_raises_the_matching_error(
+    reason: str, error: type[Exception]
+) -> None:
+    def script(task: Task) -> Any:
+        if task.kind == "rpc":
+            return [not_dispatched(reason, f"no worker: {reason}")]
+        return [hang()]
+
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        with pytest.raises(error, match=f"no worker: {reason}"):
+            await FlowEngine.call_rpc("f", "r")
+
+
+async def test_an_rpc_that_raises_is_a_handler_error_with_its_type() -> None:
+    def script(task: Task) -> Any:
+        return [fail("KeyError", "'x'", retryable=False)] if task.kind == "rpc" else [hang()]
+
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        with pytest.raises(HandlerError) as info:
+            await FlowEngine.call_rpc("f", "r")
+        assert info.value.error_type == "KeyError"
+        assert (await describe("f")).state == {}
+
+
+async def test_an_rpc_the_definition_lacks_or_of_no_flow_fails_without_a_dispatch() -> None:
+    async with otp.open_node(), server(lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        with pytest.raises(UnknownName, match="has no RPC named 'nope' \\(it has: r\\)"):
+            await FlowEngine.call_rpc("f", "nope")
+        with pytest.raises(FlowNotFound):
+            await FlowEngine.call_rpc("missing", "r")
+        assert [d.task.kind for _, d in await dispatches()] == ["step"]
+
+
+async def test_an_rpc_lost_before_output_is_dispatched_again() -> None:
+    plans = by_step(a=[hang()], r=[lost(after_output=False), ok("again")])
+    async with otp.open_node(), server(plans):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        assert await FlowEngine.call_rpc("f", "r") == "again"
+        rpcs = [d for _, d in await dispatches() if d.task.kind == "rpc"]
+        reasons = [r["reason"] for r in (await describe("f")).dispatches if r["kind"] == "rpc"]
+    assert len(rpcs) == 2 and rpcs[0].task.delivery != rpcs[1].task.delivery
+    assert "redispatch_lost" in reasons
+
+
+async def test_an_rpc_lost_after_output_is_a_handler_error() -> None:
+    plans = by_step(a=[hang()], r=[lost(after_output=True)])
+    async with otp.open_node(), server(plans):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        with pytest.raises(HandlerError) as info:
+            await FlowEngine.call_rpc("f", "r")
+        assert info.value.error_type == "lost"
+
+
+async def test_an_rpc_past_its_timeout_raises_call_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node(), server(lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        start = trio.current_time()
+        with pytest.raises(CallTimeout, match=r"did not answer within 3\.0 s"):
+            await FlowEngine.call_rpc("f", "r", [], timeout=3)
+        assert trio.current_time() - start == pytest.approx(3)
+        rpc = next(d for _, d in await dispatches() if d.task.kind == "rpc")
+        assert rpc.wait == 3
+        assert (await FlowEngine.statistics()).rpcs_in_flight == 0
+
+
+# -- waiting, describing, listing, cancelling -----------------------------------------------------
+
+
+async def test_result_waiters_all_get_the_result_once_the_flow_ends() -> None:
+    async with otp.open_node(), server(lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        tags = [await spawn_call(FlowEngine.result, "f") for _ in range(3)]
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await FlowEngine.statistics()).waiters == 3
+        (_, d), *_ = await dispatches()
+        otp.send(ENGINE, Completed(d.task.delivery, "w1", 42, {}))
+        assert [await outcome(tag) for tag in tags] == [42, 42, 42]
+        assert await FlowEngine.result("f") == 42
+
+
+async def test_result_raises_call_timeout_when_its_timeout_passes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node(), server(lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        start = trio.current_time()
+        with pytest.raises(CallTimeout, match="still running"):
+            await FlowEngine.result("f", 2.5)
+        assert trio.current_time() - start == pytest.approx(2.5)
+        assert (await FlowEngine.statistics()).waiters == 0
+
+
+async def test_result_of_no_flow_raises_flow_not_found() -> None:
+    async with otp.open_node(), server():
+        with pytest.raises(FlowNotFound, match="no flow has id 'x'"):
+            await FlowEngine.result("x")
+        with pytest.raises(FlowNotFound):
+            await FlowEngine.describe("x")
+        with pytest.raises(FlowNotFound):
+            await FlowEngine.cancel("x")
+
+
+async def test_a_waiter_that_dies_is_forgotten() -> None:
+    async with otp.open_node(), server(lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+
+        async def wait() -> None:
+            await FlowEngine.result("f")
+
+        pid = otp.spawn(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await FlowEngine.statistics()).waiters == 1
+        otp.exit(pid, otp.KILL)
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await FlowEngine.statistics()).waiters == 0
+
+
+async def test_describe_reads_as_a_flow_description_with_attempts_and_dispatches(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script = by_step(a=[fail("E", "once"), ok("A", set={"n": 1})], b=[ok("B")])
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", ["in"], definition(step("a"), step("b")), "f")
+        await FlowEngine.result("f")
+        d = await describe("f")
+        raw = await FlowEngine.describe("f")
+    assert (d.flow_id, d.flow_type, d.status, d.args, d.result, d.error) == (
+        "f", "T", FlowStatus.COMPLETED, ("in",), "B", None,
+    )  # fmt: skip
+    assert d.state == {"n": 1} and d.step_index == 2 and d.sticky_worker == "w1"
+    assert d.created_at <= d.updated_at
+    assert [(a["step"], a["attempt"], a["execution_id"], a["status"]) for a in d.attempts] == [
+        ("a", 1, "f/0/a", "failed"),
+        ("a", 2, "f/0/a", "completed"),
+        ("b", 1, "f/1/b", "completed"),
+    ]
+    assert {a["worker_id"] for a in d.attempts} == {"w1"}
+    assert len(d.dispatches) == 6
+    assert raw["definition"] == parse_definition(definition(step("a"), step("b"))).to_wire()
+
+
+async def test_list_flows_filters_by_type_and_status_newest_first() -> None:
+    def script(task: Task) -> Any:
+        return [hang()] if task.flow_id.startswith("run") else [ok()]
+
+    async with otp.open_node(), server(script):
+        for flow_id, flow_type in [("run1", "A"), ("done1", "A"), ("run2", "B"), ("done2", "B")]:
+            await FlowEngine.start_flow(flow_type, [], definition(step("s")), flow_id)
+            if flow_id.startswith("done"):
+                await FlowEngine.result(flow_id)
+        every = [FlowSummary.from_wire(s) for s in await FlowEngine.list_flows()]
+        running = await FlowEngine.list_flows(status="running")
+        of_a = await FlowEngine.list_flows("A")
+        limited = await FlowEngine.list_flows(limit=1)
+        with pytest.raises(ConfigurationError, match="status must be one of"):
+            await FlowEngine.list_flows(status="sleeping")
+    assert [s.flow_id for s in every] == ["done2", "run2", "done1", "run1"]
+    assert {s.status for s in every} == {FlowStatus.RUNNING, FlowStatus.COMPLETED}
+    assert [s["flow_id"] for s in running] == ["run2", "run1"]
+    assert [s["flow_id"] for s in of_a] == ["done1", "run1"]
+    assert [s["flow_id"] for s in limited] == ["done2"]
+
+
+async def test_cancel_ignores_the_running_attempt_and_waiters_get_cancelled() -> None:
+    async with otp.open_node(), server(lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a"), step("b")), "f")
+        tag = await spawn_call(FlowEngine.result, "f")
+        await trio.testing.wait_all_tasks_blocked()
+        await FlowEngine.cancel("f")
+        with pytest.raises(Cancelled, match="'f' was cancelled"):
+            await outcome(tag)
+        (_, d), *_ = await dispatches()
+        otp.send(ENGINE, Completed(d.task.delivery, "w1", "late", {}))
+        await trio.testing.wait_all_tasks_blocked()
+        described = await describe("f")
+        with pytest.raises(Cancelled):
+            await FlowEngine.result("f")
+        await FlowEngine.cancel("f")  # ended: nothing changes
+        assert len(await dispatches()) == 1
+    assert described.status is FlowStatus.CANCELLED
+    assert described.error == {"type": "cancelled", "message": "the flow was cancelled"}
+    assert described.step_index == 0 and described.attempts == ()
+
+
+async def test_cancel_stops_a_retry_waiting_for_its_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node(), server(by_step(a=[fail()])):
+        await FlowEngine.start_flow("T", [], definition(step("a", initial_backoff=10)), "f")
+        await trio.sleep(1)
+        assert (await FlowEngine.statistics()).retries_waiting == 1
+        await FlowEngine.cancel("f")
+        await trio.sleep(60)
+        assert len(await dispatches()) == 1
+        assert (await FlowEngine.statistics()).flows_running == 0
+
+
+# -- durability -----------------------------------------------------------------------------------
+
+
+async def test_nothing_happens_before_its_commit() -> None:
+    async with otp.open_node(), server(lambda task: []) as store:
+        store.gate = trio.Event()
+        tag = await spawn_call(
+            FlowEngine.start_flow, "T", [], definition(step("a"), step("b")), "f", timeout=None
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        assert await dispatches() == []  # not dispatched, not answered: not stored yet
+        assert await otp.receive(timeout=0, default=None) is None
+        stats = await FlowEngine.statistics()  # the mailbox is read during the commit
+        assert stats.commit_in_flight and stats.commits == 0
+        store.gate.set()
+        assert await outcome(tag) == "f"
+        await trio.testing.wait_all_tasks_blocked()
+        (_, first), *_ = await dispatches()
+
+        store.gate = trio.Event()
+        otp.send(ENGINE, Completed(first.task.delivery, "w1", 1, {}))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(await dispatches()) == 1  # step b waits for step a's completion to be stored
+        store.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        _, (_, second) = await dispatches()
+        assert second.task.name == "b"
+
+        store.gate = trio.Event()
+        otp.send(ENGINE, Completed(second.task.delivery, "w1", 2, {}))
+        tag = await spawn_call(FlowEngine.result, "f")
+        await trio.testing.wait_all_tasks_blocked()
+        assert await otp.receive(timeout=0, default=None) is None  # the result is not stored
+        store.gate.set()
+        assert await outcome(tag) == 2
+
+
+async def test_a_pass_over_the_mailbox_is_committed_as_few_batches() -> None:
+    async with otp.open_node(), server():
+        before = (await FlowEngine.statistics()).commits
+        tags = [
+            await spawn_call(FlowEngine.start_flow, "T", [i], definition(step("a"), step("b")))
+            for i in range(50)
+        ]
+        ids = [await outcome(tag) for tag in tags]
+        assert [await FlowEngine.result(i) for i in ids] == [[[i]] for i in range(50)]
+        stats = await FlowEngine.statistics()
+    # 50 flows x (create, step a, step b) in far fewer than 150 commits
+    assert stats.commits - before <= 12
+    assert stats.largest_batch >= 50
+    assert isinstance(stats, EngineStatistics) and stats.flows_running == 0
+
+
+async def test_a_killed_engine_recovers_its_running_flows_from_the_store_file(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    path = str(tmp_path / "matching.sqlite3")
+    script = by_step(
+        a=[ok("A", worker="w7", set={"n": 1})],
+        b=[hang()],
+        c=[fail()],
+    )
+    spec = definition(step("a"), step("b"), rpcs=["r"])
+    async with otp.open_node(), server(script, path=path):
+        await FlowEngine.start_flow("T", ["x"], spec, "f")
+        await FlowEngine.start_flow("T", [], definition(step("c", initial_backoff=30)), "g")
+        await FlowEngine.start_flow("T", [], definition(), "done")
+        await trio.sleep(5)
+        assert [d.task.name for _, d in await dispatches()] == ["a", "b", "c"]
+        engine = otp.whereis(ENGINE)
+        assert engine is not None
+        otp.exit(engine, otp.KILL)  # mid-flow: b running, c backing off
+        await otp.GenServer.stop(SERVER_NAME)
+
+        # the server again, on the same file
+        await StoreServer.start_link(InlineSqliteStore(path), name=SERVER_NAME)
+        await set_script(by_step(b=[ok("B")], c=[ok("C")]))
+        start = trio.current_time()
+        await FlowEngine.start(EngineOptions(first_delivery=1000), name=ENGINE)
+        assert await FlowEngine.result("f") == "B"
+        assert await FlowEngine.result("g") == "C"
+        log = await dispatches()
+        described = await describe("f")
+        stats = await FlowEngine.statistics()
+    b, c = log[0][1], log[1][1]
+    assert (b.task.name, b.task.attempt, b.task.args, b.task.state) == ("b", 1, ["A"], {"n": 1})
+    assert b.sticky_worker == "w7"
+    assert log[0][0] == start
+    assert (c.task.name, c.task.attempt) == ("c", 2)
+    assert 20 < log[1][0] - start <= 30  # the rest of its 30 s backoff
+    assert described.status is FlowStatus.COMPLETED and described.state == {"n": 1}
+    assert [a["step"] for a in described.attempts] == ["a", "b"]
+    assert stats.flows_running == 0
+
+
+async def test_start_flow_pins_the_definition_it_was_given() -> None:
+    script = by_step(a=[hang()], b=[ok("b")])
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "old")
+        await FlowEngine.start_flow("T", [], definition(step("b"), rpcs=["q"]), "new")
+        assert await FlowEngine.result("new") == "b"
+        with pytest.raises(UnknownName):
+            await FlowEngine.call_rpc("old", "q")
+        assert (await FlowEngine.describe("old"))["definition"]["rpcs"] == ["r"]
+
+
+async def test_statistics_count_flows_dispatches_and_commits() -> None:
+    async with otp.open_node(), server(lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        await trio.testing.wait_all_tasks_blocked()
+        stats = await FlowEngine.statistics()
+    assert stats.flows_running == 1 and stats.flows_resident == 1
+    assert stats.dispatches_in_flight == 1 and stats.rpcs_in_flight == 0
+    assert stats.commits >= 1 and stats.records_committed >= 2
+    assert stats.commit_in_flight is False

@@ -1,0 +1,538 @@
+"""The matching server's routing actors on the real runtime: matcher, queues and streams, with
+fake worker connections (seed: 路由和可用性, 容量和关闭). Time is trio's MockClock."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+import otp
+import supervisors
+import wire
+from apps.matching._dispatch import (
+    Capabilities,
+    Completed,
+    Dispatch,
+    Failed,
+    Lost,
+    MatchingLimits,
+    NotDispatched,
+    Routed,
+    StreamRejection,
+    Task,
+    WorkerDraining,
+)
+from apps.matching._matcher import (
+    QUEUES,
+    notify_worker,
+    register_stream,
+    start_matcher,
+    statistics,
+    submit,
+)
+from apps.matching._stream import start_stream
+
+CAPS = Capabilities({"Greet": ({"write"}, {"read"})})
+FINAL = (Completed, Failed, NotDispatched, Lost)
+
+Policy = Callable[[wire.MatchTask], list[Any]]
+
+
+def accept_and_finish(task: wire.MatchTask) -> list[Any]:
+    return [
+        wire.MatchAccept(delivery=task.delivery, rid=task.rid),
+        wire.MatchResult(delivery=task.delivery, value="hello", rid=task.rid),
+    ]
+
+
+def accept_only(task: wire.MatchTask) -> list[Any]:
+    return [wire.MatchAccept(delivery=task.delivery, rid=task.rid)]
+
+
+def decline(reason: str) -> Policy:
+    def answer(task: wire.MatchTask) -> list[Any]:
+        return [wire.MatchDecline(delivery=task.delivery, reason=reason, rid=task.rid)]
+
+    return answer
+
+
+def silent(task: wire.MatchTask) -> list[Any]:
+    return []
+
+
+@attrs.define(eq=False)
+class FakeConn:
+    """A worker connection: records what the stream writes and answers TASKs by ``policy``
+    (and PINGs with PONG), as the connection would forward the worker's frames."""
+
+    worker_id: str
+    policy: Policy
+    sent: list[Any] = attrs.Factory(list)
+    stream: otp.Pid | None = None
+    pid: otp.Pid | None = None
+
+    def send_message(self, message: Any) -> None:
+        self.sent.append(message)
+        assert self.stream is not None
+        if isinstance(message, wire.MatchTask):
+            for answer in self.policy(message):
+                otp.send(self.stream, answer)
+        elif isinstance(message, wire.MatchPing):
+            otp.send(self.stream, wire.MatchPong(rid=message.rid))
+
+    def tasks(self) -> list[wire.MatchTask]:
+        return [m for m in self.sent if isinstance(m, wire.MatchTask)]
+
+
+def _registered(m: Any) -> bool:
+    return isinstance(m, StreamRejection) or (isinstance(m, tuple) and m[0] == "stream")
+
+
+async def _connection(
+    conn: FakeConn, session: str, queue: str, name: str, caps: Capabilities, report: otp.Pid
+) -> None:
+    result = await register_stream(session, conn.worker_id, queue, name, caps)
+    if isinstance(result, StreamRejection):
+        otp.send(report, result)
+        return
+    conn.stream = start_stream(conn, 1, conn.worker_id, caps, result)
+    otp.send(report, ("stream", conn.stream))
+    await otp.receive(lambda m: m == "stop")
+
+
+async def connect(
+    worker_id: str,
+    policy: Policy = accept_and_finish,
+    *,
+    queue: str = "flow",
+    name: str = "Greet",
+    caps: Capabilities = CAPS,
+    session: str | None = None,
+) -> FakeConn:
+    """A worker stream registered on ``queue:name`` and idle there."""
+    conn = FakeConn(worker_id, policy)
+    conn.pid = otp.spawn(
+        _connection, conn, session or f"session-{worker_id}", queue, name, caps, otp.self()
+    )
+    answer = await otp.receive(_registered)
+    if isinstance(answer, StreamRejection):
+        raise AssertionError(answer)
+    await trio.testing.wait_all_tasks_blocked()
+    return conn
+
+
+async def rejected(worker_id: str, **kw: Any) -> StreamRejection:
+    conn = FakeConn(worker_id, silent)
+    session = kw.pop("session", f"session-{worker_id}")
+    queue = kw.pop("queue", "flow")
+    name = kw.pop("name", "Greet")
+    caps = kw.pop("caps", CAPS)
+    otp.spawn(_connection, conn, session, queue, name, caps, otp.self())
+    answer = await otp.receive(_registered)
+    assert isinstance(answer, StreamRejection), answer
+    return answer
+
+
+_deliveries = iter(range(1, 1_000_000))
+
+
+def dispatch(
+    *,
+    sticky: str | None = None,
+    wait: float = 10.0,
+    name: str = "write",
+    kind: str = "step",
+    deadline: float | None = None,
+) -> Dispatch:
+    delivery = next(_deliveries)
+    task = Task(delivery, kind, "Greet", "f1", name, f"f1/0/{name}", 1, ["x"], {}, deadline)
+    return Dispatch(task, otp.self(), sticky, wait)
+
+
+async def outcome(d: Dispatch) -> tuple[list[Routed], Any, float]:
+    """Submit ``d``; its routing decisions, its final outcome and how long it took."""
+    start = trio.current_time()
+    submit(d)
+    routes: list[Routed] = []
+    delivery = d.task.delivery
+
+    def ours(m: Any) -> bool:
+        return isinstance(m, (Routed, *FINAL)) and m.delivery == delivery
+
+    while True:
+        message = await otp.receive(ours, timeout=1000)
+        if isinstance(message, Routed):
+            routes.append(message)
+        else:
+            return routes, message, trio.current_time() - start
+
+
+def reasons(routes: list[Routed]) -> list[tuple[str, str]]:
+    return [(r.queue, r.reason) for r in routes]
+
+
+@asynccontextmanager
+async def server(**limits: Any) -> AsyncIterator[None]:
+    async with otp.open_node():
+        await supervisors.DynamicSupervisor.start_link(name=QUEUES)
+        await start_matcher(MatchingLimits(**limits))
+        yield
+
+
+# -- routing --------------------------------------------------------------------------------
+
+
+async def test_sticky_worker_with_a_stream_gets_the_dispatch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        other = await connect("w2")
+        sticky = await connect("w1", queue="worker", name="w1")
+        routes, final, took = await outcome(dispatch(sticky="w1"))
+        assert reasons(routes) == [("worker:w1", "sticky"), ("worker:w1", "delivered")]
+        assert isinstance(final, Completed) and final.worker_id == "w1"
+        assert final.value == "hello" and took == 0
+        assert other.tasks() == [] and len(sticky.tasks()) == 1
+
+
+async def test_sticky_worker_without_a_stream_falls_back_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        await connect("w2")
+        routes, final, took = await outcome(dispatch(sticky="w9"))
+        assert reasons(routes) == [
+            ("flow:Greet", "fallback_no_stream"),
+            ("flow:Greet", "delivered"),
+        ]
+        assert routes[0].worker_id == "w9"
+        assert isinstance(final, Completed) and final.worker_id == "w2" and took == 0
+
+
+async def test_no_sticky_worker_goes_to_the_flow_queue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        await connect("w2")
+        routes, final, _ = await outcome(dispatch())
+        assert reasons(routes)[0] == ("flow:Greet", "flow_queue")
+        assert isinstance(final, Completed)
+
+
+async def test_busy_sticky_worker_falls_back_after_the_sticky_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        await connect("w1", decline("no_capacity"), queue="worker", name="w1")
+        await connect("w2")
+        routes, final, took = await outcome(dispatch(sticky="w1"))
+        assert reasons(routes) == [
+            ("worker:w1", "sticky"),
+            ("worker:w1", "declined_no_capacity"),
+            ("flow:Greet", "fallback_timeout"),
+            ("flow:Greet", "delivered"),
+        ]
+        assert isinstance(final, Completed) and final.worker_id == "w2"
+        assert took == pytest.approx(5.0)
+
+
+async def test_unknown_name_reroutes_at_once_and_excludes_the_worker(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        own = await connect("w1", decline("unknown_name"), queue="worker", name="w1")
+        flow = await connect("w1", decline("unknown_name"))
+        await connect("w2")
+        routes, final, took = await outcome(dispatch(sticky="w1"))
+        assert reasons(routes) == [
+            ("worker:w1", "sticky"),
+            ("flow:Greet", "reroute_unknown_name"),
+            ("flow:Greet", "delivered"),
+        ]
+        assert isinstance(final, Completed) and final.worker_id == "w2" and took == 0
+        assert len(own.tasks()) == 1 and flow.tasks() == []
+
+
+async def test_no_capacity_tries_other_workers(autojump_clock: trio.testing.MockClock) -> None:
+    async with server():
+        busy = await connect("w1", decline("no_capacity"))
+        await connect("w2")
+        routes, final, _ = await outcome(dispatch())
+        assert ("flow:Greet", "declined_no_capacity") in reasons(routes)
+        assert isinstance(final, Completed) and final.worker_id == "w2"
+        assert len(busy.tasks()) == 1
+
+
+async def test_all_workers_busy_for_the_whole_wait_is_no_worker_available(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        await connect("w1", decline("no_capacity"))
+        await connect("w2", decline("no_capacity"))
+        _, final, took = await outcome(dispatch())
+        assert isinstance(final, NotDispatched) and final.reason == "no_worker_available"
+        assert took == pytest.approx(10.0)
+
+
+async def test_no_worker_is_unavailable_after_the_dispatch_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        routes, final, took = await outcome(dispatch())
+        assert reasons(routes) == [("flow:Greet", "flow_queue")]
+        assert isinstance(final, NotDispatched) and final.reason == "unavailable"
+        assert "'Greet'" in final.message and "'write'" in final.message
+        assert took == pytest.approx(10.0)
+
+
+async def test_a_worker_connecting_during_the_wait_gets_the_dispatch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        d = dispatch()
+        submit(d)
+        await trio.sleep(4)
+        await connect("w1")
+        _, final, _ = await outcome_of(d)
+        assert isinstance(final, Completed)
+
+
+async def outcome_of(d: Dispatch) -> tuple[list[Routed], Any, float]:
+    start = trio.current_time()
+    routes: list[Routed] = []
+
+    def ours(m: Any) -> bool:
+        return isinstance(m, (Routed, *FINAL)) and m.delivery == d.task.delivery
+
+    while True:
+        message = await otp.receive(ours, timeout=1000)
+        if not isinstance(message, Routed):
+            return routes, message, trio.current_time() - start
+        routes.append(message)
+
+
+async def test_the_wait_never_passes_the_task_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        now = trio.current_time()
+        _, final, took = await outcome(dispatch(deadline=now + 3.0))
+        assert isinstance(final, NotDispatched) and took == pytest.approx(3.0)
+
+
+async def test_task_timeout_is_the_time_left_to_the_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        conn = await connect("w1")
+        _, final, _ = await outcome(dispatch(deadline=trio.current_time() + 30.0))
+        assert isinstance(final, Completed)
+        assert conn.tasks()[0].timeout == pytest.approx(30.0)
+
+
+async def test_draining_worker_gets_no_sticky_routing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        own = await connect("w1", queue="worker", name="w1")
+        await connect("w2")
+        notify_worker(WorkerDraining("w1"))
+        await trio.testing.wait_all_tasks_blocked()
+        routes, final, _ = await outcome(dispatch(sticky="w1"))
+        assert reasons(routes)[0] == ("flow:Greet", "fallback_no_stream")
+        assert isinstance(final, Completed) and final.worker_id == "w2"
+        assert own.tasks() == []
+
+
+async def test_failure_reaches_reply_to(autojump_clock: trio.testing.MockClock) -> None:
+    def fail(task: wire.MatchTask) -> list[Any]:
+        return [
+            wire.MatchAccept(delivery=task.delivery, rid=task.rid),
+            wire.MatchFailure(
+                delivery=task.delivery, type="ValueError", message="no", retryable=True, rid=1
+            ),
+        ]
+
+    async with server():
+        await connect("w1", fail)
+        _, final, _ = await outcome(dispatch())
+        assert isinstance(final, Failed) and final.error.type == "ValueError"
+        assert final.error.retryable
+
+
+async def test_a_stream_takes_the_next_call_after_finishing_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        conn = await connect("w1")
+        for _ in range(3):
+            _, final, _ = await outcome(dispatch())
+            assert isinstance(final, Completed)
+        assert len(conn.tasks()) == 3
+
+
+# -- losing streams -------------------------------------------------------------------------
+
+
+async def test_stream_killed_mid_call_reports_lost(autojump_clock: trio.testing.MockClock) -> None:
+    async with server():
+        conn = await connect("w1", accept_only)
+        d = dispatch()
+        submit(d)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.stream is not None
+        otp.exit(conn.stream, otp.KILL)
+        _, final, _ = await outcome_of(d)
+        assert final == Lost(d.task.delivery, "w1", False)
+
+
+async def test_connection_gone_mid_call_after_output_reports_lost_after_output(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    def output(task: wire.MatchTask) -> list[Any]:
+        return [
+            wire.MatchAccept(delivery=task.delivery, rid=task.rid),
+            wire.MatchOutput(delivery=task.delivery, value=1, rid=task.rid),
+        ]
+
+    async with server():
+        conn = await connect("w1", output)
+        d = dispatch()
+        submit(d)
+        await trio.testing.wait_all_tasks_blocked()
+        assert conn.pid is not None
+        otp.exit(conn.pid, "connection_closed")
+        _, final, _ = await outcome_of(d)
+        assert final == Lost(d.task.delivery, "w1", True)
+
+
+async def test_stream_killed_while_offered_is_reoffered_to_another(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        first = await connect("w1", silent)
+        second = await connect("w2")
+        d = dispatch()
+        submit(d)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(first.tasks()) == 1 and second.tasks() == []
+        assert first.stream is not None
+        otp.exit(first.stream, otp.KILL)
+        _, final, _ = await outcome_of(d)
+        assert isinstance(final, Completed) and final.worker_id == "w2"
+
+
+async def test_worker_silent_on_an_offer_is_dropped_and_the_dispatch_reoffered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server(dispatch_wait=100.0):
+        first = await connect("w1", silent)
+        await connect("w2")
+        _, final, took = await outcome(dispatch(wait=100.0))
+        assert isinstance(final, Completed) and final.worker_id == "w2"
+        assert took == pytest.approx(60.0)
+        assert isinstance(first.sent[-1], wire.MatchClose)
+
+
+async def test_worker_silent_mid_call_is_lost_after_the_peer_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        await connect("w1", accept_only)
+        _, final, took = await outcome(dispatch())
+        assert isinstance(final, Lost) and took == pytest.approx(60.0)
+
+
+async def test_idle_streams_are_pinged_every_ping_interval(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        conn = await connect("w1")
+        await trio.sleep(65)
+        pings = [m for m in conn.sent if isinstance(m, wire.MatchPing)]
+        assert len(pings) == 3 and pings[0].rid == 1
+        # The worker answered each ping, so the stream is still there.
+        assert not any(isinstance(m, wire.MatchClose) for m in conn.sent)
+
+
+# -- limits ---------------------------------------------------------------------------------
+
+
+async def test_streams_per_worker_limit_names_the_limit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server(max_streams_per_worker=1):
+        for _ in range(3):  # 1 + F (1 flow type) + 1
+            await connect("w1")
+        rejection = await rejected("w1")
+        assert rejection.code == "limit" and not rejection.permanent
+        assert "matching.max_streams_per_worker=1" in rejection.message
+
+
+async def test_total_streams_limit_names_the_limit(autojump_clock: trio.testing.MockClock) -> None:
+    async with server(max_streams=1):
+        await connect("w1")
+        rejection = await rejected("w2")
+        assert rejection.code == "limit" and "matching.max_streams=1" in rejection.message
+
+
+async def test_flow_type_name_too_long_is_rejected_permanently(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server(max_flow_type_length=8):
+        caps = Capabilities({"VeryLongFlowType": ({"write"}, ())})
+        rejection = await rejected("w1", name="VeryLongFlowType", caps=caps)
+        assert rejection.code == "limit" and rejection.permanent
+        assert "matching.max_flow_type_length=8" in rejection.message
+
+
+async def test_worker_id_too_long_is_rejected_permanently(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server(max_queue_length=4):
+        rejection = await rejected("worker-long", queue="worker", name="worker-long")
+        assert rejection.permanent and "matching.max_queue_length=4" in rejection.message
+
+
+async def test_too_many_flow_types_is_rejected(autojump_clock: trio.testing.MockClock) -> None:
+    async with server(max_flow_types=1):
+        caps = Capabilities({"Greet": ({"write"}, ()), "Other": ((), ())})
+        rejection = await rejected("w1", caps=caps)
+        assert rejection.permanent and "matching.max_flow_types=1" in rejection.message
+
+
+async def test_worker_id_held_by_another_session_is_already_registered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        await connect("w1", session="a")
+        rejection = await rejected("w1", session="b")
+        assert rejection.code == "already_registered" and rejection.permanent
+
+
+async def test_worker_id_is_free_again_once_its_streams_are_gone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server():
+        conn = await connect("w1", session="a")
+        assert conn.pid is not None
+        otp.exit(conn.pid, otp.KILL)
+        await trio.testing.wait_all_tasks_blocked()
+        await connect("w1", session="b")
+
+
+async def test_statistics_show_streams_and_backlog(autojump_clock: trio.testing.MockClock) -> None:
+    async with server():
+        await connect("w1", decline("no_capacity"))
+        submit(dispatch())
+        await trio.testing.wait_all_tasks_blocked()
+        stats = await statistics()
+        assert stats.streams == 1 and stats.workers == {"w1": 1}
+        queue = stats.queues["flow:Greet"]
+        assert queue is not None and queue.waiting == 1 and queue.idle == 1

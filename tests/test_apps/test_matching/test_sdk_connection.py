@@ -1,0 +1,246 @@
+"""SdkConnection against a scripted server on a real Unix socket: handshake, codec switch,
+stream and call demultiplexing, control frames, connection loss, dial failures, TLS."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import tempfile
+
+import pytest
+import trio
+
+import wire
+from apps.matching import (
+    AuthenticationError,
+    CallTimeout,
+    ClientClosed,
+    ClientOptions,
+    FlowNotFound,
+    Unavailable,
+    WorkerOptions,
+)
+from apps.matching._sdk_connection import SdkConnection
+
+from .fake_server import FakeServer
+
+
+@pytest.fixture
+def sock_dir():
+    path = tempfile.mkdtemp(prefix="mc", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def server(sock_dir, nursery):
+    fake = FakeServer(f"{sock_dir}/s.sock", policy=lambda conn, message: None)
+    await nursery.start(fake.serve)
+    return fake
+
+
+def _worker_options(server: FakeServer, **kw) -> WorkerOptions:
+    return WorkerOptions(server_address=server.address, credentials="s3cret", **kw)
+
+
+async def test_hello_carries_role_token_worker_id_and_flows(server, autojump_clock):
+    flows = {"Greeting": {"steps": ["greet"], "rpcs": ["greeting"]}}
+    conn = await SdkConnection.open(
+        _worker_options(server), "worker", worker_id="w1", session="sess", flows=flows
+    )
+    hello = server.conn.hello
+    assert (hello.role, hello.token, hello.worker_id, hello.session) == (
+        "worker",
+        "s3cret",
+        "w1",
+        "sess",
+    )
+    assert hello.flows == flows
+    assert hello.codecs[0] is wire.Codec.CBOR
+    assert conn.codec is wire.Codec.CBOR
+    await conn.aclose()
+
+
+async def test_frames_after_welcome_use_the_welcomed_codec(server, autojump_clock):
+    conn = await SdkConnection.open(
+        ClientOptions(server_address=server.address, codec="tlv"), "client"
+    )
+    assert conn.codec is wire.Codec.TLV
+    await conn.send(wire.MatchPong())
+    await server.wait_for(lambda: bool(server.conn.received))
+    assert server.conn.received == [wire.MatchPong()]
+    await conn.aclose()
+
+
+async def test_unauthenticated_welcome_error_raises_authentication_error(server, autojump_clock):
+    server.welcome_error = wire.MatchError(code="unauthenticated", message="bad token")
+    with pytest.raises(AuthenticationError, match="bad token"):
+        await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
+
+
+async def test_call_returns_the_reply_value(server, autojump_clock, nursery):
+    conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
+
+    async def answer():
+        await server.wait_for(lambda: bool(server.conn.of_type(wire.MatchCall)))
+        call = server.conn.of_type(wire.MatchCall)[0]
+        assert (call.op, call.args) == ("describe", {"flow_id": "f"})
+        await server.conn.send(wire.MatchReply(value={"ok": 1}, rid=call.rid))
+
+    nursery.start_soon(answer)
+    assert await conn.call("describe", {"flow_id": "f"}) == {"ok": 1}
+    await conn.aclose()
+
+
+async def test_call_error_raises_the_error_of_its_code(server, autojump_clock, nursery):
+    conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
+
+    async def answer():
+        await server.wait_for(lambda: bool(server.conn.of_type(wire.MatchCall)))
+        call = server.conn.of_type(wire.MatchCall)[0]
+        await server.conn.send(
+            wire.MatchError(code="flow_not_found", message="no flow f", rid=call.rid)
+        )
+
+    nursery.start_soon(answer)
+    with pytest.raises(FlowNotFound, match="no flow f"):
+        await conn.call("describe", {"flow_id": "f"})
+    await conn.aclose()
+
+
+async def test_call_timeout_raises_call_timeout(server, autojump_clock):
+    conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
+    start = trio.current_time()
+    with pytest.raises(CallTimeout):
+        await conn.call("result", {"flow_id": "f"}, timeout=5)
+    assert trio.current_time() - start == pytest.approx(5)
+    await conn.aclose()
+
+
+async def test_stream_frames_reach_their_own_stream_channel(server, autojump_clock):
+    conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
+    a, a_frames = conn.open_stream()
+    b, b_frames = conn.open_stream()
+    assert a != b and 0 not in (a, b)
+    await server.conn.send(wire.MatchPing(rid=b))
+    await server.conn.send(wire.MatchRegistered(queue="flow", name="X", rid=a))
+    await server.conn.send(wire.MatchClose(rid=9999))  # no such stream: dropped
+    assert await a_frames.receive() == wire.MatchRegistered(queue="flow", name="X", rid=a)
+    assert await b_frames.receive() == wire.MatchPing(rid=b)
+    conn.close_stream(a)
+    with pytest.raises(trio.EndOfChannel):
+        await a_frames.receive()
+    await conn.aclose()
+
+
+async def test_connection_level_frames_go_to_control(server, autojump_clock):
+    conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
+    await server.conn.send(wire.MatchPing())
+    await server.conn.send(wire.MatchReconnect(reason="rebalance"))
+    await server.conn.send(wire.MatchError(code="draining", message="bye", retryable=True))
+    assert await conn.control.receive() == wire.MatchPing()
+    assert await conn.control.receive() == wire.MatchReconnect(reason="rebalance")
+    error = await conn.control.receive()
+    assert isinstance(error, wire.MatchError) and error.code == "draining"
+    await conn.aclose()
+
+
+async def test_connection_loss_fails_calls_and_ends_streams(server, autojump_clock, nursery):
+    conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
+    _, frames = conn.open_stream()
+
+    async def drop():
+        await server.wait_for(lambda: bool(server.conn.of_type(wire.MatchCall)))
+        await server.conn.drop()
+
+    nursery.start_soon(drop)
+    with pytest.raises(ClientClosed) as info:
+        await conn.call("get_blob", {"key": "k"})
+    assert info.value.retryable
+    with pytest.raises(trio.EndOfChannel):
+        await frames.receive()
+    with pytest.raises(trio.EndOfChannel):
+        await conn.control.receive()
+    assert conn.closed
+    with pytest.raises(ClientClosed):
+        await conn.send(wire.MatchPong())
+    with pytest.raises(ClientClosed):
+        conn.open_stream()
+    await conn.aclose()
+
+
+async def test_aclose_is_idempotent_and_fails_waiting_calls(server, autojump_clock, nursery):
+    conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
+    failed = trio.Event()
+
+    async def call():
+        with pytest.raises(ClientClosed):
+            await conn.call("result", {"flow_id": "f"})
+        failed.set()
+
+    nursery.start_soon(call)
+    await trio.testing.wait_all_tasks_blocked()
+    await conn.aclose()
+    await conn.aclose()
+    await failed.wait()
+    await server.wait_for(lambda: not server.conn.open)
+
+
+async def test_dial_failure_raises_retryable_unavailable(sock_dir, autojump_clock):
+    options = ClientOptions(server_address=f"unix:{sock_dir}/nothing.sock")
+    with pytest.raises(Unavailable, match="cannot connect") as info:
+        await SdkConnection.open(options, "client")
+    assert info.value.retryable
+
+
+async def test_silent_server_raises_call_timeout_after_connect_timeout(server, autojump_clock):
+    server.silent = True
+    options = ClientOptions(server_address=server.address, connect_timeout=3)
+    start = trio.current_time()
+    with pytest.raises(CallTimeout, match="connect_timeout"):
+        await SdkConnection.open(options, "client")
+    assert trio.current_time() - start == pytest.approx(3)
+
+
+async def test_tls_verifies_the_server_certificate(nursery, tmp_path):
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("matching.test")
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server_context)
+    listeners = await nursery.start(trio.serve_tcp, lambda s: _tls_welcome(s, server_context), 0)
+    port = listeners[0].socket.getsockname()[1]
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    good = ClientOptions(
+        server_address=f"tcp://127.0.0.1:{port}",
+        tls_ca_file=str(ca_file),
+        tls_server_hostname="matching.test",
+    )
+    with trio.fail_after(10):
+        conn = await SdkConnection.open(good, "client")
+        assert conn.welcome.server == "tls-fake"
+        await conn.aclose()
+        wrong = ClientOptions(
+            server_address=f"tcp://127.0.0.1:{port}",
+            tls_ca_file=str(ca_file),
+            tls_server_hostname="other.test",
+        )
+        with pytest.raises(AuthenticationError, match="verification"):
+            await SdkConnection.open(wrong, "client")
+
+
+async def _tls_welcome(stream: trio.abc.Stream, context: ssl.SSLContext) -> None:
+    tls = trio.SSLStream(stream, context, server_side=True)
+    try:
+        frames = wire.FrameStream(tls, versions=frozenset({2}))
+        await frames.receive_frame()
+        welcome = wire.MatchWelcome(
+            server="tls-fake", codec="cbor", ping_interval=10.0, peer_timeout=30.0
+        )
+        await frames.send_frame(welcome.to_frame())
+        await frames.receive_frame()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        await trio.aclose_forcefully(tls)

@@ -1,0 +1,813 @@
+"""The matching server's store: ``SqliteStore`` against the ``Store`` contract, ``StoreServer``'s
+group commit, and a model-based property (random batches on the store and on a dict model)."""
+
+from __future__ import annotations
+
+import copy
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import otp
+from apps.matching._sqlite_store import SCHEMA_VERSION, SqliteStore
+from apps.matching._store import (
+    AttemptRecord,
+    DispatchRecord,
+    FlowExists,
+    FlowRecord,
+    PendingStep,
+    Store,
+    StoreConflict,
+    StoreError,
+    StoreServer,
+    WriteBatch,
+)
+
+
+def flow(flow_id: str = "f1", **kw: Any) -> FlowRecord:
+    fields: dict[str, Any] = {
+        "flow_type": "orders",
+        "status": "running",
+        "args": (1, "two", [3.5, None]),
+        "state": {"count": 0, "blob": b"\x00\x01", "nested": {"t": (1, 2)}},
+        "step_index": 0,
+        "step_input": [1, "two"],
+        "result": None,
+        "error": None,
+        "sticky_worker": None,
+        "created_at": 1000.0,
+        "updated_at": 1000.0,
+        "version": 1,
+    }
+    fields.update(kw)
+    return FlowRecord(flow_id=flow_id, **fields)
+
+
+def attempt(flow_id: str = "f1", n: int = 1, **kw: Any) -> AttemptRecord:
+    fields: dict[str, Any] = {
+        "step_index": 0,
+        "step": "charge",
+        "execution_id": f"{flow_id}/0/charge",
+        "attempt": n,
+        "delivery": n,
+        "worker_id": "w1",
+        "status": "failed",
+        "error": {"type": "ValueError", "message": "boom"},
+        "started_at": 1.0,
+        "finished_at": 2.0,
+    }
+    fields.update(kw)
+    return AttemptRecord(flow_id=flow_id, **fields)
+
+
+def dispatch(flow_id: str = "f1", delivery: int = 1, **kw: Any) -> DispatchRecord:
+    fields: dict[str, Any] = {
+        "kind": "step",
+        "name": "charge",
+        "attempt": 1,
+        "queue": "orders",
+        "reason": "flow_queue",
+        "worker_id": None,
+        "at": 5.0,
+    }
+    fields.update(kw)
+    return DispatchRecord(flow_id=flow_id, delivery=delivery, **fields)
+
+
+def pending(flow_id: str = "f1", index: int = 0, **kw: Any) -> PendingStep:
+    kw.setdefault("step", "charge")
+    kw.setdefault("execution_id", f"{flow_id}/{index}/{kw['step']}")
+    kw.setdefault("attempt", 1)
+    return PendingStep(flow_id=flow_id, step_index=index, **kw)
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(":memory:")
+    await s.open()
+    yield s
+    await s.close()
+
+
+# -- records ------------------------------------------------------------------------------------
+
+
+def test_flow_record_refuses_an_unknown_status() -> None:
+    with pytest.raises(ValueError) as info:
+        flow(status="done")
+    assert str(info.value) == (
+        'FlowRecord.status must be one of "running", "completed", "failed", "cancelled"'
+        " (got 'done')"
+    )
+
+
+def test_flow_record_refuses_a_version_below_one() -> None:
+    with pytest.raises(ValueError, match=r"FlowRecord.version must be an int >= 1 \(got 0\)"):
+        flow(version=0)
+
+
+def test_flow_record_refuses_an_error_without_type_and_message() -> None:
+    with pytest.raises(
+        TypeError, match=r'FlowRecord\.error must be None or a dict with str "type"'
+    ):
+        flow(error={"message": "x"})
+
+
+def test_pending_step_needs_both_lease_fields_or_neither() -> None:
+    with pytest.raises(ValueError) as info:
+        pending(lease_owner="n1")
+    assert str(info.value) == (
+        "PendingStep.lease_owner and PendingStep.lease_expires must both be None (free) or both"
+        " be set (leased) (got 'n1' and None)"
+    )
+
+
+async def test_commit_refuses_a_batch_of_the_wrong_records(store: SqliteStore) -> None:
+    with pytest.raises(TypeError, match=r"WriteBatch.attempts must be a list of AttemptRecord"):
+        await store.commit(WriteBatch(attempts=[flow()]))  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"WriteBatch.pending_done must be a list of"):
+        await store.commit(WriteBatch(pending_done=[("f1", "0")]))  # type: ignore[list-item]
+
+
+def test_sqlite_store_implements_the_store_interface() -> None:
+    store: Store = SqliteStore(":memory:")  # mypy checks the Protocol here
+    assert repr(store) == "SqliteStore(':memory:')"
+
+
+# -- lifecycle ----------------------------------------------------------------------------------
+
+
+async def test_methods_before_open_raise_store_error() -> None:
+    s = SqliteStore(":memory:")
+    with pytest.raises(StoreError, match=r"SqliteStore\(':memory:'\) is not open"):
+        await s.get_flow("f1")
+
+
+async def test_methods_after_close_raise_store_error() -> None:
+    s = SqliteStore(":memory:")
+    await s.open()
+    await s.close()
+    await s.close()  # twice is a no-op
+    with pytest.raises(StoreError, match=r"is closed"):
+        await s.commit(WriteBatch(flows_created=[flow()]))
+
+
+async def test_file_database_keeps_its_data_across_reopening(tmp_path: Path) -> None:
+    path = str(tmp_path / "store.db")
+    s = SqliteStore(path)
+    await s.open()
+    await s.create_flow(flow())
+    await s.close()
+    again = SqliteStore(path)
+    await again.open()  # the schema is current: nothing to migrate
+    assert await again.get_flow("f1") == flow()
+    await again.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute("SELECT version FROM schema_migrations").fetchall() == [
+            (SCHEMA_VERSION,)
+        ]
+
+
+async def test_a_schema_newer_than_the_code_is_refused(tmp_path: Path) -> None:
+    path = str(tmp_path / "store.db")
+    s = SqliteStore(path)
+    await s.open()
+    await s.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO schema_migrations VALUES (?, 0)", (SCHEMA_VERSION + 1,))
+    newer = SqliteStore(path)
+    with pytest.raises(StoreError) as info:
+        await newer.open()
+    assert str(info.value) == (
+        f"SqliteStore({path!r}): the database has schema version {SCHEMA_VERSION + 1}, newer"
+        f" than this code's {SCHEMA_VERSION}; run a release that knows version"
+        f" {SCHEMA_VERSION + 1} (nothing was changed)"
+    )
+    with pytest.raises(StoreError, match="is not open"):
+        await newer.get_flow("f1")
+
+
+# -- flows --------------------------------------------------------------------------------------
+
+
+async def test_create_flow_round_trips_every_field(store: SqliteStore) -> None:
+    record = flow(sticky_worker="app-1", error={"type": "E", "message": "m"}, result=(1, [2]))
+    await store.create_flow(record)
+    assert await store.get_flow("f1") == record
+
+
+async def test_get_flow_of_an_unknown_id_is_none(store: SqliteStore) -> None:
+    assert await store.get_flow("nope") is None
+
+
+async def test_create_flow_twice_raises_flow_exists(store: SqliteStore) -> None:
+    await store.create_flow(flow())
+    with pytest.raises(FlowExists) as info:
+        await store.create_flow(flow(flow_type="other"))
+    assert isinstance(info.value, KeyError)
+    assert str(info.value) == "a flow with id 'f1' exists already"
+    assert info.value.details == {"flow_id": "f1"}
+    assert (await store.get_flow("f1")) == flow()
+
+
+async def test_upsert_inserts_a_new_flow_whatever_its_version(store: SqliteStore) -> None:
+    await store.commit(WriteBatch(flows_upserted=[flow(version=7)]))
+    assert (await store.get_flow("f1")) == flow(version=7)
+
+
+async def test_upsert_updates_with_the_next_version(store: SqliteStore) -> None:
+    await store.create_flow(flow())
+    done = flow(status="completed", result="ok", step_index=2, version=2, updated_at=1001.0)
+    await store.commit(WriteBatch(flows_upserted=[done]))
+    assert await store.get_flow("f1") == done
+
+
+async def test_upsert_with_a_stale_version_raises_store_conflict(store: SqliteStore) -> None:
+    await store.create_flow(flow())
+    await store.commit(WriteBatch(flows_upserted=[flow(version=2, step_index=1)]))
+    with pytest.raises(StoreConflict) as info:
+        await store.commit(WriteBatch(flows_upserted=[flow(version=2, step_index=9)]))
+    assert str(info.value) == (
+        "flow 'f1': the update to version 2 expects stored version 1, but version 2 is stored"
+        " (another writer updated it; read the flow again)"
+    )
+    assert info.value.details == {"flow_id": "f1", "expected": 1, "stored": 2}
+    assert info.value.retryable
+    assert (await store.get_flow("f1")) == flow(version=2, step_index=1)
+
+
+async def test_a_refused_batch_leaves_no_trace(store: SqliteStore) -> None:
+    await store.create_flow(flow())
+    batch = WriteBatch(
+        flows_created=[flow("f2")],
+        attempts=[attempt()],
+        dispatches=[dispatch()],
+        pending_put=[pending()],
+        flows_upserted=[flow(version=5)],  # stale: refuses the whole batch
+    )
+    with pytest.raises(StoreConflict):
+        await store.commit(batch)
+    assert await store.get_flow("f2") is None
+    assert await store.attempts("f1") == []
+    assert await store.dispatches("f1") == []
+    assert await store.pending("f1") == []
+
+
+async def test_list_flows_is_newest_first_and_filters(store: SqliteStore) -> None:
+    records = [
+        flow("a", created_at=1.0),
+        flow("b", created_at=3.0, status="completed"),
+        flow("c", created_at=2.0, flow_type="mail"),
+        flow("d", created_at=3.0),  # same time as b, inserted later: listed before it
+    ]
+    await store.commit(WriteBatch(flows_created=records))
+    ids = [r.flow_id for r in await store.list_flows()]
+    assert ids == ["d", "b", "c", "a"]
+    assert [r.flow_id for r in await store.list_flows(flow_type="orders")] == ["d", "b", "a"]
+    assert [r.flow_id for r in await store.list_flows(status="running")] == ["d", "c", "a"]
+    running_orders = await store.list_flows(flow_type="orders", status="running", limit=1)
+    assert [r.flow_id for r in running_orders] == ["d"]
+    assert await store.list_flows(limit=0) == []
+
+
+async def test_list_flows_refuses_a_negative_limit(store: SqliteStore) -> None:
+    with pytest.raises(StoreError, match=r"list_flows: limit must be an int >= 0 \(got -1\)"):
+        await store.list_flows(limit=-1)
+
+
+async def test_a_value_without_a_wire_form_is_refused(store: SqliteStore) -> None:
+    with pytest.raises(StoreError, match="FlowRecord 'f1': state has no wire form"):
+        await store.create_flow(flow(state={"x": object()}))
+    assert await store.get_flow("f1") is None
+
+
+# -- attempts and dispatches --------------------------------------------------------------------
+
+
+async def test_attempts_come_back_in_write_order(store: SqliteStore) -> None:
+    await store.create_flow(flow())
+    first = attempt(n=1)
+    second = attempt(n=2, status="completed", error=None, worker_id=None)
+    await store.commit(WriteBatch(attempts=[first]))
+    await store.commit(WriteBatch(attempts=[second, attempt(n=3, status="lost")]))
+    assert await store.attempts("f1") == [first, second, attempt(n=3, status="lost")]
+    assert await store.attempts("other") == []
+
+
+async def test_dispatches_keep_the_last_limit_oldest_first(store: SqliteStore) -> None:
+    await store.create_flow(flow())
+    records = [dispatch(delivery=n, reason="sticky" if n % 2 else "delivered") for n in range(5)]
+    await store.commit(WriteBatch(dispatches=records))
+    assert await store.dispatches("f1") == records
+    assert await store.dispatches("f1", limit=2) == records[3:]
+
+
+async def test_records_of_an_unknown_flow_are_refused(store: SqliteStore) -> None:
+    with pytest.raises(StoreError, match="must name a flow stored in or before their batch"):
+        await store.commit(WriteBatch(attempts=[attempt("ghost")]))
+    with pytest.raises(StoreError, match="must name a flow"):
+        await store.commit(WriteBatch(pending_put=[pending("ghost")]))
+
+
+async def test_commit_many_refuses_a_batch_alone_in_one_transaction(store: SqliteStore) -> None:
+    before = store.statistics().transactions
+    outcomes = await store.commit_many(
+        [
+            WriteBatch(flows_created=[flow("a")]),
+            WriteBatch(flows_created=[flow("a")]),  # exists: the batch before created it
+            WriteBatch(flows_upserted=[flow("a", version=2)]),
+        ]
+    )
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], FlowExists)
+    assert (await store.get_flow("a")) == flow("a", version=2)
+    stats = store.statistics()
+    assert stats.transactions == before + 1
+    assert (stats.batches, stats.refused) == (2, 1)
+
+
+# -- pending steps, claims, leases --------------------------------------------------------------
+
+
+async def test_pending_put_replaces_by_key_and_done_deletes(store: SqliteStore) -> None:
+    await store.create_flow(flow())
+    await store.commit(WriteBatch(pending_put=[pending(index=0), pending(index=1)]))
+    retry = pending(index=0, attempt=2, not_before=50.0)
+    await store.commit(WriteBatch(pending_put=[retry], pending_done=[("f1", 1), ("f1", 7)]))
+    assert await store.pending("f1") == [retry]
+
+
+async def test_claim_pending_leases_due_free_steps_earliest_first(store: SqliteStore) -> None:
+    await store.commit(WriteBatch(flows_created=[flow("a"), flow("b")]))
+    steps = [
+        pending("b", 0, not_before=2.0),
+        pending("a", 0, not_before=2.0),
+        pending("a", 1, not_before=1.0),
+        pending("b", 1, not_before=99.0),  # not due yet
+    ]
+    await store.commit(WriteBatch(pending_put=steps))
+    claimed = await store.claim_pending("n1", now=10.0, lease_seconds=30.0, limit=2)
+    assert claimed == [
+        attrs.evolve(steps[2], lease_owner="n1", lease_expires=40.0),
+        attrs.evolve(steps[1], lease_owner="n1", lease_expires=40.0),
+    ]
+    assert await store.pending("a") == claimed[::-1]
+    rest = await store.claim_pending("n2", now=10.0, lease_seconds=30.0, limit=10)
+    assert rest == [attrs.evolve(steps[0], lease_owner="n2", lease_expires=40.0)]
+    assert await store.claim_pending("n3", now=10.0, lease_seconds=30.0, limit=10) == []
+    assert store.statistics().claimed == 3
+
+
+async def test_an_expired_lease_can_be_claimed_by_another_owner(store: SqliteStore) -> None:
+    await store.create_flow(flow())
+    await store.commit(WriteBatch(pending_put=[pending()]))
+    assert len(await store.claim_pending("n1", now=0.0, lease_seconds=5.0, limit=1)) == 1
+    assert await store.claim_pending("n2", now=4.9, lease_seconds=5.0, limit=1) == []
+    stolen = await store.claim_pending("n2", now=5.0, lease_seconds=5.0, limit=1)
+    assert stolen == [pending(lease_owner="n2", lease_expires=10.0)]
+    assert await store.renew_leases("n1", now=6.0, lease_seconds=5.0) == 0  # not n1's any more
+
+
+async def test_renew_leases_extends_only_the_owners_leases(store: SqliteStore) -> None:
+    await store.commit(WriteBatch(flows_created=[flow("a"), flow("b")]))
+    await store.commit(WriteBatch(pending_put=[pending("a"), pending("b")]))
+    await store.claim_pending("n1", now=0.0, lease_seconds=5.0, limit=1)
+    await store.claim_pending("n2", now=0.0, lease_seconds=5.0, limit=1)
+    assert await store.renew_leases("n1", now=4.0, lease_seconds=5.0) == 1
+    assert await store.claim_pending("n3", now=6.0, lease_seconds=5.0, limit=5) == [
+        pending("b", lease_owner="n3", lease_expires=11.0)
+    ]
+    assert await store.pending("a") == [pending("a", lease_owner="n1", lease_expires=9.0)]
+
+
+async def test_release_leases_frees_the_owners_steps(store: SqliteStore) -> None:
+    await store.create_flow(flow())
+    await store.commit(WriteBatch(pending_put=[pending()]))
+    await store.claim_pending("n1", now=0.0, lease_seconds=60.0, limit=1)
+    assert await store.release_leases("n1") == 1
+    assert await store.release_leases("n1") == 0
+    assert await store.claim_pending("n2", now=1.0, lease_seconds=60.0, limit=1) == [
+        pending(lease_owner="n2", lease_expires=61.0)
+    ]
+
+
+async def test_wait_pending_wakes_when_a_commit_puts_steps(store: SqliteStore) -> None:
+    await store.create_flow(flow())
+    woke: list[int] = []
+
+    async def waiter() -> None:
+        woke.append(await store.wait_pending(0))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        await store.commit(WriteBatch(attempts=[attempt()]))  # no pending step: no wake-up
+        await trio.testing.wait_all_tasks_blocked()
+        assert woke == []
+        await store.commit(WriteBatch(pending_put=[pending()]))
+    assert woke == [1]
+    assert await store.wait_pending(0) == 1  # already past: returns at once
+
+
+# -- StoreServer --------------------------------------------------------------------------------
+
+
+async def test_server_group_commits_concurrent_batches_durably(tmp_path: Path) -> None:
+    path = str(tmp_path / "store.db")
+    n = 200
+    async with otp.open_node():
+        await StoreServer.start_link(SqliteStore(path), name="matching_store")
+
+        async def writer(i: int) -> None:
+            await StoreServer.create_flow(flow(f"f{i:03}", created_at=float(i)))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(writer, i)
+        stats = await StoreServer.statistics()
+        assert stats.batches == n
+        assert stats.store.batches == n
+        assert stats.groups == stats.store.transactions < n
+        assert stats.largest_group > 1
+        assert (stats.queued, stats.in_flight) == (0, 0)
+        await otp.GenServer.stop("matching_store")
+    reopened = SqliteStore(path)
+    await reopened.open()
+    listed = await reopened.list_flows(limit=n + 1)
+    assert [r.flow_id for r in listed] == [f"f{i:03}" for i in reversed(range(n))]
+    await reopened.close()
+
+
+async def test_server_refuses_a_conflicting_batch_alone() -> None:
+    async with otp.open_node():
+        await StoreServer.start_link(SqliteStore(":memory:"), name="matching_store")
+        await StoreServer.create_flow(flow())
+        outcomes: dict[int, Any] = {}
+
+        async def update(i: int) -> None:
+            try:
+                await StoreServer.commit(WriteBatch(flows_upserted=[flow(version=2, result=i)]))
+            except StoreConflict as exc:
+                outcomes[i] = exc
+            else:
+                outcomes[i] = None
+
+        async with trio.open_nursery() as nursery:
+            for i in range(5):
+                nursery.start_soon(update, i)
+        winners = [i for i, outcome in outcomes.items() if outcome is None]
+        assert len(winners) == 1
+        assert all(isinstance(outcomes[i], StoreConflict) for i in outcomes if i != winners[0])
+        assert (await StoreServer.get_flow("f1")) == flow(version=2, result=winners[0])
+        with pytest.raises(FlowExists, match="a flow with id 'f1' exists already"):
+            await StoreServer.create_flow(flow())
+
+
+async def test_server_answers_every_read_and_lease_call() -> None:
+    async with otp.open_node():
+        await StoreServer.start_link(SqliteStore(":memory:"), name="store2")
+        s = "store2"
+        batch = WriteBatch(
+            flows_created=[flow("a"), flow("b", flow_type="mail", created_at=2000.0)],
+            attempts=[attempt("a")],
+            dispatches=[dispatch("a", 1), dispatch("a", 2)],
+            pending_put=[pending("a")],
+        )
+        await StoreServer.commit(batch, server=s)
+        assert await StoreServer.get_flow("a", server=s) == flow("a")
+        assert [r.flow_id for r in await StoreServer.list_flows(server=s)] == ["b", "a"]
+        mail = await StoreServer.list_flows(flow_type="mail", status="running", server=s)
+        assert [r.flow_id for r in mail] == ["b"]
+        assert await StoreServer.attempts("a", server=s) == [attempt("a")]
+        assert await StoreServer.dispatches("a", 1, server=s) == [dispatch("a", 2)]
+        assert await StoreServer.pending("a", server=s) == [pending("a")]
+        leased = pending("a", lease_owner="n1", lease_expires=15.0)
+        assert await StoreServer.claim_pending("n1", 10.0, 5.0, 10, server=s) == [leased]
+        assert await StoreServer.renew_leases("n1", 12.0, 5.0, server=s) == 1
+        assert await StoreServer.release_leases("n1", server=s) == 1
+        with pytest.raises(StoreError, match="limit must be an int >= 0"):
+            await StoreServer.list_flows(limit=-5, server=s)
+
+
+async def test_server_wait_pending_answers_after_a_put() -> None:
+    async with otp.open_node():
+        await StoreServer.start_link(SqliteStore(":memory:"), name="matching_store")
+        await StoreServer.create_flow(flow())
+        woke: list[int] = []
+
+        async def waiter() -> None:
+            woke.append(await StoreServer.wait_pending(0))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            assert woke == []
+            await StoreServer.commit(WriteBatch(pending_put=[pending()]))
+        assert woke == [1]
+        assert await StoreServer.wait_pending(0) == 1
+
+
+async def test_server_start_fails_on_a_newer_schema(tmp_path: Path) -> None:
+    path = str(tmp_path / "store.db")
+    s = SqliteStore(path)
+    await s.open()
+    await s.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO schema_migrations VALUES (99, 0)")
+    async with otp.open_node():
+        with pytest.raises(otp.StartError) as info:
+            await StoreServer.start(SqliteStore(path), name="matching_store")
+        reason = info.value.reason
+        assert isinstance(reason, otp.Crash)
+        assert "schema version 99, newer than this code's" in str(reason.exception)
+
+
+async def test_server_closes_its_store_when_stopped() -> None:
+    store = SqliteStore(":memory:")
+    async with otp.open_node():
+        await StoreServer.start_link(store, name="matching_store")
+        await StoreServer.create_flow(flow())
+        await otp.GenServer.stop("matching_store")
+    with pytest.raises(StoreError, match="is closed"):
+        await store.get_flow("f1")
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+IDS = ("a", "b", "c")
+#: Records mostly name the flows every example starts with ("a", "b"): fewer refused batches.
+REFS = ("a", "a", "b", "b", "c")
+TYPES = ("t1", "t2")
+OWNERS = ("n1", "n2")
+STATUSES = ("running", "completed", "failed", "cancelled")
+
+values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5)
+    | st.binary(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+errors = st.none() | st.builds(lambda t: {"type": t, "message": "m"}, st.sampled_from("EF"))
+times = st.sampled_from([0.0, 1.0, 2.0, 5.0, 7.5])
+
+flows = st.builds(
+    FlowRecord,
+    flow_id=st.sampled_from(IDS),
+    flow_type=st.sampled_from(TYPES),
+    status=st.sampled_from(STATUSES),
+    args=st.lists(values, max_size=2) | st.lists(values, max_size=2).map(tuple),
+    state=st.dictionaries(st.text(max_size=3), values, max_size=2),
+    step_index=st.integers(0, 3),
+    step_input=values,
+    result=values,
+    error=errors,
+    sticky_worker=st.none() | st.sampled_from(["w1", "w2"]),
+    created_at=times,
+    updated_at=times,
+    version=st.integers(1, 4),
+)
+attempts_ = st.builds(
+    AttemptRecord,
+    flow_id=st.sampled_from(REFS),
+    step_index=st.integers(0, 3),
+    step=st.just("s"),
+    execution_id=st.just("x"),
+    attempt=st.integers(1, 3),
+    delivery=st.integers(-5, 2**40),
+    worker_id=st.none() | st.just("w1"),
+    status=st.sampled_from(["completed", "failed", "not_dispatched", "lost"]),
+    error=errors,
+    started_at=times,
+    finished_at=times,
+)
+dispatches_ = st.builds(
+    DispatchRecord,
+    flow_id=st.sampled_from(REFS),
+    delivery=st.integers(0, 9),
+    kind=st.sampled_from(["step", "rpc"]),
+    name=st.just("s"),
+    attempt=st.integers(1, 3),
+    queue=st.just("q"),
+    reason=st.sampled_from(["sticky", "delivered"]),
+    worker_id=st.none() | st.just("w1"),
+    at=times,
+)
+leases = st.none() | st.tuples(st.sampled_from(OWNERS), times)
+pendings = st.builds(
+    lambda f, i, a, lease, nb: PendingStep(
+        f,
+        i,
+        "s",
+        f"{f}/{i}/s",
+        a,
+        lease_owner=lease[0] if lease else None,
+        lease_expires=lease[1] if lease else None,
+        not_before=nb,
+    ),
+    st.sampled_from(REFS),
+    st.integers(0, 2),
+    st.integers(1, 3),
+    leases,
+    times,
+)
+keys = st.tuples(st.sampled_from(REFS), st.integers(0, 2))
+#: A batch whose upserts are ``(record, fresh)``: a fresh one gets the next version when played.
+batches = st.builds(
+    WriteBatch,
+    flows_upserted=st.lists(
+        st.tuples(flows, st.sampled_from([True, True, True, False])), max_size=2
+    ),
+    attempts=st.lists(attempts_, max_size=2),
+    dispatches=st.lists(dispatches_, max_size=2),
+    pending_put=st.lists(pendings, max_size=3),
+    pending_done=st.lists(keys, max_size=1),
+    flows_created=st.one_of(st.just([]), st.just([]), st.just([]), st.lists(flows, max_size=1)),
+)
+operations = st.lists(
+    st.tuples(st.just("commit"), st.lists(batches, min_size=1, max_size=3))
+    | st.tuples(
+        st.just("claim"),
+        st.sampled_from(OWNERS),
+        times,
+        st.sampled_from([1.0, 3.0]),
+        st.integers(0, 3),
+    )
+    | st.tuples(st.just("renew"), st.sampled_from(OWNERS), times, st.sampled_from([1.0, 3.0]))
+    | st.tuples(st.just("release"), st.sampled_from(OWNERS)),
+    max_size=20,
+)
+
+
+@attrs.define
+class Model:
+    """What the store must hold, as dicts."""
+
+    flows: dict[str, tuple[int, FlowRecord]] = attrs.field(factory=dict)
+    seq: int = 0
+    attempts: dict[str, list[AttemptRecord]] = attrs.field(factory=dict)
+    dispatches: dict[str, list[DispatchRecord]] = attrs.field(factory=dict)
+    pending: dict[tuple[str, int], PendingStep] = attrs.field(factory=dict)
+
+    def _insert(self, record: FlowRecord) -> None:
+        self.seq += 1
+        self.flows[record.flow_id] = (self.seq, record)
+
+    def apply(self, batch: WriteBatch) -> type[StoreError] | None:
+        """Apply ``batch`` whole, or refuse it (changing nothing) with the error it gets."""
+        before = copy.deepcopy(attrs.asdict(self, recurse=False))
+        refused = self._apply(batch)
+        if refused is not None:
+            for name, value in before.items():
+                setattr(self, name, value)
+        return refused
+
+    def _apply(self, batch: WriteBatch) -> type[StoreError] | None:
+        for record in batch.flows_created:
+            if record.flow_id in self.flows:
+                return FlowExists
+            self._insert(record)
+        for record in batch.flows_upserted:
+            if record.flow_id not in self.flows:
+                self._insert(record)
+                continue
+            seq, stored = self.flows[record.flow_id]
+            if stored.version != record.version - 1:
+                return StoreConflict
+            self.flows[record.flow_id] = (seq, record)
+        refs: list[str] = [
+            *(a.flow_id for a in batch.attempts),
+            *(d.flow_id for d in batch.dispatches),
+            *(p.flow_id for p in batch.pending_put),
+        ]
+        if any(flow_id not in self.flows for flow_id in refs):
+            return StoreError
+        for a in batch.attempts:
+            self.attempts.setdefault(a.flow_id, []).append(a)
+        for d in batch.dispatches:
+            self.dispatches.setdefault(d.flow_id, []).append(d)
+        for p in batch.pending_put:
+            self.pending[p.key] = p
+        for key in batch.pending_done:
+            self.pending.pop(key, None)
+        return None
+
+    def claim(self, owner: str, now: float, lease: float, limit: int) -> list[PendingStep]:
+        due = sorted(
+            (
+                p
+                for p in self.pending.values()
+                if p.not_before <= now and (p.lease_expires is None or p.lease_expires <= now)
+            ),
+            key=lambda p: (p.not_before, p.flow_id, p.step_index),
+        )[:limit]
+        claimed = [attrs.evolve(p, lease_owner=owner, lease_expires=now + lease) for p in due]
+        for p in claimed:
+            self.pending[p.key] = p
+        return claimed
+
+    def set_leases(self, owner: str, expires: float | None) -> int:
+        mine = [p for p in self.pending.values() if p.lease_owner == owner]
+        for p in mine:
+            new_owner = None if expires is None else owner
+            self.pending[p.key] = attrs.evolve(p, lease_owner=new_owner, lease_expires=expires)
+        return len(mine)
+
+    def list_flows(self, flow_type: str | None, status: str | None, limit: int) -> list[Any]:
+        rows = sorted(
+            (
+                (seq, r)
+                for seq, r in self.flows.values()
+                if (flow_type is None or r.flow_type == flow_type)
+                and (status is None or r.status == status)
+            ),
+            key=lambda sr: (sr[1].created_at, sr[0]),
+            reverse=True,
+        )
+        return [r for _, r in rows[:limit]]
+
+
+async def _same_reads(store: SqliteStore, model: Model) -> None:
+    for flow_id in IDS:
+        stored = model.flows.get(flow_id)
+        assert await store.get_flow(flow_id) == (stored[1] if stored else None)
+        assert await store.attempts(flow_id) == model.attempts.get(flow_id, [])
+        want = model.dispatches.get(flow_id, [])
+        assert await store.dispatches(flow_id) == want
+        assert await store.dispatches(flow_id, limit=1) == want[-1:]
+        assert await store.pending(flow_id) == sorted(
+            (p for p in model.pending.values() if p.flow_id == flow_id),
+            key=lambda p: p.step_index,
+        )
+    for flow_type in (None, *TYPES):
+        for status in (None, "running", "completed"):
+            for limit in (2, 100):
+                got = await store.list_flows(flow_type=flow_type, status=status, limit=limit)
+                assert got == model.list_flows(flow_type, status, limit)
+
+
+def _versioned(batch: WriteBatch, model: Model) -> WriteBatch:
+    """``batch`` with each fresh upsert given the version after the one ``model`` holds."""
+    upserts: list[FlowRecord] = []
+    spec: list[tuple[FlowRecord, bool]] = batch.flows_upserted  # type: ignore[assignment]
+    for record, fresh in spec:
+        stored = model.flows.get(record.flow_id)
+        if fresh and stored is not None:
+            record = attrs.evolve(record, version=stored[1].version + 1)
+        upserts.append(record)
+    return attrs.evolve(batch, flows_upserted=upserts)
+
+
+async def _play(ops: list[tuple[Any, ...]]) -> None:
+    store = SqliteStore(":memory:")
+    await store.open()
+    model = Model()
+    setup = WriteBatch(flows_created=[flow("a", flow_type="t1"), flow("b", flow_type="t2")])
+    await store.commit(setup)
+    model.apply(setup)
+    for op in ops:
+        match op:
+            case ("commit", specs):
+                scratch = copy.deepcopy(model)
+                group = []
+                for spec in specs:
+                    group.append(_versioned(spec, scratch))
+                    scratch.apply(group[-1])
+                outcomes = await store.commit_many(group)
+                for batch, outcome in zip(group, outcomes, strict=True):
+                    expected = model.apply(batch)
+                    assert type(outcome) is (type(None) if expected is None else expected)
+            case ("claim", owner, now, lease, limit):
+                assert await store.claim_pending(owner, now, lease, limit) == model.claim(
+                    owner, now, lease, limit
+                )
+            case ("renew", owner, now, lease):
+                assert await store.renew_leases(owner, now, lease) == model.set_leases(
+                    owner, now + lease
+                )
+            case ("release", owner):
+                assert await store.release_leases(owner) == model.set_leases(owner, None)
+        await _same_reads(store, model)
+    await store.close()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations)
+def test_random_batches_read_back_as_the_dict_model_says(ops: list[tuple[Any, ...]]) -> None:
+    trio.run(_play, ops)

@@ -1,0 +1,737 @@
+"""The pull worker engine against a scripted server on a real Unix socket (fake_server.py):
+registration and readiness, capacity and the RPC reservation, handlers and their outcomes,
+keepalive, drain, stream bounds, reconnects. Time is trio's MockClock."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import wire
+from apps.matching import (
+    AuthenticationError,
+    CallTimeout,
+    Flow,
+    MatchingError,
+    PullRegistrationError,
+    PullWorkerOptions,
+    Registry,
+    WorkerOptions,
+    WorkerStopped,
+    rpc,
+    step,
+)
+from apps.matching._readiness import PullRegistrationState, QueueRegistrationState
+from apps.matching._worker_engine import WorkerEngine
+
+from .fake_server import FakeConn, FakeServer
+
+
+class Greeting(Flow):
+    @step
+    async def greet(self, ctx, who):
+        ctx.state["greeting"] = f"Hello, {who}!"
+        ctx.output("half way")
+        return ctx.state["greeting"]
+
+    @step
+    async def slow(self, ctx, seconds):
+        await trio.sleep(seconds)
+        return seconds
+
+    @step
+    async def forever(self, ctx):
+        await trio.sleep_forever()
+
+    @step
+    async def fail(self, ctx, retryable):
+        if retryable is None:
+            raise ValueError("bad input")
+        raise MatchingError("no way", retryable=retryable)
+
+    @rpc
+    async def greeting(self, ctx):
+        return ctx.state.get("greeting")
+
+    @rpc
+    async def slow_rpc(self, ctx, seconds):
+        await trio.sleep(seconds)
+        return "rpc done"
+
+
+class Other(Flow):
+    @step
+    async def noop(self, ctx):
+        return None
+
+
+FLOW = "flow:Greeting"
+WORKER = "worker:w1"
+
+
+@pytest.fixture
+def sock_dir():
+    path = tempfile.mkdtemp(prefix="mw", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def server(sock_dir, nursery):
+    fake = FakeServer(f"{sock_dir}/s.sock")
+    await nursery.start(fake.serve)
+    return fake
+
+
+def make_engine(server: FakeServer, flows=(Greeting,), *, cache=None, **pull: Any) -> WorkerEngine:
+    pull.setdefault("max_concurrent_tasks", 4)
+    options = WorkerOptions(
+        server_address=server.address, app_worker_id="w1", pull=PullWorkerOptions(**pull)
+    )
+    return WorkerEngine(Registry(flows, allow_async_handlers=True), cache, options)
+
+
+async def started(engine: WorkerEngine, nursery: trio.Nursery) -> WorkerEngine:
+    nursery.start_soon(engine.run)
+    await engine.wait_pull_registered(timeout=30)
+    return engine
+
+
+async def eventually(predicate) -> None:
+    """Poll engine-side state (the fake server's events do not wake on it)."""
+    while not predicate():
+        await trio.sleep(0.1)
+
+
+def registers(conn: FakeConn) -> list[tuple[str, str]]:
+    return [(m.queue, m.name) for m in conn.of_type(wire.MatchRegister)]
+
+
+# -- registration and readiness -------------------------------------------------------------
+
+
+async def test_registers_every_flow_type_queue_and_the_app_worker_id_queue(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, (Greeting, Other)), nursery)
+    assert sorted(registers(server.conn)) == [
+        ("flow", "Greeting"),
+        ("flow", "Other"),
+        ("worker", "w1"),
+    ]
+    state = engine.pull_registration_state()
+    assert state == PullRegistrationState(
+        {
+            q: QueueRegistrationState(q, True, None)
+            for q in ("flow:Greeting", "flow:Other", "worker:w1")
+        },
+        True,
+    )
+    assert engine.is_ready()
+    hello = server.conn.hello
+    assert hello.worker_id == "w1"
+    assert hello.flows["Greeting"]["rpcs"] == ["greeting", "slow_rpc"]
+    await engine.close()
+
+
+async def test_wait_before_start_and_concurrent_waiters_all_return(server, nursery, autojump_clock):
+    engine = make_engine(server)
+    returned = []
+
+    async def wait(i: int) -> None:
+        await engine.wait_pull_registered(timeout=30)
+        returned.append(i)
+        server.kick()
+
+    for i in range(3):
+        nursery.start_soon(wait, i)
+    await trio.testing.wait_all_tasks_blocked()
+    assert not engine.is_ready()
+    nursery.start_soon(engine.run)
+    await server.wait_for(lambda: len(returned) == 3)
+    await engine.wait_pull_registered(timeout=1)  # at once, ever after
+    await engine.close()
+
+
+async def test_wait_times_out_naming_the_queues_without_acknowledgement(
+    server, nursery, autojump_clock
+):
+    server.policy = lambda conn, m: (
+        None if m.queue == "worker" else wire.MatchRegistered(queue=m.queue, name=m.name, rid=m.rid)
+    )
+    engine = make_engine(server)
+    nursery.start_soon(engine.run)
+    with pytest.raises(CallTimeout, match="worker:w1"):
+        await engine.wait_pull_registered(timeout=5)
+    await engine.close()
+
+
+async def test_cancelling_a_wait_raises_the_cancellation(server, autojump_clock):
+    engine = make_engine(server)
+    with trio.move_on_after(3) as scope:
+        await engine.wait_pull_registered()
+    assert scope.cancelled_caught
+
+
+async def test_stop_before_ready_fails_waiters_with_worker_stopped(server, nursery, autojump_clock):
+    server.policy = lambda conn, m: None
+    engine = make_engine(server)
+    nursery.start_soon(engine.run)
+    failed = trio.Event()
+
+    async def wait():
+        with pytest.raises(WorkerStopped):
+            await engine.wait_pull_registered()
+        failed.set()
+
+    nursery.start_soon(wait)
+    await server.wait_conns(1)
+    await engine.close()
+    await failed.wait()
+    with pytest.raises(WorkerStopped):
+        await engine.wait_pull_registered()
+
+
+async def test_close_before_run_makes_run_return_at_once(server, autojump_clock):
+    engine = make_engine(server)
+    await engine.close()
+    await engine.run()
+    await engine.close()
+    assert server.conns == []
+
+
+def _reject(code: str = "limit", permanent: bool = True):
+    def answer(m: wire.MatchRegister) -> wire.MatchRejected:
+        return wire.MatchRejected(
+            code=code, message=f"{code} says no", permanent=permanent, rid=m.rid
+        )
+
+    return answer
+
+
+async def test_permanent_rejection_before_ready_raises_pull_registration_error(
+    server, nursery, autojump_clock
+):
+    ok = lambda m: wire.MatchRegistered(queue=m.queue, name=m.name, rid=m.rid)  # noqa: E731
+    server.policy = lambda conn, m: _reject()(m) if m.queue == "flow" else ok(m)
+    engine = make_engine(server)
+    nursery.start_soon(engine.run)
+    with pytest.raises(PullRegistrationError) as info:
+        await engine.wait_pull_registered(timeout=30)
+    assert info.value.queue == FLOW
+    assert info.value.cause.code == "limit" and "limit says no" in str(info.value)
+    state = engine.pull_registration_state()
+    assert not state.is_ready
+    assert state.queues[FLOW].last_permanent_error is not None
+    assert not state.queues[FLOW].has_registered_stream
+    # the default keeps retrying, with backoff
+    await server.wait_for(lambda: registers(server.conn).count(("flow", "Greeting")) >= 3)
+    await engine.close()
+
+
+async def test_permanent_rejection_with_another_registered_stream_is_only_retried(
+    server, nursery, autojump_clock
+):
+    seen = []
+
+    def policy(conn, m):
+        seen.append(m.queue)
+        if m.queue == "flow" and seen.count("flow") == 2:
+            return _reject()(m)
+        return wire.MatchRegistered(queue=m.queue, name=m.name, rid=m.rid)
+
+    server.policy = policy
+    engine = await started(make_engine(server, idle_streams_per_queue=2), nursery)
+    await server.wait_for(lambda: len(server.conn.streams_of(FLOW)) == 2)
+    state = engine.pull_registration_state()
+    assert state.is_ready
+    assert state.queues[FLOW].last_permanent_error is None
+    assert seen.count("flow") == 3
+    await engine.close()
+
+
+async def test_transient_rejection_is_retried_with_backoff(server, nursery, autojump_clock):
+    rejected_at = []
+
+    def policy(conn, m):
+        if m.queue == "flow" and not rejected_at:
+            rejected_at.append(trio.current_time())
+            return _reject("limit", permanent=False)(m)
+        return wire.MatchRegistered(queue=m.queue, name=m.name, rid=m.rid)
+
+    server.policy = policy
+    engine = make_engine(server, reconnect_initial_backoff=2.0)
+    nursery.start_soon(engine.run)
+    await engine.wait_pull_registered(timeout=30)
+    assert trio.current_time() - rejected_at[0] == pytest.approx(2.0)
+    assert engine.pull_registration_state().queues[FLOW].last_permanent_error is None
+    await engine.close()
+
+
+async def test_successful_reregistration_clears_the_permanent_error(
+    server, nursery, autojump_clock
+):
+    attempts = []
+
+    def policy(conn, m):
+        if m.queue == "flow":
+            attempts.append(m.rid)
+            if len(attempts) == 1:
+                return _reject()(m)
+        return wire.MatchRegistered(queue=m.queue, name=m.name, rid=m.rid)
+
+    server.policy = policy
+    engine = make_engine(server)
+    nursery.start_soon(engine.run)
+    with pytest.raises(PullRegistrationError):
+        await engine.wait_pull_registered()
+    await server.wait_for(lambda: len(attempts) == 2 and bool(server.conn.streams_of(FLOW)))
+    await engine.wait_pull_registered(timeout=1)
+    state = engine.pull_registration_state()
+    assert state.is_ready and state.queues[FLOW].last_permanent_error is None
+    await engine.close()
+
+
+async def test_stop_on_permanent_rejection_ends_run_with_the_error_after_draining(
+    server, nursery, autojump_clock
+):
+    engine = make_engine(server, stop_on_permanent_stream_rejection=True)
+    outcome: list[BaseException] = []
+    ended = trio.Event()
+
+    async def run():
+        try:
+            await engine.run()
+        except PullRegistrationError as exc:
+            outcome.append(exc)
+        ended.set()
+
+    nursery.start_soon(run)
+    await engine.wait_pull_registered(timeout=30)
+    conn = server.conn
+    _, delivery, answer = await conn.offer(WORKER, flow_type="Greeting", name="slow", args=[10])
+    assert isinstance(answer, wire.MatchAccept)
+    server.policy = lambda conn, m: _reject("already_registered")(m)
+    start = trio.current_time()
+    await conn.send(wire.MatchClose(rid=conn.streams_of(FLOW)[0]))
+    await ended.wait()
+    assert outcome[0].queue == FLOW
+    assert isinstance(conn.outcome_of(delivery), wire.MatchResult)  # drained first
+    assert trio.current_time() - start == pytest.approx(10)
+    assert not engine.is_ready()  # a queue with no stream and a permanent error
+    await engine.wait_pull_registered(timeout=1)  # but it was ready once
+    await engine.close()  # safe after run ended
+
+
+async def test_start_error_reaches_run_and_the_waiters(server, nursery, autojump_clock):
+    server.welcome_error = wire.MatchError(code="unauthenticated", message="bad token")
+    engine = make_engine(server)
+    failed = trio.Event()
+
+    async def run():
+        with pytest.raises(AuthenticationError):
+            await engine.run()
+        failed.set()
+
+    nursery.start_soon(run)
+    with pytest.raises(AuthenticationError, match="bad token"):
+        await engine.wait_pull_registered(timeout=30)
+    await failed.wait()
+
+
+async def test_stop_does_not_clear_readiness(server, nursery, autojump_clock):
+    engine = await started(make_engine(server), nursery)
+    await engine.close()
+    assert engine.is_ready()
+    await engine.wait_pull_registered(timeout=1)
+
+
+async def test_reconnects_with_backoff_and_stays_ready(server, nursery, autojump_clock):
+    def policy(conn, m):
+        if len(server.conns) == 2:  # the second connection registers nothing
+            return None
+        return wire.MatchRegistered(queue=m.queue, name=m.name, rid=m.rid)
+
+    server.policy = policy
+    engine = await started(make_engine(server, reconnect_initial_backoff=1.0), nursery)
+    first = server.conn
+    dropped = trio.current_time()
+    await first.drop()
+    await trio.sleep(0.5)  # within the backoff
+    assert not engine.statistics().connected
+    state = engine.pull_registration_state()
+    assert state.is_ready and not state.queues[FLOW].has_registered_stream
+    second = await server.wait_conns(2)
+    assert trio.current_time() - dropped == pytest.approx(1.0)
+    await server.wait_for(lambda: len(second.registers) == 2)
+    dropped = trio.current_time()
+    await second.drop()
+    third = await server.wait_conns(3)
+    assert trio.current_time() - dropped == pytest.approx(2.0)  # nothing registered: doubled
+    await server.wait_for(lambda: len(third.registered) == 2)
+    await eventually(lambda: engine.pull_registration_state().queues[FLOW].has_registered_stream)
+    assert engine.is_ready()
+    await engine.close()
+
+
+async def test_server_reconnect_request_finishes_running_calls_first(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server), nursery)
+    first = server.conn
+    _, delivery, _ = await first.offer(FLOW, flow_type="Greeting", name="slow", args=[10])
+    start = trio.current_time()
+    await first.send(wire.MatchReconnect(reason="rebalance"))
+    _, _, declined = await first.offer(FLOW, flow_type="Greeting", name="greet", args=["x"])
+    assert isinstance(declined, wire.MatchDecline) and declined.reason == "draining"
+    second = await server.wait_conns(2)
+    assert isinstance(first.outcome_of(delivery), wire.MatchResult)
+    assert trio.current_time() - start >= 10
+    await server.wait_for(lambda: len(second.registered) == 2)
+    await engine.close()
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+async def test_step_result_carries_value_patch_and_output_first(server, nursery, autojump_clock):
+    engine = await started(make_engine(server), nursery)
+    conn = server.conn
+    stream, delivery, answer = await conn.offer(
+        FLOW, flow_type="Greeting", name="greet", args=["world"], state={"keep": 1}
+    )
+    assert answer == wire.MatchAccept(delivery=delivery, rid=stream)
+    result = await conn.wait_outcome(delivery)
+    assert result == wire.MatchResult(
+        delivery=delivery,
+        value="Hello, world!",
+        patch={"set": {"greeting": "Hello, world!"}, "delete": []},
+        rid=stream,
+    )
+    frames = [m for m in conn.received if getattr(m, "rid", None) == stream]
+    assert frames.index(wire.MatchOutput(delivery=delivery, value="half way", rid=stream)) < (
+        frames.index(result)
+    )
+    _, delivery, _ = await conn.offer(
+        WORKER, flow_type="Greeting", name="greeting", kind="rpc", state={"greeting": "hi"}
+    )
+    reply = await conn.wait_outcome(delivery)
+    assert reply.value == "hi" and reply.patch == {"set": {}, "delete": []}
+    await engine.close()
+
+
+@pytest.mark.parametrize(
+    ("arg", "kind", "retryable"),
+    [(None, "ValueError", True), (True, "MatchingError", True), (False, "MatchingError", False)],
+)
+async def test_handler_exception_becomes_failure(
+    server, nursery, autojump_clock, arg, kind, retryable
+):
+    engine = await started(make_engine(server), nursery)
+    _, delivery, _ = await server.conn.offer(FLOW, flow_type="Greeting", name="fail", args=[arg])
+    failure = await server.conn.wait_outcome(delivery)
+    assert isinstance(failure, wire.MatchFailure)
+    assert (failure.type, failure.retryable) == (kind, retryable)
+    await engine.close()
+
+
+async def test_unknown_flow_type_step_or_rpc_is_declined_unknown_name(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server), nursery)
+    conn = server.conn
+    for flow_type, name, kind in [
+        ("Nope", "greet", "step"),
+        ("Greeting", "nope", "step"),
+        ("Greeting", "nope", "rpc"),
+        ("Greeting", "greet", "rpc"),  # a step's name is no RPC
+    ]:
+        _, _, answer = await conn.offer(WORKER, flow_type=flow_type, name=name, kind=kind)
+        assert isinstance(answer, wire.MatchDecline)
+        assert answer.reason == "unknown_name"
+        assert repr(name if flow_type == "Greeting" else flow_type) in answer.message
+    assert conn.of_type(wire.MatchResult) == conn.of_type(wire.MatchOutput) == []
+    assert engine.pull_reserved_rpc_declines == 0
+    await engine.close()
+
+
+async def test_reserved_slots_decline_steps_count_and_rpcs_use_all_capacity(
+    server, nursery, autojump_clock, caplog
+):
+    caplog.set_level(logging.DEBUG, logger="apps.matching.worker")
+    engine = await started(
+        make_engine(server, max_concurrent_tasks=3, reserved_rpc_tasks=1), nursery
+    )
+    conn = server.conn
+
+    async def offer(name, kind="step", queue=FLOW):
+        _, _, answer = await conn.offer(
+            queue, flow_type="Greeting", name=name, kind=kind, args=[100]
+        )
+        return answer
+
+    assert isinstance(await offer("slow"), wire.MatchAccept)
+    assert isinstance(await offer("slow"), wire.MatchAccept)
+    declined = await offer("slow")  # 2 busy of 3, 1 reserved
+    assert (declined.reason, engine.pull_reserved_rpc_declines) == ("no_capacity", 1)
+    assert "flow type Greeting" in caplog.text
+    assert isinstance(await offer("slow_rpc", "rpc"), wire.MatchAccept)
+    full = await offer("slow")  # all 3 busy: not a reserved decline
+    assert full.reason == "no_capacity"
+    full_rpc = await offer("slow_rpc", "rpc")
+    assert full_rpc.reason == "no_capacity"
+    assert engine.pull_reserved_rpc_declines == 1
+    await engine.close()
+    assert engine.pull_reserved_rpc_declines == 1  # readable after close
+
+
+async def test_cap_of_one_without_reservation_warns_once_naming_both_options(
+    server, nursery, autojump_clock, caplog
+):
+    engine = await started(make_engine(server, max_concurrent_tasks=1), nursery)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "max_concurrent_tasks" in warnings[0].message
+    assert "reserved_rpc_tasks" in warnings[0].message
+    _, _, answer = await server.conn.offer(FLOW, flow_type="Greeting", name="slow", args=[1])
+    assert isinstance(answer, wire.MatchAccept)  # no reservation: the step takes the slot
+    await engine.close()
+
+
+async def test_running_task_sends_pong_every_20_seconds(server, nursery, autojump_clock):
+    engine = await started(make_engine(server), nursery)
+    conn = server.conn
+    stream, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[65])
+    start = trio.current_time()
+    times = []
+
+    def pongs():
+        n = len(conn.of_type(wire.MatchPong, stream))
+        if len(times) < n:
+            times.append(trio.current_time() - start)
+        return n
+
+    await server.wait_for(lambda: pongs() == 3)
+    assert times == pytest.approx([20, 40, 60])
+    await conn.wait_outcome(delivery)
+    assert len(conn.of_type(wire.MatchPong, stream)) == 3
+    await engine.close()
+
+
+async def test_pings_are_answered_with_pongs(server, nursery, autojump_clock):
+    engine = await started(make_engine(server), nursery)
+    conn = server.conn
+    stream = conn.streams_of(FLOW)[0]
+    await conn.send(wire.MatchPing(rid=stream))
+    await conn.send(wire.MatchPing())
+    await server.wait_for(lambda: len(conn.of_type(wire.MatchPong)) == 2)
+    assert conn.of_type(wire.MatchPong) == [wire.MatchPong(rid=stream), wire.MatchPong()]
+    await engine.close()
+
+
+async def test_sync_handlers_run_in_threads(server, nursery):
+    main = threading.get_ident()
+
+    class Sync(Flow):
+        @step
+        def work(self, ctx, n):
+            ctx.output("from a thread")
+            ctx.state["n"] = n
+            return [n * 2, threading.get_ident() != main]
+
+    options = WorkerOptions(
+        server_address=server.address,
+        app_worker_id="w1",
+        pull=PullWorkerOptions(max_concurrent_tasks=2),
+    )
+    engine = WorkerEngine(Registry((Sync,)), None, options)
+    with trio.fail_after(10):
+        nursery.start_soon(engine.run)
+        await engine.wait_pull_registered()
+        conn = server.conn
+        stream, delivery, _ = await conn.offer("flow:Sync", flow_type="Sync", name="work", args=[3])
+        result = await conn.wait_outcome(delivery)
+        assert result.value == [6, True]
+        assert result.patch == {"set": {"n": 3}, "delete": []}
+        assert conn.of_type(wire.MatchOutput, stream)[0].value == "from a thread"
+        await engine.close()
+
+
+class _Cache:
+    """BlobCache's async interface: ``blob:<key>`` args are fetched, bytes results uploaded."""
+
+    async def unpack_async(self, value, fetch):
+        return [
+            (await fetch(v[5:])) if isinstance(v, str) and v.startswith("blob:") else v
+            for v in value
+        ]
+
+    async def pack_async(self, value, upload):
+        return f"blob:{await upload(value)}" if isinstance(value, bytes) else value
+
+
+class Blobs(Flow):
+    @step
+    async def echo(self, ctx, data):
+        return data + b"!"
+
+
+async def test_blobs_are_fetched_before_and_uploaded_after_the_handler(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, (Blobs,), cache=_Cache()), nursery)
+    conn = server.conn
+
+    async def blob_service():
+        answered = 0
+        while True:
+            await server.wait_for(lambda n=answered: len(conn.of_type(wire.MatchCall)) > n)
+            call = conn.of_type(wire.MatchCall)[answered]
+            answered += 1
+            if call.op == "get_blob":
+                await conn.send(
+                    wire.MatchReply(value=b"data-" + call.args["key"].encode(), rid=call.rid)
+                )
+            else:
+                await conn.send(wire.MatchReply(value="k2", rid=call.rid))
+
+    nursery.start_soon(blob_service)
+    _, delivery, _ = await conn.offer(
+        "flow:Blobs", flow_type="Blobs", name="echo", args=["blob:k1"]
+    )
+    result = await conn.wait_outcome(delivery)
+    assert result.value == "blob:k2"
+    put = [c for c in conn.of_type(wire.MatchCall) if c.op == "put_blob"]
+    assert put[0].args == {"data": b"data-k1!"}
+    await engine.close()
+
+
+# -- drain ------------------------------------------------------------------------------------
+
+
+async def test_close_drains_running_handlers_and_declines_new_tasks(
+    server, nursery, autojump_clock
+):
+    engine = make_engine(server)
+    ran = trio.Event()
+
+    async def run():
+        await engine.run()
+        ran.set()
+
+    nursery.start_soon(run)
+    await engine.wait_pull_registered()
+    conn = server.conn
+    _, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[10])
+    start = trio.current_time()
+    closed = trio.Event()
+
+    async def close():
+        await engine.close()
+        closed.set()
+
+    nursery.start_soon(close)
+    await server.wait_for(lambda: bool(conn.of_type(wire.MatchDraining)))
+    _, _, answer = await conn.offer(WORKER, flow_type="Greeting", name="greet", args=["x"])
+    assert (answer.reason, answer.message) == ("draining", "worker w1 is stopping")
+    await closed.wait()
+    assert trio.current_time() - start == pytest.approx(10)
+    assert isinstance(conn.outcome_of(delivery), wire.MatchResult)
+    await ran.wait()
+    await server.wait_for(lambda: not conn.open)
+    await engine.close()  # again
+
+
+async def test_close_cancels_handlers_after_stop_drain_timeout(server, nursery, autojump_clock):
+    engine = await started(make_engine(server, stop_drain_timeout=5), nursery)
+    conn = server.conn
+    _, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="forever")
+    start = trio.current_time()
+    await engine.close()
+    assert trio.current_time() - start == pytest.approx(5)
+    assert conn.outcome_of(delivery) is None  # cancelled: the server re-dispatches it
+    assert engine.statistics().busy == 0
+
+
+async def test_results_of_a_lost_connection_are_dropped_and_slots_freed(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, reconnect_initial_backoff=1.0), nursery)
+    first = server.conn
+    _, delivery, _ = await first.offer(FLOW, flow_type="Greeting", name="slow", args=[10])
+    await first.drop()
+    second = await server.wait_conns(2)
+    await eventually(lambda: engine.statistics().busy == 0)
+    assert first.outcome_of(delivery) is None
+    assert second.of_type(wire.MatchResult) == []
+    await engine.close()
+
+
+# -- stream bounds ----------------------------------------------------------------------------
+
+
+async def test_streams_fall_back_to_the_idle_target_after_load(server, nursery, autojump_clock):
+    engine = await started(
+        make_engine(server, max_concurrent_tasks=3, reserved_rpc_tasks=0), nursery
+    )
+    conn = server.conn
+    deliveries = []
+    for seconds in (10, 10, 10):
+        _, delivery, answer = await conn.offer(
+            FLOW, flow_type="Greeting", name="slow", args=[seconds]
+        )
+        assert isinstance(answer, wire.MatchAccept)
+        deliveries.append(delivery)
+    await server.wait_for(lambda: len(conn.idle_of(FLOW)) == 1)
+    # at the peak: cap + (F + 1) * idle_streams_per_queue
+    assert len(conn.registered) == 3 + 2 * 1
+    for delivery in deliveries:
+        await conn.wait_outcome(delivery)
+    await server.wait_for(lambda: len(conn.registered) == 2)
+    assert len(conn.of_type(wire.MatchClose)) == 3
+    assert engine.is_ready()
+    assert engine.statistics().idle_streams == {FLOW: 1, WORKER: 1}
+    await engine.close()
+
+
+async def test_reserved_decline_keeps_one_extra_idle_stream_for_30_seconds(
+    server, nursery, autojump_clock
+):
+    engine = await started(
+        make_engine(server, max_concurrent_tasks=2, reserved_rpc_tasks=1), nursery
+    )
+    conn = server.conn
+    await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[1000])
+    await server.wait_for(lambda: len(conn.idle_of(FLOW)) == 1)
+    _, _, declined = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[1])
+    assert declined.reason == "no_capacity"
+    declined_at = trio.current_time()
+    await server.wait_for(lambda: len(conn.idle_of(FLOW)) == 2)
+    assert len(conn.idle_of(WORKER)) == 1  # other queues keep their target
+    await server.wait_for(lambda: len(conn.idle_of(FLOW)) == 1)
+    assert trio.current_time() - declined_at == pytest.approx(30)
+    # with every slot busy no extra stream is opened
+    await conn.offer(WORKER, flow_type="Greeting", name="slow_rpc", kind="rpc", args=[1000])
+    _, _, full = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[1])
+    assert full.reason == "no_capacity"
+    await trio.sleep(1)
+    assert len(conn.idle_of(FLOW)) == 1
+    assert engine.pull_reserved_rpc_declines == 1
+    await engine.close()
+
+
+async def test_generated_app_worker_id_names_host_and_pid(server):
+    options = WorkerOptions(server_address=server.address)
+    a = WorkerEngine(Registry(()), None, options)
+    b = WorkerEngine(Registry(()), None, options)
+    assert a.app_worker_id.startswith(f"{socket.gethostname()}-{os.getpid()}-")
+    assert a.app_worker_id != b.app_worker_id
