@@ -4,17 +4,13 @@ Workers never listen: they dial out to the server, register a stream per queue (
 type, one for their own app worker id) and pull work. See ``ARCHITECTURE.md`` beside this file.
 """
 
-from ._adapters import AsyncClient as AsyncClient
-from ._adapters import AsyncWorker as AsyncWorker
-from ._adapters import Client as Client
-from ._adapters import TrioClient as TrioClient
-from ._adapters import TrioWorker as TrioWorker
-from ._adapters import Worker as Worker
-from ._adapters import readiness_handler as readiness_handler
-from ._adapters import serve_readyz as serve_readyz
 from ._application import application as application
 from ._application import default_application as default_application
+from ._asyncio_adapters import AsyncClient as AsyncClient
+from ._asyncio_adapters import AsyncWorker as AsyncWorker
 from ._blobs import BlobCache as BlobCache
+from ._blocking_adapters import Client as Client
+from ._blocking_adapters import Worker as Worker
 from ._config import MatchingConfig as MatchingConfig
 from ._config import add_arguments as add_arguments
 from ._errors import AlreadyRegistered as AlreadyRegistered
@@ -63,6 +59,10 @@ from ._options import WorkerOptions as WorkerOptions
 from ._options import parse_server_address as parse_server_address
 from ._readiness import PullRegistrationState as PullRegistrationState
 from ._readiness import QueueRegistrationState as QueueRegistrationState
+from ._readiness_probe import readiness_handler as readiness_handler
+from ._readiness_probe import serve_readyz as serve_readyz
+from ._trio_adapters import TrioClient as TrioClient
+from ._trio_adapters import TrioWorker as TrioWorker
 
 __all__ = [
     "AlreadyRegistered",

@@ -55,7 +55,10 @@ async def _start_store(path: str) -> Any:
 
 async def _start_engine(config: MatchingConfig) -> Any:
     options = EngineOptions(
-        store=SERVER_NAME, matcher=MATCHER, dispatch_wait=config.limits.dispatch_wait
+        store=SERVER_NAME,
+        matcher=MATCHER,
+        dispatch_wait=config.limits.dispatch_wait,
+        max_flow_type_length=config.limits.max_flow_type_length,
     )
     return await FlowEngine.start_link(options, name=ENGINE)
 

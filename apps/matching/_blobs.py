@@ -281,7 +281,10 @@ class BlobCache:
             BlobCorrupted: ``upload`` answered with another key than the blob's.
         """
         found: dict[int, tuple[bytes | bytearray, str]] = {}
-        _walk(value, self._large, lambda data: found.setdefault(id(data), (data, "")))
+        copy = _walk(value, self._large, lambda data: found.setdefault(id(data), (data, ""))[0])
+        if not found:  # (the usual case: the walk's copy is the packed value)
+            await trio.lowlevel.checkpoint()
+            return copy
         keys: dict[int, str] = {}
         uploaded: set[str] = set()
         for ident, (data, _) in found.items():
@@ -309,7 +312,10 @@ class BlobCache:
             InvalidBlobKey: A reference's key is not valid.
         """
         refs: dict[str, dict[str, Any]] = {}
-        _walk(value, is_blob_ref, lambda ref: refs.setdefault(_check_key(ref[REF_KEY]), ref))
+        copy = _walk(value, is_blob_ref, lambda ref: refs.setdefault(_check_key(ref[REF_KEY]), ref))
+        if not refs:  # (the usual case: the walk's copy is the unpacked value)
+            await trio.lowlevel.checkpoint()
+            return copy
         loaded: dict[str, bytes] = {}
         for key in refs:
             data = await trio.to_thread.run_sync(self._get_or_none, key)

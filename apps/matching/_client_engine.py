@@ -3,15 +3,20 @@ cancel them (the seed's ``Client``; every flavour in ``_adapters.py`` runs this 
 
 One connection is shared by every call of the engine (calls are multiplexed by call id). A
 connection that is lost is dropped and the next call dials again; a call caught by the loss fails
-with the connection's error, since it may or may not have reached the server.
+with the connection's error, since it may or may not have reached the server. The server's
+connection-level M_PING is answered with M_PONG (a trio system task per connection reads its
+``control`` channel), so an idle client is not dropped after ``peer_timeout``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import trio
+
+import wire
 
 from ._blobs import BlobCache
 from ._errors import ClientClosed, ConfigurationError, MatchingError, ProtocolError
@@ -27,6 +32,8 @@ TIMEOUT_GRACE = 5.0
 #: Ops that may be sent again on a fresh connection when the first one was lost under them.
 _IDEMPOTENT = frozenset({"result", "describe", "list", "get_blob", "put_blob", "cancel"})
 
+log = logging.getLogger("apps.matching.client")
+
 
 class CallConnection(Protocol):
     """What the engine needs of a connection (``SdkConnection`` in role ``"client"``)."""
@@ -40,6 +47,22 @@ class CallConnection(Protocol):
 
 
 Connect = Callable[[ClientOptions], Awaitable[CallConnection]]
+
+
+async def _answer_pings(conn: Any) -> None:
+    """Answer each connection-level M_PING on ``conn.control`` with M_PONG until the channel
+    ends (the connection closed or was lost). Other control messages (M_RECONNECT, M_ERROR
+    with request id 0) are ignored: calls caught by a loss fail on their own. A trio system
+    task: it never raises (cancellation at the end of the run aside)."""
+    try:
+        async for message in conn.control:
+            if type(message) is wire.MatchPing:
+                try:
+                    await conn.send(wire.MatchPong())
+                except MatchingError:  # the connection is gone: the channel ends too
+                    return
+    except Exception:
+        log.exception("answering the server's pings failed")
 
 
 async def _open_sdk_connection(options: ClientOptions) -> CallConnection:
@@ -134,6 +157,8 @@ class ClientEngine:
         self._conn: CallConnection | None = None
         self._lock = trio.Lock()
         self._closed = False
+        #: flow type -> (its definition, what ``start_flow`` sends of it), built once.
+        self._payloads: dict[str, tuple[FlowDefinition, dict[str, Any]]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -188,6 +213,8 @@ class ClientEngine:
                         await conn.aclose()
                     raise ClientClosed("the client was closed while it connected")
                 self._conn = conn
+                if getattr(conn, "control", None) is not None:
+                    trio.lowlevel.spawn_system_task(_answer_pings, conn)
             return conn
 
     def _drop(self, conn: CallConnection) -> None:
@@ -254,15 +281,13 @@ class ClientEngine:
         definition = self.registry.get(flow_type)
         if flow_id is not None:
             _check_flow_id(flow_id, "start_flow")
+        cached = self._payloads.get(flow_type)
+        if cached is None or cached[0] is not definition:
+            cached = self._payloads[flow_type] = (definition, flow_definition_payload(definition))
         packed = await self._pack(list(args))
         answer = await self._call(
             "start_flow",
-            {
-                "flow_type": flow_type,
-                "flow_id": flow_id,
-                "args": packed,
-                "definition": flow_definition_payload(definition),
-            },
+            {"flow_type": flow_type, "flow_id": flow_id, "args": packed, "definition": cached[1]},
             self.options.call_timeout,
         )
         if type(answer) is not str or not answer:

@@ -4,13 +4,13 @@
 A connection reads frames under tight limits until M_HELLO, checks the bearer token for the
 role, answers M_WELCOME with the codec both sides use from then on, and serves the role:
 a worker's M_REGISTER opens a stream (the matcher picks the queue, a linked stream process
-serves it) and its stream frames go to that stream process as messages; a client's M_CALLs run
-each in a task of their own against the engine (as a Gunicorn-style worker serves requests
-concurrently), answered by M_REPLY or M_ERROR. Malformed input gets an M_ERROR (and, when the
-bytes cannot be decoded, the connection closes); the server serves everyone else on. Writes are
-bounded (:meth:`Connection.send_message` never blocks; a peer that stops reading is dropped),
-a peer silent for ``peer_timeout`` is dropped, and an idle connection gets an M_PING every
-``ping_interval``. The connection's end kills its streams (their reports are the routing core's).
+serves it) and its stream frames go to that stream process as messages; M_CALLs go to
+``_call_ops.py`` (each runs in a task of its own, answered by M_REPLY or M_ERROR). Malformed
+input gets an M_ERROR (and, when the bytes cannot be decoded, the connection closes); the
+server serves everyone else on. Writes are bounded (:meth:`Connection.send_message` never
+blocks; a peer that stops reading is dropped), a peer silent for ``peer_timeout`` is dropped,
+and an idle connection gets an M_PING every ``ping_interval``. The connection's end kills its
+streams (their reports are the routing core's).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import hmac
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -28,10 +27,10 @@ import otp
 import wire
 
 from . import _matcher, _stream
+from ._call_ops import start_call
 from ._config import MatchingConfig
 from ._dispatch import Capabilities, StreamRejection, WorkerDraining
-from ._engine import ENGINE, FlowEngine
-from ._errors import MatchingError
+from ._engine import ENGINE
 
 __all__ = ["HELLO_LIMITS", "Connection", "ServerContext", "start_connection"]
 
@@ -47,8 +46,6 @@ HELLO_LIMITS = wire.Limits(
 )
 #: Frames a peer may send before a good HELLO (each answered by an M_ERROR) before it is dropped.
 MAX_FRAMES_BEFORE_HELLO = 8
-#: Client calls in flight on one connection.
-MAX_CALLS = 1024
 #: Bytes handed to the socket at once: each write must drain within ``peer_timeout``.
 WRITE_CHUNK = 256 * 1024
 #: What the server sends: the peers' decoders enforce the protocol's own limits.
@@ -437,7 +434,7 @@ def _handle(conn: Connection, frame: wire.Frame) -> None:
         return
     if kind is wire.MatchCall:
         assert isinstance(msg, wire.MatchCall)
-        _start_call(conn, msg)
+        start_call(conn, msg)
         return
     if conn.role == "worker":
         if kind in _STREAM_FRAMES:
@@ -535,162 +532,3 @@ async def _open_stream(conn: Connection, msg: wire.MatchRegister) -> None:
             otp.send(pid, held)
     finally:
         conn.registering.pop(rid, None)
-
-
-# ==================================================================== calls
-
-
-def _start_call(conn: Connection, msg: wire.MatchCall) -> None:
-    rid = msg.rid
-    if rid in conn.calls:
-        _bad(conn, rid, f"call id {rid} is already in flight on this connection")
-        return
-    if len(conn.calls) >= MAX_CALLS:
-        conn.error(
-            rid, "limit", f"{MAX_CALLS} calls are in flight on this connection", retryable=True
-        )
-        return
-    op = _OPS.get(msg.op)
-    if op is None or (conn.role == "worker" and msg.op not in _WORKER_OPS):
-        allowed = sorted(_WORKER_OPS if conn.role == "worker" else _OPS)
-        conn.error(
-            rid, "unsupported", f"a {conn.role} may call {', '.join(allowed)}, not {msg.op!r}"
-        )
-        return
-    conn.calls.add(rid)
-    assert conn.nursery is not None
-    conn.nursery.start_soon(_run_call, conn, rid, op, msg.args)
-
-
-async def _run_call(
-    conn: Connection,
-    rid: int,
-    op: Callable[[Connection, dict[Any, Any]], Awaitable[Any]],
-    args: dict[Any, Any],
-) -> None:
-    try:
-        value = await op(conn, args)
-    except MatchingError as exc:
-        conn.send_message(
-            wire.MatchError(exc.code, exc.message, exc.retryable, dict(exc.details), rid=rid)
-        )
-    except _BadArgs as exc:
-        conn.error(rid, "bad_frame", str(exc))
-    except _CodedError as exc:
-        conn.error(rid, exc.code, exc.message)
-    except otp.CallTimeout as exc:
-        conn.error(rid, "timeout", f"the server did not answer in time: {exc}", retryable=True)
-    except otp.CallError as exc:
-        conn.error(rid, "internal", f"the server failed the call: {exc}", retryable=True)
-    else:
-        conn.send_message(wire.MatchReply(value, rid=rid))
-    finally:
-        conn.calls.discard(rid)
-
-
-class _BadArgs(Exception):
-    """A call's arguments are not what its op takes."""
-
-
-class _CodedError(Exception):
-    """A call's failure with a wire code of its own."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _arg(args: dict[Any, Any], key: str, kind: Any, *, optional: bool = False) -> Any:
-    if key not in args:
-        if optional:
-            return None
-        raise _BadArgs(f"the call needs the argument {key!r}")
-    value = args[key]
-    if value is None and optional:
-        return None
-    if kind is float:
-        ok = type(value) in (int, float) and value >= 0
-    else:
-        ok = type(value) is kind
-    if not ok:
-        raise _BadArgs(
-            f"argument {key!r} must be a {getattr(kind, '__name__', kind)}"
-            f"{' or None' if optional else ''} (got {type(value).__name__})"
-        )
-    return float(value) if kind is float else value
-
-
-async def _put_blob(conn: Connection, args: dict[Any, Any]) -> Any:
-    data = _arg(args, "data", bytes)
-    return await trio.to_thread.run_sync(conn.ctx.blobs.put, data)
-
-
-async def _get_blob(conn: Connection, args: dict[Any, Any]) -> Any:
-    key = _arg(args, "key", str)
-    try:
-        return await trio.to_thread.run_sync(conn.ctx.blobs.get, key)
-    except KeyError:
-        raise _CodedError(
-            "blob_not_found", f"no blob {key} on this server: put_blob it first"
-        ) from None
-
-
-async def _start_flow(conn: Connection, args: dict[Any, Any]) -> Any:
-    return await FlowEngine.start_flow(
-        _arg(args, "flow_type", str),
-        _arg(args, "args", list),
-        _arg(args, "definition", dict),
-        _arg(args, "flow_id", str, optional=True),
-        server=conn.ctx.engine,
-    )
-
-
-async def _call_rpc(conn: Connection, args: dict[Any, Any]) -> Any:
-    return await FlowEngine.call_rpc(
-        _arg(args, "flow_id", str),
-        _arg(args, "name", str),
-        _arg(args, "args", list),
-        _arg(args, "timeout", float, optional=True),
-        server=conn.ctx.engine,
-    )
-
-
-async def _result(conn: Connection, args: dict[Any, Any]) -> Any:
-    return await FlowEngine.result(
-        _arg(args, "flow_id", str),
-        _arg(args, "timeout", float, optional=True),
-        server=conn.ctx.engine,
-    )
-
-
-async def _describe(conn: Connection, args: dict[Any, Any]) -> Any:
-    return await FlowEngine.describe(_arg(args, "flow_id", str), server=conn.ctx.engine)
-
-
-async def _list(conn: Connection, args: dict[Any, Any]) -> Any:
-    limit = _arg(args, "limit", int, optional=True)
-    return await FlowEngine.list_flows(
-        _arg(args, "flow_type", str, optional=True),
-        _arg(args, "status", str, optional=True),
-        100 if limit is None else limit,
-        server=conn.ctx.engine,
-    )
-
-
-async def _cancel(conn: Connection, args: dict[Any, Any]) -> Any:
-    await FlowEngine.cancel(_arg(args, "flow_id", str), server=conn.ctx.engine)
-    return None
-
-
-_OPS: dict[str, Callable[[Connection, dict[Any, Any]], Awaitable[Any]]] = {
-    "start_flow": _start_flow,
-    "call_rpc": _call_rpc,
-    "result": _result,
-    "describe": _describe,
-    "list": _list,
-    "cancel": _cancel,
-    "put_blob": _put_blob,
-    "get_blob": _get_blob,
-}
-_WORKER_OPS = frozenset({"put_blob", "get_blob"})

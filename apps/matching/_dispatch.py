@@ -111,6 +111,8 @@ class Dispatch:
             them again).
         declined_no_capacity: Some worker declined it for capacity on its way so far (so that
             running out of wait means ``no_worker_available``).
+        drained: App worker ids that are draining (it is not offered to them either, but
+            their lacking nothing makes no ``unknown_name``).
     """
 
     task: Task
@@ -119,6 +121,7 @@ class Dispatch:
     wait: float = 10.0
     excluded: frozenset[str] = attrs.field(default=frozenset(), converter=_names)
     declined_no_capacity: bool = False
+    drained: frozenset[str] = attrs.field(default=frozenset(), converter=_names)
 
 
 # -- outcomes, sent to Dispatch.reply_to ----------------------------------------------------
@@ -354,6 +357,9 @@ class MatchingLimits:
         dispatch_wait: Default dispatch wait (the engine passes it as ``Dispatch.wait``).
         ping_interval: How often idle streams get an ``M_PING``.
         peer_timeout: A worker silent on a stream that long is dropped.
+        queue_idle_timeout: A queue with no stream and no backlog that long is stopped (the
+            matcher starts it again when a dispatch or a registration needs it), so the
+            queues alive are those in use.
 
     Raises:
         ValueError: a field is not a positive int (counts) or a positive number (seconds).
@@ -369,3 +375,4 @@ class MatchingLimits:
     dispatch_wait: float = attrs.field(default=10.0, validator=_positive_seconds)
     ping_interval: float = attrs.field(default=20.0, validator=_positive_seconds)
     peer_timeout: float = attrs.field(default=60.0, validator=_positive_seconds)
+    queue_idle_timeout: float = attrs.field(default=300.0, validator=_positive_seconds)

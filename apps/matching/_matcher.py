@@ -6,6 +6,10 @@ worker registers it, so a dispatch waits there for its dispatch wait), counts th
 app worker id (monitoring them), refuses registrations past the limits or for an app worker id
 another worker process holds, and routes each submitted dispatch: to the sticky worker's queue
 while that worker has a stream there and is not draining, else to the flow type's queue.
+
+An unused queue (``QueueIdle``) is forgotten and told to stop (``StopIdle``) once nothing can
+be on its way to it: no stream of it is counted, no registration is pending, and it has received
+every dispatch sent to it. The next dispatch or registration for its name starts a new one.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from ._dispatch import (
     WorkerDraining,
     WorkerFreed,
 )
-from ._queue import Forward, Queue, queue_spec
+from ._queue import Forward, Queue, QueueIdle, StopIdle, queue_spec
 from ._queue_book import QueueStatistics
 
 __all__ = [
@@ -76,6 +80,8 @@ class MatcherStatistics:
 class _Worker:
     session: str
     streams: set[otp.Pid] = attrs.Factory(set)
+    #: Its streams per queue name (the queues ``notify_worker`` tells).
+    queues: dict[str, int] = attrs.Factory(dict)
     #: Registrations not yet followed by their stream's ``StreamUp``, per connection.
     pending: dict[otp.Pid, int] = attrs.Factory(dict)
     draining: bool = False
@@ -99,6 +105,8 @@ class _State:
     queues: dict[str, otp.Pid] = attrs.Factory(dict)
     queue_names: dict[otp.Pid, str] = attrs.Factory(dict)
     queue_refs: dict[otp.Ref, otp.Pid] = attrs.Factory(dict)
+    #: Dispatches sent to each queue (``QueueIdle.received`` tells whether all arrived).
+    queue_sent: dict[otp.Pid, int] = attrs.Factory(dict)
     #: Attached streams per queue name.
     queue_streams: dict[str, int] = attrs.Factory(dict)
     workers: dict[str, _Worker] = attrs.Factory(dict)
@@ -218,6 +226,8 @@ class Matcher(otp.GenServer):
             await self._to_flow(state, message.dispatch, message.reason, message.worker_id)
         elif kind is StreamUp:
             self._stream_up(state, message)
+        elif kind is QueueIdle:
+            self._queue_idle(state, message)
         elif kind is WorkerFreed or kind is WorkerDraining:
             self._notify(state, message)
         else:
@@ -232,6 +242,7 @@ class Matcher(otp.GenServer):
             elif ref in state.queue_refs:
                 pid = state.queue_refs.pop(ref)
                 queue_name = state.queue_names.pop(pid, None)
+                state.queue_sent.pop(pid, None)
                 if queue_name is not None and state.queues.get(queue_name) == pid:
                     del state.queues[queue_name]
             elif ref in state.conn_refs:
@@ -337,6 +348,23 @@ class Matcher(otp.GenServer):
         state.queue_refs[otp.monitor(pid)] = pid
         return pid
 
+    def _queue_idle(self, state: _State, message: QueueIdle) -> None:
+        """Stop the unused queue if nothing can still be on its way to it."""
+        pid = message.queue
+        queue_name = state.queue_names.get(pid)
+        if queue_name is None or state.queues.get(queue_name) != pid:
+            otp.send(pid, StopIdle())  # forgotten already (it had a late backlog to serve)
+            return
+        if (
+            state.queue_streams.get(queue_name, 0)
+            or state.pending_total
+            or state.queue_sent.get(pid, 0) != message.received
+        ):
+            return  # in use after all: it asks again after another idle timeout
+        del state.queues[queue_name]
+        logger.debug("matching: queue %s is unused: it stops", queue_name)
+        otp.send(pid, StopIdle())
+
     def _stream_up(self, state: _State, message: StreamUp) -> None:
         stream = message.stream
         if stream in state.streams:
@@ -358,6 +386,7 @@ class Matcher(otp.GenServer):
         state.streams[stream] = _StreamEntry(message.worker_id, queue_name, message.conn, ref)
         state.stream_refs[ref] = stream
         worker.streams.add(stream)
+        worker.queues[queue_name] = worker.queues.get(queue_name, 0) + 1
         state.queue_streams[queue_name] = state.queue_streams.get(queue_name, 0) + 1
         if worker.draining:
             otp.send(message.queue_pid, WorkerDraining(message.worker_id))
@@ -373,7 +402,13 @@ class Matcher(otp.GenServer):
             state.queue_streams.pop(entry.queue, None)
         worker = state.workers.get(entry.worker_id)
         if worker is not None:
-            worker.streams.discard(stream)
+            if stream in worker.streams:
+                worker.streams.discard(stream)
+                held = worker.queues.get(entry.queue, 1) - 1
+                if held > 0:
+                    worker.queues[entry.queue] = held
+                else:
+                    worker.queues.pop(entry.queue, None)
             if not worker.count():
                 del state.workers[entry.worker_id]
 
@@ -394,8 +429,7 @@ class Matcher(otp.GenServer):
             return
         if type(message) is WorkerDraining:
             worker.draining = True
-        queues = {state.streams[s].queue for s in worker.streams if s in state.streams}
-        for queue_name in queues:
+        for queue_name in worker.queues:
             pid = state.queues.get(queue_name)
             if pid is not None:
                 otp.send(pid, message)
@@ -420,6 +454,8 @@ class Matcher(otp.GenServer):
             otp.send(
                 dispatch.reply_to, Routed(dispatch.task.delivery, queue_name, "sticky", sticky)
             )
+            sent = state.queue_sent
+            sent[pid] = sent.get(pid, 0) + 1
             otp.send(pid, dispatch)
             return
         await self._to_flow(state, dispatch, "fallback_no_stream", sticky)
@@ -447,6 +483,8 @@ class Matcher(otp.GenServer):
             return
         queue_name = f"flow:{task.flow_type}"
         otp.send(dispatch.reply_to, Routed(task.delivery, queue_name, reason, worker_id))
+        sent = state.queue_sent
+        sent[found] = sent.get(found, 0) + 1
         otp.send(found, dispatch)
 
 

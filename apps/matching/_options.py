@@ -143,6 +143,10 @@ class PullWorkerOptions:
             :class:`PullRegistrationError` when a permanent rejection leaves a queue with no
             registered stream (default: log and keep retrying).
         keepalive_interval: Seconds between PONG frames a stream sends while its task runs.
+        idle_stream_linger: Seconds an idle stream beyond a queue's idle target stays open
+            (for the next task) before it is closed: a loaded worker reuses its streams
+            instead of registering one per call. After load falls the worker holds at most
+            ``max_concurrent_tasks + (F + 1) * idle_streams_per_queue`` streams again.
         reconnect_initial_backoff / reconnect_max_backoff: Reconnect backoff (doubling).
 
     Raises:
@@ -157,6 +161,7 @@ class PullWorkerOptions:
         default=False, validator=attrs.validators.instance_of(bool)
     )
     keepalive_interval: float = attrs.field(default=20.0, validator=_seconds)
+    idle_stream_linger: float = attrs.field(default=5.0, validator=_seconds)
     reconnect_initial_backoff: float = attrs.field(default=0.1, validator=_seconds)
     reconnect_max_backoff: float = attrs.field(default=10.0, validator=_seconds)
 

@@ -5,6 +5,11 @@ matcher. It monitors the streams that register with it (a stream's death is a ``
 keeps one ``send_after`` timer for the earliest end of a wait, and carries out the book's
 actions: offers to streams, outcomes to ``reply_to``, and forwards to flow-type queues through
 the matcher. Messages reach it as casts or as plain messages alike.
+
+A queue unused (no stream, no backlog) for ``limits.queue_idle_timeout`` tells the matcher
+(``QueueIdle``, with the number of dispatches it has received); the matcher forgets it and
+answers ``StopIdle`` when no dispatch or registration can still be on its way to it, and the
+queue stops (``normal``). Otherwise the queue asks again after another idle timeout.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from ._queue_book import (
     Route,
 )
 
-__all__ = ["Forward", "Queue", "queue_spec", "start_queue"]
+__all__ = ["Forward", "Queue", "QueueIdle", "StopIdle", "queue_spec", "start_queue"]
 
 logger = logging.getLogger("apps.matching")
 
@@ -55,8 +60,27 @@ class Forward:
     worker_id: str | None
 
 
+@attrs.frozen(eq=False)
+class QueueIdle:
+    """queue -> matcher: the queue ``queue`` has had no stream and no backlog for
+    ``queue_idle_timeout``, having received ``received`` dispatches in all."""
+
+    queue: otp.Pid
+    received: int
+
+
+@attrs.frozen
+class StopIdle:
+    """matcher -> queue: the matcher forgot the queue (nothing is on its way to it): stop."""
+
+
 @attrs.frozen
 class _Expire:
+    token: int
+
+
+@attrs.frozen
+class _IdleCheck:
     token: int
 
 
@@ -68,6 +92,11 @@ class _State:
     timer: otp.Ref | None = None
     timer_due: float | None = None
     token: int = 0
+    idle_after: float = 300.0
+    idle_timer: otp.Ref | None = None
+    idle_token: int = 0
+    #: Dispatches received (the matcher counts those it sent, to know none is on its way).
+    received: int = 0
 
 
 async def start_queue(kind: str, name: str, limits: MatchingLimits, matcher: Any) -> otp.Pid:
@@ -101,23 +130,30 @@ class Queue(otp.GenServer):
     # -- callbacks ------------------------------------------------------------------------------
 
     def init(self, kind: str, name: str, limits: MatchingLimits, matcher: Any) -> otp.Ok:
-        return otp.Ok(
-            _State(QueueBook(kind, name, clock=trio.current_time, limits=limits), matcher)
+        state = _State(
+            QueueBook(kind, name, clock=trio.current_time, limits=limits),
+            matcher,
+            idle_after=limits.queue_idle_timeout,
         )
+        _watch_idle(state)
+        return otp.Ok(state)
 
     def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
         if request == "statistics":
             return otp.Reply(state.book.statistics(), state)
         return otp.Reply(("error", ("unknown_request", request)), state)
 
-    def handle_cast(self, message: Any, state: _State) -> otp.NoReply:
+    def handle_cast(self, message: Any, state: _State) -> otp.NoReply | otp.Stop:
         return self.handle_info(message, state)
 
-    def handle_info(self, message: Any, state: _State) -> otp.NoReply:
+    def handle_info(self, message: Any, state: _State) -> otp.NoReply | otp.Stop:
         book = state.book
         kind = type(message)
         if kind is Dispatch:
+            state.received += 1
             actions = book.dispatch(message)
+        elif kind is WorkerFreed:  # (one per call ended, to each queue of its worker)
+            actions = book.worker_freed(message.worker_id)
         elif kind is StreamIdle:
             stream = message.stream
             if stream not in state.monitors:
@@ -137,8 +173,6 @@ class Queue(otp.GenServer):
                 return otp.NoReply(state)
             del state.monitors[message.pid]
             actions = book.stream_gone(message.pid)
-        elif kind is WorkerFreed:
-            actions = book.worker_freed(message.worker_id)
         elif kind is WorkerDraining:
             actions = book.worker_draining(message.worker_id)
         elif kind is _Expire:
@@ -146,11 +180,29 @@ class Queue(otp.GenServer):
                 return otp.NoReply(state)
             state.timer = state.timer_due = None
             actions = book.expire()
+        elif kind is _IdleCheck:
+            if message.token == state.idle_token:
+                state.idle_timer = None
+                if book.unused:
+                    otp.cast(state.matcher, QueueIdle(otp.self(), state.received))
+                _watch_idle(state)
+            return otp.NoReply(state)
+        elif kind is StopIdle:
+            if book.backlog:  # pragma: no cover - the matcher's count rules it out
+                logger.error(
+                    "matching queue %s: told to stop with %d dispatches: it serves them first",
+                    book.queue,
+                    book.backlog,
+                )
+                return otp.NoReply(state)
+            return otp.Stop(otp.NORMAL, state)
         else:
             logger.warning("matching queue %s: unexpected message %r", book.queue, message)
             return otp.NoReply(state)
-        _carry_out(state, actions)
+        if actions:
+            _carry_out(state, actions)
         _rearm(state)
+        _watch_idle(state)
         return otp.NoReply(state)
 
 
@@ -188,3 +240,17 @@ def _rearm(state: _State) -> None:
     if due is not None:
         delay = max(0.0, due - trio.current_time())
         state.timer = otp.send_after(delay, otp.self(), _Expire(state.token))
+
+
+def _watch_idle(state: _State) -> None:
+    """An idle timer while the book is unused, none while it is in use."""
+    if state.book.unused:
+        if state.idle_timer is None:
+            state.idle_token += 1
+            state.idle_timer = otp.send_after(
+                state.idle_after, otp.self(), _IdleCheck(state.idle_token)
+            )
+    elif state.idle_timer is not None:
+        otp.cancel_timer(state.idle_timer)
+        state.idle_timer = None
+        state.idle_token += 1

@@ -85,6 +85,8 @@ class _Waiting:
     capacity: bool = False
     #: Workers skipped because their advertised capabilities lack the name.
     lacking: set[str] = attrs.Factory(set)
+    #: Workers known to be draining on this dispatch's way (never offered it).
+    drained: set[str] = attrs.Factory(set)
 
 
 @attrs.define(eq=False)
@@ -155,6 +157,11 @@ class QueueBook:
     def backlog(self) -> int:
         """Dispatches in this queue: waiting, or offered and not yet answered."""
         return len(self._waiting) + self._offered
+
+    @property
+    def unused(self) -> bool:
+        """No stream and no backlog: nothing here is in use (the queue may stop)."""
+        return not self._streams and not self._waiting and not self._offered
 
     def next_expiry(self) -> float | None:
         """When the earliest waiting dispatch's wait ends (call :meth:`expire` then), or None."""
@@ -277,6 +284,7 @@ class QueueBook:
         self._seq += 1
         waiting = _Waiting(self._seq, dispatch, now, expiry, set(dispatch.excluded))
         waiting.capacity = dispatch.declined_no_capacity
+        waiting.drained.update(dispatch.drained)
         if self.kind == "worker":
             worker = self.name
             if not self._streams or worker in self._draining:
@@ -290,8 +298,11 @@ class QueueBook:
                 self._forward(waiting, "reroute_unknown_name", actions)
                 return actions
         self._waiting[waiting.seq] = waiting
-        heapq.heappush(self._heap, (expiry, waiting.seq))
         self._settle(waiting, actions)
+        if waiting.seq in self._waiting:
+            # (only a dispatch left waiting needs its expiry watched: one offered at once is
+            # pushed again if it comes back, by ``_requeue``)
+            heapq.heappush(self._heap, (expiry, waiting.seq))
         return actions
 
     def accepted(self, stream: Any, delivery: int) -> list[Action]:
@@ -332,9 +343,9 @@ class QueueBook:
                 return actions
             self._requeue(waiting)
         elif reason == "draining":
-            # Excluded for this dispatch too, so a flow-type queue it is forwarded to (which may
+            # Kept from this dispatch too, so a flow-type queue it is forwarded to (which may
             # not have heard of the drain yet) does not offer it to the same worker again.
-            waiting.excluded.add(worker)
+            waiting.drained.add(worker)
             self._requeue(waiting)
             actions.extend(self.worker_draining(worker))
         else:
@@ -368,6 +379,9 @@ class QueueBook:
         self._draining.add(worker_id)
         if self.kind == "worker" and worker_id == self.name:
             for waiting in list(self._waiting.values()):
+                # Kept from it, as a dispatch it declined as draining is: the flow-type queue
+                # may not have heard of the drain yet, and must not offer it to the worker again.
+                waiting.drained.add(worker_id)
                 self._forward(waiting, "fallback_no_stream", actions)
         return actions
 
@@ -389,7 +403,12 @@ class QueueBook:
 
     def _eligible(self, waiting: _Waiting, entry: _Stream) -> bool:
         worker = entry.worker_id
-        if worker in waiting.excluded or worker in waiting.busy or worker in self._draining:
+        if (
+            worker in waiting.excluded
+            or worker in waiting.busy
+            or worker in waiting.drained
+            or worker in self._draining
+        ):
             return False
         task = waiting.dispatch.task
         if entry.caps.can(task.flow_type, task.kind, task.name):
@@ -478,6 +497,7 @@ class QueueBook:
             wait=left,
             excluded=waiting.excluded,
             declined_no_capacity=waiting.capacity,
+            drained=waiting.drained,
         )
         worker = self.name if self.kind == "worker" else None
         actions.append(ForwardToFlow(dispatch, reason, worker))

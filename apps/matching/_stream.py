@@ -210,8 +210,8 @@ async def _offered(state: _Stream, dispatch: Dispatch, queue: str) -> bool:
             name=task.name,
             execution_id=task.execution_id,
             attempt=task.attempt,
-            args=list(task.args),
-            state=dict(task.state),
+            args=task.args if type(task.args) is list else list(task.args),
+            state=task.state if type(task.state) is dict else dict(task.state),
             timeout=timeout,
         )
     except wire.WireError as exc:

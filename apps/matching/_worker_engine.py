@@ -6,7 +6,9 @@ This is the seed's pull-mode worker (拉取模式, 容量和关闭, 为 RPC 预�
 flow type (``flow:<type>``) and one for the app worker id (``worker:<id>``); capacity
 ``max_concurrent_tasks`` shared by Steps and RPCs, with ``reserved_rpc_tasks`` slots only RPCs
 may take; a graceful stop that drains within ``stop_drain_timeout`` and then cancels. The
-asyncio and blocking adapters run this engine in a trio thread of their own.
+asyncio and blocking adapters run this engine in a trio thread of their own. The engine owns
+the lifecycle and the connections; the stream plan is ``_worker_streams.py``, tasks and slots
+``_worker_tasks.py``, running one call ``_worker_calls.py``.
 
 Disconnects: handlers of a lost connection keep running (they hold their slots); their results
 are dropped with a warning, since the server re-dispatches a call lost before any output and
@@ -15,36 +17,21 @@ fails the attempt of one lost after (delivery is at least once).
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import math
 import os
 import secrets
 import socket
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import trio
 
 import wire
 
-from ._errors import (
-    ClientClosed,
-    MatchingError,
-    PullRegistrationError,
-    error_from_code,
-)
-from ._model import (
-    Registry,
-    RpcContext,
-    RpcDefinition,
-    StepContext,
-    StepDefinition,
-    copy_state,
-    state_patch,
-)
+from ._errors import MatchingError, PullRegistrationError, error_from_code
+from ._model import Registry
 from ._options import WorkerOptions
 from ._readiness import (
     PullRegistrationState,
@@ -53,6 +40,13 @@ from ._readiness import (
     worker_queue_name,
 )
 from ._sdk_connection import SdkConnection
+from ._worker_calls import HandlerRunner as HandlerRunner
+from ._worker_calls import TrioHandlerRunner as TrioHandlerRunner
+from ._worker_streams import Link, QueueState, Stream, plan_streams
+from ._worker_tasks import (
+    RESERVED_DECLINE_EXTRA_IDLE_SECONDS as RESERVED_DECLINE_EXTRA_IDLE_SECONDS,
+)
+from ._worker_tasks import WorkerTasks
 
 __all__ = [
     "RESERVED_DECLINE_EXTRA_IDLE_SECONDS",
@@ -65,42 +59,11 @@ __all__ = [
 
 log = logging.getLogger("apps.matching.worker")
 
-#: How long a queue keeps one extra idle stream after its last reserved-capacity decline.
-RESERVED_DECLINE_EXTRA_IDLE_SECONDS = 30.0
-
 
 def generate_app_worker_id() -> str:
     """A fresh app worker id, ``<host>-<pid>-<random hex>``: unique per worker process and new
     when it restarts."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-class HandlerRunner(Protocol):
-    """Runs one Step or RPC handler: ``await runner(handler, ctx, args)`` returns what
-    ``handler(ctx, *args)`` returns (or raises what it raises).
-
-    The engine cancels the runner's task when the drain timeout passes; the runner must then
-    make the handler stop (or wait for it) before returning.
-    """
-
-    async def __call__(
-        self, handler: Callable[..., Any], ctx: StepContext | RpcContext, args: list[Any]
-    ) -> Any: ...
-
-
-class TrioHandlerRunner:
-    """The default runner: ``async def`` handlers run as trio coroutines, plain functions in a
-    worker thread (``trio.to_thread.run_sync``). A thread cannot be interrupted: on
-    cancellation the runner waits for the function to return."""
-
-    async def __call__(
-        self, handler: Callable[..., Any], ctx: StepContext | RpcContext, args: list[Any]
-    ) -> Any:
-        if inspect.iscoroutinefunction(handler):
-            return await handler(ctx, *args)
-        return await trio.to_thread.run_sync(
-            functools.partial(handler, ctx, *args), abandon_on_cancel=False
-        )
 
 
 @attrs.frozen
@@ -122,43 +85,7 @@ class WorkerStatistics:
     reserved_rpc_declines: int
 
 
-@attrs.define(eq=False)
-class _Queue:
-    """A queue the worker serves; it outlives connections."""
-
-    name: str
-    kind: str
-    target: str
-    backoff: float
-    retry_at: float = -math.inf
-    extra_until: float = -math.inf
-
-
-@attrs.define(eq=False)
-class _Link:
-    """One connection and the streams open on it."""
-
-    conn: SdkConnection
-    nursery: trio.Nursery
-    streams: dict[int, _Stream] = attrs.field(factory=dict)
-    #: Calls accepted on this connection whose outcome is not sent yet.
-    calls: int = 0
-    reconnecting: bool = False
-    registered_any: bool = False
-
-
-@attrs.define(eq=False)
-class _Stream:
-    id: int
-    queue: _Queue
-    link: _Link
-    #: "registering", "idle", "busy" or "closed".
-    state: str = "registering"
-    #: A call's outcome is being written on it (not to be closed meanwhile).
-    sending: bool = False
-
-
-class WorkerEngine:
+class WorkerEngine(WorkerTasks):
     """A pull worker: the flows of ``registry``, served from the server in ``options``.
 
     Args:
@@ -191,14 +118,18 @@ class WorkerEngine:
         self._reserved = self._pull.resolved_reserved_rpc_tasks
         initial = self._pull.reconnect_initial_backoff
         self._queues = [
-            _Queue(flow_queue_name(t), "flow", t, initial) for t in registry.flow_types
-        ] + [_Queue(worker_queue_name(self._app_worker_id), "worker", self._app_worker_id, initial)]
+            QueueState(flow_queue_name(t), "flow", t, initial) for t in registry.flow_types
+        ] + [
+            QueueState(
+                worker_queue_name(self._app_worker_id), "worker", self._app_worker_id, initial
+            )
+        ]
         self._tracker = RegistrationTracker(q.name for q in self._queues)
         self._reserved_declines = 0
         self._busy = 0
         self._active = 0
         self._call_scopes: set[trio.CancelScope] = set()
-        self._link: _Link | None = None
+        self._link: Link | None = None
         self._run_called = False
         self._draining = False
         self._stop_requested = trio.Event()
@@ -382,7 +313,7 @@ class WorkerEngine:
             MatchingError: The connection could not be opened.
         """
         failed: MatchingError | None = None
-        link: _Link | None = None
+        link: Link | None = None
         async with trio.open_nursery() as nursery:
             try:
                 conn = await SdkConnection.open(
@@ -396,18 +327,19 @@ class WorkerEngine:
             except MatchingError as exc:  # raised below, not wrapped in the nursery's group
                 failed = exc
             else:
-                link = _Link(conn, nursery)
+                link = Link(conn, nursery)
                 await self._serve(link)
         if failed is not None:
             raise failed
         return link is not None and link.registered_any
 
-    async def _serve(self, link: _Link) -> None:
+    async def _serve(self, link: Link) -> None:
         conn = link.conn
         self._link = link
         try:
             link.nursery.start_soon(self._control_loop, link)
             link.nursery.start_soon(self._manage_loop, link)
+            link.nursery.start_soon(self._keepalive_loop, link)
             while not conn.closed and not (link.reconnecting and link.calls == 0):
                 await self._wait_kick()
             if not conn.closed:
@@ -427,7 +359,7 @@ class WorkerEngine:
             await conn.aclose()
             self._kick()
 
-    async def _control_loop(self, link: _Link) -> None:
+    async def _control_loop(self, link: Link) -> None:
         async for message in link.conn.control:
             if isinstance(message, wire.MatchPing):
                 await self._send_quietly(link, wire.MatchPong())
@@ -442,14 +374,6 @@ class WorkerEngine:
                 )
             self._kick()
         self._kick()  # the connection ended
-
-    async def _send_quietly(self, link: _Link, message: wire.MatchMessage) -> bool:
-        """Send, ignoring a lost connection (the loss is handled where it is noticed)."""
-        try:
-            await link.conn.send(message)
-        except ClientClosed:
-            return False
-        return True
 
     async def _send_draining(self) -> None:
         link = self._link
@@ -473,52 +397,49 @@ class WorkerEngine:
 
     # -- streams --------------------------------------------------------------------------
 
-    async def _manage_loop(self, link: _Link) -> None:
-        """Keep the idle streams of every queue at their target on ``link``."""
+    async def _manage_loop(self, link: Link) -> None:
+        """Keep the idle streams of every queue at their target on ``link``: one loop, woken
+        by every change and by one timer (the earliest linger, extra-stream or retry
+        deadline)."""
         while not link.conn.closed:
             # Taken before rebalancing, which may wait to send: a change meanwhile is not lost.
             kicked = self._kicked
-            await self._rebalance(link)
-            now = trio.current_time()
-            wake = min(
-                (t for q in self._queues for t in (q.retry_at, q.extra_until) if t > now),
-                default=math.inf,
-            )
+            wake = await self._rebalance(link)
             with trio.move_on_at(wake):
                 await kicked.wait()
 
-    async def _rebalance(self, link: _Link) -> None:
-        now = trio.current_time()
-        target = self._pull.idle_streams_per_queue
-        may_open = not self._draining and not link.reconnecting
-        for q in self._queues:
-            if link.conn.closed:
-                return
-            mine = [s for s in link.streams.values() if s.queue is q]
-            idle = [s for s in mine if s.state == "idle" and not s.sending]
-            registering = sum(1 for s in mine if s.state == "registering")
-            extra = 1 if q.extra_until > now else 0
-            # The extra stream after a reserved-capacity decline is not opened with every
-            # slot busy, but one that exists is kept until its 30 s are over.
-            wanted = target + (extra if self._busy < self._cap else 0)
-            kept = target + extra
-            if may_open and now >= q.retry_at:
-                for _ in range(wanted - len(idle) - registering):
-                    self._open_stream(link, q)
-            # Close registered idle streams beyond the target, always keeping one registered
-            # while others are still registering.
-            excess = min(len(idle) + registering - kept, len(idle) - 1)
-            for s in idle[len(idle) - excess :] if excess > 0 else ():
-                self._forget_stream(s)
-                await self._send_quietly(link, wire.MatchClose(rid=s.id))
+    async def _rebalance(self, link: Link) -> float:
+        """Open and close streams as :func:`plan_streams` says; returns when to look again.
 
-    def _open_stream(self, link: _Link, q: _Queue) -> None:
+        The streams to close are chosen and forgotten in one go, before any CLOSE is written:
+        a stream chosen from a stale view could have taken a task meanwhile (and been closed
+        under its call), or answered a frame after its own CLOSE.
+        """
+        plan = plan_streams(
+            self._queues,
+            link.streams.values(),
+            now=trio.current_time(),
+            target=self._pull.idle_streams_per_queue,
+            linger=self._pull.idle_stream_linger,
+            may_open=not self._draining and not link.reconnecting,
+            slot_free=self._busy < self._cap,
+        )
+        for q in plan.opens:
+            self._open_stream(link, q)
+        for s in plan.closes:
+            self._forget_stream(s)
+        for s in plan.closes:
+            if not await self._send_quietly(link, wire.MatchClose(rid=s.id)):
+                break
+        return plan.wake
+
+    def _open_stream(self, link: Link, q: QueueState) -> None:
         stream_id, channel = link.conn.open_stream()
-        s = _Stream(stream_id, q, link)
+        s = Stream(stream_id, q, link)
         link.streams[stream_id] = s
         link.nursery.start_soon(self._stream_loop, s, channel)
 
-    def _forget_stream(self, s: _Stream) -> None:
+    def _forget_stream(self, s: Stream) -> None:
         """``s`` is closed (by us, by the server, by a rejection or a lost connection)."""
         if s.state == "closed":
             return
@@ -529,7 +450,7 @@ class WorkerEngine:
         self._kick()
 
     async def _stream_loop(
-        self, s: _Stream, channel: trio.MemoryReceiveChannel[wire.MatchMessage]
+        self, s: Stream, channel: trio.MemoryReceiveChannel[wire.MatchMessage]
     ) -> None:
         link = s.link
         register = wire.MatchRegister(queue=s.queue.kind, name=s.queue.target, rid=s.id)
@@ -537,6 +458,8 @@ class WorkerEngine:
             if not await self._send_quietly(link, register):
                 return
             async for message in channel:
+                if s.state == "closed":
+                    return  # (forgotten with frames still queued: they are not answered)
                 if isinstance(message, wire.MatchRegistered):
                     self._on_registered(s)
                 elif isinstance(message, wire.MatchRejected):
@@ -551,17 +474,18 @@ class WorkerEngine:
                     self._forget_stream(s)
                     return
 
-    def _on_registered(self, s: _Stream) -> None:
+    def _on_registered(self, s: Stream) -> None:
         if s.state != "registering":
             return
         s.state = "idle"
+        s.idle_since = trio.current_time()
         s.queue.backoff = self._pull.reconnect_initial_backoff
         s.queue.retry_at = -math.inf
         s.link.registered_any = True
         self._tracker.stream_registered(s.queue.name, s)
         self._kick()
 
-    def _on_rejected(self, s: _Stream, message: wire.MatchRejected) -> None:
+    def _on_rejected(self, s: Stream, message: wire.MatchRejected) -> None:
         q = s.queue
         self._forget_stream(s)
         error = error_from_code(message.code, message.message, retryable=not message.permanent)
@@ -603,278 +527,3 @@ class WorkerEngine:
                 delay,
             )
         self._kick()
-
-    # -- tasks ----------------------------------------------------------------------------
-
-    def _handler_of(self, task: wire.MatchTask) -> StepDefinition | RpcDefinition | str:
-        """The task's handler, or why there is none (a decline message)."""
-        if task.flow_type not in self._registry:
-            return f"worker {self._app_worker_id} does not serve flow type {task.flow_type!r}"
-        flow = self._registry.get(task.flow_type)
-        handler: StepDefinition | RpcDefinition | None
-        if task.kind == "step":
-            handler = flow.step(task.name)
-        else:
-            handler = flow.rpcs.get(task.name)
-        if handler is None:
-            return (
-                f"worker {self._app_worker_id} has no {task.kind} {task.name!r} in flow type"
-                f" {task.flow_type!r}"
-            )
-        return handler
-
-    async def _decline(self, s: _Stream, task: wire.MatchTask, reason: str, message: str) -> None:
-        decline = wire.MatchDecline(
-            delivery=task.delivery, reason=reason, message=message, rid=s.id
-        )
-        await self._send_quietly(s.link, decline)
-
-    async def _on_task(self, s: _Stream, task: wire.MatchTask) -> None:
-        link = s.link
-        if s.state != "idle":
-            await self._decline(s, task, "no_capacity", "this stream runs a call already")
-            return
-        if self._draining or link.reconnecting:
-            await self._decline(s, task, "draining", f"worker {self._app_worker_id} is stopping")
-            return
-        handler = self._handler_of(task)
-        if isinstance(handler, str):
-            await self._decline(s, task, "unknown_name", handler)
-            return
-        busy, cap = self._busy, self._cap
-        if task.kind == "step" and busy >= cap - self._reserved:
-            if busy < cap:
-                self._reserved_declines += 1
-                log.debug(
-                    "declined a step of flow type %s (%s): %d of %d slots busy, %d reserved for"
-                    " RPCs",
-                    task.flow_type,
-                    task.name,
-                    busy,
-                    cap,
-                    self._reserved,
-                )
-                s.queue.extra_until = trio.current_time() + RESERVED_DECLINE_EXTRA_IDLE_SECONDS
-                self._kick()
-                message = f"{busy} of {cap} slots busy, {self._reserved} reserved for RPCs"
-            else:
-                message = f"all {cap} slots busy"
-            await self._decline(s, task, "no_capacity", message)
-            return
-        if task.kind == "rpc" and busy >= cap:
-            await self._decline(s, task, "no_capacity", f"all {cap} slots busy")
-            return
-        s.state = "busy"
-        self._busy += 1
-        self._active += 1
-        link.calls += 1
-        self._kick()
-        if not await self._send_quietly(link, wire.MatchAccept(delivery=task.delivery, rid=s.id)):
-            self._free_slot(s)
-            self._call_over(s)
-            return
-        scope = trio.CancelScope()
-        self._call_scopes.add(scope)
-        self._calls_nursery.start_soon(self._run_call, s, task, handler, scope)
-
-    def _free_slot(self, s: _Stream) -> None:
-        """The handler on ``s`` returned: its slot is free (its outcome may not be sent yet)."""
-        self._busy -= 1
-        if s.state == "busy":
-            s.state = "idle"
-        self._kick()
-
-    def _call_over(self, s: _Stream) -> None:
-        """The call on ``s`` is over, its outcome sent (or dropped)."""
-        self._active -= 1
-        s.link.calls -= 1
-        self._kick()
-
-    async def _run_call(
-        self,
-        s: _Stream,
-        task: wire.MatchTask,
-        handler: StepDefinition | RpcDefinition,
-        scope: trio.CancelScope,
-    ) -> None:
-        outcome: wire.MatchMessage | None = None
-        freed = False
-        try:
-            with scope:
-                async with trio.open_nursery() as nursery:
-                    keepalive = trio.CancelScope()
-                    nursery.start_soon(self._keepalive, s, keepalive)
-                    outputs, outputs_received = trio.open_memory_channel[Any](math.inf)
-                    nursery.start_soon(self._forward_outputs, s, task, outputs_received)
-                    try:
-                        outcome = await self._execute(s, task, handler, outputs)
-                    finally:
-                        outputs.close()
-                        keepalive.cancel()
-            if scope.cancelled_caught:
-                log.warning(
-                    "delivery %d (%s %s of flow %s) was cancelled after stop_drain_timeout; the"
-                    " server re-dispatches or fails it",
-                    task.delivery,
-                    task.kind,
-                    task.name,
-                    task.flow_id,
-                )
-            freed = True
-            self._free_slot(s)
-            if outcome is not None:
-                s.sending = True
-                try:
-                    await self._send_outcome(s, task, outcome)
-                finally:
-                    s.sending = False
-        finally:
-            self._call_scopes.discard(scope)
-            if not freed:
-                self._free_slot(s)
-            self._call_over(s)
-
-    async def _execute(
-        self,
-        s: _Stream,
-        task: wire.MatchTask,
-        handler: StepDefinition | RpcDefinition,
-        outputs: trio.MemorySendChannel[Any],
-    ) -> wire.MatchMessage:
-        conn = s.link.conn
-        try:
-            args: Any = list(task.args)
-            if self._cache is not None:
-                args = await self._cache.unpack_async(args, functools.partial(_fetch, conn))
-            before = copy_state(task.state)
-            ctx: StepContext | RpcContext
-            if task.kind == "step":
-                ctx = StepContext(
-                    flow_id=task.flow_id,
-                    flow_type=task.flow_type,
-                    step=task.name,
-                    execution_id=task.execution_id,
-                    attempt=task.attempt,
-                    state=copy_state(task.state),
-                    deadline_in=task.timeout,
-                    blobs=self._cache,
-                    emit=self._emitter(outputs),
-                )
-            else:
-                ctx = RpcContext(
-                    flow_id=task.flow_id,
-                    flow_type=task.flow_type,
-                    rpc=task.name,
-                    state=copy_state(task.state),
-                    blobs=self._cache,
-                )
-            value = await self._runner(handler.handler, ctx, list(args))
-            if self._cache is not None:
-                value = await self._cache.pack_async(value, functools.partial(_upload, conn))
-            patch = state_patch(before, ctx.state)
-            return wire.MatchResult(delivery=task.delivery, value=value, patch=patch, rid=s.id)
-        except Exception as exc:
-            retryable = not (isinstance(exc, MatchingError) and not exc.retryable)
-            log.info(
-                "%s %s of flow %s (attempt %d) raised %s: %s",
-                task.kind,
-                task.name,
-                task.flow_id,
-                task.attempt,
-                type(exc).__name__,
-                exc,
-            )
-            return wire.MatchFailure(
-                delivery=task.delivery,
-                type=type(exc).__name__,
-                message=str(exc),
-                retryable=retryable,
-                rid=s.id,
-            )
-
-    def _emitter(self, outputs: trio.MemorySendChannel[Any]) -> Callable[[Any], None]:
-        """``ctx.output``: callable from the trio thread, a worker thread or another event
-        loop's thread; outputs keep their order and come before the call's outcome."""
-        token = self._token
-        assert token is not None
-
-        def put(value: Any) -> None:
-            try:
-                outputs.send_nowait(value)
-            except trio.ClosedResourceError:
-                log.debug("an output after its call ended was dropped")
-
-        def emit(value: Any) -> None:
-            try:
-                here = trio.lowlevel.current_trio_token()
-            except RuntimeError:
-                here = None
-            if here is token:
-                put(value)
-            else:
-                try:
-                    token.run_sync_soon(put, value)
-                except trio.RunFinishedError:
-                    log.debug("an output after the worker stopped was dropped")
-
-        return emit
-
-    async def _forward_outputs(
-        self, s: _Stream, task: wire.MatchTask, received: trio.MemoryReceiveChannel[Any]
-    ) -> None:
-        async with received:
-            async for value in received:
-                output = wire.MatchOutput(delivery=task.delivery, value=value, rid=s.id)
-                try:
-                    await s.link.conn.send(output)
-                except ClientClosed:
-                    pass
-                except wire.WireError as exc:
-                    log.warning("an output of delivery %d cannot be sent: %s", task.delivery, exc)
-
-    async def _keepalive(self, s: _Stream, scope: trio.CancelScope) -> None:
-        with scope:
-            while not s.link.conn.closed:
-                await trio.sleep(self._pull.keepalive_interval)
-                await self._send_quietly(s.link, wire.MatchPong(rid=s.id))
-
-    async def _send_outcome(
-        self, s: _Stream, task: wire.MatchTask, outcome: wire.MatchMessage
-    ) -> None:
-        link = s.link
-        if link.conn.closed or s.state == "closed":
-            log.warning(
-                "the stream of delivery %d (%s %s of flow %s) is gone: its %s is dropped; the"
-                " server re-dispatches it, or fails the attempt if it sent output",
-                task.delivery,
-                task.kind,
-                task.name,
-                task.flow_id,
-                "result" if isinstance(outcome, wire.MatchResult) else "failure",
-            )
-            return
-        try:
-            await link.conn.send(outcome)
-        except wire.WireError as exc:
-            failure = wire.MatchFailure(
-                delivery=task.delivery,
-                type=type(exc).__name__,
-                message=f"the handler's result cannot be sent: {exc}",
-                retryable=False,
-                rid=s.id,
-            )
-            await self._send_quietly(link, failure)
-        except ClientClosed:
-            log.warning(
-                "the connection was lost: the outcome of delivery %d is dropped", task.delivery
-            )
-
-
-async def _fetch(conn: SdkConnection, key: str) -> bytes:
-    data = await conn.call("get_blob", {"key": key})
-    return bytes(data)
-
-
-async def _upload(conn: SdkConnection, data: bytes) -> str:
-    key = await conn.call("put_blob", {"data": data})
-    return str(key)

@@ -16,31 +16,26 @@ import trio
 import trio.testing
 
 from apps.matching import (
+    AsyncClient,
+    AsyncWorker,
+    Client,
     ClientOptions,
     Flow,
     PullWorkerOptions,
     Registry,
-    WorkerOptions,
-    rpc,
-    step,
-)
-from apps.matching._adapters import (
-    AsyncClient,
-    AsyncWorker,
-    Client,
     TrioClient,
     TrioWorker,
     Worker,
-    _call_async,
-    _call_sync,
-    _LoopThread,
-    _TrioThread,
+    WorkerOptions,
     readiness_handler,
-    run_on_asyncio,
+    rpc,
     serve_readyz,
+    step,
 )
+from apps.matching._asyncio_handlers import _LoopThread, run_on_asyncio
 from apps.matching._blobs import BlobCache
 from apps.matching._errors import ClientClosed
+from apps.matching._trio_thread import _call_async, _call_sync, _TrioThread
 
 from .fake_matching_server import FakeServer, ThreadedFakeServer
 

@@ -271,3 +271,37 @@ def test_the_engine_checks_what_it_is_given(tmp_path):
         ClientEngine(object(), BlobCache(tmp_path), options)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="options must be a ClientOptions"):
         ClientEngine(Registry([]), BlobCache(tmp_path), None)  # type: ignore[arg-type]
+
+
+# -- against the real server --------------------------------------------------------------
+
+
+async def test_an_idle_client_answers_pings_and_outlives_three_peer_timeouts(
+    short_dir, autojump_clock
+):
+    import otp
+    import supervisors
+    from apps.matching import MatchingError
+    from apps.matching._application import application
+    from apps.matching._config import MatchingConfig
+
+    sock = os.path.join(short_dir, "real.sock")
+    async with otp.open_node():
+        config = MatchingConfig(listen=[f"unix:{sock}"], store=os.path.join(short_dir, "f.db"))
+        await supervisors.start_application(application(matching_config=config))
+        engine = ClientEngine(Registry([Greeting]), None, ClientOptions(server_address=sock))
+        try:
+            await engine.open()
+            conn = engine._conn
+            assert conn is not None
+            await trio.sleep(3 * config.peer_timeout + config.ping_interval)
+            assert engine._conn is conn and not conn.closed
+            # Still the same connection: a call is answered on it (without a thread, so the
+            # mock clock does not jump under it).
+            with pytest.raises(MatchingError) as caught:
+                await engine._call("no_such_op", {}, None)
+            assert type(caught.value) is MatchingError and "no_such_op" in str(caught.value)
+            assert engine._conn is conn and not conn.closed
+        finally:
+            await engine.close()
+        await supervisors.stop_application("matching")

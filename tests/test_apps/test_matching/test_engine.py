@@ -5,8 +5,8 @@ commit.
 
 The matcher is a stand-in ``GenServer`` registered as ``matching_matcher`` (the name the engine
 submits to), answering each ``Dispatch`` with the outcomes a script gives. The store runs its
-sqlite calls on trio's own thread here (``InlineSqliteStore``): ``MockClock``'s autojump would
-otherwise jump while a worker thread ran, and fire every timer early.
+sqlite calls on trio's own thread here (``SqliteStore(path, threads=False)``): ``MockClock``'s
+autojump would otherwise jump while a worker thread ran, and fire every timer early.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from apps.matching._errors import (
 from apps.matching._matcher import MATCHER
 from apps.matching._model import FlowDescription, FlowStatus, FlowSummary
 from apps.matching._sqlite_store import SqliteStore
-from apps.matching._store import SERVER_NAME, StoreError, StoreServer
+from apps.matching._store import SERVER_NAME, StoreServer
 
 T = TypeVar("T")
 
@@ -63,17 +63,13 @@ T = TypeVar("T")
 
 
 class InlineSqliteStore(SqliteStore):
-    """The real SqliteStore, its sqlite calls run on trio's thread (see the module docstring).
-    ``gate``, when set and not yet set(), holds every commit until it is."""
+    """The real SqliteStore, its sqlite calls run on trio's thread (``threads=False``, see the
+    module docstring). ``gate``, when set and not yet set(), holds every commit until it is."""
 
     gate: trio.Event | None = None
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        async with self._lock:
-            await trio.lowlevel.checkpoint()
-            if self._conn is None:
-                raise StoreError(f"{self!r} is not open")
-            return fn(self._conn, *args)
+    def __init__(self, path: str) -> None:
+        super().__init__(path, threads=False)
 
     async def commit_many(self, batches: Sequence[Any]) -> Any:
         if self.gate is not None:
@@ -510,6 +506,39 @@ async def test_an_rpc_answers_with_its_value_after_its_patch_is_stored() -> None
     ]
 
 
+async def test_an_rpc_that_changes_nothing_answers_without_waiting_for_a_commit() -> None:
+    def script(task: Task) -> Any:
+        if task.kind == "step":
+            return [hang()]
+        return [ok(task.args[0], set={"n": 1} if task.args[0] == "patch" else None)]
+
+    def answered(tag: otp.Ref) -> Any:
+        return otp.receive(lambda m: isinstance(m, tuple) and m[0] == tag, timeout=0, default=None)
+
+    async with otp.open_node(), server(script) as store:
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        await trio.testing.wait_all_tasks_blocked()
+        store.gate = trio.Event()  # every commit waits from now on
+        tag = await spawn_call(FlowEngine.call_rpc, "f", "r", ["plain"])
+        await trio.testing.wait_all_tasks_blocked()
+        assert await answered(tag) == (tag, ("ok", "plain"))  # its dispatch records wait
+        assert (await FlowEngine.statistics()).commit_in_flight is False
+
+        patched = await spawn_call(FlowEngine.call_rpc, "f", "r", ["patch"])
+        await trio.testing.wait_all_tasks_blocked()
+        after = await spawn_call(FlowEngine.call_rpc, "f", "r", ["after"])
+        await trio.testing.wait_all_tasks_blocked()
+        assert await answered(patched) is None  # its patch is not stored yet
+        assert await answered(after) is None  # it saw that patch: it waits for it too
+        store.gate.set()
+        assert await outcome(patched) == "patch"
+        assert await outcome(after) == "after"
+        described = await describe("f")
+    assert described.state == {"n": 1}
+    rpc_records = [r["reason"] for r in described.dispatches if r["kind"] == "rpc"]
+    assert rpc_records == ["flow_queue", "delivered"] * 3  # committed later, all of them
+
+
 async def test_an_rpc_on_a_running_flow_patches_its_state() -> None:
     def script(task: Task) -> Any:
         return [ok(None, set={"k": "v"})] if task.kind == "rpc" else [hang()]
@@ -783,6 +812,24 @@ async def test_a_pass_over_the_mailbox_is_committed_as_few_batches() -> None:
     assert isinstance(stats, EngineStatistics) and stats.flows_running == 0
 
 
+async def test_64_concurrent_one_step_flows_share_a_few_group_commits() -> None:
+    async def run(i: int) -> Any:
+        return await FlowEngine.result(await FlowEngine.start_flow("T", [i], one_step))
+
+    one_step = definition(step("a"))
+    async with otp.open_node(), server():
+        before = await StoreServer.statistics()
+        tags = [await spawn_call(run, i) for i in range(64)]
+        assert [await outcome(tag) for tag in tags] == [[i] for i in range(64)]
+        after = await StoreServer.statistics()
+        engine = await FlowEngine.statistics()
+    # each flow needs two commits (started, then its step's outcome): 64 flows share a few
+    transactions = after.store.transactions - before.store.transactions
+    assert transactions <= 4
+    assert after.groups - before.groups == transactions
+    assert engine.largest_batch >= 64 * 2  # (a flow and its pending step, in one batch)
+
+
 async def test_a_killed_engine_recovers_its_running_flows_from_the_store_file(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -823,6 +870,16 @@ async def test_a_killed_engine_recovers_its_running_flows_from_the_store_file(
     assert described.status is FlowStatus.COMPLETED and described.state == {"n": 1}
     assert [a["step"] for a in described.attempts] == ["a", "b"]
     assert stats.flows_running == 0
+
+
+async def test_the_engine_stops_when_its_store_goes_away() -> None:
+    async with otp.open_node(), server():
+        engine = otp.whereis(ENGINE)
+        assert engine is not None
+        ref = otp.monitor(engine)
+        await otp.GenServer.stop(SERVER_NAME)
+        down = await otp.receive(lambda m: isinstance(m, otp.Down) and m.ref == ref, timeout=5)
+    assert down.reason == otp.Shutdown(("store_down", "normal"))
 
 
 async def test_start_flow_pins_the_definition_it_was_given() -> None:

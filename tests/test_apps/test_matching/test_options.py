@@ -25,6 +25,7 @@ def test_defaults_follow_the_seed():
     assert pull.stop_drain_timeout == 30.0
     assert pull.stop_on_permanent_stream_rejection is False
     assert pull.keepalive_interval == 20.0
+    assert pull.idle_stream_linger == 5.0
 
 
 def test_reserved_defaults_to_one_from_a_cap_of_two_and_zero_below():
@@ -63,6 +64,8 @@ def test_the_cap_is_bounded_by_the_servers_per_worker_cap():
         ("stop_drain_timeout", float("inf")),
         ("keepalive_interval", -1),
         ("stop_on_permanent_stream_rejection", 1),
+        ("idle_stream_linger", 0),
+        ("idle_stream_linger", "5"),
     ],
 )
 def test_bad_pull_options_are_refused(field, value):
@@ -116,3 +119,11 @@ def test_worker_options_take_the_seeds_form():
         WorkerOptions(server_address="unix:/x", pull={"max_concurrent_tasks": 8})  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="app_worker_id must be a non-empty str"):
         WorkerOptions(server_address="unix:/x", app_worker_id="")
+
+
+def test_a_bad_idle_stream_linger_message_names_the_field_and_the_value():
+    with pytest.raises(ConfigurationError) as info:
+        PullWorkerOptions(idle_stream_linger=-2)
+    assert str(info.value) == (
+        "PullWorkerOptions.idle_stream_linger must be a finite number of seconds > 0 (got -2)"
+    )

@@ -536,3 +536,59 @@ async def test_statistics_show_streams_and_backlog(autojump_clock: trio.testing.
         assert stats.streams == 1 and stats.workers == {"w1": 1}
         queue = stats.queues["flow:Greet"]
         assert queue is not None and queue.waiting == 1 and queue.idle == 1
+
+
+# -- unused queues stop -----------------------------------------------------------------------
+
+
+async def _queue_names() -> list[str]:
+    return sorted((await statistics()).queues)
+
+
+async def test_an_unused_queue_stops_after_its_idle_timeout_and_starts_again_on_demand(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server(queue_idle_timeout=30.0):
+        routes, final, _ = await outcome(dispatch(wait=1.0))
+        assert isinstance(final, NotDispatched) and final.reason == "unavailable"
+        [first] = [p for _, p, _, _ in await supervisors.which_children(QUEUES)]
+        assert await _queue_names() == ["flow:Greet"]
+        await trio.sleep(29.0)
+        assert await _queue_names() == ["flow:Greet"]
+        await trio.sleep(2.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert await _queue_names() == []
+        assert await supervisors.which_children(QUEUES) == []
+        # The next dispatch starts the queue again, and is served by a worker there.
+        await connect("w1")
+        routes, final, _ = await outcome(dispatch())
+        assert reasons(routes) == [("flow:Greet", "flow_queue"), ("flow:Greet", "delivered")]
+        assert isinstance(final, Completed)
+        [second] = [p for _, p, _, _ in await supervisors.which_children(QUEUES)]
+        assert second != first
+
+
+async def test_a_queue_with_a_stream_or_a_backlog_is_not_stopped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with server(queue_idle_timeout=5.0):
+        await connect("w1")
+        submit(dispatch(wait=100.0, name="nope"))  # waits: w1 lacks the name
+        await trio.sleep(50.0)
+        assert await _queue_names() == ["flow:Greet"]
+        routes, final, _ = await outcome(dispatch())
+        assert isinstance(final, Completed) and routes[0].queue == "flow:Greet"
+        assert len(await supervisors.which_children(QUEUES)) == 1
+
+
+async def test_queues_left_by_gone_workers_stop(autojump_clock: trio.testing.MockClock) -> None:
+    async with server(queue_idle_timeout=10.0):
+        conns = [await connect(f"w{i}", queue="worker", name=f"w{i}") for i in range(5)]
+        assert len(await _queue_names()) == 5
+        for conn in conns:
+            assert conn.pid is not None
+            otp.exit(conn.pid, otp.KILL)
+        await trio.sleep(11.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert await _queue_names() == []
+        assert (await statistics()).streams == 0

@@ -401,3 +401,19 @@ def test_capabilities_can_answers_none_for_an_unadvertised_flow_type() -> None:
     assert caps.can("Greet", "step", "read") is False
     assert caps.can("Greet", "rpc", "read") is True
     assert caps.can("Other", "step", "write") is None
+
+
+def test_a_book_is_unused_only_without_streams_waiting_or_offered_dispatches() -> None:
+    b, clock = book()
+    assert b.unused
+    b.dispatch(dispatch(1))
+    assert not b.unused  # waiting
+    b.stream_idle("s1", "w1", CAPS)
+    assert not b.unused  # offered, and a stream
+    b.accepted("s1", 1)
+    b.stream_gone("s1")
+    assert b.unused
+    b.dispatch(dispatch(2, wait=1.0))
+    clock.now += 2.0
+    b.expire()
+    assert b.unused

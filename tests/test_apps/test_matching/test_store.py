@@ -20,6 +20,7 @@ import otp
 from apps.matching._sqlite_store import SCHEMA_VERSION, SqliteStore
 from apps.matching._store import (
     AttemptRecord,
+    BatchCommitted,
     DispatchRecord,
     FlowExists,
     FlowRecord,
@@ -142,6 +143,29 @@ def test_sqlite_store_implements_the_store_interface() -> None:
     assert repr(store) == "SqliteStore(':memory:')"
 
 
+def test_sqlite_store_refuses_a_threads_flag_that_is_not_a_bool() -> None:
+    with pytest.raises(TypeError, match=r"SqliteStore.threads must be a bool \(got 'no'\)"):
+        SqliteStore(":memory:", threads="no")  # type: ignore[arg-type]
+
+
+async def test_sqlite_store_without_threads_runs_on_the_trio_thread(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    s = SqliteStore(":memory:", threads=False)
+    assert repr(s) == "SqliteStore(':memory:', threads=False)"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.sleep, 100)  # a timer autojump would fire while a thread ran
+        start = trio.current_time()
+        await s.open()
+        await s.create_flow(flow())
+        assert await s.get_flow("f1") == flow()
+        await s.close()
+        assert trio.current_time() == start  # no thread ran: the clock never jumped
+        nursery.cancel_scope.cancel()
+    with pytest.raises(StoreError, match=r"is closed"):
+        await s.get_flow("f1")
+
+
 # -- lifecycle ----------------------------------------------------------------------------------
 
 
@@ -260,6 +284,21 @@ async def test_a_refused_batch_leaves_no_trace(store: SqliteStore) -> None:
     assert await store.attempts("f1") == []
     assert await store.dispatches("f1") == []
     assert await store.pending("f1") == []
+
+
+async def test_a_refused_batch_alone_in_its_transaction_is_counted_and_leaves_no_trace(
+    store: SqliteStore,
+) -> None:
+    await store.create_flow(flow())
+    before = store.statistics()
+    (outcome,) = await store.commit_many([WriteBatch(flows_created=[flow(), flow("f2")])])
+    assert isinstance(outcome, FlowExists)
+    assert await store.get_flow("f2") is None
+    after = store.statistics()
+    assert after.transactions == before.transactions + 1
+    assert (after.batches, after.refused) == (before.batches, before.refused + 1)
+    await store.commit(WriteBatch(flows_created=[flow("f2")]))  # the connection is usable
+    assert await store.get_flow("f2") == flow("f2")
 
 
 async def test_list_flows_is_newest_first_and_filters(store: SqliteStore) -> None:
@@ -445,6 +484,22 @@ async def test_server_group_commits_concurrent_batches_durably(tmp_path: Path) -
     listed = await reopened.list_flows(limit=n + 1)
     assert [r.flow_id for r in listed] == [f"f{i:03}" for i in reversed(range(n))]
     await reopened.close()
+
+
+async def test_server_commit_nowait_tells_the_sender_each_batch_is_durable_or_refused() -> None:
+    async with otp.open_node():
+        await StoreServer.start_link(SqliteStore(":memory:"), name="matching_store")
+        me = otp.self()
+        StoreServer.commit_nowait(WriteBatch(flows_created=[flow()]), me, "first")
+        StoreServer.commit_nowait(WriteBatch(flows_created=[flow()]), me, "again")
+        StoreServer.commit_nowait(WriteBatch(attempts=[flow()]), me, "bad")  # type: ignore[list-item]
+        got = {m.tag: m for m in [await otp.receive(timeout=5) for _ in range(3)]}
+        stats = await StoreServer.statistics()
+    assert got["first"] == BatchCommitted("first", None)
+    assert isinstance(got["again"].error, FlowExists)
+    assert isinstance(got["bad"].error, StoreError)  # refused at once, before any I/O
+    assert "WriteBatch.attempts must be a list of AttemptRecord" in str(got["bad"].error)
+    assert stats.batches == 2  # the bad batch never reached the store
 
 
 async def test_server_refuses_a_conflicting_batch_alone() -> None:

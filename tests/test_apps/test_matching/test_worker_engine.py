@@ -735,3 +735,150 @@ async def test_generated_app_worker_id_names_host_and_pid(server):
     b = WorkerEngine(Registry(()), None, options)
     assert a.app_worker_id.startswith(f"{socket.gethostname()}-{os.getpid()}-")
     assert a.app_worker_id != b.app_worker_id
+
+
+async def test_a_loaded_worker_reuses_its_streams_and_closes_extras_after_the_linger(
+    server, nursery, autojump_clock
+):
+    engine = await started(
+        make_engine(server, max_concurrent_tasks=2, reserved_rpc_tasks=0, idle_stream_linger=10),
+        nursery,
+    )
+    conn = server.conn
+    start = trio.current_time()
+    for _ in range(5):
+        _, delivery, answer = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[1])
+        assert isinstance(answer, wire.MatchAccept)
+        await conn.wait_outcome(delivery)
+    # one replacement stream was registered for the first task; later tasks reuse the two
+    assert len(registers(conn)) == 2 + 1
+    assert conn.of_type(wire.MatchClose) == []
+    await server.wait_for(lambda: len(conn.registered) == 2)
+    # the replacement stream, idle since the first task, closes once idle for the linger
+    assert trio.current_time() - start == pytest.approx(10)
+    assert len(conn.of_type(wire.MatchClose)) == 1
+    await engine.close()
+
+
+async def test_a_stream_is_never_closed_under_a_call_nor_answers_after_its_close(
+    server, nursery, autojump_clock, monkeypatch
+):
+    """Closing extra idle streams while the CLOSE writes wait: a task offered meanwhile on
+    another stream (the server still sees it idle) is either not answered, on a stream the
+    worker closed, or accepted and completed; no frame follows a stream's CLOSE."""
+    from apps.matching._sdk_connection import SdkConnection
+
+    original = SdkConnection.send
+    gates: list[trio.Event] = []
+    held: list[int] = []
+    hit = trio.Event()
+
+    async def send(self, message):
+        if isinstance(message, wire.MatchClose) and len(held) < len(gates):
+            gate = gates[len(held)]
+            held.append(message.rid)
+            hit.set()
+            await gate.wait()
+        await original(self, message)
+
+    monkeypatch.setattr(SdkConnection, "send", send)
+    engine = await started(
+        make_engine(server, max_concurrent_tasks=3, reserved_rpc_tasks=0), nursery
+    )
+    conn = server.conn
+    slow = []
+    for seconds in (10, 20, 20):
+        _, delivery, answer = await conn.offer(
+            FLOW, flow_type="Greeting", name="slow", args=[seconds]
+        )
+        assert isinstance(answer, wire.MatchAccept)
+        slow.append(delivery)
+    gates.append(trio.Event())
+    for delivery in slow:
+        await conn.wait_outcome(delivery)
+    await trio.sleep(30)  # every extra idle stream has lingered: closes are due
+    await hit.wait()
+    hit = trio.Event()
+    gates.append(trio.Event())
+    gates[0].set()  # the first CLOSE goes; the next one waits
+    await hit.wait()
+    await server.wait_for(lambda: held[0] not in conn.registered)
+    offered = []
+    for stream in conn.idle_of(FLOW):
+        if stream in held:
+            continue
+        delivery = next(server.deliveries)
+        conn.busy.add(stream)
+        await conn.send(
+            wire.MatchTask(
+                delivery=delivery,
+                kind="step",
+                flow_type="Greeting",
+                flow_id=f"flow-{delivery}",
+                name="slow",
+                execution_id=f"flow-{delivery}/0/slow",
+                attempt=1,
+                args=[1],
+                state={},
+                rid=stream,
+            )
+        )
+        offered.append((stream, delivery))
+    assert offered
+    await trio.testing.wait_all_tasks_blocked()
+    gates[1].set()
+    await trio.sleep(5)
+    for _stream, delivery in offered:
+        if conn.answer_to(delivery) is not None:
+            assert isinstance(conn.answer_to(delivery), wire.MatchAccept)
+            assert conn.outcome_of(delivery) is not None, f"delivery {delivery} lost"
+    for close in conn.of_type(wire.MatchClose):
+        frames = [m for m in conn.received if getattr(m, "rid", None) == close.rid]
+        assert frames[-1] == close, f"stream {close.rid} sent {frames[-1]} after its CLOSE"
+    await engine.close()
+
+
+# -- the stream plan (sans-IO) ----------------------------------------------------------------
+
+
+def _plan_fixture(states: list[tuple[str, float]]):
+    from apps.matching._worker_streams import QueueState, Stream
+
+    q = QueueState(FLOW, "flow", "Greeting", 0.1)
+    link: Any = None
+    streams = [
+        Stream(i, q, link, state=state, idle_since=since)
+        for i, (state, since) in enumerate(states, 1)
+    ]
+    return q, streams
+
+
+def test_plan_closes_the_longest_idle_extras_once_they_have_lingered():
+    from apps.matching._worker_streams import plan_streams
+
+    q, streams = _plan_fixture([("idle", 9.0), ("idle", 2.0), ("idle", 4.0), ("busy", 0.0)])
+    plan = plan_streams([q], streams, now=10.0, target=1, linger=5.0, may_open=True, slot_free=True)
+    assert [s.id for s in plan.closes] == [2, 3]  # stream 1 is kept (idle the shortest)
+    assert plan.opens == ()
+    plan = plan_streams([q], streams, now=8.0, target=1, linger=5.0, may_open=True, slot_free=True)
+    assert [s.id for s in plan.closes] == [2]
+    assert plan.wake == 9.0  # stream 3 lingers until 4 + 5: one timer for the earliest
+
+
+def test_plan_opens_up_to_the_target_and_keeps_one_registered_while_others_register():
+    from apps.matching._worker_streams import plan_streams
+
+    q, streams = _plan_fixture([("registering", 0.0), ("registering", 0.0), ("idle", 0.0)])
+    plan = plan_streams(
+        [q], streams, now=100.0, target=1, linger=5.0, may_open=True, slot_free=True
+    )
+    assert plan.closes == () and plan.opens == ()
+    q, streams = _plan_fixture([("busy", 0.0)])
+    plan = plan_streams([q], streams, now=0.0, target=2, linger=5.0, may_open=True, slot_free=True)
+    assert plan.opens == (q, q)
+    assert (
+        plan_streams(
+            [q], streams, now=0.0, target=2, linger=5.0, may_open=False, slot_free=True
+        ).opens
+        == ()
+    )

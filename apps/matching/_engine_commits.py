@@ -1,0 +1,178 @@
+"""How the engine makes its decisions durable: records collected in a pass over the mailbox,
+committed as one batch at a time through the ``StoreServer`` (group commit, answered with
+``BatchCommitted``), and the actions waiting for them (a flow's next move waits for its own
+cause only; dispatch records wait for nobody).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import otp
+
+from ._dispatch import Completed, Failed, Lost, NotDispatched, Task
+from ._engine_state import _Flow, _FlushRecords, _Pass, _Rpc, _State
+from ._store import AttemptRecord, DispatchRecord, PendingStep, StoreServer
+
+__all__ = ["EngineCommits"]
+
+
+class EngineCommits:
+    """The ``FlowEngine``'s commit machinery (a mixin of its callbacks' helpers)."""
+
+    # (defined by EngineSteps and EngineRpcs, which FlowEngine mixes in)
+    def _advance(self, state: _State, flow: _Flow) -> None:
+        raise NotImplementedError
+
+    def _rpc_outcome(
+        self, state: _State, call: _Rpc, outcome: Completed | Failed | NotDispatched | Lost
+    ) -> None:
+        raise NotImplementedError
+
+    def _next(self, state: _State) -> otp.NoReply:
+        """Carry on; with records something waits for and no commit running, commit once the
+        mailbox is empty (a zero timeout), or at once past ``max_batch`` records. Dispatch
+        records alone wait ``dispatch_record_delay`` (or a batch that goes before)."""
+        building = state.building
+        if state.committing is None and building.size:
+            if building.size >= state.options.max_batch:
+                self._flush(state)
+            elif building.urgent or building.actions:
+                return otp.NoReply(state, timeout=0)
+            elif not state.record_timer:
+                state.record_timer = True
+                otp.send_after(state.options.dispatch_record_delay, state.me, _FlushRecords())
+        elif state.committing is None and building.actions:
+            return otp.NoReply(state, timeout=0)
+        return otp.NoReply(state)
+
+    def _flush(self, state: _State) -> None:
+        if state.committing is not None:
+            return
+        done = state.building
+        if not done.size:
+            state.building = _Pass()
+            for action in done.actions:
+                action()
+            if state.building.size or state.building.actions:
+                self._flush(state)
+            return
+        state.building = _Pass()
+        state.committing = done
+        batch = done.batch()
+        StoreServer.commit_nowait(batch, state.me, len(batch), server=state.options.store)
+
+    def _committed(self, state: _State, size: int) -> None:
+        done = state.committing
+        state.committing = None
+        state.commits += 1
+        state.records_committed += size
+        state.largest_batch = max(state.largest_batch, size)
+        if done is not None:
+            for flow in done.created.values():
+                if flow.unsaved is done:
+                    flow.unsaved = None
+            for flow in done.dirty.values():
+                if flow.unsaved is done:
+                    flow.unsaved = None
+            for action in done.actions:
+                action()
+        building = state.building
+        if building.urgent or building.actions or building.size >= state.options.max_batch:
+            self._flush(state)  # what came while that batch was being committed: one group
+
+    def _after_commit(self, state: _State, action: Callable[[], None]) -> None:
+        """Run ``action`` once everything decided so far is committed, dispatch records
+        included (at once if it is): for reads from the store."""
+        building = state.building
+        if building.size or building.actions:
+            target = building
+        elif state.committing is not None:
+            target = state.committing
+        else:
+            action()
+            return
+        target.actions.append(action)
+
+    def _after_flow(self, state: _State, flow: _Flow, action: Callable[[], None]) -> None:
+        """Run ``action`` once what ``flow`` decided so far is committed (at once if it is):
+        what a flow does next waits for its own cause only, not for other flows' records nor
+        for dispatch records."""
+        target = flow.unsaved
+        if target is None:
+            action()
+        else:
+            self._hold(state, flow, target, action)
+
+    def _hold(self, state: _State, flow: _Flow, target: _Pass, action: Callable[[], None]) -> None:
+        flow.holds += 1
+
+        def run() -> None:
+            flow.holds -= 1
+            action()
+            self._maybe_evict(state, flow)
+
+        target.actions.append(run)
+
+    def _dirty(self, state: _State, flow: _Flow) -> None:
+        flow.updated_at = time.time()
+        building = state.building
+        flow.unsaved = building
+        if flow.flow_id not in building.dirty:
+            building.dirty[flow.flow_id] = flow
+            building.size += 1
+            building.urgent += 1
+
+    def _attempt(self, state: _State, record: AttemptRecord) -> None:
+        state.building.attempts.append(record)
+        state.building.size += 1
+        state.building.urgent += 1
+
+    def _pending_put(self, state: _State, flow: _Flow, not_before: float = 0.0) -> None:
+        step = flow.spec.steps[flow.step_index]
+        pending = PendingStep(
+            flow.flow_id, flow.step_index, step.name, flow.execution_id(), flow.attempt,
+            not_before=not_before,
+        )  # fmt: skip
+        state.building.pending_put[pending.key] = pending
+        state.building.size += 1
+        state.building.urgent += 1
+
+    def _pending_done(self, state: _State, flow: _Flow) -> None:
+        state.building.pending_done.append((flow.flow_id, flow.step_index))
+        state.building.size += 1
+        state.building.urgent += 1
+
+    def _maybe_evict(self, state: _State, flow: _Flow) -> None:
+        if (
+            not flow.running
+            and not flow.waiters
+            and not flow.rpcs
+            and not flow.holds
+            and state.flows.get(flow.flow_id) is flow
+        ):
+            del state.flows[flow.flow_id]
+
+    def _dispatch_record(
+        self,
+        state: _State,
+        flow: _Flow,
+        task: Task,
+        queue: str,
+        reason: str,
+        worker_id: str | None,
+    ) -> None:
+        record = DispatchRecord(
+            flow_id=flow.flow_id,
+            delivery=task.delivery,
+            kind=task.kind,
+            name=task.name,
+            attempt=task.attempt,
+            queue=queue,
+            reason=reason,
+            worker_id=worker_id,
+            at=time.time(),
+        )
+        state.building.dispatches.append(record)
+        state.building.size += 1

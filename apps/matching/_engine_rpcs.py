@@ -1,0 +1,153 @@
+"""The engine's RPC calls: dispatched to a worker (sticky to the flow's last one), their state
+patches applied, their callers answered once what the answer depends on is committed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+
+import otp
+
+from ._dispatch import Completed, Dispatch, Failed, Lost, NotDispatched, Task
+from ._engine_reads import EngineReads
+from ._engine_state import _check_id, _check_timeout, _err, _Flow, _ok, _Rpc, _RpcDeadline, _State
+from ._errors import (
+    ConfigurationError,
+    FlowNotFound,
+    HandlerError,
+    NoWorkerAvailable,
+    Unavailable,
+    UnknownName,
+)
+from ._matcher import submit
+from ._model import apply_patch
+
+__all__ = ["EngineRpcs"]
+
+
+class EngineRpcs(EngineReads):
+    """The ``FlowEngine``'s RPC calls (a mixin of its callbacks' helpers)."""
+
+    # -- RPCs -------------------------------------------------------------------------------------
+
+    def _call_rpc(
+        self, state: _State, from_: otp.From, flow_id: Any, name: Any, args: Any, timeout: Any
+    ) -> None:
+        _check_id("call_rpc", flow_id)
+        if type(name) is not str or not name:
+            raise ConfigurationError(f"call_rpc: name must be a non-empty str (got {name!r})")
+        if not isinstance(args, list | tuple):
+            raise ConfigurationError(f"call_rpc: args must be a list (got {args!r})")
+        timeout = _check_timeout("call_rpc", timeout)
+
+        def then(flow: _Flow | None) -> None:
+            if flow is None:
+                otp.reply(from_, _err(FlowNotFound(f"no flow has id {flow_id!r}")))
+            elif name not in flow.spec.rpcs:
+                known = ", ".join(sorted(flow.spec.rpcs)) or "none"
+                exc = UnknownName(
+                    f"flow type {flow.flow_type!r} (as flow {flow_id!r} was started) has no RPC"
+                    f" named {name!r} (it has: {known})"
+                )
+                otp.reply(from_, _err(exc))
+            else:
+                delivery = state.delivery()
+                deadline = None if timeout is None else trio.current_time() + timeout
+                task = Task(
+                    delivery=delivery,
+                    kind="rpc",
+                    flow_type=flow.flow_type,
+                    flow_id=flow_id,
+                    name=name,
+                    execution_id=f"{flow_id}/rpc/{delivery}",
+                    attempt=1,
+                    args=list(args),
+                    state=flow.state,
+                    deadline=deadline,
+                )
+                call = _Rpc(flow, from_, task, timeout)
+                flow.rpcs += 1
+                if timeout is not None:
+                    call.deadline_timer = otp.send_after(timeout, state.me, _RpcDeadline(delivery))
+                self._submit_rpc(state, call)
+
+        self._with_flow(state, flow_id, then)
+
+    def _submit_rpc(self, state: _State, call: _Rpc) -> None:
+        task = call.task
+        state.deliveries[task.delivery] = call
+        wait = state.options.dispatch_wait
+        if task.deadline is not None:
+            wait = max(min(wait, task.deadline - trio.current_time()), 0.001)
+        dispatch = Dispatch(task, state.me, call.flow.sticky_worker, wait)
+        submit(dispatch, matcher=state.options.matcher)
+
+    def _rpc_outcome(
+        self, state: _State, call: _Rpc, outcome: Completed | Failed | NotDispatched | Lost
+    ) -> None:
+        flow = call.flow
+        match outcome:
+            case Completed(value=value, patch=patch):
+                try:
+                    new_state = apply_patch(flow.state, patch)
+                except (ValueError, TypeError, AttributeError) as exc:
+                    details = {"type": "bad_patch"}
+                    error = HandlerError(f"the RPC's state patch: {exc}", details=details)
+                    self._rpc_done(state, call, _err(error))
+                    return
+                if patch and (patch.get("set") or patch.get("delete")):
+                    flow.state = new_state
+                    self._dirty(state, flow)
+                self._rpc_done(state, call, _ok(value))
+            case Failed(error=info):
+                error = HandlerError(
+                    f"RPC {call.task.name!r} of flow {flow.flow_id!r} raised {info.type}:"
+                    f" {info.message}",
+                    retryable=info.retryable,
+                    details={"type": info.type},
+                )
+                self._rpc_done(state, call, _err(error))
+            case NotDispatched(reason=reason, message=message):
+                cls = {"unavailable": Unavailable, "no_worker_available": NoWorkerAvailable}.get(
+                    reason, UnknownName
+                )
+                self._rpc_done(state, call, _err(cls(message)))
+            case Lost(worker_id=worker_id, after_output=True):
+                error = HandlerError(
+                    f"worker {worker_id!r} went away while running RPC {call.task.name!r} of flow"
+                    f" {flow.flow_id!r}",
+                    retryable=True,
+                    details={"type": "lost"},
+                )
+                self._rpc_done(state, call, _err(error))
+            case Lost(worker_id=worker_id):
+                old = call.task
+                state.deliveries.pop(old.delivery, None)
+                queue = call.queue or f"flow:{flow.flow_type}"
+                call.task = attrs.evolve(old, delivery=state.delivery())
+                self._dispatch_record(state, flow, call.task, queue, "redispatch_lost", worker_id)
+                if call.deadline_timer is not None and old.deadline is not None:
+                    otp.cancel_timer(call.deadline_timer)
+                    remaining = max(old.deadline - trio.current_time(), 0.0)
+                    call.deadline_timer = otp.send_after(
+                        remaining, state.me, _RpcDeadline(call.task.delivery)
+                    )
+                self._submit_rpc(state, call)
+
+    def _rpc_done(self, state: _State, call: _Rpc, answer: Any) -> None:
+        """Answer the RPC's caller once what it did (its patch), and what the flow decided
+        before (the state the RPC saw), is committed: at once when both are."""
+        state.deliveries.pop(call.task.delivery, None)
+        if call.deadline_timer is not None:
+            otp.cancel_timer(call.deadline_timer)
+            call.deadline_timer = None
+        flow = call.flow
+
+        def answered() -> None:
+            flow.rpcs -= 1
+            otp.reply(call.from_, answer)
+
+        self._after_flow(state, flow, answered)

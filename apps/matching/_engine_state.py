@@ -1,0 +1,404 @@
+"""The engine's values and in-memory records: its options and statistics, a flow held in memory
+(``_Flow``, what its ``FlowRecord`` says plus its attempt in progress), an RPC call in flight,
+the pass of records being built for one batch, the messages its timers and helpers send, and the
+reply helpers of its client functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+import otp
+
+from ._dispatch import Task
+from ._errors import Cancelled, ConfigurationError, FlowFailed, MatchingError, error_from_code
+from ._flow_spec import FlowSpec, parse_definition
+from ._matcher import MATCHER
+from ._model import MAX_NAME_LENGTH
+from ._store import SERVER_NAME, AttemptRecord, DispatchRecord, FlowRecord, PendingStep, WriteBatch
+
+__all__ = [
+    "ENGINE",
+    "DEFAULT_TIMEOUT",
+    "CALL_MARGIN",
+    "MAX_LIST_LIMIT",
+    "_RUNNING",
+    "EngineOptions",
+    "EngineStatistics",
+    "_Waiter",
+    "_Flow",
+    "_Rpc",
+    "_Pass",
+    "_State",
+    "_Loaded",
+    "_FlushRecords",
+    "_RetryDue",
+    "_StepDeadline",
+    "_RpcDeadline",
+    "_WaitTimeout",
+    "_ok",
+    "_err",
+    "_unwrap",
+    "_call_timeout",
+    "_check_timeout",
+    "_check_id",
+    "_flow_failed",
+    "_outcome_of",
+]
+
+#: The engine's registered name.
+ENGINE = "matching_engine"
+#: Default timeout of the client functions that answer from the store (seconds).
+DEFAULT_TIMEOUT = 30.0
+#: Added to a call's own timeout (``result``, ``call_rpc``) for the engine's answer to arrive.
+CALL_MARGIN = 30.0
+#: Most flows one ``list_flows`` returns.
+MAX_LIST_LIMIT = 10_000
+_RUNNING = "running"
+
+
+# -- options and statistics -----------------------------------------------------------------------
+
+
+def _positive_seconds(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(
+            f"EngineOptions.{attribute.name} must be a number of seconds > 0 (got {value!r})"
+        )
+
+
+def _positive_int(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise ConfigurationError(
+            f"EngineOptions.{attribute.name} must be an int >= 1 (got {value!r})"
+        )
+
+
+def _delivery_or_none(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (type(value) is not int or not 0 <= value < 2**62):
+        raise ConfigurationError(
+            f"EngineOptions.first_delivery must be None or an int from 0 to 2**62 (got {value!r})"
+        )
+
+
+@attrs.frozen
+class EngineOptions:
+    """How the engine reaches the rest of the server, and its waits.
+
+    Attributes:
+        store: The ``StoreServer`` (pid or registered name).
+        matcher: The matcher dispatches are submitted to (pid or registered name).
+        dispatch_wait: The dispatch wait of each step attempt and RPC call (at most the
+            attempt's or call's own timeout).
+        max_batch: Records one batch collects before it is committed even though the mailbox
+            is not empty yet (a batch also goes as soon as the mailbox is empty).
+        first_delivery: The first delivery id; None derives it from the wall clock, so ids
+            stay unique across restarts of the engine within one server run.
+        dispatch_record_delay: How long dispatch records (``Routed``, for ``describe_flow``)
+            may wait in memory for a batch to ride in before one is committed for them alone.
+            Nothing waits for them: a crash loses those not yet committed.
+    """
+
+    store: Any = SERVER_NAME
+    matcher: Any = MATCHER
+    dispatch_wait: float = attrs.field(default=10.0, validator=_positive_seconds)
+    max_batch: int = attrs.field(default=5000, validator=_positive_int)
+    first_delivery: int | None = attrs.field(default=None, validator=_delivery_or_none)
+    dispatch_record_delay: float = attrs.field(default=0.1, validator=_positive_seconds)
+    #: The longest flow type name a flow may start with (``matching.max_flow_type_length``).
+    max_flow_type_length: int = attrs.field(default=256, validator=_positive_int)
+
+
+@attrs.frozen
+class EngineStatistics:
+    """What :meth:`FlowEngine.statistics` reports (for the observer).
+
+    Attributes:
+        flows_running: Running flows.
+        flows_resident: Flows held in memory (running ones, and finished ones being read or
+            updated by an RPC).
+        dispatches_in_flight: Step attempts and RPC calls dispatched and not yet answered.
+        rpcs_in_flight: Of those, RPC calls.
+        retries_waiting: Step attempts waiting for their backoff timer.
+        waiters: Callers waiting in ``result``.
+        commits: Batches committed since the engine started.
+        records_committed: Records (flows, attempts, dispatches, pending steps) in them.
+        largest_batch: The most records one batch carried.
+        building: Records collected for the next batch.
+        commit_in_flight: Whether a batch is being committed now.
+    """
+
+    flows_running: int
+    flows_resident: int
+    dispatches_in_flight: int
+    rpcs_in_flight: int
+    retries_waiting: int
+    waiters: int
+    commits: int
+    records_committed: int
+    largest_batch: int
+    building: int
+    commit_in_flight: bool
+
+
+# -- runtime state --------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    from_: otp.From
+    timer: otp.Ref | None
+
+
+@attrs.define(eq=False)
+class _Flow:
+    """A flow held in memory: what its record says, and its attempt in progress."""
+
+    flow_id: str
+    flow_type: str
+    spec: FlowSpec
+    definition: dict[str, Any]
+    status: str
+    args: list[Any]
+    state: dict[str, Any]
+    step_index: int
+    step_input: list[Any]
+    result: Any
+    error: dict[str, Any] | None
+    sticky_worker: str | None
+    created_at: float
+    updated_at: float
+    #: The version of the last record put into a batch (0: none yet, the flow is new).
+    version: int
+    #: The current step's attempt number.
+    attempt: int = 1
+    #: When the retry of the current step is due (trio clock), or None.
+    retry_at: float | None = None
+    retry_timer: otp.Ref | None = None
+    retry_token: int = 0
+    #: The step dispatch in flight, and what it carries.
+    delivery: int | None = None
+    task: Task | None = None
+    deadline: float | None = None
+    deadline_timer: otp.Ref | None = None
+    started_at: float = 0.0
+    queue: str | None = None
+    worker_id: str | None = None
+    waiters: dict[otp.Ref, _Waiter] = attrs.field(factory=dict)
+    rpcs: int = 0
+    #: After-commit actions scheduled for this flow and not yet run.
+    holds: int = 0
+    #: The pass (being built or committed) holding the flow's latest records, or None when
+    #: everything it decided is committed: what it does next waits for that pass.
+    unsaved: _Pass | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.status == _RUNNING
+
+    def record(self) -> FlowRecord:
+        return FlowRecord(
+            flow_id=self.flow_id,
+            flow_type=self.flow_type,
+            status=self.status,
+            args=self.args,
+            state=self.state,
+            step_index=self.step_index,
+            step_input=self.step_input,
+            result=self.result,
+            error=self.error,
+            sticky_worker=self.sticky_worker,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            version=self.version,
+            definition=self.definition,
+        )
+
+    @classmethod
+    def from_record(cls, record: FlowRecord) -> _Flow:
+        definition = dict(record.definition)
+        return cls(
+            flow_id=record.flow_id,
+            flow_type=record.flow_type,
+            spec=parse_definition(definition),
+            definition=definition,
+            status=record.status,
+            args=list(record.args),
+            state=dict(record.state),
+            step_index=record.step_index,
+            step_input=list(record.step_input or []),
+            result=record.result,
+            error=record.error,
+            sticky_worker=record.sticky_worker,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+            version=record.version,
+        )
+
+    def execution_id(self) -> str:
+        return f"{self.flow_id}/{self.step_index}/{self.spec.steps[self.step_index].name}"
+
+
+@attrs.define(eq=False)
+class _Rpc:
+    flow: _Flow
+    from_: otp.From
+    task: Task
+    timeout: float | None
+    deadline_timer: otp.Ref | None = None
+    queue: str | None = None
+
+
+@attrs.define(eq=False)
+class _Pass:
+    """What a pass over the mailbox produced: records for one batch, and what to do once it is
+    committed."""
+
+    created: dict[str, _Flow] = attrs.field(factory=dict)
+    dirty: dict[str, _Flow] = attrs.field(factory=dict)
+    attempts: list[AttemptRecord] = attrs.field(factory=list)
+    dispatches: list[DispatchRecord] = attrs.field(factory=list)
+    pending_put: dict[tuple[str, int], PendingStep] = attrs.field(factory=dict)
+    pending_done: list[tuple[str, int]] = attrs.field(factory=list)
+    actions: list[Callable[[], None]] = attrs.field(factory=list)
+    #: Records in the batch (dispatch records included).
+    size: int = 0
+    #: Records something waits for (all but dispatch records): they are committed as soon as
+    #: the mailbox is empty; dispatch records alone wait ``dispatch_record_delay``.
+    urgent: int = 0
+
+    def batch(self) -> WriteBatch:
+        batch = WriteBatch(
+            attempts=self.attempts,
+            dispatches=self.dispatches,
+            pending_put=list(self.pending_put.values()),
+            pending_done=self.pending_done,
+        )
+        for flow in self.created.values():
+            flow.version = 1
+            batch.flows_created.append(flow.record())
+        for flow_id, flow in self.dirty.items():
+            if flow_id not in self.created:
+                flow.version += 1
+                batch.flows_upserted.append(flow.record())
+        return batch
+
+
+@attrs.define
+class _State:
+    options: EngineOptions
+    me: otp.Pid
+    #: The monitor of the ``StoreServer``: the engine stops when it goes (commits in flight
+    #: would never be answered).
+    store_monitor: otp.Ref
+    next_delivery: int
+    flows: dict[str, _Flow] = attrs.field(factory=dict)
+    deliveries: dict[int, _Flow | _Rpc] = attrs.field(factory=dict)
+    loading: dict[str, list[Callable[[_Flow | None], None]]] = attrs.field(factory=dict)
+    watched: dict[otp.Ref, str] = attrs.field(factory=dict)
+    building: _Pass = attrs.field(factory=_Pass)
+    committing: _Pass | None = None
+    commits: int = 0
+    records_committed: int = 0
+    largest_batch: int = 0
+    record_timer: bool = False
+
+    def delivery(self) -> int:
+        self.next_delivery += 1
+        return self.next_delivery - 1
+
+
+# -- messages to the engine from its helpers and timers -------------------------------------------
+
+
+@attrs.frozen(eq=False)
+class _Loaded:
+    flow_id: str
+    record: FlowRecord | None
+
+
+@attrs.frozen
+class _FlushRecords:
+    """The ``dispatch_record_delay`` passed: commit the dispatch records waiting."""
+
+
+@attrs.frozen
+class _RetryDue:
+    flow_id: str
+    token: int
+
+
+@attrs.frozen
+class _StepDeadline:
+    flow_id: str
+    delivery: int
+
+
+@attrs.frozen
+class _RpcDeadline:
+    delivery: int
+
+
+@attrs.frozen
+class _WaitTimeout:
+    flow_id: str
+    ref: otp.Ref
+
+
+def _ok(value: Any) -> tuple[str, Any]:
+    return ("ok", value)
+
+
+def _err(exc: MatchingError) -> tuple[str, str, str, bool, dict[str, Any]]:
+    return ("error", exc.code, exc.message, exc.retryable, exc.details)
+
+
+def _unwrap(reply: Any) -> Any:
+    if reply[0] == "ok":
+        return reply[1]
+    _, code, message, retryable, details = reply
+    raise error_from_code(code, message, retryable=retryable, details=details)
+
+
+def _call_timeout(timeout: float | None) -> float | None:
+    return None if timeout is None else timeout + CALL_MARGIN
+
+
+def _check_timeout(where: str, timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout <= 0:
+        raise ConfigurationError(
+            f"{where}: timeout must be a number of seconds > 0 or None (got {timeout!r})"
+        )
+    return float(timeout)
+
+
+def _check_id(where: str, flow_id: Any) -> str:
+    if type(flow_id) is not str or not flow_id or len(flow_id) > MAX_NAME_LENGTH:
+        raise ConfigurationError(
+            f"{where}: flow_id must be a non-empty str of at most {MAX_NAME_LENGTH} characters"
+            f" (got {flow_id!r})"
+        )
+    return flow_id
+
+
+def _flow_failed(flow: _Flow) -> MatchingError:
+    error = flow.error or {"type": flow.status, "message": ""}
+    details = {"flow_id": flow.flow_id, "type": error["type"], "message": error["message"]}
+    if flow.status == "cancelled":
+        return Cancelled(f"flow {flow.flow_id!r} was cancelled", details=details)
+    return FlowFailed(
+        f"flow {flow.flow_id!r} ({flow.flow_type}) failed: {error['type']}: {error['message']}",
+        details=details,
+    )
+
+
+def _outcome_of(flow: _Flow) -> Any:
+    if flow.status == "completed":
+        return _ok(flow.result)
+    return _err(_flow_failed(flow))

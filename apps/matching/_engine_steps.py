@@ -1,0 +1,378 @@
+"""The engine's flows and steps: starting, waiting for results, cancelling, dispatching each
+step's attempts in order, their outcomes, retries with backoff, timeouts and lost workers (a
+Temporal history service's workflow task loop, on one node).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import attrs
+import trio
+
+import otp
+
+from ._dispatch import Completed, Dispatch, Failed, Lost, NotDispatched, Routed, Task
+from ._engine_reads import EngineReads
+from ._engine_state import (
+    _RUNNING,
+    _check_id,
+    _check_timeout,
+    _err,
+    _Flow,
+    _ok,
+    _outcome_of,
+    _RetryDue,
+    _Rpc,
+    _State,
+    _StepDeadline,
+    _Waiter,
+    _WaitTimeout,
+)
+from ._errors import ConfigurationError, FlowExists, FlowNotFound, LimitError
+from ._flow_spec import FlowSpec, parse_definition
+from ._matcher import submit
+from ._model import MAX_NAME_LENGTH, apply_patch
+from ._store import AttemptRecord
+
+__all__ = ["EngineSteps"]
+
+
+class EngineSteps(EngineReads):
+    """The ``FlowEngine``'s flows and steps (a mixin of its callbacks' helpers)."""
+
+    # -- starting, waiting, cancelling ------------------------------------------------------------
+
+    def _start_flow(
+        self,
+        state: _State,
+        from_: otp.From,
+        flow_type: Any,
+        args: Any,
+        flow_id: Any,
+        definition: Any,
+    ) -> None:
+        if type(flow_type) is not str or not flow_type or len(flow_type) > MAX_NAME_LENGTH:
+            raise ConfigurationError(
+                f"start_flow: flow_type must be a non-empty str of at most {MAX_NAME_LENGTH}"
+                f" characters (got {flow_type!r})"
+            )
+        limit = state.options.max_flow_type_length
+        if len(flow_type) > limit:
+            raise LimitError(
+                f"start_flow: flow type {flow_type[:40]!r}... is {len(flow_type)} characters,"
+                f" over matching.max_flow_type_length={limit}; no worker could register it:"
+                " use a shorter name or raise the limit"
+            )
+        if not isinstance(args, list | tuple):
+            raise ConfigurationError(f"start_flow: args must be a list (got {args!r})")
+        spec = parse_definition(definition)
+        if flow_id is None:
+            self._create(state, from_, uuid.uuid4().hex, flow_type, list(args), spec)
+            return
+        _check_id("start_flow", flow_id)
+
+        def then(found: _Flow | None) -> None:
+            if found is not None:
+                exc = FlowExists(
+                    f"a flow with id {flow_id!r} exists already ({found.flow_type},"
+                    f" {found.status}); start it with another id, or None for a new one",
+                    details={"flow_id": flow_id},
+                )
+                otp.reply(from_, _err(exc))
+            else:
+                self._create(state, from_, flow_id, flow_type, list(args), spec)
+
+        self._with_flow(state, flow_id, then)
+
+    def _create(
+        self,
+        state: _State,
+        from_: otp.From,
+        flow_id: str,
+        flow_type: str,
+        args: list[Any],
+        spec: FlowSpec,
+    ) -> None:
+        now = time.time()
+        flow = _Flow(
+            flow_id=flow_id,
+            flow_type=flow_type,
+            spec=spec,
+            definition=spec.to_wire(),
+            status=_RUNNING if spec.steps else "completed",
+            args=args,
+            state={},
+            step_index=0,
+            step_input=args,
+            result=None,
+            error=None,
+            sticky_worker=None,
+            created_at=now,
+            updated_at=now,
+            version=0,
+        )
+        state.flows[flow_id] = flow
+        state.building.created[flow_id] = flow
+        state.building.size += 1
+        state.building.urgent += 1
+        flow.unsaved = state.building
+        if spec.steps:
+            self._pending_put(state, flow)
+
+        def started() -> None:
+            otp.reply(from_, _ok(flow_id))
+            self._advance(state, flow)
+
+        self._after_flow(state, flow, started)
+
+    def _result(self, state: _State, from_: otp.From, flow_id: Any, timeout: Any) -> None:
+        _check_id("result", flow_id)
+        timeout = _check_timeout("result", timeout)
+
+        def then(flow: _Flow | None) -> None:
+            if flow is None:
+                otp.reply(from_, _err(FlowNotFound(f"no flow has id {flow_id!r}")))
+            elif not flow.running:
+                self._after_flow(state, flow, lambda: otp.reply(from_, _outcome_of(flow)))
+            else:
+                ref = otp.monitor(from_.pid)
+                timer = None
+                if timeout is not None:
+                    timer = otp.send_after(timeout, state.me, _WaitTimeout(flow_id, ref))
+                flow.waiters[ref] = _Waiter(from_, timer)
+                state.watched[ref] = flow_id
+
+        self._with_flow(state, flow_id, then)
+
+    def _cancel(self, state: _State, from_: otp.From, flow_id: Any) -> None:
+        _check_id("cancel", flow_id)
+
+        def then(flow: _Flow | None) -> None:
+            if flow is None:
+                otp.reply(from_, _err(FlowNotFound(f"no flow has id {flow_id!r}")))
+                return
+            if flow.running:
+                self._end_attempt(state, flow)
+                self._finish(state, flow, "cancelled", None, {
+                    "type": "cancelled", "message": "the flow was cancelled",
+                })  # fmt: skip
+            self._after_flow(state, flow, lambda: otp.reply(from_, _ok(None)))
+
+        self._with_flow(state, flow_id, then)
+
+    def _finish(
+        self, state: _State, flow: _Flow, status: str, result: Any, error: dict[str, Any] | None
+    ) -> None:
+        """End the flow; its waiters are answered once that is committed."""
+        if flow.retry_timer is not None:
+            otp.cancel_timer(flow.retry_timer)
+            flow.retry_timer = None
+        flow.retry_at = None
+        flow.status = status
+        flow.result = result
+        flow.error = error
+        self._pending_done(state, flow)
+        self._dirty(state, flow)
+        self._after_flow(state, flow, lambda: self._settle(state, flow))
+
+    def _settle(self, state: _State, flow: _Flow) -> None:
+        """Answer the flow's waiters (it has ended, and that is committed)."""
+        answer = _outcome_of(flow)
+        waiters, flow.waiters = flow.waiters, {}
+        for ref, waiter in waiters.items():
+            state.watched.pop(ref, None)
+            otp.demonitor(ref, flush=True)
+            if waiter.timer is not None:
+                otp.cancel_timer(waiter.timer)
+            otp.reply(waiter.from_, answer)
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    def _advance(self, state: _State, flow: _Flow) -> None:
+        """Dispatch the flow's current step unless it is dispatched, backing off or ended."""
+        if not flow.running or flow.delivery is not None or flow.retry_timer is not None:
+            return
+        now = trio.current_time()
+        if flow.retry_at is not None and flow.retry_at > now:
+            flow.retry_token += 1
+            due = _RetryDue(flow.flow_id, flow.retry_token)
+            flow.retry_timer = otp.send_after(flow.retry_at - now, state.me, due)
+            return
+        flow.retry_at = None
+        self._dispatch_step(state, flow, new_attempt=True)
+
+    def _dispatch_step(
+        self, state: _State, flow: _Flow, *, new_attempt: bool, delivery: int | None = None
+    ) -> None:
+        step = flow.spec.steps[flow.step_index]
+        now = trio.current_time()
+        if new_attempt:
+            flow.started_at = time.time()
+            flow.worker_id = None
+            flow.deadline = None if step.timeout is None else now + step.timeout
+        if delivery is None:
+            delivery = state.delivery()
+        if flow.deadline_timer is not None:
+            otp.cancel_timer(flow.deadline_timer)
+            flow.deadline_timer = None
+        if flow.deadline is not None:
+            flow.deadline_timer = otp.send_after(
+                max(flow.deadline - now, 0.0), state.me, _StepDeadline(flow.flow_id, delivery)
+            )
+        task = Task(
+            delivery=delivery,
+            kind="step",
+            flow_type=flow.flow_type,
+            flow_id=flow.flow_id,
+            name=step.name,
+            execution_id=flow.execution_id(),
+            attempt=flow.attempt,
+            args=list(flow.step_input),
+            state=flow.state,
+            deadline=flow.deadline,
+        )
+        flow.delivery = delivery
+        flow.task = task
+        state.deliveries[delivery] = flow
+        wait = state.options.dispatch_wait
+        if flow.deadline is not None:
+            wait = max(min(wait, flow.deadline - now), 0.001)
+        submit(Dispatch(task, state.me, flow.sticky_worker, wait), matcher=state.options.matcher)
+
+    def _end_attempt(self, state: _State, flow: _Flow) -> None:
+        """Forget the step dispatch in flight (a late outcome is ignored)."""
+        if flow.delivery is not None:
+            state.deliveries.pop(flow.delivery, None)
+        flow.delivery = None
+        flow.task = None
+        flow.deadline = None
+        if flow.deadline_timer is not None:
+            otp.cancel_timer(flow.deadline_timer)
+            flow.deadline_timer = None
+
+    def _attempt_record(
+        self, flow: _Flow, delivery: int, status: str, worker_id: str | None, error: Any
+    ) -> AttemptRecord:
+        return AttemptRecord(
+            flow_id=flow.flow_id,
+            step_index=flow.step_index,
+            step=flow.spec.steps[flow.step_index].name,
+            execution_id=flow.execution_id(),
+            attempt=flow.attempt,
+            delivery=delivery,
+            worker_id=worker_id,
+            status=status,
+            error=error,
+            started_at=flow.started_at,
+            finished_at=time.time(),
+        )
+
+    def _attempt_failed(
+        self,
+        state: _State,
+        flow: _Flow,
+        status: str,
+        worker_id: str | None,
+        error: dict[str, Any],
+        retryable: bool,
+    ) -> None:
+        """The attempt is consumed: retry after its backoff, or fail the flow."""
+        delivery = flow.delivery if flow.delivery is not None else 0
+        self._end_attempt(state, flow)
+        self._attempt(state, self._attempt_record(flow, delivery, status, worker_id, error))
+        retry = flow.spec.steps[flow.step_index].retry
+        if retryable and flow.attempt < retry.max_attempts:
+            delay = retry.backoff(flow.attempt)
+            flow.attempt += 1
+            flow.retry_at = trio.current_time() + delay
+            self._pending_put(state, flow, not_before=time.time() + delay)
+            self._dirty(state, flow)
+            self._after_flow(state, flow, lambda: self._advance(state, flow))
+        else:
+            self._finish(state, flow, "failed", None, error)
+
+    def _routed(self, state: _State, routed: Routed) -> None:
+        target = state.deliveries.get(routed.delivery)
+        if target is None:
+            return
+        task: Task | None
+        if isinstance(target, _Rpc):
+            flow, task = target.flow, target.task
+            target.queue = routed.queue
+        else:
+            flow = target
+            task = flow.task
+            flow.queue = routed.queue
+            if routed.reason == "delivered" and routed.worker_id is not None:
+                flow.worker_id = routed.worker_id
+        assert task is not None
+        self._dispatch_record(state, flow, task, routed.queue, routed.reason, routed.worker_id)
+
+    def _outcome(self, state: _State, outcome: Completed | Failed | NotDispatched | Lost) -> None:
+        target = state.deliveries.get(outcome.delivery)
+        if target is None:
+            return  # a late outcome: the attempt timed out, or the flow was cancelled
+        if isinstance(target, _Rpc):
+            self._rpc_outcome(state, target, outcome)
+            return
+        flow = target
+        match outcome:
+            case Completed(worker_id=worker_id, value=value, patch=patch):
+                try:
+                    new_state = apply_patch(flow.state, patch)
+                except (ValueError, TypeError, AttributeError) as exc:
+                    error = {"type": "bad_patch", "message": f"the step's state patch: {exc}"}
+                    self._attempt_failed(state, flow, "failed", worker_id, error, True)
+                    return
+                self._step_completed(state, flow, worker_id, value, new_state)
+            case Failed(worker_id=worker_id, error=info):
+                error = {"type": info.type, "message": info.message}
+                self._attempt_failed(state, flow, "failed", worker_id, error, info.retryable)
+            case NotDispatched(reason=reason, message=message):
+                error = {"type": reason, "message": message}
+                self._attempt_failed(state, flow, "not_dispatched", None, error, True)
+            case Lost(worker_id=worker_id, after_output=True):
+                error = {
+                    "type": "lost",
+                    "message": f"worker {worker_id!r} went away after the attempt's first output",
+                }
+                self._attempt_failed(state, flow, "lost", worker_id, error, True)
+            case Lost(worker_id=worker_id):
+                task = flow.task
+                assert task is not None
+                queue = flow.queue or f"flow:{flow.flow_type}"
+                state.deliveries.pop(outcome.delivery, None)
+                flow.delivery = None
+                flow.task = None
+                # the same attempt again (at least once), as a new delivery; its deadline stands
+                delivery = state.delivery()
+                again_task = attrs.evolve(task, delivery=delivery)
+                self._dispatch_record(state, flow, again_task, queue, "redispatch_lost", worker_id)
+
+                def again() -> None:
+                    if flow.running and flow.delivery is None and flow.retry_timer is None:
+                        self._dispatch_step(state, flow, new_attempt=False, delivery=delivery)
+
+                self._after_flow(state, flow, again)
+
+    def _step_completed(
+        self, state: _State, flow: _Flow, worker_id: str, value: Any, new_state: dict[str, Any]
+    ) -> None:
+        delivery = flow.delivery if flow.delivery is not None else 0
+        self._end_attempt(state, flow)
+        self._attempt(state, self._attempt_record(flow, delivery, "completed", worker_id, None))
+        self._pending_done(state, flow)
+        flow.state = new_state
+        flow.sticky_worker = worker_id
+        flow.step_index += 1
+        flow.step_input = [value]
+        flow.attempt = 1
+        if flow.step_index >= len(flow.spec.steps):
+            self._finish(state, flow, "completed", value, None)
+            return
+        self._pending_put(state, flow)
+        self._dirty(state, flow)
+        self._after_flow(state, flow, lambda: self._advance(state, flow))

@@ -1,0 +1,109 @@
+"""A flow type's definition as the engine pins it when a flow starts: ``FlowSpec`` (its steps
+with their retry policies and timeouts, its RPC names) and ``parse_definition``, which validates
+what a client sent (as a Temporal server pins a workflow's history to its first version).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ._errors import ConfigurationError
+from ._model import MAX_NAME_LENGTH, RetryPolicy
+
+__all__ = ["FlowSpec", "StepSpec", "parse_definition"]
+
+
+@attrs.frozen
+class StepSpec:
+    """One step of a pinned flow definition: its name, retry policy and attempt timeout."""
+
+    name: str
+    retry: RetryPolicy
+    timeout: float | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "max_attempts": self.retry.max_attempts,
+            "initial_backoff": self.retry.initial_backoff,
+            "backoff_coefficient": self.retry.backoff_coefficient,
+            "max_backoff": self.retry.max_backoff,
+            "timeout": self.timeout,
+        }
+
+
+@attrs.frozen
+class FlowSpec:
+    """A flow type's definition as a client sent it at ``start_flow``, validated; a flow runs
+    to its end with the one it started with."""
+
+    steps: tuple[StepSpec, ...]
+    rpcs: frozenset[str]
+
+    def to_wire(self) -> dict[str, Any]:
+        """``{"steps": [{"name", "max_attempts", ...}], "rpcs": [names]}``."""
+        return {"steps": [s.to_wire() for s in self.steps], "rpcs": sorted(self.rpcs)}
+
+
+def _bad_definition(where: str, expected: str, got: Any) -> ConfigurationError:
+    return ConfigurationError(
+        f"start_flow definition: {where} must be {expected} (got {got!r}); send the flow"
+        " type's definition as the client's Registry builds it"
+    )
+
+
+def _name(where: str, value: Any) -> str:
+    if type(value) is not str or not value or len(value) > MAX_NAME_LENGTH:
+        raise _bad_definition(
+            where, f"a non-empty str of at most {MAX_NAME_LENGTH} characters", value
+        )
+    return value
+
+
+def parse_definition(value: Any) -> FlowSpec:
+    """Validate a flow type's definition: ``{"steps": [{"name", "max_attempts",
+    "initial_backoff", "backoff_coefficient", "max_backoff", "timeout"}], "rpcs": [names]}``.
+    Missing retry keys take :class:`RetryPolicy`'s defaults, a missing timeout is None.
+
+    Raises:
+        ConfigurationError: naming the field, what was expected and what was received.
+    """
+    if not isinstance(value, Mapping):
+        raise _bad_definition("the definition", 'a dict {"steps": [...], "rpcs": [...]}', value)
+    steps_in = value.get("steps", [])
+    rpcs_in = value.get("rpcs", [])
+    if not isinstance(steps_in, list | tuple):
+        raise _bad_definition('"steps"', "a list of step dicts", steps_in)
+    if not isinstance(rpcs_in, list | tuple):
+        raise _bad_definition('"rpcs"', "a list of RPC names", rpcs_in)
+    steps: list[StepSpec] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(steps_in):
+        where = f"steps[{i}]"
+        if not isinstance(entry, Mapping):
+            raise _bad_definition(where, 'a dict with "name"', entry)
+        name = _name(f"{where}.name", entry.get("name"))
+        if name in seen:
+            raise _bad_definition(f"{where}.name", "unique within the flow type", name)
+        seen.add(name)
+        retry_args = {
+            key: entry[key]
+            for key in ("max_attempts", "initial_backoff", "backoff_coefficient", "max_backoff")
+            if entry.get(key) is not None
+        }
+        try:
+            retry = RetryPolicy(**retry_args)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"start_flow definition: {where}: {exc.message}") from exc
+        timeout = entry.get("timeout")
+        if timeout is not None and (
+            type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout <= 0
+        ):
+            raise _bad_definition(f"{where}.timeout", "a number of seconds > 0 or None", timeout)
+        steps.append(StepSpec(name, retry, None if timeout is None else float(timeout)))
+    rpcs = frozenset(_name(f"rpcs[{i}]", r) for i, r in enumerate(rpcs_in))
+    return FlowSpec(tuple(steps), rpcs)

@@ -1,0 +1,400 @@
+"""``StoreServer``: the GenServer that owns the matching server's one ``Store`` and
+group-commits the batches written through it, as a database's WAL writer does (the seed's "one
+writer"); reads and lease calls run on the same connection between transactions.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+import otp
+
+from ._store_records import (
+    DEFAULT_TIMEOUT,
+    SERVER_NAME,
+    AttemptRecord,
+    BatchCommitted,
+    DispatchRecord,
+    FlowExists,
+    FlowRecord,
+    PendingStep,
+    StoreConflict,
+    StoreError,
+    StoreServerStatistics,
+    WriteBatch,
+    check_batch,
+)
+
+if TYPE_CHECKING:
+    from ._store import Store
+
+__all__ = ["StoreServer"]
+
+logger = logging.getLogger("apps.matching")
+
+_ERRORS: dict[str, type[StoreError]] = {
+    "exists": FlowExists,
+    "conflict": StoreConflict,
+    "error": StoreError,
+}
+_TAGS = {cls: tag for tag, cls in _ERRORS.items()}
+
+
+def _error_reply(exc: StoreError) -> tuple[str, str, str, dict[str, Any]]:
+    return ("error", _TAGS.get(type(exc), "error"), exc.message, exc.details)
+
+
+def _unwrap(reply: Any) -> Any:
+    if reply[0] == "ok":
+        return reply[1]
+    _, tag, message, details = reply
+    raise _ERRORS[tag](message, details=details)
+
+
+@attrs.frozen
+class _Read:
+    from_: otp.From
+    fn: Callable[[], Awaitable[Any]]
+
+
+@attrs.frozen
+class _Notify:
+    """Where the outcome of a ``commit_nowait`` batch goes."""
+
+    pid: otp.Pid
+    tag: Any
+
+
+_To = otp.From | _Notify
+
+
+@attrs.frozen
+class _Group:
+    entries: list[tuple[WriteBatch, _To]]
+
+
+@attrs.frozen
+class _Committed:
+    size: int
+
+
+@attrs.frozen
+class _PendingChanged:
+    generation: int
+
+
+@attrs.define
+class _State:
+    store: Store
+    jobs: trio.MemorySendChannel[_Read | _Group]
+    worker: otp.Pid
+    watcher: otp.Pid
+    queued: list[tuple[WriteBatch, _To]] = attrs.field(factory=list)
+    in_flight: int = 0
+    groups: int = 0
+    batches: int = 0
+    largest_group: int = 0
+    generation: int = 0
+    waiters: list[tuple[otp.From, int]] = attrs.field(factory=list)
+
+
+#: The operations the server runs on its store for a call, in the order they arrive.
+_OPS: dict[str, Callable[[Store], Callable[..., Awaitable[Any]]]] = {
+    "get_flow": lambda store: store.get_flow,
+    "list_flows": lambda store: store.list_flows,
+    "attempts": lambda store: store.attempts,
+    "dispatches": lambda store: store.dispatches,
+    "pending": lambda store: store.pending,
+    "claim_pending": lambda store: store.claim_pending,
+    "renew_leases": lambda store: store.renew_leases,
+    "release_leases": lambda store: store.release_leases,
+}
+
+
+class StoreServer(otp.GenServer):
+    """Owns one :class:`Store`; registered as ``matching_store`` by the application.
+
+    Writes are group-committed: while one transaction runs (in a worker thread, driven by a
+    process the server links to), batches sent meanwhile queue up and all go into the next
+    transaction, each batch atomic on its own; each caller is answered once its batch is
+    durable (or refused). Reads, claims and lease changes run on the same connection in the
+    order they arrive, between transactions, so the server's mailbox is read all the while.
+
+    Start it with ``StoreServer.start_link(store, name=SERVER_NAME)``; ``init`` opens the store
+    (a schema newer than the code fails the start) and ``terminate`` closes it. It traps exits:
+    if its worker or wake-up process dies, the server stops with that reason, and callers
+    waiting for it get a ``CallError`` (a batch then in flight may or may not have committed).
+    """
+
+    # ======================================== client side ====================================
+
+    @staticmethod
+    async def commit(
+        batch: WriteBatch, *, server: Any = SERVER_NAME, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> None:
+        """Commit ``batch``; returns once it is durable.
+
+        Raises:
+            StoreConflict, FlowExists, StoreError: as :meth:`Store.commit`; the batch left no
+                trace.
+            otp.CallTimeout, otp.CallError: no answer in time, or the server died; the batch may
+                or may not have committed (read back to know). Cancellation leaves the same.
+        """
+        check_batch(batch)
+        _unwrap(await otp.call(server, ("commit", batch), timeout))
+
+    @staticmethod
+    def commit_nowait(
+        batch: WriteBatch, reply_to: otp.Pid, tag: Any, *, server: Any = SERVER_NAME
+    ) -> None:
+        """Hand ``batch`` to the server and return at once (not a checkpoint): it is
+        group-committed as :meth:`commit`'s are, and ``reply_to`` gets
+        ``BatchCommitted(tag, None)`` once it is durable, or ``BatchCommitted(tag, error)`` if
+        it was refused (a batch of the wrong records too: a :class:`StoreError` naming the
+        field). Nothing is sent if the server dies first: monitor it. Batches handed over by one
+        process are committed in the order handed over.
+        """
+        otp.GenServer.cast(server, ("commit", batch, reply_to, tag))
+
+    @staticmethod
+    async def create_flow(
+        record: FlowRecord, *, server: Any = SERVER_NAME, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> None:
+        """Insert a new flow (group-committed). Raises :class:`FlowExists` as
+        :meth:`Store.create_flow`, and as :meth:`commit` otherwise."""
+        await StoreServer.commit(WriteBatch(flows_created=[record]), server=server, timeout=timeout)
+
+    @staticmethod
+    async def get_flow(
+        flow_id: str, *, server: Any = SERVER_NAME, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> FlowRecord | None:
+        """As :meth:`Store.get_flow`, through the server."""
+        return _unwrap(await otp.call(server, ("get_flow", (flow_id,), {}), timeout))
+
+    @staticmethod
+    async def list_flows(
+        *,
+        flow_type: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        server: Any = SERVER_NAME,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> list[FlowRecord]:
+        """As :meth:`Store.list_flows`, through the server."""
+        request: tuple[Any, ...] = (
+            "list_flows",
+            (),
+            {"flow_type": flow_type, "status": status, "limit": limit},
+        )
+        return _unwrap(await otp.call(server, request, timeout))
+
+    @staticmethod
+    async def attempts(
+        flow_id: str, *, server: Any = SERVER_NAME, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> list[AttemptRecord]:
+        """As :meth:`Store.attempts`, through the server."""
+        return _unwrap(await otp.call(server, ("attempts", (flow_id,), {}), timeout))
+
+    @staticmethod
+    async def dispatches(
+        flow_id: str,
+        limit: int = 200,
+        *,
+        server: Any = SERVER_NAME,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> list[DispatchRecord]:
+        """As :meth:`Store.dispatches`, through the server."""
+        return _unwrap(await otp.call(server, ("dispatches", (flow_id, limit), {}), timeout))
+
+    @staticmethod
+    async def pending(
+        flow_id: str, *, server: Any = SERVER_NAME, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> list[PendingStep]:
+        """As :meth:`Store.pending`, through the server."""
+        return _unwrap(await otp.call(server, ("pending", (flow_id,), {}), timeout))
+
+    @staticmethod
+    async def claim_pending(
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        limit: int,
+        *,
+        server: Any = SERVER_NAME,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> list[PendingStep]:
+        """As :meth:`Store.claim_pending`, through the server (after the commits before it).
+        A claim whose caller gave up may have leased steps: they come back when the lease
+        expires, or at once with ``release_leases(owner)``."""
+        request: tuple[Any, ...] = ("claim_pending", (owner, now, lease_seconds, limit), {})
+        return _unwrap(await otp.call(server, request, timeout))
+
+    @staticmethod
+    async def renew_leases(
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        *,
+        server: Any = SERVER_NAME,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> int:
+        """As :meth:`Store.renew_leases`, through the server."""
+        request: tuple[Any, ...] = ("renew_leases", (owner, now, lease_seconds), {})
+        return _unwrap(await otp.call(server, request, timeout))
+
+    @staticmethod
+    async def release_leases(
+        owner: str, *, server: Any = SERVER_NAME, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> int:
+        """As :meth:`Store.release_leases`, through the server."""
+        return _unwrap(await otp.call(server, ("release_leases", (owner,), {}), timeout))
+
+    @staticmethod
+    async def wait_pending(
+        seen: int, *, server: Any = SERVER_NAME, timeout: float | None = None
+    ) -> int:
+        """As :meth:`Store.wait_pending`, through the server: returns the pending-change
+        generation once it exceeds ``seen``. Waits forever by default (``timeout=None``); a
+        timeout raises ``otp.CallTimeout``."""
+        return await otp.call(server, ("wait_pending", seen), timeout)
+
+    @staticmethod
+    async def statistics(
+        *, server: Any = SERVER_NAME, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> StoreServerStatistics:
+        """The server's group-commit counters and its store's."""
+        return await otp.call(server, ("statistics",), timeout)
+
+    # ======================================== callbacks ======================================
+
+    async def init(self, store: Store) -> otp.Ok:
+        await store.open()
+        otp.process_flag(trap_exit=True)
+        send, receive = trio.open_memory_channel[_Read | _Group](math.inf)
+        me = otp.self()
+        worker = otp.spawn_link(_worker, store, receive, me)
+        watcher = otp.spawn_link(_watcher, store, me)
+        return otp.Ok(_State(store=store, jobs=send, worker=worker, watcher=watcher))
+
+    def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
+        match request:
+            case ("commit", WriteBatch() as batch):
+                try:
+                    check_batch(batch)  # a bad batch must not crash the worker
+                except TypeError as exc:
+                    return otp.Reply(("error", "error", str(exc), {}), state)
+                state.queued.append((batch, from_))
+                if not state.in_flight:
+                    _flush(state)
+                return otp.NoReply(state)
+            case (str(op), tuple(args), dict(kwargs)) if op in _OPS:
+                fn = functools.partial(_OPS[op](state.store), *args, **kwargs)
+                state.jobs.send_nowait(_Read(from_, fn))
+                return otp.NoReply(state)
+            case ("wait_pending", int(seen)):
+                if state.generation > seen:
+                    return otp.Reply(state.generation, state)
+                state.waiters.append((from_, seen))
+                return otp.NoReply(state)
+            case ("statistics",):
+                stats = StoreServerStatistics(
+                    groups=state.groups,
+                    batches=state.batches,
+                    largest_group=state.largest_group,
+                    queued=len(state.queued),
+                    in_flight=state.in_flight,
+                    store=state.store.statistics(),
+                )
+                return otp.Reply(stats, state)
+        message = f"StoreServer: unknown request {request!r}"
+        return otp.Reply(("error", "error", message, {}), state)
+
+    def handle_cast(self, request: Any, state: _State) -> Any:
+        match request:
+            case ("commit", batch, otp.Pid() as reply_to, tag):
+                try:
+                    check_batch(batch)  # a bad batch must not crash the worker
+                except TypeError as exc:
+                    otp.send(reply_to, BatchCommitted(tag, StoreError(str(exc))))
+                    return otp.NoReply(state)
+                state.queued.append((batch, _Notify(reply_to, tag)))
+                if not state.in_flight:
+                    _flush(state)
+            case _:
+                logger.warning("StoreServer: unknown cast %r", request)
+        return otp.NoReply(state)
+
+    def handle_info(self, message: Any, state: _State) -> Any:
+        match message:
+            case _Committed(size=size):
+                state.groups += 1
+                state.batches += size
+                state.largest_group = max(state.largest_group, size)
+                state.in_flight = 0
+                if state.queued:
+                    _flush(state)
+            case _PendingChanged(generation=generation):
+                state.generation = max(state.generation, generation)
+                still = []
+                for from_, seen in state.waiters:
+                    if state.generation > seen:
+                        otp.reply(from_, state.generation)
+                    else:
+                        still.append((from_, seen))
+                state.waiters = still
+            case otp.Exit(pid=pid, reason=reason) if pid in (state.worker, state.watcher):
+                return otp.Stop(reason, state)
+        return otp.NoReply(state)
+
+    async def terminate(self, reason: Any, state: _State) -> None:
+        state.jobs.close()
+        otp.exit(state.watcher, otp.KILL)
+        otp.exit(state.worker, otp.KILL)
+        await state.store.close()  # waits for a transaction still running in its thread
+
+
+def _flush(state: _State) -> None:
+    """Hand every queued batch to the worker as one group (one transaction)."""
+    group, state.queued = state.queued, []
+    state.in_flight = len(group)
+    state.jobs.send_nowait(_Group(group))
+
+
+async def _worker(
+    store: Store, jobs: trio.MemoryReceiveChannel[_Read | _Group], server: otp.Pid
+) -> None:
+    """Runs the server's store operations one at a time and answers their callers."""
+    async for job in jobs:
+        if isinstance(job, _Group):
+            try:
+                outcomes = await store.commit_many([batch for batch, _ in job.entries])
+            except StoreError as exc:
+                outcomes = [exc] * len(job.entries)
+            for (_, to), outcome in zip(job.entries, outcomes, strict=True):
+                if isinstance(to, _Notify):
+                    otp.send(to.pid, BatchCommitted(to.tag, outcome))
+                else:
+                    otp.reply(to, ("ok", None) if outcome is None else _error_reply(outcome))
+            otp.send(server, _Committed(len(job.entries)))
+        else:
+            try:
+                value = await job.fn()
+            except StoreError as exc:
+                otp.reply(job.from_, _error_reply(exc))
+            else:
+                otp.reply(job.from_, ("ok", value))
+
+
+async def _watcher(store: Store, server: otp.Pid) -> None:
+    """Forwards the store's pending-change wake-ups to the server."""
+    generation = 0
+    while True:
+        generation = await store.wait_pending(generation)
+        otp.send(server, _PendingChanged(generation))

@@ -1,0 +1,133 @@
+"""The pull worker's task streams: the queues it serves, the streams open on one connection,
+and the sans-IO plan that keeps each queue at its idle target.
+
+This is the seed's 容量和关闭 rule: every queue keeps ``idle_streams_per_queue`` registered idle
+streams (one more for 30 s after a reserved-capacity decline); a stream that took a task is
+replaced at once, and the extra idle streams left when tasks end are closed once they have
+stayed idle for ``idle_stream_linger`` seconds, so a loaded worker reuses its streams and the
+steady state after load falls is ``max_concurrent_tasks + (F + 1) * idle_streams_per_queue``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import attrs
+import trio
+
+from ._sdk_connection import SdkConnection
+
+__all__ = ["Link", "Plan", "QueueState", "Stream", "plan_streams"]
+
+
+@attrs.define(eq=False)
+class QueueState:
+    """A queue the worker serves; it outlives connections."""
+
+    name: str
+    kind: str
+    target: str
+    backoff: float
+    retry_at: float = -math.inf
+    #: Until when the queue keeps one extra idle stream (after a reserved-capacity decline).
+    extra_until: float = -math.inf
+
+
+@attrs.define(eq=False)
+class Link:
+    """One connection and the streams open on it."""
+
+    conn: SdkConnection
+    nursery: trio.Nursery
+    streams: dict[int, Stream] = attrs.field(factory=dict)
+    #: Calls accepted on this connection whose outcome is not sent yet.
+    calls: int = 0
+    reconnecting: bool = False
+    registered_any: bool = False
+    #: Set when a call starts while the keepalive loop has no busy stream to wait for.
+    keepalive_wake: trio.Event = attrs.field(factory=trio.Event)
+
+
+@attrs.define(eq=False)
+class Stream:
+    """One task stream of a :class:`Link`."""
+
+    id: int
+    queue: QueueState
+    link: Link
+    #: "registering", "idle", "busy" or "closed".
+    state: str = "registering"
+    #: A call's outcome is being written on it (not to be closed meanwhile).
+    sending: bool = False
+    #: When it last became idle (registered, or its handler returned).
+    idle_since: float = 0.0
+    #: While busy: when its next keepalive PONG is due.
+    pong_at: float = math.inf
+
+
+@attrs.frozen
+class Plan:
+    """What :func:`plan_streams` decided: streams to open per queue, streams to close, and
+    when to look again (the earliest linger or extra-stream deadline; ``inf`` for none)."""
+
+    opens: tuple[QueueState, ...]
+    closes: tuple[Stream, ...]
+    wake: float
+
+
+def plan_streams(
+    queues: Iterable[QueueState],
+    streams: Iterable[Stream],
+    *,
+    now: float,
+    target: int,
+    linger: float,
+    may_open: bool,
+    slot_free: bool,
+) -> Plan:
+    """Decide, without side effects, how to bring every queue to its idle target.
+
+    Each queue wants ``target`` registered idle streams (plus one while its ``extra_until``
+    lasts; that extra one is opened only with a slot free, ``slot_free``). Missing ones are
+    opened when ``may_open`` and the queue's ``retry_at`` has passed. Idle streams beyond what
+    is kept are closed longest-idle first, but only once idle for ``linger`` seconds, and one
+    registered stream is always kept while others are still registering. Streams that are
+    sending an outcome count as busy.
+    """
+    queues = list(queues)
+    idle: dict[int, list[Stream]] = {id(q): [] for q in queues}
+    registering: dict[int, int] = {id(q): 0 for q in queues}
+    for s in streams:
+        key = id(s.queue)
+        if key not in idle:
+            continue
+        if s.state == "idle" and not s.sending:
+            idle[key].append(s)
+        elif s.state == "registering":
+            registering[key] += 1
+    opens: list[QueueState] = []
+    closes: list[Stream] = []
+    wake = math.inf
+    for q in queues:
+        mine = idle[id(q)]
+        pending = registering[id(q)]
+        extra = 1 if q.extra_until > now else 0
+        if extra:
+            wake = min(wake, q.extra_until)
+        if q.retry_at > now:
+            wake = min(wake, q.retry_at)
+        wanted = target + (extra if slot_free else 0)
+        kept = target + extra
+        if may_open and now >= q.retry_at:
+            opens.extend([q] * (wanted - len(mine) - pending))
+        excess = min(len(mine) + pending - kept, len(mine) - 1)
+        if excess > 0:
+            mine.sort(key=lambda s: s.idle_since)
+            for s in mine[:excess]:
+                due = s.idle_since + linger
+                if due <= now:
+                    closes.append(s)
+                else:
+                    wake = min(wake, due)
+    return Plan(tuple(opens), tuple(closes), wake)

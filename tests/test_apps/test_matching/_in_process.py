@@ -1,0 +1,57 @@
+"""The real matching server in this test's own trio run, for end-to-end tests of the SDKs.
+
+``async with matching_server(**MatchingConfig fields) as address`` starts the ``matching``
+application in a fresh node (a Unix socket in a short temporary directory, an in-memory store)
+and stops it after. Tests using it run on the real clock: the store's SQLite runs in threads,
+and a MockClock would jump past every timeout while they run. They bound each wait with
+``trio.fail_after`` instead, as the real-process tests do.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+import otp
+import supervisors
+from apps.matching._application import application
+from apps.matching._config import MatchingConfig
+from apps.matching._listener import Listener
+
+#: The bound on every wait of these tests (they take milliseconds when all is well).
+BOUND = 20.0
+
+
+@asynccontextmanager
+async def matching_server(**config: Any) -> AsyncIterator[str]:
+    """Yield the address the server listens on (its first)."""
+    directory = tempfile.mkdtemp(prefix="m-", dir="/tmp")
+    try:
+        config.setdefault("listen", [f"unix:{os.path.join(directory, 'm.sock')}"])
+        config.setdefault("store", ":memory:")
+        async with otp.open_node():
+            await supervisors.start_application(
+                application(matching_config=MatchingConfig(**config))
+            )
+            try:
+                [address, *_] = await Listener.address()
+                yield address
+            finally:
+                running = await supervisors.which_applications()
+                if any(a[0] == "matching" for a in running):
+                    await supervisors.stop_application("matching")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def until(condition: Callable[[], bool], bound: float = BOUND) -> None:
+    """Wait (polling; bounded by ``bound`` seconds) until ``condition()`` holds."""
+    with trio.fail_after(bound):
+        while not condition():
+            await trio.sleep(0.002)

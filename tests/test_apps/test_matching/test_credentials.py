@@ -1,0 +1,130 @@
+"""Bearer credentials over TCP with TLS, as the SDKs meet them (seed, Server 和网络配置): a real
+server on ``tcp://127.0.0.1:0`` with a trustme certificate and worker and client tokens. A wrong
+or missing token is an :class:`AuthenticationError` saying what to pass, the server logs the
+refusal and serves everyone else on."""
+
+from __future__ import annotations
+
+import os
+import ssl
+
+import pytest
+import trio
+import trustme
+
+from apps.matching import (
+    AuthenticationError,
+    ClientOptions,
+    Flow,
+    Registry,
+    TrioClient,
+    TrioWorker,
+    WorkerOptions,
+    step,
+)
+
+from ._in_process import BOUND, matching_server
+
+
+class Hello(Flow):
+    name = "Hello"
+
+    @step
+    async def greet(self, ctx, who):
+        return f"Hello, {who}!"
+
+
+REGISTRY = Registry([Hello], allow_async_handlers=True)
+
+
+@pytest.fixture
+def tls(tmp_path) -> tuple[dict[str, str], ssl.SSLContext]:
+    """The server's TLS settings and a client context trusting them."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    certfile, keyfile = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    cert.private_key_and_cert_chain_pem.write_to_path(certfile)
+    cert.private_key_pem.write_to_path(keyfile)
+    os.chmod(keyfile, 0o600)
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    return {"tls_certfile": certfile, "tls_keyfile": keyfile}, context
+
+
+def _server(tls):
+    files, _ = tls
+    return matching_server(
+        listen=["tcp://127.0.0.1:0"],
+        worker_tokens=["w-secret"],
+        client_tokens=["c-secret"],
+        **files,
+    )
+
+
+async def test_a_worker_with_a_wrong_token_fails_start_and_its_waiters(tls, caplog):
+    _, context = tls
+    async with _server(tls) as address:
+        for token in ("wrong", "c-secret"):  # a client's token is no worker's
+            options = WorkerOptions(server_address=address, credentials=token, ssl_context=context)
+            worker = TrioWorker(REGISTRY, None, options)
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(BOUND):
+
+                    async def run(worker=worker) -> None:
+                        with pytest.raises(AuthenticationError, match="worker token is wrong"):
+                            await worker.start()
+
+                    nursery.start_soon(run)
+                    with pytest.raises(AuthenticationError) as caught:
+                        await worker.wait_pull_registered()
+            assert "pass the worker credentials the server is configured with" in str(caught.value)
+            assert not worker.pull_registration_state().is_ready
+    assert "refused a worker connection from 127.0.0.1" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("token", "word"), [("wrong", "wrong"), ("w-secret", "wrong"), (None, "missing")]
+)
+async def test_a_client_with_a_wrong_or_missing_token_gets_authentication_error(
+    tls, token, word, monkeypatch
+):
+    monkeypatch.delenv("OTP_MATCHING_TOKEN", raising=False)
+    _, context = tls
+    async with _server(tls) as address:
+        options = ClientOptions(server_address=address, credentials=token, ssl_context=context)
+        async with TrioClient(REGISTRY, None, options) as client:
+            with trio.fail_after(BOUND), pytest.raises(AuthenticationError) as caught:
+                await client.list_flows()
+    assert f"the client token is {word}" in str(caught.value)
+    assert "pass the client credentials" in str(caught.value)
+
+
+async def test_the_right_tokens_serve_a_flow_while_wrong_ones_are_refused(tls):
+    _, context = tls
+    async with _server(tls) as address, trio.open_nursery() as nursery:
+        worker = TrioWorker(
+            REGISTRY,
+            None,
+            WorkerOptions(server_address=address, credentials="w-secret", ssl_context=context),
+        )
+        nursery.start_soon(worker.start)
+        good = ClientOptions(server_address=address, credentials="c-secret", ssl_context=context)
+        bad = ClientOptions(server_address=address, credentials="nope", ssl_context=context)
+        with trio.fail_after(BOUND):
+            await worker.wait_pull_registered()
+            async with TrioClient(REGISTRY, None, bad) as intruder:
+                with pytest.raises(AuthenticationError):
+                    await intruder.start_flow(Hello, "intruder")
+            async with TrioClient(REGISTRY, None, good) as client:
+                flow_id = await client.start_flow(Hello, "TLS")
+                assert await client.result(flow_id) == "Hello, TLS!"
+                assert [f.flow_id for f in await client.list_flows()] == [flow_id]
+        await worker.close()
+
+
+async def test_a_server_certificate_the_client_does_not_trust_is_refused(tls):
+    async with _server(tls) as address:
+        options = ClientOptions(server_address=address, credentials="c-secret")
+        async with TrioClient(REGISTRY, None, options) as client:
+            with trio.fail_after(BOUND), pytest.raises(AuthenticationError, match="verification"):
+                await client.list_flows()
