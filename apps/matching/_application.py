@@ -5,8 +5,11 @@ queues' DynamicSupervisor (``matching_queues``), the matcher, the engine, the co
 DynamicSupervisor (``matching_connections``) and the listener. Each depends on the ones before
 it, so a crash restarts it and everything after it (a new matcher drops the old queues, and
 the listener's restart binds the sockets anew). Stopping runs in reverse: the listener stops
-accepting and removes its Unix sockets, the connections close (their streams with them), then
-the engine, the matcher, the queues and, last, the store, which commits what it was given.
+accepting and removes its Unix sockets; the connections drain, all at once, each for at most
+``stop_drain_timeout`` (workers are sent M_RECONNECT and their running calls send their outcomes
+to the engine, still alive; clients' calls in flight are answered, or get a retryable
+``draining`` error), then close; then the engine stops, the matcher, the queues and, last, the
+store, which commits what it was given (the outcomes the drain brought in with it).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 
 Each call runs in a task of its own on its connection (as a Gunicorn-style worker serves
 requests concurrently) and is answered by M_REPLY, or by an M_ERROR carrying the error's code
-(``bad_frame`` for arguments of the wrong shape).
+(``bad_frame`` for arguments of the wrong shape). While the connection drains (a graceful stop)
+new calls, and the calls :func:`cancel_calls` gives up, get a retryable ``draining`` error.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ._errors import MatchingError
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ["MAX_CALLS", "start_call"]
+__all__ = ["MAX_CALLS", "cancel_calls", "start_call"]
 
 logger = logging.getLogger("apps.matching")
 
@@ -46,6 +47,9 @@ def start_call(conn: Connection, msg: wire.MatchCall) -> None:
             rid, "limit", f"{MAX_CALLS} calls are in flight on this connection", retryable=True
         )
         return
+    if conn.drain_over or (conn.draining and conn.role == "client"):
+        conn.error(rid, "draining", _DRAINING.format(op=msg.op), retryable=True)
+        return
     op = _OPS.get(msg.op)
     if op is None or (conn.role == "worker" and msg.op not in _WORKER_OPS):
         allowed = sorted(_WORKER_OPS if conn.role == "worker" else _OPS)
@@ -54,18 +58,38 @@ def start_call(conn: Connection, msg: wire.MatchCall) -> None:
         )
         return
     conn.calls.add(rid)
+    scope = trio.CancelScope()
+    conn.call_scopes[rid] = (msg.op, scope)
     assert conn.nursery is not None
-    conn.nursery.start_soon(_run_call, conn, rid, op, msg.args)
+    conn.nursery.start_soon(_run_call, conn, rid, msg.op, op, msg.args, scope)
+
+
+def cancel_calls(conn: Connection, *, ops: tuple[str, ...] | None = None) -> None:
+    """Give up ``conn``'s calls in flight (those of ``ops``, or all): each is answered by a
+    retryable ``draining`` error as its task unwinds (what the op had done stays done)."""
+    for name, scope in conn.call_scopes.values():
+        if ops is None or name in ops:
+            scope.cancel()
+
+
+#: The ``draining`` error's message.
+_DRAINING = "the server is stopping: {op} was not answered; retry it once it is back"
 
 
 async def _run_call(
     conn: Connection,
     rid: int,
+    name: str,
     op: Callable[[Connection, dict[Any, Any]], Awaitable[Any]],
     args: dict[Any, Any],
+    scope: trio.CancelScope,
 ) -> None:
     try:
-        value = await op(conn, args)
+        with scope:
+            value = await op(conn, args)
+        if scope.cancelled_caught:
+            conn.error(rid, "draining", _DRAINING.format(op=name), retryable=True)
+            return
     except MatchingError as exc:
         conn.send_message(
             wire.MatchError(exc.code, exc.message, exc.retryable, dict(exc.details), rid=rid)
@@ -82,6 +106,8 @@ async def _run_call(
         conn.send_message(wire.MatchReply(value, rid=rid))
     finally:
         conn.calls.discard(rid)
+        conn.call_scopes.pop(rid, None)
+        conn.settle()
 
 
 class _BadArgs(Exception):

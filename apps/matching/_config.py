@@ -32,6 +32,8 @@ DEFAULT_STORE = "matching.sqlite3"
 DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
 #: A peer is dropped when this many bytes written to it are still unsent.
 DEFAULT_MAX_UNSENT = 16 * 1024 * 1024
+#: How long a graceful stop waits for the calls running on each connection (seconds).
+DEFAULT_STOP_DRAIN_TIMEOUT = 10.0
 
 
 def _default_listen() -> tuple[str, ...]:
@@ -113,6 +115,13 @@ def _positive_int(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> Non
         )
 
 
+def _positive_seconds(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(
+            f"matching.{attribute.name} must be a number of seconds > 0 (got {value!r})"
+        )
+
+
 def _limits(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if not isinstance(value, MatchingLimits):
         raise ConfigurationError(f"matching.limits must be a MatchingLimits (got {value!r})")
@@ -189,6 +198,12 @@ class MatchingConfig:
         max_payload: The largest frame payload a peer may send once connected.
         max_unsent: A peer is dropped once this many bytes written to it are unsent (it
             stopped reading); one that drains nothing for ``peer_timeout`` is dropped too.
+        stop_drain_timeout: How long a graceful stop (``stop_application("matching")``,
+            SIGTERM to the node) waits for each connection to drain: a worker connection is
+            sent M_RECONNECT and its running calls may still send their outcomes, a client
+            connection's calls in flight may still be answered. Past it the calls still
+            running are given up (a worker's are re-dispatched after the restart; a client's
+            get a retryable ``draining`` error) and the connection closes.
 
     Raises:
         ConfigurationError: A setting is invalid; the message names it and says what to do.
@@ -211,6 +226,9 @@ class MatchingConfig:
     server_name: str = attrs.field(default="otp-matching", validator=_server_name)
     max_payload: int = attrs.field(default=DEFAULT_MAX_PAYLOAD, validator=_positive_int)
     max_unsent: int = attrs.field(default=DEFAULT_MAX_UNSENT, validator=_positive_int)
+    stop_drain_timeout: float = attrs.field(
+        default=DEFAULT_STOP_DRAIN_TIMEOUT, validator=_positive_seconds
+    )
     #: Tokens read from ``token_file`` when the config was built.
     _file_tokens: Mapping[str, tuple[str, ...]] = attrs.field(
         init=False, factory=dict, eq=False, repr=False
@@ -340,6 +358,7 @@ _FLAGS = {
     "ping_interval": "matching_ping_interval",
     "peer_timeout": "matching_peer_timeout",
     "max_streams": "matching_max_streams",
+    "stop_drain_timeout": "matching_stop_drain_timeout",
 }
 
 
@@ -410,4 +429,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="streams registered on the node in all (default 100000)",
+    )
+    g.add_argument(
+        "--matching-stop-drain-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long a graceful stop waits for running calls (default 10)",
     )

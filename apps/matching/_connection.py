@@ -9,8 +9,17 @@ serves it) and its stream frames go to that stream process as messages; M_CALLs 
 input gets an M_ERROR (and, when the bytes cannot be decoded, the connection closes); the
 server serves everyone else on. Writes are bounded (:meth:`Connection.send_message` never
 blocks; a peer that stops reading is dropped), a peer silent for ``peer_timeout`` is dropped,
-and an idle connection gets an M_PING every ``ping_interval``. The connection's end kills its
+and an idle connection gets an M_PING every ``ping_interval``. The connection's end closes its
 streams (their reports are the routing core's).
+
+A graceful stop (its supervisor's ``shutdown`` exit signal) drains the connection (seed, 容量和关闭:
+when the server asks a worker to reconnect, the worker first finishes its running calls): a
+worker is sent M_RECONNECT and marked draining (it is offered nothing new), its idle streams are
+closed, and the streams with a call keep serving it until its RESULT or FAILURE; a client's
+``result`` waits are answered by a retryable ``draining`` error at once, its other calls in
+flight may still be answered. New calls and registrations are refused as ``draining``. The
+connection closes once nothing runs, or after ``stop_drain_timeout`` (what still runs then is
+given up: a worker's calls are lost, a client's get ``draining``).
 """
 
 from __future__ import annotations
@@ -27,12 +36,19 @@ import otp
 import wire
 
 from . import _matcher, _stream
-from ._call_ops import start_call
+from ._call_ops import cancel_calls, start_call
 from ._config import MatchingConfig
 from ._dispatch import Capabilities, StreamRejection, WorkerDraining
 from ._engine import ENGINE
 
-__all__ = ["HELLO_LIMITS", "Connection", "ServerContext", "start_connection"]
+__all__ = [
+    "DRAIN_GRACE",
+    "HELLO_LIMITS",
+    "Connection",
+    "ServerContext",
+    "shutdown_timeout",
+    "start_connection",
+]
 
 logger = logging.getLogger("apps.matching")
 
@@ -50,6 +66,11 @@ MAX_FRAMES_BEFORE_HELLO = 8
 WRITE_CHUNK = 256 * 1024
 #: What the server sends: the peers' decoders enforce the protocol's own limits.
 _OUT_LIMITS = wire.Limits()
+#: After ``stop_drain_timeout`` a draining connection gives its last answers this long to be
+#: written, then drops.
+DRAIN_GRACE = 1.0
+#: Why a draining worker is asked to reconnect (M_RECONNECT's ``reason``).
+STOPPING = "server stopping"
 #: The codecs the server speaks.
 _CODECS = (wire.Codec.TLV, wire.Codec.CBOR)
 #: The frames a worker may send after HELLO on a stream (non-zero request id).
@@ -81,6 +102,12 @@ class ServerContext:
     engine: Any = ENGINE
 
 
+def shutdown_timeout(config: MatchingConfig) -> float:
+    """The ``shutdown`` of a connection's child spec: its drain (``stop_drain_timeout``), the
+    last answers' :data:`DRAIN_GRACE`, and as much again before the supervisor kills it."""
+    return config.stop_drain_timeout + 2 * DRAIN_GRACE
+
+
 async def start_connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) -> otp.Pid:
     """Start a connection process serving ``stream`` (from ``peer``, for the logs), linked to
     the caller (the ``matching_connections`` supervisor)."""
@@ -98,6 +125,9 @@ class Connection:
         role: ``"worker"`` or ``"client"`` once HELLO is read.
         worker_id: A worker's app worker id.
         streams: Stream id -> the stream process serving it.
+        tasks: Stream id -> the delivery of the TASK written on it, until the worker declines
+            it or sends its RESULT or FAILURE (a stream with a call, or an offer, in flight).
+        draining: Whether a graceful stop is draining the connection.
     """
 
     me: otp.Pid
@@ -114,6 +144,15 @@ class Connection:
     #: Stream ids being registered -> the frames that came for them meanwhile.
     registering: dict[int, list[Any]] = attrs.Factory(dict)
     calls: set[int] = attrs.Factory(set)
+    #: Call id -> (op, the cancel scope of its task), for the drain.
+    call_scopes: dict[int, tuple[str, trio.CancelScope]] = attrs.Factory(dict)
+    tasks: dict[int, int] = attrs.Factory(dict)
+    draining: bool = False
+    #: Set once ``stop_drain_timeout`` has passed: what still runs is given up.
+    drain_over: bool = False
+    #: Streams the drain closed: TASKs still offered on them are not written (the queue takes
+    #: them back when the stream ends).
+    closing: set[int] = attrs.Factory(set)
     unsent: deque[bytes] = attrs.Factory(deque)
     unsent_bytes: int = 0
     wake: trio.Event = attrs.Factory(trio.Event)
@@ -121,6 +160,7 @@ class Connection:
     last_sent: float = 0.0
     #: Set when the connection is to close once what is queued is written.
     close_after_flush: str | None = None
+    close_level: int = logging.WARNING
     reason: str = ""
     nursery: trio.Nursery | None = None
 
@@ -135,6 +175,12 @@ class Connection:
         """
         if self.reason:
             return
+        kind = type(msg)
+        if kind is wire.MatchTask or kind is wire.MatchPing:
+            if msg.rid in self.closing:
+                return  # (an offer that crossed the drain's M_CLOSE: its queue takes it back)
+            if kind is wire.MatchTask:
+                self.tasks[msg.rid] = msg.delivery
         try:
             data = wire.encode_frame(msg.to_frame(self.codec), codec=self.codec, limits=_OUT_LIMITS)
         except wire.WireError as exc:
@@ -169,11 +215,23 @@ class Connection:
             logger.log(level, "matching: dropping %s: %s", self.label, why)
         self.scope.cancel()
 
-    def finish(self, why: str) -> None:
-        """End the connection once what is queued is written."""
+    def finish(self, why: str, *, level: int = logging.WARNING) -> None:
+        """End the connection once what is queued is written (logged at ``level``)."""
         if self.close_after_flush is None:
             self.close_after_flush = why
+            self.close_level = level
         self.wake.set()
+
+    def settle(self) -> None:
+        """While draining: close once nothing runs (no call, no registration, no stream; past
+        ``stop_drain_timeout`` the streams are not waited for)."""
+        if (
+            self.draining
+            and not self.calls
+            and not self.registering
+            and (self.drain_over or not self.streams)
+        ):
+            self.finish(f"drained ({STOPPING})", level=logging.DEBUG)
 
     @property
     def label(self) -> str:
@@ -204,8 +262,9 @@ async def _connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) ->
                 await _mailbox(conn)
     finally:
         conn.reason = conn.reason or "closed"
-        for pid in conn.streams.values():
-            otp.exit(pid, otp.Shutdown("connection_closed"))
+        for rid, pid in conn.streams.items():
+            # A message, not an exit signal: a RESULT the stream has not read yet comes first.
+            otp.send(pid, wire.MatchClose(rid=rid))
         await trio.aclose_forcefully(stream)
 
 
@@ -316,15 +375,22 @@ async def _send_now(frames: wire.FrameStream, msg: Any) -> None:
 
 
 async def _mailbox(conn: Connection) -> None:
-    """The process's mailbox: stream processes ending, and the parent's exit signal."""
+    """The process's mailbox: stream processes ending, and the parent's exit signal (a
+    ``shutdown`` drains the connection, any other reason drops it)."""
     while True:
         msg = await otp.receive()
         if type(msg) is otp.Exit:
             rid = next((r for r, pid in conn.streams.items() if pid == msg.pid), None)
             if rid is None:
+                if _is_shutdown(msg.reason):
+                    _drain(conn)
+                    continue
                 conn.drop(f"exit signal from {msg.pid!r} ({otp.format_reason(msg.reason)})")
                 return
             del conn.streams[rid]
+            conn.tasks.pop(rid, None)
+            conn.closing.discard(rid)
+            conn.settle()
             if otp.is_abnormal(msg.reason):  # (a stream that ends itself says M_CLOSE)
                 logger.warning(
                     "matching: stream %d of %s ended: %s",
@@ -343,7 +409,7 @@ async def _writer(conn: Connection) -> None:
     while True:
         if not conn.unsent:
             if conn.close_after_flush is not None:
-                conn.drop(conn.close_after_flush, level=logging.WARNING)
+                conn.drop(conn.close_after_flush, level=conn.close_level)
                 return
             conn.wake = trio.Event()
             await conn.wake.wait()
@@ -468,6 +534,15 @@ def _to_stream(conn: Connection, msg: Any) -> None:
     pid = conn.streams.get(rid)
     if pid is not None:
         otp.send(pid, msg)
+        kind = type(msg)
+        if kind is wire.MatchClose:
+            conn.tasks.pop(rid, None)
+        elif (
+            kind is wire.MatchResult or kind is wire.MatchFailure or kind is wire.MatchDecline
+        ) and conn.tasks.get(rid) == msg.delivery:
+            del conn.tasks[rid]
+            if conn.draining:
+                _close_stream(conn, rid, pid)  # (after the outcome: the stream reads it first)
     elif rid in conn.registering:
         conn.registering[rid].append(msg)
     elif type(msg) is wire.MatchPong or type(msg) is wire.MatchClose:
@@ -478,6 +553,13 @@ def _to_stream(conn: Connection, msg: Any) -> None:
 
 def _register(conn: Connection, msg: wire.MatchRegister) -> None:
     rid = msg.rid
+    if conn.draining:
+        conn.send_message(
+            wire.MatchRejected(
+                "draining", "the server is stopping: reconnect (with backoff)", False, rid=rid
+            )
+        )
+        return
     if rid in conn.streams or rid in conn.registering:
         conn.send_message(
             wire.MatchRejected(
@@ -530,5 +612,70 @@ async def _open_stream(conn: Connection, msg: wire.MatchRegister) -> None:
         conn.send_message(wire.MatchRegistered(msg.queue, msg.name, rid=rid))
         for held in conn.registering.get(rid, ()):
             otp.send(pid, held)
+        if conn.draining:
+            _close_stream(conn, rid, pid)
     finally:
         conn.registering.pop(rid, None)
+        conn.settle()
+
+
+# ==================================================================== a graceful stop
+
+
+def _is_shutdown(reason: Any) -> bool:
+    return reason == otp.SHUTDOWN or isinstance(reason, otp.Shutdown)
+
+
+def _drain(conn: Connection) -> None:
+    """Begin the drain (a second ``shutdown`` changes nothing): see the module's docstring."""
+    if conn.draining:
+        return
+    conn.draining = True
+    ctx = conn.ctx
+    logger.info(
+        "matching: draining %s (%d streams with a call, %d calls in flight)",
+        conn.label,
+        len(conn.tasks),
+        len(conn.calls),
+    )
+    if conn.role == "worker":
+        conn.send_message(wire.MatchReconnect(STOPPING))
+        _matcher.notify_worker(WorkerDraining(conn.worker_id), matcher=ctx.matcher)
+        for rid, pid in list(conn.streams.items()):
+            if rid not in conn.tasks:
+                _close_stream(conn, rid, pid)
+    else:
+        cancel_calls(conn, ops=("result",))  # (they wait for a flow to end: asked again later)
+    assert conn.nursery is not None
+    deadline = trio.current_time() + ctx.config.stop_drain_timeout
+    conn.nursery.start_soon(_drain_deadline, conn, deadline)
+    conn.settle()
+
+
+def _close_stream(conn: Connection, rid: int, pid: otp.Pid) -> None:
+    """Close an idle stream of a draining worker: M_CLOSE to the worker, and to the stream
+    process as if the worker had sent it (it tells its queue it is gone, and ends)."""
+    if rid in conn.closing:
+        return
+    conn.closing.add(rid)
+    conn.send_message(wire.MatchClose(rid=rid))
+    otp.send(pid, wire.MatchClose(rid=rid))
+
+
+async def _drain_deadline(conn: Connection, deadline: float) -> None:
+    """At ``deadline`` give up what still runs; drop the connection :data:`DRAIN_GRACE` later
+    if its last answers are not written by then."""
+    await trio.sleep_until(deadline)
+    if conn.tasks or conn.calls:
+        logger.warning(
+            "matching: %s still has %d calls running after stop_drain_timeout (%s s):"
+            " closing it (a worker's are re-dispatched after the restart)",
+            conn.label,
+            len(conn.tasks) + len(conn.calls),
+            conn.ctx.config.stop_drain_timeout,
+        )
+    conn.drain_over = True
+    cancel_calls(conn)
+    conn.settle()
+    await trio.sleep(DRAIN_GRACE)
+    conn.drop(f"{STOPPING}: the drain is over")

@@ -163,16 +163,16 @@ class EngineCommits:
         reason: str,
         worker_id: str | None,
     ) -> None:
-        record = DispatchRecord(
-            flow_id=flow.flow_id,
-            delivery=task.delivery,
-            kind=task.kind,
-            name=task.name,
-            attempt=task.attempt,
-            queue=queue,
-            reason=reason,
-            worker_id=worker_id,
-            at=time.time(),
+        record = DispatchRecord.trusted(
+            flow.flow_id,
+            task.delivery,
+            task.kind,
+            task.name,
+            task.attempt,
+            queue,
+            reason,
+            worker_id,
+            time.time(),
         )
         state.building.dispatches.append(record)
         state.building.size += 1

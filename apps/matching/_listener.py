@@ -6,7 +6,9 @@ sockets (mode 0600, removed on stop) and the TCP ones (TLS by default, ``trio.SS
 the handshake done by the connection, never by the acceptor), links one acceptor process per
 socket that runs the ``accept`` loop and starts a connection process under the
 ``matching_connections`` DynamicSupervisor for each peer. An acceptor's death is the
-listener's (``matching_sup`` restarts it, binding anew; open connections carry on).
+listener's (``matching_sup`` restarts it, binding anew; open connections carry on). On a
+graceful stop the listener stops first: the sockets close (no new peer), then the connections
+drain, each bounded by ``stop_drain_timeout`` (their child specs' ``shutdown``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import trio
 import otp
 import supervisors
 
-from ._connection import ServerContext, start_connection
+from ._connection import ServerContext, shutdown_timeout, start_connection
 
 __all__ = ["CONNECTIONS", "LISTENER", "Listener", "start_listener"]
 
@@ -247,7 +249,7 @@ async def _acceptor(
             "conn",
             (start_connection, stream, ctx, peer),
             restart="temporary",
-            shutdown="brutal_kill",
+            shutdown=shutdown_timeout(ctx.config),  # (it drains: _connection.py)
         )
         result = await supervisors.start_child(CONNECTIONS, spec)
         if result[0] == "ok":

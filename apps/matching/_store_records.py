@@ -204,6 +204,35 @@ class DispatchRecord:
     worker_id: str | None = attrs.field(validator=_text_or_none)
     at: float = attrs.field(validator=_time)
 
+    @classmethod
+    def trusted(
+        cls,
+        flow_id: str,
+        delivery: int,
+        kind: str,
+        name: str,
+        attempt: int,
+        queue: str,
+        reason: str,
+        worker_id: str | None,
+        at: float,
+    ) -> DispatchRecord:
+        """The record of values the engine checked already (its own task and a routing
+        decision of the server's queues), built without running the validators again (one
+        is built per routing decision)."""
+        record = object.__new__(cls)
+        put = object.__setattr__
+        put(record, "flow_id", flow_id)
+        put(record, "delivery", delivery)
+        put(record, "kind", kind)
+        put(record, "name", name)
+        put(record, "attempt", attempt)
+        put(record, "queue", queue)
+        put(record, "reason", reason)
+        put(record, "worker_id", worker_id)
+        put(record, "at", at)
+        return record
+
 
 @attrs.frozen
 class PendingStep:

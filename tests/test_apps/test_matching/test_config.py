@@ -180,6 +180,24 @@ def test_a_bad_limit_names_the_setting() -> None:
         MatchingConfig.from_settings({"matching": {"dispatch_wait": -1}})
 
 
+def test_the_stop_drain_timeout_defaults_to_ten_seconds_and_is_validated() -> None:
+    assert MatchingConfig().stop_drain_timeout == 10.0
+    config = MatchingConfig.from_settings({"matching": {"stop_drain_timeout": 2.5}})
+    assert config.stop_drain_timeout == 2.5
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--matching-stop-drain-timeout", "0.5"])
+    flagged = MatchingConfig.from_settings(
+        {"matching": {"stop_drain_timeout": 9}, "flags": vars(args)}
+    )
+    assert flagged.stop_drain_timeout == 0.5
+    for bad in (0, -1, float("inf"), "10", True):
+        _refused(
+            r"matching.stop_drain_timeout must be a number of seconds > 0 \(got ",
+            stop_drain_timeout=bad,
+        )
+
+
 def test_the_flags_win_over_the_table(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)

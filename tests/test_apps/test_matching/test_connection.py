@@ -20,8 +20,8 @@ import supervisors
 import wire
 from apps.matching import _matcher
 from apps.matching._config import MatchingConfig
-from apps.matching._connection import ServerContext
-from apps.matching._dispatch import MatchingLimits
+from apps.matching._connection import DRAIN_GRACE, ServerContext
+from apps.matching._dispatch import Dispatch, Lost, MatchingLimits, Routed, Task
 from apps.matching._listener import CONNECTIONS, Listener, start_listener
 
 from ._peers import MemoryBlobs, Peer
@@ -502,3 +502,40 @@ async def test_stopping_the_listener_removes_the_socket_file(serve: Any, sock: s
     assert os.path.exists(sock)
     await supervisors.terminate_child("test_matching_sup", "listener")
     assert not os.path.exists(sock)
+
+
+# ============================================================================ graceful stop
+
+
+async def test_a_stop_with_a_call_outliving_the_drain_timeout_still_stops_within_it(
+    serve: Any, sock: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    limits = _limits(ping_interval=1000.0, peer_timeout=3000.0)
+    await serve(stop_drain_timeout=3.0, limits=limits)
+    peer = await Peer.unix(sock)
+    await peer.hello("worker", worker_id="w1", flows=FLOWS)
+    await peer.send(wire.MatchRegister("flow", "greeting", rid=1))
+    assert type(await peer.receive_not_ping()) is wire.MatchRegistered
+    task = Task(7, "step", "greeting", "f1", "write", "f1/0/write", 1)
+    _matcher.submit(Dispatch(task, otp.self()), matcher=_matcher.MATCHER)
+    offered = await peer.receive_not_ping()
+    assert type(offered) is wire.MatchTask and offered.delivery == 7
+    await peer.send(wire.MatchAccept(7, rid=1))
+    await otp.receive(lambda m: type(m) is Routed and m.reason == "delivered")
+    sup = otp.whereis("test_matching_sup")
+    assert sup is not None
+    received: list[Any] = []
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(otp.GenServer.stop, sup, otp.SHUTDOWN)
+        while (msg := await peer.receive()) is not None:  # the call never ends
+            received.append(msg)
+        closed_after = trio.current_time() - start
+    stopped_after = trio.current_time() - start
+    assert [type(m) for m in received if type(m) is not wire.MatchPing] == [wire.MatchReconnect]
+    assert received[0] == wire.MatchReconnect("server stopping")
+    # the connection gave the call up at stop_drain_timeout, before its supervisor's kill
+    assert 3.0 <= closed_after <= stopped_after < 3.0 + DRAIN_GRACE
+    lost = await otp.receive(lambda m: type(m) is Lost)
+    assert lost == Lost(7, "w1", False)
+    await peer.aclose()

@@ -866,3 +866,14 @@ async def _play(ops: list[tuple[Any, ...]]) -> None:
 @given(operations)
 def test_random_batches_read_back_as_the_dict_model_says(ops: list[tuple[Any, ...]]) -> None:
     trio.run(_play, ops)
+
+
+def test_a_trusted_dispatch_record_equals_the_checked_one() -> None:
+    fields = dict(
+        flow_id="f1", delivery=3, kind="rpc", name="read", attempt=1, queue="flow:Greet",
+        reason="delivered", worker_id="w1", at=5.0,
+    )  # fmt: skip
+    trusted = DispatchRecord.trusted(**fields)  # type: ignore[arg-type]
+    checked = DispatchRecord(**fields)  # type: ignore[arg-type]
+    assert trusted == checked and hash(trusted) == hash(checked)
+    assert repr(trusted) == repr(checked)
