@@ -44,7 +44,32 @@ class _WorkerCore:
         return self.engine.pull_registration_state()
 
 
-class AsyncWorker:
+class _WorkerView:
+    """What every worker flavour reads without waiting, from any thread."""
+
+    _core: _WorkerCore
+
+    @property
+    def app_worker_id(self) -> str:
+        return self._core.engine.app_worker_id
+
+    @property
+    def pull_reserved_rpc_declines(self) -> int:
+        """Step tasks declined for the RPC reservation (never reset; readable after close)."""
+        return self._core.engine.pull_reserved_rpc_declines
+
+    def pull_registration_state(self) -> PullRegistrationState:
+        """Each queue's registration and ``is_ready`` (non-blocking, any thread)."""
+        return self._core.state()
+
+    def is_ready(self) -> bool:
+        return self._core.state().is_ready
+
+    def statistics(self) -> WorkerStatistics:
+        return self._core.engine.statistics()
+
+
+class AsyncWorker(_WorkerView):
     """A pull worker for asyncio programs (the seed's ``AsyncWorker``).
 
     Example (the seed's)::
@@ -69,25 +94,6 @@ class AsyncWorker:
             self._loop = asyncio.get_running_loop()
         except RuntimeError:
             pass
-
-    @property
-    def app_worker_id(self) -> str:
-        return self._core.engine.app_worker_id
-
-    @property
-    def pull_reserved_rpc_declines(self) -> int:
-        """Step tasks declined for the RPC reservation (never reset; readable after close)."""
-        return self._core.engine.pull_reserved_rpc_declines
-
-    def pull_registration_state(self) -> PullRegistrationState:
-        """Each queue's registration and ``is_ready`` (non-blocking, any thread)."""
-        return self._core.state()
-
-    def is_ready(self) -> bool:
-        return self._core.state().is_ready
-
-    def statistics(self) -> WorkerStatistics:
-        return self._core.engine.statistics()
 
     async def start(self) -> None:
         """Serve until :meth:`close` has drained the running handlers (the seed's Start).

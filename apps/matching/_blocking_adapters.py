@@ -11,23 +11,21 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ._asyncio_adapters import _ClientCalls, _WorkerCore
+from ._asyncio_adapters import _ClientCalls, _WorkerCore, _WorkerView
 from ._asyncio_handlers import AsyncioHandlerRunner, _has_async_handlers, _LoopThread
 from ._blobs import BlobCache
 from ._client_engine import ClientEngine
 from ._errors import ClientClosed, WorkerStopped
 from ._model import Flow, FlowDescription, FlowStatus, FlowSummary, Registry
 from ._options import WorkerOptions
-from ._readiness import PullRegistrationState
 from ._trio_thread import _call_sync
-from ._worker_engine import WorkerStatistics
 
 __all__ = ["Client", "Worker"]
 
 T = TypeVar("T")
 
 
-class Worker:
+class Worker(_WorkerView):
     """A pull worker for blocking programs: the API of :class:`AsyncWorker` without await.
 
     ``worker.start()`` blocks until :meth:`close` (from another thread) has drained;
@@ -48,23 +46,6 @@ class Worker:
         self._async_handlers = _has_async_handlers(registry)
         self._background: threading.Thread | None = None
         self._background_error: BaseException | None = None
-
-    @property
-    def app_worker_id(self) -> str:
-        return self._core.engine.app_worker_id
-
-    @property
-    def pull_reserved_rpc_declines(self) -> int:
-        return self._core.engine.pull_reserved_rpc_declines
-
-    def pull_registration_state(self) -> PullRegistrationState:
-        return self._core.state()
-
-    def is_ready(self) -> bool:
-        return self._core.state().is_ready
-
-    def statistics(self) -> WorkerStatistics:
-        return self._core.engine.statistics()
 
     def start(self) -> None:
         """Serve until :meth:`close` has drained (blocks; call close from another thread).

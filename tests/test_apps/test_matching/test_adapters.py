@@ -4,12 +4,14 @@ blocking, trio; the bridging of cancellation between asyncio and trio; readiness
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import trio
@@ -21,7 +23,6 @@ from apps.matching import (
     Client,
     ClientOptions,
     Flow,
-    PullWorkerOptions,
     Registry,
     TrioClient,
     TrioWorker,
@@ -39,79 +40,15 @@ from apps.matching._trio_thread import _call_async, _call_sync, _TrioThread
 
 from .fake_matching_server import FakeServer, ThreadedFakeServer
 
-# -- the seed's example, as it stands (its flow is ours) ------------------------------------
+# -- the seed's example, as it stands: examples/matching/pull_workers.py -----------------------
 
-HANDLER_LOOPS: list[asyncio.AbstractEventLoop] = []
-
-
-class GreetingFlow(Flow):
-    name = "Greeting"
-
-    @step
-    async def greet(self, ctx, who):
-        HANDLER_LOOPS.append(asyncio.get_running_loop())
-        ctx.state["greeting"] = f"Hello, {who}!"
-        return ctx.state["greeting"]
-
-    @rpc
-    async def greeting(self, ctx):
-        return ctx.state.get("greeting")
-
-
-async def start_pull_greeting(
-    cache: BlobCache, server_address: str
-) -> tuple[GreetingFlow, AsyncWorker, AsyncClient, asyncio.Task[None]]:
-    flow = GreetingFlow()
-    registry = Registry((flow,), allow_async_handlers=True)
-    worker = AsyncWorker(
-        registry,
-        cache,
-        WorkerOptions(
-            server_address=server_address,
-            pull=PullWorkerOptions(
-                max_concurrent_tasks=8,
-                # Keep one slot for RPCs so Flows stay responsive.
-                reserved_rpc_tasks=1,
-            ),
-        ),
-    )
-    worker_task = asyncio.create_task(worker.start())
-    client = AsyncClient(
-        registry,
-        cache,
-        ClientOptions(server_address=server_address),
-    )
-    try:
-        await worker.wait_pull_registered(timeout=30)
-    except BaseException:
-        await stop_pull_greeting(worker, client, worker_task)
-        raise
-    return flow, worker, client, worker_task
-
-
-async def stop_pull_greeting(
-    worker: AsyncWorker, client: AsyncClient, worker_task: asyncio.Task[None]
-) -> None:
-    await client.close()
-    await worker.close()
-    await worker_task
-
-
-def is_pull_greeting_ready(worker: AsyncWorker) -> bool:
-    return worker.pull_registration_state().is_ready
-
-
-@dataclass(frozen=True)
-class PullGreetingDiagnostics:
-    is_ready: bool
-    reserved_rpc_declines: int
-
-
-def get_pull_greeting_diagnostics(worker: AsyncWorker) -> PullGreetingDiagnostics:
-    return PullGreetingDiagnostics(
-        is_ready=worker.pull_registration_state().is_ready,
-        reserved_rpc_declines=worker.pull_reserved_rpc_declines,
-    )
+_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "matching" / "pull_workers.py"
+_spec = importlib.util.spec_from_file_location("pull_workers", _EXAMPLE)
+assert _spec is not None and _spec.loader is not None
+example = importlib.util.module_from_spec(_spec)
+sys.modules["pull_workers"] = example  # (its dataclass looks its module up there)
+_spec.loader.exec_module(example)
+GreetingFlow = example.GreetingFlow
 
 
 # -- fixtures ---------------------------------------------------------------------------------
@@ -140,21 +77,21 @@ def test_the_seed_example_runs_a_greeting_flow_on_asyncio(threaded_server, short
     address = f"unix:{threaded_server.path}"
 
     async def main() -> None:
-        HANDLER_LOOPS.clear()
-        _flow, worker, client, worker_task = await start_pull_greeting(cache, address)
+        _flow, worker, client, worker_task = await example.start_pull_greeting(cache, address)
         try:
-            assert is_pull_greeting_ready(worker)
-            flow_id = await client.start_flow(GreetingFlow, "world")
+            assert example.is_pull_greeting_ready(worker)
+            flow_id = await client.start_flow(example.GreetingFlow, "world")
             assert await client.result(flow_id, timeout=30) == "Hello, world!"
             assert await client.call_rpc(flow_id, "greeting") == "Hello, world!"
-            assert get_pull_greeting_diagnostics(worker) == PullGreetingDiagnostics(True, 0)
-            assert HANDLER_LOOPS == [asyncio.get_running_loop()]
+            assert example.get_pull_greeting_diagnostics(worker) == example.PullGreetingDiagnostics(
+                True, 0
+            )
         finally:
-            await stop_pull_greeting(worker, client, worker_task)
+            await example.stop_pull_greeting(worker, client, worker_task)
         assert worker_task.done() and worker_task.exception() is None
         # readable after close, and readiness is left as it was
         assert worker.pull_reserved_rpc_declines == 0
-        assert is_pull_greeting_ready(worker)
+        assert example.is_pull_greeting_ready(worker)
 
     asyncio.run(main())
 
@@ -494,17 +431,19 @@ def test_the_seed_example_against_the_real_server(short_dir):
     assert ready.wait(30)
 
     async def main() -> None:
-        HANDLER_LOOPS.clear()
         cache = BlobCache(os.path.join(short_dir, "blobs"))
-        _flow, worker, client, worker_task = await start_pull_greeting(cache, f"unix:{sock}")
+        _flow, worker, client, worker_task = await example.start_pull_greeting(
+            cache, f"unix:{sock}"
+        )
         try:
-            assert is_pull_greeting_ready(worker)
-            flow_id = await client.start_flow(GreetingFlow, "world")
+            assert example.is_pull_greeting_ready(worker)
+            flow_id = await client.start_flow(example.GreetingFlow, "world")
             assert await client.result(flow_id, timeout=30) == "Hello, world!"
-            assert get_pull_greeting_diagnostics(worker) == PullGreetingDiagnostics(True, 0)
-            assert HANDLER_LOOPS == [asyncio.get_running_loop()]
+            assert example.get_pull_greeting_diagnostics(worker) == example.PullGreetingDiagnostics(
+                True, 0
+            )
         finally:
-            await stop_pull_greeting(worker, client, worker_task)
+            await example.stop_pull_greeting(worker, client, worker_task)
 
     try:
         asyncio.run(main())
