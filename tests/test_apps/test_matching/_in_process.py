@@ -2,9 +2,8 @@
 
 ``async with matching_server(**MatchingConfig fields) as address`` starts the ``matching``
 application in a fresh node (a Unix socket in a short temporary directory, an in-memory store)
-and stops it after. Tests using it run on the real clock: the store's SQLite runs in threads,
-and a MockClock would jump past every timeout while they run. They bound each wait with
-``trio.fail_after`` instead, as the real-process tests do.
+and stops it after. An in-memory store runs its SQLite on trio's own thread, so tests using it
+run on trio's MockClock (``autojump_clock``); ``until`` polls in that virtual time.
 """
 
 from __future__ import annotations
@@ -51,7 +50,8 @@ async def matching_server(**config: Any) -> AsyncIterator[str]:
 
 
 async def until(condition: Callable[[], bool], bound: float = BOUND) -> None:
-    """Wait (polling; bounded by ``bound`` seconds) until ``condition()`` holds."""
+    """Wait (polling in the test's clock; bounded by ``bound`` seconds) until ``condition()``
+    holds: for SDK statistics, which no event announces."""
     with trio.fail_after(bound):
         while not condition():
             await trio.sleep(0.002)

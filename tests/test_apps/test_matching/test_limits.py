@@ -56,7 +56,7 @@ def test_the_limits_default_to_the_seeds_numbers():
     )
 
 
-async def test_a_flow_type_name_over_the_limit_fails_registration_naming_the_limit():
+async def test_a_flow_type_name_over_the_limit_fails_registration_naming_the_limit(autojump_clock):
     async with matching_server(limits=MatchingLimits(max_flow_type_length=8)) as address:
         error = await _registration_error(address, [_flow("x" * 20)])
     assert isinstance(error, PullRegistrationError)
@@ -65,7 +65,7 @@ async def test_a_flow_type_name_over_the_limit_fails_registration_naming_the_lim
     assert "matching.max_flow_type_length=8" in str(error)
 
 
-async def test_too_many_flow_types_fail_registration_naming_the_limit():
+async def test_too_many_flow_types_fail_registration_naming_the_limit(autojump_clock):
     async with matching_server(limits=MatchingLimits(max_flow_types=2)) as address:
         error = await _registration_error(address, [_flow("a1"), _flow("a2"), _flow("a3")])
     assert isinstance(error, PullRegistrationError)
@@ -73,7 +73,7 @@ async def test_too_many_flow_types_fail_registration_naming_the_limit():
     assert "the worker registers 3 flow types, the most matching.max_flow_types=2" in str(error)
 
 
-async def test_an_app_worker_id_over_the_limit_fails_registration_naming_the_limit():
+async def test_an_app_worker_id_over_the_limit_fails_registration_naming_the_limit(autojump_clock):
     async with matching_server(limits=MatchingLimits(max_queue_length=16)) as address:
         error = await _registration_error(address, [_flow("a1")], app_worker_id="w" * 40)
     assert isinstance(error, PullRegistrationError)
@@ -107,7 +107,7 @@ async def test_the_per_worker_stream_limit_refuses_streams_beyond_it_naming_the_
             await worker.close()
 
 
-async def test_starting_a_flow_of_a_type_name_over_the_limit_is_refused_at_once():
+async def test_starting_a_flow_of_a_type_name_over_the_limit_is_refused_at_once(autojump_clock):
     flow = _flow("y" * 20)
     limits = MatchingLimits(max_flow_type_length=8, dispatch_wait=0.5)
     async with matching_server(limits=limits) as address:

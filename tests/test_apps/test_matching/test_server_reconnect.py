@@ -39,7 +39,7 @@ DEFINITION = {
 }
 
 
-async def test_a_graceful_stop_asks_workers_with_running_calls_to_reconnect():
+async def test_a_graceful_stop_asks_workers_with_running_calls_to_reconnect(autojump_clock):
     async with matching_server() as address:
         path = address.removeprefix("unix:")
         worker, client = await Peer.unix(path), await Peer.unix(path)
@@ -128,7 +128,9 @@ async def test_a_step_running_across_a_graceful_stop_completes_exactly_once(tmp_
     assert "redispatch_lost" not in [d["reason"] for d in description.dispatches]
 
 
-async def test_a_client_waiting_for_a_result_gets_a_retryable_draining_error_on_a_stop():
+async def test_a_client_waiting_for_a_result_gets_a_retryable_draining_error_on_a_stop(
+    autojump_clock,
+):
     async with matching_server() as address:
         client = await Peer.unix(address.removeprefix("unix:"))
         await client.hello("client")

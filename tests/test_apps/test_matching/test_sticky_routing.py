@@ -58,7 +58,7 @@ def _worker(address: str, worker_id: str) -> TrioWorker:
     return TrioWorker(REGISTRY, None, options)
 
 
-async def test_a_flows_next_calls_go_to_its_workers_own_queue_as_sticky_hits():
+async def test_a_flows_next_calls_go_to_its_workers_own_queue_as_sticky_hits(autojump_clock):
     async with matching_server() as address, trio.open_nursery() as nursery:
         worker = _worker(address, "w-sticky")
         nursery.start_soon(worker.start)
