@@ -187,6 +187,7 @@ def test_a_patch_turns_before_into_after(before, after):
 @given(_states, _states, _states)
 def test_patches_of_disjoint_keys_both_survive(base, one, two):
     # A Step and an RPC change different keys of one state: neither undoes the other.
+    base = {f"c{k}": v for k, v in base.items()}  # (keys neither side changes)
     a = {**base, **{f"a{k}": v for k, v in one.items()}}
     b = {**base, **{f"b{k}": v for k, v in two.items()}}
     merged = apply_patch(apply_patch(base, state_patch(base, a)), state_patch(base, b))
