@@ -15,6 +15,7 @@ store, which commits what it was given (the outcomes the drain brought in with i
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 from typing import Any
 
@@ -28,6 +29,7 @@ from ._connection import ServerContext
 from ._engine import ENGINE, EngineOptions, FlowEngine
 from ._listener import CONNECTIONS, start_listener
 from ._matcher import MATCHER, QUEUES, start_matcher
+from ._scratch import ScratchDirectory
 from ._sqlite_store import SqliteStore
 from ._store import SERVER_NAME, StoreServer
 
@@ -36,10 +38,15 @@ __all__ = ["application", "default_application", "matching_supervisor_spec"]
 SUPERVISOR = "matching_sup"
 
 
-def matching_supervisor_spec(ctx: ServerContext) -> tuple[supervisors.SupFlags, list[Any]]:
-    """``(flags, children)`` of ``matching_sup`` (ARCHITECTURE.md's tree)."""
+def matching_supervisor_spec(
+    ctx: ServerContext, scratch: str | None = None
+) -> tuple[supervisors.SupFlags, list[Any]]:
+    """``(flags, children)`` of ``matching_sup`` (ARCHITECTURE.md's tree); with ``scratch``, a
+    first child owns that temporary directory (the store's, in the embedded default node)."""
     config = ctx.config
+    owner = [supervisors.ChildSpec("scratch", (ScratchDirectory.start_link, scratch))]
     children = [
+        *(owner if scratch is not None else []),
         supervisors.ChildSpec("store", (_start_store, config.store_path), shutdown=30.0),
         supervisors.ChildSpec("queues", (_start_dynamic, QUEUES, 1000, 5), type="supervisor"),
         supervisors.ChildSpec("matcher", (start_matcher, config.limits, QUEUES, MATCHER)),
@@ -75,10 +82,13 @@ async def _start_dynamic(name: str, intensity: int, period: int) -> Any:
     )
 
 
-async def start_matching_sup(config: MatchingConfig) -> Any:
-    """Start ``matching_sup`` linked to the caller (the blob directory is made here)."""
+async def start_matching_sup(config: MatchingConfig, scratch: str | None = None) -> Any:
+    """Start ``matching_sup`` linked to the caller (the blob directory is made here; with
+    ``scratch``, that directory is made too, before it, and removed when the server stops)."""
+    if scratch is not None:
+        os.makedirs(scratch, mode=0o700, exist_ok=True)  # (the BlobCache is made in it first)
     blobs = BlobCache(_blob_dir(config))
-    flags, children = matching_supervisor_spec(ServerContext(config, blobs))
+    flags, children = matching_supervisor_spec(ServerContext(config, blobs), scratch)
     return await supervisors.Supervisor.start_link(flags, children, name=SUPERVISOR)
 
 
@@ -108,12 +118,12 @@ def application(
     return _application(matching_config)
 
 
-def _application(config: MatchingConfig) -> supervisors.Application:
+def _application(config: MatchingConfig, scratch: str | None = None) -> supervisors.Application:
     listen = " and ".join(config.listen)
     auth = [role for role in ("worker", "client") if config.tokens(role)]
     return supervisors.Application(
         "matching",
-        (start_matching_sup, config),
+        (start_matching_sup, config, scratch),
         env={"listen": list(config.listen), "store": config.store},
         description=(
             f"matching server; workers and clients connect to {listen}"
@@ -126,7 +136,8 @@ def _application(config: MatchingConfig) -> supervisors.Application:
 def default_application(config: node.NodeConfig | None = None) -> supervisors.Application:
     """The matching server as ``python -m otp.node`` runs it with no ``--app``: the node's
     ``[matching]`` settings, with a Unix socket in the temporary directory and the flows in a
-    SQLite file in a new temporary directory unless they say otherwise.
+    SQLite file in a new temporary directory unless they say otherwise. That directory is
+    made when the server starts and removed when it stops (``_scratch.py``).
 
     The banner prints where workers and clients connect.
     """
@@ -136,6 +147,9 @@ def default_application(config: node.NodeConfig | None = None) -> supervisors.Ap
         return application(config)  # (from_settings refuses it, naming [matching])
     flags = settings.get("flags", {}) or {}
     if "store" not in table and not flags.get("matching_store"):
-        directory = tempfile.mkdtemp(prefix="otp-matching-")
-        settings["matching"] = {**table, "store": os.path.join(directory, "matching.sqlite3")}
+        scratch = os.path.join(
+            tempfile.gettempdir(), f"otp-matching-{os.getpid()}-{secrets.token_hex(4)}"
+        )
+        settings["matching"] = {**table, "store": os.path.join(scratch, "matching.sqlite3")}
+        return _application(MatchingConfig.from_settings(settings), scratch)
     return _application(MatchingConfig.from_settings(settings))

@@ -174,7 +174,8 @@ async def execute(
 ) -> wire.MatchMessage:
     """Run ``task``'s handler; return its outcome for stream ``rid``: M_RESULT (value packed
     through ``cache``, state patch) or M_FAILURE (a handler's exception; a non-retryable
-    :class:`MatchingError` stays non-retryable). Cancellation propagates."""
+    :class:`MatchingError` stays non-retryable; a retryable ``TimeoutError`` when the task's
+    timeout passed, the handler cancelled). Cancellation propagates."""
     try:
         args: Any = task.args
         if cache is not None:
@@ -201,11 +202,34 @@ async def execute(
                 state=copy_state(state),
                 blobs=cache,
             )
-        value = await runner(handler.handler, ctx, list(args))
-        if cache is not None:
-            value = await cache.pack_async(value, functools.partial(_upload, conn))
-        patch = state_patch(state, ctx.state)
-        return wire.MatchResult(delivery=task.delivery, value=value, patch=patch, rid=rid)
+        # The server gives up on the attempt at its deadline; cancelling here frees the slot
+        # instead of running on for an outcome nobody will read. (A blocking handler in a
+        # thread cannot be interrupted: its runner waits for it to return.)
+        with trio.move_on_after(task.timeout if task.timeout is not None else float("inf")):
+            value = await runner(handler.handler, ctx, list(args))
+            if cache is not None:
+                value = await cache.pack_async(value, functools.partial(_upload, conn))
+            patch = state_patch(state, ctx.state)
+            return wire.MatchResult(delivery=task.delivery, value=value, patch=patch, rid=rid)
+        log.info(
+            "%s %s of flow %s (attempt %d) was cancelled at its timeout of %ss",
+            task.kind,
+            task.name,
+            task.flow_id,
+            task.attempt,
+            task.timeout,
+        )
+        return wire.MatchFailure(
+            delivery=task.delivery,
+            type="TimeoutError",
+            message=(
+                f"{task.kind} {task.name!r} of flow {task.flow_id!r} did not finish within its"
+                f" timeout of {task.timeout}s and was cancelled; raise the {task.kind}'s timeout"
+                " if it needs longer"
+            ),
+            retryable=True,
+            rid=rid,
+        )
     except Exception as exc:
         retryable = not (isinstance(exc, MatchingError) and not exc.retryable)
         log.info(

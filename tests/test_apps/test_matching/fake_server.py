@@ -85,6 +85,7 @@ class FakeConn:
         args: list[Any] | None = None,
         state: dict[str, Any] | None = None,
         stream_id: int | None = None,
+        timeout: float | None = None,
     ) -> tuple[int, int, Any]:
         """Offer a task on an idle stream of ``queue``; returns (stream id, delivery, the
         ACCEPT or DECLINE)."""
@@ -105,6 +106,7 @@ class FakeConn:
                 attempt=1,
                 args=list(args or []),
                 state=dict(state or {}),
+                timeout=timeout,
                 rid=stream_id,
             )
         )

@@ -166,12 +166,28 @@ async def test_a_slow_call_does_not_hold_up_the_connections_other_calls(
     await client.aclose()
 
 
-def test_default_application_puts_the_store_in_a_temporary_directory() -> None:
-    app = default_application(node.NodeConfig())
+async def test_default_application_keeps_its_store_in_a_directory_removed_at_stop(
+    sock: str,
+) -> None:
+    settings = {"matching": {"listen": [f"unix:{sock}"]}}
+    app = default_application(node.NodeConfig(settings=settings))
     store = app.env["store"]
     assert store.startswith(tempfile.gettempdir())
     assert os.path.basename(store) == "matching.sqlite3"
-    assert os.path.isdir(os.path.dirname(store))
+    directory = os.path.dirname(store)
+    assert str(os.getpid()) in os.path.basename(directory)
+    async with otp.open_node():
+        await supervisors.start_application(app)
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+        assert os.path.exists(store)  # the store writes into it while the server runs
+        children = await supervisors.which_children("matching_sup")
+        assert children[-1][0] == "scratch"  # started first, stopped last
+        await supervisors.stop_application("matching")
+    assert not os.path.exists(directory)
+
+
+def test_default_application_listens_on_a_unix_socket_by_default() -> None:
+    app = default_application(node.NodeConfig())
     assert app.env["listen"][0].startswith("unix:")
     assert "workers and clients connect to unix:" in app.description
 

@@ -651,6 +651,29 @@ async def test_close_drains_running_handlers_and_declines_new_tasks(
     await engine.close()  # again
 
 
+async def test_a_handler_past_its_task_timeout_is_cancelled_and_its_slot_freed(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server), nursery)
+    conn = server.conn
+    start = trio.current_time()
+    _, delivery, answer = await conn.offer(FLOW, flow_type="Greeting", name="forever", timeout=3.0)
+    assert isinstance(answer, wire.MatchAccept)
+    with trio.fail_after(60):
+        outcome = await conn.wait_outcome(delivery)
+    assert trio.current_time() - start == pytest.approx(3.0)
+    assert isinstance(outcome, wire.MatchFailure)
+    assert (outcome.type, outcome.retryable) == ("TimeoutError", True)
+    assert "'forever'" in outcome.message and "timeout of 3.0s" in outcome.message
+    assert engine.statistics().busy == 0
+    # a handler that finishes in time is not affected
+    _, delivery, _ = await conn.offer(
+        FLOW, flow_type="Greeting", name="slow", args=[2], timeout=3.0
+    )
+    assert (await conn.wait_outcome(delivery)).value == 2
+    await engine.close()
+
+
 async def test_close_cancels_handlers_after_stop_drain_timeout(server, nursery, autojump_clock):
     engine = await started(make_engine(server, stop_drain_timeout=5), nursery)
     conn = server.conn
