@@ -47,7 +47,7 @@ def matching_supervisor_spec(
     owner = [supervisors.ChildSpec("scratch", (ScratchDirectory.start_link, scratch))]
     children = [
         *(owner if scratch is not None else []),
-        supervisors.ChildSpec("store", (_start_store, config.store_path), shutdown=30.0),
+        supervisors.ChildSpec("store", (_start_store, config), shutdown=30.0),
         supervisors.ChildSpec("queues", (_start_dynamic, QUEUES, 1000, 5), type="supervisor"),
         supervisors.ChildSpec("matcher", (start_matcher, config.limits, QUEUES, MATCHER)),
         supervisors.ChildSpec("engine", (_start_engine, config), shutdown=10.0),
@@ -59,10 +59,17 @@ def matching_supervisor_spec(
     return supervisors.SupFlags(strategy="rest_for_one", intensity=3, period=5), children
 
 
-async def _start_store(path: str) -> Any:
-    # An in-memory database does no disk I/O: its calls run on trio's own thread (no thread
-    # hand-off per commit, and tests of the whole server run on trio's MockClock).
-    store = SqliteStore(path, threads=path != ":memory:")
+async def _start_store(config: MatchingConfig) -> Any:
+    store: Any
+    if config.store_is_postgres:
+        from ._postgres_store import PostgresStore  # (psycopg is an optional dependency)
+
+        store = PostgresStore(config.store)
+    else:
+        # An in-memory database does no disk I/O: its calls run on trio's own thread (no
+        # thread hand-off per commit, and tests of the whole server run on trio's MockClock).
+        path = config.store_path
+        store = SqliteStore(path, threads=path != ":memory:")
     return await StoreServer.start_link(store, name=SERVER_NAME)
 
 
@@ -95,7 +102,7 @@ async def start_matching_sup(config: MatchingConfig, scratch: str | None = None)
 def _blob_dir(config: MatchingConfig) -> str | None:
     if config.blob_dir is not None:
         return config.blob_dir
-    if config.store_path == ":memory:":
+    if config.store_path == ":memory:" or config.store_is_postgres:
         return None  # (BlobCache's per-user directory in the temporary directory)
     return config.store_path + ".blobs"
 

@@ -13,6 +13,7 @@ import math
 import os
 import stat
 import tempfile
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ import attrs
 from ._dispatch import MatchingLimits
 from ._errors import ConfigurationError
 from ._options import ServerAddress, parse_server_address
+from ._store_sql import redact
 
 __all__ = ["ROLES", "MatchingConfig", "add_arguments", "parse_listen_address"]
 
@@ -96,16 +98,45 @@ def _opt_bool(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         raise ConfigurationError(f"matching.{attribute.name} must be true or false (got {value!r})")
 
 
+_POSTGRES = ("postgresql://", "postgres://")
+
+
 def _store(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if type(value) is not str or not value or value == "sqlite:":
         raise ConfigurationError(
-            f"matching.store must be 'sqlite:PATH', a file path or ':memory:' (got {value!r})"
+            "matching.store must be 'sqlite:PATH', a file path, ':memory:' or a"
+            f" postgresql:// URL (got {value!r})"
         )
-    if "://" in value and not value.startswith("sqlite:"):
+    if value.startswith(_POSTGRES):
+        _check_postgres_url(value)
+    elif "://" in value and not value.startswith("sqlite:"):
         raise ConfigurationError(
-            f"matching.store: only SQLite stores are supported ('sqlite:PATH', a file path or"
-            f" ':memory:'), got {value!r}"
+            "matching.store: the stores are SQLite ('sqlite:PATH', a file path or ':memory:')"
+            f" and PostgreSQL (a postgresql:// URL), got {redact(value)!r}"
         )
+
+
+def _check_postgres_url(url: str) -> None:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"matching.store: {redact(url)!r} is not a valid PostgreSQL URL ({exc}); write"
+            " postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+        ) from exc
+    if not parts.hostname and "host=" not in parts.query:
+        raise ConfigurationError(
+            f"matching.store: {redact(url)!r} names no host; write"
+            " postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+        )
+    try:
+        import psycopg  # noqa: F401
+    except ImportError as exc:
+        raise ConfigurationError(
+            "matching.store is a PostgreSQL URL but psycopg 3 is not installed: pip install"
+            " 'otp-runtime[postgresql]'"
+        ) from exc
 
 
 def _positive_int(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -189,7 +220,9 @@ class MatchingConfig:
             which only Unix sockets allow (their mode 0600 is the access control).
         token_file: A file (mode 0600) of ``worker TOKEN`` / ``client TOKEN`` lines, added to
             the tokens above.
-        store: ``sqlite:PATH``, a file path, or ``:memory:`` (nothing survives a restart).
+        store: ``sqlite:PATH``, a file path, or ``:memory:`` (nothing survives a restart); or
+            a PostgreSQL URL, ``postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE``, which
+            several matching servers may share (needs ``pip install 'otp-runtime[postgresql]'``).
         blob_dir: The directory of the server's blob cache; None puts it beside the store
             file (``<store>.blobs``), or in a temporary directory for ``:memory:``.
         limits: The routing core's limits and waits (``dispatch_wait``, ``sticky_wait``,
@@ -279,8 +312,13 @@ class MatchingConfig:
         return configured + tuple(self._file_tokens.get(role, ()))
 
     @property
+    def store_is_postgres(self) -> bool:
+        """Whether ``store`` is a PostgreSQL URL."""
+        return self.store.startswith(_POSTGRES)
+
+    @property
     def store_path(self) -> str:
-        """The SQLite file (or ``:memory:``)."""
+        """The SQLite file (or ``:memory:``), or the PostgreSQL URL."""
         return self.store[len("sqlite:") :] if self.store.startswith("sqlite:") else self.store
 
     @property
@@ -376,7 +414,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--matching-store",
         default=None,
         metavar="PATH",
-        help=f"the flow store: sqlite:PATH, PATH or :memory: (default {DEFAULT_STORE})",
+        help=(
+            "the flow store: sqlite:PATH, PATH, :memory: or postgresql://USER@HOST/DB"
+            f" (default {DEFAULT_STORE})"
+        ),
     )
     g.add_argument(
         "--matching-token-file",

@@ -1,10 +1,11 @@
 """The matching server's durable store: the ``Store`` interface (re-exporting its records from
 ``_store_records`` and its server from ``_store_server``).
 
-``Store`` is the one interface the engine writes through (SQLite here, PostgreSQL later: claims
-are row leases, so ``claim_pending`` maps to ``FOR UPDATE SKIP LOCKED`` and ``wait_pending`` to
-``LISTEN/NOTIFY``). ``StoreServer`` is the GenServer that owns one store and group-commits the
-batches written through it, as a database's WAL writer does (the seed's "one writer").
+``Store`` is the one interface the engine writes through (``SqliteStore``, ``PostgresStore``:
+claims are row leases, so ``claim_pending`` maps to ``FOR UPDATE SKIP LOCKED`` and
+``wait_pending`` to ``LISTEN/NOTIFY``). ``StoreServer`` is the GenServer that owns one store
+and group-commits the batches written through it, as a database's WAL writer does (the seed's
+"one writer").
 """
 
 from __future__ import annotations

@@ -54,15 +54,24 @@ async def start(sock: str, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     async with otp.open_node():
         started = False
 
+        last: dict[str, Any] = {}
+
         async def go(**kw: Any) -> MatchingConfig:
             nonlocal started
             kw.setdefault("listen", [f"unix:{sock}"])
             kw.setdefault("store", str(tmp_path / "flows.sqlite3"))
+            last.update(kw)
             config = MatchingConfig(**kw)
             await supervisors.start_application(application(matching_config=config))
             started = True
             return config
 
+        async def restart() -> MatchingConfig:
+            """Stop the application and start it again with the same settings."""
+            await supervisors.stop_application("matching")
+            return await go(**last)
+
+        go.restart = restart  # type: ignore[attr-defined]
         yield go
         if started and any(a[0] == "matching" for a in await supervisors.which_applications()):
             await supervisors.stop_application("matching")
@@ -111,8 +120,14 @@ async def test_blobs_go_to_the_servers_blob_cache(start: Any, sock: str, tmp_pat
     await peer.aclose()
 
 
-async def test_a_flow_runs_from_a_client_through_a_worker(start: Any, sock: str) -> None:
-    await start()
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+async def test_a_flow_runs_from_a_client_through_a_worker_and_outlives_a_restart(
+    start: Any, sock: str, store: str, request: pytest.FixtureRequest
+) -> None:
+    if store == "postgresql":
+        await start(store=request.getfixturevalue("postgres").url())
+    else:
+        await start()
     worker, client = await Peer.unix(sock), await Peer.unix(sock)
     await worker.hello("worker", worker_id="w1", flows=FLOWS)
     await worker.send(wire.MatchRegister("flow", "greeting", rid=1))
@@ -145,6 +160,12 @@ async def test_a_flow_runs_from_a_client_through_a_worker(start: Any, sock: str)
     gone = await client.call(5, "describe", flow_id="nope")
     assert type(gone) is wire.MatchError and gone.code == "flow_not_found"
     await worker.aclose()
+    await client.aclose()
+    config = await start.restart()
+    client = await Peer.unix(sock)
+    await client.hello("client")
+    again = (await client.call(1, "describe", flow_id="f1")).value
+    assert (again["status"], again["result"]) == ("completed", "hello Ada"), config.store
     await client.aclose()
 
 

@@ -142,8 +142,22 @@ def test_the_store_is_sqlite_a_path_or_memory() -> None:
     assert MatchingConfig(store="sqlite:/var/lib/m.db").store_path == "/var/lib/m.db"
     assert MatchingConfig(store="/var/lib/m.db").store_path == "/var/lib/m.db"
     assert MatchingConfig(store=":memory:").store_path == ":memory:"
-    _refused(r"matching.store: only SQLite stores are supported", store="postgres://db/x")
-    _refused(r"matching.store must be 'sqlite:PATH', a file path or ':memory:'", store="")
+    _refused(
+        r"matching.store: the stores are SQLite .* got 'mysql://u:\*\*\*@db/x'",
+        store="mysql://u:pw@db/x",
+    )
+    _refused(r"matching.store must be 'sqlite:PATH', a file path, ':memory:' or a", store="")
+
+
+def test_the_store_may_be_a_postgresql_url_checked_at_construction() -> None:
+    config = MatchingConfig(store="postgresql://app:pw@db.example:5432/flows")
+    assert config.store_is_postgres and not MatchingConfig().store_is_postgres
+    _refused(
+        r"'postgresql://app:\*\*\*@db:x/f' is not a valid PostgreSQL URL",
+        store="postgresql://app:pw@db:x/f",
+    )
+    _refused(r"'postgresql:///flows' names no host", store="postgresql:///flows")
+    assert MatchingConfig(store="postgresql:///flows?host=/run/postgresql").store_is_postgres
 
 
 def test_the_table_and_its_limits_are_read() -> None:
@@ -221,8 +235,8 @@ def test_the_flags_win_over_the_table(tmp_path: Path) -> None:
 
 
 def test_the_node_reports_a_bad_setting_as_a_config_error() -> None:
-    config = node.NodeConfig(settings={"matching": {"store": "postgres://x"}})
+    config = node.NodeConfig(settings={"matching": {"store": "redis://x"}})
     with pytest.raises(ConfigurationError):
         application(config)
-    with pytest.raises(ConfigError, match=r"only SQLite stores are supported"):
+    with pytest.raises(ConfigError, match=r"the stores are SQLite"):
         resolve_application("apps.matching._application:application", config)

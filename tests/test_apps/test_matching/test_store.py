@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import otp
+from apps.matching._postgres_store import PostgresStore
 from apps.matching._sqlite_store import SCHEMA_VERSION, SqliteStore
 from apps.matching._store import (
     AttemptRecord,
@@ -90,9 +91,15 @@ def pending(flow_id: str = "f1", index: int = 0, **kw: Any) -> PendingStep:
     return PendingStep(flow_id=flow_id, step_index=index, **kw)
 
 
-@pytest.fixture
-async def store() -> AsyncIterator[SqliteStore]:
-    s = SqliteStore(":memory:")
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[SqliteStore]:
+    """Each contract test runs on both stores (PostgreSQL: a new schema of the session's
+    server)."""
+    s: Any
+    if request.param == "sqlite":
+        s = SqliteStore(":memory:")
+    else:
+        s = PostgresStore(request.getfixturevalue("postgres").url())
     await s.open()
     yield s
     await s.close()
@@ -218,6 +225,96 @@ async def test_a_schema_newer_than_the_code_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(StoreError, match="is not open"):
         await newer.get_flow("f1")
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+
+
+def test_postgres_store_implements_the_store_interface_and_hides_its_password() -> None:
+    store: Store = PostgresStore("postgresql://app:s3cret@db.example:5432/flows")
+    assert repr(store) == "PostgresStore('postgresql://app:***@db.example:5432/flows')"
+    with pytest.raises(TypeError, match=r"must be a postgresql:// URL \(got 'mysql://x'\)"):
+        PostgresStore("mysql://x")
+
+
+async def test_an_unreachable_postgres_is_one_clear_store_error(postgres: Any) -> None:
+    url = f"postgresql://otp:pw@127.0.0.1:{postgres.port + 1}/postgres"  # nobody listens
+    s = PostgresStore(url, connect_timeout=2)
+    with pytest.raises(StoreError) as info:
+        await s.open()
+    message = str(info.value)
+    assert message.startswith(
+        f"PostgresStore('postgresql://otp:***@127.0.0.1:{postgres.port + 1}/postgres'): cannot"
+        " connect to the database:"
+    )
+    assert "pw" not in message.replace("pw@", "")  # the password is never shown
+    assert message.endswith("check the URL, that the server runs and that it accepts this user")
+
+
+async def test_postgres_keeps_its_data_and_refuses_a_newer_schema(postgres: Any) -> None:
+    import psycopg
+
+    url = postgres.url()
+    s = PostgresStore(url)
+    await s.open()
+    await s.create_flow(flow())
+    await s.close()
+    again = PostgresStore(url)
+    await again.open()  # current: nothing to migrate
+    assert await again.get_flow("f1") == flow()
+    await again.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT version FROM schema_migrations").fetchall() == [
+            (SCHEMA_VERSION,)
+        ]
+        conn.execute("INSERT INTO schema_migrations VALUES (%s, 0)", (SCHEMA_VERSION + 1,))
+    with pytest.raises(StoreError, match=rf"has schema version {SCHEMA_VERSION + 1}, newer"):
+        await PostgresStore(url).open()
+
+
+async def test_two_servers_on_one_postgres_never_claim_the_same_step(postgres: Any) -> None:
+    url = postgres.url()
+    stores = [PostgresStore(url) for _ in range(3)]
+    for s in stores:
+        await s.open()  # (three servers migrating one schema: the advisory lock serialises)
+    flows = [flow(f"f{i:02}") for i in range(40)]
+    await stores[0].commit(WriteBatch(flows_created=flows))
+    await stores[0].commit(WriteBatch(pending_put=[pending(f.flow_id) for f in flows]))
+    claimed: dict[str, list[str]] = {}
+
+    async def claimer(i: int) -> None:
+        mine = claimed.setdefault(f"n{i}", [])
+        while batch := await stores[i].claim_pending(f"n{i}", 1.0, 60.0, 3):
+            mine.extend(p.flow_id for p in batch)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(claimer, i)
+    every = [flow_id for ids in claimed.values() for flow_id in ids]
+    assert sorted(every) == [f.flow_id for f in flows]  # each step leased exactly once
+    for s in stores:
+        await s.close()
+
+
+async def test_a_commit_on_one_server_wakes_wait_pending_on_another(postgres: Any) -> None:
+    url = postgres.url()
+    here, there = PostgresStore(url), PostgresStore(url)
+    await here.open()
+    await there.open()
+    await here.create_flow(flow())
+    woke: list[int] = []
+
+    async def waiter() -> None:
+        woke.append(await there.wait_pending(0))
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            await here.commit(WriteBatch(pending_put=[pending()]))
+    assert woke == [1]
+    await here.close()
+    await there.close()
 
 
 # -- flows --------------------------------------------------------------------------------------
@@ -829,8 +926,8 @@ def _versioned(batch: WriteBatch, model: Model) -> WriteBatch:
     return attrs.evolve(batch, flows_upserted=upserts)
 
 
-async def _play(ops: list[tuple[Any, ...]]) -> None:
-    store = SqliteStore(":memory:")
+async def _play(ops: list[tuple[Any, ...]], url: str | None = None) -> None:
+    store: Any = SqliteStore(":memory:") if url is None else PostgresStore(url)
     await store.open()
     model = Model()
     setup = WriteBatch(flows_created=[flow("a", flow_type="t1"), flow("b", flow_type="t2")])
@@ -866,6 +963,14 @@ async def _play(ops: list[tuple[Any, ...]]) -> None:
 @given(operations)
 def test_random_batches_read_back_as_the_dict_model_says(ops: list[tuple[Any, ...]]) -> None:
     trio.run(_play, ops)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=operations)
+def test_random_batches_on_postgresql_read_back_as_the_dict_model_says(
+    postgres: Any, ops: list[tuple[Any, ...]]
+) -> None:
+    trio.run(_play, ops, postgres.url())
 
 
 def test_a_trusted_dispatch_record_equals_the_checked_one() -> None:

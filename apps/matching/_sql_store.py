@@ -1,0 +1,391 @@
+"""``SqlStore``: what the two SQL stores (SQLite, PostgreSQL) share of the :class:`Store`
+interface: one connection used by one call at a time (behind a trio lock, each call in a
+worker thread or, for tests on MockClock, on trio's own), the reads, the commits and the leases.
+
+A subclass says how to connect and migrate (``_connect``), how a write transaction starts
+(``_BEGIN``), how a claim locks its rows (``_CLAIM_LOCK``), which driver errors are integrity
+violations and which are the database's, and how ``wait_pending`` is woken (SQLite: this
+store's own commits; PostgreSQL: ``LISTEN/NOTIFY`` too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import trio
+
+import wire
+
+from ._store_records import (
+    AttemptRecord,
+    DispatchRecord,
+    FlowRecord,
+    PendingStep,
+    StoreError,
+    StoreStatistics,
+    WriteBatch,
+    check_batch,
+)
+from ._store_sql import (
+    ATTEMPT_COLUMNS,
+    DISPATCH_COLUMNS,
+    FLOW_COLUMNS,
+    PENDING_COLUMNS,
+    SqlConnection,
+    apply_refusable,
+    attempt_from_row,
+    check_limit,
+    dispatch_from_row,
+    flow_from_row,
+    pending_from_row,
+)
+
+__all__ = ["SqlStore"]
+
+T = TypeVar("T")
+
+
+class SqlStore:
+    """The shared body of ``SqliteStore`` and ``PostgresStore`` (see the module docstring)."""
+
+    #: The statement that starts a write transaction.
+    _BEGIN: ClassVar[str] = "BEGIN"
+    #: What a claim's SELECT ends with to lock the rows it leases ("" where one writer is all).
+    _CLAIM_LOCK: ClassVar[str] = ""
+    #: The driver's integrity-violation errors, and every error of the driver.
+    _INTEGRITY: ClassVar[type[Exception] | tuple[type[Exception], ...]] = ()
+    _DB_ERRORS: ClassVar[type[Exception] | tuple[type[Exception], ...]] = ()
+
+    def __init__(self, *, threads: bool) -> None:
+        if not isinstance(threads, bool):
+            raise TypeError(f"{type(self).__name__}.threads must be a bool (got {threads!r})")
+        self.threads = threads
+        self._conn: Any = None
+        self._closed = False
+        self._lock = trio.Lock()
+        self._transactions = 0
+        self._batches = 0
+        self._refused = 0
+        self._claimed = 0
+        self._generation = 0
+        self._changed = trio.Event()
+
+    # -- what a subclass provides -----------------------------------------------------------------
+
+    def _connect(self) -> SqlConnection:
+        """(In the call's thread.) Connect and migrate; raise StoreError when that fails."""
+        raise NotImplementedError
+
+    def _disconnect(self, conn: Any) -> None:
+        conn.close()
+
+    def _in_transaction(self, conn: Any) -> bool:
+        return bool(conn.in_transaction)
+
+    def _schema_version(self, conn: Any, code: int) -> int:
+        """The version ``schema_migrations`` records (0 for a new database).
+
+        Raises:
+            StoreError: it is newer than ``code``, this code's version (nothing is changed).
+        """
+        row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+        current = int(row[0]) if row is not None else 0
+        if current > code:
+            raise StoreError(
+                f"{self!r}: the database has schema version {current}, newer than this code's"
+                f" {code}; run a release that knows version {current} (nothing was changed)",
+                details={"schema": current, "code": code},
+            )
+        return current
+
+    def _migrate_to(self, conn: Any, version: int, statements: Sequence[str]) -> None:
+        """(Inside the caller's transaction.) Run one version's statements and record it."""
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (version, time.time()))
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        async with self._lock:
+            if self._conn is None:
+                await trio.lowlevel.checkpoint()
+                state = "closed" if self._closed else "not open: await store.open() first"
+                raise StoreError(f"{self!r} is {state}")
+            return await self._call(fn, self._conn, *args)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread, or (``threads=False``) here after a checkpoint."""
+        if self.threads:
+            return await trio.to_thread.run_sync(fn, *args)
+        await trio.lowlevel.checkpoint()
+        return fn(*args)
+
+    def _wake(self) -> None:
+        self._generation += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _guarded(self, fn: Callable[[Any], T]) -> Callable[[Any], T]:
+        """``fn`` with the driver's and the codec's errors turned into StoreError (chained)."""
+
+        errors: tuple[type[Exception], ...] = (*_as_tuple(self._DB_ERRORS), wire.WireError)
+
+        def run(conn: Any) -> T:
+            try:
+                return fn(conn)
+            except errors as exc:
+                raise StoreError(f"the store failed: {type(exc).__name__}: {exc}") from exc
+
+        return run
+
+    @contextlib.contextmanager
+    def _transaction(self, conn: Any) -> Iterator[None]:
+        """``_BEGIN`` ... ``COMMIT``, or ``ROLLBACK`` on any exception."""
+        conn.execute(self._BEGIN)
+        try:
+            yield
+        except BaseException:
+            if self._in_transaction(conn):
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """As :meth:`Store.open`. Opening an open store is a no-op.
+
+        Raises:
+            StoreError: the schema is newer than this code's, or the database failed.
+        """
+        async with self._lock:
+            if self._conn is not None:
+                await trio.lowlevel.checkpoint()
+                return
+            self._conn = await self._call(self._connect)
+            self._closed = False
+            self._generation = 0
+
+    async def close(self) -> None:
+        """As :meth:`Store.close`: waits for the running call, then closes the connection."""
+        async with self._lock:
+            conn, self._conn = self._conn, None
+            self._closed = True
+            if conn is None:
+                await trio.lowlevel.checkpoint()
+                return
+            await self._call(self._disconnect, conn)
+
+    def statistics(self) -> StoreStatistics:
+        """As :meth:`Store.statistics`."""
+        return StoreStatistics(
+            transactions=self._transactions,
+            batches=self._batches,
+            refused=self._refused,
+            claimed=self._claimed,
+        )
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    async def get_flow(self, flow_id: str) -> FlowRecord | None:
+        """As :meth:`Store.get_flow`."""
+
+        def read(conn: Any) -> FlowRecord | None:
+            row = conn.execute(
+                f"SELECT {FLOW_COLUMNS} FROM flows WHERE flow_id = ?", (flow_id,)
+            ).fetchone()
+            return None if row is None else flow_from_row(row)
+
+        return await self._run(self._guarded(read))
+
+    async def list_flows(
+        self, *, flow_type: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[FlowRecord]:
+        """As :meth:`Store.list_flows`."""
+        limit = check_limit(limit, "list_flows")
+        where, params = [], []
+        if flow_type is not None:
+            where.append("flow_type = ?")
+            params.append(flow_type)
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        sql = f"SELECT {FLOW_COLUMNS} FROM flows"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, seq DESC LIMIT ?"
+
+        def read(conn: Any) -> list[FlowRecord]:
+            return [flow_from_row(row) for row in conn.execute(sql, (*params, limit))]
+
+        return await self._run(self._guarded(read))
+
+    async def attempts(self, flow_id: str) -> list[AttemptRecord]:
+        """As :meth:`Store.attempts`."""
+
+        def read(conn: Any) -> list[AttemptRecord]:
+            sql = f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE flow_id = ? ORDER BY seq"
+            return [attempt_from_row(row) for row in conn.execute(sql, (flow_id,))]
+
+        return await self._run(self._guarded(read))
+
+    async def dispatches(self, flow_id: str, limit: int = 200) -> list[DispatchRecord]:
+        """As :meth:`Store.dispatches`."""
+        limit = check_limit(limit, "dispatches")
+
+        def read(conn: Any) -> list[DispatchRecord]:
+            sql = (
+                f"SELECT {DISPATCH_COLUMNS} FROM dispatches WHERE flow_id = ?"
+                " ORDER BY seq DESC LIMIT ?"
+            )
+            return [dispatch_from_row(row) for row in conn.execute(sql, (flow_id, limit))][::-1]
+
+        return await self._run(self._guarded(read))
+
+    async def pending(self, flow_id: str) -> list[PendingStep]:
+        """As :meth:`Store.pending`."""
+
+        def read(conn: Any) -> list[PendingStep]:
+            sql = f"SELECT {PENDING_COLUMNS} FROM pending WHERE flow_id = ? ORDER BY step_index"
+            return [pending_from_row(row) for row in conn.execute(sql, (flow_id,))]
+
+        return await self._run(self._guarded(read))
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    async def create_flow(self, record: FlowRecord) -> None:
+        """As :meth:`Store.create_flow`."""
+        await self.commit(WriteBatch(flows_created=[record]))
+
+    async def commit(self, batch: WriteBatch) -> None:
+        """As :meth:`Store.commit`."""
+        (outcome,) = await self.commit_many([batch])
+        if outcome is not None:
+            raise outcome
+
+    async def commit_many(self, batches: Sequence[WriteBatch]) -> list[StoreError | None]:
+        """As :meth:`Store.commit_many`."""
+        for batch in batches:
+            check_batch(batch)
+        outcomes = await self._run(self._commit_many, list(batches))
+        committed = [b for b, o in zip(batches, outcomes, strict=True) if o is None]
+        if any(b.pending_put for b in committed):
+            self._wake()
+        return outcomes
+
+    def _notify_pending(self, conn: Any) -> None:
+        """(Inside a commit that puts pending steps.) Tell other servers; nothing on SQLite."""
+
+    def _commit_many(self, conn: Any, batches: list[WriteBatch]) -> list[StoreError | None]:
+        outcomes: list[StoreError | None] = []
+        self._transactions += 1
+        try:
+            conn.execute(self._BEGIN)
+            try:
+                if len(batches) == 1:  # no savepoint needed: a refusal rolls back them all
+                    outcomes.append(apply_refusable(conn, batches[0], self._INTEGRITY))
+                    if outcomes[0] is None and batches[0].pending_put:
+                        self._notify_pending(conn)
+                    conn.execute("COMMIT" if outcomes[0] is None else "ROLLBACK")
+                else:
+                    for batch in batches:
+                        conn.execute("SAVEPOINT batch")
+                        outcome = apply_refusable(conn, batch, self._INTEGRITY)
+                        if outcome is not None:
+                            conn.execute("ROLLBACK TO batch")
+                        conn.execute("RELEASE batch")
+                        outcomes.append(outcome)
+                    if any(
+                        o is None and b.pending_put for b, o in zip(batches, outcomes, strict=True)
+                    ):
+                        self._notify_pending(conn)
+                    conn.execute("COMMIT")
+            except BaseException:
+                if self._in_transaction(conn):
+                    conn.execute("ROLLBACK")
+                raise
+        except _as_tuple(self._DB_ERRORS) as exc:
+            self._refused += len(batches)
+            raise StoreError(f"{self!r}: the transaction failed: {exc}") from exc
+        failed = sum(o is not None for o in outcomes)
+        self._refused += failed
+        self._batches += len(batches) - failed
+        return outcomes
+
+    async def claim_pending(
+        self, owner: str, now: float, lease_seconds: float, limit: int
+    ) -> list[PendingStep]:
+        """As :meth:`Store.claim_pending`: one transaction whose SELECT locks the rows it
+        leases (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite's one writer does the same)."""
+        limit = check_limit(limit, "claim_pending")
+        expires = now + lease_seconds
+
+        def claim(conn: Any) -> list[PendingStep]:
+            with self._transaction(conn):
+                rows = conn.execute(
+                    f"SELECT {PENDING_COLUMNS} FROM pending"
+                    " WHERE not_before <= ? AND (lease_owner IS NULL OR lease_expires <= ?)"
+                    f" ORDER BY not_before, flow_id, step_index LIMIT ?{self._CLAIM_LOCK}",
+                    (now, now, limit),
+                ).fetchall()
+                conn.executemany(
+                    "UPDATE pending SET lease_owner = ?, lease_expires = ?"
+                    " WHERE flow_id = ? AND step_index = ?",
+                    [(owner, expires, row[0], row[1]) for row in rows],
+                )
+            return [pending_from_row((*row[:5], owner, expires, row[7])) for row in rows]
+
+        claimed = await self._run(self._guarded(claim))
+        self._claimed += len(claimed)
+        return claimed
+
+    async def renew_leases(self, owner: str, now: float, lease_seconds: float) -> int:
+        """As :meth:`Store.renew_leases`."""
+
+        def renew(conn: Any) -> int:
+            with self._transaction(conn):
+                cursor = conn.execute(
+                    "UPDATE pending SET lease_expires = ? WHERE lease_owner = ?",
+                    (now + lease_seconds, owner),
+                )
+            return int(cursor.rowcount)
+
+        return await self._run(self._guarded(renew))
+
+    async def release_leases(self, owner: str) -> int:
+        """As :meth:`Store.release_leases`."""
+
+        def release(conn: Any) -> int:
+            with self._transaction(conn):
+                cursor = conn.execute(
+                    "UPDATE pending SET lease_owner = NULL, lease_expires = NULL"
+                    " WHERE lease_owner = ?",
+                    (owner,),
+                )
+                if cursor.rowcount:
+                    self._notify_pending(conn)
+            return int(cursor.rowcount)
+
+        released = await self._run(self._guarded(release))
+        if released:
+            self._wake()
+        return released
+
+    async def wait_pending(self, seen: int) -> int:
+        """As :meth:`Store.wait_pending` (woken by this store's own commits; a subclass may add
+        other sources through ``_wake``)."""
+        if self._generation > seen:
+            await trio.lowlevel.checkpoint()
+        while self._generation <= seen:
+            await self._changed.wait()
+        return self._generation
+
+
+def _as_tuple(
+    errors: type[Exception] | tuple[type[Exception], ...],
+) -> tuple[type[Exception], ...]:
+    return errors if isinstance(errors, tuple) else (errors,)

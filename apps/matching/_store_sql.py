@@ -1,0 +1,301 @@
+"""What the matching server's SQL stores share (SQLite and PostgreSQL): the columns, rows to
+and from records (values as wire CBOR in binary columns, never pickle), and applying one
+``WriteBatch`` inside a transaction.
+
+The SQL here is written once, with ``?`` parameters and what both databases accept (``INSERT
+... ON CONFLICT ... DO UPDATE``); a PostgreSQL connection adapter turns ``?`` into ``%s``. A
+connection is anything with ``execute(sql, params)`` (returning a cursor with ``fetchone``)
+and ``executemany(sql, rows)``.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any, Protocol
+
+import wire
+
+from ._store_records import (
+    AttemptRecord,
+    DispatchRecord,
+    FlowExists,
+    FlowRecord,
+    PendingStep,
+    StoreConflict,
+    StoreError,
+    WriteBatch,
+)
+
+__all__ = [
+    "ATTEMPT_COLUMNS",
+    "DISPATCH_COLUMNS",
+    "FLOW_COLUMNS",
+    "PENDING_COLUMNS",
+    "SqlConnection",
+    "apply_refusable",
+    "attempt_from_row",
+    "check_limit",
+    "dispatch_from_row",
+    "flow_from_row",
+    "pending_from_row",
+    "redact",
+]
+
+
+class SqlConnection(Protocol):
+    """The part of a DB-API connection the shared code uses."""
+
+    def execute(self, sql: str, params: Any = ..., /) -> Any: ...
+
+    def executemany(self, sql: str, rows: Any, /) -> Any: ...
+
+
+FLOW_COLUMNS = (
+    "flow_id, flow_type, status, args, state, step_index, step_input, result, error,"
+    " sticky_worker, created_at, updated_at, version, definition"
+)
+PENDING_COLUMNS = (
+    "flow_id, step_index, step, execution_id, attempt, lease_owner, lease_expires, not_before"
+)
+ATTEMPT_COLUMNS = (
+    "flow_id, step_index, step, execution_id, attempt, delivery, worker_id, status, error,"
+    " started_at, finished_at"
+)
+DISPATCH_COLUMNS = "flow_id, delivery, kind, name, attempt, queue, reason, worker_id, at"
+_INSERT_ATTEMPT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 11)})"
+_INSERT_DISPATCH = f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) VALUES ({', '.join('?' * 9)})"
+_PUT_PENDING = (
+    f"INSERT INTO pending ({PENDING_COLUMNS}) VALUES ({', '.join('?' * 8)})"
+    " ON CONFLICT (flow_id, step_index) DO UPDATE SET step = excluded.step,"
+    " execution_id = excluded.execution_id, attempt = excluded.attempt,"
+    " lease_owner = excluded.lease_owner, lease_expires = excluded.lease_expires,"
+    " not_before = excluded.not_before"
+)
+
+
+def _encode(value: Any, what: str) -> bytes:
+    try:
+        return wire.cbor_encode(value)
+    except wire.WireError as exc:
+        raise StoreError(f"{what} has no wire form, so it cannot be stored: {exc}") from exc
+
+
+def _decode(data: bytes) -> Any:
+    return wire.cbor_decode(data)
+
+
+def _flow_row(r: FlowRecord) -> tuple[Any, ...]:
+    where = f"FlowRecord {r.flow_id!r}"
+    return (
+        r.flow_id,
+        r.flow_type,
+        r.status,
+        _encode(r.args, f"{where}: args"),
+        _encode(r.state, f"{where}: state"),
+        r.step_index,
+        _encode(r.step_input, f"{where}: step_input"),
+        _encode(r.result, f"{where}: result"),
+        _encode(r.error, f"{where}: error"),
+        r.sticky_worker,
+        r.created_at,
+        r.updated_at,
+        r.version,
+        _encode(r.definition, f"{where}: definition"),
+    )
+
+
+def flow_from_row(row: tuple[Any, ...]) -> FlowRecord:
+    return FlowRecord(
+        flow_id=row[0],
+        flow_type=row[1],
+        status=row[2],
+        args=_decode(row[3]),
+        state=_decode(row[4]),
+        step_index=row[5],
+        step_input=_decode(row[6]),
+        result=_decode(row[7]),
+        error=_decode(row[8]),
+        sticky_worker=row[9],
+        created_at=row[10],
+        updated_at=row[11],
+        version=row[12],
+        definition=_decode(row[13]),
+    )
+
+
+def pending_from_row(row: tuple[Any, ...]) -> PendingStep:
+    return PendingStep(*row)
+
+
+def attempt_from_row(row: tuple[Any, ...]) -> AttemptRecord:
+    return AttemptRecord(
+        flow_id=row[0],
+        step_index=row[1],
+        step=row[2],
+        execution_id=row[3],
+        attempt=row[4],
+        delivery=row[5],
+        worker_id=row[6],
+        status=row[7],
+        error=_decode(row[8]),
+        started_at=row[9],
+        finished_at=row[10],
+    )
+
+
+def dispatch_from_row(row: tuple[Any, ...]) -> DispatchRecord:
+    return DispatchRecord(*row)
+
+
+def check_limit(limit: Any, what: str) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise StoreError(f"{what}: limit must be an int >= 0 (got {limit!r})")
+    return limit
+
+
+class _Refused(Exception):
+    """Carries a batch's StoreError out of its savepoint."""
+
+
+def apply_refusable(
+    conn: SqlConnection, batch: WriteBatch, integrity: type[Exception] | tuple[type[Exception], ...]
+) -> StoreError | None:
+    """Apply one batch; return the StoreError that refused it (its writes then to be rolled
+    back by the caller: on PostgreSQL the transaction or savepoint is aborted), or None.
+    ``integrity`` is the driver's integrity-violation error (a missing flow, a duplicate)."""
+    try:
+        _apply(conn, batch, integrity)
+    except _Refused as refused:
+        error: StoreError = refused.args[0]
+        return error
+    return None
+
+
+def _apply(
+    conn: SqlConnection,
+    batch: WriteBatch,
+    integrity: type[Exception] | tuple[type[Exception], ...],
+) -> None:
+    """Apply one batch inside its savepoint; a refusal raises ``_Refused(StoreError)``."""
+    try:
+        for record in batch.flows_created:
+            if conn.execute("SELECT 1 FROM flows WHERE flow_id = ?", (record.flow_id,)).fetchone():
+                raise FlowExists(
+                    f"a flow with id {record.flow_id!r} exists already",
+                    details={"flow_id": record.flow_id},
+                )
+            _insert_flow(conn, record)
+        for record in batch.flows_upserted:
+            row = conn.execute(
+                "SELECT version FROM flows WHERE flow_id = ?", (record.flow_id,)
+            ).fetchone()
+            if row is None:
+                _insert_flow(conn, record)
+                continue
+            if row[0] != record.version - 1:
+                raise StoreConflict(
+                    f"flow {record.flow_id!r}: the update to version {record.version} expects"
+                    f" stored version {record.version - 1}, but version {row[0]} is stored"
+                    " (another writer updated it; read the flow again)",
+                    details={
+                        "flow_id": record.flow_id,
+                        "expected": record.version - 1,
+                        "stored": row[0],
+                    },
+                )
+            values = _flow_row(record)
+            conn.execute(
+                "UPDATE flows SET flow_type = ?, status = ?, args = ?, state = ?,"
+                " step_index = ?, step_input = ?, result = ?, error = ?, sticky_worker = ?,"
+                " created_at = ?, updated_at = ?, version = ?, definition = ? WHERE flow_id = ?",
+                (*values[1:], record.flow_id),
+            )
+        if batch.attempts:
+            conn.executemany(
+                _INSERT_ATTEMPT,
+                [
+                    (
+                        a.flow_id,
+                        a.step_index,
+                        a.step,
+                        a.execution_id,
+                        a.attempt,
+                        a.delivery,
+                        a.worker_id,
+                        a.status,
+                        _encode(a.error, f"AttemptRecord of {a.flow_id!r}: error"),
+                        a.started_at,
+                        a.finished_at,
+                    )
+                    for a in batch.attempts
+                ],
+            )
+        if batch.dispatches:
+            conn.executemany(
+                _INSERT_DISPATCH,
+                [
+                    (
+                        d.flow_id,
+                        d.delivery,
+                        d.kind,
+                        d.name,
+                        d.attempt,
+                        d.queue,
+                        d.reason,
+                        d.worker_id,
+                        d.at,
+                    )
+                    for d in batch.dispatches
+                ],
+            )
+        if batch.pending_put:
+            conn.executemany(
+                _PUT_PENDING,
+                [
+                    (
+                        p.flow_id,
+                        p.step_index,
+                        p.step,
+                        p.execution_id,
+                        p.attempt,
+                        p.lease_owner,
+                        p.lease_expires,
+                        p.not_before,
+                    )
+                    for p in batch.pending_put
+                ],
+            )
+        if batch.pending_done:
+            conn.executemany(
+                "DELETE FROM pending WHERE flow_id = ? AND step_index = ?",
+                [(flow_id, step_index) for flow_id, step_index in batch.pending_done],
+            )
+    except StoreError as exc:
+        raise _Refused(exc) from exc
+    except integrity as exc:
+        refused = StoreError(
+            f"a batch was refused by the database ({exc}): attempts, dispatches and pending"
+            " steps must name a flow stored in or before their batch"
+        )
+        refused.__cause__ = exc
+        raise _Refused(refused) from exc
+
+
+def _insert_flow(conn: SqlConnection, record: FlowRecord) -> None:
+    conn.execute(
+        f"INSERT INTO flows ({FLOW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        _flow_row(record),
+    )
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (for messages and ``repr``)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<a malformed URL>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    user = parts.username or ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
