@@ -37,6 +37,14 @@ first, then element by element) < ``list`` < ``bytes`` < anything else (by type 
 ``repr``). NaN is not a valid ordered_set key; lists, being unhashable, are never keys, but
 ``next``/``prev`` accept them.
 
+Traversals: ``select``/``match``/``match_object`` with a ``limit`` return ``(results,
+continuation)``, continued by ``select(continuation)`` until ``END_OF_TABLE``; a
+:class:`Continuation` holds its own place (the last key of an ordered_set, a snapshot of the
+keys otherwise), so it stays valid across writes with no ``safe_fixtable``. ``foldl``/``foldr``,
+``select_reverse``, ``select_replace`` and ``slot`` are OTP's; ``safe_fixtable`` lets
+``next`` continue from a key deleted since the table was fixed. ``await tab2file(t, path)``
+and ``await file2tab(path)`` save and load a table in wire's CBOR with a SHA-256 checksum.
+
 Expiry (an extension; OTP has none): ``new(..., expire_after=s)`` gives objects a time to live
 on trio's clock, ``insert(..., expire_after=s)`` overrides it per insert. An expired object is
 gone for every operation at once; the table actor then frees its memory.
