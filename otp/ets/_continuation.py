@@ -126,7 +126,7 @@ def start(tab: Tab, clauses: list[Clause], limit: int, reverse: bool) -> Any:
     table has nothing more, or ``END_OF_TABLE`` when nothing matched at all."""
     keys = hinted_keys(tab, [clause.head for clause in clauses])
     if keys is None and not tab.ordered:
-        keys = tab.key_snapshot()[0]
+        keys = list(tab.data)
     elif keys is not None and reverse and tab.ordered:
         keys = keys[::-1]
     return _run(tab, tab.handle, clauses, limit, reverse, keys, 0, _START, ())
@@ -166,14 +166,19 @@ def _run(
             at += 1
         more = at < count
     else:
-        key = last
-        while len(results) < limit:
-            key = _step(tab, key, reverse)
-            if key is END_OF_TABLE:
-                break
-            _collect(tab, clauses, key, results)
-        more = key is not END_OF_TABLE and _step(tab, key, reverse) is not END_OF_TABLE
-        last = key
+        more = True
+        while more and len(results) < limit:
+            batch = tab.keys_from(last, limit, reverse, start=last is _START)
+            # A short batch ends the table; a chunk filled before a batch's end leaves keys.
+            more = len(batch) == limit
+            for index, key in enumerate(batch, 1):
+                _collect(tab, clauses, key, results)
+                last = key
+                if len(results) >= limit:
+                    more = more or index < len(batch)
+                    break
+        if more:
+            more = bool(tab.keys_from(last, 1, reverse, start=last is _START))
     if not results:
         return END_OF_TABLE
     chunk, left = results[:limit], tuple(results[limit:])
@@ -187,10 +192,3 @@ def _collect(tab: Tab, clauses: list[Clause], key: Any, results: list[Any]) -> N
         result = run_spec(clauses, obj)
         if result is not NO_MATCH:
             results.append(result)
-
-
-def _step(tab: Tab, key: Any, reverse: bool) -> Any:
-    """The ordered_set key after ``key`` in the walk's direction (first or last at the start)."""
-    if key is _START:
-        return tab.last() if reverse else tab.first()
-    return tab.prev(key, "select") if reverse else tab.next(key, "select")

@@ -554,6 +554,16 @@ class Tab:
             return self._key_at(index) if index >= 0 else END_OF_TABLE
         return self.next(key, operation)
 
+    def keys_from(self, key: Any, count: int, reverse: bool, *, start: bool = False) -> list[Any]:
+        """Up to ``count`` ordered_set keys (as indexed) after ``key`` in the order, or before
+        it if ``reverse``; from the first (last) key if ``start``. ``key`` need not be stored."""
+        raws = self.raws
+        if reverse:
+            end = len(raws) if start else bisect_left(self.sks, self._sort_key_of(key, "select"))
+            return raws[max(0, end - count) : end][::-1]
+        begin = 0 if start else bisect_right(self.sks, self._sort_key_of(key, "select"))
+        return raws[begin : begin + count]
+
     def _key_at(self, index: int) -> Any:
         # The stored object's key, as OTP reports it: an insert replaces the object under an ==
         # key (1.0 replacing 1) but the index keeps the key it was first indexed by.
