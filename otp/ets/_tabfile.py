@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -104,14 +105,23 @@ async def tab2file(table: TableRef, path: str | os.PathLike[str], *, sync: bool 
                 table=table,
                 operation="tab2file",
             ) from None
-    await trio.to_thread.run_sync(_write, Path(name), header, objects, sync)
+    try:
+        await trio.to_thread.run_sync(_write, Path(name), header, objects, sync)
+    except wire.WireError as exc:
+        raise EtsError(
+            f"ets.tab2file({describe(table)}, {name!r}): the table cannot be encoded: {exc}",
+            table=table,
+            operation="tab2file",
+        ) from exc
 
 
 def _write(path: Path, header: dict[str, Any], objects: list[Any], sync: bool) -> None:
     digest = hashlib.sha256()
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # A fresh name per call: two saves to one path never share a temporary file.
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    temp = Path(temp_name)
     try:
-        with temp.open("wb") as out:
+        with os.fdopen(fd, "wb") as out:
 
             def put(data: bytes) -> None:
                 digest.update(data)

@@ -41,7 +41,7 @@ def foldr(function: Callable[[Any, Any], Any], acc0: Any, table: TableRef) -> An
 def _walk(table: TableRef, operation: str, *, reverse: bool) -> Iterator[Any]:
     tab = reader(table, operation)
     if not tab.ordered:
-        for key in list(fixed_keys(tab)):
+        for key in tab.fix.keys if tab.fix is not None else list(tab.data):
             yield from reader(table, operation).get(key)
         return
     key = tab.last() if reverse else tab.first()

@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import trio
 
 import otp
 from otp import ets
@@ -183,3 +184,26 @@ async def test_saving_a_private_table_from_another_process_is_denied(tmp_path):
         otp.spawn(save)
         assert await otp.receive() == ("denied", "tab2file")
         assert not (tmp_path / "x").exists()
+
+
+async def test_two_saves_to_one_path_at_once_leave_one_whole_file(tmp_path):
+    async with otp.open_node():
+        table = ets.new("t")
+        ets.insert(table, [(n,) for n in range(5000)])
+        path = tmp_path / "t.ets"
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(ets.tab2file, table, path)
+        ets.delete(table)
+        loaded = await ets.file2tab(path)
+        assert ets.info(loaded, "size") == 5000
+        assert [p.name for p in tmp_path.iterdir()] == ["t.ets"]
+
+
+async def test_a_value_over_the_wire_limits_is_refused_naming_the_table(tmp_path):
+    async with otp.open_node():
+        table = ets.new("t")
+        ets.insert(table, ("huge", 1 << 9000))  # a big int over wire's max_bigint_bytes
+        with pytest.raises(ets.EtsError, match=r"ets.tab2file\(table .*cannot be encoded"):
+            await ets.tab2file(table, tmp_path / "t.ets")
+        assert list(tmp_path.iterdir()) == []
