@@ -1,5 +1,6 @@
 """ETS benchmarks: ``ets.lookup`` and ``ets.insert`` on a set table of 100k keys against a plain
-Python dict in the same run, and ``ets.update_counter`` from 8 concurrent processes.
+Python dict in the same run, ``ets.update_counter`` from 8 concurrent processes, and reading a
+table with ``select/3`` in chunks against one ``select/2``.
 
 Targets (issue 3): lookup at least 0.3x the dict's operations per second, insert at least 0.1x.
 """
@@ -160,7 +161,65 @@ def update_counter(quick: bool) -> list[Result]:
     ]
 
 
+def _chunked(n: int, kind: ets.TableType, repeats: int) -> dict[str, float]:
+    """Best-of-``repeats`` seconds to read every object with select/3 in chunks of 100 (and
+    the first chunk alone, right after a write), and with one select/2."""
+
+    async def main() -> dict[str, float]:
+        table = ets.new("bench", type=kind)
+        ets.insert(table, [(key, key) for key in range(n)])
+        spec = [(ets.ANY, [], ets.OBJECT)]
+        best = dict.fromkeys(("chunks", "first", "select/2"), 1e9)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            answer = ets.select(table, spec, 100)
+            while answer is not ets.END_OF_TABLE and answer[1] is not ets.END_OF_TABLE:
+                answer = ets.select(answer[1])
+            best["chunks"] = min(best["chunks"], time.perf_counter() - start)
+            ets.insert(table, (n, n))  # a fresh key: no traversal state to reuse
+            ets.delete(table, n)
+            start = time.perf_counter()
+            ets.select(table, spec, 100)
+            best["first"] = min(best["first"], time.perf_counter() - start)
+            start = time.perf_counter()
+            ets.select(table, spec)
+            best["select/2"] = min(best["select/2"], time.perf_counter() - start)
+        return best
+
+    return otp.run(main)
+
+
+def select_chunks(quick: bool) -> list[Result]:
+    n = 100_000
+    results = []
+    for kind in (ets.SET, ets.ORDERED_SET):
+        timings = _chunked(n, kind, 2 if quick else 5)
+        results.append(
+            Result(
+                f"ets.select.chunks.{kind}",
+                "objects/s",
+                n / timings["chunks"],
+                "one ets.select/2",
+                n / timings["select/2"],
+                notes=f"{kind} of 100k objects read with select/3 in chunks of 100",
+            )
+        )
+        results.append(
+            Result(
+                f"ets.select.first_chunk.{kind}",
+                "s",
+                timings["first"],
+                "one ets.select/2",
+                timings["select/2"],
+                direction="lower",
+                notes="select/3's first chunk of 100 right after a write (a new key snapshot)",
+            )
+        )
+    return results
+
+
 BENCHMARKS: list[Benchmark] = [
     Benchmark("ets.lookup_insert", lookup_insert),
     Benchmark("ets.update_counter", update_counter),
+    Benchmark("ets.select_chunks", select_chunks),
 ]

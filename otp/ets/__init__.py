@@ -37,6 +37,14 @@ first, then element by element) < ``list`` < ``bytes`` < anything else (by type 
 ``repr``). NaN is not a valid ordered_set key; lists, being unhashable, are never keys, but
 ``next``/``prev`` accept them.
 
+Traversals: ``select``/``match``/``match_object`` with a ``limit`` return ``(results,
+continuation)``, continued by ``select(continuation)`` until ``END_OF_TABLE``; a
+:class:`Continuation` holds its own place (the last key of an ordered_set, a snapshot of the
+keys otherwise), so it stays valid across writes with no ``safe_fixtable``. ``foldl``/``foldr``,
+``select_reverse``, ``select_replace`` and ``slot`` are OTP's; ``safe_fixtable`` lets
+``next`` continue from a key deleted since the table was fixed. ``await tab2file(t, path)``
+and ``await file2tab(path)`` save and load a table in wire's CBOR with a SHA-256 checksum.
+
 Expiry (an extension; OTP has none): ``new(..., expire_after=s)`` gives objects a time to live
 on trio's clock, ``insert(..., expire_after=s)`` overrides it per insert. An expired object is
 gone for every operation at once; the table actor then frees its memory.
@@ -67,21 +75,31 @@ from ._api import rpc as rpc
 from ._api import select as select
 from ._api import select_count as select_count
 from ._api import select_delete as select_delete
+from ._api import select_reverse as select_reverse
 from ._api import setopts as setopts
 from ._api import tab2list as tab2list
 from ._api import take as take
 from ._api import update_counter as update_counter
 from ._api import update_element as update_element
 from ._api import whereis as whereis
+from ._continuation import Continuation as Continuation
 from ._errors import AccessDenied as AccessDenied
 from ._errors import EtsError as EtsError
 from ._errors import KeyNotFound as KeyNotFound
 from ._errors import NameTaken as NameTaken
 from ._errors import NoSuchTable as NoSuchTable
+from ._fixtable import safe_fixtable as safe_fixtable
 from ._match import ANY as ANY
 from ._match import BINDINGS as BINDINGS
 from ._match import OBJECT as OBJECT
 from ._match import Var as Var
+from ._tabfile import TableFileError as TableFileError
+from ._tabfile import file2tab as file2tab
+from ._tabfile import tab2file as tab2file
+from ._traversal import foldl as foldl
+from ._traversal import foldr as foldr
+from ._traversal import select_replace as select_replace
+from ._traversal import slot as slot
 from ._types import BAG as BAG
 from ._types import DUPLICATE_BAG as DUPLICATE_BAG
 from ._types import END_OF_TABLE as END_OF_TABLE
@@ -112,12 +130,14 @@ __all__ = [
     "SET",
     "Access",
     "AccessDenied",
+    "Continuation",
     "EtsError",
     "EtsTransfer",
     "KeyNotFound",
     "NameTaken",
     "NoSuchTable",
     "Table",
+    "TableFileError",
     "TableInfo",
     "TableRef",
     "TableType",
@@ -126,7 +146,10 @@ __all__ = [
     "delete",
     "delete_all_objects",
     "delete_object",
+    "file2tab",
     "first",
+    "foldl",
+    "foldr",
     "give_away",
     "info",
     "insert",
@@ -143,10 +166,15 @@ __all__ = [
     "prev",
     "rename",
     "rpc",
+    "safe_fixtable",
     "select",
     "select_count",
     "select_delete",
+    "select_replace",
+    "select_reverse",
     "setopts",
+    "slot",
+    "tab2file",
     "tab2list",
     "take",
     "update_counter",

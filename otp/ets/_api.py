@@ -18,19 +18,30 @@ from .._gen_server import call as _gen_call
 from .._ids import Pid
 from .._node import Node
 from .._process import _CURRENT, current_process
+from ._access import owned as _owned
+from ._access import reader as _reader
+from ._access import resolve as _resolve
+from ._access import unique_only as _unique_only
+from ._access import writer as _writer
 from ._actor import request, spawn_actor
+from ._continuation import Continuation, check_limit, hinted_keys, resume, start
 from ._errors import AccessDenied, EtsError, KeyNotFound, NameTaken, NoSuchTable
+from ._fixtable import fixed_next
+from ._hints import make_hints
+from ._info import check_item
 from ._match import (
+    BINDINGS,
     NO_MATCH,
+    OBJECT,
     bind,
     compile_spec,
-    key_hints,
     ordered_bindings,
     run_spec,
 )
-from ._order import UnorderableKey, order_key
 from ._table import Tab, describe, registry
+from ._traversal import select_replace, slot
 from ._types import (
+    END_OF_TABLE,
     PROTECTED,
     SET,
     Access,
@@ -55,71 +66,7 @@ _WHOLE_TABLE: Any = object()
 #: The current process, raising LookupError outside one (a bound method: the fastest way).
 _current = _CURRENT.get
 _NO_DEFAULT: Any = object()
-
-
-# -- resolving tables -------------------------------------------------------------------------
-
-
-def _resolve(table: Any, operation: str) -> Tab:
-    """The slow way to a table: by name, or an explanation of why ``table`` names none."""
-    if isinstance(table, str):
-        tab = registry().names.get(table)
-        if tab is None:
-            raise NoSuchTable(
-                f"ets.{operation}({table!r}): no table is named {table!r} on this node",
-                table=table,
-                operation=operation,
-            )
-        return tab
-    raise EtsError(
-        f"ets.{operation}: a table is a Table (from ets.new) or the name of a named table"
-        f" (got {table!r})",
-        table=table,
-        operation=operation,
-    )
-
-
-def _reader(table: Any, operation: str) -> Tab:
-    try:
-        tab: Tab = table._tab
-    except AttributeError:
-        tab = _resolve(table, operation)
-    if tab.rguard and _CURRENT.get(None) is not tab.owner_proc:
-        tab.check_read(operation, table)
-    if tab.heap:
-        tab.expire_due()
-    return tab
-
-
-def _writer(table: Any, operation: str) -> Tab:
-    try:
-        tab: Tab = table._tab
-    except AttributeError:
-        tab = _resolve(table, operation)
-    if tab.wguard and _CURRENT.get(None) is not tab.owner_proc:
-        tab.check_write(operation, table)
-    if tab.heap:
-        tab.expire_due()
-    return tab
-
-
-def _owned(table: Any, operation: str) -> Tab:
-    try:
-        tab: Tab = table._tab
-    except AttributeError:
-        tab = _resolve(table, operation)
-    tab.check_owner(operation, table)
-    return tab
-
-
-def _unique_only(tab: Tab, table: Any, operation: str) -> None:
-    if not tab.unique:
-        raise EtsError(
-            f"ets.{operation}({describe(table)}): only for set and ordered_set tables"
-            f" (this one is a {tab.kind})",
-            table=table,
-            operation=operation,
-        )
+_NO_SPEC: Any = object()
 
 
 # -- creating and deleting tables -------------------------------------------------------------
@@ -147,6 +94,10 @@ def new(
     heir_data: Any = ...,
     keypos: int = ...,
     expire_after: float | None = ...,
+    read_concurrency: bool = ...,
+    write_concurrency: bool | Literal["auto"] = ...,
+    compressed: bool = ...,
+    decentralized_counters: bool | None = ...,
 ) -> Table: ...
 
 
@@ -161,6 +112,10 @@ def new(
     heir_data: Any = ...,
     keypos: int = ...,
     expire_after: float | None = ...,
+    read_concurrency: bool = ...,
+    write_concurrency: bool | Literal["auto"] = ...,
+    compressed: bool = ...,
+    decentralized_counters: bool | None = ...,
 ) -> str: ...
 
 
@@ -174,6 +129,10 @@ def new(
     heir_data: Any = None,
     keypos: int = 0,
     expire_after: float | None = None,
+    read_concurrency: bool = False,
+    write_concurrency: bool | Literal["auto"] = False,
+    compressed: bool = False,
+    decentralized_counters: bool | None = None,
 ) -> Table | str:
     """Create a table owned by the calling process (Erlang's ``ets:new/2``).
 
@@ -191,6 +150,10 @@ def new(
         keypos: the index of the key in each object (0-based; Erlang's is 1-based).
         expire_after: the default time to live of objects, in seconds of trio's clock
             (``None``: objects never expire). An extension: OTP has no TTL.
+        read_concurrency, write_concurrency, compressed, decentralized_counters: OTP's
+            performance options, accepted as hints (``write_concurrency`` may be ``"auto"``):
+            ``info`` reports them, they change nothing here (one thread, objects shared by
+            reference: no locks to split, nothing to compress).
 
     Returns:
         The table's :class:`Table` handle, or its name if ``named``.
@@ -221,6 +184,9 @@ def new(
             operation="new",
         )
     _check_ttl(expire_after, "new", name)
+    hints = make_hints(
+        name, read_concurrency, write_concurrency, compressed, decentralized_counters
+    )
     if heir is not None and heir.__class__ is not Pid:
         raise EtsError(
             f"ets.new({name!r}): heir must be a Pid or None (got {heir!r})", operation="new"
@@ -241,6 +207,7 @@ def new(
         )
     node = owner.node
     tab = Tab(node, reg, name, bool(named), kind, mode, keypos, expire_after, owner)
+    tab.hints = hints
     if heir is not None:
         _set_heir(tab, heir, heir_data)
     actor = spawn_actor(tab, OPERATIONS)
@@ -333,27 +300,53 @@ def _transfer(tab: Tab, old: Pid, data: Any) -> EtsTransfer:
     return EtsTransfer(tab.ref, old, data)
 
 
-def setopts(table: TableRef, *, heir: Pid | None, heir_data: Any = None) -> None:
-    """Set or clear (``heir=None``) the table's heir; only the owner may (``ets:setopts/2``).
+def setopts(
+    table: TableRef, *, heir: Any = _NO_DEFAULT, heir_data: Any = None, access: Any = None
+) -> None:
+    """Set the table's heir (``heir=None`` clears it) and/or its access mode; only the owner
+    may (``ets:setopts/2``, whose options are OTP 25's: ``heir`` and ``protection``). Options
+    left out are unchanged; all are checked before any is set.
 
     Raises:
-        EtsError: ``heir`` is not a pid of this node.
+        AccessDenied: the caller is not the owner.
+        EtsError: ``heir`` is not a pid of this node, ``access`` not an access mode, or
+            ``heir_data`` is given without ``heir``.
     """
     tab = _owned(table, "setopts")
-    if heir is not None and heir.__class__ is not Pid:
+    if heir is _NO_DEFAULT and heir_data is not None:
+        raise EtsError(
+            f"ets.setopts({describe(table)}): heir_data goes with heir=pid (got no heir)",
+            table=table,
+            operation="setopts",
+        )
+    if heir is not _NO_DEFAULT and heir is not None and heir.__class__ is not Pid:
         raise EtsError(
             f"ets.setopts({describe(table)}): heir must be a Pid or None (got {heir!r})",
             table=table,
             operation="setopts",
         )
-    if heir is not None and _remote(heir, tab.node):
+    if heir.__class__ is Pid and _remote(heir, tab.node):
         raise EtsError(
             f"ets.setopts({describe(table)}): the heir must be a process of this node"
             f" ({tab.node.name}): a table never leaves its node (got {heir!r})",
             table=table,
             operation="setopts",
         )
-    _set_heir(tab, heir, heir_data)
+    mode = None
+    if access is not None:
+        try:
+            mode = Access(access)
+        except ValueError:
+            raise EtsError(
+                f"ets.setopts({describe(table)}): access must be one of"
+                f" {', '.join(member.value for member in Access)} (got {access!r})",
+                table=table,
+                operation="setopts",
+            ) from None
+    if heir is not _NO_DEFAULT:
+        _set_heir(tab, heir, heir_data)
+    if mode is not None:
+        tab.set_access(mode)
 
 
 def rename(table: TableRef, name: str) -> str:
@@ -728,19 +721,36 @@ def next(table: TableRef, key: Any) -> Any:
     For an ordered_set, the next key in the order, whether ``key`` is in the table or not.
     For the other types the order is unspecified but visits each key once if the table is
     not changed meanwhile; keys added during the traversal may be missed, and ``key`` must be
-    in the table (else :class:`KeyNotFound`), so traverse with keys ``first``/``next`` gave.
+    in the table (else :class:`KeyNotFound`), so traverse with keys ``first``/``next`` gave,
+    or fix the table first (:func:`safe_fixtable`): then a key deleted since is accepted.
     """
-    return _reader(table, "next").next(key, "next")
+    tab = _reader(table, "next")
+    if tab.fix is not None and not tab.ordered:
+        return fixed_next(tab, key, "next")
+    return tab.next(key, "next")
 
 
 def prev(table: TableRef, key: Any) -> Any:
     """The key before ``key`` in an ordered_set (for other types, as :func:`next`)."""
-    return _reader(table, "prev").prev(key, "prev")
+    tab = _reader(table, "prev")
+    if tab.fix is not None and not tab.ordered:
+        return fixed_next(tab, key, "prev")
+    return tab.prev(key, "prev")
 
 
-def info(table: TableRef) -> TableInfo | None:
+def info(table: TableRef, item: str | None = None) -> Any:
     """A :class:`TableInfo` snapshot, or None if the table does not exist (Erlang's
-    ``undefined``). Any process may ask, whatever the access mode."""
+    ``undefined``). Any process may ask, whatever the access mode.
+
+    ``info(table, item)`` (``ets:info/2``) is one item, by OTP's name (``"protection"``,
+    ``"named_table"``, ...) or the field's, plus ``"fixed"`` (is the table fixed?) and
+    ``"safe_fixed"`` / ``"safe_fixed_monotonic_time"``: ``(since, [(pid, count), ...])``
+    (``time.time()`` or trio's clock when it was fixed) or False.
+
+    Raises:
+        EtsError: ``item`` is not an info item.
+    """
+    compute = None if item is None else check_item(item)
     try:
         tab: Tab = table._tab  # type: ignore[union-attr]
     except AttributeError:
@@ -751,6 +761,9 @@ def info(table: TableRef) -> TableInfo | None:
     if not tab.alive:
         return None
     tab.expire_due()
+    if compute is not None:
+        return compute(tab)
+    hints = tab.hints
     return TableInfo(
         id=tab.handle,
         name=tab.name,
@@ -764,6 +777,10 @@ def info(table: TableRef) -> TableInfo | None:
         memory=tab.memory(),
         node=tab.node.name,
         expire_after=tab.default_ttl,
+        read_concurrency=hints.read_concurrency,
+        write_concurrency=hints.write_concurrency,
+        compressed=hints.compressed,
+        decentralized_counters=hints.decentralized(tab.ordered),
     )
 
 
@@ -784,51 +801,28 @@ def all() -> list[Table | str]:
 def _candidates(tab: Tab, heads: list[Any]) -> Iterable[Any]:
     """The objects worth matching against ``heads``: those under the keys the heads pin down,
     or every object (in table order)."""
-    keys = key_hints(heads, tab.kp)
+    keys = hinted_keys(tab, heads)
     if keys is None:
         return tab.objects()
-    if len(keys) > 1:
-        unique = []
-        for key in keys:
-            try:
-                if key not in unique:
-                    unique.append(key)
-            except TypeError:
-                continue
-        keys = unique
-        if tab.ordered:
-            keys = _in_order(keys)
     found: list[Any] = []
     for key in keys:
-        try:
-            found.extend(tab.get(key))
-        except TypeError:
-            continue
+        found.extend(tab.get(key))
     return found
 
 
-def _in_order(keys: list[Any]) -> list[Any]:
-    """``keys`` in the ordered_set order, without those that have no place in it (a NaN
-    equals nothing, so no stored key matches it)."""
-    placed = []
-    for key in keys:
-        try:
-            placed.append((order_key(key), key))
-        except UnorderableKey:
-            continue
-    placed.sort(key=_first)
-    return [key for _, key in placed]
-
-
-def _first(pair: tuple[Any, Any]) -> Any:
-    return pair[0]
-
-
-def match(table: TableRef, pattern: Any) -> list[list[Any]]:
+def match(table: Any, pattern: Any = _NO_SPEC, limit: int | None = None) -> Any:
     """For each object matching ``pattern``, the values of its variables ordered by number
     (Erlang's ``ets:match/2``). ``Var(n)`` binds, ``ANY`` matches anything, other values
-    compare with ``==``."""
+    compare with ``==``.
+
+    With ``limit`` (``ets:match/3``) it returns the first chunk as :func:`select` does, and
+    ``match(continuation)`` (``ets:match/1``) the next one.
+    """
+    if pattern is _NO_SPEC:
+        return _continue(table, "match")
     tab = _reader(table, "match")
+    if limit is not None:
+        return _first_chunk(tab, [(pattern, [], BINDINGS)], limit, False, "match")
     results = []
     for obj in _candidates(tab, [pattern]):
         bindings: dict[int, Any] = {}
@@ -837,10 +831,34 @@ def match(table: TableRef, pattern: Any) -> list[list[Any]]:
     return results
 
 
-def match_object(table: TableRef, pattern: Any) -> list[tuple[Any, ...]]:
-    """The objects matching ``pattern`` (Erlang's ``ets:match_object/2``)."""
+def match_object(table: Any, pattern: Any = _NO_SPEC, limit: int | None = None) -> Any:
+    """The objects matching ``pattern`` (Erlang's ``ets:match_object/2``); with ``limit``
+    the first chunk (``match_object/3``), and ``match_object(continuation)`` the next."""
+    if pattern is _NO_SPEC:
+        return _continue(table, "match_object")
     tab = _reader(table, "match_object")
+    if limit is not None:
+        return _first_chunk(tab, [(pattern, [], OBJECT)], limit, False, "match_object")
     return [obj for obj in _candidates(tab, [pattern]) if bind(pattern, obj, {})]
+
+
+def _first_chunk(tab: Tab, spec: Any, limit: Any, reverse: bool, operation: str) -> Any:
+    check_limit(limit, operation)
+    return start(tab, compile_spec(spec, operation), limit, reverse)
+
+
+def _continue(cont: Any, operation: str) -> Any:
+    """The chunk after ``cont``: access is checked again, against the caller of now."""
+    if cont is END_OF_TABLE:
+        return END_OF_TABLE
+    if cont.__class__ is not Continuation:
+        raise EtsError(
+            f"ets.{operation}/1 takes a continuation from ets.{operation} with a limit, or"
+            f" END_OF_TABLE (got {cont!r}); to run over a table pass it and a"
+            f" {'pattern' if operation.startswith('match') else 'match spec'}",
+            operation=operation,
+        )
+    return resume(_reader(cont.table, operation), cont)
 
 
 def match_delete(table: TableRef, pattern: Any) -> None:
@@ -848,7 +866,7 @@ def match_delete(table: TableRef, pattern: Any) -> None:
     _select_delete(table, [(pattern, [], True)], "match_delete")
 
 
-def select(table: TableRef, spec: list[tuple[Any, list[Any], Any]]) -> list[Any]:
+def select(table: Any, spec: Any = _NO_SPEC, limit: int | None = None) -> Any:
     """Run a match spec over the table (Erlang's ``ets:select/2``); returns the results.
 
     ``spec`` is a list of ``(head, guards, result)`` clauses, ``guards`` a list. For each
@@ -864,17 +882,46 @@ def select(table: TableRef, spec: list[tuple[Any, list[Any], Any]]) -> list[Any]
     tuples and lists. An ordered_set yields results in key order; when every head fixes the
     key, only those keys are looked at.
 
+    With ``limit`` (``ets:select/3``, an int >= 1) it returns one chunk: ``(results,
+    continuation)`` with ``limit`` results, or ``(results, END_OF_TABLE)`` with the last ones
+    (at most ``limit``), or ``END_OF_TABLE`` if nothing (more) matched; ``select(continuation)``
+    (``ets:select/1``) returns the next chunk in the same shapes, and ``select(END_OF_TABLE)``
+    is ``END_OF_TABLE``. A full chunk may be followed by ``END_OF_TABLE``. Continuations stay
+    valid across inserts and deletes without ``safe_fixtable`` (see :class:`Continuation`).
+
     Example:
         ``select(t, [((Var(1), Var(2)), [(">", Var(2), 10)], Var(1))])`` -- the keys of the
         pairs whose second element is above 10.
     """
+    if spec is _NO_SPEC:
+        return _continue(table, "select")
     tab = _reader(table, "select")
-    clauses = compile_spec(spec, "select")
+    if limit is not None:
+        return _first_chunk(tab, spec, limit, False, "select")
+    return _select(tab, compile_spec(spec, "select"))
+
+
+def _select(tab: Tab, clauses: list[Any]) -> list[Any]:
     results = []
     for obj in _candidates(tab, [clause.head for clause in clauses]):
         result = run_spec(clauses, obj)
         if result is not NO_MATCH:
             results.append(result)
+    return results
+
+
+def select_reverse(table: Any, spec: Any = _NO_SPEC, limit: int | None = None) -> Any:
+    """:func:`select` from the last key to the first in an ordered_set (Erlang's
+    ``ets:select_reverse/1,2,3``); for the other types, exactly :func:`select`. With
+    ``limit`` the first chunk holds the *last* ``limit`` results, largest key first."""
+    if spec is _NO_SPEC:
+        return _continue(table, "select_reverse")
+    tab = _reader(table, "select_reverse")
+    if limit is not None:
+        return _first_chunk(tab, spec, limit, True, "select_reverse")
+    results = _select(tab, compile_spec(spec, "select_reverse"))
+    if tab.ordered:
+        results.reverse()
     return results
 
 
@@ -1000,7 +1047,10 @@ OPERATIONS: dict[str, Any] = {
         select,
         select_count,
         select_delete,
+        select_replace,
+        select_reverse,
         setopts,
+        slot,
         tab2list,
         take,
         update_counter,

@@ -109,10 +109,12 @@ class Tab:
         "default_ttl",
         "dl",
         "dup",
+        "fix",
         "handle",
         "heap",
         "heir",
         "heir_data",
+        "hints",
         "kind",
         "kp",
         "name",
@@ -191,6 +193,10 @@ class Tab:
         self.sweep_timer: Ref | None = None
         self.sweep_at = math.inf
         self.handle: Table = None  # type: ignore[assignment]  # set by ets.new right after
+        #: The ``new`` options OTP tunes performance with (``_hints.Hints``), kept for ``info``.
+        self.hints: Any = None
+        #: Who fixed the table with ``safe_fixtable`` (``_fixtable.Fixation``), or None.
+        self.fix: Any = None
         self._hook = self.on_owner_exit
         add_hook(owner, self._hook)
         self.refresh()
@@ -221,6 +227,13 @@ class Tab:
     def ref(self) -> Table | str:
         """How users name this table: its name if named, else its handle."""
         return self.name if self.named else self.handle
+
+    def set_access(self, access: Access) -> None:
+        """Change the access mode (``setopts``): the access checks follow at once."""
+        self.access = access
+        self.rguard = access is PRIVATE
+        self.wguard = access is not PUBLIC
+        self.refresh()
 
     # -- access ----------------------------------------------------------------------------
 
@@ -541,10 +554,29 @@ class Tab:
             return self._key_at(index) if index >= 0 else END_OF_TABLE
         return self.next(key, operation)
 
+    def keys_from(self, key: Any, count: int, reverse: bool, *, start: bool = False) -> list[Any]:
+        """Up to ``count`` ordered_set keys (as indexed) after ``key`` in the order, or before
+        it if ``reverse``; from the first (last) key if ``start``. ``key`` need not be stored."""
+        raws = self.raws
+        if reverse:
+            end = len(raws) if start else bisect_left(self.sks, self._sort_key_of(key, "select"))
+            return raws[max(0, end - count) : end][::-1]
+        begin = 0 if start else bisect_right(self.sks, self._sort_key_of(key, "select"))
+        return raws[begin : begin + count]
+
     def _key_at(self, index: int) -> Any:
         # The stored object's key, as OTP reports it: an insert replaces the object under an ==
         # key (1.0 replacing 1) but the index keeps the key it was first indexed by.
         return self.data[self.raws[index]][self.kp]
+
+    def key_snapshot(self) -> tuple[list[Any], dict[Any, int]]:
+        """The keys of a set or bag in table order and each one's index there, shared until a
+        key is added or removed: callers keep them (continuations do) but never change them."""
+        data = self.data
+        snap = self.snap
+        if snap is None or len(data) - snap[2] + self.removed - snap[3] > 0:
+            snap = self._snapshot()
+        return snap[0], snap[1]
 
     def _snapshot(self) -> tuple[list[Any], dict[Any, int], int, int]:
         keys = list(self.data)

@@ -145,6 +145,11 @@ class TableInfo:
     memory: int
     node: str
     expire_after: float | None
+    #: OTP's performance options, hints here (see ``ets.new``).
+    read_concurrency: bool = False
+    write_concurrency: bool | str = False
+    compressed: bool = False
+    decentralized_counters: bool = False
 
 
 class _EndOfTable:

@@ -10,6 +10,7 @@ violations from the other process are rules too.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -375,6 +376,83 @@ class EtsMachine(RuleBasedStateMachine):
                 else:
                     del self.model.data[key]
 
+    @rule(
+        actor=who,
+        threshold=st.integers(-3, 3),
+        limit=st.integers(1, 4),
+        reverse=st.booleans(),
+    )
+    def select_in_chunks(self, actor, threshold, limit, reverse):
+        spec = [((ANY, Var(1), ANY), [(">", Var(1), threshold)], OBJECT)]
+        done, chunks = self._do(actor, False, _chunks, spec, limit, reverse)
+        if done:
+            assert all(len(chunk) == limit for chunk in chunks[:-1])
+            assert all(0 < len(chunk) <= limit for chunk in chunks)
+            expected = [obj for obj in self.model.objects() if obj[1] > threshold]
+            if reverse and self.model.kind is ets.ORDERED_SET:
+                expected.reverse()
+            results = [obj for chunk in chunks for obj in chunk]
+            assert _same(results, expected, self.model.kind is ets.ORDERED_SET)
+
+    @precondition(lambda self: self.model is not None)
+    @rule(obj=objects, delete=st.booleans(), limit=st.integers(1, 3))
+    def continuation_across_a_write(self, obj, delete, limit):
+        """The owner starts a chunked select, writes, then finishes it: every object present
+        before and after is returned once, and nothing that never was."""
+        before = Counter(self.model.objects())
+        ok, results = self.portal.run_as(
+            self.owner, _chunked_across, self.table, obj, delete, limit
+        )
+        assert ok, results
+        if delete:
+            self.model.data.pop(obj[0], None)
+        else:
+            self.model.insert([obj])
+        after = Counter(self.model.objects())
+        returned = Counter(results)
+        assert before & after <= returned
+        assert returned <= before | after
+        if self.model.unique:
+            assert len({o[0] for o in results}) == len(results)
+
+    @rule(actor=who, value=st.sampled_from(["x", "y"]))
+    def select_replace(self, actor, value):
+        spec = [((Var(1), Var(2), value), [], (Var(1), Var(2), "z"))]
+        ok, result = self.portal.run_as(self._pid(actor), ets.select_replace, self.table, spec)
+        if self.model is None:
+            assert not ok and isinstance(result, ets.NoSuchTable), result
+            return
+        if self._denied(actor, True):
+            assert not ok and isinstance(result, ets.AccessDenied), result
+            return
+        if self.model.kind is ets.BAG:
+            assert not ok and isinstance(result, ets.EtsError), result
+            return
+        assert ok, result
+        replaced = 0
+        for stored in self.model.data.values():
+            for index, old in enumerate(stored):
+                if old[2] == value:
+                    stored[index] = (old[0], old[1], "z")
+                    replaced += 1
+        assert result == replaced
+
+    @rule(actor=who, right=st.booleans())
+    def fold(self, actor, right):
+        fold = ets.foldr if right else ets.foldl
+        done, result = self._do(actor, False, _fold, fold)
+        if done:
+            expected = self.model.objects()
+            if right and self.model.kind is ets.ORDERED_SET:
+                expected.reverse()
+            assert _same(result, expected, self.model.kind is ets.ORDERED_SET)
+
+    @rule(actor=who)
+    def slots(self, actor):
+        done, result = self._do(actor, False, _slots)
+        if done:
+            assert _same(result, self.model.objects(), self.model.kind is ets.ORDERED_SET)
+
     @rule(actor=who)
     def traverse(self, actor):
         done, result = self._do(actor, False, _walk)
@@ -404,6 +482,44 @@ def _walk(table: Any) -> list[Any]:
     while key is not ets.END_OF_TABLE:
         found.append(key)
         key = ets.next(table, key)
+    return found
+
+
+def _chunks(table: Any, spec: Any, limit: int, reverse: bool) -> list[list[Any]]:
+    select = ets.select_reverse if reverse else ets.select
+    chunks, answer = [], select(table, spec, limit)
+    while answer is not ets.END_OF_TABLE:
+        chunk, cont = answer
+        chunks.append(chunk)
+        answer = select(cont)
+    return chunks
+
+
+def _chunked_across(table: Any, obj: tuple[Any, ...], delete: bool, limit: int) -> list[Any]:
+    answer = ets.select(table, [(ANY, [], OBJECT)], limit)
+    results: list[Any] = []
+    if answer is not ets.END_OF_TABLE:
+        results.extend(answer[0])
+    if delete:
+        ets.delete(table, obj[0])
+    else:
+        ets.insert(table, obj)
+    while answer is not ets.END_OF_TABLE and answer[1] is not ets.END_OF_TABLE:
+        answer = ets.select(answer[1])
+        if answer is not ets.END_OF_TABLE:
+            results.extend(answer[0])
+    return results
+
+
+def _fold(table: Any, fold: Any) -> list[Any]:
+    return fold(lambda obj, acc: [*acc, obj], [], table)
+
+
+def _slots(table: Any) -> list[Any]:
+    found, i = [], 0
+    while (objects := ets.slot(table, i)) is not ets.END_OF_TABLE:
+        found.extend(objects)
+        i += 1
     return found
 
 

@@ -21,6 +21,20 @@ async def test_rpc_runs_the_operation_through_the_actor():
         assert await ets.rpc("n", "select_count", [(ets.ANY, [], True)]) == 2
 
 
+async def test_rpc_serves_the_table_first_operations_added_for_otp_25():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, [(1, "a"), (2, "b")])
+        assert await ets.rpc(t, "slot", 1) == [(2, "b")]
+        assert await ets.rpc(t, "select_reverse", [(ets.ANY, [], ets.OBJECT)]) == [
+            (2, "b"),
+            (1, "a"),
+        ]
+        assert await ets.rpc(t, "select_replace", [((1, "a"), [], (1, "z"))]) == 1
+        assert await ets.rpc(t, "info", "size") == 2
+        assert ets.lookup(t, 1) == [(1, "z")]
+
+
 async def test_rpc_checks_access_against_the_requester_not_the_actor():
     async with otp.open_node():
         t = ets.new("t")
