@@ -412,6 +412,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--matching-store",
+        "--store",
+        dest="matching_store",
         default=None,
         metavar="PATH",
         help=(

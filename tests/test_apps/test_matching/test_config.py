@@ -212,6 +212,14 @@ def test_the_stop_drain_timeout_defaults_to_ten_seconds_and_is_validated() -> No
         )
 
 
+def test_store_is_the_short_flag_of_matching_store() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--store", "postgresql://app@db.example/flows"])
+    config = MatchingConfig.from_settings({"flags": vars(args)})
+    assert config.store == "postgresql://app@db.example/flows" and config.store_is_postgres
+
+
 def test_the_flags_win_over_the_table(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
