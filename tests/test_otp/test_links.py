@@ -120,6 +120,19 @@ async def test_exit_signal_to_self_from_a_task_of_the_process_ends_every_task() 
         assert await otp.receive(timeout=0, default=None) is None
 
 
+@pytest.mark.parametrize(("reason", "seen"), [(otp.KILL, otp.KILLED), ("boom", "boom")])
+async def test_open_node_raises_when_its_own_process_signals_itself_to_death(
+    reason: object, seen: object
+) -> None:
+    ran_on = False
+    with pytest.raises(otp.ProcessExited) as info:
+        async with otp.open_node():
+            otp.exit(otp.self(), reason)
+            ran_on = True
+    assert info.value.reason == seen
+    assert not ran_on
+
+
 async def test_non_trapping_process_dies_with_the_signals_reason() -> None:
     async with otp.open_node():
         pid, ref = otp.spawn_monitor(idle)
