@@ -16,6 +16,7 @@ from ._messages import Down, Exit
 from ._node import NamedMonitor, Node, current_node
 from ._process import (
     _NO_DEFAULT,
+    KilledBySignal,
     Match,
     Process,
     ProcessExit,
@@ -210,8 +211,13 @@ def exit(pid: Pid, reason: Any) -> None:
 
     ``"kill"`` kills untrappably (the target exits ``"killed"``); a trapping target gets
     ``Exit(caller, reason)``; ``"normal"`` is ignored by a non-trapping target unless it is the
-    caller itself. Any other reason kills a non-trapping target with that reason. A signal to
-    the caller itself takes effect at its next checkpoint.
+    caller itself. Any other reason kills a non-trapping target with that reason.
+
+    A signal that kills the caller itself ends it before ``exit`` returns, as in OTP: it raises
+    a :class:`~otp.ProcessExit` (a ``BaseException``), so the code after the call never runs, a
+    GenServer runs no ``terminate`` for it, and the caller's links and monitors see the reason
+    OTP gives (``"killed"`` for ``"kill"``).
+    A trapping caller that sends itself any other reason gets the ``Exit`` message and goes on.
     """
     if pid.__class__ is not Pid:
         raise _not_a_pid(pid, "exit")
@@ -221,6 +227,9 @@ def exit(pid: Pid, reason: Any) -> None:
     target = node.resolve(pid)
     if target is not None:
         node.exit_signal(target, sender, reason, False)
+        if target is me and me.exiting:
+            # Also when an earlier signal doomed it: in OTP it would already be gone.
+            raise KilledBySignal(me.pending_reason)
     elif pid._proc is None and pid.node != node.name and node.distribution is not None:
         node.distribution.exit(sender, pid, reason)
 

@@ -23,7 +23,14 @@ from ._errors import BadArg, CallError, CallTimeout, NoProc, StartError, StartIg
 from ._ids import Pid, Ref
 from ._messages import Exit, From
 from ._node import Node, current_node, log_crash
-from ._process import TIMED_OUT, CallWaiter, Process, ProcessExit, current_process
+from ._process import (
+    TIMED_OUT,
+    CallWaiter,
+    KilledBySignal,
+    Process,
+    ProcessExit,
+    current_process,
+)
 from ._reasons import KILL, NOPROC, NORMAL, BadReturnValue, Crash, is_abnormal
 from ._timers import checked_seconds
 
@@ -614,7 +621,7 @@ async def _loop(
                 raise _Bad(ret)
     except _Bad as bad:
         await _terminate(server, me, BadReturnValue(bad.value), state, message)
-    except _Terminated:
+    except (_Terminated, KilledBySignal):
         raise
     except ProcessExit as exc:
         # otp.exit_self(reason) in a callback: OTP's try_dispatch catches class exit too.
@@ -648,6 +655,8 @@ async def _terminate(
         ret = server.terminate(reason, state)
         if type(server)._async_terminate:
             await ret
+    except KilledBySignal:
+        raise
     except ProcessExit as exc:
         reason = exc.reason  # as OTP's try_terminate, which catches class exit too
     except Exception as exc:

@@ -267,21 +267,27 @@ def _call(fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> Awaitable
     return awaitable
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside ``exc``'s nested groups (``[exc]`` if it is not a group)."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+
+
+def _process_exit_in(exc: BaseException) -> ProcessExit | None:
+    """The ProcessExit that ``exc`` is or holds, if any (a task of the process exited it)."""
+    for leaf in _leaves(exc):
+        if isinstance(leaf, ProcessExit):
+            return leaf
+    return None
+
+
 def _reason_of_group(group: BaseExceptionGroup[Any]) -> Any:
     """The exit reason of a process whose nursery raised a group, or None to re-raise it."""
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                walk(inner)
-        else:
-            leaves.append(exc)
-
-    walk(group)
-    for leaf in leaves:
-        if isinstance(leaf, ProcessExit):
-            return leaf.reason
+    process_exit = _process_exit_in(group)
+    if process_exit is not None:
+        return process_exit.reason
+    leaves = _leaves(group)
     if all(isinstance(leaf, Exception) for leaf in leaves):
         return Crash(group if len(leaves) != 1 else leaves[0])
     return None
@@ -332,9 +338,14 @@ async def open_node(name: str = DEFAULT_NODE_NAME) -> AsyncIterator[Node]:
     """Start a node for the body of the ``async with``; the enclosing task becomes a process.
 
     Leaving the block terminates every process still alive (untrappably, as Erlang's ``halt``)
-    and waits for them. If the block's own process is killed by an exit signal (say, a linked
-    process crashed and it was not trapping exits), leaving the block raises
-    :class:`~otp.ProcessExited` with that reason.
+    and waits for them. If the block's own process is ended by an exit signal (say, a linked
+    process crashed and it was not trapping exits) or by ``otp.exit_self``, leaving the block
+    raises :class:`~otp.ProcessExited` with that reason.
+
+    An error raised in the block comes out as itself, with a note naming the main process and
+    the node (as ``trio.run`` raises a lone error of its main task), not wrapped in the node's
+    nurseries' exception groups; so does a lone failure of one of the node's own tasks. Only
+    several failures at once come out as one ``BaseExceptionGroup``.
 
     Raises:
         RuntimeError: a node is already open in this ``trio.run``.
@@ -345,29 +356,73 @@ async def open_node(name: str = DEFAULT_NODE_NAME) -> AsyncIterator[Node]:
         pass
     else:
         raise RuntimeError("a node is already open in this trio.run: one node per trio.run")
-    async with trio.open_nursery() as system:
-        async with trio.open_nursery() as nursery:
-            node = Node(name, nursery)
-            node.system_nursery = system
-            _NODE.set(node)
-            system.start_soon(node.timers.run)
-            main = node.adopt_current_task()
-            token = _CURRENT.set(main)
-            killed = False
-            try:
-                with main.scope:
-                    yield node
-                killed = main.exiting
-            finally:
-                _CURRENT.reset(token)
-                node.process_exited(main, main.pending_reason if main.exiting else NORMAL)
-                if node.distribution is not None:
-                    with trio.CancelScope(shield=True):
-                        await node.distribution.flush(FLUSH_ON_STOP)
-                node.kill_all()
-        system.cancel_scope.cancel()
-    if killed:
-        raise ProcessExited(main.exit_reason)
+    body_error: BaseException | None = None
+    exited = False
+    try:
+        async with trio.open_nursery() as system:
+            async with trio.open_nursery() as nursery:
+                node = Node(name, nursery)
+                node.system_nursery = system
+                _NODE.set(node)
+                system.start_soon(node.timers.run)
+                main = node.adopt_current_task()
+                token = _CURRENT.set(main)
+                reason: Any = NORMAL
+                try:
+                    with main.scope:
+                        yield node
+                except BaseException as exc:
+                    # Held until the nurseries have closed and raised from there, so that it
+                    # surfaces as itself rather than inside one exception group per nursery.
+                    process_exit = _process_exit_in(exc)
+                    if process_exit is not None:
+                        exited, reason = True, process_exit.reason
+                    else:
+                        body_error = exc
+                        reason = Crash(exc) if isinstance(exc, Exception) else KILLED
+                finally:
+                    _CURRENT.reset(token)
+                    node.process_exited(main, main.pending_reason if main.exiting else reason)
+                    if node.distribution is not None:
+                        with trio.CancelScope(shield=True):
+                            await node.distribution.flush(FLUSH_ON_STOP)
+                    node.kill_all()
+                exited = exited or main.exiting
+            system.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        failure = _failure(_leaves(group), body_error, main, name)
+    else:
+        if body_error is None:
+            if exited:
+                raise ProcessExited(main.exit_reason)
+            return
+        failure = _note_main(body_error, main, name)
+    # Outside the except clause, so that the nurseries' group does not become its context.
+    raise failure
+
+
+def _failure(
+    errors: list[BaseException], body_error: BaseException | None, main: Process, name: str
+) -> BaseException:
+    """What leaves ``open_node`` when a task of the node's own failed (a service, or a process's
+    task that raised what is not an exit): that error alone as itself, or with the body's error
+    one flat group."""
+    for error in errors:
+        if isinstance(error, Exception):
+            error.add_note(f"raised in node {name!r}, outside its main process")
+    if body_error is not None and all(isinstance(e, trio.Cancelled) for e in _leaves(body_error)):
+        body_error = None  # (the body was cancelled because of that failure)
+    if body_error is None and len(errors) == 1:
+        return errors[0]
+    if body_error is not None:
+        errors.insert(0, _note_main(body_error, main, name))
+    return BaseExceptionGroup(f"several failures at once in node {name!r}", errors)
+
+
+def _note_main(error: BaseException, main: Process, name: str) -> BaseException:
+    if isinstance(error, Exception):
+        error.add_note(f"raised in the main process {main.pid!r} of node {name!r}")
+    return error
 
 
 def run(
@@ -377,7 +432,11 @@ def run(
     clock: trio.abc.Clock | None = None,
 ) -> Any:
     """Run ``main(*args)`` as the main process of a new node inside ``trio.run``; return its
-    result. Every other process is terminated when ``main`` returns."""
+    result. Every other process is terminated when ``main`` returns.
+
+    What ``main`` raises comes out as itself, as from :func:`open_node`; ``main`` ended by an
+    exit signal or ``otp.exit_self`` raises :class:`~otp.ProcessExited`.
+    """
 
     async def _main() -> Any:
         async with open_node(name):

@@ -57,6 +57,15 @@ class ProcessExit(BaseException):
         self.reason = reason
 
 
+class KilledBySignal(ProcessExit):
+    """Raised in a process whose own exit signal killed it (``otp.exit(otp.self(), reason)``).
+
+    It ends the process as an exit signal from elsewhere does, so a behaviour lets it through
+    instead of treating it as ``exit/1``: a GenServer runs no ``terminate`` for it, as OTP's
+    does not for a process killed by a signal.
+    """
+
+
 class CallWaiter:
     """A one-shot slot a caller parks on while a ``GenServer.call`` is outstanding (an alias).
 

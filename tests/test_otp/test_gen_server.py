@@ -294,6 +294,28 @@ async def test_terminate_is_not_run_on_kill() -> None:
         assert await otp.receive() == otp.Down(ref, pid, otp.KILLED)
 
 
+@pytest.mark.parametrize(
+    ("trap", "reason", "seen"), [(True, otp.KILL, otp.KILLED), (False, "boom", "boom")]
+)
+async def test_a_callback_killed_by_its_own_exit_signal_runs_no_terminate(
+    trap: bool, reason: object, seen: object
+) -> None:
+    # exit(self(), R) that kills the server is an exit signal, not exit/1: OTP's gen_server
+    # never gets to catch it, so terminate does not run.
+    class SelfKiller(Recorder):
+        async def handle_cast(self, request: Any, state: otp.Pid) -> NoReply:
+            otp.exit(otp.self(), reason)
+            otp.send(state, "ran on")
+            return NoReply(state)
+
+    async with otp.open_node():
+        pid = await SelfKiller.start(otp.self(), trap)
+        ref = otp.monitor(pid)
+        otp.cast(pid, "go")
+        assert await otp.receive() == otp.Down(ref, pid, seen)
+        assert await otp.receive(timeout=0, default=None) is None
+
+
 async def test_normal_and_shutdown_exits_are_not_logged_abnormal_ones_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -52,6 +52,87 @@ async def test_exit_self_normal_terminates_the_caller() -> None:
         assert await otp.receive(otp.Down) == otp.Down(ref, pid, otp.NORMAL)
 
 
+@pytest.mark.parametrize(
+    ("trap", "reason", "seen"),
+    [
+        (True, otp.KILL, otp.KILLED),
+        (False, otp.KILL, otp.KILLED),
+        (False, otp.NORMAL, otp.NORMAL),
+        (False, "boom", "boom"),
+        (False, otp.Shutdown("bye"), otp.Shutdown("bye")),
+    ],
+)
+async def test_exit_signal_that_kills_the_caller_ends_it_before_exit_returns(
+    trap: bool, reason: object, seen: object
+) -> None:
+    # OTP 25: the expression after exit(self(), Reason) never runs when the signal kills the
+    # caller, so the send below must not go out; links and monitors see OTP's reason.
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        main = otp.self()
+
+        async def suicide() -> None:
+            otp.process_flag(trap_exit=trap)
+            try:
+                otp.exit(otp.self(), reason)
+            except Exception:
+                otp.send(main, "caught")
+            otp.send(main, "ran on")
+            await idle()
+
+        pid = otp.spawn_link(suicide)
+        ref = otp.monitor(pid)
+        assert await otp.receive(otp.Exit) == otp.Exit(pid, seen)
+        assert await otp.receive(otp.Down) == otp.Down(ref, pid, seen)
+        assert await otp.receive(timeout=0, default=None) is None
+
+
+@pytest.mark.parametrize("reason", [otp.NORMAL, "boom", otp.SHUTDOWN])
+async def test_trapping_caller_gets_its_own_exit_signal_as_a_message_and_runs_on(
+    reason: object,
+) -> None:
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        otp.exit(otp.self(), reason)
+        assert await otp.receive(otp.Exit, timeout=0) == otp.Exit(otp.self(), reason)
+        assert otp.process_info(otp.self()) is not None
+
+
+async def test_exit_signal_to_self_from_a_task_of_the_process_ends_every_task() -> None:
+    async with otp.open_node():
+        main = otp.self()
+
+        async def two_tasks() -> None:
+            async def sibling() -> None:
+                await trio.sleep_forever()
+
+            async def killer() -> None:
+                otp.exit(otp.self(), "boom")
+                otp.send(main, "ran on")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sibling)
+                nursery.start_soon(killer)
+            otp.send(main, "nursery left")
+
+        pid, ref = otp.spawn_monitor(two_tasks)
+        assert await otp.receive(otp.Down) == otp.Down(ref, pid, "boom")
+        assert await otp.receive(timeout=0, default=None) is None
+
+
+@pytest.mark.parametrize(("reason", "seen"), [(otp.KILL, otp.KILLED), ("boom", "boom")])
+async def test_open_node_raises_when_its_own_process_signals_itself_to_death(
+    reason: object, seen: object
+) -> None:
+    ran_on = False
+    with pytest.raises(otp.ProcessExited) as info:
+        async with otp.open_node():
+            otp.exit(otp.self(), reason)
+            ran_on = True
+    assert info.value.reason == seen
+    assert not ran_on
+
+
 async def test_non_trapping_process_dies_with_the_signals_reason() -> None:
     async with otp.open_node():
         pid, ref = otp.spawn_monitor(idle)

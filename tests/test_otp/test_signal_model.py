@@ -1,5 +1,6 @@
-"""A random graph of processes with links, monitors and trap_exit flags, killed at random, checked
-against a pure model of OTP's signal rules (OTP_SEMANTICS.md sections 1 and 2)."""
+"""A random graph of processes with links, monitors and trap_exit flags, killed at random (by the
+driver's exit signals, by exit/1 and by exit(self(), reason)), checked against a pure model of
+OTP's signal rules (OTP_SEMANTICS.md sections 1 and 2)."""
 
 from __future__ import annotations
 
@@ -30,15 +31,24 @@ class Model:
     def __attrs_post_init__(self) -> None:
         self.received = [Counter() for _ in self.traps]
 
-    def exit_signal(self, target: int, reason: Any) -> None:
+    def exit_signal(self, target: int, reason: Any, sender: Any = "driver") -> None:
         if target in self.dead:
             return
         if reason == "kill":
             self.die(target, "killed")
         elif self.traps[target]:
-            self.received[target][("exit", "driver", reason)] += 1
-        elif reason != "normal":
+            self.received[target][("exit", sender, reason)] += 1
+        elif reason != "normal" or sender == target:
             self.die(target, reason)
+
+    def exit_signal_to_self(self, target: int, reason: Any) -> None:
+        """``exit(self(), reason)``: a signal that kills the caller ends it before the call
+        returns, so it never runs the line after (which logs "after")."""
+        if target in self.dead:
+            return
+        self.exit_signal(target, reason, sender=target)
+        if target not in self.dead:
+            self.received[target][("after",)] += 1
 
     def die(self, proc: int, reason: Any) -> None:
         pending = [(proc, reason)]
@@ -85,6 +95,9 @@ async def _member(
             if message[1] == "crash":
                 raise RuntimeError("crash")
             otp.exit_self(message[1])
+        elif message[0] == "signal_self":
+            otp.exit(otp.self(), message[1])
+            log[index][("after",)] += 1
 
 
 graphs = st.integers(min_value=2, max_value=7).flatmap(
@@ -94,7 +107,9 @@ graphs = st.integers(min_value=2, max_value=7).flatmap(
         st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=2 * n),
         st.lists(
             st.tuples(
-                st.integers(0, n - 1), st.sampled_from(REASONS), st.sampled_from(["signal", "self"])
+                st.integers(0, n - 1),
+                st.sampled_from(REASONS),
+                st.sampled_from(["signal", "self", "signal_self"]),
             ),
             min_size=1,
             max_size=n + 2,
@@ -130,6 +145,10 @@ def test_random_process_graph_matches_the_signal_model(graph: Any) -> None:
                 if mode == "signal":
                     otp.exit(members[target], reason if reason != "crash" else "boom")
                     model.exit_signal(target, reason if reason != "crash" else "boom")
+                elif mode == "signal_self":
+                    signal = reason if reason != "crash" else "boom"
+                    otp.send(members[target], ("signal_self", signal))
+                    model.exit_signal_to_self(target, signal)
                 else:
                     otp.send(members[target], ("exit_self", reason))
                     if target not in model.dead:
