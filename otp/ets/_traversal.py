@@ -8,7 +8,7 @@ from typing import Any
 
 from ._access import reader, writer
 from ._continuation import hinted_keys
-from ._errors import EtsError
+from ._errors import EtsError, brief
 from ._fixtable import fixed_keys
 from ._match import ANY, NO_MATCH, OBJECT, Clause, Var, compile_spec, run_spec
 from ._table import Tab, describe
@@ -67,7 +67,7 @@ def slot(table: TableRef, i: int) -> Any:
     count = tab.size() if keys is None else len(keys)
     if i.__class__ is not int or not 0 <= i <= count:
         raise EtsError(
-            f"ets.slot({describe(table)}, {i!r}): the slot must be an int from 0 to {count}"
+            f"ets.slot({describe(table)}, {brief(i)}): the slot must be an int from 0 to {count}"
             f" (the last being END_OF_TABLE)",
             table=table,
             operation="slot",
@@ -103,8 +103,8 @@ def select_replace(table: TableRef, spec: list[tuple[Any, list[Any], Any]]) -> i
     for number, clause in enumerate(clauses):
         if not _keeps_key(clause, tab.kp):
             raise EtsError(
-                f"ets.select_replace({describe(table)}): clause {number} ({clause.head!r} ->"
-                f" {clause.result!r}) does not keep the key: its result must be OBJECT or a"
+                f"ets.select_replace({describe(table)}): clause {number} ({brief(clause.head)} ->"
+                f" {brief(clause.result)}) does not keep the key: its result must be OBJECT or a"
                 f" tuple whose element {tab.kp} is the head's (the same Var or literal);"
                 " nothing was replaced",
                 table=table,
