@@ -65,26 +65,38 @@ def _checked(value: Any) -> Any:
 
 
 def _eq(a: Any, b: Any) -> bool:
+    if a.__class__ is int and b.__class__ is int:
+        return a == b
     return compare(a, b) == 0
 
 
 def _ne(a: Any, b: Any) -> bool:
+    if a.__class__ is int and b.__class__ is int:
+        return a != b
     return compare(a, b) != 0
 
 
 def _lt(a: Any, b: Any) -> bool:
+    if a.__class__ is int and b.__class__ is int:
+        return a < b
     return compare(a, b) < 0
 
 
 def _le(a: Any, b: Any) -> bool:
+    if a.__class__ is int and b.__class__ is int:
+        return a <= b
     return compare(a, b) <= 0
 
 
 def _gt(a: Any, b: Any) -> bool:
+    if a.__class__ is int and b.__class__ is int:
+        return a > b
     return compare(a, b) > 0
 
 
 def _ge(a: Any, b: Any) -> bool:
+    if a.__class__ is int and b.__class__ is int:
+        return a >= b
     return compare(a, b) >= 0
 
 

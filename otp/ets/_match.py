@@ -85,11 +85,12 @@ def bind(pattern: Any, value: Any, bindings: dict[int, Any]) -> bool:
     """Match ``value`` against ``pattern``, adding to ``bindings``; True if it matches.
 
     Literals and repeated variables match exactly (Erlang's ``=:=``: ``1`` does not match
-    ``1.0``). Iterative, so a pattern of any depth is matched without exhausting the stack."""
-    stack = [(pattern, value)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        pat, val = pop()
+    ``1.0``). Iterative, so a pattern of any depth is matched without exhausting the stack:
+    nested tuples and lists wait on a stack while their siblings are matched (exact match is
+    an equivalence, so the order in which a variable is first bound does not matter)."""
+    pending: list[tuple[Any, Any]] = []
+    pat, val = pattern, value
+    while True:
         cls = pat.__class__
         if cls is tuple or cls is list:
             if cls is tuple:
@@ -97,8 +98,21 @@ def bind(pattern: Any, value: Any, bindings: dict[int, Any]) -> bool:
                     return False
             elif val.__class__ is not list or len(val) != len(pat):
                 return False
-            for index in range(len(pat) - 1, -1, -1):
-                push((pat[index], val[index]))
+            for sub, item in zip(pat, val, strict=True):
+                kind = sub.__class__
+                if kind is Var:
+                    n = sub.n
+                    if n in bindings:
+                        if not exact_eq(bindings[n], item):
+                            return False
+                    else:
+                        bindings[n] = item
+                elif sub is ANY:
+                    continue
+                elif kind is tuple or kind is list:
+                    pending.append((sub, item))
+                elif not exact_eq(sub, item):
+                    return False
         elif cls is Var:
             n = pat.n
             if n in bindings:
@@ -106,11 +120,11 @@ def bind(pattern: Any, value: Any, bindings: dict[int, Any]) -> bool:
                     return False
             else:
                 bindings[n] = val
-        elif pat is ANY:
-            continue
-        elif not exact_eq(pat, val):
+        elif pat is not ANY and not exact_eq(pat, val):
             return False
-    return True
+        if not pending:
+            return True
+        pat, val = pending.pop()
 
 
 def is_ground(pattern: Any) -> bool:
@@ -391,7 +405,10 @@ def run_spec(clauses: list[Clause], obj: Any) -> Any:
         if not bind(clause.head, obj, bindings):
             continue
         try:
-            if all(guard(bindings, obj) is True for guard in clause.guards):
+            for guard in clause.guards:
+                if guard(bindings, obj) is not True:
+                    break
+            else:
                 return build(clause.result, bindings, obj)
         except Exception:
             continue

@@ -205,6 +205,12 @@ def exact_eq(a: Any, b: Any) -> bool:
     Iterative: a deep term cannot exhaust the stack."""
     if a is b:
         return True
+    cls = a.__class__
+    if cls is b.__class__:
+        if cls is str or cls is int or cls is bytes or cls is float:
+            return bool(a == b)
+        if cls is tuple and _flat_exact(a, b):
+            return True
     try:
         if not a == b:
             return False  # exact match implies ==
@@ -248,8 +254,36 @@ def exact_eq(a: Any, b: Any) -> bool:
     return True
 
 
+def _flat_exact(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """True if two tuples of plain scalars are exactly equal (False: the general walk
+    decides)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x is y:
+            continue
+        cls = x.__class__
+        if cls is not y.__class__ or not (cls is str or cls is int or cls is float):
+            return False
+        if x != y:
+            return False
+    return True
+
+
 def exact_index(objs: list[Any], obj: Any) -> int:
     """The index of the first element of ``objs`` that exactly matches ``obj``, or -1."""
+    start = 0
+    while True:
+        try:
+            # Exact match implies ==, so list.index (C speed) finds every candidate.
+            index = objs.index(obj, start)
+        except ValueError:
+            return -1
+        except RecursionError:
+            break  # too deep for ==: walk them all
+        if exact_eq(objs[index], obj):
+            return index
+        start = index + 1
     for index, other in enumerate(objs):
         if exact_eq(other, obj):
             return index
