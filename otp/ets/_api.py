@@ -827,7 +827,7 @@ def _candidates(tab: Tab, heads: list[Any]) -> Iterable[Any]:
 def match(table: Any, pattern: Any = _NO_SPEC, limit: int | None = None) -> Any:
     """For each object matching ``pattern``, the values of its variables ordered by number
     (Erlang's ``ets:match/2``). ``Var(n)`` binds, ``ANY`` matches anything, other values
-    compare with ``==``.
+    match exactly (Erlang's ``=:=``: ``1`` does not match ``1.0``).
 
     With ``limit`` (``ets:match/3``) it returns the first chunk as :func:`select` does, and
     ``match(continuation)`` (``ets:match/1``) the next one.
@@ -884,17 +884,34 @@ def select(table: Any, spec: Any = _NO_SPEC, limit: int | None = None) -> Any:
     """Run a match spec over the table (Erlang's ``ets:select/2``); returns the results.
 
     ``spec`` is a list of ``(head, guards, result)`` clauses, ``guards`` a list. For each
-    object the first clause whose ``head`` pattern matches and whose guards all evaluate to
-    ``True`` gives the object's result; every ``Var(n)`` the guards or result use must be
-    bound by the head (else :class:`EtsError`, as OTP's ``badarg``). Guards are expressions:
-    ``Var(n)``, ``OBJECT``, ``BINDINGS``, literals, and tuples ``(op, *args)`` with ``op`` one
-    of ``==  !=  <  <=  >  >=  +  -  *  /  //  %  in  element  len  not  and  or  const  is_int
-    is_float  is_number  is_bool  is_str  is_bytes  is_tuple  is_list  is_none``
-    (``("element", pos, tuple)`` counts ``pos`` from 0). A guard that raises (``<`` between a
-    str and an int, an ``element`` outside the tuple) fails its clause. The result is built
-    from ``Var(n)``, ``OBJECT`` (the object), ``BINDINGS`` (all bindings) and literals, inside
-    tuples and lists. An ordered_set yields results in key order; when every head fixes the
-    key, only those keys are looked at.
+    object the first clause whose ``head`` pattern matches (literals and repeated variables
+    exactly, as Erlang's ``=:=``) and whose guards all evaluate to ``True`` gives the object's
+    result; every ``Var(n)`` the guards or result use must be bound by the head (else
+    :class:`EtsError`, as OTP's ``badarg``). Guards are expressions: ``Var(n)``, ``OBJECT``,
+    ``BINDINGS``, literals, tuples and lists of expressions, ``("const", term)`` for a literal
+    tuple, and calls ``(op, *args)`` with Erlang's semantics (OTP's "Match Specifications in
+    Erlang"):
+
+    - comparisons in the term order (see ``otp.ets``): ``==  /=  =:=  =/=  <  =<  >  >=``
+      (``!=`` and ``<=`` are aliases), ``min  max``;
+    - arithmetic on numbers only: ``+  -`` (also unary) ``*  /  div  rem`` (truncating),
+      ``band  bor  bxor  bnot  bsl  bsr  abs  round`` (half away from zero) ``trunc  floor
+      ceil  float``, and Python's ``//  %`` (floor);
+    - booleans only: ``and  or`` (every argument), ``andalso  orelse`` (left to right, the
+      last argument is the value), ``not  xor``;
+    - terms: ``element`` (0-based), ``hd  tl  length  size  tuple_size  byte_size  map_get
+      map_size  is_map_key``, ``("self",)``, ``("node",)`` and ``("node", pid_or_ref)``, and
+      Python's ``in  len``;
+    - type tests: ``is_integer  is_float  is_number  is_atom  is_boolean  is_binary  is_tuple
+      is_list  is_map  is_pid  is_reference  is_function  is_none`` (and ``is_int  is_bool
+      is_str  is_bytes``).
+
+    A guard that raises (arithmetic on a str, ``not`` of a non-boolean, ``element`` outside
+    the tuple, an integer over 2**20 bits) fails its clause. Guards and results nest at most
+    ``MAX_DEPTH`` (200) levels. The result is a template built from ``Var(n)``, ``OBJECT``
+    (the object), ``BINDINGS`` (all bindings) and literals, inside tuples and lists (not
+    evaluated). An ordered_set yields results in key order; when every head fixes the key,
+    only those keys are looked at.
 
     With ``limit`` (``ets:select/3``, an int >= 1) it returns one chunk: ``(results,
     continuation)`` with ``limit`` results, or ``(results, END_OF_TABLE)`` with the last ones
