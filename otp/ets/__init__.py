@@ -95,6 +95,7 @@ from ._errors import KeyNotFound as KeyNotFound
 from ._errors import NameTaken as NameTaken
 from ._errors import NoSuchTable as NoSuchTable
 from ._fixtable import safe_fixtable as safe_fixtable
+from ._fun2ms import fun2ms as fun2ms
 from ._match import ANY as ANY
 from ._match import BINDINGS as BINDINGS
 from ._match import OBJECT as OBJECT
@@ -156,6 +157,7 @@ __all__ = [
     "first",
     "foldl",
     "foldr",
+    "fun2ms",
     "give_away",
     "info",
     "insert",

@@ -182,7 +182,7 @@ def _compile(expr: Any, operation: str, used: set[int], depth: int) -> Compiled:
         return lambda bindings, _obj: ordered_bindings(bindings)
     if isinstance(expr, tuple) and expr and isinstance(expr[0], str):
         return _compile_call(expr, operation, used, depth)
-    if isinstance(expr, tuple | list):
+    if cls is tuple or cls is list:  # a namedtuple or list subclass stays a literal
         parts = [_compile(item, operation, used, depth + 1) for item in expr]
         if cls is list:
             return lambda bindings, obj: [part(bindings, obj) for part in parts]

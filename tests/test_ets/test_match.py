@@ -342,3 +342,74 @@ async def test_error_messages_show_a_bounded_repr_of_any_value():
         with pytest.raises(ets.EtsError) as caught:
             ets.select(t, [((ANY,), [], True), deep])
         assert "each match spec clause" in str(caught.value) and len(str(caught.value)) < 400
+
+
+# -- fun2ms ---------------------------------------------------------------------------------------
+
+LIMIT = 18
+
+
+def _adults(name, age, _city):
+    """The names of people of age (a docstring is allowed)."""
+    if age >= LIMIT and is_integer(age):  # noqa: F821  (a guard function, not Python)
+        return name
+
+
+def _where(name, age, city="oslo"):
+    if not age < 40:
+        return ("old", name)
+    return (name, [city, age])
+
+
+def test_fun2ms_writes_the_match_spec_a_function_describes():
+    assert ets.fun2ms(_adults) == [
+        (
+            (Var(1), Var(2), ANY),
+            [("andalso", (">=", Var(2), ("const", 18)), ("is_integer", Var(2)))],
+            Var(1),
+        )
+    ]
+    assert ets.fun2ms(_where) == [
+        ((Var(1), Var(2), "oslo"), [("not", ("<", Var(2), 40))], ("old", Var(1))),
+        ((Var(1), Var(2), "oslo"), [], (Var(1), ["oslo", Var(2)])),
+    ]
+
+
+async def test_fun2ms_specs_select_like_hand_written_ones():
+    async with otp.open_node():
+        t = await _people()
+        assert sorted(ets.select(t, ets.fun2ms(_adults))) == ["ann", "ann", "cid"]
+
+        dan = "dan"
+
+        def pairs(name, age, city):
+            # orelse stops at dan, whose age - 30 would fail the whole guard.
+            if name is dan or (0 < age - 30 < 10 and city in ("oslo", "rome")):
+                return OBJECT
+
+        assert sorted(ets.select(t, ets.fun2ms(pairs))) == [
+            ("ann", 31, "oslo"),
+            ("dan", "unknown", "rome"),
+        ]
+
+
+def test_fun2ms_refuses_what_a_match_spec_cannot_say():
+    def loops(key, value):
+        for item in value:
+            return item
+
+    def computes(key, value):
+        return value + 1
+
+    def calls(key, value):
+        if print(value):
+            return key
+
+    with pytest.raises(ets.EtsError, match=r"the body is 'if GUARD: return RESULT' clauses"):
+        ets.fun2ms(loops)
+    with pytest.raises(ets.EtsError, match="a result is a template"):
+        ets.fun2ms(computes)
+    with pytest.raises(ets.EtsError, match=r"print\(\.\.\.\) is not a guard function"):
+        ets.fun2ms(calls)
+    with pytest.raises(ets.EtsError, match="defined with def"):
+        ets.fun2ms(lambda key: key)
