@@ -101,8 +101,7 @@ async def tab2file(table: TableRef, path: str | os.PathLike[str], *, sync: bool 
             objects.append(value_to_wire(obj))
         except BadArg as exc:
             raise EtsError(
-                f"ets.tab2file({describe(table)}, {brief(name)}): {brief(obj)} cannot be saved:"
-                f" {exc}",
+                f"ets.tab2file({describe(table)}, {name!r}): {brief(obj)} cannot be saved: {exc}",
                 table=table,
                 operation="tab2file",
             ) from None
@@ -110,7 +109,7 @@ async def tab2file(table: TableRef, path: str | os.PathLike[str], *, sync: bool 
         await trio.to_thread.run_sync(_write, Path(name), header, objects, sync)
     except wire.WireError as exc:
         raise EtsError(
-            f"ets.tab2file({describe(table)}, {brief(name)}): the table cannot be encoded: {exc}",
+            f"ets.tab2file({describe(table)}, {name!r}): the table cannot be encoded: {exc}",
             table=table,
             operation="tab2file",
         ) from exc
@@ -208,7 +207,7 @@ def _bad(name: str, reason: str, what: str) -> TableFileError:
         "malformed": "the file is not what tab2file writes",
     }[reason]
     return TableFileError(
-        f"ets.file2tab({brief(name)}): cannot load the table: {what} ({advice})",
+        f"ets.file2tab({name!r}): cannot load the table: {what} ({advice})",
         path=name,
         reason=reason,
     )

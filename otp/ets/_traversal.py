@@ -11,6 +11,7 @@ from ._continuation import hinted_keys
 from ._errors import EtsError, brief
 from ._fixtable import fixed_keys
 from ._match import ANY, NO_MATCH, OBJECT, Clause, Var, compile_spec, run_spec
+from ._order import exact_eq
 from ._table import Tab, describe
 from ._types import BAG, END_OF_TABLE, TableRef
 
@@ -152,16 +153,21 @@ def _keeps_key(clause: Clause, keypos: int) -> bool:
 
 
 def _same_term(pattern: Any, built: Any) -> bool:
-    cls = pattern.__class__
-    if pattern is ANY or built.__class__ is not cls:
-        return False
-    if cls is Var:
-        return bool(pattern.n == built.n)
-    if cls is tuple or cls is list:
-        return len(pattern) == len(built) and all(
-            _same_term(item, other) for item, other in zip(pattern, built, strict=True)
-        )
-    try:
-        return bool(pattern == built)
-    except Exception:
-        return False
+    # Term for term, by exact match (a head's 1 is not a result's 1.0), and iterative: a head
+    # may nest deeper than the stack.
+    stack = [(pattern, built)]
+    while stack:
+        want, got = stack.pop()
+        cls = want.__class__
+        if want is ANY or got.__class__ is not cls:
+            return False
+        if cls is Var:
+            if want.n != got.n:
+                return False
+        elif cls is tuple or cls is list:
+            if len(want) != len(got):
+                return False
+            stack.extend(zip(want, got, strict=True))
+        elif not exact_eq(want, got):
+            return False
+    return True

@@ -419,7 +419,7 @@ class EtsMachine(RuleBasedStateMachine):
         if done:
             assert all(len(chunk) == limit for chunk in chunks[:-1])
             assert all(0 < len(chunk) <= limit for chunk in chunks)
-            expected = [obj for obj in self.model.objects() if obj[1] > threshold]
+            expected = [obj for obj in self.model.objects() if model_above(obj[1], threshold)]
             if reverse and self.model.kind is ets.ORDERED_SET:
                 expected.reverse()
             results = [obj for chunk in chunks for obj in chunk]
