@@ -210,7 +210,7 @@ def exact_eq(a: Any, b: Any) -> bool:
         if cls is str or cls is int or cls is bytes or cls is float:
             return bool(a == b)
         if cls is tuple and _flat_exact(a, b):
-            return True
+            return bool(a == b)
     try:
         if not a == b:
             return False  # exact match implies ==
@@ -254,36 +254,37 @@ def exact_eq(a: Any, b: Any) -> bool:
     return True
 
 
+#: Types whose values are exactly equal when they are == and of the same type.
+_SCALARS = frozenset({str, int, float, bytes, bool, type(None)})
+
+
 def _flat_exact(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    """True if two tuples of plain scalars are exactly equal (False: the general walk
-    decides)."""
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):
-        if x is y:
-            continue
-        cls = x.__class__
-        if cls is not y.__class__ or not (cls is str or cls is int or cls is float):
-            return False
-        if x != y:
-            return False
-    return True
+    """True if two tuples hold plain scalars of the same types, element by element: then they
+    are exactly equal if and only if they are == (False: the general walk decides). The work
+    is done in C."""
+    types = tuple(map(type, a))
+    return types == tuple(map(type, b)) and _SCALARS.issuperset(types)
 
 
 def exact_index(objs: list[Any], obj: Any) -> int:
     """The index of the first element of ``objs`` that exactly matches ``obj``, or -1."""
-    start = 0
-    while True:
-        try:
-            # Exact match implies ==, so list.index (C speed) finds every candidate.
-            index = objs.index(obj, start)
-        except ValueError:
+    flat = obj.__class__ is tuple
+    try:
+        # Exact match implies ==, so C-speed list search finds every candidate.
+        if obj not in objs:
             return -1
-        except RecursionError:
-            break  # too deep for ==: walk them all
-        if exact_eq(objs[index], obj):
-            return index
-        start = index + 1
+        index = objs.index(obj)
+        while True:
+            other = objs[index]
+            if (flat and other.__class__ is tuple and _flat_exact(other, obj)) or exact_eq(
+                other, obj
+            ):
+                return index
+            index = objs.index(obj, index + 1)
+    except ValueError:
+        return -1
+    except RecursionError:
+        pass  # too deep for ==: walk them all
     for index, other in enumerate(objs):
         if exact_eq(other, obj):
             return index

@@ -139,6 +139,18 @@ async def test_bag_objects_are_told_apart_by_exact_match():
         assert ets.lookup(bag, "a") == [("a", 1), ("a", True)]
 
 
+async def test_bags_compare_objects_nested_deeper_than_the_stack():
+    async with otp.open_node():
+        bag = ets.new("b", type=ets.BAG)
+        one, other = 0, 0
+        for _ in range(5000):
+            one, other = [one], [other]
+        ets.insert(bag, [("k", one), ("k", other), ("k", 1)])
+        assert ets.info(bag).size == 2  # other is exactly one
+        ets.delete_object(bag, ("k", other))
+        assert ets.lookup(bag, "k") == [("k", 1)]
+
+
 async def test_delete_object_deletes_only_the_exact_object():
     async with otp.open_node():
         t = ets.new("t", type=ets.ORDERED_SET)
