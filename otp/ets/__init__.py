@@ -31,11 +31,17 @@ whoever gets the owner's ``Down`` or ``Exit`` already sees the table deleted or 
 Keys: objects are tuples; the key is element ``keypos`` (0-based, default 0) and must be
 hashable. Key equality is Python's ``==`` in every table type: ``1``, ``1.0`` and ``True`` are
 one key in a set as in an ordered_set (Erlang's set tables would keep ``1`` and ``1.0`` apart;
-Python's dict cannot). An ``ordered_set`` sorts keys of mixed types in a total order that never
-raises: ``None`` < numbers (by value) < ``str`` < ``Ref`` < ``Pid`` < ``tuple`` (shorter
-first, then element by element) < ``list`` < ``bytes`` < anything else (by type name, then
-``repr``). NaN is not a valid ordered_set key; lists, being unhashable, are never keys, but
-``next``/``prev`` accept them.
+Python's dict cannot). Whole objects compare exactly, as Erlang's ``=:=``: a bag keeps both
+``("a", 1)`` and ``("a", 1.0)``, ``delete_object((1.0, "x"))`` leaves ``(1, "x")``, and a
+pattern's ``1`` does not match ``1.0``.
+
+Term order: ``ordered_set`` keys, ``first``/``next``/``prev``/``last`` and the comparison guards
+of match specs all use Erlang's term order over one mapping of Python values: ``None`` <
+numbers (``int``, ``float``, ``bool``, ``Fraction``, ``Decimal``, by value) < atoms (``str``,
+``wire.Atom``) < ``Ref`` < funs (other callables) < ``Pid`` < ``tuple`` (shorter first, then
+element by element) < ``dict`` (size, keys, values) < ``list`` (``[]`` first) < ``bytes`` <
+anything else (by type name, then ``repr``). NaN is not a valid ordered_set key; lists, being
+unhashable, are never keys, but ``next``/``prev`` accept them.
 
 Traversals: ``select``/``match``/``match_object`` with a ``limit`` return ``(results,
 continuation)``, continued by ``select(continuation)`` until ``END_OF_TABLE``; a
@@ -89,6 +95,7 @@ from ._errors import KeyNotFound as KeyNotFound
 from ._errors import NameTaken as NameTaken
 from ._errors import NoSuchTable as NoSuchTable
 from ._fixtable import safe_fixtable as safe_fixtable
+from ._fun2ms import fun2ms as fun2ms
 from ._match import ANY as ANY
 from ._match import BINDINGS as BINDINGS
 from ._match import OBJECT as OBJECT
@@ -150,6 +157,7 @@ __all__ = [
     "first",
     "foldl",
     "foldr",
+    "fun2ms",
     "give_away",
     "info",
     "insert",

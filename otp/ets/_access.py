@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._process import _CURRENT
-from ._errors import EtsError, NoSuchTable
+from ._errors import EtsError, NoSuchTable, brief
 from ._table import Tab, describe, registry
 
 
@@ -16,14 +16,14 @@ def resolve(table: Any, operation: str) -> Tab:
         tab = registry().names.get(table)
         if tab is None:
             raise NoSuchTable(
-                f"ets.{operation}({table!r}): no table is named {table!r} on this node",
+                f"ets.{operation}({brief(table)}): no table is named {brief(table)} on this node",
                 table=table,
                 operation=operation,
             )
         return tab
     raise EtsError(
         f"ets.{operation}: a table is a Table (from ets.new) or the name of a named table"
-        f" (got {table!r})",
+        f" (got {brief(table)})",
         table=table,
         operation=operation,
     )

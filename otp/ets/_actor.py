@@ -14,7 +14,7 @@ from .._gen_server import GenServer, NoReply, Ok, Reply, Stop, _serve
 from .._messages import From
 from .._process import Process
 from .._reasons import NORMAL
-from ._errors import EtsError
+from ._errors import EtsError, brief
 from ._table import ON_BEHALF_OF, STOP, SWEEP, Tab, add_hook
 
 Operations = Mapping[str, Callable[..., Any]]
@@ -56,13 +56,13 @@ class TableActor(GenServer):
             and isinstance(request[3], dict)
         ):
             return Reply(
-                failed("EtsError", f"the table actor got a bad request {request!r}"), state
+                failed("EtsError", f"the table actor got a bad request {brief(request)}"), state
             )
         _, operation, args, kwargs = request
         fn = operations.get(operation)
         if fn is None:
             return Reply(
-                failed("EtsError", f"ets.rpc: {operation!r} is not an ets operation"), state
+                failed("EtsError", f"ets.rpc: {brief(operation)} is not an ets operation"), state
             )
         token = ON_BEHALF_OF.set(from_.pid)
         try:

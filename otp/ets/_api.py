@@ -25,7 +25,7 @@ from ._access import unique_only as _unique_only
 from ._access import writer as _writer
 from ._actor import request, spawn_actor
 from ._continuation import Continuation, check_limit, hinted_keys, resume, start
-from ._errors import AccessDenied, EtsError, KeyNotFound, NameTaken, NoSuchTable
+from ._errors import AccessDenied, EtsError, KeyNotFound, NameTaken, NoSuchTable, brief
 from ._fixtable import fixed_next
 from ._hints import make_hints
 from ._info import check_item
@@ -38,6 +38,7 @@ from ._match import (
     ordered_bindings,
     run_spec,
 )
+from ._order import exact_eq
 from ._table import Tab, describe, registry
 from ._traversal import select_replace, slot
 from ._types import (
@@ -78,7 +79,7 @@ def _option(kind: type[Any], value: Any, field: str, name: str) -> Any:
     except ValueError:
         choices = ", ".join(member.value for member in kind)
         raise EtsError(
-            f"ets.new({name!r}): {field} must be one of {choices} (got {value!r})",
+            f"ets.new({brief(name)}): {field} must be one of {choices} (got {brief(value)})",
             operation="new",
         ) from None
 
@@ -169,18 +170,20 @@ def new(
         # A task the process started elsewhere outlives it with its context: a table it
         # made would belong to a dead process and never be deleted.
         raise EtsError(
-            f"ets.new({name!r}): the calling process {owner.pid!r} has exited; a table needs a"
-            " live owner (create it from a running process)",
+            f"ets.new({brief(name)}): the calling process {owner.pid!r} has exited; a table"
+            " needs a live owner (create it from a running process)",
             operation="new",
         )
     if not isinstance(name, str) or not name:
-        raise EtsError(f"ets.new: the name must be a non-empty str (got {name!r})", operation="new")
+        raise EtsError(
+            f"ets.new: the name must be a non-empty str (got {brief(name)})", operation="new"
+        )
     kind = _option(TableType, type, "type", name)
     mode = _option(Access, access, "access", name)
     if keypos.__class__ is not int or keypos < 0:
         raise EtsError(
-            f"ets.new({name!r}): keypos must be an int >= 0, the index of the key in each"
-            f" object (got {keypos!r})",
+            f"ets.new({brief(name)}): keypos must be an int >= 0, the index of the key in each"
+            f" object (got {brief(keypos)})",
             operation="new",
         )
     _check_ttl(expire_after, "new", name)
@@ -189,19 +192,20 @@ def new(
     )
     if heir is not None and heir.__class__ is not Pid:
         raise EtsError(
-            f"ets.new({name!r}): heir must be a Pid or None (got {heir!r})", operation="new"
+            f"ets.new({brief(name)}): heir must be a Pid or None (got {brief(heir)})",
+            operation="new",
         )
     if heir is not None and _remote(heir, owner.node):
         raise EtsError(
-            f"ets.new({name!r}): the heir must be a process of this node ({owner.node.name}):"
-            f" a table never leaves its node (got {heir!r})",
+            f"ets.new({brief(name)}): the heir must be a process of this node ({owner.node.name}):"
+            f" a table never leaves its node (got {brief(heir)})",
             operation="new",
         )
     reg = registry()
     if named and name in reg.names:
         raise NameTaken(
-            f"ets.new({name!r}): a table named {name!r} already exists (names are unique on a"
-            " node; delete or rename the other table first)",
+            f"ets.new({brief(name)}): a table named {brief(name)} already exists (names are"
+            " unique on a node; delete or rename the other table first)",
             table=name,
             operation="new",
         )
@@ -229,8 +233,8 @@ def _check_ttl(expire_after: Any, operation: str, table: Any) -> None:
         or expire_after == math.inf
     ):
         raise EtsError(
-            f"ets.{operation}({table!r}): expire_after must be a number of seconds > 0 or None"
-            f" (got {expire_after!r})",
+            f"ets.{operation}({brief(table)}): expire_after must be a number of seconds > 0 or None"
+            f" (got {brief(expire_after)})",
             table=table,
             operation=operation,
         )
@@ -280,14 +284,14 @@ def give_away(table: TableRef, pid: Pid, gift_data: Any) -> None:
     target = tab.node.resolve(pid) if pid.__class__ is Pid else None
     if target is None:
         raise EtsError(
-            f"ets.give_away({describe(table)}, {pid!r}): the new owner must be a live local"
+            f"ets.give_away({describe(table)}, {brief(pid)}): the new owner must be a live local"
             " process",
             table=table,
             operation="give_away",
         )
     if target is tab.owner_proc:
         raise EtsError(
-            f"ets.give_away({describe(table)}, {pid!r}): the process already owns the table",
+            f"ets.give_away({describe(table)}, {brief(pid)}): the process already owns the table",
             table=table,
             operation="give_away",
         )
@@ -321,14 +325,14 @@ def setopts(
         )
     if heir is not _NO_DEFAULT and heir is not None and heir.__class__ is not Pid:
         raise EtsError(
-            f"ets.setopts({describe(table)}): heir must be a Pid or None (got {heir!r})",
+            f"ets.setopts({describe(table)}): heir must be a Pid or None (got {brief(heir)})",
             table=table,
             operation="setopts",
         )
     if heir.__class__ is Pid and _remote(heir, tab.node):
         raise EtsError(
             f"ets.setopts({describe(table)}): the heir must be a process of this node"
-            f" ({tab.node.name}): a table never leaves its node (got {heir!r})",
+            f" ({tab.node.name}): a table never leaves its node (got {brief(heir)})",
             table=table,
             operation="setopts",
         )
@@ -339,7 +343,7 @@ def setopts(
         except ValueError:
             raise EtsError(
                 f"ets.setopts({describe(table)}): access must be one of"
-                f" {', '.join(member.value for member in Access)} (got {access!r})",
+                f" {', '.join(member.value for member in Access)} (got {brief(access)})",
                 table=table,
                 operation="setopts",
             ) from None
@@ -358,7 +362,7 @@ def rename(table: TableRef, name: str) -> str:
     tab = _writer(table, "rename")
     if not isinstance(name, str) or not name:
         raise EtsError(
-            f"ets.rename({describe(table)}): the name must be a non-empty str (got {name!r})",
+            f"ets.rename({describe(table)}): the name must be a non-empty str (got {brief(name)})",
             table=table,
             operation="rename",
         )
@@ -367,7 +371,8 @@ def rename(table: TableRef, name: str) -> str:
         holder = names.get(name)
         if holder is not None and holder is not tab:
             raise NameTaken(
-                f"ets.rename({describe(table)}, {name!r}): a table named {name!r} already exists",
+                f"ets.rename({describe(table)}, {brief(name)}): a table named {brief(name)}"
+                " already exists",
                 table=table,
                 operation="rename",
             )
@@ -393,7 +398,7 @@ def _keys_of(tab: Tab, objects: Any, operation: str, table: Any) -> list[tuple[A
     if not isinstance(objects, list):
         raise EtsError(
             f"ets.{operation}({describe(table)}): takes an object (a tuple) or a list of objects"
-            f" (got {objects!r})",
+            f" (got {brief(objects)})",
             table=table,
             operation=operation,
         )
@@ -462,10 +467,11 @@ def insert_new(table: TableRef, objects: Any, *, expire_after: Any = DEFAULT) ->
 
 
 def delete_object(table: TableRef, obj: tuple[Any, ...]) -> None:
-    """Delete exactly this object (every copy of it in a duplicate_bag)."""
+    """Delete exactly this object (every copy of it in a duplicate_bag), by exact match as
+    OTP's ``=:=``: deleting ``(1.0, "x")`` leaves ``(1, "x")`` in place."""
     tab = _writer(table, "delete_object")
     key = tab.key_of(obj, "delete_object")
-    tab.keep(key, lambda stored, _deadline: stored != obj)
+    tab.keep(key, lambda stored, _deadline: not exact_eq(stored, obj))
 
 
 def take(table: TableRef, key: Any) -> list[tuple[Any, ...]]:
@@ -494,7 +500,7 @@ def _counter_ops(tab: Tab, incr: Any, table: Any) -> list[tuple[int, int, Any, A
             continue
         raise EtsError(
             f"ets.update_counter({describe(table)}): an increment is an int, (pos, incr),"
-            f" (pos, incr, threshold, set_value) or a list of those tuples (got {spec!r})",
+            f" (pos, incr, threshold, set_value) or a list of those tuples (got {brief(spec)})",
             table=table,
             operation="update_counter",
         )
@@ -529,16 +535,23 @@ def update_counter(
         obj: Any = tab.data.get(key)
     except TypeError:
         raise tab.bad_key(key, "update_counter") from None
+    if default is not None and (not isinstance(default, tuple) or len(default) <= tab.kp):
+        # Checked whether or not the key exists, as OTP does.
+        raise EtsError(
+            f"ets.update_counter({describe(table)}, {brief(key)}): the default must be a tuple"
+            f" with an element at keypos {tab.kp} (got {brief(default)})",
+            table=table,
+            operation="update_counter",
+        )
     insert_default = obj is None
     if insert_default:
         if default is None:
             raise KeyNotFound(
-                f"ets.update_counter({describe(table)}, {key!r}): no object has this key"
+                f"ets.update_counter({describe(table)}, {brief(key)}): no object has this key"
                 " (pass default=... to insert one)",
                 table=table,
                 operation="update_counter",
             )
-        tab.key_of(default, "update_counter")
         obj = (*default[: tab.kp], key, *default[tab.kp + 1 :])
     elements = list(obj)
     results = []
@@ -547,8 +560,8 @@ def update_counter(
         value = elements[pos]
         if value.__class__ is not int:
             raise EtsError(
-                f"ets.update_counter({describe(table)}, {key!r}): element {pos} of {obj!r} is"
-                f" not an int",
+                f"ets.update_counter({describe(table)}, {brief(key)}): element {pos} of"
+                f" {brief(obj)} is not an int",
                 table=table,
                 operation="update_counter",
             )
@@ -578,8 +591,8 @@ def _rebuild(obj: tuple[Any, ...], elements: list[Any]) -> tuple[Any, ...]:
 def _check_pos(tab: Tab, pos: Any, obj: tuple[Any, ...], operation: str, table: Any) -> None:
     if pos.__class__ is not int or not 0 <= pos < len(obj):
         raise EtsError(
-            f"ets.{operation}({describe(table)}): position {pos!r} is out of range for"
-            f" {obj!r} (0 to {len(obj) - 1})",
+            f"ets.{operation}({describe(table)}): position {brief(pos)} is out of range for"
+            f" {brief(obj)} (0 to {len(obj) - 1})",
             table=table,
             operation=operation,
         )
@@ -601,17 +614,17 @@ def update_element(table: TableRef, key: Any, element: Any) -> bool:
         obj = tab.data.get(key)
     except TypeError:
         raise tab.bad_key(key, "update_element") from None
+    if obj is None:
+        return False  # OTP looks the key up before it looks at the update
     changes = element if isinstance(element, list) else [element]
     for change in changes:
         if not isinstance(change, tuple) or len(change) != 2:
             raise EtsError(
                 f"ets.update_element({describe(table)}): an update is (pos, value) or a list of"
-                f" them (got {change!r})",
+                f" them (got {brief(change)})",
                 table=table,
                 operation="update_element",
             )
-    if obj is None:
-        return False
     elements = list(obj)
     for pos, value in changes:
         _check_pos(tab, pos, obj, "update_element", table)
@@ -683,15 +696,16 @@ def lookup_element(table: TableRef, key: Any, pos: int, default: Any = _NO_DEFAU
         if default is not _NO_DEFAULT:
             return default
         raise KeyNotFound(
-            f"ets.lookup_element({describe(table)}, {key!r}, {pos!r}): no object has this key",
+            f"ets.lookup_element({describe(table)}, {brief(key)}, {brief(pos)}): no object has"
+            " this key",
             table=table,
             operation="lookup_element",
         )
     for obj in objs:
         if pos.__class__ is not int or not 0 <= pos < len(obj):
             raise EtsError(
-                f"ets.lookup_element({describe(table)}, {key!r}, {pos!r}): {obj!r} has no"
-                f" element {pos!r}",
+                f"ets.lookup_element({describe(table)}, {brief(key)}, {brief(pos)}):"
+                f" {brief(obj)} has no element {brief(pos)}",
                 table=table,
                 operation="lookup_element",
             )
@@ -813,7 +827,7 @@ def _candidates(tab: Tab, heads: list[Any]) -> Iterable[Any]:
 def match(table: Any, pattern: Any = _NO_SPEC, limit: int | None = None) -> Any:
     """For each object matching ``pattern``, the values of its variables ordered by number
     (Erlang's ``ets:match/2``). ``Var(n)`` binds, ``ANY`` matches anything, other values
-    compare with ``==``.
+    match exactly (Erlang's ``=:=``: ``1`` does not match ``1.0``).
 
     With ``limit`` (``ets:match/3``) it returns the first chunk as :func:`select` does, and
     ``match(continuation)`` (``ets:match/1``) the next one.
@@ -854,7 +868,7 @@ def _continue(cont: Any, operation: str) -> Any:
     if cont.__class__ is not Continuation:
         raise EtsError(
             f"ets.{operation}/1 takes a continuation from ets.{operation} with a limit, or"
-            f" END_OF_TABLE (got {cont!r}); to run over a table pass it and a"
+            f" END_OF_TABLE (got {brief(cont)}); to run over a table pass it and a"
             f" {'pattern' if operation.startswith('match') else 'match spec'}",
             operation=operation,
         )
@@ -870,17 +884,34 @@ def select(table: Any, spec: Any = _NO_SPEC, limit: int | None = None) -> Any:
     """Run a match spec over the table (Erlang's ``ets:select/2``); returns the results.
 
     ``spec`` is a list of ``(head, guards, result)`` clauses, ``guards`` a list. For each
-    object the first clause whose ``head`` pattern matches and whose guards all evaluate to
-    ``True`` gives the object's result; every ``Var(n)`` the guards or result use must be
-    bound by the head (else :class:`EtsError`, as OTP's ``badarg``). Guards are expressions:
-    ``Var(n)``, ``OBJECT``, ``BINDINGS``, literals, and tuples ``(op, *args)`` with ``op`` one
-    of ``==  !=  <  <=  >  >=  +  -  *  /  //  %  in  element  len  not  and  or  const  is_int
-    is_float  is_number  is_bool  is_str  is_bytes  is_tuple  is_list  is_none``
-    (``("element", pos, tuple)`` counts ``pos`` from 0). A guard that raises (``<`` between a
-    str and an int, an ``element`` outside the tuple) fails its clause. The result is built
-    from ``Var(n)``, ``OBJECT`` (the object), ``BINDINGS`` (all bindings) and literals, inside
-    tuples and lists. An ordered_set yields results in key order; when every head fixes the
-    key, only those keys are looked at.
+    object the first clause whose ``head`` pattern matches (literals and repeated variables
+    exactly, as Erlang's ``=:=``) and whose guards all evaluate to ``True`` gives the object's
+    result; every ``Var(n)`` the guards or result use must be bound by the head (else
+    :class:`EtsError`, as OTP's ``badarg``). Guards are expressions: ``Var(n)``, ``OBJECT``,
+    ``BINDINGS``, literals, tuples and lists of expressions, ``("const", term)`` for a literal
+    tuple, and calls ``(op, *args)`` with Erlang's semantics (OTP's "Match Specifications in
+    Erlang"):
+
+    - comparisons in the term order (see ``otp.ets``): ``==  /=  =:=  =/=  <  =<  >  >=``
+      (``!=`` and ``<=`` are aliases), ``min  max``;
+    - arithmetic on numbers only: ``+  -`` (also unary) ``*  /  div  rem`` (truncating),
+      ``band  bor  bxor  bnot  bsl  bsr  abs  round`` (half away from zero) ``trunc  floor
+      ceil  float``, and Python's ``//  %`` (floor);
+    - booleans only: ``and  or`` (every argument), ``andalso  orelse`` (left to right, the
+      last argument is the value), ``not  xor``;
+    - terms: ``element`` (0-based), ``hd  tl  length  size  tuple_size  byte_size  map_get
+      map_size  is_map_key``, ``("self",)``, ``("node",)`` and ``("node", pid_or_ref)``, and
+      Python's ``in  len``;
+    - type tests: ``is_integer  is_float  is_number  is_atom  is_boolean  is_binary  is_tuple
+      is_list  is_map  is_pid  is_reference  is_function  is_none`` (and ``is_int  is_bool
+      is_str  is_bytes``).
+
+    A guard that raises (arithmetic on a str, ``not`` of a non-boolean, ``element`` outside
+    the tuple, an integer over 2**20 bits) fails its clause. Guards and results nest at most
+    ``MAX_DEPTH`` (200) levels. The result is a template built from ``Var(n)``, ``OBJECT``
+    (the object), ``BINDINGS`` (all bindings) and literals, inside tuples and lists (not
+    evaluated). An ordered_set yields results in key order; when every head fixes the key,
+    only those keys are looked at.
 
     With ``limit`` (``ets:select/3``, an int >= 1) it returns one chunk: ``(results,
     continuation)`` with ``limit`` results, or ``(results, END_OF_TABLE)`` with the last ones
@@ -985,7 +1016,7 @@ async def rpc(
     """
     if operation not in OPERATIONS:
         raise EtsError(
-            f"ets.rpc: {operation!r} is not an ets operation (one of"
+            f"ets.rpc: {brief(operation)} is not an ets operation (one of"
             f" {', '.join(sorted(OPERATIONS))})",
             table=table,
             operation="rpc",
@@ -1008,7 +1039,7 @@ async def rpc(
         if exc.reason == "timeout":
             raise
         raise NoSuchTable(
-            f"ets.{operation}({describe(table)}): the table's actor is gone ({exc.reason!r}):"
+            f"ets.{operation}({describe(table)}): the table's actor is gone ({brief(exc.reason)}):"
             " the table was deleted",
             table=table,
             operation=operation,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from ._errors import EtsError
+from ._errors import EtsError, brief
 from ._match import NO_MATCH, Clause, key_hints, run_spec
 from ._order import UnorderableKey, order_key
 from ._table import Tab
@@ -116,7 +116,7 @@ def check_limit(limit: Any, operation: str) -> None:
     if limit.__class__ is not int or limit < 1:
         raise EtsError(
             f"ets.{operation}: the limit is the number of results per chunk, an int >= 1"
-            f" (got {limit!r})",
+            f" (got {brief(limit)})",
             operation=operation,
         )
 

@@ -7,6 +7,7 @@ rule that was broken.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 from .._errors import BadArg
@@ -45,3 +46,38 @@ class NameTaken(EtsError):
 class KeyNotFound(EtsError, LookupError):
     """The operation needs the key to be in the table (``update_counter`` without a default,
     ``lookup_element`` without a default, ``next`` of an unordered table)."""
+
+
+class _Brief(reprlib.Repr):
+    """``reprlib`` with room for a useful message, and safe on any value: a huge int has no
+    ``repr`` (Python refuses more than 4,300 digits) and a deep term would exhaust the stack."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxtuple = self.maxlist = 8
+        self.maxdict = self.maxset = self.maxfrozenset = self.maxdeque = 4
+        self.maxstring = self.maxother = 60
+        self.maxlong = 40
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 4096:
+            return f"<int of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_BRIEF = _Brief()
+#: The longest ``brief`` text, whatever the value.
+BRIEF_MAX = 200
+
+
+def brief(value: Any) -> str:
+    """A bounded ``repr`` of a user value for an error message (at most ``BRIEF_MAX``
+    characters, elided with ``...``), that never raises."""
+    try:
+        text = _BRIEF.repr(value)
+    except Exception:
+        text = f"<{type(value).__qualname__} object>"
+    if len(text) > BRIEF_MAX:
+        text = text[: BRIEF_MAX - 3] + "..."
+    return text

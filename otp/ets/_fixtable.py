@@ -22,7 +22,7 @@ import trio
 from .._ids import Pid
 from .._process import Process, current_process
 from ._access import reader
-from ._errors import EtsError
+from ._errors import EtsError, brief
 from ._table import Tab, add_hook, describe
 from ._types import END_OF_TABLE, TableRef
 
@@ -56,7 +56,7 @@ def safe_fixtable(table: TableRef, fix: bool) -> None:
     tab = reader(table, "safe_fixtable")
     if fix.__class__ is not bool:
         raise EtsError(
-            f"ets.safe_fixtable({describe(table)}): fix must be True or False (got {fix!r})",
+            f"ets.safe_fixtable({describe(table)}): fix must be True or False (got {brief(fix)})",
             table=table,
             operation="safe_fixtable",
         )

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ._errors import EtsError
+from ._errors import EtsError, brief
 
 WriteConcurrency = bool | Literal["auto"]
 
@@ -55,19 +55,19 @@ def make_hints(
     for field, value in (("read_concurrency", read_concurrency), ("compressed", compressed)):
         if value.__class__ is not bool:
             raise EtsError(
-                f"ets.new({name!r}): {field} must be True or False (got {value!r})",
+                f"ets.new({brief(name)}): {field} must be True or False (got {brief(value)})",
                 operation="new",
             )
     if write_concurrency.__class__ is not bool and write_concurrency != "auto":
         raise EtsError(
-            f"ets.new({name!r}): write_concurrency must be True, False or 'auto'"
-            f" (got {write_concurrency!r})",
+            f"ets.new({brief(name)}): write_concurrency must be True, False or 'auto'"
+            f" (got {brief(write_concurrency)})",
             operation="new",
         )
     if decentralized_counters is not None and decentralized_counters.__class__ is not bool:
         raise EtsError(
-            f"ets.new({name!r}): decentralized_counters must be True, False or None (OTP's"
-            f" default for the write_concurrency given) (got {decentralized_counters!r})",
+            f"ets.new({brief(name)}): decentralized_counters must be True, False or None (OTP's"
+            f" default for the write_concurrency given) (got {brief(decentralized_counters)})",
             operation="new",
         )
     if (read_concurrency, write_concurrency, compressed, decentralized_counters) == (

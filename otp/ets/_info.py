@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import EtsError
+from ._errors import EtsError, brief
 from ._fixtable import fix_info
 from ._table import Tab
 
@@ -53,4 +53,4 @@ def check_item(item: Any) -> Callable[[Tab], Any]:
         if item in _VM_ONLY
         else f"the items are {', '.join(ITEMS)}"
     )
-    raise EtsError(f"ets.info: {item!r} is not an info item: {why}", operation="info")
+    raise EtsError(f"ets.info: {brief(item)} is not an info item: {why}", operation="info")

@@ -8,18 +8,19 @@ every further use) or nested tuples and lists of those. A *match spec* is a list
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 
-from ._errors import EtsError
+from ._errors import EtsError, brief
+from ._guards import FUNCTIONS, UNARY
+from ._order import exact_eq
 
 
 def _non_negative(_instance: Any, _attribute: Any, value: Any) -> None:
     if value.__class__ is not int or value < 0:
-        raise EtsError(f"Var.n must be an int >= 0 (got {value!r})", operation="Var")
+        raise EtsError(f"Var.n must be an int >= 0 (got {brief(value)})", operation="Var")
 
 
 @attrs.frozen(slots=True, repr=False)
@@ -59,54 +60,18 @@ OBJECT: Any = _Marker("OBJECT")
 #: In a result or guard: every binding, as a list ordered by variable number (``'$$'``).
 BINDINGS: Any = _Marker("BINDINGS")
 
-_CMP: dict[str, Callable[[Any, Any], Any]] = {
-    "==": operator.eq,
-    "!=": operator.ne,
-    "<": operator.lt,
-    "<=": operator.le,
-    ">": operator.gt,
-    ">=": operator.ge,
-    "+": operator.add,
-    "-": operator.sub,
-    "*": operator.mul,
-    "/": operator.truediv,
-    "//": operator.floordiv,
-    "%": operator.mod,
-    "in": lambda item, container: item in container,
-    "element": lambda pos, tup: _element(pos, tup),
-}
+#: Nesting levels a guard expression or a result may have: they are compiled and built
+#: recursively, and a typed error beats a RecursionError (patterns are matched iteratively and
+#: have no such bound).
+MAX_DEPTH = 200
 
-
-def _element(pos: Any, tup: Any) -> Any:
-    # Python indexing would take -1 as the last element and index lists and strs; Erlang's
-    # element/2 fails the guard for anything but a position inside a tuple (0-based here).
-    if not isinstance(tup, tuple) or pos.__class__ is not int or not 0 <= pos < len(tup):
-        raise IndexError(f"element {pos!r} of {tup!r}: no such element of a tuple")
-    return tup[pos]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_TESTS: dict[str, Callable[[Any], Any]] = {
-    "not": lambda value: value is False,
-    "len": len,
-    "is_int": _is_int,
-    "is_float": lambda value: isinstance(value, float),
-    "is_number": lambda value: isinstance(value, int | float) and not isinstance(value, bool),
-    "is_bool": lambda value: isinstance(value, bool),
-    "is_str": lambda value: isinstance(value, str),
-    "is_bytes": lambda value: isinstance(value, bytes),
-    "is_tuple": lambda value: isinstance(value, tuple),
-    "is_list": lambda value: isinstance(value, list),
-    "is_none": lambda value: value is None,
-}
-
-_VARIADIC = ("and", "or")
+_SPECIAL = ("and", "or", "andalso", "orelse", "const")
 
 #: Every guard operation, for error messages.
-GUARD_OPS = (*_CMP, *_TESTS, *_VARIADIC, "const")
+GUARD_OPS = (*FUNCTIONS, *_SPECIAL)
+
+#: A compiled guard expression: (bindings, object) -> value; raises to fail the guard.
+Compiled = Callable[[dict[int, Any], Any], Any]
 
 
 class _Unbound(Exception):
@@ -117,42 +82,60 @@ class _Unbound(Exception):
 
 
 def bind(pattern: Any, value: Any, bindings: dict[int, Any]) -> bool:
-    """Match ``value`` against ``pattern``, adding to ``bindings``; True if it matches."""
-    cls = pattern.__class__
-    if cls is tuple:
-        if not isinstance(value, tuple) or len(value) != len(pattern):
-            return False
-        for sub, item in zip(pattern, value, strict=True):
-            if not bind(sub, item, bindings):
+    """Match ``value`` against ``pattern``, adding to ``bindings``; True if it matches.
+
+    Literals and repeated variables match exactly (Erlang's ``=:=``: ``1`` does not match
+    ``1.0``). Iterative, so a pattern of any depth is matched without exhausting the stack:
+    nested tuples and lists wait on a stack while their siblings are matched (exact match is
+    an equivalence, so the order in which a variable is first bound does not matter)."""
+    pending: list[tuple[Any, Any]] = []
+    pat, val = pattern, value
+    while True:
+        cls = pat.__class__
+        if cls is tuple or cls is list:
+            if cls is tuple:
+                if not isinstance(val, tuple) or len(val) != len(pat):
+                    return False
+            elif val.__class__ is not list or len(val) != len(pat):
                 return False
-        return True
-    if cls is Var:
-        n = pattern.n
-        if n in bindings:
-            return bool(bindings[n] == value)
-        bindings[n] = value
-        return True
-    if pattern is ANY:
-        return True
-    if cls is list:
-        if value.__class__ is not list or len(value) != len(pattern):
+            for sub, item in zip(pat, val, strict=True):
+                kind = sub.__class__
+                if kind is Var:
+                    n = sub.n
+                    if n in bindings:
+                        if not exact_eq(bindings[n], item):
+                            return False
+                    else:
+                        bindings[n] = item
+                elif sub is ANY:
+                    continue
+                elif kind is tuple or kind is list:
+                    pending.append((sub, item))
+                elif not exact_eq(sub, item):
+                    return False
+        elif cls is Var:
+            n = pat.n
+            if n in bindings:
+                if not exact_eq(bindings[n], val):
+                    return False
+            else:
+                bindings[n] = val
+        elif pat is not ANY and not exact_eq(pat, val):
             return False
-        for sub, item in zip(pattern, value, strict=True):
-            if not bind(sub, item, bindings):
-                return False
-        return True
-    try:
-        return bool(pattern == value)
-    except Exception:
-        return False
+        if not pending:
+            return True
+        pat, val = pending.pop()
 
 
 def is_ground(pattern: Any) -> bool:
     """True if ``pattern`` holds no variable nor wildcard (it matches only equal values)."""
-    if pattern.__class__ is Var or pattern is ANY or pattern is OBJECT or pattern is BINDINGS:
-        return False
-    if isinstance(pattern, tuple | list):
-        return all(is_ground(item) for item in pattern)
+    stack = [pattern]
+    while stack:
+        item = stack.pop()
+        if item.__class__ is Var or item is ANY or item is OBJECT or item is BINDINGS:
+            return False
+        if isinstance(item, tuple | list):
+            stack.extend(item)
     return True
 
 
@@ -165,53 +148,157 @@ def ordered_bindings(bindings: dict[int, Any]) -> list[Any]:
 
 @attrs.frozen(slots=True)
 class Clause:
-    """One compiled ``(head, guards, result)`` clause."""
+    """One compiled ``(head, guards, result)`` clause: ``guards`` are compiled expressions."""
 
     head: Any
-    guards: tuple[Any, ...]
+    guards: tuple[Compiled, ...]
     result: Any
 
 
-def _check_guard(expr: Any, operation: str) -> None:
-    if isinstance(expr, list):
-        for item in expr:
-            _check_guard(item, operation)
-        return
-    if not isinstance(expr, tuple) or not expr or not isinstance(expr[0], str):
-        if isinstance(expr, tuple):
-            for item in expr:
-                _check_guard(item, operation)
-        return
+def _bad(operation: str, message: str) -> EtsError:
+    return EtsError(f"ets.{operation}: {message}", operation=operation)
+
+
+def _constant(value: Any) -> Compiled:
+    return lambda _bindings, _obj: value
+
+
+def _compile(expr: Any, operation: str, used: set[int], depth: int) -> Compiled:
+    """Compile one guard expression, adding the variables it reads to ``used``."""
+    if depth > MAX_DEPTH:
+        raise _bad(
+            operation,
+            f"a guard expression is nested deeper than {MAX_DEPTH} levels; flatten it (a"
+            " literal of any depth goes in ('const', value))",
+        )
+    cls = expr.__class__
+    if cls is Var:
+        n = expr.n
+        used.add(n)
+        return lambda bindings, _obj: bindings[n]
+    if expr is OBJECT:
+        return lambda _bindings, obj: obj
+    if expr is BINDINGS:
+        return lambda bindings, _obj: ordered_bindings(bindings)
+    if isinstance(expr, tuple) and expr and isinstance(expr[0], str):
+        return _compile_call(expr, operation, used, depth)
+    if cls is tuple or cls is list:  # a namedtuple or list subclass stays a literal
+        parts = [_compile(item, operation, used, depth + 1) for item in expr]
+        if cls is list:
+            return lambda bindings, obj: [part(bindings, obj) for part in parts]
+        return lambda bindings, obj: tuple([part(bindings, obj) for part in parts])
+    return _constant(expr)
+
+
+def _compile_call(expr: tuple[Any, ...], operation: str, used: set[int], depth: int) -> Compiled:
     op, args = expr[0], expr[1:]
     if op == "const":
-        expected = 1
-    elif op in _CMP:
-        expected = 2
-    elif op in _TESTS:
-        expected = 1
-    elif op in _VARIADIC:
-        expected = -1
-    else:
-        raise EtsError(
-            f"ets.{operation}: unknown guard operation {op!r} in {expr!r}; a guard tuple starting"
-            f" with a str is an operation, one of {', '.join(GUARD_OPS)} (write a literal tuple"
-            f" as ('const', {expr!r}))",
-            operation=operation,
+        if len(args) != 1:
+            raise _arity(operation, op, "1", expr)
+        return _constant(args[0])
+    parts = [_compile(arg, operation, used, depth + 1) for arg in args]
+    if op in ("and", "or", "andalso", "orelse"):
+        if not parts:
+            raise _bad(
+                operation, f"guard operation {op!r} needs at least one argument (got {brief(expr)})"
+            )
+        return _BOOLEAN_FORMS[op](parts)
+    entry = FUNCTIONS.get(op)
+    if entry is None:
+        raise _bad(
+            operation,
+            f"unknown guard operation {brief(op)} in {brief(expr)}; a guard tuple starting with"
+            f" a str is an operation, one of {', '.join(GUARD_OPS)} (write a literal tuple as"
+            " ('const', (...)))",
         )
-    if expected >= 0 and len(args) != expected:
-        raise EtsError(
-            f"ets.{operation}: guard operation {op!r} takes {expected} argument(s)"
-            f" (got {len(args)} in {expr!r})",
-            operation=operation,
-        )
-    if expected < 0 and not args:
-        raise EtsError(
-            f"ets.{operation}: guard operation {op!r} needs at least one argument (got {expr!r})",
-            operation=operation,
-        )
-    if op != "const":
-        for item in args:
-            _check_guard(item, operation)
+    fewest, most, fn = entry
+    if not fewest <= len(parts) <= most:
+        expected = str(fewest) if fewest == most else f"{fewest} to {most}"
+        raise _arity(operation, op, expected, expr)
+    if len(parts) == 1 and op in UNARY:
+        fn = UNARY[op]
+    if not parts:
+        return lambda _bindings, _obj: fn()
+    if len(parts) == 1:
+        (first,) = parts
+        return lambda bindings, obj: fn(first(bindings, obj))
+    first, second = parts
+    return lambda bindings, obj: fn(first(bindings, obj), second(bindings, obj))
+
+
+def _arity(operation: str, op: str, expected: str, expr: Any) -> EtsError:
+    return _bad(
+        operation,
+        f"guard operation {op!r} takes {expected} argument(s) (got {len(expr) - 1} in"
+        f" {brief(expr)})",
+    )
+
+
+class _NotBoolean(Exception):
+    pass
+
+
+def _boolean(value: Any) -> bool:
+    if value is not True and value is not False:
+        raise _NotBoolean()
+    return value
+
+
+def _and(parts: list[Compiled]) -> Compiled:
+    # Every argument is evaluated and must be a boolean (OTP's matchAnd).
+    def run(bindings: dict[int, Any], obj: Any) -> bool:
+        result = True
+        for part in parts:
+            if not _boolean(part(bindings, obj)):
+                result = False
+        return result
+
+    return run
+
+
+def _or(parts: list[Compiled]) -> Compiled:
+    def run(bindings: dict[int, Any], obj: Any) -> bool:
+        result = False
+        for part in parts:
+            if _boolean(part(bindings, obj)):
+                result = True
+        return result
+
+    return run
+
+
+def _andalso(parts: list[Compiled]) -> Compiled:
+    # Left to right, stopping at the first false; the last argument's value is the result,
+    # whatever it is (as Erlang's andalso).
+    *init, last = parts
+
+    def run(bindings: dict[int, Any], obj: Any) -> Any:
+        for part in init:
+            if not _boolean(part(bindings, obj)):
+                return False
+        return last(bindings, obj)
+
+    return run
+
+
+def _orelse(parts: list[Compiled]) -> Compiled:
+    *init, last = parts
+
+    def run(bindings: dict[int, Any], obj: Any) -> Any:
+        for part in init:
+            if _boolean(part(bindings, obj)):
+                return True
+        return last(bindings, obj)
+
+    return run
+
+
+_BOOLEAN_FORMS: dict[str, Callable[[list[Compiled]], Compiled]] = {
+    "and": _and,
+    "or": _or,
+    "andalso": _andalso,
+    "orelse": _orelse,
+}
 
 
 def compile_spec(spec: Any, operation: str) -> list[Clause]:
@@ -219,98 +306,70 @@ def compile_spec(spec: Any, operation: str) -> list[Clause]:
 
     Raises:
         EtsError: the spec is not a list of ``(head, guards, result)`` tuples, a guard list is
-            not a list, a guard uses an unknown operation or the wrong number of arguments, or
-            the guards or result use a variable the head does not bind (OTP's "variable is
-            unbound").
+            not a list, a guard uses an unknown operation or the wrong number of arguments, a
+            guard or result is nested deeper than ``MAX_DEPTH``, or the guards or result use a
+            variable the head does not bind (OTP's "variable is unbound").
     """
     if not isinstance(spec, list):
-        raise EtsError(
-            f"ets.{operation}: a match spec is a list of (head, guards, result) tuples"
-            f" (got {spec!r})",
-            operation=operation,
+        raise _bad(
+            operation,
+            f"a match spec is a list of (head, guards, result) tuples (got {brief(spec)})",
         )
     clauses = []
     for clause in spec:
         if not isinstance(clause, tuple) or len(clause) != 3:
-            raise EtsError(
-                f"ets.{operation}: each match spec clause is a (head, guards, result) tuple"
-                f" (got {clause!r})",
-                operation=operation,
+            raise _bad(
+                operation,
+                f"each match spec clause is a (head, guards, result) tuple (got {brief(clause)})",
             )
         head, guards, result = clause
         if not isinstance(guards, list):
             # Not a tuple either: one guard written without its [ ] is a tuple too, and would
             # be taken for a list of guards that each fail.
-            raise EtsError(
-                f"ets.{operation}: the guards of a clause are a list of guard expressions"
-                f" (got {guards!r}; write one guard as [guard], none as [])",
-                operation=operation,
+            raise _bad(
+                operation,
+                f"the guards of a clause are a list of guard expressions (got {brief(guards)};"
+                " write one guard as [guard], none as [])",
             )
-        for guard in guards:
-            _check_guard(guard, operation)
-        _check_bound(clause, operation)
-        clauses.append(Clause(head, tuple(guards), result))
+        used: set[int] = set()
+        compiled = tuple(_compile(guard, operation, used, 1) for guard in guards)
+        if _deeper_than(result, MAX_DEPTH):
+            raise _bad(operation, f"a match spec result is nested deeper than {MAX_DEPTH} levels")
+        _variables(result, used)
+        bound: set[int] = set()
+        _variables(head, bound)
+        unbound = sorted(used - bound)
+        if unbound:
+            names = ", ".join(repr(Var(n)) for n in unbound)
+            raise _bad(
+                operation,
+                f"{names} unbound in clause {brief(clause)}: a variable the guards or the result"
+                " use must appear in the head",
+            )
+        clauses.append(Clause(head, compiled, result))
     return clauses
 
 
-def _check_bound(clause: tuple[Any, Any, Any], operation: str) -> None:
-    head, guards, result = clause
-    bound: set[int] = set()
-    _variables(head, bound, guard=False)
-    used: set[int] = set()
-    _variables(guards, used, guard=True)
-    _variables(result, used, guard=False)
-    unbound = sorted(used - bound)
-    if unbound:
-        names = ", ".join(repr(Var(n)) for n in unbound)
-        raise EtsError(
-            f"ets.{operation}: {names} unbound in clause {clause!r}: a variable the guards or"
-            " the result use must appear in the head",
-            operation=operation,
-        )
+def _deeper_than(term: Any, limit: int) -> bool:
+    stack = [(term, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, tuple | list):
+            if depth > limit:
+                return True
+            stack.extend((sub, depth + 1) for sub in item)
+    return False
 
 
-def _variables(expr: Any, found: set[int], *, guard: bool) -> None:
-    """Add the numbers of the variables in ``expr`` to ``found`` (in a guard, a ``const``'s
-    argument is a literal)."""
-    cls = expr.__class__
-    if cls is Var:
-        found.add(expr.n)
-    elif cls is tuple or cls is list:
-        if guard and cls is tuple and expr and isinstance(expr[0], str) and expr[0] == "const":
-            return
-        for item in expr:
-            _variables(item, found, guard=guard)
-
-
-def _eval(expr: Any, bindings: dict[int, Any], obj: Any) -> Any:
-    cls = expr.__class__
-    if cls is Var:
-        try:
-            return bindings[expr.n]
-        except KeyError:
-            raise _Unbound() from None
-    if expr is OBJECT:
-        return obj
-    if expr is BINDINGS:
-        return ordered_bindings(bindings)
-    if cls is tuple:
-        if expr and isinstance(expr[0], str):
-            op = expr[0]
-            if op == "const":
-                return expr[1]
-            if op == "and":
-                return all(_eval(arg, bindings, obj) is True for arg in expr[1:])
-            if op == "or":
-                return any(_eval(arg, bindings, obj) is True for arg in expr[1:])
-            fn2 = _CMP.get(op)
-            if fn2 is not None:
-                return fn2(_eval(expr[1], bindings, obj), _eval(expr[2], bindings, obj))
-            return _TESTS[op](_eval(expr[1], bindings, obj))
-        return tuple([_eval(item, bindings, obj) for item in expr])
-    if cls is list:
-        return [_eval(item, bindings, obj) for item in expr]
-    return expr
+def _variables(term: Any, found: set[int]) -> None:
+    """Add the numbers of the variables in ``term`` (a pattern or a result) to ``found``."""
+    stack = [term]
+    while stack:
+        item = stack.pop()
+        if item.__class__ is Var:
+            found.add(item.n)
+        elif item.__class__ is tuple or item.__class__ is list:
+            stack.extend(item)
 
 
 def build(result: Any, bindings: dict[int, Any], obj: Any) -> Any:
@@ -338,14 +397,18 @@ _NO_MATCH: Any = object()
 
 def run_spec(clauses: list[Clause], obj: Any) -> Any:
     """The result of the first clause whose head matches ``obj`` and whose guards are all
-    ``True``, or ``NO_MATCH``. A guard that raises (say, ``<`` between a str and an int) fails
-    its clause, as a failing guard does in Erlang (``compile_spec`` refuses unbound variables)."""
+    ``True``, or ``NO_MATCH``. A guard that raises (arithmetic on a str, ``element`` outside
+    the tuple, ``not`` of a non-boolean) fails its clause, as a failing guard does in Erlang
+    (``compile_spec`` refuses unbound variables)."""
     for clause in clauses:
         bindings: dict[int, Any] = {}
         if not bind(clause.head, obj, bindings):
             continue
         try:
-            if all(_eval(guard, bindings, obj) is True for guard in clause.guards):
+            for guard in clause.guards:
+                if guard(bindings, obj) is not True:
+                    break
+            else:
                 return build(clause.result, bindings, obj)
         except Exception:
             continue

@@ -34,7 +34,7 @@ from .._errors import BadArg
 from .._process import current_process
 from ._access import reader
 from ._api import delete, insert, new
-from ._errors import EtsError
+from ._errors import EtsError, brief
 from ._table import describe
 from ._types import TableRef
 
@@ -101,7 +101,7 @@ async def tab2file(table: TableRef, path: str | os.PathLike[str], *, sync: bool 
             objects.append(value_to_wire(obj))
         except BadArg as exc:
             raise EtsError(
-                f"ets.tab2file({describe(table)}, {name!r}): {obj!r} cannot be saved: {exc}",
+                f"ets.tab2file({describe(table)}, {name!r}): {brief(obj)} cannot be saved: {exc}",
                 table=table,
                 operation="tab2file",
             ) from None
@@ -194,7 +194,7 @@ async def file2tab(path: str | os.PathLike[str]) -> Any:
 def _field(header: dict[str, Any], key: str, kind: Any, name: str) -> Any:
     value = header.get(key)
     if key not in header or not isinstance(value, kind):
-        raise _bad(name, "malformed", f"its header has no valid {key!r} (got {value!r})")
+        raise _bad(name, "malformed", f"its header has no valid {brief(key)} (got {brief(value)})")
     return value
 
 
@@ -255,7 +255,7 @@ def _records(
         elif kind == _OBJECTS and header is not None and isinstance(value, list):
             objects.extend(value)
         else:
-            raise _bad(name, "malformed", f"unexpected record {kind!r} at offset {at}")
+            raise _bad(name, "malformed", f"unexpected record {brief(kind)} at offset {at}")
         at += length
     if header is None:
         raise _bad(name, "malformed", "it has no header record")

@@ -23,8 +23,8 @@ import trio
 from .._ids import Pid, Ref
 from .._node import Node
 from .._process import Process, current_process_or_none
-from ._errors import AccessDenied, EtsError, KeyNotFound, NoSuchTable
-from ._order import UnorderableKey, order_key
+from ._errors import AccessDenied, EtsError, KeyNotFound, NoSuchTable, brief
+from ._order import UnorderableKey, exact_index, order_key
 from ._types import (
     DUPLICATE_BAG,
     END_OF_TABLE,
@@ -64,7 +64,7 @@ def caller_pid() -> Pid | None:
 
 
 def describe(table: Any) -> str:
-    return f"table {table!r}"
+    return f"table {brief(table)}"
 
 
 class Registry:
@@ -286,13 +286,13 @@ class Tab:
         """The key of ``obj``, checking that it is an object of this table."""
         if not isinstance(obj, tuple):
             raise EtsError(
-                f"ets.{operation}({describe(self.ref)}): objects are tuples (got {obj!r})",
+                f"ets.{operation}({describe(self.ref)}): objects are tuples (got {brief(obj)})",
                 table=self.ref,
                 operation=operation,
             )
         if len(obj) <= self.kp:
             raise EtsError(
-                f"ets.{operation}({describe(self.ref)}): the object {obj!r} has no element at"
+                f"ets.{operation}({describe(self.ref)}): the object {brief(obj)} has no element at"
                 f" keypos {self.kp} (it needs at least {self.kp + 1} elements)",
                 table=self.ref,
                 operation=operation,
@@ -303,7 +303,7 @@ class Tab:
         except TypeError:
             raise EtsError(
                 f"ets.{operation}({describe(self.ref)}): keys must be hashable"
-                f" (got {key!r} of type {type(key).__name__})",
+                f" (got {brief(key)} of type {type(key).__name__})",
                 table=self.ref,
                 operation=operation,
             ) from None
@@ -312,7 +312,7 @@ class Tab:
     def bad_key(self, key: Any, operation: str) -> EtsError:
         return EtsError(
             f"ets.{operation}({describe(self.ref)}): keys must be hashable"
-            f" (got {key!r} of type {type(key).__name__})",
+            f" (got {brief(key)} of type {type(key).__name__})",
             table=self.ref,
             operation=operation,
         )
@@ -341,8 +341,9 @@ class Tab:
             deadlines = self.dl.get(key)
             if deadline is not None and deadlines is None:
                 deadlines = self.dl[key] = [math.inf] * len(objs)
-            if not self.dup and obj in objs:
-                index = objs.index(obj)
+            # A bag stores an object once by exact match (OTP's =:=): (k, 1) and (k, 1.0) both stay.
+            index = -1 if self.dup else exact_index(objs, obj)
+            if index >= 0:
                 if deadlines is not None:
                     deadlines[index] = when
             else:
@@ -484,9 +485,9 @@ class Tab:
 
     def _sort_collision(self, key: Any, other: Any, operation: str) -> EtsError:
         return EtsError(
-            f"ets.{operation}({describe(self.ref)}): the key {key!r} sorts equal to the key"
-            f" {other!r} but is not == to it; keys of type {type(key).__qualname__} need a repr"
-            " that agrees with ==",
+            f"ets.{operation}({describe(self.ref)}): the key {brief(key)} sorts equal to the key"
+            f" {brief(other)} but is not == to it; keys of type {type(key).__qualname__} need a"
+            " repr that agrees with ==",
             table=self.ref,
             operation=operation,
         )
@@ -496,7 +497,8 @@ class Tab:
             return order_key(key)
         except UnorderableKey as exc:
             raise EtsError(
-                f"ets.{operation}({describe(self.ref)}): {exc} (got {key!r})",
+                f"ets.{operation}({describe(self.ref)}): NaN is not a valid ordered_set key: {exc}"
+                f" (got {brief(key)})",
                 table=self.ref,
                 operation=operation,
             ) from None
@@ -538,7 +540,7 @@ class Tab:
             raise self.bad_key(key, operation) from None
         if at is None or key not in data:
             raise KeyNotFound(
-                f"ets.{operation}({describe(self.ref)}, {key!r}): the key is not in the table;"
+                f"ets.{operation}({describe(self.ref)}, {brief(key)}): the key is not in the table;"
                 f" a {self.kind} table is traversed from first() with keys it returned",
                 table=self.ref,
                 operation=operation,

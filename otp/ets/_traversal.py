@@ -8,9 +8,10 @@ from typing import Any
 
 from ._access import reader, writer
 from ._continuation import hinted_keys
-from ._errors import EtsError
+from ._errors import EtsError, brief
 from ._fixtable import fixed_keys
 from ._match import ANY, NO_MATCH, OBJECT, Clause, Var, compile_spec, run_spec
+from ._order import exact_eq
 from ._table import Tab, describe
 from ._types import BAG, END_OF_TABLE, TableRef
 
@@ -67,7 +68,7 @@ def slot(table: TableRef, i: int) -> Any:
     count = tab.size() if keys is None else len(keys)
     if i.__class__ is not int or not 0 <= i <= count:
         raise EtsError(
-            f"ets.slot({describe(table)}, {i!r}): the slot must be an int from 0 to {count}"
+            f"ets.slot({describe(table)}, {brief(i)}): the slot must be an int from 0 to {count}"
             f" (the last being END_OF_TABLE)",
             table=table,
             operation="slot",
@@ -103,8 +104,8 @@ def select_replace(table: TableRef, spec: list[tuple[Any, list[Any], Any]]) -> i
     for number, clause in enumerate(clauses):
         if not _keeps_key(clause, tab.kp):
             raise EtsError(
-                f"ets.select_replace({describe(table)}): clause {number} ({clause.head!r} ->"
-                f" {clause.result!r}) does not keep the key: its result must be OBJECT or a"
+                f"ets.select_replace({describe(table)}): clause {number} ({brief(clause.head)} ->"
+                f" {brief(clause.result)}) does not keep the key: its result must be OBJECT or a"
                 f" tuple whose element {tab.kp} is the head's (the same Var or literal);"
                 " nothing was replaced",
                 table=table,
@@ -152,16 +153,21 @@ def _keeps_key(clause: Clause, keypos: int) -> bool:
 
 
 def _same_term(pattern: Any, built: Any) -> bool:
-    cls = pattern.__class__
-    if pattern is ANY or built.__class__ is not cls:
-        return False
-    if cls is Var:
-        return bool(pattern.n == built.n)
-    if cls is tuple or cls is list:
-        return len(pattern) == len(built) and all(
-            _same_term(item, other) for item, other in zip(pattern, built, strict=True)
-        )
-    try:
-        return bool(pattern == built)
-    except Exception:
-        return False
+    # Term for term, by exact match (a head's 1 is not a result's 1.0), and iterative: a head
+    # may nest deeper than the stack.
+    stack = [(pattern, built)]
+    while stack:
+        want, got = stack.pop()
+        cls = want.__class__
+        if want is ANY or got.__class__ is not cls:
+            return False
+        if cls is Var:
+            if want.n != got.n:
+                return False
+        elif cls is tuple or cls is list:
+            if len(want) != len(got):
+                return False
+            stack.extend(zip(want, got, strict=True))
+        elif not exact_eq(want, got):
+            return False
+    return True

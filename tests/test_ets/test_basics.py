@@ -130,6 +130,37 @@ async def test_delete_object_removes_only_that_object():
         assert not ets.member(s, "k")
 
 
+async def test_bag_objects_are_told_apart_by_exact_match():
+    async with otp.open_node():
+        bag = ets.new("b", type=ets.BAG)
+        ets.insert(bag, [("a", 1), ("a", 1.0), ("a", True), ("a", 1)])
+        assert ets.lookup(bag, "a") == [("a", 1), ("a", 1.0), ("a", True)]
+        ets.delete_object(bag, ("a", 1.0))
+        assert ets.lookup(bag, "a") == [("a", 1), ("a", True)]
+
+
+async def test_bags_compare_objects_nested_deeper_than_the_stack():
+    async with otp.open_node():
+        bag = ets.new("b", type=ets.BAG)
+        one, other = 0, 0
+        for _ in range(5000):
+            one, other = [one], [other]
+        ets.insert(bag, [("k", one), ("k", other), ("k", 1)])
+        assert ets.info(bag).size == 2  # other is exactly one
+        ets.delete_object(bag, ("k", other))
+        assert ets.lookup(bag, "k") == [("k", 1)]
+
+
+async def test_delete_object_deletes_only_the_exact_object():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, (1, "x"))
+        ets.delete_object(t, (1.0, "x"))
+        assert ets.lookup(t, 1) == [(1, "x")]
+        ets.delete_object(t, (1, "x"))
+        assert ets.tab2list(t) == []
+
+
 async def test_delete_key_take_and_delete_all_objects():
     async with otp.open_node():
         t = ets.new("t", type=ets.BAG)
@@ -204,6 +235,27 @@ async def test_update_counter_rejects_bad_positions_and_non_ints_atomically():
         bag = ets.new("b", type=ets.BAG)
         with pytest.raises(ets.EtsError, match="only for set and ordered_set"):
             ets.update_counter(bag, "c", 1)
+
+
+async def test_update_counter_checks_the_default_even_when_the_key_exists():
+    async with otp.open_node():
+        t = ets.new("t")
+        ets.insert(t, ("c", 1))
+        with pytest.raises(ets.EtsError, match=r"default must be a tuple .* \(got \['c', 0\]\)"):
+            ets.update_counter(t, "c", 1, default=["c", 0])
+        with pytest.raises(ets.EtsError, match="element at keypos 0"):
+            ets.update_counter(t, "c", 1, default=())
+        assert ets.lookup(t, "c") == [("c", 1)]
+
+
+async def test_update_element_on_a_missing_key_is_false_whatever_the_update():
+    async with otp.open_node():
+        t = ets.new("t")
+        assert ets.update_element(t, "missing", "not an update") is False
+        assert ets.update_element(t, "missing", [(1, 0), (1,)]) is False
+        ets.insert(t, ("k", 1))
+        with pytest.raises(ets.EtsError, match="an update is"):
+            ets.update_element(t, "k", "not an update")
 
 
 async def test_update_element_replaces_elements():

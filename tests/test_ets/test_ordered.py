@@ -6,9 +6,14 @@ from decimal import Decimal
 from fractions import Fraction
 
 import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import otp
+import wire
 from otp import ets
+from otp.ets import ANY, Var
 
 
 def _keys(table):
@@ -85,3 +90,66 @@ async def test_deleting_keeps_the_order_consistent():
         ets.take(t, 3)
         assert _keys(t) == [1, 2, 4, 6, 7, 8]
         assert ets.first(t) == 1 and ets.last(t) == 8
+
+
+def _fun():
+    return None
+
+
+async def test_funs_sort_between_refs_and_pids_and_atoms_with_strs():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ref, pid = otp.make_ref(), otp.self()
+        keys = [pid, _fun, ref, wire.Atom("b"), "c", "a", 1]
+        ets.insert(t, [(k, None) for k in keys])
+        assert _keys(t) == [1, "a", wire.Atom("b"), "c", ref, _fun, pid]
+        assert ets.next(t, "a") == wire.Atom("b")
+        assert ets.prev(t, pid) is _fun
+        assert ets.prev(t, {"a map": 1}) == pid  # a map sorts after pids (and tuples)
+        assert ets.next(t, (9, 9)) is ets.END_OF_TABLE
+
+
+async def test_a_deeply_nested_key_is_ordered_without_exhausting_the_stack():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        deep: object = 0
+        for _ in range(5000):
+            deep = (deep,)
+        ets.insert(t, [(deep, "deep"), ((1, 2), "pair"), ((0,), "one")])
+        assert _keys(t) == [(0,), deep, (1, 2)]
+        assert ets.next(t, (0,)) == deep
+
+
+# Terms of every rank the order maps, nested a little.
+_scalars = st.one_of(
+    st.integers(-3, 3),
+    st.sampled_from([0.5, 1.0, -2.0, True, False, None, "a", "b", "", b"", b"a", wire.Atom("a")]),
+)
+_terms = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(st.tuples(inner), st.tuples(inner, inner), st.lists(inner, max_size=3)),
+    max_leaves=6,
+)
+_keys_st = st.recursive(
+    _scalars, lambda inner: st.one_of(st.tuples(inner), st.tuples(inner, inner)), max_leaves=5
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(keys=st.lists(_keys_st, min_size=1, max_size=8), probe=_terms)
+def test_guards_agree_with_the_ordered_set_order(keys, probe):
+    async def main():
+        async with otp.open_node():
+            t = ets.new("t", type=ets.ORDERED_SET)
+            ets.insert(t, [(k, i) for i, k in enumerate(keys)])
+            walked = _keys(t)
+            below = ets.select(t, [((Var(1), ANY), [("<", Var(1), ("const", probe))], Var(1))])
+            equal = ets.select(t, [((Var(1), ANY), [("==", Var(1), ("const", probe))], Var(1))])
+            above = ets.select(t, [((Var(1), ANY), [(">", Var(1), ("const", probe))], Var(1))])
+            assert below + equal + above == walked  # the guards split the table in its order
+            nxt = ets.next(t, probe)
+            assert nxt == (above[0] if above else ets.END_OF_TABLE)
+            prv = ets.prev(t, probe)
+            assert prv == (below[-1] if below else ets.END_OF_TABLE)
+
+    trio.run(main)
