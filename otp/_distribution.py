@@ -915,7 +915,7 @@ class Distribution:
             self._reg_send(conn, p["to"], p["msg"])
         elif t is M.LINK:
             sender, target = (
-                pid_from_wire(p["from"], node),
+                _peer_pid(conn, p["from"], node),
                 node.resolve(pid_from_wire(p["to"], node)),
             )
             if target is None:
@@ -945,7 +945,7 @@ class Distribution:
                 )
         elif t is M.MONITOR:
             self._on_monitor(
-                pid_from_wire(p["from"], node), p["to"], value_from_wire(p["ref"], node)
+                _peer_pid(conn, p["from"], node), p["to"], value_from_wire(p["ref"], node)
             )
         elif t is M.DEMONITOR:
             to = p["to"]
@@ -1060,6 +1060,25 @@ def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
         return wire.Pid(node.name, 0, node.creation)
     made: wire.Pid = wire_id(pid)
     return made
+
+
+def _peer_pid(conn: Connection, value: Any, node: Node) -> Pid:
+    """The ``from`` of a LINK or MONITOR, which must be a process of the peer itself.
+
+    What a peer plants here is dropped when its connection closes (see connection_lost), which
+    finds it by the watcher's node; a link or monitor for a third node's process would outlive
+    the connection that planted it, so it is refused, as ERTS kills a connection whose
+    LINK/MONITOR_P names another node's pid (``invalid_message``).
+
+    Raises:
+        wire.MalformedMessage: ``value`` is not a pid of the peer's node.
+    """
+    if value.__class__ is not wire.Pid or value.node != conn.peer:
+        raise wire.MalformedMessage(
+            f"a LINK or MONITOR from {conn.peer!r} names {value!r} as its sender, which is no"
+            " process of that node"
+        )
+    return pid_from_wire(value, node)
 
 
 def _registered_name(name: Any) -> str:

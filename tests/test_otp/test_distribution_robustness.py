@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import otp
 import wire
 
-from .peer import COOKIE, PeerNode
+from .peer import COOKIE, PeerNode, raw_peer
 
 
 def _exchange(path: str, data: bytes, timeout: float = 5.0) -> bytes:
@@ -247,3 +248,89 @@ async def test_a_connected_peer_that_falls_silent_is_dropped_after_the_liveness_
         await stream.aclose()
         await _node_is_healthy(address, expected_processes=3)
     assert any("sent nothing for 0.4 s" in record.getMessage() for record in caplog.records)
+
+
+def _frame(mtype: wire.MessageType, payload: Any) -> bytes:
+    return wire.encode_message(mtype, payload, codec=wire.Codec.TLV)
+
+
+async def test_monitors_and_links_whose_ids_collide_cost_linear_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A peer picks the ids in the refs and pids it sends: 2,000 MONITORs whose refs share one id
+    # (and LINKs from pids sharing one) must not turn the target's tables into one hash bucket.
+    from otp._ids import Pid, Ref
+
+    compared = 0
+    for cls in (Pid, Ref):
+        plain_eq = cls.__eq__
+
+        def counting(self: Any, other: object, _eq: Any = plain_eq) -> bool:
+            nonlocal compared
+            compared += 1
+            return bool(_eq(self, other))
+
+        monkeypatch.setattr(cls, "__eq__", counting)
+    n = 2000
+    async with otp.open_node("b@localhost"):
+        otp.register("inbox", otp.self())
+        await otp.start_distribution(
+            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/b.sock",))
+        )
+        async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
+            stream,
+            _,
+        ):
+            me = wire.Pid("b@localhost", otp.self().id, otp.self().creation)
+            data = b"".join(
+                _frame(
+                    wire.MessageType.MONITOR,
+                    {"from": wire.Pid("x@localhost", 1, 1), "to": me, "ref": wire.Ref("x", 7, i)},
+                )
+                + _frame(wire.MessageType.LINK, {"from": wire.Pid("x@localhost", 7, i), "to": me})
+                for i in range(n)
+            )
+            await stream.send_all(data + _frame(wire.MessageType.REG_SEND, _marker()))
+            assert await otp.receive(timeout=30) == "done"
+            info = otp.process_info(otp.self())
+            assert info is not None
+            assert len(info.monitored_by) == n and len(info.links) == n
+    # About a comparison per entry at most (the old id-only hash made ~n*n/2 = 2,000,000).
+    assert compared < 4 * n, compared
+
+
+def _marker() -> dict[str, Any]:
+    return {"from": wire.Pid("x@localhost", 1, 1), "to": "inbox", "msg": "done"}
+
+
+async def test_a_monitor_or_link_for_a_third_nodes_process_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    # What x plants for a process of c would outlive x's connection (only x's own processes'
+    # are dropped with it): the frame is refused with the connection, as ERTS does.
+    async with otp.open_node("b@localhost"):
+        otp.register("inbox", otp.self())
+        await otp.start_distribution(
+            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/b.sock",))
+        )
+        me = wire.Pid("b@localhost", otp.self().id, otp.self().creation)
+        third = wire.Pid("c@localhost", 5, 1)
+        for frame in (
+            _frame(wire.MessageType.MONITOR, {"from": third, "to": me, "ref": wire.Ref("c", 1, 1)}),
+            _frame(wire.MessageType.LINK, {"from": third, "to": me}),
+        ):
+            async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
+                stream,
+                _,
+            ):
+                await stream.send_all(frame)
+                with trio.fail_after(5):
+                    while await stream.receive_some(65536):
+                        pass  # the node closes the connection
+            with trio.fail_after(5):
+                while otp.nodes():
+                    await trio.sleep(0.01)
+            info = otp.process_info(otp.self())
+            assert info is not None
+            assert info.monitored_by == () and info.links == ()
+    assert any("no process of that node" in r.getMessage() for r in caplog.records)
