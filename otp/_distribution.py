@@ -42,10 +42,17 @@ from ._dist_values import (
 from ._errors import BadArg, CallError, CallTimeout, OtpError
 from ._gen_server import _Call, _Cast, _SystemTerminate, _wait
 from ._ids import Pid, Ref
-from ._messages import From
+from ._messages import Exit, From
 from ._node import NamedMonitor, Node, current_node
 from ._pg import PG_NAME, GroupState
-from ._process import TIMED_OUT, CallWaiter, Process, current_process, current_process_or_none
+from ._process import (
+    TIMED_OUT,
+    CallWaiter,
+    Process,
+    ProcessExit,
+    current_process,
+    current_process_or_none,
+)
 from ._reasons import KILL, NOCONNECTION, NOPROC
 
 logger = logging.getLogger("otp.dist")
@@ -57,6 +64,10 @@ _SYSTEM = wire.Atom("system")
 _TERMINATE = wire.Atom("terminate")
 #: The mesh's peer lists travel to this name (see PG_NAME: an atom no user send names).
 _NET_KERNEL = wire.Atom("$net_kernel")
+#: The registered name of the process that owns the listeners and connections (_net_kernel);
+#: not Erlang's ``net_kernel``, which stays free for a user's process (a remote send to it
+#: reaches that process).
+NET_KERNEL = "otp.net_kernel"
 
 #: A frame is written straight to an idle socket only if the previous direct write is at least
 #: this old (seconds); closer frames are a burst, queued and written together by the writer.
@@ -490,26 +501,75 @@ class Distribution:
         self.nodeup_hooks: list[Callable[[str], None]] = []
         self.nodedown_hooks: list[Callable[[str], None]] = []
         self._listeners: list[trio.abc.Listener[Any]] = []
+        #: The socket files this node made, each with its inode (removed on stop if still ours).
+        self._socket_files: list[tuple[Path, int]] = []
+        #: The net_kernel process (see _net_kernel): it owns the listeners and every connection.
+        self.kernel: Process | None = None
+        #: The connection processes linked to the kernel (what it reaps when it stops).
+        self.children: set[Pid] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self, nursery: trio.Nursery) -> None:
-        for address in self.config.listen:
-            kind, where = parse_address(address)
-            if kind == "tcp" and self.config.tls is None and not self.config.insecure_tcp:
-                raise DistributionError(
-                    f"listening on {address} needs TLS certificates (DistConfig.tls); plain TCP"
-                    " only with insecure_tcp=True (--insecure-tcp)"
-                )
-            listener = await _open_listener(kind, where)
-            self._listeners.append(listener)
-            self.listening.append(_bound_address(kind, where, listener))
-            nursery.start_soon(self._serve, listener)
+    async def start(self) -> None:
+        """Open the listeners, then start the net_kernel process that serves them."""
+        holder = self.node.names.get(NET_KERNEL)
+        if holder is not None:
+            raise DistributionError(
+                f"cannot start distribution: {holder.pid!r} is registered as {NET_KERNEL!r},"
+                " the name of the process that owns the node's connections; unregister it"
+            )
+        try:
+            for address in self.config.listen:
+                kind, where = parse_address(address)
+                if kind == "tcp" and self.config.tls is None and not self.config.insecure_tcp:
+                    raise DistributionError(
+                        f"listening on {address} needs TLS certificates (DistConfig.tls); plain"
+                        " TCP only with insecure_tcp=True (--insecure-tcp)"
+                    )
+                listener = await _open_listener(kind, where)
+                self._listeners.append(listener)
+                if kind == "unix":
+                    self._socket_files.append((Path(where), os.stat(where).st_ino))
+                self.listening.append(_bound_address(kind, where, listener))
+        except BaseException:
+            self._close_listeners()
+            raise
+        kernel = self.node.spawn(_net_kernel, (self,), None, trap_exit=True)
+        kernel.behaviour = "net_kernel"
+        kernel.name = NET_KERNEL
+        self.node.names[NET_KERNEL] = kernel
+        self.kernel = kernel
         if self.config.insecure_tcp:
             logger.warning(
                 "distribution over plain TCP (--insecure-tcp): anyone who can reach the port and"
                 " guess the cookie controls this node; use TLS outside a trusted network"
             )
+
+    def stopped(self) -> None:
+        """The net_kernel is gone: every connection with it (noconnection for what crosses
+        them), the listeners closed, this node's socket files removed; the node is no longer
+        distributed (``start_distribution`` may start it again)."""
+        self.kernel = None
+        for pid in list(self.children):
+            proc = self.node.resolve(pid)
+            if proc is not None:
+                proc.die(KILL)
+        self.children.clear()
+        for conn in list(self.connections.values()):
+            self.connection_lost(conn)
+        self._close_listeners()
+        if self.node.distribution is self:
+            self.node.distribution = None
+
+    def _close_listeners(self) -> None:
+        for listener in self._listeners:
+            sock = getattr(listener, "socket", None)
+            if sock is not None:
+                sock.close()  # their tasks, if any, were cancelled with the kernel
+        self._listeners.clear()
+        for path, inode in self._socket_files:
+            _remove_own_socket(path, inode)
+        self._socket_files.clear()
 
     async def flush(self, timeout: float) -> None:
         """Wait (up to ``timeout`` seconds) until every connection has written what is queued:
@@ -536,7 +596,12 @@ class Distribution:
     def _spawn_connection(
         self, conn: Connection | None, stream: trio.abc.Stream | None, address: str | None
     ) -> None:
-        proc = self.node.spawn(_run_connection, (self, conn, stream, address), None)
+        assert self.kernel is not None
+        # Linked to the net_kernel, which reaps it (see _net_kernel).
+        proc = self.node.spawn(
+            _run_connection, (self, conn, stream, address), self.kernel, link=True
+        )
+        self.children.add(proc.pid)
         proc.behaviour = f"dist_connection {conn.peer if conn else '(accepting)'}"
         if conn is not None:
             conn.process = proc
@@ -547,7 +612,7 @@ class Distribution:
         if conn is not None or not connect:
             return conn
         address = self.addresses.get(peer)
-        if address is None or peer == self.node.name:
+        if address is None or peer == self.node.name or self.kernel is None:
             return None
         conn = Connection(self, peer)
         self.connections[peer] = conn
@@ -1143,6 +1208,37 @@ def _remove_stale_socket(path: Path) -> None:
     )
 
 
+def _remove_own_socket(path: Path, inode: int) -> None:
+    """Remove the socket file this node bound at ``path``, unless another took its place."""
+    with contextlib.suppress(OSError):
+        st = path.stat()
+        if st.st_ino == inode and stat.S_ISSOCK(st.st_mode):
+            path.unlink()
+
+
+async def _net_kernel(dist: Distribution) -> None:
+    """The net_kernel process (registered as NET_KERNEL): it serves the
+    listeners and is linked to every connection process, dialled or accepted, trapping their
+    exits. It owns them: when it ends (killed, or an exit signal from a process that is not
+    one of its connections), every connection process is killed with it, the listeners close
+    and the node's socket files go (Distribution.stopped), so nothing of the distribution is
+    left behind. The node is its owner: it is stopped with the node."""
+    me = current_process()
+    try:
+        async with trio.open_nursery() as nursery:
+            for listener in dist._listeners:
+                nursery.start_soon(dist._serve, listener)
+            while True:
+                message = await me.receive()
+                if message.__class__ is Exit:
+                    if message.pid in dist.children:
+                        dist.children.discard(message.pid)  # a connection ended: reaped
+                    else:
+                        raise ProcessExit(message.reason)
+    finally:
+        dist.stopped()
+
+
 async def _open_listener(kind: str, where: Any) -> trio.abc.Listener[Any]:
     if kind == "unix":
         path = Path(where)
@@ -1422,7 +1518,7 @@ async def start_distribution(config: DistConfig) -> list[str]:
         node.pg = GroupState(node)
     else:
         node.pg.attach(dist)
-    await dist.start(node.system_nursery)
+    await dist.start()
     return list(dist.listening)
 
 

@@ -49,7 +49,8 @@ async def _node_is_healthy(peer_address: str, expected_processes: int) -> None:
     async with otp.open_node("probe@localhost"):
         await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
         assert await otp.connect("b@localhost", peer_address)
-        # Its main process, the echo server and our connection: nothing left of the bad peers.
+        # Its main process, net_kernel, the echo server and our connection: nothing left of the
+        # bad peers.
         assert await otp.call(("echo", "b@localhost"), "process_count") == expected_processes
 
 
@@ -70,7 +71,7 @@ async def test_a_bad_peer_is_dropped_and_costs_nothing_else(
     async with PeerNode("b@localhost", address, handshake_timeout=0.3):
         answer = await trio.to_thread.run_sync(_exchange, str(tmp_path / "b.sock"), data)
         assert b"challenge" not in answer or name == "unsupported protocol"
-        await _node_is_healthy(address, expected_processes=3)
+        await _node_is_healthy(address, expected_processes=4)
     assert any(logged in record.getMessage() for record in caplog.records), name
 
 
@@ -96,7 +97,7 @@ def test_random_and_mutated_frames_never_hurt_a_listening_node(tmp_path: Path) -
     async def scenario() -> None:
         async with PeerNode("b@localhost", address, handshake_timeout=0.1):
             await trio.to_thread.run_sync(one_peer)
-            await _node_is_healthy(address, expected_processes=3)
+            await _node_is_healthy(address, expected_processes=4)
 
     trio.run(scenario)
 
@@ -215,7 +216,7 @@ async def test_a_connected_peer_that_turns_to_garbage_is_dropped(
             while await stream.receive_some(65536):
                 pass  # the node closes the connection
         await stream.aclose()
-        await _node_is_healthy(address, expected_processes=3)
+        await _node_is_healthy(address, expected_processes=4)
     assert any("dropped: malformed input" in record.getMessage() for record in caplog.records), name
 
 
@@ -246,7 +247,7 @@ async def test_a_connected_peer_that_falls_silent_is_dropped_after_the_liveness_
         assert trio.current_time() - start >= 0.4
         assert pings >= 2
         await stream.aclose()
-        await _node_is_healthy(address, expected_processes=3)
+        await _node_is_healthy(address, expected_processes=4)
     assert any("sent nothing for 0.4 s" in record.getMessage() for record in caplog.records)
 
 
