@@ -137,6 +137,11 @@ class DistConfig:
         codecs: Payload codecs this node speaks, most preferred first.
         mesh: Connect to the nodes peers know about (a full mesh, as Erlang's ``global``).
         limits: Decoding limits for frames from peers.
+        busy_limit: Bytes waiting to be written to one peer past which the connection is busy
+            (Erlang's ``dist_buf_busy_limit``, ``+zdbbl``): a process that sends to it then is
+            suspended at its next receive or remote call until half of that is written.
+        queue_limit: Bytes waiting for one peer past which its connection counts as lost
+            (``noconnection``), for senders that never wait in a receive.
     """
 
     cookie: bytes = attrs.field(validator=_check_cookie, repr=False)
@@ -148,6 +153,8 @@ class DistConfig:
     codecs: tuple[wire.Codec, ...] = (wire.Codec.TLV, wire.Codec.CBOR)
     mesh: bool = True
     limits: wire.Limits = attrs.field(factory=lambda: wire.Limits(max_payload=64 * 1024 * 1024))
+    busy_limit: int = 1024 * 1024
+    queue_limit: int = 64 * 1024 * 1024
 
     def __attrs_post_init__(self) -> None:
         # Checked now, so a bad setting fails where it is made (the CLI's flags, a config),
@@ -156,6 +163,16 @@ class DistConfig:
             seconds = getattr(self, name)
             if not seconds > 0:
                 raise DistributionError(f"DistConfig.{name} must be above 0 s (got {seconds!r})")
+        for name in ("busy_limit", "queue_limit"):
+            size = getattr(self, name)
+            if type(size) is not int or size < 1:
+                raise DistributionError(f"DistConfig.{name} is a number of bytes (got {size!r})")
+        if self.queue_limit < self.busy_limit:
+            raise DistributionError(
+                f"DistConfig.queue_limit ({self.queue_limit}) must be at least busy_limit"
+                f" ({self.busy_limit}): senders are suspended at busy_limit, before the queue"
+                " is dropped at queue_limit"
+            )
         for address in self.listen:
             kind, _ = parse_address(address)
             if kind == "tcp" and self.tls is None and not self.insecure_tcp:
@@ -207,6 +224,9 @@ def parse_address(address: str) -> tuple[str, Any]:
 #: Limits until a peer has proved the cookie: handshake frames are small (Erlang's handshake
 #: messages have a 16-bit length), so a stranger cannot make the node buffer a large one.
 _HANDSHAKE_LIMITS = wire.Limits(max_payload=65535)
+
+#: About the most bytes the writer hands the socket in one write.
+WRITE_BYTES = 256 * 1024
 
 #: Most messages, and about the most bytes, in one SEND_BATCH / REG_SEND_BATCH frame.
 BATCH_MESSAGES = 1024
@@ -286,9 +306,63 @@ class Connection:
         self.rivals = 0
         self.rival_came = False
         self.rival_lot = trio.lowlevel.ParkingLot()
+        #: Bytes waiting to be written: pending, queued, batching and being written.
+        self.queued = 0
+        #: Bytes written so far (the ticker tells a peer that reads nothing by it).
+        self.written = 0
+        #: Set (and dropped) once the queue is below half DistConfig.busy_limit again: what
+        #: the senders it suspended wait for (see _busy).
+        self._resume: trio.Event | None = None
 
     def __repr__(self) -> str:
         return f"<Connection {self.peer} {self.state}>"
+
+    @property
+    def busy(self) -> bool:
+        """More than DistConfig.busy_limit bytes wait to be written (Erlang's busy_dist_port)."""
+        return self.queued > self.dist.config.busy_limit
+
+    def _busy(self, added: int) -> None:
+        """The queue passed busy_limit with the frame of ``added`` bytes just queued.
+
+        The sending process is suspended, as Erlang's busy_dist_port suspends it in the send:
+        a Python ``send`` cannot block, so it is suspended at its next receive (or remote
+        call) until the queue is below half the limit, or the connection is gone. A queue
+        that still grows past queue_limit (its senders never wait in a receive) counts as a
+        lost connection, so what waits for a peer stays bounded whatever the senders do.
+        """
+        config = self.dist.config
+        if self.queued > config.queue_limit and self.queued > added:
+            logger.warning(
+                "node %s: more than %d bytes wait to be written to it (queue_limit): connection"
+                " counted as lost",
+                self.peer,
+                config.queue_limit,
+            )
+            self.dist.connection_lost(self)
+            if self.process is not None:
+                self.process.die(KILL)
+            return
+        proc = current_process_or_none()
+        if proc is not None and proc is not self.process and proc.node is self.dist.node:
+            if self._resume is None:
+                self._resume = trio.Event()
+            proc.suspended = self._resume
+
+    def _not_busy(self) -> None:
+        resume = self._resume
+        if resume is not None and (
+            self.queued <= self.dist.config.busy_limit // 2 or self.state == "down"
+        ):
+            self._resume = None
+            resume.set()
+
+    async def wait_not_busy(self) -> None:
+        """Wait while this connection is busy (a remote call's sender, before it sends)."""
+        while self.busy and self.state != "down":
+            if self._resume is None:
+                self._resume = trio.Event()
+            await self._resume.wait()
 
     def enqueue(self, mtype: wire.MessageType, payload: Any, *, lazy: bool = False) -> None:
         """Queue one distribution frame; encodes it now so the sender hears of a bad value.
@@ -302,14 +376,18 @@ class Connection:
         if codec is None:
             # Not agreed yet: the value must go with whichever of ours the peer picks, so the
             # sender hears of a bad one now, as it does once the connection is up.
+            size = 0
             for candidate in self.dist.config.codecs:
                 try:
-                    wire.encode_message(
-                        mtype, payload, codec=candidate, limits=self.dist.config.limits
+                    size = len(
+                        wire.encode_message(
+                            mtype, payload, codec=candidate, limits=self.dist.config.limits
+                        )
                     )
                 except wire.WireError as exc:
                     raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
             self._pending.append((mtype, payload))
+            self._queue_grew(size)
             return
         try:
             data = wire.encode_message(mtype, payload, codec=codec, limits=self.dist.config.limits)
@@ -322,8 +400,14 @@ class Connection:
         if self._run is not None:
             self._close_run()
         self._outbox.append(data)
+        self._queue_grew(len(data))
         if self._writer_lot and not self._corked:
             self._writer_lot.unpark()
+
+    def _queue_grew(self, added: int) -> None:
+        self.queued += added
+        if self.queued > self.dist.config.busy_limit:
+            self._busy(added)
 
     def enqueue_send(self, mtype: wire.MessageType, route: tuple[Any, Any], message: Any) -> None:
         """Queue a SEND (``route`` is ``(to, None)``) or REG_SEND (``(from, name)``) of the wire
@@ -365,7 +449,11 @@ class Connection:
         ):
             # The common case of a burst: the writer was woken when the batch began.
             run.items.append(item)
-            run.size += len(item)
+            size = len(item)
+            run.size += size
+            self.queued += size
+            if self.queued > self.dist.config.busy_limit:
+                self._busy(size)
             return
         if run is not None:
             self._close_run()
@@ -385,18 +473,22 @@ class Connection:
             except wire.WireError as exc:
                 raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
             self._outbox.append(data)
+            added = len(data)
         else:
             run.items.append(item)
-            run.size = len(item)
+            added = run.size = len(item)
         if self._writer_lot and not self._corked:
             self._writer_lot.unpark()
+        self._queue_grew(added)
 
     def _close_run(self) -> None:
         """Turn the open batch into a frame at the end of the outbox (it fits: see _Run.room)."""
         run = self._run
         assert run is not None and self.codec is not None
         self._run = None
-        self._outbox.append(run.frame(self.codec, self.dist.config.limits))
+        frame = run.frame(self.codec, self.dist.config.limits)
+        self.queued += len(frame) - run.size  # the batch's header and routing fields
+        self._outbox.append(frame)
 
     def _take_outbox(self) -> list[bytes]:
         if self._run is not None:
@@ -432,6 +524,7 @@ class Connection:
             written = 0
         except OSError:
             written = 0  # the writer meets the error too, and the connection closes
+        self.written += written
         self.sent_since_tick = True
         return data[written:] if written < len(data) else b""
 
@@ -446,8 +539,10 @@ class Connection:
         if (self._outbox or self._run) and not self._writing and self.direct_fd is not None:
             rest = self._write_directly(b"".join(self._take_outbox()))
             self._last_direct = time.perf_counter()
+            self.queued = len(rest)  # nothing else waits: the whole outbox was joined
             if rest:
                 self._outbox.insert(0, rest)
+            self._not_busy()
         if self._outbox and self._writer_lot:
             self._writer_lot.unpark()
 
@@ -465,6 +560,7 @@ class Connection:
                 )
             except wire.WireError as exc:
                 logger.error("dropped a frame queued for %s: %s", self.peer, exc)
+        self.queued = sum(map(len, self._outbox))  # pending sizes were the first codec's
         self.settled.set()
 
     @property
@@ -479,10 +575,28 @@ class Connection:
             batch = self._take_outbox()
             self.sent_since_tick = True
             self._writing = True
-            await stream.send_all(b"".join(batch) if len(batch) > 1 else batch[0])
+            if len(batch) == 1:
+                await self._write(stream, batch[0])
+            else:
+                # In slices of about WRITE_BYTES: no copy of a whole long queue at once, and
+                # the ticker sees a slow reader's progress between them.
+                start = size = 0
+                for end, frame in enumerate(batch, 1):
+                    size += len(frame)
+                    if size >= WRITE_BYTES or end == len(batch):
+                        await self._write(stream, b"".join(batch[start:end]))
+                        start, size = end, 0
             self._writing = False
             if self.drained is not None and self.idle:
                 self.drained.set()
+
+    async def _write(self, stream: trio.abc.Stream, data: bytes) -> None:
+        await stream.send_all(data)
+        size = len(data)
+        self.written += size
+        self.queued -= size
+        if self._resume is not None:
+            self._not_busy()
 
 
 class Distribution:
@@ -661,6 +775,7 @@ class Distribution:
                     existing.process.die(KILL)
                 existing.settled.set()
                 conn._pending = existing._pending + conn._pending
+                conn.queued += existing.queued
         conn.peer = peer.name
         self.connections[peer.name] = conn
         for address in peer.listen[:1]:
@@ -683,6 +798,8 @@ class Distribution:
         was_up = conn.state == "up"
         conn.state = "down"
         conn.settled.set()
+        conn._not_busy()  # its suspended senders resume (what they sent is lost with it)
+        conn._pending, conn._outbox, conn._run, conn.queued = [], [], None, 0
         if conn.drained is not None:
             conn.drained.set()
         if self.connections.get(conn.peer) is conn:
@@ -889,8 +1006,13 @@ class Distribution:
         """Monitor the remote ``server`` and send it ``message(ref)`` in one batch, monitor
         first (its DOWN then always carries the reason it exited with); wait for the reply or
         the DOWN, which the monitor's ref (an alias) routes to the returned waiter."""
+        peer = server.node if server.__class__ is Pid else server[1]
+        conn = self._conn_for(peer)
+        if conn is not None and conn.busy:
+            # As a send to a busy port suspends its sender, before the request is queued.
+            await conn.wait_not_busy()
+            conn = self._conn_for(peer)
         ref, waiter = self._watch(me, server)
-        conn = self._conn_for(server.node if server.__class__ is Pid else server[1])
         if conn is None:
             self.monitor(me.pid, server, ref)
         else:
@@ -1029,7 +1151,10 @@ class Distribution:
             if watcher is not None and watcher.monitors is not None and ref in watcher.monitors:
                 node.deliver_down(watcher.pid, ref, label, reason_from_wire(p["reason"], node))
         elif t is M.PING:
-            conn.enqueue(M.PONG, None)
+            # Any frame tells the peer we are alive: none is added while some wait (a peer
+            # that floods PINGs and reads nothing would grow the queue by a PONG each).
+            if not conn.queued:
+                conn.enqueue(M.PONG, None)
         elif t is M.PONG:
             pass
         else:
@@ -1368,10 +1493,11 @@ async def _run_connection(
             logger.warning("distribution connection %s dropped: malformed input: %s", what, exc)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
             logger.info("distribution connection %s closed: %s", what, exc)
-        except _LivenessTimeout:
+        except _LivenessTimeout as exc:
             logger.warning(
-                "node %s sent nothing for %s s: connection counted as lost",
+                "node %s %s nothing for %s s: connection counted as lost",
                 conn.peer if conn else "?",
+                "read" if exc.args == ("read",) else "sent",
                 config.liveness_timeout,
             )
         except DistributionError as exc:
@@ -1467,11 +1593,14 @@ async def _read_loop(dist: Distribution, conn: Connection, frames: wire.FrameStr
 
 async def _ticker(conn: Connection, liveness: float) -> None:
     """Erlang's net tick: every quarter of ``liveness``, ping a peer we have sent nothing to,
-    and count the connection lost once nothing has come from the peer for ``liveness``.
+    and count the connection lost once nothing has come from the peer for ``liveness``, or
+    the peer has read nothing of what waits for it for that long (a peer that sends but never
+    reads would hold its queue, and the senders it suspends, for ever).
 
     Liveness is checked here, not by a deadline on every read: the reader only sets a flag.
     """
-    heard = trio.current_time()
+    heard = read = trio.current_time()
+    written = conn.written
     while True:
         await trio.sleep(liveness / 4)
         now = trio.current_time()
@@ -1480,7 +1609,11 @@ async def _ticker(conn: Connection, liveness: float) -> None:
             heard = now
         elif now - heard >= liveness:
             raise _LivenessTimeout()
-        if not conn.sent_since_tick:
+        if conn.written != written or not conn.queued:
+            written, read = conn.written, now
+        elif now - read >= liveness:
+            raise _LivenessTimeout("read")
+        if not conn.sent_since_tick and not conn.queued:
             conn.enqueue(wire.MessageType.PING, None)
         conn.sent_since_tick = False
 

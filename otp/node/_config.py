@@ -119,7 +119,21 @@ def parser(*, add_help: bool = True) -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="a silent peer counts as gone after this long (default 60)",
+        help="a peer that sends or reads nothing counts as gone after this long (default 60)",
+    )
+    d.add_argument(
+        "--dist-busy-limit",
+        type=int,
+        default=otp.DistConfig.__attrs_attrs__.busy_limit.default,
+        metavar="BYTES",
+        help="bytes queued for one peer past which its senders are suspended (default 1 MiB)",
+    )
+    d.add_argument(
+        "--dist-queue-limit",
+        type=int,
+        default=otp.DistConfig.__attrs_attrs__.queue_limit.default,
+        metavar="BYTES",
+        help="bytes queued for one peer past which it counts as gone (default 64 MiB)",
     )
     return p
 
@@ -159,6 +173,8 @@ def _distribution(args: argparse.Namespace, name: str) -> DistSettings | None:
             tls=tls,
             insecure_tcp=args.insecure_tcp,
             liveness_timeout=args.liveness_timeout,
+            busy_limit=args.dist_busy_limit,
+            queue_limit=args.dist_queue_limit,
         )
     except otp.DistributionError as exc:
         raise ConfigError(str(exc)) from exc

@@ -146,6 +146,11 @@ def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
             ["--liveness-timeout", "-1"],
             "liveness",
         ),
+        pytest.param(
+            "a queue limit below the busy limit",
+            ["--dist-busy-limit", "4096", "--dist-queue-limit", "1024"],
+            "queue_limit",
+        ),
     ],
 )
 def test_bad_distribution_flags_are_a_clear_error_with_exit_code_2(

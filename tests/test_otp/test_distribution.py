@@ -303,3 +303,19 @@ async def test_killing_net_kernel_leaves_nothing_of_the_distribution_behind(
         # Distribution may be started again.
         await _distributed("a", sockets("a"))
         assert await otp.connect("b@localhost", sockets("b"))
+
+
+def test_the_queue_bounds_are_set_by_the_nodes_flags(tmp_path: Path) -> None:
+    from otp.node._config import load_config
+
+    cookie = tmp_path / "cookie"
+    cookie.write_bytes(COOKIE)
+    cookie.chmod(0o600)
+    base = ["--name", "a@localhost", "--cookie-file", str(cookie)]
+    default = load_config(base).distribution
+    assert default is not None
+    assert (default.config.busy_limit, default.config.queue_limit) == (1 << 20, 64 << 20)
+    flags = ["--dist-busy-limit", "4096", "--dist-queue-limit", "65536"]
+    settings = load_config(base + flags).distribution
+    assert settings is not None
+    assert (settings.config.busy_limit, settings.config.queue_limit) == (4096, 65536)

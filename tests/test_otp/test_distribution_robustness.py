@@ -3,6 +3,7 @@ with a logged reason and costs nothing else; TLS and its refusal of strangers.""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 from pathlib import Path
@@ -335,3 +336,126 @@ async def test_a_monitor_or_link_for_a_third_nodes_process_is_refused(
             assert info is not None
             assert info.monitored_by == () and info.links == ()
     assert any("no process of that node" in r.getMessage() for r in caplog.records)
+
+
+# -- bounded memory toward a peer that does not read ---------------------------------------------
+
+
+def _rss() -> int:
+    """This OS process's resident memory now, in bytes."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def _pings(stream: trio.SocketStream, every: float) -> None:
+    """Keep telling the node we are alive, reading nothing of what it sends."""
+    ping = _frame(wire.MessageType.PING, None)
+    while True:
+        await stream.send_all(ping)
+        await trio.sleep(every)
+
+
+async def _send_to_a_peer_that_reads_nothing(
+    tmp_path: Path, yield_: Any, **config: Any
+) -> tuple[list[int], int, otp.Down]:
+    """Send 50,000 x 1 KiB to ("sink", x) from a process that awaits ``yield_()`` every 16
+    sends, while x pings and reads nothing; returns the sends done when the connection was
+    lost, the RSS growth at its peak, and the Down of a monitor across the connection."""
+    n = 50_000
+    payload = b"x" * 1024
+    sent: list[int] = [0]
+    peak = [0]
+    async with otp.open_node("b@localhost"):
+        await otp.start_distribution(
+            otp.DistConfig(
+                cookie=COOKIE,
+                listen=(f"unix:{tmp_path}/b.sock",),
+                liveness_timeout=4,
+                **config,
+            )
+        )
+        async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
+            stream,
+            _,
+        ):
+            with trio.fail_after(5):
+                while "x@localhost" not in otp.nodes():
+                    await trio.sleep(0.01)
+            ref = otp.monitor(("sink", "x@localhost"))
+            base = _rss()
+
+            async def sender() -> None:
+                for i in range(n):
+                    otp.send(("sink", "x@localhost"), payload)
+                    sent[0] += 1
+                    if i % 16 == 15:
+                        await yield_()
+                    if i % 500 == 0:
+                        peak[0] = max(peak[0], _rss() - base)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_pings, stream, 0.5)
+                otp.spawn(sender)
+                with trio.fail_after(60):
+                    down = await otp.receive(otp.Down)
+                sent_then = sent[0]
+                nursery.cancel_scope.cancel()
+    assert down.ref == ref
+    return [sent_then], peak[0], down
+
+
+async def test_a_sender_to_a_peer_that_reads_nothing_is_suspended_and_the_peer_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Past busy_limit (1 MiB) the sender is suspended at its next receive, as Erlang's
+    # busy_dist_port suspends it; a peer that keeps pinging but reads nothing for the
+    # liveness timeout is dropped, with noconnection for what crosses the connection.
+    async def receive() -> None:
+        await otp.receive(timeout=0, default=None)
+
+    [sent], peak, down = await _send_to_a_peer_that_reads_nothing(tmp_path, receive)
+    assert down.reason == otp.NOCONNECTION
+    assert sent < 3000  # 1 MiB and what the socket buffers (50,000 if never suspended)
+    assert peak < 20 * 1024 * 1024, peak
+    assert any("read nothing for 4" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_sender_that_never_receives_is_bounded_by_queue_limit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A sender that only yields to trio (no receive to be suspended in) cannot be held back:
+    # past queue_limit the connection counts as lost, rather than the queue growing.
+    [sent], peak, down = await _send_to_a_peer_that_reads_nothing(
+        tmp_path, trio.lowlevel.checkpoint, queue_limit=4 * 1024 * 1024
+    )
+    assert down.reason == otp.NOCONNECTION
+    assert sent < 6000
+    assert peak < 20 * 1024 * 1024, peak
+    assert any("queue_limit" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_peer_that_floods_pings_and_reads_nothing_costs_no_memory(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Each PING was answered by a PONG queued behind the ones the peer never read.
+    n = 600_000
+    async with otp.open_node("b@localhost"):
+        otp.register("inbox", otp.self())
+        await otp.start_distribution(
+            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/b.sock",))
+        )
+        async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
+            stream,
+            _,
+        ):
+            flood = _frame(wire.MessageType.PING, None) * n
+            base = _rss()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    stream.send_all, flood + _frame(wire.MessageType.REG_SEND, _marker())
+                )
+                with trio.fail_after(120):
+                    assert await otp.receive() == "done"
+            grown = _rss() - base
+            assert otp.nodes() == ["x@localhost"]
+    assert grown < 12 * 1024 * 1024, grown  # 600,000 PONGs held ~35 MB
