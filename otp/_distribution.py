@@ -30,7 +30,14 @@ import trio
 
 import wire
 
-from ._dist_handshake import HandshakeError, HandshakeRefused, Peer, accept, initiate
+from ._dist_handshake import (
+    HandshakeError,
+    HandshakeRefused,
+    Peer,
+    accept,
+    initiate,
+    is_node_name,
+)
 from ._dist_values import (
     pid_from_wire,
     reason_from_wire,
@@ -142,6 +149,9 @@ class DistConfig:
             suspended at its next receive or remote call until half of that is written.
         queue_limit: Bytes waiting for one peer past which its connection counts as lost
             (``noconnection``), for senders that never wait in a receive.
+        mesh_max_nodes: Most nodes this node learns of from its peers' lists (the rest of
+            a longer list is ignored, with a warning).
+        mesh_dial_rate: Most dials a second to nodes learnt from peers' lists.
     """
 
     cookie: bytes = attrs.field(validator=_check_cookie, repr=False)
@@ -155,15 +165,17 @@ class DistConfig:
     limits: wire.Limits = attrs.field(factory=lambda: wire.Limits(max_payload=64 * 1024 * 1024))
     busy_limit: int = 1024 * 1024
     queue_limit: int = 64 * 1024 * 1024
+    mesh_max_nodes: int = 256
+    mesh_dial_rate: float = 10.0
 
     def __attrs_post_init__(self) -> None:
         # Checked now, so a bad setting fails where it is made (the CLI's flags, a config),
         # not later inside the running node.
-        for name in ("liveness_timeout", "handshake_timeout"):
+        for name in ("liveness_timeout", "handshake_timeout", "mesh_dial_rate"):
             seconds = getattr(self, name)
             if not seconds > 0:
-                raise DistributionError(f"DistConfig.{name} must be above 0 s (got {seconds!r})")
-        for name in ("busy_limit", "queue_limit"):
+                raise DistributionError(f"DistConfig.{name} must be above 0 (got {seconds!r})")
+        for name in ("busy_limit", "queue_limit", "mesh_max_nodes"):
             size = getattr(self, name)
             if type(size) is not int or size < 1:
                 raise DistributionError(f"DistConfig.{name} is a number of bytes (got {size!r})")
@@ -224,6 +236,9 @@ def parse_address(address: str) -> tuple[str, Any]:
 #: Limits until a peer has proved the cookie: handshake frames are small (Erlang's handshake
 #: messages have a 16-bit length), so a stranger cannot make the node buffer a large one.
 _HANDSHAKE_LIMITS = wire.Limits(max_payload=65535)
+
+#: The longest address taken from a peer's list of nodes.
+MAX_ADDRESS = 1024
 
 #: About the most bytes the writer hands the socket in one write.
 WRITE_BYTES = 256 * 1024
@@ -621,6 +636,9 @@ class Distribution:
         self.kernel: Process | None = None
         #: The connection processes linked to the kernel (what it reaps when it stops).
         self.children: set[Pid] = set()
+        #: Nodes learnt from peers' lists, waiting for the kernel's dialer (_dial_learnt).
+        self._to_dial: dict[str, None] = {}
+        self._dial_lot = trio.lowlevel.ParkingLot()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -1231,17 +1249,42 @@ class Distribution:
             and message[0] == "peers"
             and isinstance(message[1], dict)
         ):
+            room = self.config.mesh_max_nodes
             for name, address in message[1].items():
-                if not (isinstance(name, str) and isinstance(address, str)):
+                if not (is_node_name(name) and isinstance(address, str)):
                     continue
                 if name == self.node.name or name in self.connections:
                     continue
+                if name not in self.addresses and len(self.addresses) >= room:
+                    logger.warning(
+                        "node %s told of more nodes than mesh_max_nodes=%d: the rest ignored",
+                        conn.peer,
+                        room,
+                    )
+                    break
+                if len(address) > MAX_ADDRESS or not address.isprintable():
+                    continue  # it would be logged: no control characters, no novel
                 try:
                     parse_address(address)
                 except DistributionError:
                     continue
                 self.addresses.setdefault(name, address)
-                self.connection(name)
+                self._to_dial[name] = None
+            if self._to_dial:
+                self._dial_lot.unpark()
+
+    async def dial_learnt(self) -> None:
+        """Dial the nodes learnt from peers' lists, at most mesh_dial_rate a second (a task of
+        the net_kernel): a long list is no burst of connections."""
+        while True:
+            while not self._to_dial:
+                await self._dial_lot.park()
+            name = next(iter(self._to_dial))
+            del self._to_dial[name]
+            if name in self.connections:
+                continue
+            self.connection(name)
+            await trio.sleep(1 / self.config.mesh_dial_rate)
 
 
 def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
@@ -1353,6 +1396,7 @@ async def _net_kernel(dist: Distribution) -> None:
         async with trio.open_nursery() as nursery:
             for listener in dist._listeners:
                 nursery.start_soon(dist._serve, listener)
+            nursery.start_soon(dist.dial_learnt)
             while True:
                 message = await me.receive()
                 if message.__class__ is Exit:
@@ -1638,10 +1682,11 @@ async def start_distribution(config: DistConfig) -> list[str]:
     The node's name (``open_node(name)``) must be ``name@host`` and unique in the cluster.
     """
     node = current_node()
-    if "@" not in node.name or node.name == "nonode@nohost":
+    if not is_node_name(node.name) or node.name == "nonode@nohost":
         raise DistributionError(
-            f"a distributed node needs a name like 'a@host' (got {node.name!r}): open the node"
-            " with that name (python -m otp.node --name a@host)"
+            f"a distributed node needs a name like 'a@host' (letters, digits, '_', '-', and"
+            f" dots in the host; got {node.name!r}): open the node with that name"
+            " (python -m otp.node --name a@host)"
         )
     if node.distribution is not None:
         raise DistributionError("distribution is already started on this node")

@@ -459,3 +459,59 @@ async def test_a_peer_that_floods_pings_and_reads_nothing_costs_no_memory(
             grown = _rss() - base
             assert otp.nodes() == ["x@localhost"]
     assert grown < 12 * 1024 * 1024, grown  # 600,000 PONGs held ~35 MB
+
+
+# -- names, and the lists of nodes peers tell -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["x\n2026-01-01 ERROR forged@localhost", "x@local host", "@localhost", "x" * 300]
+)
+async def test_a_peer_whose_name_is_no_node_name_is_refused_at_the_handshake(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    async with PeerNode("b@localhost", f"unix:{tmp_path}/b.sock"):
+        hello = wire.Handshake(name, (2,), (wire.Codec.TLV,), 0, {"challenge": b"c" * 32})
+        data = wire.encode_frame(hello.to_frame())
+        answer = await trio.to_thread.run_sync(_exchange, str(tmp_path / "b.sock"), data)
+        assert b"challenge" not in answer
+    [refusal] = [r.getMessage() for r in caplog.records if "no node name" in r.getMessage()]
+    assert "\n" not in refusal
+
+
+async def test_a_peers_list_is_capped_and_dialled_at_a_bounded_rate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="otp.dist")
+    nodes = {f"n{i}@localhost": f"unix:{tmp_path}/n{i}.sock" for i in range(5000)}
+    nodes["evil\n@localhost"] = f"unix:{tmp_path}/evil.sock"
+    nodes["m@localhost"] = f"unix:{tmp_path}/m\n.sock"
+
+    def dials() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.getMessage().startswith("distribution connection to ")
+        ]
+
+    async with otp.open_node("b@localhost"):
+        await otp.start_distribution(
+            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/b.sock",))
+        )
+        async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
+            stream,
+            _,
+        ):
+            peers = {"from": wire.Pid("x@localhost", 0, 1), "to": wire.Atom("$net_kernel")}
+            await stream.send_all(
+                _frame(wire.MessageType.REG_SEND, {**peers, "msg": ("peers", nodes)})
+            )
+            await trio.sleep(1.0)
+            assert 1 <= len(dials()) <= 11  # mesh_dial_rate=10 a second
+            await trio.sleep(600)
+            dialled = dials()
+            assert len(dialled) == 256  # mesh_max_nodes
+            assert not any("evil" in d or "\n" in d for d in dialled)
+    assert any("mesh_max_nodes=256" in r.getMessage() for r in caplog.records)
