@@ -20,6 +20,7 @@ import os
 import socket as _socket
 import ssl
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -92,20 +93,25 @@ class NodeDown:
     node: str
 
 
+def _check_keyfile(_inst: Any, _attr: Any, value: str) -> None:
+    _owner_only(Path(value), "TLS key file")
+
+
 @attrs.frozen
 class TlsConfig:
     """Certificates for distribution over TCP; both sides verify each other (mutual TLS).
 
     Attributes:
         certfile: This node's certificate chain (PEM).
-        keyfile: Its private key (PEM).
+        keyfile: Its private key (PEM), readable by its owner only (mode 0600 or 0400), as
+            the cookie file.
         cafile: The CA that signs every node's certificate.
         server_hostname: The name peers' certificates are checked against (default: the host
             part of the address dialled).
     """
 
     certfile: str
-    keyfile: str
+    keyfile: str = attrs.field(validator=_check_keyfile)
     cafile: str
     server_hostname: str | None = None
 
@@ -201,15 +207,7 @@ def read_cookie_file(path: str | os.PathLike[str]) -> bytes:
         DistributionError: the file is missing, empty, or readable by group or others.
     """
     p = Path(path)
-    try:
-        mode = p.stat().st_mode
-    except OSError as exc:
-        raise DistributionError(f"cookie file {p}: cannot read it ({exc})") from exc
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise DistributionError(
-            f"cookie file {p} has mode {stat.S_IMODE(mode):04o}: it must be readable by its owner"
-            f" only; run: chmod 600 {p}"
-        )
+    _owner_only(p, "cookie file")
     try:
         cookie = p.read_bytes().strip()
     except OSError as exc:
@@ -217,6 +215,19 @@ def read_cookie_file(path: str | os.PathLike[str]) -> bytes:
     if not cookie:
         raise DistributionError(f"cookie file {p} is empty: write a long random secret into it")
     return cookie
+
+
+def _owner_only(p: Path, what: str) -> None:
+    """Refuse a secret's file that group or others may read (or that cannot be read)."""
+    try:
+        mode = p.stat().st_mode
+    except OSError as exc:
+        raise DistributionError(f"{what} {p}: cannot read it ({exc})") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise DistributionError(
+            f"{what} {p} has mode {stat.S_IMODE(mode):04o}: it must be readable by its owner"
+            f" only; run: chmod 600 {p}"
+        )
 
 
 def parse_address(address: str) -> tuple[str, Any]:
@@ -712,7 +723,7 @@ class Distribution:
                     conn.drained = trio.Event()
                     await conn.drained.wait()
 
-    async def _serve(self, listener: trio.abc.Listener[Any]) -> None:
+    async def _serve(self, listener: trio.abc.Listener[Any], address: str) -> None:
         async with listener:
             while True:
                 try:
@@ -721,7 +732,7 @@ class Distribution:
                     logger.warning("distribution listener: accept failed: %s", exc)
                     await trio.sleep(0.1)
                     continue
-                self._spawn_connection(None, stream, None)
+                self._spawn_connection(None, stream, _peer_address(stream, address))
 
     # -- connections -------------------------------------------------------------------------
 
@@ -1394,8 +1405,8 @@ async def _net_kernel(dist: Distribution) -> None:
     me = current_process()
     try:
         async with trio.open_nursery() as nursery:
-            for listener in dist._listeners:
-                nursery.start_soon(dist._serve, listener)
+            for listener, address in zip(dist._listeners, dist.listening, strict=True):
+                nursery.start_soon(dist._serve, listener, address)
             nursery.start_soon(dist.dial_learnt)
             while True:
                 message = await me.receive()
@@ -1452,7 +1463,50 @@ async def _dial(dist: Distribution, address: str) -> tuple[trio.abc.Stream, str 
         server_hostname=tls.server_hostname or host,
         https_compatible=False,
     )
+    try:
+        await _tls_handshake(stream)
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
     return stream, host
+
+
+async def _tls_handshake(stream: trio.SSLStream[Any]) -> None:
+    """Run the TLS handshake now, so a refusal is told as one (with its alert or reason), not
+    as a connection closed at the first read.
+
+    Raises:
+        HandshakeError: the handshake failed.
+    """
+    try:
+        await stream.do_handshake()
+    except (trio.BrokenResourceError, ssl.SSLError) as exc:
+        cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            reason = f"certificate refused: {cause.verify_message}"
+        elif isinstance(cause, ssl.SSLError):
+            reason = cause.reason or str(cause)
+            if "ALERT" in reason:
+                reason = f"the peer sent the alert {reason}"
+        else:
+            reason = f"the peer closed the connection ({cause or exc!r})"
+        raise HandshakeError(f"TLS handshake failed: {reason}") from exc
+
+
+def _peer_address(stream: trio.abc.Stream, listening: str) -> str:
+    """Where an accepted peer is, for the log: its TCP address, or for a Unix socket the
+    socket and the peer's OS pid."""
+    sock = getattr(stream, "socket", None)
+    try:
+        if sock is not None and sock.family in (_socket.AF_INET, _socket.AF_INET6):
+            host, port = sock.getpeername()[:2]
+            return f"tcp:{host}:{port}"
+        if sock is not None and hasattr(_socket, "SO_PEERCRED"):
+            creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+            return f"{listening} (OS pid {int.from_bytes(creds[:4], sys.byteorder)})"
+    except OSError:
+        pass
+    return listening
 
 
 async def _run_connection(
@@ -1462,11 +1516,11 @@ async def _run_connection(
     address: str | None,
 ) -> None:
     """A connection's process: dial or accept, handshake, then read, write and ping until the
-    link breaks."""
+    link breaks. ``address`` is where to dial, or where an accepted peer is (for the log)."""
     node = dist.node
     me = current_process()
     config = dist.config
-    what = f"to {conn.peer} at {address}" if conn is not None else "from a peer"
+    what = f"to {conn.peer} at {address}" if conn is not None else f"from {address}"
     # Our own pending dial to the peer, which this accepted connection is to replace.
     rival: Connection | None = None
     refused = False  # our dial, refused by the peer before its answer
@@ -1483,6 +1537,7 @@ async def _run_connection(
                     stream, _ = await _dial(dist, address)
                 elif config.tls is not None and _is_tcp(stream):
                     stream = trio.SSLStream(stream, config.tls.server_context(), server_side=True)
+                    await _tls_handshake(stream)
                 # Read frame by frame: what follows the last handshake frame is read under
                 # the connection's limits (an initiator may write right behind its proof).
                 frames = wire.FrameStream(

@@ -165,7 +165,10 @@ def _distribution(args: argparse.Namespace, name: str) -> DistSettings | None:
     if args.tls_cert or args.tls_key or args.tls_ca:
         if not (args.tls_cert and args.tls_key and args.tls_ca):
             raise ConfigError("TLS needs all of --tls-cert, --tls-key and --tls-ca")
-        tls = otp.TlsConfig(args.tls_cert, args.tls_key, args.tls_ca)
+        try:
+            tls = otp.TlsConfig(args.tls_cert, args.tls_key, args.tls_ca)
+        except otp.DistributionError as exc:
+            raise ConfigError(f"--tls-key: {exc}") from exc
     try:
         config = otp.DistConfig(
             cookie=cookie,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import struct
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,7 @@ def certificates(tmp_path: Path) -> Any:
     def make(name: str, ca: Any = cluster_ca) -> otp.TlsConfig:
         cert = ca.issue_cert("localhost", "127.0.0.1")
         cert.private_key_pem.write_to_path(str(tmp_path / f"{name}.key"))
+        (tmp_path / f"{name}.key").chmod(0o600)
         cert.cert_chain_pems[0].write_to_path(str(tmp_path / f"{name}.pem"))
         ca.cert_pem.write_to_path(str(tmp_path / f"{name}-ca.pem"))
         return otp.TlsConfig(
@@ -515,3 +517,55 @@ async def test_a_peers_list_is_capped_and_dialled_at_a_bounded_rate(
             assert len(dialled) == 256  # mesh_max_nodes
             assert not any("evil" in d or "\n" in d for d in dialled)
     assert any("mesh_max_nodes=256" in r.getMessage() for r in caplog.records)
+
+
+def _tls_client(port: int, context: ssl.SSLContext | None) -> None:
+    """Connect to the TLS port (over TLS with ``context``, or in plain text), say hello, and
+    read until the node closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        try:
+            sock = raw if context is None else context.wrap_socket(raw, server_hostname="localhost")
+            sock.sendall(_hello())
+            while sock.recv(65536):
+                pass
+        except (OSError, ssl.SSLError):
+            pass  # refused: what the node logged is the point
+
+
+@pytest.mark.parametrize(
+    ("client", "reason"),
+    [
+        ("plain text", "TLS handshake failed: WRONG_VERSION_NUMBER"),
+        ("no certificate", "TLS handshake failed: PEER_DID_NOT_RETURN_A_CERTIFICATE"),
+        ("another CA", "TLS handshake failed: certificate refused: unable to get local issuer"),
+    ],
+)
+async def test_a_refused_tls_client_is_logged_with_its_address_and_the_tls_reason(
+    certificates: Any, caplog: pytest.LogCaptureFixture, client: str, reason: str
+) -> None:
+    node = certificates("b")
+    async with PeerNode("b@localhost", "tcp:127.0.0.1:0", tls=node) as peer:
+        port = int(peer.listening[0].rsplit(":", 1)[1])
+        context = None
+        if client != "plain text":
+            context = ssl.create_default_context(cafile=node.cafile)
+        if client == "another CA":
+            stranger = certificates("stranger", ca=certificates.new_ca())
+            assert context is not None
+            context.load_cert_chain(stranger.certfile, stranger.keyfile)
+        await trio.to_thread.run_sync(_tls_client, port, context)
+        with trio.fail_after(5):
+            while not any(reason in r.getMessage() for r in caplog.records):
+                await trio.sleep(0.01)
+    [record] = [r for r in caplog.records if reason in r.getMessage()]
+    assert record.levelname == "WARNING"
+    assert "distribution connection from tcp:127.0.0.1:" in record.getMessage()
+
+
+def test_a_tls_key_file_readable_by_others_is_refused(certificates: Any, tmp_path: Path) -> None:
+    node = certificates("b")
+    Path(node.keyfile).chmod(0o644)
+    with pytest.raises(
+        otp.DistributionError, match=r"TLS key file .*b\.key has mode 0644.*chmod 600"
+    ):
+        otp.TlsConfig(node.certfile, node.keyfile, node.cafile)
