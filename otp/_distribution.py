@@ -4,7 +4,12 @@
 A node that starts distribution listens on Unix sockets and/or TCP (TLS by default) and keeps
 one connection per peer node, made on first use or by :func:`connect`. Each connection is a
 process with a reader, a writer that batches every queued frame into one write, and a pinger;
-per-pair ordering holds because each pair of nodes shares one ordered stream. When a connection
+per-pair ordering holds because each pair of nodes shares one ordered stream. Every connection
+process is linked to the node's net_kernel process (registered as ``otp.net_kernel``), which
+serves the listeners and reaps the connections: it ends with the node, and whatever ends it
+ends every connection with it (see :func:`_net_kernel`). What waits to be written to a peer is
+bounded (DistConfig.busy_limit suspends its senders, queue_limit drops the connection), and a
+peer that reads nothing for the liveness timeout is lost. When a connection
 is lost every link and monitor across it fires with ``noconnection`` and ``monitor_node``
 subscribers get :class:`NodeDown`. Peers tell each other the nodes they know, so a cluster
 becomes a full mesh, as Erlang's does; that suits tens of nodes (each node holds a connection
@@ -370,7 +375,7 @@ class Connection:
                 self.process.die(KILL)
             return
         proc = current_process_or_none()
-        if proc is not None and proc is not self.process and proc.node is self.dist.node:
+        if proc is not None and proc is not self.process:
             if self._resume is None:
                 self._resume = trio.Event()
             proc.suspended = self._resume
