@@ -3,10 +3,12 @@ with a logged reason and costs nothing else; TLS and its refusal of strangers.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
 import struct
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +260,22 @@ def _frame(mtype: wire.MessageType, payload: Any) -> bytes:
     return wire.encode_message(mtype, payload, codec=wire.Codec.TLV)
 
 
+@contextlib.asynccontextmanager
+async def _b_with_x(tmp_path: Path, **config: Any) -> AsyncIterator[trio.SocketStream]:
+    """Node b (this test's node, its main process registered as "inbox") listening at
+    ``tmp_path/b.sock``, and a connection to it made by hand as node x."""
+    async with otp.open_node("b@localhost"):
+        otp.register("inbox", otp.self())
+        await otp.start_distribution(
+            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/b.sock",), **config)
+        )
+        async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
+            stream,
+            _,
+        ):
+            yield stream
+
+
 async def test_monitors_and_links_whose_ids_collide_cost_linear_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -276,29 +294,21 @@ async def test_monitors_and_links_whose_ids_collide_cost_linear_time(
 
         monkeypatch.setattr(cls, "__eq__", counting)
     n = 2000
-    async with otp.open_node("b@localhost"):
-        otp.register("inbox", otp.self())
-        await otp.start_distribution(
-            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/b.sock",))
-        )
-        async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
-            stream,
-            _,
-        ):
-            me = wire.Pid("b@localhost", otp.self().id, otp.self().creation)
-            data = b"".join(
-                _frame(
-                    wire.MessageType.MONITOR,
-                    {"from": wire.Pid("x@localhost", 1, 1), "to": me, "ref": wire.Ref("x", 7, i)},
-                )
-                + _frame(wire.MessageType.LINK, {"from": wire.Pid("x@localhost", 7, i), "to": me})
-                for i in range(n)
+    async with _b_with_x(tmp_path) as stream:
+        me = wire.Pid("b@localhost", otp.self().id, otp.self().creation)
+        data = b"".join(
+            _frame(
+                wire.MessageType.MONITOR,
+                {"from": wire.Pid("x@localhost", 1, 1), "to": me, "ref": wire.Ref("x", 7, i)},
             )
-            await stream.send_all(data + _frame(wire.MessageType.REG_SEND, _marker()))
-            assert await otp.receive(timeout=30) == "done"
-            info = otp.process_info(otp.self())
-            assert info is not None
-            assert len(info.monitored_by) == n and len(info.links) == n
+            + _frame(wire.MessageType.LINK, {"from": wire.Pid("x@localhost", 7, i), "to": me})
+            for i in range(n)
+        )
+        await stream.send_all(data + _frame(wire.MessageType.REG_SEND, _marker()))
+        assert await otp.receive(timeout=30) == "done"
+        info = otp.process_info(otp.self())
+        assert info is not None
+        assert len(info.monitored_by) == n and len(info.links) == n
     # About a comparison per entry at most (the old id-only hash made ~n*n/2 = 2,000,000).
     assert compared < 4 * n, compared
 
@@ -367,41 +377,29 @@ async def _send_to_a_peer_that_reads_nothing(
     payload = b"x" * 1024
     sent: list[int] = [0]
     peak = [0]
-    async with otp.open_node("b@localhost"):
-        await otp.start_distribution(
-            otp.DistConfig(
-                cookie=COOKIE,
-                listen=(f"unix:{tmp_path}/b.sock",),
-                liveness_timeout=4,
-                **config,
-            )
-        )
-        async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
-            stream,
-            _,
-        ):
-            with trio.fail_after(5):
-                while "x@localhost" not in otp.nodes():
-                    await trio.sleep(0.01)
-            ref = otp.monitor(("sink", "x@localhost"))
-            base = _rss()
+    async with _b_with_x(tmp_path, liveness_timeout=4, **config) as stream:
+        with trio.fail_after(5):
+            while "x@localhost" not in otp.nodes():
+                await trio.sleep(0.01)
+        ref = otp.monitor(("sink", "x@localhost"))
+        base = _rss()
 
-            async def sender() -> None:
-                for i in range(n):
-                    otp.send(("sink", "x@localhost"), payload)
-                    sent[0] += 1
-                    if i % 16 == 15:
-                        await yield_()
-                    if i % 500 == 0:
-                        peak[0] = max(peak[0], _rss() - base)
+        async def sender() -> None:
+            for i in range(n):
+                otp.send(("sink", "x@localhost"), payload)
+                sent[0] += 1
+                if i % 16 == 15:
+                    await yield_()
+                if i % 500 == 0:
+                    peak[0] = max(peak[0], _rss() - base)
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_pings, stream, 0.5)
-                otp.spawn(sender)
-                with trio.fail_after(60):
-                    down = await otp.receive(otp.Down)
-                sent_then = sent[0]
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_pings, stream, 0.5)
+            otp.spawn(sender)
+            with trio.fail_after(60):
+                down = await otp.receive(otp.Down)
+            sent_then = sent[0]
+            nursery.cancel_scope.cancel()
     assert down.ref == ref
     return [sent_then], peak[0], down
 
@@ -441,25 +439,17 @@ async def test_a_peer_that_floods_pings_and_reads_nothing_costs_no_memory(
 ) -> None:
     # Each PING was answered by a PONG queued behind the ones the peer never read.
     n = 600_000
-    async with otp.open_node("b@localhost"):
-        otp.register("inbox", otp.self())
-        await otp.start_distribution(
-            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/b.sock",))
-        )
-        async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
-            stream,
-            _,
-        ):
-            flood = _frame(wire.MessageType.PING, None) * n
-            base = _rss()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(
-                    stream.send_all, flood + _frame(wire.MessageType.REG_SEND, _marker())
-                )
-                with trio.fail_after(120):
-                    assert await otp.receive() == "done"
-            grown = _rss() - base
-            assert otp.nodes() == ["x@localhost"]
+    async with _b_with_x(tmp_path) as stream:
+        flood = _frame(wire.MessageType.PING, None) * n
+        base = _rss()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                stream.send_all, flood + _frame(wire.MessageType.REG_SEND, _marker())
+            )
+            with trio.fail_after(120):
+                assert await otp.receive() == "done"
+        grown = _rss() - base
+        assert otp.nodes() == ["x@localhost"]
     assert grown < 12 * 1024 * 1024, grown  # 600,000 PONGs held ~35 MB
 
 
@@ -498,24 +488,15 @@ async def test_a_peers_list_is_capped_and_dialled_at_a_bounded_rate(
             if r.getMessage().startswith("distribution connection to ")
         ]
 
-    async with otp.open_node("b@localhost"):
-        await otp.start_distribution(
-            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/b.sock",))
-        )
-        async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
-            stream,
-            _,
-        ):
-            peers = {"from": wire.Pid("x@localhost", 0, 1), "to": wire.Atom("$net_kernel")}
-            await stream.send_all(
-                _frame(wire.MessageType.REG_SEND, {**peers, "msg": ("peers", nodes)})
-            )
-            await trio.sleep(1.0)
-            assert 1 <= len(dials()) <= 11  # mesh_dial_rate=10 a second
-            await trio.sleep(600)
-            dialled = dials()
-            assert len(dialled) == 256  # mesh_max_nodes
-            assert not any("evil" in d or "\n" in d for d in dialled)
+    async with _b_with_x(tmp_path) as stream:
+        peers = {"from": wire.Pid("x@localhost", 0, 1), "to": wire.Atom("$net_kernel")}
+        await stream.send_all(_frame(wire.MessageType.REG_SEND, {**peers, "msg": ("peers", nodes)}))
+        await trio.sleep(1.0)
+        assert 1 <= len(dials()) <= 11  # mesh_dial_rate=10 a second
+        await trio.sleep(600)
+        dialled = dials()
+        assert len(dialled) == 256  # mesh_max_nodes
+        assert not any("evil" in d or "\n" in d for d in dialled)
     assert any("mesh_max_nodes=256" in r.getMessage() for r in caplog.records)
 
 
