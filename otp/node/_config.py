@@ -121,20 +121,19 @@ def parser(*, add_help: bool = True) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="a peer that sends or reads nothing counts as gone after this long (default 60)",
     )
-    d.add_argument(
-        "--dist-busy-limit",
-        type=int,
-        default=otp.DistConfig.__attrs_attrs__.busy_limit.default,
-        metavar="BYTES",
-        help="bytes queued for one peer past which its senders are suspended (default 1 MiB)",
-    )
-    d.add_argument(
-        "--dist-queue-limit",
-        type=int,
-        default=otp.DistConfig.__attrs_attrs__.queue_limit.default,
-        metavar="BYTES",
-        help="bytes queued for one peer past which it counts as gone (default 64 MiB)",
-    )
+    defaults = otp.DistConfig(cookie=b"-" * 8)
+    for setting, past_it in (
+        ("busy_limit", "its senders are suspended"),
+        ("queue_limit", "it counts as gone"),
+    ):
+        default = getattr(defaults, setting)
+        d.add_argument(
+            f"--dist-{setting.replace('_', '-')}",
+            type=int,
+            default=default,
+            metavar="BYTES",
+            help=f"bytes queued for one peer past which {past_it} (default {default >> 20} MiB)",
+        )
     return p
 
 
