@@ -339,6 +339,7 @@ class Connection:
         self.rival_lot = trio.lowlevel.ParkingLot()
         #: Bytes waiting to be written: pending, queued, batching and being written.
         self.queued = 0
+        self._busy_limit = dist.config.busy_limit
         #: Bytes written so far (the ticker tells a peer that reads nothing by it).
         self.written = 0
         #: Set (and dropped) once the queue is below half DistConfig.busy_limit again: what
@@ -437,7 +438,7 @@ class Connection:
 
     def _queue_grew(self, added: int) -> None:
         self.queued += added
-        if self.queued > self.dist.config.busy_limit:
+        if self.queued > self._busy_limit:
             self._busy(added)
 
     def enqueue_send(self, mtype: wire.MessageType, route: tuple[Any, Any], message: Any) -> None:
@@ -483,7 +484,7 @@ class Connection:
             size = len(item)
             run.size += size
             self.queued += size
-            if self.queued > self.dist.config.busy_limit:
+            if self.queued > self._busy_limit:
                 self._busy(size)
             return
         if run is not None:
@@ -625,7 +626,7 @@ class Connection:
         await stream.send_all(data)
         size = len(data)
         self.written += size
-        self.queued -= size
+        self.queued = max(0, self.queued - size)  # 0 once lost (connection_lost)
         if self._resume is not None:
             self._not_busy()
 
@@ -805,6 +806,7 @@ class Distribution:
             else:
                 # An accepted connection replaces our own pending dial to the same node.
                 existing.state = "down"
+                existing._not_busy()  # its suspended senders resume: the queue moves over
                 if existing.process is not None:
                     existing.process.die(KILL)
                 existing.settled.set()

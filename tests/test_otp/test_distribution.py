@@ -319,3 +319,34 @@ def test_the_queue_bounds_are_set_by_the_nodes_flags(tmp_path: Path) -> None:
     settings = load_config(base + flags).distribution
     assert settings is not None
     assert (settings.config.busy_limit, settings.config.queue_limit) == (4096, 65536)
+
+
+async def test_senders_suspended_by_a_busy_connection_resume_as_the_peer_reads(
+    sockets: Any,
+) -> None:
+    # A 64 KiB busy limit, 4 MiB sent by two processes: each is suspended many times, resumed
+    # as the peer reads, and every message arrives once, in order per sender.
+    async with PeerNode("b@localhost", sockets("b")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"), busy_limit=64 * 1024)
+            await otp.connect("b@localhost", sockets("b"))
+            me = otp.self()
+
+            async def sender(tag: str) -> None:
+                for i in range(2000):
+                    otp.cast(("echo", "b@localhost"), (me, (tag, i, b"x" * 1024)))
+                    await otp.receive(timeout=0, default=None)
+                otp.send(me, (tag, "done"))
+
+            otp.spawn(sender, "p")
+            otp.spawn(sender, "q")
+            got: dict[str, list[int]] = {"p": [], "q": []}
+            done = 0
+            with trio.fail_after(60):
+                while done < 2 or len(got["p"]) + len(got["q"]) < 4000:
+                    message = await otp.receive()
+                    if message[1] == "done":
+                        done += 1
+                    else:
+                        got[message[0]].append(message[1])
+            assert got == {"p": list(range(2000)), "q": list(range(2000))}
