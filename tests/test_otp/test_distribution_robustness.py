@@ -453,6 +453,31 @@ async def test_a_peer_that_floods_pings_and_reads_nothing_costs_no_memory(
     assert grown < 12 * 1024 * 1024, grown  # 600,000 PONGs held ~35 MB
 
 
+async def test_a_peer_that_floods_requests_and_reads_no_answer_is_dropped_at_queue_limit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Each MONITOR of a dead process is answered by a DOWN: the answers of a peer that reads
+    # none of them stop at queue_limit, with the connection.
+    n = 200_000
+    async with _b_with_x(tmp_path, busy_limit=256 * 1024, queue_limit=1024 * 1024) as stream:
+        ghost = wire.Pid("b@localhost", 999_999, otp.self().creation)
+        flood = b"".join(
+            _frame(
+                wire.MessageType.MONITOR,
+                {"from": wire.Pid("x@localhost", 1, 1), "to": ghost, "ref": wire.Ref("x", i, 1)},
+            )
+            for i in range(n)
+        )
+        base = _rss()
+        with trio.move_on_after(60):
+            with contextlib.suppress(trio.BrokenResourceError):
+                await stream.send_all(flood)  # until the node drops us
+        grown = _rss() - base
+        assert otp.nodes() == []
+    assert grown < 12 * 1024 * 1024, grown  # 200,000 queued DOWNs held 35 MB, connected
+    assert any("queue_limit" in r.getMessage() for r in caplog.records)
+
+
 # -- names, and the lists of nodes peers tell -----------------------------------------------------
 
 
