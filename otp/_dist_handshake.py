@@ -15,6 +15,7 @@ cannot be reflected back or replayed under another name.
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 from collections.abc import Sequence
 from hashlib import sha256
@@ -26,6 +27,31 @@ import wire
 
 CHALLENGE_BYTES = 32
 PROTOCOL_VERSION = 2
+
+#: Erlang's node names: ``name@host``, the name of letters, digits, ``_`` and ``-``, the host
+#: also of dots; no longer than an atom (255 characters). Nothing else is a peer's name, so a
+#: name never carries a newline or a control character into a log line.
+NODE_NAME = re.compile(r"[A-Za-z0-9_-]+@[A-Za-z0-9_.-]+")
+MAX_NODE_NAME = 255
+
+
+def is_node_name(name: object) -> bool:
+    """Whether ``name`` is a node name by the grammar of NODE_NAME."""
+    return (
+        isinstance(name, str)
+        and len(name) <= MAX_NODE_NAME
+        and NODE_NAME.fullmatch(name) is not None
+    )
+
+
+def _checked_name(name: str, who: str) -> str:
+    if not is_node_name(name):
+        raise HandshakeError(
+            f"the {who} calls itself {name[:80]!r}{'...' if len(name) > 80 else ''}, which is"
+            f" no node name (name@host of letters, digits, '_', '-' and '.', at most"
+            f" {MAX_NODE_NAME} characters)"
+        )
+    return name
 
 
 class HandshakeError(Exception):
@@ -109,6 +135,7 @@ async def initiate(
     if frame is None:
         raise HandshakeRefused("the acceptor closed the connection instead of answering")
     answer = _handshake(frame, "acceptor's answer")
+    _checked_name(answer.node, "acceptor")
     if expected is not None and answer.node != expected:
         raise HandshakeError(f"dialled node {expected!r} but {answer.node!r} answered")
     if not answer.codecs or answer.codecs[0] not in codecs:
@@ -145,6 +172,7 @@ async def accept(
     that is already connected.
     """
     hello = await _receive_handshake(stream, "initiator's hello")
+    _checked_name(hello.node, "initiator")
     if PROTOCOL_VERSION not in hello.versions:
         raise HandshakeError(
             f"node {hello.node!r} speaks versions {list(hello.versions)}, we speak"

@@ -4,7 +4,12 @@
 A node that starts distribution listens on Unix sockets and/or TCP (TLS by default) and keeps
 one connection per peer node, made on first use or by :func:`connect`. Each connection is a
 process with a reader, a writer that batches every queued frame into one write, and a pinger;
-per-pair ordering holds because each pair of nodes shares one ordered stream. When a connection
+per-pair ordering holds because each pair of nodes shares one ordered stream. Every connection
+process is linked to the node's net_kernel process (registered as ``otp.net_kernel``), which
+serves the listeners and reaps the connections: it ends with the node, and whatever ends it
+ends every connection with it (see :func:`_net_kernel`). What waits to be written to a peer is
+bounded (DistConfig.busy_limit suspends its senders, queue_limit drops the connection), and a
+peer that reads nothing for the liveness timeout is lost. When a connection
 is lost every link and monitor across it fires with ``noconnection`` and ``monitor_node``
 subscribers get :class:`NodeDown`. Peers tell each other the nodes they know, so a cluster
 becomes a full mesh, as Erlang's does; that suits tens of nodes (each node holds a connection
@@ -20,6 +25,7 @@ import os
 import socket as _socket
 import ssl
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +36,14 @@ import trio
 
 import wire
 
-from ._dist_handshake import HandshakeError, HandshakeRefused, Peer, accept, initiate
+from ._dist_handshake import (
+    HandshakeError,
+    HandshakeRefused,
+    Peer,
+    accept,
+    initiate,
+    is_node_name,
+)
 from ._dist_values import (
     pid_from_wire,
     reason_from_wire,
@@ -42,10 +55,17 @@ from ._dist_values import (
 from ._errors import BadArg, CallError, CallTimeout, OtpError
 from ._gen_server import _Call, _Cast, _SystemTerminate, _wait
 from ._ids import Pid, Ref
-from ._messages import From
+from ._messages import Exit, From
 from ._node import NamedMonitor, Node, current_node
 from ._pg import PG_NAME, GroupState
-from ._process import TIMED_OUT, CallWaiter, Process, current_process, current_process_or_none
+from ._process import (
+    TIMED_OUT,
+    CallWaiter,
+    Process,
+    ProcessExit,
+    current_process,
+    current_process_or_none,
+)
 from ._reasons import KILL, NOCONNECTION, NOPROC
 
 logger = logging.getLogger("otp.dist")
@@ -57,6 +77,10 @@ _SYSTEM = wire.Atom("system")
 _TERMINATE = wire.Atom("terminate")
 #: The mesh's peer lists travel to this name (see PG_NAME: an atom no user send names).
 _NET_KERNEL = wire.Atom("$net_kernel")
+#: The registered name of the process that owns the listeners and connections (_net_kernel);
+#: not Erlang's ``net_kernel``, which stays free for a user's process (a remote send to it
+#: reaches that process).
+NET_KERNEL = "otp.net_kernel"
 
 #: A frame is written straight to an idle socket only if the previous direct write is at least
 #: this old (seconds); closer frames are a burst, queued and written together by the writer.
@@ -74,20 +98,25 @@ class NodeDown:
     node: str
 
 
+def _check_keyfile(_inst: Any, _attr: Any, value: str) -> None:
+    _owner_only(Path(value), "TLS key file")
+
+
 @attrs.frozen
 class TlsConfig:
     """Certificates for distribution over TCP; both sides verify each other (mutual TLS).
 
     Attributes:
         certfile: This node's certificate chain (PEM).
-        keyfile: Its private key (PEM).
+        keyfile: Its private key (PEM), readable by its owner only (mode 0600 or 0400), as
+            the cookie file.
         cafile: The CA that signs every node's certificate.
         server_hostname: The name peers' certificates are checked against (default: the host
             part of the address dialled).
     """
 
     certfile: str
-    keyfile: str
+    keyfile: str = attrs.field(validator=_check_keyfile)
     cafile: str
     server_hostname: str | None = None
 
@@ -126,6 +155,14 @@ class DistConfig:
         codecs: Payload codecs this node speaks, most preferred first.
         mesh: Connect to the nodes peers know about (a full mesh, as Erlang's ``global``).
         limits: Decoding limits for frames from peers.
+        busy_limit: Bytes waiting to be written to one peer past which the connection is busy
+            (Erlang's ``dist_buf_busy_limit``, ``+zdbbl``): a process that sends to it then is
+            suspended at its next receive or remote call until half of that is written.
+        queue_limit: Bytes waiting for one peer past which its connection counts as lost
+            (``noconnection``), for senders that never wait in a receive.
+        mesh_max_nodes: Most nodes this node learns of from its peers' lists (the rest of
+            a longer list is ignored, with a warning).
+        mesh_dial_rate: Most dials a second to nodes learnt from peers' lists.
     """
 
     cookie: bytes = attrs.field(validator=_check_cookie, repr=False)
@@ -137,14 +174,28 @@ class DistConfig:
     codecs: tuple[wire.Codec, ...] = (wire.Codec.TLV, wire.Codec.CBOR)
     mesh: bool = True
     limits: wire.Limits = attrs.field(factory=lambda: wire.Limits(max_payload=64 * 1024 * 1024))
+    busy_limit: int = 1024 * 1024
+    queue_limit: int = 64 * 1024 * 1024
+    mesh_max_nodes: int = 256
+    mesh_dial_rate: float = 10.0
 
     def __attrs_post_init__(self) -> None:
         # Checked now, so a bad setting fails where it is made (the CLI's flags, a config),
         # not later inside the running node.
-        for name in ("liveness_timeout", "handshake_timeout"):
+        for name in ("liveness_timeout", "handshake_timeout", "mesh_dial_rate"):
             seconds = getattr(self, name)
             if not seconds > 0:
-                raise DistributionError(f"DistConfig.{name} must be above 0 s (got {seconds!r})")
+                raise DistributionError(f"DistConfig.{name} must be above 0 (got {seconds!r})")
+        for name in ("busy_limit", "queue_limit", "mesh_max_nodes"):
+            size = getattr(self, name)
+            if type(size) is not int or size < 1:
+                raise DistributionError(f"DistConfig.{name} is a number of bytes (got {size!r})")
+        if self.queue_limit < self.busy_limit:
+            raise DistributionError(
+                f"DistConfig.queue_limit ({self.queue_limit}) must be at least busy_limit"
+                f" ({self.busy_limit}): senders are suspended at busy_limit, before the queue"
+                " is dropped at queue_limit"
+            )
         for address in self.listen:
             kind, _ = parse_address(address)
             if kind == "tcp" and self.tls is None and not self.insecure_tcp:
@@ -161,15 +212,7 @@ def read_cookie_file(path: str | os.PathLike[str]) -> bytes:
         DistributionError: the file is missing, empty, or readable by group or others.
     """
     p = Path(path)
-    try:
-        mode = p.stat().st_mode
-    except OSError as exc:
-        raise DistributionError(f"cookie file {p}: cannot read it ({exc})") from exc
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise DistributionError(
-            f"cookie file {p} has mode {stat.S_IMODE(mode):04o}: it must be readable by its owner"
-            f" only; run: chmod 600 {p}"
-        )
+    _owner_only(p, "cookie file")
     try:
         cookie = p.read_bytes().strip()
     except OSError as exc:
@@ -177,6 +220,19 @@ def read_cookie_file(path: str | os.PathLike[str]) -> bytes:
     if not cookie:
         raise DistributionError(f"cookie file {p} is empty: write a long random secret into it")
     return cookie
+
+
+def _owner_only(p: Path, what: str) -> None:
+    """Refuse a secret's file that group or others may read (or that cannot be read)."""
+    try:
+        mode = p.stat().st_mode
+    except OSError as exc:
+        raise DistributionError(f"{what} {p}: cannot read it ({exc})") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise DistributionError(
+            f"{what} {p} has mode {stat.S_IMODE(mode):04o}: it must be readable by its owner"
+            f" only; run: chmod 600 {p}"
+        )
 
 
 def parse_address(address: str) -> tuple[str, Any]:
@@ -196,6 +252,12 @@ def parse_address(address: str) -> tuple[str, Any]:
 #: Limits until a peer has proved the cookie: handshake frames are small (Erlang's handshake
 #: messages have a 16-bit length), so a stranger cannot make the node buffer a large one.
 _HANDSHAKE_LIMITS = wire.Limits(max_payload=65535)
+
+#: The longest address taken from a peer's list of nodes.
+MAX_ADDRESS = 1024
+
+#: About the most bytes the writer hands the socket in one write.
+WRITE_BYTES = 256 * 1024
 
 #: Most messages, and about the most bytes, in one SEND_BATCH / REG_SEND_BATCH frame.
 BATCH_MESSAGES = 1024
@@ -275,9 +337,64 @@ class Connection:
         self.rivals = 0
         self.rival_came = False
         self.rival_lot = trio.lowlevel.ParkingLot()
+        #: Bytes waiting to be written: pending, queued, batching and being written.
+        self.queued = 0
+        self._busy_limit = dist.config.busy_limit
+        #: Bytes written so far (the ticker tells a peer that reads nothing by it).
+        self.written = 0
+        #: Set (and dropped) once the queue is below half DistConfig.busy_limit again: what
+        #: the senders it suspended wait for (see _busy).
+        self._resume: trio.Event | None = None
 
     def __repr__(self) -> str:
         return f"<Connection {self.peer} {self.state}>"
+
+    @property
+    def busy(self) -> bool:
+        """More than DistConfig.busy_limit bytes wait to be written (Erlang's busy_dist_port)."""
+        return self.queued > self.dist.config.busy_limit
+
+    def _busy(self, added: int) -> None:
+        """The queue passed busy_limit with the frame of ``added`` bytes just queued.
+
+        The sending process is suspended, as Erlang's busy_dist_port suspends it in the send:
+        a Python ``send`` cannot block, so it is suspended at its next receive (or remote
+        call) until the queue is below half the limit, or the connection is gone. A queue
+        that still grows past queue_limit (its senders never wait in a receive) counts as a
+        lost connection, so what waits for a peer stays bounded whatever the senders do.
+        """
+        config = self.dist.config
+        if self.queued > config.queue_limit and self.queued > added:
+            logger.warning(
+                "node %s: more than %d bytes wait to be written to it (queue_limit): connection"
+                " counted as lost",
+                self.peer,
+                config.queue_limit,
+            )
+            self.dist.connection_lost(self)
+            if self.process is not None:
+                self.process.die(KILL)
+            return
+        proc = current_process_or_none()
+        if proc is not None and proc is not self.process:
+            if self._resume is None:
+                self._resume = trio.Event()
+            proc.suspended = self._resume
+
+    def _not_busy(self) -> None:
+        resume = self._resume
+        if resume is not None and (
+            self.queued <= self.dist.config.busy_limit // 2 or self.state == "down"
+        ):
+            self._resume = None
+            resume.set()
+
+    async def wait_not_busy(self) -> None:
+        """Wait while this connection is busy (a remote call's sender, before it sends)."""
+        while self.busy and self.state != "down":
+            if self._resume is None:
+                self._resume = trio.Event()
+            await self._resume.wait()
 
     def enqueue(self, mtype: wire.MessageType, payload: Any, *, lazy: bool = False) -> None:
         """Queue one distribution frame; encodes it now so the sender hears of a bad value.
@@ -291,14 +408,18 @@ class Connection:
         if codec is None:
             # Not agreed yet: the value must go with whichever of ours the peer picks, so the
             # sender hears of a bad one now, as it does once the connection is up.
+            size = 0
             for candidate in self.dist.config.codecs:
                 try:
-                    wire.encode_message(
-                        mtype, payload, codec=candidate, limits=self.dist.config.limits
+                    size = len(
+                        wire.encode_message(
+                            mtype, payload, codec=candidate, limits=self.dist.config.limits
+                        )
                     )
                 except wire.WireError as exc:
                     raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
             self._pending.append((mtype, payload))
+            self._queue_grew(size)
             return
         try:
             data = wire.encode_message(mtype, payload, codec=codec, limits=self.dist.config.limits)
@@ -311,8 +432,14 @@ class Connection:
         if self._run is not None:
             self._close_run()
         self._outbox.append(data)
+        self._queue_grew(len(data))
         if self._writer_lot and not self._corked:
             self._writer_lot.unpark()
+
+    def _queue_grew(self, added: int) -> None:
+        self.queued += added
+        if self.queued > self._busy_limit:
+            self._busy(added)
 
     def enqueue_send(self, mtype: wire.MessageType, route: tuple[Any, Any], message: Any) -> None:
         """Queue a SEND (``route`` is ``(to, None)``) or REG_SEND (``(from, name)``) of the wire
@@ -354,7 +481,11 @@ class Connection:
         ):
             # The common case of a burst: the writer was woken when the batch began.
             run.items.append(item)
-            run.size += len(item)
+            size = len(item)
+            run.size += size
+            self.queued += size
+            if self.queued > self._busy_limit:
+                self._busy(size)
             return
         if run is not None:
             self._close_run()
@@ -374,18 +505,22 @@ class Connection:
             except wire.WireError as exc:
                 raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
             self._outbox.append(data)
+            added = len(data)
         else:
             run.items.append(item)
-            run.size = len(item)
+            added = run.size = len(item)
         if self._writer_lot and not self._corked:
             self._writer_lot.unpark()
+        self._queue_grew(added)
 
     def _close_run(self) -> None:
         """Turn the open batch into a frame at the end of the outbox (it fits: see _Run.room)."""
         run = self._run
         assert run is not None and self.codec is not None
         self._run = None
-        self._outbox.append(run.frame(self.codec, self.dist.config.limits))
+        frame = run.frame(self.codec, self.dist.config.limits)
+        self.queued += len(frame) - run.size  # the batch's header and routing fields
+        self._outbox.append(frame)
 
     def _take_outbox(self) -> list[bytes]:
         if self._run is not None:
@@ -421,6 +556,7 @@ class Connection:
             written = 0
         except OSError:
             written = 0  # the writer meets the error too, and the connection closes
+        self.written += written
         self.sent_since_tick = True
         return data[written:] if written < len(data) else b""
 
@@ -435,8 +571,10 @@ class Connection:
         if (self._outbox or self._run) and not self._writing and self.direct_fd is not None:
             rest = self._write_directly(b"".join(self._take_outbox()))
             self._last_direct = time.perf_counter()
+            self.queued = len(rest)  # nothing else waits: the whole outbox was joined
             if rest:
                 self._outbox.insert(0, rest)
+            self._not_busy()
         if self._outbox and self._writer_lot:
             self._writer_lot.unpark()
 
@@ -454,6 +592,7 @@ class Connection:
                 )
             except wire.WireError as exc:
                 logger.error("dropped a frame queued for %s: %s", self.peer, exc)
+        self.queued = sum(map(len, self._outbox))  # pending sizes were the first codec's
         self.settled.set()
 
     @property
@@ -468,10 +607,28 @@ class Connection:
             batch = self._take_outbox()
             self.sent_since_tick = True
             self._writing = True
-            await stream.send_all(b"".join(batch) if len(batch) > 1 else batch[0])
+            if len(batch) == 1:
+                await self._write(stream, batch[0])
+            else:
+                # In slices of about WRITE_BYTES: no copy of a whole long queue at once, and
+                # the ticker sees a slow reader's progress between them.
+                start = size = 0
+                for end, frame in enumerate(batch, 1):
+                    size += len(frame)
+                    if size >= WRITE_BYTES or end == len(batch):
+                        await self._write(stream, b"".join(batch[start:end]))
+                        start, size = end, 0
             self._writing = False
             if self.drained is not None and self.idle:
                 self.drained.set()
+
+    async def _write(self, stream: trio.abc.Stream, data: bytes) -> None:
+        await stream.send_all(data)
+        size = len(data)
+        self.written += size
+        self.queued = max(0, self.queued - size)  # 0 once lost (connection_lost)
+        if self._resume is not None:
+            self._not_busy()
 
 
 class Distribution:
@@ -490,26 +647,78 @@ class Distribution:
         self.nodeup_hooks: list[Callable[[str], None]] = []
         self.nodedown_hooks: list[Callable[[str], None]] = []
         self._listeners: list[trio.abc.Listener[Any]] = []
+        #: The socket files this node made, each with its inode (removed on stop if still ours).
+        self._socket_files: list[tuple[Path, int]] = []
+        #: The net_kernel process (see _net_kernel): it owns the listeners and every connection.
+        self.kernel: Process | None = None
+        #: The connection processes linked to the kernel (what it reaps when it stops).
+        self.children: set[Pid] = set()
+        #: Nodes learnt from peers' lists, waiting for the kernel's dialer (_dial_learnt).
+        self._to_dial: dict[str, None] = {}
+        self._dial_lot = trio.lowlevel.ParkingLot()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self, nursery: trio.Nursery) -> None:
-        for address in self.config.listen:
-            kind, where = parse_address(address)
-            if kind == "tcp" and self.config.tls is None and not self.config.insecure_tcp:
-                raise DistributionError(
-                    f"listening on {address} needs TLS certificates (DistConfig.tls); plain TCP"
-                    " only with insecure_tcp=True (--insecure-tcp)"
-                )
-            listener = await _open_listener(kind, where)
-            self._listeners.append(listener)
-            self.listening.append(_bound_address(kind, where, listener))
-            nursery.start_soon(self._serve, listener)
+    async def start(self) -> None:
+        """Open the listeners, then start the net_kernel process that serves them."""
+        holder = self.node.names.get(NET_KERNEL)
+        if holder is not None:
+            raise DistributionError(
+                f"cannot start distribution: {holder.pid!r} is registered as {NET_KERNEL!r},"
+                " the name of the process that owns the node's connections; unregister it"
+            )
+        try:
+            for address in self.config.listen:
+                kind, where = parse_address(address)
+                if kind == "tcp" and self.config.tls is None and not self.config.insecure_tcp:
+                    raise DistributionError(
+                        f"listening on {address} needs TLS certificates (DistConfig.tls); plain"
+                        " TCP only with insecure_tcp=True (--insecure-tcp)"
+                    )
+                listener = await _open_listener(kind, where)
+                self._listeners.append(listener)
+                if kind == "unix":
+                    self._socket_files.append((Path(where), os.stat(where).st_ino))
+                self.listening.append(_bound_address(kind, where, listener))
+        except BaseException:
+            self._close_listeners()
+            raise
+        kernel = self.node.spawn(_net_kernel, (self,), None, trap_exit=True)
+        kernel.behaviour = "net_kernel"
+        kernel.name = NET_KERNEL
+        self.node.names[NET_KERNEL] = kernel
+        self.kernel = kernel
         if self.config.insecure_tcp:
             logger.warning(
                 "distribution over plain TCP (--insecure-tcp): anyone who can reach the port and"
                 " guess the cookie controls this node; use TLS outside a trusted network"
             )
+
+    def stopped(self) -> None:
+        """The net_kernel is gone: every connection with it (noconnection for what crosses
+        them), the listeners closed, this node's socket files removed; the node is no longer
+        distributed (``start_distribution`` may start it again)."""
+        self.kernel = None
+        for pid in list(self.children):
+            proc = self.node.resolve(pid)
+            if proc is not None:
+                proc.die(KILL)
+        self.children.clear()
+        for conn in list(self.connections.values()):
+            self.connection_lost(conn)
+        self._close_listeners()
+        if self.node.distribution is self:
+            self.node.distribution = None
+
+    def _close_listeners(self) -> None:
+        for listener in self._listeners:
+            sock = getattr(listener, "socket", None)
+            if sock is not None:
+                sock.close()  # their tasks, if any, were cancelled with the kernel
+        self._listeners.clear()
+        for path, inode in self._socket_files:
+            _remove_own_socket(path, inode)
+        self._socket_files.clear()
 
     async def flush(self, timeout: float) -> None:
         """Wait (up to ``timeout`` seconds) until every connection has written what is queued:
@@ -520,7 +729,7 @@ class Distribution:
                     conn.drained = trio.Event()
                     await conn.drained.wait()
 
-    async def _serve(self, listener: trio.abc.Listener[Any]) -> None:
+    async def _serve(self, listener: trio.abc.Listener[Any], address: str) -> None:
         async with listener:
             while True:
                 try:
@@ -529,14 +738,19 @@ class Distribution:
                     logger.warning("distribution listener: accept failed: %s", exc)
                     await trio.sleep(0.1)
                     continue
-                self._spawn_connection(None, stream, None)
+                self._spawn_connection(None, stream, _peer_address(stream, address))
 
     # -- connections -------------------------------------------------------------------------
 
     def _spawn_connection(
         self, conn: Connection | None, stream: trio.abc.Stream | None, address: str | None
     ) -> None:
-        proc = self.node.spawn(_run_connection, (self, conn, stream, address), None)
+        assert self.kernel is not None
+        # Linked to the net_kernel, which reaps it (see _net_kernel).
+        proc = self.node.spawn(
+            _run_connection, (self, conn, stream, address), self.kernel, link=True
+        )
+        self.children.add(proc.pid)
         proc.behaviour = f"dist_connection {conn.peer if conn else '(accepting)'}"
         if conn is not None:
             conn.process = proc
@@ -547,7 +761,7 @@ class Distribution:
         if conn is not None or not connect:
             return conn
         address = self.addresses.get(peer)
-        if address is None or peer == self.node.name:
+        if address is None or peer == self.node.name or self.kernel is None:
             return None
         conn = Connection(self, peer)
         self.connections[peer] = conn
@@ -592,10 +806,12 @@ class Distribution:
             else:
                 # An accepted connection replaces our own pending dial to the same node.
                 existing.state = "down"
+                existing._not_busy()  # its suspended senders resume: the queue moves over
                 if existing.process is not None:
                     existing.process.die(KILL)
                 existing.settled.set()
                 conn._pending = existing._pending + conn._pending
+                conn.queued += existing.queued
         conn.peer = peer.name
         self.connections[peer.name] = conn
         for address in peer.listen[:1]:
@@ -618,6 +834,8 @@ class Distribution:
         was_up = conn.state == "up"
         conn.state = "down"
         conn.settled.set()
+        conn._not_busy()  # its suspended senders resume (what they sent is lost with it)
+        conn._pending, conn._outbox, conn._run, conn.queued = [], [], None, 0
         if conn.drained is not None:
             conn.drained.set()
         if self.connections.get(conn.peer) is conn:
@@ -824,8 +1042,13 @@ class Distribution:
         """Monitor the remote ``server`` and send it ``message(ref)`` in one batch, monitor
         first (its DOWN then always carries the reason it exited with); wait for the reply or
         the DOWN, which the monitor's ref (an alias) routes to the returned waiter."""
+        peer = server.node if server.__class__ is Pid else server[1]
+        conn = self._conn_for(peer)
+        if conn is not None and conn.busy:
+            # As a send to a busy port suspends its sender, before the request is queued.
+            await conn.wait_not_busy()
+            conn = self._conn_for(peer)
         ref, waiter = self._watch(me, server)
-        conn = self._conn_for(server.node if server.__class__ is Pid else server[1])
         if conn is None:
             self.monitor(me.pid, server, ref)
         else:
@@ -915,7 +1138,7 @@ class Distribution:
             self._reg_send(conn, p["to"], p["msg"])
         elif t is M.LINK:
             sender, target = (
-                pid_from_wire(p["from"], node),
+                _peer_pid(conn, p["from"], node),
                 node.resolve(pid_from_wire(p["to"], node)),
             )
             if target is None:
@@ -945,7 +1168,7 @@ class Distribution:
                 )
         elif t is M.MONITOR:
             self._on_monitor(
-                pid_from_wire(p["from"], node), p["to"], value_from_wire(p["ref"], node)
+                _peer_pid(conn, p["from"], node), p["to"], value_from_wire(p["ref"], node)
             )
         elif t is M.DEMONITOR:
             to = p["to"]
@@ -964,7 +1187,10 @@ class Distribution:
             if watcher is not None and watcher.monitors is not None and ref in watcher.monitors:
                 node.deliver_down(watcher.pid, ref, label, reason_from_wire(p["reason"], node))
         elif t is M.PING:
-            conn.enqueue(M.PONG, None)
+            # Any frame tells the peer we are alive: none is added while some wait (a peer
+            # that floods PINGs and reads nothing would grow the queue by a PONG each).
+            if not conn.queued:
+                conn.enqueue(M.PONG, None)
         elif t is M.PONG:
             pass
         else:
@@ -1041,17 +1267,42 @@ class Distribution:
             and message[0] == "peers"
             and isinstance(message[1], dict)
         ):
+            room = self.config.mesh_max_nodes
             for name, address in message[1].items():
-                if not (isinstance(name, str) and isinstance(address, str)):
+                if not (is_node_name(name) and isinstance(address, str)):
                     continue
                 if name == self.node.name or name in self.connections:
                     continue
+                if name not in self.addresses and len(self.addresses) >= room:
+                    logger.warning(
+                        "node %s told of more nodes than mesh_max_nodes=%d: the rest ignored",
+                        conn.peer,
+                        room,
+                    )
+                    break
+                if len(address) > MAX_ADDRESS or not address.isprintable():
+                    continue  # it would be logged: no control characters, no novel
                 try:
                     parse_address(address)
                 except DistributionError:
                     continue
                 self.addresses.setdefault(name, address)
-                self.connection(name)
+                self._to_dial[name] = None
+            if self._to_dial:
+                self._dial_lot.unpark()
+
+    async def dial_learnt(self) -> None:
+        """Dial the nodes learnt from peers' lists, at most mesh_dial_rate a second (a task of
+        the net_kernel): a long list is no burst of connections."""
+        while True:
+            while not self._to_dial:
+                await self._dial_lot.park()
+            name = next(iter(self._to_dial))
+            del self._to_dial[name]
+            if name in self.connections:
+                continue
+            self.connection(name)
+            await trio.sleep(1 / self.config.mesh_dial_rate)
 
 
 def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
@@ -1060,6 +1311,25 @@ def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
         return wire.Pid(node.name, 0, node.creation)
     made: wire.Pid = wire_id(pid)
     return made
+
+
+def _peer_pid(conn: Connection, value: Any, node: Node) -> Pid:
+    """The ``from`` of a LINK or MONITOR, which must be a process of the peer itself.
+
+    What a peer plants here is dropped when its connection closes (see connection_lost), which
+    finds it by the watcher's node; a link or monitor for a third node's process would outlive
+    the connection that planted it, so it is refused, as ERTS kills a connection whose
+    LINK/MONITOR_P names another node's pid (``invalid_message``).
+
+    Raises:
+        wire.MalformedMessage: ``value`` is not a pid of the peer's node.
+    """
+    if value.__class__ is not wire.Pid or value.node != conn.peer:
+        raise wire.MalformedMessage(
+            f"a LINK or MONITOR from {conn.peer!r} names {value!r} as its sender, which is no"
+            " process of that node"
+        )
+    return pid_from_wire(value, node)
 
 
 def _registered_name(name: Any) -> str:
@@ -1124,6 +1394,38 @@ def _remove_stale_socket(path: Path) -> None:
     )
 
 
+def _remove_own_socket(path: Path, inode: int) -> None:
+    """Remove the socket file this node bound at ``path``, unless another took its place."""
+    with contextlib.suppress(OSError):
+        st = path.stat()
+        if st.st_ino == inode and stat.S_ISSOCK(st.st_mode):
+            path.unlink()
+
+
+async def _net_kernel(dist: Distribution) -> None:
+    """The net_kernel process (registered as NET_KERNEL): it serves the
+    listeners and is linked to every connection process, dialled or accepted, trapping their
+    exits. It owns them: when it ends (killed, or an exit signal from a process that is not
+    one of its connections), every connection process is killed with it, the listeners close
+    and the node's socket files go (Distribution.stopped), so nothing of the distribution is
+    left behind. The node is its owner: it is stopped with the node."""
+    me = current_process()
+    try:
+        async with trio.open_nursery() as nursery:
+            for listener, address in zip(dist._listeners, dist.listening, strict=True):
+                nursery.start_soon(dist._serve, listener, address)
+            nursery.start_soon(dist.dial_learnt)
+            while True:
+                message = await me.receive()
+                if message.__class__ is Exit:
+                    if message.pid in dist.children:
+                        dist.children.discard(message.pid)  # a connection ended: reaped
+                    else:
+                        raise ProcessExit(message.reason)
+    finally:
+        dist.stopped()
+
+
 async def _open_listener(kind: str, where: Any) -> trio.abc.Listener[Any]:
     if kind == "unix":
         path = Path(where)
@@ -1168,7 +1470,50 @@ async def _dial(dist: Distribution, address: str) -> tuple[trio.abc.Stream, str 
         server_hostname=tls.server_hostname or host,
         https_compatible=False,
     )
+    try:
+        await _tls_handshake(stream)
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
     return stream, host
+
+
+async def _tls_handshake(stream: trio.SSLStream[Any]) -> None:
+    """Run the TLS handshake now, so a refusal is told as one (with its alert or reason), not
+    as a connection closed at the first read.
+
+    Raises:
+        HandshakeError: the handshake failed.
+    """
+    try:
+        await stream.do_handshake()
+    except (trio.BrokenResourceError, ssl.SSLError) as exc:
+        cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            reason = f"certificate refused: {cause.verify_message}"
+        elif isinstance(cause, ssl.SSLError):
+            reason = cause.reason or str(cause)
+            if "ALERT" in reason:
+                reason = f"the peer sent the alert {reason}"
+        else:
+            reason = f"the peer closed the connection ({cause or exc!r})"
+        raise HandshakeError(f"TLS handshake failed: {reason}") from exc
+
+
+def _peer_address(stream: trio.abc.Stream, listening: str) -> str:
+    """Where an accepted peer is, for the log: its TCP address, or for a Unix socket the
+    socket and the peer's OS pid."""
+    sock = getattr(stream, "socket", None)
+    try:
+        if sock is not None and sock.family in (_socket.AF_INET, _socket.AF_INET6):
+            host, port = sock.getpeername()[:2]
+            return f"tcp:{host}:{port}"
+        if sock is not None and hasattr(_socket, "SO_PEERCRED"):
+            creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+            return f"{listening} (OS pid {int.from_bytes(creds[:4], sys.byteorder)})"
+    except OSError:
+        pass
+    return listening
 
 
 async def _run_connection(
@@ -1178,11 +1523,11 @@ async def _run_connection(
     address: str | None,
 ) -> None:
     """A connection's process: dial or accept, handshake, then read, write and ping until the
-    link breaks."""
+    link breaks. ``address`` is where to dial, or where an accepted peer is (for the log)."""
     node = dist.node
     me = current_process()
     config = dist.config
-    what = f"to {conn.peer} at {address}" if conn is not None else "from a peer"
+    what = f"to {conn.peer} at {address}" if conn is not None else f"from {address}"
     # Our own pending dial to the peer, which this accepted connection is to replace.
     rival: Connection | None = None
     refused = False  # our dial, refused by the peer before its answer
@@ -1199,6 +1544,7 @@ async def _run_connection(
                     stream, _ = await _dial(dist, address)
                 elif config.tls is not None and _is_tcp(stream):
                     stream = trio.SSLStream(stream, config.tls.server_context(), server_side=True)
+                    await _tls_handshake(stream)
                 # Read frame by frame: what follows the last handshake frame is read under
                 # the connection's limits (an initiator may write right behind its proof).
                 frames = wire.FrameStream(
@@ -1253,10 +1599,11 @@ async def _run_connection(
             logger.warning("distribution connection %s dropped: malformed input: %s", what, exc)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
             logger.info("distribution connection %s closed: %s", what, exc)
-        except _LivenessTimeout:
+        except _LivenessTimeout as exc:
             logger.warning(
-                "node %s sent nothing for %s s: connection counted as lost",
+                "node %s %s nothing for %s s: connection counted as lost",
                 conn.peer if conn else "?",
+                "read" if exc.args == ("read",) else "sent",
                 config.liveness_timeout,
             )
         except DistributionError as exc:
@@ -1352,11 +1699,14 @@ async def _read_loop(dist: Distribution, conn: Connection, frames: wire.FrameStr
 
 async def _ticker(conn: Connection, liveness: float) -> None:
     """Erlang's net tick: every quarter of ``liveness``, ping a peer we have sent nothing to,
-    and count the connection lost once nothing has come from the peer for ``liveness``.
+    and count the connection lost once nothing has come from the peer for ``liveness``, or
+    the peer has read nothing of what waits for it for that long (a peer that sends but never
+    reads would hold its queue, and the senders it suspends, for ever).
 
     Liveness is checked here, not by a deadline on every read: the reader only sets a flag.
     """
-    heard = trio.current_time()
+    heard = read = trio.current_time()
+    written = conn.written
     while True:
         await trio.sleep(liveness / 4)
         now = trio.current_time()
@@ -1365,7 +1715,11 @@ async def _ticker(conn: Connection, liveness: float) -> None:
             heard = now
         elif now - heard >= liveness:
             raise _LivenessTimeout()
-        if not conn.sent_since_tick:
+        if conn.written != written or not conn.queued:
+            written, read = conn.written, now
+        elif now - read >= liveness:
+            raise _LivenessTimeout("read")
+        if not conn.sent_since_tick and not conn.queued:
             conn.enqueue(wire.MessageType.PING, None)
         conn.sent_since_tick = False
 
@@ -1390,10 +1744,11 @@ async def start_distribution(config: DistConfig) -> list[str]:
     The node's name (``open_node(name)``) must be ``name@host`` and unique in the cluster.
     """
     node = current_node()
-    if "@" not in node.name or node.name == "nonode@nohost":
+    if not is_node_name(node.name) or node.name == "nonode@nohost":
         raise DistributionError(
-            f"a distributed node needs a name like 'a@host' (got {node.name!r}): open the node"
-            " with that name (python -m otp.node --name a@host)"
+            f"a distributed node needs a name like 'a@host' (letters, digits, '_', '-', and"
+            f" dots in the host; got {node.name!r}): open the node with that name"
+            " (python -m otp.node --name a@host)"
         )
     if node.distribution is not None:
         raise DistributionError("distribution is already started on this node")
@@ -1403,7 +1758,7 @@ async def start_distribution(config: DistConfig) -> list[str]:
         node.pg = GroupState(node)
     else:
         node.pg.attach(dist)
-    await dist.start(node.system_nursery)
+    await dist.start()
     return list(dist.listening)
 
 

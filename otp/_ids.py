@@ -20,12 +20,13 @@ class Pid:
     print as ``<node.id.creation>``. There is no public constructor.
     """
 
-    __slots__ = ("_proc", "creation", "id", "node")
+    __slots__ = ("_hash", "_proc", "creation", "id", "node")
 
     node: str
     id: int
     creation: int
     _proc: Process | None
+    _hash: int
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("Pid has no public constructor: pids come from spawn(), self() and friends")
@@ -37,6 +38,9 @@ class Pid:
         pid.id = id
         pid.creation = creation
         pid._proc = proc
+        # The whole identity: a peer picks the ids of the pids it sends, so a hash of the id
+        # alone would let it fill a dict with colliding keys (quadratic inserts).
+        pid._hash = hash((node, id, creation))
         return pid
 
     def __eq__(self, other: object) -> bool:
@@ -47,7 +51,7 @@ class Pid:
         return self.id == other.id and self.node == other.node and self.creation == other.creation
 
     def __hash__(self) -> int:
-        return self.id
+        return self._hash
 
     def __lt__(self, other: Pid) -> bool:
         return (self.node, self.creation, self.id) < (other.node, other.creation, other.id)
@@ -68,11 +72,12 @@ class Pid:
 class Ref:
     """A unique reference (Erlang's ``make_ref()``), used for monitors, calls and timers."""
 
-    __slots__ = ("creation", "id", "node")
+    __slots__ = ("_hash", "creation", "id", "node")
 
     node: str
     id: int
     creation: int
+    _hash: int
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("Ref has no public constructor: use otp.make_ref()")
@@ -83,6 +88,7 @@ class Ref:
         ref.node = node
         ref.id = id
         ref.creation = creation
+        ref._hash = hash((node, id, creation))  # the whole identity, as Pid's
         return ref
 
     def __eq__(self, other: object) -> bool:
@@ -93,7 +99,7 @@ class Ref:
         return self.id == other.id and self.node == other.node and self.creation == other.creation
 
     def __hash__(self) -> int:
-        return self.id
+        return self._hash
 
     def __repr__(self) -> str:
         return f"#Ref<{self.node}.{self.id}.{self.creation}>"

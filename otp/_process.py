@@ -151,6 +151,7 @@ class Process:
         "pid",
         "scope",
         "started_at",
+        "suspended",
         "timers",
         "trap_exit",
     )
@@ -182,6 +183,8 @@ class Process:
         self.started_at = trio.current_time()
         self.handled = 0
         self.last_message: Any = None
+        #: Set by a send to a busy distribution connection: what the next receive waits for.
+        self.suspended: trio.Event | None = None
 
     def __repr__(self) -> str:
         return f"<Process {self.pid!r} alive={self.alive}>"
@@ -256,6 +259,11 @@ class Process:
     ) -> Any:
         """Take the oldest message that ``match`` accepts, waiting up to ``timeout`` seconds."""
         await checkpoint_if_cancelled()
+        while self.suspended is not None:
+            # Erlang suspends a sender to a busy distribution port inside the send; a Python
+            # send cannot block, so the sender waits here (see Connection._busy).
+            resume, self.suspended = self.suspended, None
+            await resume.wait()
         mailbox = self._mailbox
         predicate = _predicate(match) if match is not None else None
         if mailbox:

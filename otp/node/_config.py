@@ -119,8 +119,21 @@ def parser(*, add_help: bool = True) -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="a silent peer counts as gone after this long (default 60)",
+        help="a peer that sends or reads nothing counts as gone after this long (default 60)",
     )
+    defaults = otp.DistConfig(cookie=b"-" * 8)
+    for setting, past_it in (
+        ("busy_limit", "its senders are suspended"),
+        ("queue_limit", "it counts as gone"),
+    ):
+        default = getattr(defaults, setting)
+        d.add_argument(
+            f"--dist-{setting.replace('_', '-')}",
+            type=int,
+            default=default,
+            metavar="BYTES",
+            help=f"bytes queued for one peer past which {past_it} (default {default >> 20} MiB)",
+        )
     return p
 
 
@@ -151,7 +164,10 @@ def _distribution(args: argparse.Namespace, name: str) -> DistSettings | None:
     if args.tls_cert or args.tls_key or args.tls_ca:
         if not (args.tls_cert and args.tls_key and args.tls_ca):
             raise ConfigError("TLS needs all of --tls-cert, --tls-key and --tls-ca")
-        tls = otp.TlsConfig(args.tls_cert, args.tls_key, args.tls_ca)
+        try:
+            tls = otp.TlsConfig(args.tls_cert, args.tls_key, args.tls_ca)
+        except otp.DistributionError as exc:
+            raise ConfigError(f"--tls-key: {exc}") from exc
     try:
         config = otp.DistConfig(
             cookie=cookie,
@@ -159,6 +175,8 @@ def _distribution(args: argparse.Namespace, name: str) -> DistSettings | None:
             tls=tls,
             insecure_tcp=args.insecure_tcp,
             liveness_timeout=args.liveness_timeout,
+            busy_limit=args.dist_busy_limit,
+            queue_limit=args.dist_queue_limit,
         )
     except otp.DistributionError as exc:
         raise ConfigError(str(exc)) from exc

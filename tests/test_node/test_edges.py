@@ -146,6 +146,16 @@ def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
             ["--liveness-timeout", "-1"],
             "liveness",
         ),
+        pytest.param(
+            "a TLS key file readable by others",
+            ["--tls-cert", "{tmp}/c.pem", "--tls-key", "{tmp}/open.key", "--tls-ca", "{tmp}/c.pem"],
+            "open.key has mode 0644",
+        ),
+        pytest.param(
+            "a queue limit below the busy limit",
+            ["--dist-busy-limit", "4096", "--dist-queue-limit", "1024"],
+            "queue_limit",
+        ),
     ],
 )
 def test_bad_distribution_flags_are_a_clear_error_with_exit_code_2(
@@ -155,6 +165,8 @@ def test_bad_distribution_flags_are_a_clear_error_with_exit_code_2(
     (tmp_path / "empty").chmod(0o600)
     (tmp_path / "short").write_bytes(b"abc")
     (tmp_path / "short").chmod(0o600)
+    (tmp_path / "open.key").write_bytes(b"a key")
+    (tmp_path / "open.key").chmod(0o644)
     (tmp_path / "cookiedir").mkdir(mode=0o700)
     (tmp_path / "cookiedir").chmod(0o700)
     flags = {
@@ -170,7 +182,7 @@ def test_bad_distribution_flags_are_a_clear_error_with_exit_code_2(
             else:
                 flags[flag] = value.format(tmp=tmp_path)
         else:
-            extra += [flag, value]
+            extra += [flag, value.format(tmp=tmp_path)]
     argv = [item for pair in flags.items() for item in pair] + extra
     result = _node_cli(*argv)
     assert result.returncode == 2, (case, result.stderr[-2000:])
@@ -467,6 +479,7 @@ def certificates(tmp_path: Path) -> Callable[..., otp.TlsConfig]:
         ca = ca or cluster_ca
         cert = ca.issue_cert(*hosts)
         cert.private_key_pem.write_to_path(str(tmp_path / f"{name}.key"))
+        (tmp_path / f"{name}.key").chmod(0o600)
         cert.cert_chain_pems[0].write_to_path(str(tmp_path / f"{name}.pem"))
         cluster_ca.cert_pem.write_to_path(str(tmp_path / f"{name}-ca.pem"))
         return otp.TlsConfig(

@@ -249,7 +249,7 @@ async def test_monitor_node_requests_of_dead_processes_are_released(
             for _ in range(100):
                 otp.spawn(watch_then_exit)
             await trio.sleep(1)
-            assert len(otp.processes()) == 2  # this one and the connection
+            assert len(otp.processes()) == 3  # this one, net_kernel and the connection
             watchers = current_node().distribution.node_watchers
             assert len(watchers.get(X, [])) == 0
 

@@ -13,7 +13,7 @@ import trio.testing
 import otp
 import wire
 
-from .peer import COOKIE, PeerNode
+from .peer import COOKIE, PeerNode, raw_peer
 
 
 @pytest.fixture
@@ -262,3 +262,91 @@ async def test_a_bad_message_in_a_burst_fails_in_its_sender_only(sockets: Any) -
                     with pytest.raises(otp.BadArg, match="max_payload=4096"):
                         otp.send(echo, (me, b"x" * 10_000))
             assert [await otp.receive() for _ in range(200)] == [("echo", i) for i in range(200)]
+
+
+async def test_a_clean_stop_removes_the_unix_socket_file(sockets: Any, tmp_path: Path) -> None:
+    async with otp.open_node("a@localhost"):
+        await _distributed("a", sockets("a"))
+        assert (tmp_path / "a.sock").is_socket()
+    assert not (tmp_path / "a.sock").exists()
+
+
+async def test_killing_net_kernel_leaves_nothing_of_the_distribution_behind(
+    sockets: Any, tmp_path: Path
+) -> None:
+    # Every connection process, dialled or accepted, is linked to the node's net_kernel, which
+    # owns the listeners: killed, it takes them all with it.
+    async with PeerNode("b@localhost", sockets("b")), otp.open_node("a@localhost"):
+        await _distributed("a", sockets("a"))
+        assert await otp.connect("b@localhost", sockets("b"))  # dialled by a
+        async with raw_peer(tmp_path / "a.sock", COOKIE, "x@localhost", "a@localhost"):
+            with trio.fail_after(5):  # accepted by a
+                while "x@localhost" not in otp.nodes():
+                    await trio.sleep(0.01)
+            kernel = otp.whereis("otp.net_kernel")
+            assert kernel is not None
+            others = [p for p in otp.processes() if p not in (otp.self(), kernel)]
+            assert len(others) == 2
+            refs = {otp.monitor(p): p for p in [kernel, *others]}
+            echo = otp.monitor(("echo", "b@localhost"))
+            otp.exit(kernel, otp.KILL)
+            with trio.fail_after(5):
+                down = await otp.receive(lambda m: isinstance(m, otp.Down) and m.ref == echo)
+                assert down.reason == otp.NOCONNECTION
+                while refs:
+                    refs.pop((await otp.receive(otp.Down)).ref, None)
+            assert otp.processes() == [otp.self()]
+            assert otp.nodes() == []
+            assert not (tmp_path / "a.sock").exists()
+            with pytest.raises(otp.DistributionError, match="not distributed"):
+                await otp.connect("b@localhost", sockets("b"))
+        # Distribution may be started again.
+        await _distributed("a", sockets("a"))
+        assert await otp.connect("b@localhost", sockets("b"))
+
+
+def test_the_queue_bounds_are_set_by_the_nodes_flags(tmp_path: Path) -> None:
+    from otp.node._config import load_config
+
+    cookie = tmp_path / "cookie"
+    cookie.write_bytes(COOKIE)
+    cookie.chmod(0o600)
+    base = ["--name", "a@localhost", "--cookie-file", str(cookie)]
+    default = load_config(base).distribution
+    assert default is not None
+    assert (default.config.busy_limit, default.config.queue_limit) == (1 << 20, 64 << 20)
+    flags = ["--dist-busy-limit", "4096", "--dist-queue-limit", "65536"]
+    settings = load_config(base + flags).distribution
+    assert settings is not None
+    assert (settings.config.busy_limit, settings.config.queue_limit) == (4096, 65536)
+
+
+async def test_senders_suspended_by_a_busy_connection_resume_as_the_peer_reads(
+    sockets: Any,
+) -> None:
+    # A 64 KiB busy limit, 4 MiB sent by two processes: each is suspended many times, resumed
+    # as the peer reads, and every message arrives once, in order per sender.
+    async with PeerNode("b@localhost", sockets("b")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"), busy_limit=64 * 1024)
+            await otp.connect("b@localhost", sockets("b"))
+            me = otp.self()
+
+            async def sender(tag: str) -> None:
+                for i in range(2000):
+                    otp.cast(("echo", "b@localhost"), (me, (tag, i, b"x" * 1024)))
+                    await otp.receive(timeout=0, default=None)
+                otp.send(me, (tag, "done"))
+
+            otp.spawn(sender, "p")
+            otp.spawn(sender, "q")
+            got: dict[str, list[int]] = {"p": [], "q": []}
+            done = 0
+            with trio.fail_after(60):
+                while done < 2 or len(got["p"]) + len(got["q"]) < 4000:
+                    message = await otp.receive()
+                    if message[1] == "done":
+                        done += 1
+                    else:
+                        got[message[0]].append(message[1])
+            assert got == {"p": list(range(2000)), "q": list(range(2000))}
