@@ -3,8 +3,9 @@
 Every promise of a tool's schema is kept in one place: argument validation (JSON Schema),
 per-attempt timeouts that cancel the handler, classified retries (``timeout`` and
 ``transient`` only, a timeout only for idempotent tools) with jittered x4 backoff, a shared
-retry budget per tool, idempotency keys (in-flight calls collapse into one run; successes are
-cached in an ``otp.ets`` table with a TTL), caller budgets, bounded fan-out, per-tool circuit
+retry budget per tool, idempotency keys (in-flight calls collapse into one run; its outcome is
+kept in an ``otp.ets`` table with a TTL: successes, and a non-idempotent tool's failures, so a
+late retry never runs it twice; see :func:`dispatch`), caller budgets, bounded fan-out, per-tool circuit
 breakers, one error envelope (:class:`DispatchError`, with its JSON-RPC and MCP forms), and a
 structured event for every transition (logger ``apps.dispatcher``) with counters in
 :func:`statistics`.

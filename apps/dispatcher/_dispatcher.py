@@ -169,6 +169,8 @@ class _Run:
     done: trio.Event = attrs.Factory(trio.Event)
     value: Any = None
     error: DispatchError | None = None
+    #: Whether a handler attempt has begun (a run cut short after that may have taken effect).
+    started: bool = False
 
 
 def _fingerprint(tool: str, args: Mapping[str, Any]) -> str | None:
@@ -214,11 +216,44 @@ def _check_options(name: Any, key: Any, timeout: Any) -> None:
         )
 
 
+def _kept(tool: Tool, error: DispatchError) -> bool:
+    """Whether a keyed run's failure is kept and replayed to later calls with its key: a
+    non-idempotent tool's, once its handler ran (it may have taken effect; running it again
+    could do it twice). An idempotent tool's failures, and failures before any attempt
+    (an open breaker, a spent budget), are not kept: the next call with the key runs."""
+    return not tool.idempotent and error.attempts > 0
+
+
+def _replayed(error: DispatchError, key: str) -> DispatchError:
+    """The kept failure ``error`` as a later call with its key gets it."""
+    copy = DispatchError.make(
+        error.kind,
+        f"{error.message} [replayed: the call with idempotency key {key!r} already ran and"
+        " ended so; its handler was not run again (a new call needs a new key)]",
+        attempts=error.attempts,
+        data={**error.data, "idempotency_key": key, "replayed": True},
+    )
+    copy.__cause__ = error.__cause__
+    return copy
+
+
 def _copy(error: DispatchError) -> DispatchError:
     """A fresh envelope equal to ``error`` (an exception object is raised in one task only)."""
     copy = DispatchError.make(error.kind, error.message, attempts=error.attempts, data=error.data)
     copy.__cause__ = error.__cause__
     return copy
+
+
+def _in_doubt(tool: Tool) -> dict[str, bool]:
+    """The envelope's ``in_doubt`` flag for a handler cancelled halfway: only a non-idempotent
+    tool's outcome matters (an idempotent one can simply run again)."""
+    return {} if tool.idempotent else {"in_doubt": True}
+
+
+def _doubt(tool: Tool) -> str:
+    if tool.idempotent:
+        return ""
+    return "; its outcome is unknown (the tool is not idempotent and may have taken effect)"
 
 
 async def _acquire(semaphore: trio.Semaphore) -> None:
@@ -484,10 +519,15 @@ class _State:
     # -- attempts and retries --------------------------------------------------------------
 
     async def execute(
-        self, tool: Tool, args: Mapping[str, Any], timeout: float | None, budget: _Spending | None
+        self,
+        tool: Tool,
+        args: Mapping[str, Any],
+        timeout: float | None,
+        budget: _Spending | None,
+        run: _Run | None = None,
     ) -> Any:
         """Run ``tool`` with retries in the current task; return its result or raise the
-        envelope of its last failure."""
+        envelope of its last failure. ``run`` (a keyed call's) learns when an attempt begins."""
         name = tool.name
         policy = tool.retry
         if timeout is None:
@@ -516,6 +556,8 @@ class _State:
                         last or self.budget_error(tool, budget, attempt - 1), name
                     )
                 budget.spend()
+            if run is not None:
+                run.started = True
             result, error, retry_after = await self.attempt(
                 tool, args, attempt, now, timeout, limit, breaker, probe
             )
@@ -696,9 +738,10 @@ class _State:
         return DispatchError.make(
             ErrorKind.TIMEOUT,
             f"tool {tool.name!r} did not answer{where} on attempt {attempt} and was cancelled"
-            " (raise Tool.timeout or pass dispatch(timeout=...) if it is just slow)",
+            f"{_doubt(tool)} (raise Tool.timeout or pass dispatch(timeout=...) if it is just"
+            " slow)",
             attempts=attempt,
-            data={"tool": tool.name, "timeout": timeout},
+            data={"tool": tool.name, "timeout": timeout, **_in_doubt(tool)},
         )
 
     def slot_deadline_error(self, tool: Tool, attempt: int) -> DispatchError:
@@ -715,9 +758,9 @@ class _State:
         return DispatchError.make(
             ErrorKind.BUDGET_EXCEEDED,
             f"tool {tool.name!r} was cancelled on attempt {attempt}: the caller's budget"
-            " deadline passed while it ran; give the caller more time",
+            f" deadline passed while it ran{_doubt(tool)}; give the caller more time",
             attempts=attempt,
-            data={"tool": tool.name},
+            data={"tool": tool.name, **_in_doubt(tool)},
         )
 
     # -- idempotency -----------------------------------------------------------------------
@@ -747,10 +790,12 @@ class _State:
         except ets.EtsError:
             cached = []  # the dispatcher stopped: its table is gone
         if cached:
-            _key, stored, value = cached[0]
+            _key, stored, value, failure = cached[0]
             if stored != fingerprint:
                 return await self.reject(self.conflict_error(tool, key), tool.name)
             self.event("dispatch.dedup_hit", _DEBUG, tool.name, key=key, source="cache")
+            if failure is not None:
+                return await self.reject(_replayed(failure, key), tool.name)
             await trio.lowlevel.cancel_shielded_checkpoint()
             return value
         run = self.keyed.get(key)
@@ -789,21 +834,22 @@ class _State:
         timeout: float | None,
         budget: _Spending | None,
     ) -> None:
-        """Run a keyed call in the runner process; cache a success; wake every waiter.
+        """Run a keyed call in the runner process; keep its outcome (:func:`_kept`); wake
+        every waiter.
 
-        If the runner is cancelled (the dispatcher stopped), the waiters get an ``internal``
-        error rather than waiting forever."""
+        If the runner is cancelled (the dispatcher or the runner stopped), the waiters get an
+        ``internal`` error rather than waiting forever; one that cut a non-idempotent handler
+        short is in doubt, and kept."""
         finished = False
         try:
-            run.value = await self.execute(tool, args, timeout, budget)
+            run.value = await self.execute(tool, args, timeout, budget, run)
             finished = True
-            try:
-                ets.insert(self.table, (key, run.fingerprint, run.value))
-            except ets.EtsError:
-                pass  # the dispatcher is stopping: its table is gone
+            self.keep(key, run)
         except DispatchError as error:
             run.error = error
             finished = True
+            if _kept(tool, error):
+                self.keep(key, run)
         except Exception as exc:  # a bug of ours: never strand the waiters
             run.error = DispatchError.make(
                 ErrorKind.INTERNAL,
@@ -814,15 +860,29 @@ class _State:
             finished = True
         finally:
             if not finished:
+                doubt = run.started and not tool.idempotent
                 run.error = DispatchError.make(
                     ErrorKind.INTERNAL,
                     f"tool {tool.name!r}: dispatcher {self.name!r} stopped while the call with"
-                    f" idempotency key {key!r} ran; call again once it is restarted",
-                    data={"tool": tool.name, "idempotency_key": key},
+                    f" idempotency key {key!r} ran"
+                    + (_doubt(tool) if doubt else "; call again once it is restarted"),
+                    attempts=1 if doubt else 0,
+                    data={"tool": tool.name, "idempotency_key": key, **_in_doubt(tool)}
+                    if doubt
+                    else {"tool": tool.name, "idempotency_key": key},
                 )
+                if doubt:
+                    self.keep(key, run)
             if self.keyed.get(key) is run:
                 del self.keyed[key]
             run.done.set()
+
+    def keep(self, key: str, run: _Run) -> None:
+        """Keep the run's outcome for the key, for ``result_ttl`` seconds."""
+        try:
+            ets.insert(self.table, (key, run.fingerprint, run.value, run.error))
+        except ets.EtsError:
+            pass  # the dispatcher is stopping: its table is gone
 
     async def wait_run(
         self, run: _Run, tool: Tool, key: str, budget: Budget | None, timeout: float | None
@@ -1057,10 +1117,19 @@ async def dispatch(
     the tool is idempotent), within the tool's shared retry budget and the caller's ``budget``.
 
     With ``idempotency_key``, calls with the same key in flight share one run (which runs in
-    the dispatcher's runner process, not in the caller's task) and a successful result is kept
-    for ``DispatcherConfig.result_ttl`` seconds: a later call with the key gets it without
-    running the handler. The same key with other arguments fails with ``conflict``. Only
-    successes are cached; failures run again.
+    the dispatcher's runner process, not in the caller's task), and the run's outcome is kept
+    for ``DispatcherConfig.result_ttl`` seconds; a later call with the key gets it without
+    running the handler. The same key with other arguments fails with ``conflict``. What is
+    kept, and so replayed:
+
+    - a success, for every tool;
+    - for a non-idempotent tool, every failure after its handler ran (``timeout``,
+      ``transient``, ``internal``, ...), with ``data["replayed"]``. A timeout there is "outcome
+      unknown" (``in_doubt``: the handler was cancelled halfway and may have taken effect), so a
+      late retry gets that timeout, never a second run;
+    - nothing else: an idempotent tool's failures, and failures before any handler ran
+      (``schema``, ``not_found``, ``circuit_open``, a spent budget), let the next call with the
+      key run.
 
     Cancellation: checked on entry. A call without a key is cancelled with the caller (the
     handler is cancelled; a sync handler's thread is abandoned and runs to its end). A keyed
