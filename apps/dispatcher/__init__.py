@@ -5,13 +5,15 @@ per-attempt timeouts that cancel the handler, classified retries (``timeout`` an
 ``transient`` only, a timeout only for idempotent tools) with jittered x4 backoff, a shared
 retry budget per tool, idempotency keys (in-flight calls collapse into one run; its outcome is
 kept in an ``otp.ets`` table with a TTL: successes, and a non-idempotent tool's failures, so a
-late retry never runs it twice; see :func:`dispatch`), caller budgets, bounded fan-out, per-tool circuit
-breakers, one error envelope (:class:`DispatchError`, with its JSON-RPC and MCP forms), and a
-structured event for every transition (logger ``apps.dispatcher``) with counters in
-:func:`statistics`.
+late retry never runs it twice; see :func:`dispatch`), caller budgets, bounded fan-out,
+per-tool circuit breakers, one error envelope (:class:`DispatchError`, with its JSON-RPC and
+MCP forms), and a structured event for every transition (logger ``apps.dispatcher``) with
+counters in :func:`statistics`.
 
-The ``Dispatcher`` GenServer owns the state and runs under the application's supervisor;
-:func:`dispatch` runs calls in the caller's own task (no round trip through a mailbox).
+The ``Dispatcher`` GenServer owns the state; its runner process runs keyed calls and remote
+requests; both are children of the application's root supervisor (``rest_for_one``:
+``dispatcher``, ``runner``). :func:`dispatch` runs calls in the caller's own task (no round trip
+through a mailbox).
 
 Example::
 
@@ -51,14 +53,12 @@ from ._breaker import BreakerState as BreakerState
 from ._breaker import Budget as Budget
 from ._dispatcher import DEFAULT_NAME as DEFAULT_NAME
 from ._dispatcher import Call as Call
-from ._dispatcher import Dispatcher as Dispatcher
 from ._dispatcher import DispatcherConfig as DispatcherConfig
 from ._dispatcher import DispatcherStatistics as DispatcherStatistics
 from ._dispatcher import Outcome as Outcome
 from ._dispatcher import dispatch as dispatch
 from ._dispatcher import gather_bounded as gather_bounded
 from ._dispatcher import register_tool as register_tool
-from ._dispatcher import start_dispatcher as start_dispatcher
 from ._dispatcher import statistics as statistics
 from ._dispatcher import tool_registry as tool_registry
 from ._dispatcher import unregister_tool as unregister_tool
@@ -78,6 +78,9 @@ from ._errors import InvalidArguments as InvalidArguments
 from ._errors import ToolNotFound as ToolNotFound
 from ._errors import TransientError as TransientError
 from ._errors import TransientFailure as TransientFailure
+from ._server import Dispatcher as Dispatcher
+from ._server import dispatcher_supervisor_spec as dispatcher_supervisor_spec
+from ._server import start_dispatcher as start_dispatcher
 from ._tool import NO_RETRY as NO_RETRY
 from ._tool import Backend as Backend
 from ._tool import BreakerPolicy as BreakerPolicy
@@ -122,6 +125,7 @@ __all__ = [
     "TransientFailure",
     "application",
     "dispatch",
+    "dispatcher_supervisor_spec",
     "gather_bounded",
     "register_tool",
     "start_dispatcher",

@@ -360,6 +360,15 @@ class _Slots:
         self.release()
 
 
+@attrs.frozen
+class Job:
+    """Work for the dispatcher's runner: ``run`` in its nursery, or ``abandon`` (synchronous)
+    if no runner will take it, so that whoever waits for it is answered."""
+
+    run: Callable[[], Awaitable[None]]
+    abandon: Callable[[], None]
+
+
 @attrs.define(eq=False)
 class _State:
     """A running dispatcher's state, shared by its GenServer, its runner and the callers."""
@@ -369,9 +378,13 @@ class _State:
     registry: ToolRegistry
     config: DispatcherConfig
     table: Any
-    jobs: trio.MemorySendChannel[Callable[[], Awaitable[None]]]
     rng: random.Random
     limiter: trio.Semaphore | None
+    #: The supervisor that started the dispatcher's server and runner (None if none did).
+    owner: otp.Pid | None = None
+    jobs: trio.MemorySendChannel[Job] = attrs.field(init=False)
+    #: The receive side of ``jobs`` until a runner takes it.
+    backlog: trio.MemoryReceiveChannel[Job] | None = attrs.field(init=False)
     alive: bool = True
     running: int = 0
     counters: Counter[str] = attrs.Factory(Counter)
@@ -379,6 +392,29 @@ class _State:
     breakers: dict[str, CircuitBreaker] = attrs.Factory(dict)
     buckets: dict[str, TokenBucket] = attrs.Factory(dict)
     tool_limiters: dict[str, tuple[int, trio.Semaphore]] = attrs.Factory(dict)
+
+    def __attrs_post_init__(self) -> None:
+        self.jobs, self.backlog = trio.open_memory_channel[Job](math.inf)
+
+    # -- the runner ------------------------------------------------------------------------
+
+    def take_jobs(self) -> trio.MemoryReceiveChannel[Job]:
+        """The channel a (re)started runner serves: the first one takes the jobs queued since
+        the server started; a restarted one gets a fresh channel (its predecessor closed its
+        own)."""
+        backlog, self.backlog = self.backlog, None
+        if backlog is not None:
+            return backlog
+        self.jobs, receive = trio.open_memory_channel[Job](math.inf)
+        return receive
+
+    def submit(self, job: Job) -> None:
+        """Hand ``job`` to the runner; with no runner to take it (it is being restarted, or
+        the dispatcher stopped) the job is abandoned at once, so no one waits for nothing."""
+        try:
+            self.jobs.send_nowait(job)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            job.abandon()
 
     # -- events ----------------------------------------------------------------------------
 
@@ -812,10 +848,26 @@ class _State:
             # The run serves every caller of the key: it spends the first caller's calls, but
             # its deadline is no one's (each caller waits by its own, below).
             shared = None if budget is None or budget.calls is None else _CallsOf(budget)
-            self.jobs.send_nowait(
-                functools.partial(self.run_keyed, run, tool, args, key, timeout, shared)
+            self.submit(
+                Job(
+                    functools.partial(self.run_keyed, run, tool, args, key, timeout, shared),
+                    functools.partial(self.abandon_run, run, tool, key),
+                )
             )
         return await self.wait_run(run, tool, key, budget, timeout)
+
+    def abandon_run(self, run: _Run, tool: Tool, key: str) -> None:
+        """Fail a keyed run that never started (no runner took it): its waiters get an
+        ``internal`` error, the next call with the key runs."""
+        run.error = DispatchError.make(
+            ErrorKind.INTERNAL,
+            f"tool {tool.name!r}: the runner of dispatcher {self.name!r} stopped before the call"
+            f" with idempotency key {key!r} started (it was not run); call again",
+            data={"tool": tool.name, "idempotency_key": key},
+        )
+        if self.keyed.get(key) is run:
+            del self.keyed[key]
+        run.done.set()
 
     def conflict_error(self, tool: Tool, key: str) -> DispatchError:
         return DispatchError.make(
@@ -863,8 +915,8 @@ class _State:
                 doubt = run.started and not tool.idempotent
                 run.error = DispatchError.make(
                     ErrorKind.INTERNAL,
-                    f"tool {tool.name!r}: dispatcher {self.name!r} stopped while the call with"
-                    f" idempotency key {key!r} ran"
+                    f"tool {tool.name!r}: dispatcher {self.name!r} (or its runner) stopped while"
+                    f" the call with idempotency key {key!r} ran"
                     + (_doubt(tool) if doubt else "; call again once it is restarted"),
                     attempts=1 if doubt else 0,
                     data={"tool": tool.name, "idempotency_key": key, **_in_doubt(tool)}
@@ -933,10 +985,11 @@ class _State:
         )
 
     def close(self) -> None:
+        """The server died: the dispatcher is gone (its cache table went with the server)."""
         self.alive = False
         states = _states()
-        for key in (self.pid, self.name):
-            if states.get(key) is self:
+        for key in (self.pid, self.name, self.owner):
+            if key is not None and states.get(key) is self:
                 del states[key]
         self.jobs.close()
 
@@ -956,7 +1009,7 @@ def _states() -> dict[otp.Pid | str, _State]:
 
 
 def _find(dispatcher: str | otp.Pid) -> _State:
-    # The table maps each running dispatcher's pid and registered name to its state.
+    # The table maps each running dispatcher's pid, registered name and supervisor to its state.
     try:
         state = _STATES.get().get(dispatcher)
     except LookupError:
@@ -968,132 +1021,6 @@ def _find(dispatcher: str | otp.Pid) -> _State:
             " supervisor (apps.dispatcher.start_dispatcher)"
         )
     return state
-
-
-# -- the GenServer --------------------------------------------------------------------------
-
-
-async def _runner(
-    state: _State, jobs: trio.MemoryReceiveChannel[Callable[[], Awaitable[None]]]
-) -> None:
-    """The dispatcher's runner process: keyed calls and remote requests run in its nursery, so
-    they outlive the callers that started them. It dies with the dispatcher (a link)."""
-    try:
-        async with trio.open_nursery() as nursery:
-            async for job in jobs:
-                nursery.start_soon(job)
-    finally:
-        state.close()
-
-
-class Dispatcher(otp.GenServer):
-    """The dispatcher process: owns the tool registry, the breakers, the retry buckets, the
-    counters and the idempotency cache, and starts its linked runner process.
-
-    Start it with :func:`start_dispatcher` (under a supervisor: ``ChildSpec("dispatcher",
-    (start_dispatcher, tools, config))``) or through the dispatcher application. Clients use
-    the module functions (:func:`dispatch`, :func:`gather_bounded`, ...), which do not go
-    through its mailbox. Processes on other nodes call it:
-    ``otp.call(("dispatcher", node), ("dispatch", tool_name, args))`` replies
-    ``("ok", result)`` or ``("error", kind, message, data)`` (see :class:`GenServerBackend`).
-
-    When it dies, its runner dies with it: keyed calls still running end with an ``internal``
-    error for their waiters, and the cache table goes with the process.
-    """
-
-    def init(self, tools: ToolRegistry | Iterable[Tool], config: DispatcherConfig) -> otp.Ok:
-        registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(list(tools))
-        table = ets.new(f"{config.name}_results", access=ets.PUBLIC, expire_after=config.result_ttl)
-        send, receive = trio.open_memory_channel[Callable[[], Awaitable[None]]](math.inf)
-        state = _State(
-            pid=otp.self(),
-            name=config.name,
-            registry=registry,
-            config=config,
-            table=table,
-            jobs=send,
-            rng=random.Random(config.seed),
-            limiter=(
-                trio.Semaphore(config.max_concurrency)
-                if config.max_concurrency is not None
-                else None
-            ),
-        )
-        states = _states()
-        for key in [key for key, other in states.items() if not other.alive]:
-            del states[key]
-        states[state.pid] = state
-        if otp.whereis(config.name) == state.pid:  # registered by start_dispatcher
-            states[state.name] = state
-        otp.spawn_link(_runner, state, receive)
-        return otp.Ok(state)
-
-    def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
-        if isinstance(request, tuple) and len(request) in (3, 4) and request[0] == "dispatch":
-            options = request[3] if len(request) == 4 else {}
-            if not isinstance(request[1], str) or not isinstance(options, Mapping):
-                return otp.Reply(
-                    (
-                        "error",
-                        "bad_request",
-                        "a remote dispatch is ('dispatch', tool_name: str, args) or"
-                        f" ('dispatch', tool_name, args, options: dict); got {request!r}",
-                        {},
-                    ),
-                    state,
-                )
-            state.jobs.send_nowait(functools.partial(_serve_remote, state, request, options, from_))
-            return otp.NoReply(state)
-        if request == ("statistics",):
-            return otp.Reply(state.statistics(), state)
-        if request == ("tools",):
-            return otp.Reply([tool.to_mcp() for tool in state.registry], state)
-        return otp.Reply(("error", "bad_request", f"unknown request {request!r}", {}), state)
-
-    def terminate(self, reason: Any, state: _State) -> None:
-        state.close()
-
-
-async def _serve_remote(
-    state: _State, request: tuple[Any, ...], options: Mapping[str, Any], from_: otp.From
-) -> None:
-    _, name, args, *_ = request
-    try:
-        value = await state.dispatch(
-            name,
-            args,
-            options.get("idempotency_key"),
-            options.get("timeout"),
-            None,
-        )
-    except DispatchError as error:
-        otp.reply(from_, ("error", str(error.kind), error.message, error.data))
-    except ConfigurationError as exc:
-        otp.reply(from_, ("error", str(ErrorKind.SCHEMA), str(exc), {}))
-    except DispatcherNotRunning as exc:
-        otp.reply(from_, ("error", str(ErrorKind.INTERNAL), str(exc), {}))
-    except Exception as exc:  # a bug of ours: the caller gets an answer, the runner lives on
-        logger.exception("dispatcher %r: a remote dispatch of %r failed", state.name, name)
-        otp.reply(
-            from_,
-            ("error", str(ErrorKind.INTERNAL), f"the dispatcher failed on this call: {exc!r}", {}),
-        )
-    else:
-        otp.reply(from_, ("ok", value))
-
-
-async def start_dispatcher(
-    tools: ToolRegistry | Iterable[Tool] = (), config: DispatcherConfig | None = None
-) -> otp.Pid:
-    """Start a :class:`Dispatcher` linked to the caller, registered as ``config.name``; return
-    its pid once it runs. A supervisor's start function (``ChildSpec("dispatcher",
-    (start_dispatcher, registry, config))``).
-
-    Raises:
-        otp.StartError: the name is taken (``("already_started", pid)``).
-    """
-    config = config or DispatcherConfig()
-    return await Dispatcher.start_link(tools, config, name=config.name)
 
 
 # -- client functions -----------------------------------------------------------------------
