@@ -35,8 +35,8 @@ Example::
             await d.dispatch("add", {"a": "one", "b": 2})
         except d.DispatchError as error:
             assert error.kind == "schema" and error.jsonrpc_code == -32602
-        outcomes = await d.gather_bounded([("add", {"a": i, "b": i}) for i in range(40)], limit=8)
-        assert [o.unwrap() for o in outcomes] == [2 * i for i in range(40)]
+        calls = [("add", {"a": i, "b": i}) for i in range(40)]
+        assert await d.gather_bounded(calls, limit=8) == [2 * i for i in range(40)]
         await supervisors.stop_application("dispatcher")
 
     otp.run(main)
@@ -75,6 +75,7 @@ from ._errors import ErrorKind as ErrorKind
 from ._errors import IdempotencyConflict as IdempotencyConflict
 from ._errors import InternalError as InternalError
 from ._errors import InvalidArguments as InvalidArguments
+from ._errors import InvalidOption as InvalidOption
 from ._errors import ToolNotFound as ToolNotFound
 from ._errors import TransientError as TransientError
 from ._errors import TransientFailure as TransientFailure
@@ -115,6 +116,7 @@ __all__ = [
     "IdempotencyConflict",
     "InternalError",
     "InvalidArguments",
+    "InvalidOption",
     "Outcome",
     "RetryBudget",
     "RetryPolicy",

@@ -22,7 +22,7 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 import attrs
 import jsonschema.exceptions  # type: ignore[import-untyped]
@@ -38,6 +38,7 @@ from ._errors import (
     DispatcherNotRunning,
     DispatchError,
     ErrorKind,
+    InvalidOption,
     TransientError,
 )
 from ._tool import ASYNC, SYNC, RetryPolicy, Tool, ToolRegistry, _RemoteTimeout
@@ -112,12 +113,14 @@ class DispatcherConfig:
 
 @attrs.frozen
 class Call:
-    """One call for :func:`gather_bounded` (a ``(name, args)`` tuple works too)."""
+    """One call for :func:`gather_bounded` (a ``(name, args)`` tuple works too); ``timeout``
+    in seconds or ``timeout_ms`` (as the seed's registry records it), as for :func:`dispatch`."""
 
     name: str
     args: Mapping[str, Any] = attrs.field(factory=dict)
     idempotency_key: str | None = None
     timeout: float | None = None
+    timeout_ms: float | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
@@ -197,23 +200,61 @@ def _retry_delay(retry_after: Any, policy: RetryPolicy, attempt: int, rng: rando
     return min(max(0.0, float(retry_after)), policy.max_retry_after)
 
 
-def _check_options(name: Any, key: Any, timeout: Any) -> None:
+def _invalid_option(name: Any, message: str) -> InvalidOption:
+    return InvalidOption(f"dispatch({name!r}): {message}", data={"tool": name, "errors": []})
+
+
+def _check_options(name: Any, key: Any, timeout: Any, budget: Any) -> None:
     """Refuse a call's malformed options before anything runs.
 
     Raises:
-        ConfigurationError: ``key`` or ``timeout`` is malformed.
+        InvalidOption: ``key``, ``timeout`` or ``budget`` is malformed.
     """
     if key is not None and (not isinstance(key, str) or not key):
-        raise ConfigurationError(
-            f"dispatch({name!r}): idempotency_key must be a non-empty str or None (got {key!r})"
+        raise _invalid_option(
+            name, f"idempotency_key must be a non-empty str or None (got {key!r})"
         )
     if timeout is not None and (
         not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0
     ):
-        raise ConfigurationError(
-            f"dispatch({name!r}): timeout must be a number of seconds > 0 (math.inf for no"
-            f" limit, None for the tool's own), got {timeout!r}"
+        raise _invalid_option(
+            name,
+            "timeout must be a number of seconds > 0 (math.inf for no limit, None for the"
+            f" tool's own), got {timeout!r}",
         )
+    if budget is not None and not isinstance(budget, Budget):
+        raise _invalid_option(
+            name,
+            "budget must be an apps.dispatcher.Budget (say Budget(calls=5) for five tool"
+            f" calls, or Budget.within(seconds)) or None, got {budget!r}",
+        )
+
+
+def _timeout_of(name: Any, timeout: Any, timeout_ms: Any) -> Any:
+    """The call's timeout in seconds, from ``timeout`` (seconds) or ``timeout_ms`` (the seed's
+    milliseconds), not both.
+
+    Raises:
+        InvalidOption: both are given, or ``timeout_ms`` is not a number > 0.
+    """
+    if timeout_ms is None:
+        return timeout
+    if timeout is not None:
+        raise _invalid_option(
+            name,
+            f"give timeout (seconds) or timeout_ms, not both (got {timeout!r} and {timeout_ms!r})",
+        )
+    if (
+        not isinstance(timeout_ms, int | float)
+        or isinstance(timeout_ms, bool)
+        or not timeout_ms > 0
+    ):
+        raise _invalid_option(
+            name,
+            f"timeout_ms must be a number of milliseconds > 0 (math.inf for no limit), got"
+            f" {timeout_ms!r}",
+        )
+    return timeout_ms / 1000.0
 
 
 def _kept(tool: Tool, error: DispatchError) -> bool:
@@ -473,7 +514,7 @@ class _State:
         timeout: float | None,
         budget: Budget | None,
     ) -> Any:
-        _check_options(name, key, timeout)
+        _check_options(name, key, timeout, budget)
         tool = self.registry.get(name)
         if tool is None:
             known = ", ".join(map(repr, self.registry.names())) or "none"
@@ -1032,6 +1073,7 @@ async def dispatch(
     *,
     idempotency_key: str | None = None,
     timeout: float | None = None,
+    timeout_ms: float | None = None,
     budget: Budget | None = None,
     dispatcher: str | otp.Pid = DEFAULT_NAME,
 ) -> Any:
@@ -1039,7 +1081,8 @@ async def dispatch(
 
     The arguments are validated against the tool's JSON Schema first. Each attempt runs the
     handler in the caller's task (a sync handler in a worker thread) under a cancel scope of
-    ``timeout`` seconds (the tool's by default; ``math.inf`` for none). ``timeout`` and
+    ``timeout`` seconds, or ``timeout_ms`` milliseconds (the tool's by default; ``math.inf``
+    for none). ``timeout`` and
     ``transient`` failures are retried by the tool's :class:`RetryPolicy` (a timeout only if
     the tool is idempotent), within the tool's shared retry budget and the caller's ``budget``.
 
@@ -1066,10 +1109,13 @@ async def dispatch(
     never yields gives it no schedule point of its own.
 
     Raises:
-        DispatchError: the call failed (``kind`` says why; a subclass per kind).
+        DispatchError: the call failed (``kind`` says why; a subclass per kind);
+            :class:`InvalidOption` (kind ``schema``) when an option itself is malformed.
         DispatcherNotRunning: no dispatcher runs as ``dispatcher``.
     """
     await trio.lowlevel.checkpoint_if_cancelled()
+    if timeout_ms is not None:
+        timeout = _timeout_of(name, timeout, timeout_ms)
     return await _find(dispatcher).dispatch(name, args, idempotency_key, timeout, budget)
 
 
@@ -1077,7 +1123,7 @@ def _as_call(call: Any) -> Call:
     """``call`` as a :class:`Call`, checked before any call of the batch runs.
 
     Raises:
-        ConfigurationError: ``call`` is malformed.
+        ConfigurationError: ``call`` is malformed (:class:`InvalidOption` for its options).
     """
     if isinstance(call, tuple) and len(call) in (1, 2) and isinstance(call[0], str):
         call = Call(*call)
@@ -1086,33 +1132,74 @@ def _as_call(call: Any) -> Call:
             "gather_bounded: each call is a Call(name, args, ...) or a (name, args) tuple"
             f" (got {call!r})"
         )
-    _check_options(call.name, call.idempotency_key, call.timeout)
+    if call.timeout_ms is not None:
+        seconds = _timeout_of(call.name, call.timeout, call.timeout_ms)
+        call = attrs.evolve(call, timeout=seconds, timeout_ms=None)
+    _check_options(call.name, call.idempotency_key, call.timeout, None)
     return call
+
+
+@overload
+async def gather_bounded(
+    calls: Iterable[Call | tuple[str, Mapping[str, Any]]],
+    limit: int = ...,
+    *,
+    return_outcomes: Literal[False] = ...,
+    budget: Budget | None = ...,
+    dispatcher: str | otp.Pid = ...,
+) -> list[Any]: ...
+
+
+@overload
+async def gather_bounded(
+    calls: Iterable[Call | tuple[str, Mapping[str, Any]]],
+    limit: int = ...,
+    *,
+    return_outcomes: Literal[True],
+    budget: Budget | None = ...,
+    dispatcher: str | otp.Pid = ...,
+) -> list[Outcome]: ...
 
 
 async def gather_bounded(
     calls: Iterable[Call | tuple[str, Mapping[str, Any]]],
     limit: int = 8,
     *,
+    return_outcomes: bool = False,
     budget: Budget | None = None,
     dispatcher: str | otp.Pid = DEFAULT_NAME,
-) -> list[Outcome]:
-    """Dispatch ``calls`` with at most ``limit`` of them running at once; return their
-    :class:`Outcome` s in call order, each holding a result or a :class:`DispatchError`.
+) -> list[Any] | list[Outcome]:
+    """Dispatch ``calls`` with at most ``limit`` of them running at once, in the shape of
+    ``gather``: their results in call order, or the first error raised.
+
+    Every call runs to its end whatever the others do (as the seed's ``asyncio.gather`` of
+    bounded calls lets them run): none is cancelled halfway because another failed, which would
+    leave a non-idempotent call's outcome unknown. Then, if any failed, the
+    :class:`DispatchError` of the first to fail is raised, with a note naming the others.
+    ``return_outcomes=True`` returns every call's :class:`Outcome` (a result or an error) in call
+    order instead, and raises nothing for a failed call.
 
     ``budget`` (shared by every call) and the dispatcher's and tools' own concurrency limits
     apply on top of ``limit``. Cancellation cancels every call still running (keyed calls'
     shared runs go on, as with :func:`dispatch`).
 
     Raises:
-        ConfigurationError: ``limit`` is not an int >= 1, or a call is malformed.
+        DispatchError: a call failed (unless ``return_outcomes``).
+        ConfigurationError: ``limit`` is not an int >= 1, or a call is malformed
+            (:class:`InvalidOption` for a malformed option or ``budget``).
         DispatcherNotRunning: no dispatcher runs as ``dispatcher``.
     """
     if limit.__class__ is not int or limit < 1:
         raise ConfigurationError(f"gather_bounded: limit must be an int >= 1 (got {limit!r})")
+    if not isinstance(return_outcomes, bool):
+        raise ConfigurationError(
+            f"gather_bounded: return_outcomes must be True or False (got {return_outcomes!r})"
+        )
     todo = [_as_call(call) for call in calls]
+    _check_options("gather_bounded", None, None, budget)
     state = _find(dispatcher)
     outcomes: list[Outcome | None] = [None] * len(todo)
+    failed: list[int] = []  # indices, in the order the calls failed
     queue = iter(enumerate(todo))
 
     async def worker() -> None:
@@ -1123,6 +1210,7 @@ async def gather_bounded(
                 )
             except DispatchError as error:
                 outcomes[index] = Outcome(error=error)
+                failed.append(index)
             else:
                 outcomes[index] = Outcome(value=value)
 
@@ -1130,7 +1218,20 @@ async def gather_bounded(
     async with trio.open_nursery() as nursery:
         for _ in range(min(limit, len(todo))):
             nursery.start_soon(worker)
-    return [outcome for outcome in outcomes if outcome is not None]
+    done = [outcome for outcome in outcomes if outcome is not None]
+    if return_outcomes:
+        return done
+    if failed:
+        first = outcomes[failed[0]].error  # type: ignore[union-attr]
+        assert first is not None
+        if len(failed) > 1:
+            others = ", ".join(map(str, sorted(failed[1:])))
+            first.add_note(
+                f"gather_bounded: call {failed[0]} of {len(todo)} failed first; other failed"
+                f" calls: {others} (pass return_outcomes=True for every outcome)"
+            )
+        raise first
+    return [outcome.value for outcome in done]
 
 
 def statistics(dispatcher: str | otp.Pid = DEFAULT_NAME) -> DispatcherStatistics:

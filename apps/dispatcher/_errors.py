@@ -178,6 +178,12 @@ class InvalidArguments(DispatchError, ValueError):
     kind = ErrorKind.SCHEMA
 
 
+class InvalidOption(InvalidArguments, ConfigurationError):
+    """A call's own options (not the tool's arguments) are malformed: an ``idempotency_key``,
+    ``timeout``, ``timeout_ms`` or ``budget`` of the wrong type or range (kind ``schema``,
+    raised before anything runs; also a :class:`ConfigurationError`)."""
+
+
 class ToolNotFound(DispatchError, LookupError):
     """No tool has the name (kind ``not_found``)."""
 

@@ -22,7 +22,7 @@ import otp
 import supervisors
 from otp import ets
 
-from ._dispatcher import DispatcherConfig, Job, _State, _states
+from ._dispatcher import DispatcherConfig, Job, _State, _states, _timeout_of
 from ._errors import ConfigurationError, DispatcherNotRunning, DispatchError, ErrorKind
 from ._tool import Tool, ToolRegistry
 
@@ -116,13 +116,8 @@ async def _serve_remote(
 ) -> None:
     _, name, args, *_ = request
     try:
-        value = await state.dispatch(
-            name,
-            args,
-            options.get("idempotency_key"),
-            options.get("timeout"),
-            None,
-        )
+        timeout = _timeout_of(name, options.get("timeout"), options.get("timeout_ms"))
+        value = await state.dispatch(name, args, options.get("idempotency_key"), timeout, None)
     except DispatchError as error:
         otp.reply(from_, ("error", str(error.kind), error.message, error.data))
     except ConfigurationError as exc:

@@ -37,6 +37,26 @@ async def test_a_timeout_cancels_the_handler_and_is_typed(autojump_clock: trio.a
         assert trio.current_time() == 1.5
 
 
+async def test_timeouts_in_milliseconds_as_the_seed_writes_them(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script(["timeout", "timeout"])
+    tool = d.Tool("slow", slow, timeout_ms=1500, idempotent=False)
+    assert tool.timeout == 1.5
+    async with running(tool):
+        with pytest.raises(d.DispatchTimeout, match="within 1.5 s"):
+            await d.dispatch("slow")
+        with pytest.raises(d.DispatchTimeout, match="within 0.25 s"):
+            await d.dispatch("slow", timeout_ms=250)
+        assert trio.current_time() == 1.75
+        with pytest.raises(d.InvalidOption, match="timeout_ms, not both"):
+            await d.dispatch("slow", timeout=1.0, timeout_ms=250)
+        with pytest.raises(d.InvalidOption, match="timeout_ms must be a number"):
+            await d.dispatch("slow", timeout_ms=0)
+    with pytest.raises(d.ConfigurationError, match="timeout_ms, not both"):
+        d.Tool("slow", slow, timeout=1.0, timeout_ms=250, idempotent=False)
+
+
 async def test_the_per_call_timeout_overrides_the_tools(autojump_clock: trio.abc.Clock) -> None:
     slow = Script([5.0])
     async with running(d.Tool("slow", slow, timeout=1.0, idempotent=False)):
@@ -165,7 +185,7 @@ async def test_the_shared_retry_budget_stops_a_retry_storm(autojump_clock: trio.
     flaky = Script(["transient"] * 100)
     policy = d.RetryPolicy(budget=d.RetryBudget(capacity=2.0, refill_per_second=0.0))
     async with running(d.Tool("flaky", flaky, idempotent=True, retry=policy, breaker=None)):
-        outcomes = await d.gather_bounded([("flaky", {})] * 5)
+        outcomes = await d.gather_bounded([("flaky", {})] * 5, return_outcomes=True)
         assert all(o.error is not None and o.error.kind == "transient" for o in outcomes)
         assert d.statistics().counters["dispatch.retry_denied"] == 5  # 3 at once, 2 later
     assert flaky.runs == 5 + 2
@@ -181,6 +201,23 @@ async def test_a_spent_budget_fails_at_once(autojump_clock: trio.abc.Clock) -> N
         with pytest.raises(d.BudgetExceeded, match="deadline"):
             await d.dispatch("t", budget=d.Budget(deadline=trio.current_time()))
         assert trio.current_time() == 0.0
+    assert handler.runs == 0
+
+
+async def test_a_budget_that_is_not_a_budget_is_a_typed_error(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script()
+    async with running(d.Tool("t", handler, idempotent=True)):
+        with pytest.raises(d.InvalidOption) as caught:
+            await d.dispatch("t", budget=5)  # type: ignore[arg-type]
+        with pytest.raises(d.InvalidOption):
+            await d.gather_bounded([("t", {})], budget=5)  # type: ignore[arg-type]
+    error = caught.value
+    assert isinstance(error, d.DispatchError) and isinstance(error, d.ConfigurationError)
+    assert error.kind == "schema" and error.jsonrpc_code == -32602
+    assert "budget must be an apps.dispatcher.Budget (say Budget(calls=5)" in error.message
+    assert "got 5" in error.message
     assert handler.runs == 0
 
 
