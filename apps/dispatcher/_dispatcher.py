@@ -72,6 +72,40 @@ def _check_limit(_cfg: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         )
 
 
+#: ``DispatcherConfig.max_arg_depth`` unless configured: far deeper than tool arguments go
+#: (serde_json stops at 128), and shallow enough that jsonschema's recursion (3 to 4 frames a
+#: level, more under combinators) stays far from Python's limit of 1,000 frames.
+DEFAULT_MAX_ARG_DEPTH = 64
+_DEPTH_CEILING = 200
+
+
+def _check_depth(_cfg: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if value.__class__ is not int or not 1 <= value <= _DEPTH_CEILING:
+        raise ConfigurationError(
+            f"DispatcherConfig.{attr.name} must be an int from 1 to {_DEPTH_CEILING} (deeper"
+            f" arguments would exhaust Python's stack in validation), got {value!r}"
+        )
+
+
+def _deeper_than(args: Mapping[str, Any], limit: int) -> bool:
+    """Whether ``args`` nests dicts, lists or tuples more than ``limit`` deep. Level by level
+    and without recursion, so it measures any depth (a cycle too) safely, and it stops at the
+    first level past the limit."""
+    level: list[Any] = [args]
+    depth = 1
+    while level:
+        if depth > limit:
+            return True
+        below = []
+        for node in level:
+            for value in node.values() if isinstance(node, Mapping) else node:
+                if isinstance(value, Mapping | list | tuple):
+                    below.append(value)
+        level = below
+        depth += 1
+    return False
+
+
 def _check_name(_cfg: Any, _attr: Any, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"DispatcherConfig.name must be a non-empty str (got {value!r})")
@@ -87,12 +121,16 @@ class DispatcherConfig:
         max_concurrency: At most this many handler attempts run at once across every tool and
             caller (None: no dispatcher-wide limit). Callers past it wait their turn.
         seed: Seeds the jitter of retry delays (None: from the OS), for reproducible runs.
+        max_arg_depth: Arguments that nest dicts and lists deeper than this (the arguments
+            object itself is depth 1) are refused with a ``schema`` error before anything
+            reads them, so that validation and key digests never exhaust Python's stack.
     """
 
     name: str = attrs.field(default=DEFAULT_NAME, validator=_check_name)
     result_ttl: float = attrs.field(default=60.0, validator=_check_ttl)
     max_concurrency: int | None = attrs.field(default=None, validator=_check_limit)
     seed: int | None = None
+    max_arg_depth: int = attrs.field(default=DEFAULT_MAX_ARG_DEPTH, validator=_check_depth)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> DispatcherConfig:
@@ -541,6 +579,8 @@ class _State:
                 ),
                 name,
             )
+        if args and _deeper_than(args, self.config.max_arg_depth):
+            return await self.reject(self.depth_error(tool), name)
         if not tool.accepts_any:
             error = self.schema_error(tool, args)
             if error is not None:
@@ -549,9 +589,22 @@ class _State:
             return await self.execute(tool, args, timeout, budget)
         return await self.keyed_call(tool, args, key, timeout, budget)
 
+    def depth_error(self, tool: Tool) -> DispatchError:
+        limit = self.config.max_arg_depth
+        return DispatchError.make(
+            ErrorKind.SCHEMA,
+            f"tool {tool.name!r}: the arguments nest dicts and lists deeper than the limit"
+            f" max_arg_depth={limit} (DispatcherConfig.max_arg_depth); flatten them (say,"
+            " pass a deep structure as one JSON string) or raise the limit",
+            data={"tool": tool.name, "errors": [], "limit": {"max_arg_depth": limit}},
+        )
+
     def schema_error(self, tool: Tool, args: Mapping[str, Any]) -> DispatchError | None:
         try:
             errors = list(tool.validator.iter_errors(args))
+        except RecursionError:
+            # Within max_arg_depth, but the schema recurses more per level than it allows for.
+            return self.depth_error(tool)
         except referencing.exceptions.Unresolvable as exc:
             return DispatchError.make(
                 ErrorKind.INTERNAL,

@@ -115,6 +115,42 @@ async def test_schema_errors_are_never_retried_and_never_run_the_handler(
     assert handler.runs == 0
 
 
+def _nested(depth: int) -> dict[str, object]:
+    args: dict[str, object] = {}
+    for _ in range(depth - 1):
+        args = {"a": args}
+    return args
+
+
+async def test_arguments_nested_past_the_depth_limit_are_a_schema_error(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    recursive = {"type": "object", "properties": {"a": {"$ref": "#"}}}
+    handler = Script()
+    tools = [
+        d.Tool("checked", handler, recursive, idempotent=True),
+        d.Tool("any", handler, idempotent=True),
+    ]
+    async with running(*tools):
+        for name, key in (("checked", None), ("any", "k"), ("checked", "k2")):
+            with pytest.raises(d.InvalidArguments) as caught:
+                await d.dispatch(name, _nested(100_000), idempotency_key=key)
+            error = caught.value
+            assert "deeper than the limit max_arg_depth=64 (DispatcherConfig.max_arg_depth)" in (
+                error.message
+            )
+            assert error.kind == "schema" and error.data["limit"] == {"max_arg_depth": 64}
+        cycle: list[object] = []
+        cycle.append(cycle)
+        with pytest.raises(d.InvalidArguments, match="max_arg_depth"):
+            await d.dispatch("any", {"a": cycle})
+        assert handler.runs == 0
+        await d.dispatch("checked", _nested(64), idempotency_key="k3")
+    assert handler.runs == 1
+    with pytest.raises(d.ConfigurationError, match="max_arg_depth must be an int from 1 to 200"):
+        d.DispatcherConfig(max_arg_depth=10_000)
+
+
 async def test_an_unknown_tool_is_not_found(autojump_clock: trio.abc.Clock) -> None:
     async with running(d.Tool("add", add, ADD_SCHEMA, idempotent=True)):
         with pytest.raises(d.ToolNotFound) as caught:
