@@ -32,6 +32,7 @@ import trio
 import otp
 from otp import ets
 
+from . import _pattern
 from ._breaker import BreakerState, Budget, CircuitBreaker, TokenBucket
 from ._errors import (
     ConfigurationError,
@@ -87,6 +88,25 @@ def _check_depth(_cfg: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         )
 
 
+#: A schema error's message quotes the value (jsonschema's repr): at most this many characters.
+_MESSAGE_CHARS = 300
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _MESSAGE_CHARS:
+        return text
+    # The head quotes the value, the tail usually says what it failed (jsonschema's form).
+    half = _MESSAGE_CHARS // 2
+    return f"{text[:half]}...[{len(text) - 2 * half:,} characters]...{text[-half:]}"
+
+
+def _check_steps(_cfg: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if value.__class__ is not int or value < 1:
+        raise ConfigurationError(
+            f"DispatcherConfig.{attr.name} must be an int >= 1 (got {value!r})"
+        )
+
+
 def _deeper_than(args: Mapping[str, Any], limit: int) -> bool:
     """Whether ``args`` nests dicts, lists or tuples more than ``limit`` deep. Level by level
     and without recursion, so it measures any depth (a cycle too) safely, and it stops at the
@@ -124,6 +144,10 @@ class DispatcherConfig:
         max_arg_depth: Arguments that nest dicts and lists deeper than this (the arguments
             object itself is depth 1) are refused with a ``schema`` error before anything
             reads them, so that validation and key digests never exhaust Python's stack.
+        max_pattern_steps: The steps one call's schema patterns may take in all (they match
+            in linear time: at most the string's length times the pattern's states); past it
+            the call is refused with a ``schema`` error. Bounds how long a call's validation
+            can hold the event loop.
     """
 
     name: str = attrs.field(default=DEFAULT_NAME, validator=_check_name)
@@ -131,6 +155,7 @@ class DispatcherConfig:
     max_concurrency: int | None = attrs.field(default=None, validator=_check_limit)
     seed: int | None = None
     max_arg_depth: int = attrs.field(default=DEFAULT_MAX_ARG_DEPTH, validator=_check_depth)
+    max_pattern_steps: int = attrs.field(default=_pattern.DEFAULT_MAX_STEPS, validator=_check_steps)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> DispatcherConfig:
@@ -581,13 +606,28 @@ class _State:
             )
         if args and _deeper_than(args, self.config.max_arg_depth):
             return await self.reject(self.depth_error(tool), name)
+        spent = 0.0
         if not tool.accepts_any:
+            began = trio.current_time()
             error = self.schema_error(tool, args)
             if error is not None:
                 return await self.reject(error, name)
+            # Validation is part of the call: it counts against the first attempt's timeout.
+            spent = trio.current_time() - began
+            allowed = tool.timeout if timeout is None else timeout
+            if spent and allowed is not None and spent >= allowed:
+                return await self.reject(self.validation_timeout(tool, spent), name)
         if key is None:
-            return await self.execute(tool, args, timeout, budget)
-        return await self.keyed_call(tool, args, key, timeout, budget)
+            return await self.execute(tool, args, timeout, budget, spent=spent)
+        return await self.keyed_call(tool, args, key, timeout, budget, spent)
+
+    def validation_timeout(self, tool: Tool, spent: float) -> DispatchError:
+        return DispatchError.make(
+            ErrorKind.TIMEOUT,
+            f"tool {tool.name!r} was not run: validating its arguments took {_fmt(spent)}, the"
+            " call's whole timeout (send smaller arguments, or give the call more time)",
+            data={"tool": tool.name, "validation": spent},
+        )
 
     def depth_error(self, tool: Tool) -> DispatchError:
         limit = self.config.max_arg_depth
@@ -600,8 +640,24 @@ class _State:
         )
 
     def schema_error(self, tool: Tool, args: Mapping[str, Any]) -> DispatchError | None:
+        limit = self.config.max_pattern_steps
+        meter = _pattern.METER.set(_pattern.Meter(limit))
         try:
             errors = list(tool.validator.iter_errors(args))
+        except _pattern.PatternWorkExceeded:
+            return DispatchError.make(
+                ErrorKind.SCHEMA,
+                f"tool {tool.name!r}: checking the arguments against the schema's patterns took"
+                f" more than the limit max_pattern_steps={limit}"
+                " (DispatcherConfig.max_pattern_steps); send shorter strings, or raise the limit",
+                data={"tool": tool.name, "errors": [], "limit": {"max_pattern_steps": limit}},
+            )
+        except _pattern.PatternError as exc:
+            return DispatchError.make(
+                ErrorKind.INTERNAL,
+                f"tool {tool.name!r}: its schema reaches a pattern that cannot be matched: {exc}",
+                data={"tool": tool.name},
+            )
         except RecursionError:
             # Within max_arg_depth, but the schema recurses more per level than it allows for.
             return self.depth_error(tool)
@@ -612,20 +668,22 @@ class _State:
                 " the tool's schema",
                 data={"tool": tool.name},
             )
+        finally:
+            _pattern.METER.reset(meter)
         if not errors:
             return None
         best = jsonschema.exceptions.best_match(errors)
         where = "/" + "/".join(map(str, best.absolute_path))
         return DispatchError.make(
             ErrorKind.SCHEMA,
-            f"tool {tool.name!r}: the arguments do not match its schema: {best.message} (at"
+            f"tool {tool.name!r}: the arguments do not match its schema: {_clip(best.message)} (at"
             f" {where}); fix the arguments and call again (schema errors are never retried)",
             data={
                 "tool": tool.name,
                 "errors": [
                     {
                         "path": "/" + "/".join(map(str, e.absolute_path)),
-                        "message": e.message,
+                        "message": _clip(e.message),
                         "keyword": str(e.validator),
                     }
                     for e in errors[:_SCHEMA_ERRORS_SHOWN]
@@ -655,6 +713,7 @@ class _State:
         timeout: float | None,
         budget: _Spending | None,
         run: _Run | None = None,
+        spent: float = 0.0,
     ) -> Any:
         """Run ``tool`` with retries in the current task; return its result or raise the
         envelope of its last failure. ``run`` (a keyed call's) learns when an attempt begins."""
@@ -689,8 +748,9 @@ class _State:
             if run is not None:
                 run.started = True
             result, error, retry_after = await self.attempt(
-                tool, args, attempt, now, timeout, limit, breaker, probe
+                tool, args, attempt, now, timeout, limit, breaker, probe, spent
             )
+            spent = 0.0
             if error is None:
                 return result
             last = error
@@ -763,6 +823,7 @@ class _State:
         limit: float,
         breaker: CircuitBreaker | None,
         probe: bool,
+        spent: float = 0.0,
     ) -> tuple[Any, DispatchError | None, float | None]:
         """One run of the handler under the concurrency limits and a cancel scope:
         ``(result, error, retry_after)``. Records the verdict on the breaker."""
@@ -792,7 +853,7 @@ class _State:
                     finished = True
                     return None, self.slot_deadline_error(tool, attempt), None
                 now = trio.current_time()
-            deadline = now + timeout if timeout is not None else math.inf
+            deadline = now + timeout - spent if timeout is not None else math.inf
             scope = trio.CancelScope(deadline=deadline if deadline < limit else limit)
             self.running += 1
             counters["dispatch.attempt"] += 1
@@ -902,6 +963,7 @@ class _State:
         key: str,
         timeout: float | None,
         budget: Budget | None,
+        spent: float = 0.0,
     ) -> Any:
         fingerprint = _fingerprint(tool.name, args)
         if fingerprint is None:
@@ -944,7 +1006,7 @@ class _State:
             shared = None if budget is None or budget.calls is None else _CallsOf(budget)
             self.submit(
                 Job(
-                    functools.partial(self.run_keyed, run, tool, args, key, timeout, shared),
+                    functools.partial(self.run_keyed, run, tool, args, key, timeout, shared, spent),
                     functools.partial(self.abandon_run, run, tool, key),
                 )
             )
@@ -979,6 +1041,7 @@ class _State:
         key: str,
         timeout: float | None,
         budget: _Spending | None,
+        spent: float = 0.0,
     ) -> None:
         """Run a keyed call in the runner process; keep its outcome (:func:`_kept`); wake
         every waiter.
@@ -988,7 +1051,7 @@ class _State:
         short is in doubt, and kept."""
         finished = False
         try:
-            run.value = await self.execute(tool, args, timeout, budget, run)
+            run.value = await self.execute(tool, args, timeout, budget, run, spent)
             finished = True
             self.keep(key, run)
         except DispatchError as error:

@@ -23,7 +23,9 @@ import referencing.exceptions
 
 import otp
 
+from . import _pattern
 from ._errors import ConfigurationError, ErrorKind, TransientError
+from ._pattern import LinearPattern
 
 # -- policies ---------------------------------------------------------------------------------
 
@@ -272,9 +274,35 @@ def _compile(tool: Tool) -> Any:
             f"Tool {tool.name!r}: its schema must describe an object (the arguments are a JSON"
             f" object, and MCP's inputSchema has type 'object'); got type {kind!r}"
         )
+    compiled: dict[str, LinearPattern] = {}
+    for pattern in _pattern.schema_patterns(tool.schema):
+        if pattern not in compiled:
+            try:
+                compiled[pattern] = _pattern.compile_pattern(pattern)
+            except _pattern.PatternError as exc:
+                raise ConfigurationError(f"Tool {tool.name!r}: {exc}") from exc
+    if compiled:
+        if _uses(tool.schema, "unevaluatedProperties"):
+            raise ConfigurationError(
+                f"Tool {tool.name!r}: its schema combines patternProperties with"
+                " unevaluatedProperties, which jsonschema matches with Python's backtracking"
+                " re (exponential on hostile keys); use additionalProperties instead"
+            )
+        # Patterns match in linear time (apps.dispatcher._pattern), never with re.search.
+        cls = jsonschema.validators.extend(
+            cls, _pattern.keywords(compiled, _pattern.DEFAULT_MAX_STEPS)
+        )
     validator = cls(tool.schema)
     _check_refs(tool, validator)
     return validator
+
+
+def _uses(node: Any, keyword: str) -> bool:
+    if isinstance(node, Mapping):
+        return keyword in node or any(_uses(value, keyword) for value in node.values())
+    if isinstance(node, list):
+        return any(_uses(value, keyword) for value in node)
+    return False
 
 
 def _refs(node: Any) -> Iterator[str]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 import math
 import random
+import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import trio
@@ -44,9 +47,9 @@ async def test_timeouts_in_milliseconds_as_the_seed_writes_them(
     tool = d.Tool("slow", slow, timeout_ms=1500, idempotent=False)
     assert tool.timeout == 1.5
     async with running(tool):
-        with pytest.raises(d.DispatchTimeout, match="within 1.5 s"):
+        with pytest.raises(d.DispatchTimeout, match=r"within 1\.5 s"):
             await d.dispatch("slow")
-        with pytest.raises(d.DispatchTimeout, match="within 0.25 s"):
+        with pytest.raises(d.DispatchTimeout, match=r"within 0\.25 s"):
             await d.dispatch("slow", timeout_ms=250)
         assert trio.current_time() == 1.75
         with pytest.raises(d.InvalidOption, match="timeout_ms, not both"):
@@ -149,6 +152,73 @@ async def test_arguments_nested_past_the_depth_limit_are_a_schema_error(
     assert handler.runs == 1
     with pytest.raises(d.ConfigurationError, match="max_arg_depth must be an int from 1 to 200"):
         d.DispatcherConfig(max_arg_depth=10_000)
+
+
+@contextmanager
+def _failing_after(seconds: float) -> Iterator[None]:
+    """Turn a stalled loop into a failure: ``re`` checks for signals while it backtracks."""
+
+    def expired(_signum: int, _frame: object) -> None:
+        raise AssertionError(f"the event loop was still stalled after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+HOSTILE = {
+    "type": "object",
+    "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}},
+    "patternProperties": {"^(b+)+$": {"type": "integer"}},
+    "additionalProperties": False,
+}
+
+
+async def test_a_catastrophic_schema_pattern_cannot_stall_the_loop(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # ^(a+)+$ against 5,000 a's and a "!" backtracks for longer than the universe has existed
+    # (30 a's already take minutes).
+    handler = Script()
+    async with running(d.Tool("t", handler, HOSTILE, idempotent=True)):
+        with _failing_after(10.0):
+            with pytest.raises(d.InvalidArguments, match=r"does not match '\^\(a\+\)\+\$'"):
+                await d.dispatch("t", {"s": "a" * 5_000 + "!"})
+            with pytest.raises(d.InvalidArguments, match="not match any of the regexes"):
+                await d.dispatch("t", {"b" * 3_000 + "!": 1})
+            assert (await d.dispatch("t", {"s": "aaa", "bb": 2}))["run"] == 1
+
+
+async def test_a_calls_pattern_work_is_bounded_by_max_pattern_steps(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script()
+    tool = d.Tool("t", handler, HOSTILE, idempotent=True)
+    async with running(tool, max_pattern_steps=50_000):
+        with pytest.raises(d.InvalidArguments) as caught:
+            await d.dispatch("t", {"s": "a" * 10_000})  # ~11 steps a character
+        assert "more than the limit max_pattern_steps=50000" in caught.value.message
+        assert caught.value.data["limit"] == {"max_pattern_steps": 50_000}
+        # The bound is per call, over all its strings: many short ones add up.
+        with pytest.raises(d.InvalidArguments, match="max_pattern_steps"):
+            await d.dispatch("t", {"b" * 400 + str(i): i for i in range(20)})
+        roomy = d.DispatcherConfig(name="roomy", max_pattern_steps=200_000)
+        await d.start_dispatcher([tool], roomy)
+        assert (await d.dispatch("t", {"s": "a" * 10_000}, dispatcher="roomy"))["run"] == 1
+
+
+async def test_validation_counts_against_the_calls_timeout() -> None:
+    # Real time: the validation's CPU time is what counts (a MockClock does not see it).
+    handler = Script()
+    tool = d.Tool("t", handler, HOSTILE, idempotent=True, timeout=0.001)
+    async with running(tool, max_pattern_steps=10**7):
+        with pytest.raises(d.DispatchTimeout, match="was not run: validating its arguments took"):
+            await d.dispatch("t", {"s": "a" * 50_000})
+    assert handler.runs == 0
 
 
 async def test_an_unknown_tool_is_not_found(autojump_clock: trio.abc.Clock) -> None:
