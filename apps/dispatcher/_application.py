@@ -46,8 +46,9 @@ def application(
     Settings come from ``config.settings["dispatcher"]``: the :class:`DispatcherConfig`
     fields (``name``, ``result_ttl``, ``max_concurrency``, ``seed``, ``max_arg_depth``,
     ``max_pattern_steps``) and ``tools``, a list of ``module:attr`` paths naming Tools (or
-    lists of them, or a ToolRegistry). ``tools=`` gives the tools directly. More tools can be registered while it runs
-    (:func:`register_tool`); they survive a restart of the dispatcher, which keeps its registry.
+    lists of them, or a ToolRegistry). ``tools=`` gives the tools directly. More tools can be
+    registered while it runs (:func:`register_tool`); they survive a restart of the
+    dispatcher, which keeps its registry.
 
     Raises:
         ConfigurationError: a setting is invalid.

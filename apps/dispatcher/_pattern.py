@@ -31,6 +31,8 @@ MAX_STATES = 2_000
 #: ``DispatcherConfig.max_pattern_steps`` unless configured: about 70 ms of matching, room for
 #: a 10,000-character string against a pattern of ten states.
 DEFAULT_MAX_STEPS = 100_000
+#: Memoized steps kept per pattern (then forgotten all at once).
+_MEMO_SIZE = 4_096
 
 _CHAR, _SPLIT, _ASSERT, _MATCH = 0, 1, 2, 3
 _ONE_CHAR = frozenset((_sre.LITERAL, _sre.NOT_LITERAL, _sre.ANY, _sre.IN))
@@ -89,41 +91,71 @@ class LinearPattern:
     start: int
     #: Starts with ``\A`` or a non-multiline ``^``: no match can start after position 0.
     anchored: bool
+    #: Some assertion looks at the character before its position (``\b``, multiline ``^``).
+    needs_prev: bool
+    memo: dict[tuple[Any, ...], tuple[bool, tuple[int, ...], int]] = attrs.field(
+        factory=dict, repr=False
+    )
 
     def search(self, text: str, meter: Meter) -> bool:
-        kinds, tests, out1, out2 = self.kinds, self.tests, self.out1, self.out2
-        seen = [-1] * len(kinds)
-        current: list[int] = []
+        # One position at a time: the states alive before it, the character there and what
+        # the assertions can see around it decide the step, so steps are memoized (bounded).
+        memo = self.memo
+        needs_prev = self.needs_prev
+        current: tuple[int, ...] = ()
         end = len(text)
         for position in range(end + 1):
-            # Every state reachable without consuming a character (a match may start here).
-            stack = [*current, self.start]
-            consuming = []
-            steps = 0
-            while stack:
-                node = stack.pop()
-                if seen[node] == position:
-                    continue
-                seen[node] = position
-                steps += 1
-                kind = kinds[node]
-                if kind == _CHAR:
-                    consuming.append(node)
-                elif kind == _SPLIT:
-                    stack.append(out2[node])
-                    stack.append(out1[node])
-                elif kind == _ASSERT:
-                    if tests[node].match(text, position) is not None:
-                        stack.append(out1[node])
-                else:
-                    return True
-            meter.spend(steps + len(consuming))
-            if position == end:
-                break
-            current = [out1[node] for node in consuming if tests[node].match(text, position)]
-            if not current and self.anchored:
+            key = (
+                current,
+                text[position] if position < end else None,
+                text[position - 1] if needs_prev and position else None,
+                position == 0,
+                min(end - position, 2),
+            )
+            found = memo.get(key)
+            if found is None:
+                found = self.step(text, position, current)
+                if len(memo) >= _MEMO_SIZE:
+                    memo.clear()
+                memo[key] = found
+            matched, current, steps = found
+            meter.spend(steps)
+            if matched:
+                return True
+            if position == end or (not current and self.anchored):
                 return False
         return False
+
+    def step(
+        self, text: str, position: int, current: tuple[int, ...]
+    ) -> tuple[bool, tuple[int, ...], int]:
+        """``(matched, the states after the character at position, steps taken)``."""
+        kinds, tests, out1, out2 = self.kinds, self.tests, self.out1, self.out2
+        # Every state reachable without consuming a character (a match may start here too).
+        stack = [*current, self.start]
+        seen: set[int] = set()
+        consuming = []
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            kind = kinds[node]
+            if kind == _CHAR:
+                consuming.append(node)
+            elif kind == _SPLIT:
+                stack.append(out2[node])
+                stack.append(out1[node])
+            elif kind == _ASSERT:
+                if tests[node].match(text, position) is not None:
+                    stack.append(out1[node])
+            else:
+                return True, (), len(seen)
+        steps = len(seen) + len(consuming)
+        if position == len(text):
+            return False, (), steps
+        after = tuple(out1[node] for node in consuming if tests[node].match(text, position))
+        return False, after, steps
 
 
 @attrs.define
@@ -134,6 +166,7 @@ class _Builder:
     out1: list[int] = attrs.Factory(list)
     out2: list[int] = attrs.Factory(list)
     compiled: dict[tuple[Any, ...], Any] = attrs.Factory(dict)
+    needs_prev: bool = False
 
     def add(self, kind: int, test: Any, out1: int, out2: int = -1) -> int:
         if len(self.kinds) >= MAX_STATES:
@@ -169,6 +202,8 @@ class _Builder:
         if op in _ONE_CHAR:
             return self.add(_CHAR, self.test(op, av, flags), after)
         if op is _sre.AT:
+            if av in (_sre.AT_BOUNDARY, _sre.AT_NON_BOUNDARY) or flags & re.MULTILINE:
+                self.needs_prev = True
             return self.add(_ASSERT, self.test(op, av, flags), after)
         if op is _sre.BRANCH:
             starts = [self.sequence(branch, flags, after) for branch in av[1]]
@@ -226,6 +261,7 @@ def compile_pattern(pattern: str) -> LinearPattern:
         tuple(builder.out2),
         start,
         anchored,
+        builder.needs_prev,
     )
 
 
