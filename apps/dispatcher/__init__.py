@@ -3,14 +3,17 @@
 Every promise of a tool's schema is kept in one place: argument validation (JSON Schema),
 per-attempt timeouts that cancel the handler, classified retries (``timeout`` and
 ``transient`` only, a timeout only for idempotent tools) with jittered x4 backoff, a shared
-retry budget per tool, idempotency keys (in-flight calls collapse into one run; successes are
-cached in an ``otp.ets`` table with a TTL), caller budgets, bounded fan-out, per-tool circuit
-breakers, one error envelope (:class:`DispatchError`, with its JSON-RPC and MCP forms), and a
-structured event for every transition (logger ``apps.dispatcher``) with counters in
-:func:`statistics`.
+retry budget per tool, idempotency keys (in-flight calls collapse into one run; its outcome is
+kept in an ``otp.ets`` table with a TTL: successes, and a non-idempotent tool's failures, so a
+late retry never runs it twice; see :func:`dispatch`), caller budgets, bounded fan-out,
+per-tool circuit breakers, one error envelope (:class:`DispatchError`, with its JSON-RPC and
+MCP forms), and a structured event for every transition (logger ``apps.dispatcher``) with
+counters in :func:`statistics`.
 
-The ``Dispatcher`` GenServer owns the state and runs under the application's supervisor;
-:func:`dispatch` runs calls in the caller's own task (no round trip through a mailbox).
+The ``Dispatcher`` GenServer owns the state; its runner process runs keyed calls and remote
+requests; both are children of the application's root supervisor (``rest_for_one``:
+``dispatcher``, ``runner``). :func:`dispatch` runs calls in the caller's own task (no round trip
+through a mailbox).
 
 Example::
 
@@ -32,8 +35,8 @@ Example::
             await d.dispatch("add", {"a": "one", "b": 2})
         except d.DispatchError as error:
             assert error.kind == "schema" and error.jsonrpc_code == -32602
-        outcomes = await d.gather_bounded([("add", {"a": i, "b": i}) for i in range(40)], limit=8)
-        assert [o.unwrap() for o in outcomes] == [2 * i for i in range(40)]
+        calls = [("add", {"a": i, "b": i}) for i in range(40)]
+        assert await d.gather_bounded(calls, limit=8) == [2 * i for i in range(40)]
         await supervisors.stop_application("dispatcher")
 
     otp.run(main)
@@ -50,14 +53,12 @@ from ._breaker import BreakerState as BreakerState
 from ._breaker import Budget as Budget
 from ._dispatcher import DEFAULT_NAME as DEFAULT_NAME
 from ._dispatcher import Call as Call
-from ._dispatcher import Dispatcher as Dispatcher
 from ._dispatcher import DispatcherConfig as DispatcherConfig
 from ._dispatcher import DispatcherStatistics as DispatcherStatistics
 from ._dispatcher import Outcome as Outcome
 from ._dispatcher import dispatch as dispatch
 from ._dispatcher import gather_bounded as gather_bounded
 from ._dispatcher import register_tool as register_tool
-from ._dispatcher import start_dispatcher as start_dispatcher
 from ._dispatcher import statistics as statistics
 from ._dispatcher import tool_registry as tool_registry
 from ._dispatcher import unregister_tool as unregister_tool
@@ -74,9 +75,13 @@ from ._errors import ErrorKind as ErrorKind
 from ._errors import IdempotencyConflict as IdempotencyConflict
 from ._errors import InternalError as InternalError
 from ._errors import InvalidArguments as InvalidArguments
+from ._errors import InvalidOption as InvalidOption
 from ._errors import ToolNotFound as ToolNotFound
 from ._errors import TransientError as TransientError
 from ._errors import TransientFailure as TransientFailure
+from ._server import Dispatcher as Dispatcher
+from ._server import dispatcher_supervisor_spec as dispatcher_supervisor_spec
+from ._server import start_dispatcher as start_dispatcher
 from ._tool import NO_RETRY as NO_RETRY
 from ._tool import Backend as Backend
 from ._tool import BreakerPolicy as BreakerPolicy
@@ -111,6 +116,7 @@ __all__ = [
     "IdempotencyConflict",
     "InternalError",
     "InvalidArguments",
+    "InvalidOption",
     "Outcome",
     "RetryBudget",
     "RetryPolicy",
@@ -121,6 +127,7 @@ __all__ = [
     "TransientFailure",
     "application",
     "dispatch",
+    "dispatcher_supervisor_spec",
     "gather_bounded",
     "register_tool",
     "start_dispatcher",

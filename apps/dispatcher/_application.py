@@ -1,6 +1,6 @@
-"""The dispatcher application: a root supervisor over one ``Dispatcher``, configured from the
-node's settings (the ``[dispatcher]`` table of node.toml). OTP's application resource file,
-as a function of the node's configuration."""
+"""The dispatcher application: a root supervisor (``rest_for_one``) over the ``Dispatcher``
+server and its runner, configured from the node's settings (the ``[dispatcher]`` table of
+node.toml). OTP's application resource file, as a function of the node's configuration."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 import supervisors
 from otp import node
 
-from ._dispatcher import DispatcherConfig, start_dispatcher
+from ._dispatcher import DispatcherConfig
 from ._errors import ConfigurationError
+from ._server import dispatcher_supervisor_spec
 from ._tool import Tool, ToolRegistry
 
 
@@ -43,10 +44,11 @@ def application(
     ``supervisors.start_application``.
 
     Settings come from ``config.settings["dispatcher"]``: the :class:`DispatcherConfig`
-    fields (``name``, ``result_ttl``, ``max_concurrency``, ``seed``) and ``tools``, a list of
-    ``module:attr`` paths naming Tools (or lists of them, or a ToolRegistry). ``tools=``
-    gives the tools directly. More tools can be registered while it runs
-    (:func:`register_tool`); they survive a restart of the dispatcher, which keeps its registry.
+    fields (``name``, ``result_ttl``, ``max_concurrency``, ``seed``, ``max_arg_depth``,
+    ``max_pattern_steps``) and ``tools``, a list of ``module:attr`` paths naming Tools (or
+    lists of them, or a ToolRegistry). ``tools=`` gives the tools directly. More tools can be
+    registered while it runs (:func:`register_tool`); they survive a restart of the
+    dispatcher, which keeps its registry.
 
     Raises:
         ConfigurationError: a setting is invalid.
@@ -60,15 +62,9 @@ def application(
         registry = tools
     else:
         registry = ToolRegistry(list(tools))
-    flags = supervisors.SupFlags(strategy="one_for_one", intensity=3, period=5)
-    children = [
-        supervisors.ChildSpec(
-            "dispatcher", (start_dispatcher, registry, dispatcher_config), shutdown=5.0
-        )
-    ]
     return supervisors.Application(
         "dispatcher",
-        (flags, children),
+        dispatcher_supervisor_spec(registry, dispatcher_config),
         env={key: value for key, value in settings.items() if key != "tools"},
         description="function-call dispatcher",
         version="0.1.0",

@@ -22,7 +22,7 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 import attrs
 import jsonschema.exceptions  # type: ignore[import-untyped]
@@ -32,12 +32,14 @@ import trio
 import otp
 from otp import ets
 
+from . import _pattern
 from ._breaker import BreakerState, Budget, CircuitBreaker, TokenBucket
 from ._errors import (
     ConfigurationError,
     DispatcherNotRunning,
     DispatchError,
     ErrorKind,
+    InvalidOption,
     TransientError,
 )
 from ._tool import ASYNC, SYNC, RetryPolicy, Tool, ToolRegistry, _RemoteTimeout
@@ -71,6 +73,59 @@ def _check_limit(_cfg: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         )
 
 
+#: ``DispatcherConfig.max_arg_depth`` unless configured: far deeper than tool arguments go
+#: (serde_json stops at 128), and shallow enough that jsonschema's recursion (3 to 4 frames a
+#: level, more under combinators) stays far from Python's limit of 1,000 frames.
+DEFAULT_MAX_ARG_DEPTH = 64
+_DEPTH_CEILING = 200
+
+
+def _check_depth(_cfg: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if value.__class__ is not int or not 1 <= value <= _DEPTH_CEILING:
+        raise ConfigurationError(
+            f"DispatcherConfig.{attr.name} must be an int from 1 to {_DEPTH_CEILING} (deeper"
+            f" arguments would exhaust Python's stack in validation), got {value!r}"
+        )
+
+
+#: A schema error's message quotes the value (jsonschema's repr): at most this many characters.
+_MESSAGE_CHARS = 300
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _MESSAGE_CHARS:
+        return text
+    # The head quotes the value, the tail usually says what it failed (jsonschema's form).
+    half = _MESSAGE_CHARS // 2
+    return f"{text[:half]}...[{len(text) - 2 * half:,} characters]...{text[-half:]}"
+
+
+def _check_steps(_cfg: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if value.__class__ is not int or value < 1:
+        raise ConfigurationError(
+            f"DispatcherConfig.{attr.name} must be an int >= 1 (got {value!r})"
+        )
+
+
+def _deeper_than(args: Mapping[str, Any], limit: int) -> bool:
+    """Whether ``args`` nests dicts, lists or tuples more than ``limit`` deep. Level by level
+    and without recursion, so it measures any depth (a cycle too) safely, and it stops at the
+    first level past the limit."""
+    level: list[Any] = [args]
+    depth = 1
+    while level:
+        if depth > limit:
+            return True
+        below = []
+        for node in level:
+            for value in node.values() if isinstance(node, Mapping) else node:
+                if isinstance(value, Mapping | list | tuple):
+                    below.append(value)
+        level = below
+        depth += 1
+    return False
+
+
 def _check_name(_cfg: Any, _attr: Any, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"DispatcherConfig.name must be a non-empty str (got {value!r})")
@@ -86,12 +141,21 @@ class DispatcherConfig:
         max_concurrency: At most this many handler attempts run at once across every tool and
             caller (None: no dispatcher-wide limit). Callers past it wait their turn.
         seed: Seeds the jitter of retry delays (None: from the OS), for reproducible runs.
+        max_arg_depth: Arguments that nest dicts and lists deeper than this (the arguments
+            object itself is depth 1) are refused with a ``schema`` error before anything
+            reads them, so that validation and key digests never exhaust Python's stack.
+        max_pattern_steps: The steps one call's schema patterns may take in all (they match
+            in linear time: at most the string's length times the pattern's states); past it
+            the call is refused with a ``schema`` error. Bounds how long a call's validation
+            can hold the event loop.
     """
 
     name: str = attrs.field(default=DEFAULT_NAME, validator=_check_name)
     result_ttl: float = attrs.field(default=60.0, validator=_check_ttl)
     max_concurrency: int | None = attrs.field(default=None, validator=_check_limit)
     seed: int | None = None
+    max_arg_depth: int = attrs.field(default=DEFAULT_MAX_ARG_DEPTH, validator=_check_depth)
+    max_pattern_steps: int = attrs.field(default=_pattern.DEFAULT_MAX_STEPS, validator=_check_steps)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> DispatcherConfig:
@@ -112,12 +176,14 @@ class DispatcherConfig:
 
 @attrs.frozen
 class Call:
-    """One call for :func:`gather_bounded` (a ``(name, args)`` tuple works too)."""
+    """One call for :func:`gather_bounded` (a ``(name, args)`` tuple works too); ``timeout``
+    in seconds or ``timeout_ms`` (as the seed's registry records it), as for :func:`dispatch`."""
 
     name: str
     args: Mapping[str, Any] = attrs.field(factory=dict)
     idempotency_key: str | None = None
     timeout: float | None = None
+    timeout_ms: float | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
@@ -169,6 +235,8 @@ class _Run:
     done: trio.Event = attrs.Factory(trio.Event)
     value: Any = None
     error: DispatchError | None = None
+    #: Whether a handler attempt has begun (a run cut short after that may have taken effect).
+    started: bool = False
 
 
 def _fingerprint(tool: str, args: Mapping[str, Any]) -> str | None:
@@ -195,23 +263,82 @@ def _retry_delay(retry_after: Any, policy: RetryPolicy, attempt: int, rng: rando
     return min(max(0.0, float(retry_after)), policy.max_retry_after)
 
 
-def _check_options(name: Any, key: Any, timeout: Any) -> None:
+def _invalid_option(name: Any, message: str) -> InvalidOption:
+    return InvalidOption(f"dispatch({name!r}): {message}", data={"tool": name, "errors": []})
+
+
+def _check_options(name: Any, key: Any, timeout: Any, budget: Any) -> None:
     """Refuse a call's malformed options before anything runs.
 
     Raises:
-        ConfigurationError: ``key`` or ``timeout`` is malformed.
+        InvalidOption: ``key``, ``timeout`` or ``budget`` is malformed.
     """
     if key is not None and (not isinstance(key, str) or not key):
-        raise ConfigurationError(
-            f"dispatch({name!r}): idempotency_key must be a non-empty str or None (got {key!r})"
+        raise _invalid_option(
+            name, f"idempotency_key must be a non-empty str or None (got {key!r})"
         )
     if timeout is not None and (
         not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0
     ):
-        raise ConfigurationError(
-            f"dispatch({name!r}): timeout must be a number of seconds > 0 (math.inf for no"
-            f" limit, None for the tool's own), got {timeout!r}"
+        raise _invalid_option(
+            name,
+            "timeout must be a number of seconds > 0 (math.inf for no limit, None for the"
+            f" tool's own), got {timeout!r}",
         )
+    if budget is not None and not isinstance(budget, Budget):
+        raise _invalid_option(
+            name,
+            "budget must be an apps.dispatcher.Budget (say Budget(calls=5) for five tool"
+            f" calls, or Budget.within(seconds)) or None, got {budget!r}",
+        )
+
+
+def _timeout_of(name: Any, timeout: Any, timeout_ms: Any) -> Any:
+    """The call's timeout in seconds, from ``timeout`` (seconds) or ``timeout_ms`` (the seed's
+    milliseconds), not both.
+
+    Raises:
+        InvalidOption: both are given, or ``timeout_ms`` is not a number > 0.
+    """
+    if timeout_ms is None:
+        return timeout
+    if timeout is not None:
+        raise _invalid_option(
+            name,
+            f"give timeout (seconds) or timeout_ms, not both (got {timeout!r} and {timeout_ms!r})",
+        )
+    if (
+        not isinstance(timeout_ms, int | float)
+        or isinstance(timeout_ms, bool)
+        or not timeout_ms > 0
+    ):
+        raise _invalid_option(
+            name,
+            f"timeout_ms must be a number of milliseconds > 0 (math.inf for no limit), got"
+            f" {timeout_ms!r}",
+        )
+    return timeout_ms / 1000.0
+
+
+def _kept(tool: Tool, error: DispatchError) -> bool:
+    """Whether a keyed run's failure is kept and replayed to later calls with its key: a
+    non-idempotent tool's, once its handler ran (it may have taken effect; running it again
+    could do it twice). An idempotent tool's failures, and failures before any attempt
+    (an open breaker, a spent budget), are not kept: the next call with the key runs."""
+    return not tool.idempotent and error.attempts > 0
+
+
+def _replayed(error: DispatchError, key: str) -> DispatchError:
+    """The kept failure ``error`` as a later call with its key gets it."""
+    copy = DispatchError.make(
+        error.kind,
+        f"{error.message} [replayed: the call with idempotency key {key!r} already ran and"
+        " ended so; its handler was not run again (a new call needs a new key)]",
+        attempts=error.attempts,
+        data={**error.data, "idempotency_key": key, "replayed": True},
+    )
+    copy.__cause__ = error.__cause__
+    return copy
 
 
 def _copy(error: DispatchError) -> DispatchError:
@@ -219,6 +346,18 @@ def _copy(error: DispatchError) -> DispatchError:
     copy = DispatchError.make(error.kind, error.message, attempts=error.attempts, data=error.data)
     copy.__cause__ = error.__cause__
     return copy
+
+
+def _in_doubt(tool: Tool) -> dict[str, bool]:
+    """The envelope's ``in_doubt`` flag for a handler cancelled halfway: only a non-idempotent
+    tool's outcome matters (an idempotent one can simply run again)."""
+    return {} if tool.idempotent else {"in_doubt": True}
+
+
+def _doubt(tool: Tool) -> str:
+    if tool.idempotent:
+        return ""
+    return "; its outcome is unknown (the tool is not idempotent and may have taken effect)"
 
 
 async def _acquire(semaphore: trio.Semaphore) -> None:
@@ -325,6 +464,15 @@ class _Slots:
         self.release()
 
 
+@attrs.frozen
+class Job:
+    """Work for the dispatcher's runner: ``run`` in its nursery, or ``abandon`` (synchronous)
+    if no runner will take it, so that whoever waits for it is answered."""
+
+    run: Callable[[], Awaitable[None]]
+    abandon: Callable[[], None]
+
+
 @attrs.define(eq=False)
 class _State:
     """A running dispatcher's state, shared by its GenServer, its runner and the callers."""
@@ -334,9 +482,13 @@ class _State:
     registry: ToolRegistry
     config: DispatcherConfig
     table: Any
-    jobs: trio.MemorySendChannel[Callable[[], Awaitable[None]]]
     rng: random.Random
     limiter: trio.Semaphore | None
+    #: The supervisor that started the dispatcher's server and runner (None if none did).
+    owner: otp.Pid | None = None
+    jobs: trio.MemorySendChannel[Job] = attrs.field(init=False)
+    #: The receive side of ``jobs`` until a runner takes it.
+    backlog: trio.MemoryReceiveChannel[Job] | None = attrs.field(init=False)
     alive: bool = True
     running: int = 0
     counters: Counter[str] = attrs.Factory(Counter)
@@ -344,6 +496,29 @@ class _State:
     breakers: dict[str, CircuitBreaker] = attrs.Factory(dict)
     buckets: dict[str, TokenBucket] = attrs.Factory(dict)
     tool_limiters: dict[str, tuple[int, trio.Semaphore]] = attrs.Factory(dict)
+
+    def __attrs_post_init__(self) -> None:
+        self.jobs, self.backlog = trio.open_memory_channel[Job](math.inf)
+
+    # -- the runner ------------------------------------------------------------------------
+
+    def take_jobs(self) -> trio.MemoryReceiveChannel[Job]:
+        """The channel a (re)started runner serves: the first one takes the jobs queued since
+        the server started; a restarted one gets a fresh channel (its predecessor closed its
+        own)."""
+        backlog, self.backlog = self.backlog, None
+        if backlog is not None:
+            return backlog
+        self.jobs, receive = trio.open_memory_channel[Job](math.inf)
+        return receive
+
+    def submit(self, job: Job) -> None:
+        """Hand ``job`` to the runner; with no runner to take it (it is being restarted, or
+        the dispatcher stopped) the job is abandoned at once, so no one waits for nothing."""
+        try:
+            self.jobs.send_nowait(job)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            job.abandon()
 
     # -- events ----------------------------------------------------------------------------
 
@@ -402,7 +577,7 @@ class _State:
         timeout: float | None,
         budget: Budget | None,
     ) -> Any:
-        _check_options(name, key, timeout)
+        _check_options(name, key, timeout, budget)
         tool = self.registry.get(name)
         if tool is None:
             known = ", ".join(map(repr, self.registry.names())) or "none"
@@ -429,17 +604,63 @@ class _State:
                 ),
                 name,
             )
+        if args and _deeper_than(args, self.config.max_arg_depth):
+            return await self.reject(self.depth_error(tool), name)
+        spent = 0.0
         if not tool.accepts_any:
+            began = trio.current_time()
             error = self.schema_error(tool, args)
             if error is not None:
                 return await self.reject(error, name)
+            # Validation is part of the call: it counts against the first attempt's timeout.
+            spent = trio.current_time() - began
+            allowed = tool.timeout if timeout is None else timeout
+            if spent and allowed is not None and spent >= allowed:
+                return await self.reject(self.validation_timeout(tool, spent), name)
         if key is None:
-            return await self.execute(tool, args, timeout, budget)
-        return await self.keyed_call(tool, args, key, timeout, budget)
+            return await self.execute(tool, args, timeout, budget, spent=spent)
+        return await self.keyed_call(tool, args, key, timeout, budget, spent)
+
+    def validation_timeout(self, tool: Tool, spent: float) -> DispatchError:
+        return DispatchError.make(
+            ErrorKind.TIMEOUT,
+            f"tool {tool.name!r} was not run: validating its arguments took {_fmt(spent)}, the"
+            " call's whole timeout (send smaller arguments, or give the call more time)",
+            data={"tool": tool.name, "validation": spent},
+        )
+
+    def depth_error(self, tool: Tool) -> DispatchError:
+        limit = self.config.max_arg_depth
+        return DispatchError.make(
+            ErrorKind.SCHEMA,
+            f"tool {tool.name!r}: the arguments nest dicts and lists deeper than the limit"
+            f" max_arg_depth={limit} (DispatcherConfig.max_arg_depth); flatten them (say,"
+            " pass a deep structure as one JSON string) or raise the limit",
+            data={"tool": tool.name, "errors": [], "limit": {"max_arg_depth": limit}},
+        )
 
     def schema_error(self, tool: Tool, args: Mapping[str, Any]) -> DispatchError | None:
+        limit = self.config.max_pattern_steps
+        meter = _pattern.METER.set(_pattern.Meter(limit))
         try:
             errors = list(tool.validator.iter_errors(args))
+        except _pattern.PatternWorkExceeded:
+            return DispatchError.make(
+                ErrorKind.SCHEMA,
+                f"tool {tool.name!r}: checking the arguments against the schema's patterns took"
+                f" more than the limit max_pattern_steps={limit}"
+                " (DispatcherConfig.max_pattern_steps); send shorter strings, or raise the limit",
+                data={"tool": tool.name, "errors": [], "limit": {"max_pattern_steps": limit}},
+            )
+        except _pattern.PatternError as exc:
+            return DispatchError.make(
+                ErrorKind.INTERNAL,
+                f"tool {tool.name!r}: its schema reaches a pattern that cannot be matched: {exc}",
+                data={"tool": tool.name},
+            )
+        except RecursionError:
+            # Within max_arg_depth, but the schema recurses more per level than it allows for.
+            return self.depth_error(tool)
         except referencing.exceptions.Unresolvable as exc:
             return DispatchError.make(
                 ErrorKind.INTERNAL,
@@ -447,20 +668,22 @@ class _State:
                 " the tool's schema",
                 data={"tool": tool.name},
             )
+        finally:
+            _pattern.METER.reset(meter)
         if not errors:
             return None
         best = jsonschema.exceptions.best_match(errors)
         where = "/" + "/".join(map(str, best.absolute_path))
         return DispatchError.make(
             ErrorKind.SCHEMA,
-            f"tool {tool.name!r}: the arguments do not match its schema: {best.message} (at"
+            f"tool {tool.name!r}: the arguments do not match its schema: {_clip(best.message)} (at"
             f" {where}); fix the arguments and call again (schema errors are never retried)",
             data={
                 "tool": tool.name,
                 "errors": [
                     {
                         "path": "/" + "/".join(map(str, e.absolute_path)),
-                        "message": e.message,
+                        "message": _clip(e.message),
                         "keyword": str(e.validator),
                     }
                     for e in errors[:_SCHEMA_ERRORS_SHOWN]
@@ -484,10 +707,16 @@ class _State:
     # -- attempts and retries --------------------------------------------------------------
 
     async def execute(
-        self, tool: Tool, args: Mapping[str, Any], timeout: float | None, budget: _Spending | None
+        self,
+        tool: Tool,
+        args: Mapping[str, Any],
+        timeout: float | None,
+        budget: _Spending | None,
+        run: _Run | None = None,
+        spent: float = 0.0,
     ) -> Any:
         """Run ``tool`` with retries in the current task; return its result or raise the
-        envelope of its last failure."""
+        envelope of its last failure. ``run`` (a keyed call's) learns when an attempt begins."""
         name = tool.name
         policy = tool.retry
         if timeout is None:
@@ -516,9 +745,12 @@ class _State:
                         last or self.budget_error(tool, budget, attempt - 1), name
                     )
                 budget.spend()
+            if run is not None:
+                run.started = True
             result, error, retry_after = await self.attempt(
-                tool, args, attempt, now, timeout, limit, breaker, probe
+                tool, args, attempt, now, timeout, limit, breaker, probe, spent
             )
+            spent = 0.0
             if error is None:
                 return result
             last = error
@@ -591,6 +823,7 @@ class _State:
         limit: float,
         breaker: CircuitBreaker | None,
         probe: bool,
+        spent: float = 0.0,
     ) -> tuple[Any, DispatchError | None, float | None]:
         """One run of the handler under the concurrency limits and a cancel scope:
         ``(result, error, retry_after)``. Records the verdict on the breaker."""
@@ -620,7 +853,7 @@ class _State:
                     finished = True
                     return None, self.slot_deadline_error(tool, attempt), None
                 now = trio.current_time()
-            deadline = now + timeout if timeout is not None else math.inf
+            deadline = now + timeout - spent if timeout is not None else math.inf
             scope = trio.CancelScope(deadline=deadline if deadline < limit else limit)
             self.running += 1
             counters["dispatch.attempt"] += 1
@@ -696,9 +929,10 @@ class _State:
         return DispatchError.make(
             ErrorKind.TIMEOUT,
             f"tool {tool.name!r} did not answer{where} on attempt {attempt} and was cancelled"
-            " (raise Tool.timeout or pass dispatch(timeout=...) if it is just slow)",
+            f"{_doubt(tool)} (raise Tool.timeout or pass dispatch(timeout=...) if it is just"
+            " slow)",
             attempts=attempt,
-            data={"tool": tool.name, "timeout": timeout},
+            data={"tool": tool.name, "timeout": timeout, **_in_doubt(tool)},
         )
 
     def slot_deadline_error(self, tool: Tool, attempt: int) -> DispatchError:
@@ -715,9 +949,9 @@ class _State:
         return DispatchError.make(
             ErrorKind.BUDGET_EXCEEDED,
             f"tool {tool.name!r} was cancelled on attempt {attempt}: the caller's budget"
-            " deadline passed while it ran; give the caller more time",
+            f" deadline passed while it ran{_doubt(tool)}; give the caller more time",
             attempts=attempt,
-            data={"tool": tool.name},
+            data={"tool": tool.name, **_in_doubt(tool)},
         )
 
     # -- idempotency -----------------------------------------------------------------------
@@ -729,6 +963,7 @@ class _State:
         key: str,
         timeout: float | None,
         budget: Budget | None,
+        spent: float = 0.0,
     ) -> Any:
         fingerprint = _fingerprint(tool.name, args)
         if fingerprint is None:
@@ -747,10 +982,12 @@ class _State:
         except ets.EtsError:
             cached = []  # the dispatcher stopped: its table is gone
         if cached:
-            _key, stored, value = cached[0]
+            _key, stored, value, failure = cached[0]
             if stored != fingerprint:
                 return await self.reject(self.conflict_error(tool, key), tool.name)
             self.event("dispatch.dedup_hit", _DEBUG, tool.name, key=key, source="cache")
+            if failure is not None:
+                return await self.reject(_replayed(failure, key), tool.name)
             await trio.lowlevel.cancel_shielded_checkpoint()
             return value
         run = self.keyed.get(key)
@@ -767,10 +1004,26 @@ class _State:
             # The run serves every caller of the key: it spends the first caller's calls, but
             # its deadline is no one's (each caller waits by its own, below).
             shared = None if budget is None or budget.calls is None else _CallsOf(budget)
-            self.jobs.send_nowait(
-                functools.partial(self.run_keyed, run, tool, args, key, timeout, shared)
+            self.submit(
+                Job(
+                    functools.partial(self.run_keyed, run, tool, args, key, timeout, shared, spent),
+                    functools.partial(self.abandon_run, run, tool, key),
+                )
             )
         return await self.wait_run(run, tool, key, budget, timeout)
+
+    def abandon_run(self, run: _Run, tool: Tool, key: str) -> None:
+        """Fail a keyed run that never started (no runner took it): its waiters get an
+        ``internal`` error, the next call with the key runs."""
+        run.error = DispatchError.make(
+            ErrorKind.INTERNAL,
+            f"tool {tool.name!r}: the runner of dispatcher {self.name!r} stopped before the call"
+            f" with idempotency key {key!r} started (it was not run); call again",
+            data={"tool": tool.name, "idempotency_key": key},
+        )
+        if self.keyed.get(key) is run:
+            del self.keyed[key]
+        run.done.set()
 
     def conflict_error(self, tool: Tool, key: str) -> DispatchError:
         return DispatchError.make(
@@ -788,22 +1041,24 @@ class _State:
         key: str,
         timeout: float | None,
         budget: _Spending | None,
+        spent: float = 0.0,
     ) -> None:
-        """Run a keyed call in the runner process; cache a success; wake every waiter.
+        """Run a keyed call in the runner process; keep its outcome (:func:`_kept`); wake
+        every waiter.
 
-        If the runner is cancelled (the dispatcher stopped), the waiters get an ``internal``
-        error rather than waiting forever."""
+        If the runner is cancelled (the dispatcher or the runner stopped), the waiters get an
+        ``internal`` error rather than waiting forever; one that cut a non-idempotent handler
+        short is in doubt, and kept."""
         finished = False
         try:
-            run.value = await self.execute(tool, args, timeout, budget)
+            run.value = await self.execute(tool, args, timeout, budget, run, spent)
             finished = True
-            try:
-                ets.insert(self.table, (key, run.fingerprint, run.value))
-            except ets.EtsError:
-                pass  # the dispatcher is stopping: its table is gone
+            self.keep(key, run)
         except DispatchError as error:
             run.error = error
             finished = True
+            if _kept(tool, error):
+                self.keep(key, run)
         except Exception as exc:  # a bug of ours: never strand the waiters
             run.error = DispatchError.make(
                 ErrorKind.INTERNAL,
@@ -814,15 +1069,29 @@ class _State:
             finished = True
         finally:
             if not finished:
+                doubt = run.started and not tool.idempotent
                 run.error = DispatchError.make(
                     ErrorKind.INTERNAL,
-                    f"tool {tool.name!r}: dispatcher {self.name!r} stopped while the call with"
-                    f" idempotency key {key!r} ran; call again once it is restarted",
-                    data={"tool": tool.name, "idempotency_key": key},
+                    f"tool {tool.name!r}: dispatcher {self.name!r} (or its runner) stopped while"
+                    f" the call with idempotency key {key!r} ran"
+                    + (_doubt(tool) if doubt else "; call again once it is restarted"),
+                    attempts=1 if doubt else 0,
+                    data={"tool": tool.name, "idempotency_key": key, **_in_doubt(tool)}
+                    if doubt
+                    else {"tool": tool.name, "idempotency_key": key},
                 )
+                if doubt:
+                    self.keep(key, run)
             if self.keyed.get(key) is run:
                 del self.keyed[key]
             run.done.set()
+
+    def keep(self, key: str, run: _Run) -> None:
+        """Keep the run's outcome for the key, for ``result_ttl`` seconds."""
+        try:
+            ets.insert(self.table, (key, run.fingerprint, run.value, run.error))
+        except ets.EtsError:
+            pass  # the dispatcher is stopping: its table is gone
 
     async def wait_run(
         self, run: _Run, tool: Tool, key: str, budget: Budget | None, timeout: float | None
@@ -873,10 +1142,11 @@ class _State:
         )
 
     def close(self) -> None:
+        """The server died: the dispatcher is gone (its cache table went with the server)."""
         self.alive = False
         states = _states()
-        for key in (self.pid, self.name):
-            if states.get(key) is self:
+        for key in (self.pid, self.name, self.owner):
+            if key is not None and states.get(key) is self:
                 del states[key]
         self.jobs.close()
 
@@ -896,7 +1166,7 @@ def _states() -> dict[otp.Pid | str, _State]:
 
 
 def _find(dispatcher: str | otp.Pid) -> _State:
-    # The table maps each running dispatcher's pid and registered name to its state.
+    # The table maps each running dispatcher's pid, registered name and supervisor to its state.
     try:
         state = _STATES.get().get(dispatcher)
     except LookupError:
@@ -910,132 +1180,6 @@ def _find(dispatcher: str | otp.Pid) -> _State:
     return state
 
 
-# -- the GenServer --------------------------------------------------------------------------
-
-
-async def _runner(
-    state: _State, jobs: trio.MemoryReceiveChannel[Callable[[], Awaitable[None]]]
-) -> None:
-    """The dispatcher's runner process: keyed calls and remote requests run in its nursery, so
-    they outlive the callers that started them. It dies with the dispatcher (a link)."""
-    try:
-        async with trio.open_nursery() as nursery:
-            async for job in jobs:
-                nursery.start_soon(job)
-    finally:
-        state.close()
-
-
-class Dispatcher(otp.GenServer):
-    """The dispatcher process: owns the tool registry, the breakers, the retry buckets, the
-    counters and the idempotency cache, and starts its linked runner process.
-
-    Start it with :func:`start_dispatcher` (under a supervisor: ``ChildSpec("dispatcher",
-    (start_dispatcher, tools, config))``) or through the dispatcher application. Clients use
-    the module functions (:func:`dispatch`, :func:`gather_bounded`, ...), which do not go
-    through its mailbox. Processes on other nodes call it:
-    ``otp.call(("dispatcher", node), ("dispatch", tool_name, args))`` replies
-    ``("ok", result)`` or ``("error", kind, message, data)`` (see :class:`GenServerBackend`).
-
-    When it dies, its runner dies with it: keyed calls still running end with an ``internal``
-    error for their waiters, and the cache table goes with the process.
-    """
-
-    def init(self, tools: ToolRegistry | Iterable[Tool], config: DispatcherConfig) -> otp.Ok:
-        registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(list(tools))
-        table = ets.new(f"{config.name}_results", access=ets.PUBLIC, expire_after=config.result_ttl)
-        send, receive = trio.open_memory_channel[Callable[[], Awaitable[None]]](math.inf)
-        state = _State(
-            pid=otp.self(),
-            name=config.name,
-            registry=registry,
-            config=config,
-            table=table,
-            jobs=send,
-            rng=random.Random(config.seed),
-            limiter=(
-                trio.Semaphore(config.max_concurrency)
-                if config.max_concurrency is not None
-                else None
-            ),
-        )
-        states = _states()
-        for key in [key for key, other in states.items() if not other.alive]:
-            del states[key]
-        states[state.pid] = state
-        if otp.whereis(config.name) == state.pid:  # registered by start_dispatcher
-            states[state.name] = state
-        otp.spawn_link(_runner, state, receive)
-        return otp.Ok(state)
-
-    def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
-        if isinstance(request, tuple) and len(request) in (3, 4) and request[0] == "dispatch":
-            options = request[3] if len(request) == 4 else {}
-            if not isinstance(request[1], str) or not isinstance(options, Mapping):
-                return otp.Reply(
-                    (
-                        "error",
-                        "bad_request",
-                        "a remote dispatch is ('dispatch', tool_name: str, args) or"
-                        f" ('dispatch', tool_name, args, options: dict); got {request!r}",
-                        {},
-                    ),
-                    state,
-                )
-            state.jobs.send_nowait(functools.partial(_serve_remote, state, request, options, from_))
-            return otp.NoReply(state)
-        if request == ("statistics",):
-            return otp.Reply(state.statistics(), state)
-        if request == ("tools",):
-            return otp.Reply([tool.to_mcp() for tool in state.registry], state)
-        return otp.Reply(("error", "bad_request", f"unknown request {request!r}", {}), state)
-
-    def terminate(self, reason: Any, state: _State) -> None:
-        state.close()
-
-
-async def _serve_remote(
-    state: _State, request: tuple[Any, ...], options: Mapping[str, Any], from_: otp.From
-) -> None:
-    _, name, args, *_ = request
-    try:
-        value = await state.dispatch(
-            name,
-            args,
-            options.get("idempotency_key"),
-            options.get("timeout"),
-            None,
-        )
-    except DispatchError as error:
-        otp.reply(from_, ("error", str(error.kind), error.message, error.data))
-    except ConfigurationError as exc:
-        otp.reply(from_, ("error", str(ErrorKind.SCHEMA), str(exc), {}))
-    except DispatcherNotRunning as exc:
-        otp.reply(from_, ("error", str(ErrorKind.INTERNAL), str(exc), {}))
-    except Exception as exc:  # a bug of ours: the caller gets an answer, the runner lives on
-        logger.exception("dispatcher %r: a remote dispatch of %r failed", state.name, name)
-        otp.reply(
-            from_,
-            ("error", str(ErrorKind.INTERNAL), f"the dispatcher failed on this call: {exc!r}", {}),
-        )
-    else:
-        otp.reply(from_, ("ok", value))
-
-
-async def start_dispatcher(
-    tools: ToolRegistry | Iterable[Tool] = (), config: DispatcherConfig | None = None
-) -> otp.Pid:
-    """Start a :class:`Dispatcher` linked to the caller, registered as ``config.name``; return
-    its pid once it runs. A supervisor's start function (``ChildSpec("dispatcher",
-    (start_dispatcher, registry, config))``).
-
-    Raises:
-        otp.StartError: the name is taken (``("already_started", pid)``).
-    """
-    config = config or DispatcherConfig()
-    return await Dispatcher.start_link(tools, config, name=config.name)
-
-
 # -- client functions -----------------------------------------------------------------------
 
 
@@ -1045,6 +1189,7 @@ async def dispatch(
     *,
     idempotency_key: str | None = None,
     timeout: float | None = None,
+    timeout_ms: float | None = None,
     budget: Budget | None = None,
     dispatcher: str | otp.Pid = DEFAULT_NAME,
 ) -> Any:
@@ -1052,15 +1197,25 @@ async def dispatch(
 
     The arguments are validated against the tool's JSON Schema first. Each attempt runs the
     handler in the caller's task (a sync handler in a worker thread) under a cancel scope of
-    ``timeout`` seconds (the tool's by default; ``math.inf`` for none). ``timeout`` and
+    ``timeout`` seconds, or ``timeout_ms`` milliseconds (the tool's by default; ``math.inf``
+    for none). ``timeout`` and
     ``transient`` failures are retried by the tool's :class:`RetryPolicy` (a timeout only if
     the tool is idempotent), within the tool's shared retry budget and the caller's ``budget``.
 
     With ``idempotency_key``, calls with the same key in flight share one run (which runs in
-    the dispatcher's runner process, not in the caller's task) and a successful result is kept
-    for ``DispatcherConfig.result_ttl`` seconds: a later call with the key gets it without
-    running the handler. The same key with other arguments fails with ``conflict``. Only
-    successes are cached; failures run again.
+    the dispatcher's runner process, not in the caller's task), and the run's outcome is kept
+    for ``DispatcherConfig.result_ttl`` seconds; a later call with the key gets it without
+    running the handler. The same key with other arguments fails with ``conflict``. What is
+    kept, and so replayed:
+
+    - a success, for every tool;
+    - for a non-idempotent tool, every failure after its handler ran (``timeout``,
+      ``transient``, ``internal``, ...), with ``data["replayed"]``. A timeout there is "outcome
+      unknown" (``in_doubt``: the handler was cancelled halfway and may have taken effect), so a
+      late retry gets that timeout, never a second run;
+    - nothing else: an idempotent tool's failures, and failures before any handler ran
+      (``schema``, ``not_found``, ``circuit_open``, a spent budget), let the next call with the
+      key run.
 
     Cancellation: checked on entry. A call without a key is cancelled with the caller (the
     handler is cancelled; a sync handler's thread is abandoned and runs to its end). A keyed
@@ -1070,10 +1225,13 @@ async def dispatch(
     never yields gives it no schedule point of its own.
 
     Raises:
-        DispatchError: the call failed (``kind`` says why; a subclass per kind).
+        DispatchError: the call failed (``kind`` says why; a subclass per kind);
+            :class:`InvalidOption` (kind ``schema``) when an option itself is malformed.
         DispatcherNotRunning: no dispatcher runs as ``dispatcher``.
     """
     await trio.lowlevel.checkpoint_if_cancelled()
+    if timeout_ms is not None:
+        timeout = _timeout_of(name, timeout, timeout_ms)
     return await _find(dispatcher).dispatch(name, args, idempotency_key, timeout, budget)
 
 
@@ -1081,7 +1239,7 @@ def _as_call(call: Any) -> Call:
     """``call`` as a :class:`Call`, checked before any call of the batch runs.
 
     Raises:
-        ConfigurationError: ``call`` is malformed.
+        ConfigurationError: ``call`` is malformed (:class:`InvalidOption` for its options).
     """
     if isinstance(call, tuple) and len(call) in (1, 2) and isinstance(call[0], str):
         call = Call(*call)
@@ -1090,33 +1248,74 @@ def _as_call(call: Any) -> Call:
             "gather_bounded: each call is a Call(name, args, ...) or a (name, args) tuple"
             f" (got {call!r})"
         )
-    _check_options(call.name, call.idempotency_key, call.timeout)
+    if call.timeout_ms is not None:
+        seconds = _timeout_of(call.name, call.timeout, call.timeout_ms)
+        call = attrs.evolve(call, timeout=seconds, timeout_ms=None)
+    _check_options(call.name, call.idempotency_key, call.timeout, None)
     return call
+
+
+@overload
+async def gather_bounded(
+    calls: Iterable[Call | tuple[str, Mapping[str, Any]]],
+    limit: int = ...,
+    *,
+    return_outcomes: Literal[False] = ...,
+    budget: Budget | None = ...,
+    dispatcher: str | otp.Pid = ...,
+) -> list[Any]: ...
+
+
+@overload
+async def gather_bounded(
+    calls: Iterable[Call | tuple[str, Mapping[str, Any]]],
+    limit: int = ...,
+    *,
+    return_outcomes: Literal[True],
+    budget: Budget | None = ...,
+    dispatcher: str | otp.Pid = ...,
+) -> list[Outcome]: ...
 
 
 async def gather_bounded(
     calls: Iterable[Call | tuple[str, Mapping[str, Any]]],
     limit: int = 8,
     *,
+    return_outcomes: bool = False,
     budget: Budget | None = None,
     dispatcher: str | otp.Pid = DEFAULT_NAME,
-) -> list[Outcome]:
-    """Dispatch ``calls`` with at most ``limit`` of them running at once; return their
-    :class:`Outcome` s in call order, each holding a result or a :class:`DispatchError`.
+) -> list[Any] | list[Outcome]:
+    """Dispatch ``calls`` with at most ``limit`` of them running at once, in the shape of
+    ``gather``: their results in call order, or the first error raised.
+
+    Every call runs to its end whatever the others do (as the seed's ``asyncio.gather`` of
+    bounded calls lets them run): none is cancelled halfway because another failed, which would
+    leave a non-idempotent call's outcome unknown. Then, if any failed, the
+    :class:`DispatchError` of the first to fail is raised, with a note naming the others.
+    ``return_outcomes=True`` returns every call's :class:`Outcome` (a result or an error) in call
+    order instead, and raises nothing for a failed call.
 
     ``budget`` (shared by every call) and the dispatcher's and tools' own concurrency limits
     apply on top of ``limit``. Cancellation cancels every call still running (keyed calls'
     shared runs go on, as with :func:`dispatch`).
 
     Raises:
-        ConfigurationError: ``limit`` is not an int >= 1, or a call is malformed.
+        DispatchError: a call failed (unless ``return_outcomes``).
+        ConfigurationError: ``limit`` is not an int >= 1, or a call is malformed
+            (:class:`InvalidOption` for a malformed option or ``budget``).
         DispatcherNotRunning: no dispatcher runs as ``dispatcher``.
     """
     if limit.__class__ is not int or limit < 1:
         raise ConfigurationError(f"gather_bounded: limit must be an int >= 1 (got {limit!r})")
+    if not isinstance(return_outcomes, bool):
+        raise ConfigurationError(
+            f"gather_bounded: return_outcomes must be True or False (got {return_outcomes!r})"
+        )
     todo = [_as_call(call) for call in calls]
+    _check_options("gather_bounded", None, None, budget)
     state = _find(dispatcher)
     outcomes: list[Outcome | None] = [None] * len(todo)
+    failed: list[int] = []  # indices, in the order the calls failed
     queue = iter(enumerate(todo))
 
     async def worker() -> None:
@@ -1127,6 +1326,7 @@ async def gather_bounded(
                 )
             except DispatchError as error:
                 outcomes[index] = Outcome(error=error)
+                failed.append(index)
             else:
                 outcomes[index] = Outcome(value=value)
 
@@ -1134,7 +1334,20 @@ async def gather_bounded(
     async with trio.open_nursery() as nursery:
         for _ in range(min(limit, len(todo))):
             nursery.start_soon(worker)
-    return [outcome for outcome in outcomes if outcome is not None]
+    done = [outcome for outcome in outcomes if outcome is not None]
+    if return_outcomes:
+        return done
+    if failed:
+        first = outcomes[failed[0]].error  # type: ignore[union-attr]
+        assert first is not None
+        if len(failed) > 1:
+            others = ", ".join(map(str, sorted(failed[1:])))
+            first.add_note(
+                f"gather_bounded: call {failed[0]} of {len(todo)} failed first; other failed"
+                f" calls: {others} (pass return_outcomes=True for every outcome)"
+            )
+        raise first
+    return [outcome.value for outcome in done]
 
 
 def statistics(dispatcher: str | otp.Pid = DEFAULT_NAME) -> DispatcherStatistics:

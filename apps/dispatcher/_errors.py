@@ -86,6 +86,10 @@ class DispatchError(DispatcherError):
         attempts: How many times the handler ran (0 when the call failed before running it).
         jsonrpc_code: The plain JSON-RPC error code of ``kind`` (see :data:`JSONRPC_CODES`).
         data: JSON-friendly details (``tool``, the schema errors, the timeout, ...).
+            ``data["in_doubt"]`` is True when the handler of a non-idempotent tool was
+            cancelled halfway (a timeout): whether it took effect is unknown.
+            ``data["replayed"]`` is True when the error is the kept outcome of an earlier run
+            with the same idempotency key (the handler did not run again).
 
     Each kind has its subclass (``DispatchTimeout`` is also a ``TimeoutError``, ...);
     :meth:`make` builds the right one. ``__cause__`` is the handler's exception, if any.
@@ -104,6 +108,12 @@ class DispatchError(DispatcherError):
     @property
     def jsonrpc_code(self) -> int:
         return JSONRPC_CODES[self.kind]
+
+    @property
+    def in_doubt(self) -> bool:
+        """Whether the call may have taken effect although it failed: a non-idempotent
+        handler was cancelled halfway (``data["in_doubt"]``). Check before doing it again."""
+        return self.data.get("in_doubt") is True
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, attempts={self.attempts})"
@@ -166,6 +176,12 @@ class InvalidArguments(DispatchError, ValueError):
     """The arguments do not match the tool's JSON Schema (kind ``schema``)."""
 
     kind = ErrorKind.SCHEMA
+
+
+class InvalidOption(InvalidArguments, ConfigurationError):
+    """A call's own options (not the tool's arguments) are malformed: an ``idempotency_key``,
+    ``timeout``, ``timeout_ms`` or ``budget`` of the wrong type or range (kind ``schema``,
+    raised before anything runs; also a :class:`ConfigurationError`)."""
 
 
 class ToolNotFound(DispatchError, LookupError):

@@ -23,7 +23,9 @@ import referencing.exceptions
 
 import otp
 
+from . import _pattern
 from ._errors import ConfigurationError, ErrorKind, TransientError
+from ._pattern import LinearPattern
 
 # -- policies ---------------------------------------------------------------------------------
 
@@ -272,9 +274,35 @@ def _compile(tool: Tool) -> Any:
             f"Tool {tool.name!r}: its schema must describe an object (the arguments are a JSON"
             f" object, and MCP's inputSchema has type 'object'); got type {kind!r}"
         )
+    compiled: dict[str, LinearPattern] = {}
+    for pattern in _pattern.schema_patterns(tool.schema):
+        if pattern not in compiled:
+            try:
+                compiled[pattern] = _pattern.compile_pattern(pattern)
+            except _pattern.PatternError as exc:
+                raise ConfigurationError(f"Tool {tool.name!r}: {exc}") from exc
+    if compiled:
+        if _uses(tool.schema, "unevaluatedProperties"):
+            raise ConfigurationError(
+                f"Tool {tool.name!r}: its schema combines patternProperties with"
+                " unevaluatedProperties, which jsonschema matches with Python's backtracking"
+                " re (exponential on hostile keys); use additionalProperties instead"
+            )
+        # Patterns match in linear time (apps.dispatcher._pattern), never with re.search.
+        cls = jsonschema.validators.extend(
+            cls, _pattern.keywords(compiled, _pattern.DEFAULT_MAX_STEPS)
+        )
     validator = cls(tool.schema)
     _check_refs(tool, validator)
     return validator
+
+
+def _uses(node: Any, keyword: str) -> bool:
+    if isinstance(node, Mapping):
+        return keyword in node or any(_uses(value, keyword) for value in node.values())
+    if isinstance(node, list):
+        return any(_uses(value, keyword) for value in node)
+    return False
 
 
 def _refs(node: Any) -> Iterator[str]:
@@ -322,6 +350,26 @@ def _accepts_any_object(schema: Mapping[str, Any]) -> bool:
     return not schema or dict(schema) == {"type": "object"}
 
 
+#: A tool's timeout when it gives none, in seconds.
+DEFAULT_TIMEOUT = 30.0
+_UNSET: Any = object()
+_timeout_seconds = _positive("Tool", allow_none=True)
+
+
+def _timeout_ms_check(_tool: Any, _attr: Any, value: Any) -> None:
+    if value is not None and not (
+        isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
+    ):
+        raise ConfigurationError(
+            f"Tool.timeout_ms must be a finite number of milliseconds > 0 or None (got {value!r})"
+        )
+
+
+def _timeout_check(tool: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if value is not _UNSET:
+        _timeout_seconds(tool, attr, value)
+
+
 @attrs.frozen
 class Tool:
     """A function the dispatcher can call, and every promise its schema makes.
@@ -333,8 +381,10 @@ class Tool:
             :class:`Backend`, which gets ``(tool, args)``.
         schema: The JSON Schema of the arguments (an object); None accepts any object. Checked
             against its metaschema here and compiled once (the ``jsonschema`` library).
-        timeout: Seconds one attempt may run before it is cancelled (None: no limit);
-            ``dispatch(timeout=...)`` overrides it per call.
+        timeout: Seconds one attempt may run before it is cancelled (None: no limit; 30 s
+            unless given); ``dispatch(timeout=...)`` overrides it per call.
+        timeout_ms: The same in milliseconds, as the seed's registry records it (give one of
+            the two); the tool keeps it as ``timeout`` seconds.
         idempotent: Whether running the handler twice is harmless. A non-idempotent tool is
             never retried after a timeout (the attempt may have committed). Defaults to the
             MCP annotation ``idempotentHint``, else False.
@@ -349,8 +399,10 @@ class Tool:
     name: str = attrs.field(validator=_check_name)
     handler: Any = attrs.field()
     schema: Mapping[str, Any] = attrs.field(default=None, converter=_freeze_schema)
-    timeout: float | None = attrs.field(
-        default=30.0, kw_only=True, validator=_positive("Tool", allow_none=True)
+    timeout: float | None = attrs.field(default=_UNSET, kw_only=True, validator=_timeout_check)
+    # Folded into ``timeout`` when the tool is built (so ``attrs.evolve`` sees seconds only).
+    _timeout_ms: float | None = attrs.field(
+        default=None, kw_only=True, repr=False, eq=False, validator=_timeout_ms_check
     )
     annotations: Mapping[str, Any] = attrs.field(factory=dict, kw_only=True, converter=dict)
     idempotent: bool = attrs.field(kw_only=True)
@@ -377,6 +429,18 @@ class Tool:
             )
 
     def __attrs_post_init__(self) -> None:
+        timeout: Any = self.timeout
+        if self._timeout_ms is not None:
+            if timeout is not _UNSET:
+                raise ConfigurationError(
+                    f"Tool {self.name!r}: give timeout (seconds) or timeout_ms, not both (got"
+                    f" {timeout!r} and {self._timeout_ms!r})"
+                )
+            timeout = self._timeout_ms / 1000.0
+        elif timeout is _UNSET:
+            timeout = DEFAULT_TIMEOUT
+        object.__setattr__(self, "timeout", timeout)
+        object.__setattr__(self, "_timeout_ms", None)
         object.__setattr__(self, "mode", _mode(self.handler))
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigurationError(

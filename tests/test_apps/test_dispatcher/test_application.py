@@ -34,6 +34,82 @@ async def test_the_application_runs_the_dispatcher_under_its_supervisor(
         assert otp.whereis("dispatcher") is None
 
 
+async def _children(app: str) -> dict[str, otp.Pid]:
+    root = supervisors.application_supervisor(app)
+    assert root is not None
+    return {child: pid for child, pid, _, _ in await supervisors.which_children(root)}
+
+
+async def test_the_runner_is_a_supervised_child_restarted_on_the_same_dispatcher(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script()
+    async with otp.open_node():
+        await supervisors.start_application(
+            d.application(tools=[d.Tool("t", handler, idempotent=False)])
+        )
+        before = await _children("dispatcher")
+        assert sorted(before) == ["dispatcher", "runner"]
+        first = await d.dispatch("t", idempotency_key="k")
+        otp.exit(before["runner"], "kill")
+        await trio.testing.wait_all_tasks_blocked()
+        after = await _children("dispatcher")
+        assert after["runner"] != before["runner"]
+        # Only the runner restarted (rest_for_one): the server and its cache are the same.
+        assert after["dispatcher"] == before["dispatcher"]
+        assert await d.dispatch("t", idempotency_key="k") == first
+        assert (await d.dispatch("t", idempotency_key="k2"))["run"] == 2
+        await supervisors.stop_application("dispatcher")
+    assert handler.runs == 2
+
+
+async def test_a_keyed_call_cut_short_by_a_dying_runner_answers_its_waiters(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script([5.0])
+    async with otp.open_node():
+        await supervisors.start_application(
+            d.application(tools=[d.Tool("slow", slow, idempotent=False)])
+        )
+        runner = (await _children("dispatcher"))["runner"]
+        otp.exit_after(1.0, runner, "kill")
+        with pytest.raises(d.InternalError, match="stopped while the call") as caught:
+            await d.dispatch("slow", idempotency_key="k")
+        assert trio.current_time() == 1.0 and caught.value.in_doubt
+        # It may have taken effect: the retry gets the same answer, not a second run.
+        with pytest.raises(d.InternalError) as retry:
+            await d.dispatch("slow", idempotency_key="k")
+        assert retry.value.in_doubt and slow.runs == 1
+        await supervisors.stop_application("dispatcher")
+
+
+async def test_a_keyed_call_the_dying_runner_never_started_is_refused_not_stranded(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script()
+    async with otp.open_node():
+        await supervisors.start_application(
+            d.application(tools=[d.Tool("t", handler, idempotent=False)])
+        )
+        otp.exit((await _children("dispatcher"))["runner"], "kill")
+        with pytest.raises(d.InternalError, match="stopped before the call") as caught:
+            await d.dispatch("t", idempotency_key="k")
+        assert not caught.value.in_doubt and handler.runs == 0
+        await trio.testing.wait_all_tasks_blocked()  # the supervisor restarts the runner
+        assert (await d.dispatch("t", idempotency_key="k"))["run"] == 1
+        await supervisors.stop_application("dispatcher")
+
+
+async def test_a_dispatcher_started_alone_runs_under_its_own_supervisor(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with running(d.Tool("add", add, ADD_SCHEMA, idempotent=True)) as sup:
+        children = {child: pid for child, pid, _, _ in await supervisors.which_children(sup)}
+        assert sorted(children) == ["dispatcher", "runner"]
+        assert children["dispatcher"] == otp.whereis("dispatcher")
+        assert await d.dispatch("add", {"a": 1, "b": 1}, dispatcher=sup, idempotency_key="k") == 2
+
+
 async def test_the_application_reads_the_node_configuration(
     autojump_clock: trio.abc.Clock,
 ) -> None:

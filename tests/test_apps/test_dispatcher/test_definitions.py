@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from apps import dispatcher as d
 
@@ -36,6 +39,23 @@ def test_a_tool_compiles_its_schema_and_describes_itself_for_mcp() -> None:
         ({"max_concurrency": 0}, "Tool.max_concurrency must be an int >= 1 (got 0)"),
         ({"idempotent": "yes"}, "Tool 't': idempotent must be True or False (got 'yes')"),
         ({"retry": 3}, "Tool 't': retry must be a RetryPolicy (got 3)"),
+        ({"timeout_ms": 0}, "Tool.timeout_ms must be a finite number of milliseconds > 0"),
+        (
+            {"schema": {"properties": {"s": {"pattern": "(a)\\1"}}}},
+            "Tool 't': pattern '(a)\\\\1' uses a backreference, which needs a backtracking",
+        ),
+        (
+            {"schema": {"patternProperties": {"^(?=x)": {}}}},
+            "Tool 't': pattern '^(?=x)' uses a lookahead or lookbehind, which needs a",
+        ),
+        (
+            {"schema": {"properties": {"s": {"pattern": "a{1,5000}"}}}},
+            "Tool 't': pattern 'a{1,5000}' needs more than 2000 states",
+        ),
+        (
+            {"schema": {"patternProperties": {"^x": {}}, "unevaluatedProperties": False}},
+            "Tool 't': its schema combines patternProperties with unevaluatedProperties",
+        ),
     ],
 )
 def test_a_bad_tool_is_rejected_with_a_message_naming_the_field(
@@ -98,3 +118,33 @@ def test_each_kind_has_its_class_and_json_rpc_code(
     else:
         assert mcp["result"]["isError"] is True
         assert mcp["result"]["content"] == [{"type": "text", "text": "it failed"}]
+
+
+_ATOMS = ["a", "b", "A", ".", "[ab]", "[^a]", r"\d", r"\w", r"\s", r"\W", "^", "$"]
+_ATOMS += [r"\b", r"\B", r"\A", r"\Z", "", r"\n"]
+patterns = st.recursive(
+    st.sampled_from(_ATOMS),
+    lambda inner: st.one_of(
+        st.tuples(inner, inner).map("".join),
+        st.tuples(inner, inner).map(lambda pair: f"(?:{pair[0]}|{pair[1]})"),
+        inner.map(lambda x: f"({x})"),
+        st.tuples(inner, st.sampled_from(["*", "+", "?", "{1,3}", "{2}", "*?", "{0,2}"])).map(
+            lambda pair: f"(?:{pair[0]}){pair[1]}"
+        ),
+    ),
+    max_leaves=8,
+)
+flags = st.sampled_from(["", "(?i)", "(?m)", "(?s)", "(?a)"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(flags, patterns, st.lists(st.text(alphabet="abA1 _\n.", max_size=8), max_size=4))
+def test_schema_patterns_match_exactly_as_re_search_does(
+    flag: str, body: str, texts: list[str]
+) -> None:
+    pattern = flag + body
+    tool = d.Tool("t", add, {"properties": {"s": {"pattern": pattern}}}, idempotent=True)
+    keyed = d.Tool("k", add, {"patternProperties": {pattern: {"type": "integer"}}}, idempotent=True)
+    for text in texts:  # one tool, several texts: what a pattern remembers must not leak
+        assert tool.validator.is_valid({"s": text}) == (re.search(pattern, text) is not None)
+        assert keyed.validator.is_valid({text: "x"}) == (re.search(pattern, text) is None)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 import math
 import random
+import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import trio
@@ -35,6 +38,26 @@ async def test_a_timeout_cancels_the_handler_and_is_typed(autojump_clock: trio.a
         assert "did not answer within 1.5 s on attempt 1" in error.message
         assert slow.cancelled == 1
         assert trio.current_time() == 1.5
+
+
+async def test_timeouts_in_milliseconds_as_the_seed_writes_them(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script(["timeout", "timeout"])
+    tool = d.Tool("slow", slow, timeout_ms=1500, idempotent=False)
+    assert tool.timeout == 1.5
+    async with running(tool):
+        with pytest.raises(d.DispatchTimeout, match=r"within 1\.5 s"):
+            await d.dispatch("slow")
+        with pytest.raises(d.DispatchTimeout, match=r"within 0\.25 s"):
+            await d.dispatch("slow", timeout_ms=250)
+        assert trio.current_time() == 1.75
+        with pytest.raises(d.InvalidOption, match="timeout_ms, not both"):
+            await d.dispatch("slow", timeout=1.0, timeout_ms=250)
+        with pytest.raises(d.InvalidOption, match="timeout_ms must be a number"):
+            await d.dispatch("slow", timeout_ms=0)
+    with pytest.raises(d.ConfigurationError, match="timeout_ms, not both"):
+        d.Tool("slow", slow, timeout=1.0, timeout_ms=250, idempotent=False)
 
 
 async def test_the_per_call_timeout_overrides_the_tools(autojump_clock: trio.abc.Clock) -> None:
@@ -92,6 +115,109 @@ async def test_schema_errors_are_never_retried_and_never_run_the_handler(
         assert error.to_mcp_result()["isError"] is True
         with pytest.raises(d.InvalidArguments, match="must be a JSON object"):
             await d.dispatch("add", [1, 2])  # type: ignore[arg-type]
+    assert handler.runs == 0
+
+
+def _nested(depth: int) -> dict[str, object]:
+    args: dict[str, object] = {}
+    for _ in range(depth - 1):
+        args = {"a": args}
+    return args
+
+
+async def test_arguments_nested_past_the_depth_limit_are_a_schema_error(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    recursive = {"type": "object", "properties": {"a": {"$ref": "#"}}}
+    handler = Script()
+    tools = [
+        d.Tool("checked", handler, recursive, idempotent=True),
+        d.Tool("any", handler, idempotent=True),
+    ]
+    async with running(*tools):
+        for name, key in (("checked", None), ("any", "k"), ("checked", "k2")):
+            with pytest.raises(d.InvalidArguments) as caught:
+                await d.dispatch(name, _nested(100_000), idempotency_key=key)
+            error = caught.value
+            assert "deeper than the limit max_arg_depth=64 (DispatcherConfig.max_arg_depth)" in (
+                error.message
+            )
+            assert error.kind == "schema" and error.data["limit"] == {"max_arg_depth": 64}
+        cycle: list[object] = []
+        cycle.append(cycle)
+        with pytest.raises(d.InvalidArguments, match="max_arg_depth"):
+            await d.dispatch("any", {"a": cycle})
+        assert handler.runs == 0
+        await d.dispatch("checked", _nested(64), idempotency_key="k3")
+    assert handler.runs == 1
+    with pytest.raises(d.ConfigurationError, match="max_arg_depth must be an int from 1 to 200"):
+        d.DispatcherConfig(max_arg_depth=10_000)
+
+
+@contextmanager
+def _failing_after(seconds: float) -> Iterator[None]:
+    """Turn a stalled loop into a failure: ``re`` checks for signals while it backtracks."""
+
+    def expired(_signum: int, _frame: object) -> None:
+        raise AssertionError(f"the event loop was still stalled after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+HOSTILE = {
+    "type": "object",
+    "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}},
+    "patternProperties": {"^(b+)+$": {"type": "integer"}},
+    "additionalProperties": False,
+}
+
+
+async def test_a_catastrophic_schema_pattern_cannot_stall_the_loop(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # ^(a+)+$ against 5,000 a's and a "!" backtracks for longer than the universe has existed
+    # (30 a's already take minutes).
+    handler = Script()
+    async with running(d.Tool("t", handler, HOSTILE, idempotent=True)):
+        with _failing_after(10.0):
+            with pytest.raises(d.InvalidArguments, match=r"does not match '\^\(a\+\)\+\$'"):
+                await d.dispatch("t", {"s": "a" * 5_000 + "!"})
+            with pytest.raises(d.InvalidArguments, match="not match any of the regexes"):
+                await d.dispatch("t", {"b" * 3_000 + "!": 1})
+            assert (await d.dispatch("t", {"s": "aaa", "bb": 2}))["run"] == 1
+
+
+async def test_a_calls_pattern_work_is_bounded_by_max_pattern_steps(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script()
+    tool = d.Tool("t", handler, HOSTILE, idempotent=True)
+    async with running(tool, max_pattern_steps=50_000):
+        with pytest.raises(d.InvalidArguments) as caught:
+            await d.dispatch("t", {"s": "a" * 10_000})  # ~11 steps a character
+        assert "more than the limit max_pattern_steps=50000" in caught.value.message
+        assert caught.value.data["limit"] == {"max_pattern_steps": 50_000}
+        # The bound is per call, over all its strings: many short ones add up.
+        with pytest.raises(d.InvalidArguments, match="max_pattern_steps"):
+            await d.dispatch("t", {"b" * 400 + str(i): i for i in range(20)})
+        roomy = d.DispatcherConfig(name="roomy", max_pattern_steps=200_000)
+        await d.start_dispatcher([tool], roomy)
+        assert (await d.dispatch("t", {"s": "a" * 10_000}, dispatcher="roomy"))["run"] == 1
+
+
+async def test_validation_counts_against_the_calls_timeout() -> None:
+    # Real time: the validation's CPU time is what counts (a MockClock does not see it).
+    handler = Script()
+    tool = d.Tool("t", handler, HOSTILE, idempotent=True, timeout=0.001)
+    async with running(tool, max_pattern_steps=10**7):
+        with pytest.raises(d.DispatchTimeout, match="was not run: validating its arguments took"):
+            await d.dispatch("t", {"s": "a" * 50_000})
     assert handler.runs == 0
 
 
@@ -165,7 +291,7 @@ async def test_the_shared_retry_budget_stops_a_retry_storm(autojump_clock: trio.
     flaky = Script(["transient"] * 100)
     policy = d.RetryPolicy(budget=d.RetryBudget(capacity=2.0, refill_per_second=0.0))
     async with running(d.Tool("flaky", flaky, idempotent=True, retry=policy, breaker=None)):
-        outcomes = await d.gather_bounded([("flaky", {})] * 5)
+        outcomes = await d.gather_bounded([("flaky", {})] * 5, return_outcomes=True)
         assert all(o.error is not None and o.error.kind == "transient" for o in outcomes)
         assert d.statistics().counters["dispatch.retry_denied"] == 5  # 3 at once, 2 later
     assert flaky.runs == 5 + 2
@@ -181,6 +307,23 @@ async def test_a_spent_budget_fails_at_once(autojump_clock: trio.abc.Clock) -> N
         with pytest.raises(d.BudgetExceeded, match="deadline"):
             await d.dispatch("t", budget=d.Budget(deadline=trio.current_time()))
         assert trio.current_time() == 0.0
+    assert handler.runs == 0
+
+
+async def test_a_budget_that_is_not_a_budget_is_a_typed_error(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script()
+    async with running(d.Tool("t", handler, idempotent=True)):
+        with pytest.raises(d.InvalidOption) as caught:
+            await d.dispatch("t", budget=5)  # type: ignore[arg-type]
+        with pytest.raises(d.InvalidOption):
+            await d.gather_bounded([("t", {})], budget=5)  # type: ignore[arg-type]
+    error = caught.value
+    assert isinstance(error, d.DispatchError) and isinstance(error, d.ConfigurationError)
+    assert error.kind == "schema" and error.jsonrpc_code == -32602
+    assert "budget must be an apps.dispatcher.Budget (say Budget(calls=5)" in error.message
+    assert "got 5" in error.message
     assert handler.runs == 0
 
 

@@ -15,26 +15,76 @@ async def test_40_calls_under_limit_8_never_run_more_than_8_at_once(
 ) -> None:
     gauge = Gauge(seconds=1.0)
     async with running(d.Tool("gauge", gauge, idempotent=True)):
-        outcomes = await d.gather_bounded([("gauge", {"i": i}) for i in range(40)], limit=8)
-    assert [outcome.unwrap() for outcome in outcomes] == list(range(40))
+        values = await d.gather_bounded([("gauge", {"i": i}) for i in range(40)], limit=8)
+    assert values == list(range(40))
     assert gauge.peak == 8
     assert trio.current_time() == 5.0  # 40 calls, 8 at a time, 1 s each
 
 
-async def test_gather_keeps_call_order_and_errors_in_place(autojump_clock: trio.abc.Clock) -> None:
-    async def echo(i: int, wait: float) -> int:
-        await trio.sleep(wait)
+async def _echo(i: int, wait: float) -> int:
+    await trio.sleep(wait)
+    return i
+
+
+ECHO = d.Tool(
+    "echo", _echo, {"type": "object", "properties": {"i": {"type": "integer"}}}, idempotent=True
+)
+
+
+async def test_gather_returns_values_in_call_order_like_gather(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with running(ECHO):
+        calls = [d.Call("echo", {"i": 0, "wait": 3.0}), ("echo", {"i": 1, "wait": 1.0})]
+        assert await d.gather_bounded(calls, limit=2) == [0, 1]
+
+
+async def test_gather_raises_the_first_error_once_every_call_has_ended(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    done: list[int] = []
+
+    async def work(i: int, fail_after: float | None = None) -> int:
+        await trio.sleep(fail_after if fail_after is not None else 2.0)
+        if fail_after is not None:
+            raise ValueError(f"call {i} broke")
+        done.append(i)
         return i
 
-    schema = {"type": "object", "properties": {"i": {"type": "integer"}}}
-    async with running(d.Tool("echo", echo, schema, idempotent=True)):
+    async with running(d.Tool("work", work, idempotent=True)):
+        calls = [("work", {"i": 0}), ("work", {"i": 1, "fail_after": 1.5}), ("work", {"i": 2})]
+        calls.append(("work", {"i": 3, "fail_after": 0.5}))
+        with pytest.raises(d.InternalError, match="call 3 broke") as caught:
+            await d.gather_bounded(calls, limit=8)
+    # No call was cancelled because another failed: all of them ran to their end.
+    assert sorted(done) == [0, 2] and trio.current_time() == 2.0
+    assert caught.value.__notes__ == [
+        "gather_bounded: call 3 of 4 failed first; other failed calls: 1 (pass"
+        " return_outcomes=True for every outcome)"
+    ]
+
+
+async def test_gather_accepts_the_seeds_timeout_ms(autojump_clock: trio.abc.Clock) -> None:
+    async with running(ECHO):
+        calls = [d.Call("echo", {"i": 0, "wait": 1.0}, timeout_ms=250)]
+        [outcome] = await d.gather_bounded(calls, return_outcomes=True)
+        assert outcome.error is not None and outcome.error.kind == "timeout"
+        assert outcome.error.data["timeout"] == 0.25
+        with pytest.raises(d.InvalidOption, match="timeout_ms, not both"):
+            await d.gather_bounded([d.Call("echo", {}, timeout=1.0, timeout_ms=5)])
+
+
+async def test_gather_keeps_call_order_and_errors_in_place_with_return_outcomes(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with running(ECHO):
         calls = [
             d.Call("echo", {"i": 0, "wait": 3.0}),
             ("echo", {"i": "x", "wait": 0.0}),
             ("nope", {}),
             d.Call("echo", {"i": 3, "wait": 1.0}),
         ]
-        outcomes = await d.gather_bounded(calls, limit=2)
+        outcomes = await d.gather_bounded(calls, limit=2, return_outcomes=True)
     assert outcomes[0].value == 0 and outcomes[3].value == 3
     assert outcomes[1].error is not None and outcomes[1].error.kind == "schema"
     assert outcomes[2].error is not None and outcomes[2].error.kind == "not_found"

@@ -1,5 +1,6 @@
-"""Idempotency keys: in-flight calls collapse into one run, results are cached with a TTL, the
-same key with other arguments is a conflict, and a cancelled first caller strands nobody."""
+"""Idempotency keys: in-flight calls collapse into one run, outcomes are kept with a TTL (a
+non-idempotent tool's failures too, so a late retry never runs it twice), the same key with
+other arguments is a conflict, and a cancelled first caller strands nobody."""
 
 from __future__ import annotations
 
@@ -83,12 +84,67 @@ async def test_calls_without_a_key_are_never_deduplicated(autojump_clock: trio.a
     assert handler.runs == 2
 
 
-async def test_failures_are_not_cached(autojump_clock: trio.abc.Clock) -> None:
+async def test_an_idempotent_tools_failures_run_again(autojump_clock: trio.abc.Clock) -> None:
     handler = Script(["internal", "ok"])
     async with running(d.Tool("t", handler, idempotent=True)):
         with pytest.raises(d.InternalError):
             await d.dispatch("t", idempotency_key="k")
         assert (await d.dispatch("t", idempotency_key="k"))["run"] == 2
+
+
+async def test_a_late_retry_of_a_timed_out_non_idempotent_call_gets_the_timeout_not_a_run(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # The seed's double charge: payments.charge times out (it may have committed), the
+    # caller's retry with the same key comes a second later.
+    charge = Script(["timeout"])
+    async with running(d.Tool("payments.charge", charge, timeout=5.0, idempotent=False)):
+        with pytest.raises(d.DispatchTimeout) as first:
+            await d.dispatch("payments.charge", {"cents": 500}, idempotency_key="order-1")
+        assert first.value.in_doubt and "its outcome is unknown" in first.value.message
+        await trio.sleep(1.0)
+        with pytest.raises(d.DispatchTimeout) as retry:
+            await d.dispatch("payments.charge", {"cents": 500}, idempotency_key="order-1")
+        assert charge.runs == 1
+        envelope = retry.value.to_jsonrpc()
+        assert envelope["code"] == -32000
+        assert envelope["data"]["kind"] == "timeout"
+        assert envelope["data"]["in_doubt"] is True
+        assert envelope["data"]["replayed"] is True
+        assert "its handler was not run again" in retry.value.message
+        await trio.sleep(60.0)  # past result_ttl the key is free again
+        await d.dispatch("payments.charge", {"cents": 500}, idempotency_key="order-1")
+    assert charge.runs == 2
+
+
+async def test_a_non_idempotent_tools_failure_is_kept_for_its_key(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script(["internal"])
+    async with running(d.Tool("write", handler, idempotent=False)):
+        with pytest.raises(d.InternalError) as first:
+            await d.dispatch("write", idempotency_key="k")
+        with pytest.raises(d.InternalError) as again:
+            await d.dispatch("write", idempotency_key="k")
+        assert d.statistics().cached_results == 1
+    assert handler.runs == 1
+    assert not first.value.in_doubt and again.value.data["replayed"] is True
+    assert again.value.attempts == first.value.attempts == 1
+
+
+async def test_a_failure_before_the_handler_ran_is_not_kept(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script(["internal"])
+    breaker = d.BreakerPolicy(failures=1, window=10.0, cooldown=5.0)
+    tool = d.Tool("write", handler, idempotent=False, retry=d.NO_RETRY, breaker=breaker)
+    async with running(tool):
+        with pytest.raises(d.InternalError):
+            await d.dispatch("write", idempotency_key="a")
+        with pytest.raises(d.CircuitOpen):
+            await d.dispatch("write", idempotency_key="b")
+        await trio.sleep(5.0)
+        assert (await d.dispatch("write", idempotency_key="b"))["run"] == 2
 
 
 async def test_waiters_get_the_result_when_the_first_caller_is_cancelled(

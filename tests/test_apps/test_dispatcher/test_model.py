@@ -76,7 +76,8 @@ class Model:
     now: float = 0.0
     runs: dict[str, int] = attrs.Factory(lambda: {"t": 0, "n": 0})
     attempts: int = 0
-    cache: dict[str, tuple[tuple[str, int], Any, float]] = attrs.Factory(dict)
+    #: key -> (fingerprint, the kept outcome, when it was kept)
+    cache: dict[str, tuple[tuple[str, int], tuple[str, Any], float]] = attrs.Factory(dict)
     breakers: dict[str, Breaker] = attrs.Factory(lambda: {"t": Breaker(), "n": Breaker()})
     buckets: dict[str, tuple[float, float]] = attrs.Factory(dict)
 
@@ -85,7 +86,16 @@ class Model:
         if step.key is not None:
             cached = self.cache.get(step.key)
             if cached is not None and self.now < cached[2] + TTL:
-                return ("ok", cached[1]) if cached[0] == fingerprint else ("conflict", None)
+                return cached[1] if cached[0] == fingerprint else ("conflict", None)
+        outcome, attempts = self.run(step)
+        # A success is kept for every tool; a non-idempotent tool's failure once it has run.
+        kept = outcome[0] == "ok" or (not IDEMPOTENT[step.tool] and attempts > 0)
+        if step.key is not None and kept:
+            self.cache[step.key] = (fingerprint, outcome, self.now)
+        return outcome
+
+    def run(self, step: CallStep) -> tuple[tuple[str, Any], int]:
+        """The outcome of running the call, and how many attempts ran the handler."""
         script = list(step.script)
         breaker = self.breakers[step.tool]
         attempt = 0
@@ -94,7 +104,7 @@ class Model:
             probe = False
             if breaker.state == "open":
                 if self.now < breaker.opened_at + COOLDOWN:
-                    return "circuit_open", None
+                    return ("circuit_open", None), attempt - 1
                 breaker.state, probe = "half_open", True
             self.runs[step.tool] += 1
             self.attempts += 1
@@ -102,10 +112,7 @@ class Model:
             if outcome == "ok":
                 if probe:
                     breaker.state, breaker.failures = "closed", []
-                value = {"run": self.runs[step.tool], "args": {"x": step.arg}}
-                if step.key is not None:
-                    self.cache[step.key] = (fingerprint, value, self.now)
-                return "ok", value
+                return ("ok", {"run": self.runs[step.tool], "args": {"x": step.arg}}), attempt
             if outcome == "timeout":
                 self.now += TIMEOUT
             if probe:
@@ -117,12 +124,12 @@ class Model:
                     breaker.state, breaker.opened_at, breaker.failures = "open", self.now, []
             retryable = outcome == "transient" or (outcome == "timeout" and IDEMPOTENT[step.tool])
             if not retryable or attempt >= RETRY.max_attempts:
-                return outcome, None
+                return (outcome, None), attempt
             tokens, stamp = self.buckets.get(step.tool, (2.0, self.now))
             tokens = min(2.0, tokens + (self.now - stamp) * 0.25)
             if tokens < 1.0:
                 self.buckets[step.tool] = (tokens, self.now)
-                return outcome, None
+                return (outcome, None), attempt
             self.buckets[step.tool] = (tokens - 1.0, self.now)
             self.now += RETRY.delay(attempt + 1)
 
