@@ -2,8 +2,8 @@
 DynamicSupervisor (the listener's acceptor starts them).
 
 A connection reads GD v1 frames; many requests may be in flight on it at once, matched by
-request id. A REQUEST goes to the least-loaded worker holding its app (from the router's
-``Routes``; see ``_routes``), or waits there, parked, while a worker for it is starting; only the payload's leading ``app_path`` is read, the bytes are forwarded as they
+request id. A REQUEST goes to the least-loaded worker holding its app (see the router's
+``Routes``); only the payload's leading ``app_path`` is read, the bytes are forwarded as they
 are (all of one read's requests for a worker in one write), and replies come back as bytes
 ready to write. STASH runs here, on ETS; STATUS and MANAGE ask the router. An END *from* a
 client abandons that request (the worker stops its generator). A client that breaks the
@@ -32,6 +32,7 @@ from ._errors import (
     DirtyError,
     DirtyNoWorkersAvailableError,
     DirtyProtocolError,
+    DirtyTimeoutError,
     DirtyWorkerError,
     StashError,
 )
@@ -304,19 +305,20 @@ def _reroute(conn: _Conn, msg: Unpark | Requeue | Expire) -> None:
     whose wait is over (``Expire``)."""
     pending = conn.pending
     parking = conn.parking
-    if type(msg) is Expire:
+    if isinstance(msg, Expire):
         call = parking.calls.get(msg.rid)
         if call is not None and call[2] == msg.token:
             del parking.calls[msg.rid]
             pending.pop(msg.rid, None)
-            error = DirtyNoWorkersAvailableError(
-                call[0],
-                f"No worker for app {call[0]} came up within dirty_timeout ="
-                f" {conn.routes.wait_limit:g}s",
+            limit = conn.routes.wait_limit
+            expired = DirtyTimeoutError(
+                f"no worker for app {call[0]} came up within dirty_timeout={limit:g}s (the"
+                " call waited for one that was starting)",
+                timeout=limit,
             )
-            conn.outbox.write(error_bytes(msg.rid, error))
+            conn.outbox.write(error_bytes(msg.rid, expired))
         return
-    if type(msg) is Requeue:
+    if isinstance(msg, Requeue):
         if pending.get(msg.rid) is not msg.worker:
             return  # abandoned meanwhile
         del pending[msg.rid]

@@ -128,7 +128,7 @@ class DirtyNoWorkersAvailableError(DirtyError):
         super().__init__(
             message or f"No workers available for app: {app_path}", {"app_path": app_path}
         )
-        self.app_path = app_path
+        self.app_path: str | None = app_path
 
 
 class DirtyAppNotFoundError(DirtyAppError, DirtyNoWorkersAvailableError, LookupError):

@@ -62,10 +62,10 @@ class Lane:
         del bucket[actor]
         if not bucket:
             del buckets[old]
-        bucket = buckets.get(new)
-        if bucket is None:
-            bucket = buckets[new] = {}
-        bucket[actor] = None
+        into = buckets.get(new)
+        if into is None:
+            into = buckets[new] = {}
+        into[actor] = None
         low = self.low
         if new < low:
             self.low = new
@@ -226,9 +226,10 @@ class Parking:
 
     def take(self, app: str) -> list[tuple[int, bytes, otp.Ref]]:
         """Unpark the calls for ``app``: ``[(rid, frame, token)]``."""
-        taken = [(rid, frame, token) for rid, (path, frame, token) in self.calls.items() if path == app]
+        calls = self.calls
+        taken = [(rid, frame, token) for rid, (path, frame, token) in calls.items() if path == app]
         for rid, _, _ in taken:
-            del self.calls[rid]
+            del calls[rid]
         return taken
 
 
