@@ -38,13 +38,16 @@ class Lane:
         self.size = len(actors)
         #: The app's one worker (no buckets are kept then), else None.
         self.only = actors[0] if self.size == 1 else None
-        #: load -> the workers at that load, in the order they got there.
-        self.buckets: dict[int, dict[Any, None]] = {}
+        #: ``buckets[load]``: the workers at that load, in the order they got there (a bucket
+        #: emptied stays, for the next worker to reach that load: at most one per call in
+        #: flight on the busiest worker).
+        self.buckets: list[dict[Any, None]] = []
         self.low = 0
         if self.size > 1:
+            self.buckets = [{} for _ in range(1 + max(actor.load for actor in actors))]
             for actor in actors:
-                self.buckets.setdefault(actor.load, {})[actor] = None
-            self.low = min(self.buckets)
+                self.buckets[actor.load][actor] = None
+            self.low = min(actor.load for actor in actors)
 
     def pick(self) -> Any:
         """The least-loaded worker, the longest at that load first; None if there is none."""
@@ -58,21 +61,19 @@ class Lane:
     def move(self, actor: Any, old: int, new: int) -> None:
         """``actor``'s load went from ``old`` to ``new``."""
         buckets = self.buckets
-        bucket = buckets[old]
-        del bucket[actor]
-        if not bucket:
-            del buckets[old]
-        into = buckets.get(new)
-        if into is None:
-            into = buckets[new] = {}
-        into[actor] = None
+        del buckets[old][actor]
+        if new < len(buckets):
+            buckets[new][actor] = None
+        else:
+            buckets.extend({} for _ in range(new - len(buckets)))
+            buckets.append({actor: None})
         low = self.low
         if new < low:
             self.low = new
-        elif old == low and old not in buckets:
+        elif old == low and not buckets[old]:
             # Loads rise one call at a time: the next bucket up is at most ``new``.
             low += 1
-            while low not in buckets:
+            while not buckets[low]:
                 low += 1
             self.low = low
 
@@ -82,13 +83,11 @@ class Lane:
             self.only = None
             self.size = 0
             return
-        for load, bucket in self.buckets.items():
+        for bucket in self.buckets:
             if actor in bucket:
                 del bucket[actor]
                 self.size -= 1
-                if not bucket:
-                    del self.buckets[load]
-                    self.low = min(self.buckets, default=0)
+                self.low = next((i for i, b in enumerate(self.buckets) if b), 0)
                 return
 
 

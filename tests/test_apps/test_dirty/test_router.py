@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -282,7 +283,7 @@ class _Worker:
         self.load = 0
 
     def take(self) -> None:
-        self.inflight[len(self.inflight) + 100 * len(self.name)] = None
+        self.inflight[max(self.inflight, default=0) + 1] = None
         relevel(self)
 
     def finish(self) -> None:
@@ -325,6 +326,19 @@ def test_a_lane_picks_the_least_loaded_worker_round_robin_among_equals() -> None
     assert lane.pick() is a  # the least loaded, whoever's turn it was
     lane.discard(a)
     assert lane.pick() in (b, c) and lane.size == 2
+
+
+def test_a_lane_always_picks_a_worker_at_the_lowest_load() -> None:
+    rng = random.Random(16)
+    workers = [_Worker(name) for name in "abcd"]
+    lane = _lane(*workers)
+    for _ in range(2000):
+        w = rng.choice(workers)
+        if w.inflight and rng.random() < 0.5:
+            w.finish()
+        else:
+            lane.pick().take()
+        assert lane.pick().load == min(len(w.inflight) for w in workers)
 
 
 def test_an_app_with_one_worker_keeps_no_buckets() -> None:
