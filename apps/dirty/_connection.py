@@ -2,7 +2,7 @@
 DynamicSupervisor (the listener's acceptor starts them).
 
 A connection reads GD v1 frames; many requests may be in flight on it at once, matched by
-request id. A REQUEST goes to a worker holding its app (round-robin, from the router's
+request id. A REQUEST goes to the least-loaded worker holding its app (see the router's
 ``Routes``); only the payload's leading ``app_path`` is read, the bytes are forwarded as they
 are (all of one read's requests for a worker in one write), and replies come back as bytes
 ready to write. STASH runs here, on ETS; STATUS and MANAGE ask the router. An END *from* a
@@ -32,6 +32,7 @@ from ._errors import (
     DirtyError,
     DirtyNoWorkersAvailableError,
     DirtyProtocolError,
+    DirtyTimeoutError,
     DirtyWorkerError,
     StashError,
 )
@@ -47,6 +48,7 @@ from ._frames import (
     peek_route,
 )
 from ._pool import BUSY_READS, HIGH_WATER, ROUTER, Outbox, Routes, error_bytes
+from ._routes import Expire, Parking, Requeue, Unpark
 from ._stash import stash_operation
 
 logger = logging.getLogger("apps.dirty")
@@ -86,6 +88,8 @@ class _Conn:
     controls: int = 0
     #: The client sends no more; the connection ends once ``pending`` and ``controls`` are done.
     half_closed: bool = False
+    #: Requests waiting for a worker of their app (one is starting).
+    parking: Parking = attrs.Factory(Parking)
 
     def deliver(self, parts: list[Any], done: list[int]) -> bool:
         """Frames from a worker actor (run in its task): written to the client at once. True
@@ -137,6 +141,8 @@ async def _writer(conn: _Conn) -> None:
                     outbox.write(error_bytes(rid, _worker_gone(msg.reason)))
         elif kind is bytes:
             outbox.write(msg)
+        elif kind is Unpark or kind is Requeue or kind is Expire:
+            _reroute(conn, msg)
         elif kind is _ReaderDone:
             if msg.reason != _HALF_CLOSED:
                 break
@@ -249,6 +255,7 @@ def _route(
     stop: int,
     now: float,
     touched: dict[Any, None],
+    parked: Any = None,
 ) -> DirtyError | None:
     route = peek_route(view, start, stop)
     if route is not None:
@@ -265,18 +272,22 @@ def _route(
     if rid in conn.pending:
         return DirtyProtocolError(f"request id {rid} is already in flight on this connection")
     routes = conn.routes
-    workers = routes.table.get(app_path)
-    if workers is None:
+    lane = routes.table.get(app_path)
+    if lane is None:
         if not routes.open:
             return DirtyNoWorkersAvailableError(app_path, "The dirty pool is shutting down")
         return DirtyAppNotFoundError(app_path)
-    if not workers:
-        return DirtyNoWorkersAvailableError(app_path)
-    if len(workers) == 1:
-        worker = workers[0]
-    else:
-        turn = routes.turns[app_path] = routes.turns.get(app_path, 0) + 1
-        worker = workers[turn % len(workers)]
+    worker = lane.only
+    if worker is None:
+        worker = lane.pick()
+        if worker is None:
+            if app_path not in routes.starting:
+                return DirtyNoWorkersAvailableError(app_path)
+            # A worker for it is starting: the call waits (at most dirty_timeout) for it.
+            frame = bytes(view[start - 16 : stop])
+            conn.parking.park(conn.me, routes, rid, app_path, frame, parked)
+            conn.pending[rid] = conn.parking
+            return None
     if worker not in conn.monitors:
         # A dead worker actor's Down (noproc) fails the call, as does one dying later.
         ref = otp.monitor(worker.me)
@@ -286,6 +297,43 @@ def _route(
     worker.submit(conn, rid, view, start, stop, now)
     touched[worker] = None
     return None
+
+
+def _reroute(conn: _Conn, msg: Unpark | Requeue | Expire) -> None:
+    """Route again: the calls parked for an app (``Unpark``: a worker is up, or none is starting
+    any more), a call a killed worker had not started (``Requeue``); or fail a parked call
+    whose wait is over (``Expire``)."""
+    pending = conn.pending
+    parking = conn.parking
+    if isinstance(msg, Expire):
+        call = parking.calls.get(msg.rid)
+        if call is not None and call[2] == msg.token:
+            del parking.calls[msg.rid]
+            pending.pop(msg.rid, None)
+            limit = conn.routes.wait_limit
+            expired = DirtyTimeoutError(
+                f"no worker for app {call[0]} came up within dirty_timeout={limit:g}s (the"
+                " call waited for one that was starting)",
+                timeout=limit,
+            )
+            conn.outbox.write(error_bytes(msg.rid, expired))
+        return
+    if isinstance(msg, Requeue):
+        if pending.get(msg.rid) is not msg.worker:
+            return  # abandoned meanwhile
+        del pending[msg.rid]
+        calls: list[tuple[int, bytes, Any]] = [(msg.rid, msg.frame, None)]
+    else:
+        calls = parking.take(msg.app)
+        for rid, _, _ in calls:
+            del pending[rid]
+    touched: dict[Any, None] = {}
+    now = trio.current_time()
+    for rid, frame, token in calls:
+        error = _route(conn, rid, memoryview(frame), 16, len(frame), now, touched, token)
+        if error is not None:
+            conn.outbox.write(error_bytes(rid, error))
+    _flush(touched)
 
 
 async def _stash(rid: int, payload: bytes) -> bytes:

@@ -121,13 +121,6 @@ class DirtyAppError(DirtyError):
         self.traceback = traceback
 
 
-class DirtyAppNotFoundError(DirtyAppError, LookupError):
-    """No app of that import path is configured in the pool."""
-
-    def __init__(self, app_path: str) -> None:
-        super().__init__(f"Dirty app not found: {app_path}", app_path=app_path)
-
-
 class DirtyNoWorkersAvailableError(DirtyError):
     """No running worker holds the app (all of its workers are down or being replaced)."""
 
@@ -135,7 +128,24 @@ class DirtyNoWorkersAvailableError(DirtyError):
         super().__init__(
             message or f"No workers available for app: {app_path}", {"app_path": app_path}
         )
+        self.app_path: str | None = app_path
+
+
+class DirtyAppNotFoundError(DirtyAppError, DirtyNoWorkersAvailableError, LookupError):
+    """No app of that import path is configured in the pool.
+
+    Gunicorn's arbiter answers a call to an unknown app with ``DirtyNoWorkersAvailableError``;
+    this class is one too, so code written against Gunicorn (``except
+    DirtyNoWorkersAvailableError``) and code catching ``DirtyAppError`` both catch it.
+    """
+
+    def __init__(self, app_path: str) -> None:
+        # DirtyAppError's fields, built without the cooperative chain: the two bases'
+        # constructors take different arguments.
+        DirtyError.__init__(self, f"Dirty app not found: {app_path}", {"app_path": app_path})
         self.app_path = app_path
+        self.action = None
+        self.traceback = None
 
 
 class DirtyProtocolError(DirtyError):

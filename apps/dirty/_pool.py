@@ -41,6 +41,7 @@ from ._frames import (
     header,
     tune_socket,
 )
+from ._routes import Routes, hand_back, relevel
 from ._worker import DirtyWorkerInfo
 
 logger = logging.getLogger("apps.dirty")
@@ -58,20 +59,6 @@ WORKER_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD
 START_TIMEOUT = 60.0
 #: SIGTERM-to-SIGKILL grace of a worker port.
 KILL_TIMEOUT = 5.0
-
-
-class Routes:
-    """Which worker actors serve each app: written by the router, read by the connections on
-    every REQUEST (one dict lookup; the round-robin turn is a plain counter, as the node runs
-    on one thread). ``open`` is False while no router publishes (the pool is shutting down).
-    """
-
-    __slots__ = ("open", "table", "turns")
-
-    def __init__(self) -> None:
-        self.table: dict[str, tuple[Any, ...]] = {}
-        self.turns: dict[str, int] = {}
-        self.open = False
 
 
 @attrs.frozen
@@ -392,6 +379,16 @@ class _Actor:
     batch: Batch = attrs.Factory(Batch)
     #: Since when the actor reads nothing from its worker, for a slow client; None if it reads.
     held_since: float | None = None
+    #: Routing (``_routes``): the lanes this worker shares with others, the load they file it
+    #: under, and the REQUEST frames of calls that may wait in the worker for a thread (sent
+    #: with ``dirty_threads`` or more in flight), kept until they start: if the worker is
+    #: killed first, they go to another worker.
+    lanes: tuple[Any, ...] = ()
+    load: int = 0
+    held: dict[int, bytes] = attrs.Factory(dict)
+    threads: int = attrs.Factory(lambda self: self.ctx.config.dirty_threads, takes_self=True)
+    #: Set once the reader has read the worker's socket to its end.
+    read_all: trio.Event = attrs.Factory(trio.Event)
 
     def submit(
         self, conn: Any, rid: int, view: memoryview, start: int, stop: int, now: float
@@ -402,9 +399,14 @@ class _Actor:
         task)."""
         wid = self.next_id
         self.next_id = wid + 1
-        self.inflight[wid] = [conn, rid, now]
+        inflight = self.inflight
+        if len(inflight) >= self.threads:
+            self.held[wid] = bytes(view[start - 16 : stop])
+        inflight[wid] = [conn, rid, now]
         self.keys[(conn, rid)] = wid
         self.batch.frame(view, start, stop, wid)
+        if self.lanes:
+            relevel(self)
 
     def flush(self) -> None:
         """Write the requests :meth:`submit` gathered."""
@@ -416,6 +418,8 @@ class _Actor:
         wid = self.keys.pop((conn, rid), 0)
         if wid:
             self.inflight.pop(wid, None)
+            self.held.pop(wid, None)
+            relevel(self)
             assert self.outbox is not None
             self.outbox.write(header(END, 0, wid))
             if self.draining and not self.inflight and self.me is not None:
@@ -573,6 +577,13 @@ async def _loop(actor: _Actor) -> tuple[str, Any]:
                     otp.send_after(tick, me, "tick")
                     now = trio.current_time()
                     if timeout and _hung(actor, now, timeout):
+                        logger.error(
+                            "dirty worker %d (pid %d) timed out after %gs: killing it",
+                            actor.worker_id,
+                            actor.os_pid,
+                            timeout,
+                        )
+                        await _bury(actor, kill=True)
                         _fail_all(
                             actor,
                             DirtyTimeoutError(
@@ -582,19 +593,12 @@ async def _loop(actor: _Actor) -> tuple[str, Any]:
                                 timeout=timeout,
                             ),
                         )
-                        logger.error(
-                            "dirty worker %d (pid %d) timed out after %gs: killing it",
-                            actor.worker_id,
-                            actor.os_pid,
-                            timeout,
-                        )
-                        assert actor.port is not None
-                        otp.exit(actor.port, otp.KILL)
                         return ("exit", ("dirty_timeout", actor.worker_id))
                     if draining_until is not None and (not actor.inflight or now >= draining_until):
                         return ("close", stop_reason)
                 elif kind is otp.Exit:
                     if msg.pid == actor.port:
+                        await _bury(actor, kill=False)
                         _fail_all(
                             actor,
                             DirtyWorkerError(
@@ -687,6 +691,25 @@ async def _close(actor: _Actor, reason: Any) -> Any:
     return reason
 
 
+async def _bury(actor: _Actor, kill: bool) -> None:
+    """Before the calls of a worker that died (or is to be killed: ``kill``) fail: route nothing
+    more to it, let its last frames in (answers it sent, STARTED notices), and hand back to
+    their connections the calls it never started (``_routes.hand_back``), unless the rest of
+    its socket could not be read (then it is not known which had started: they all fail)."""
+    ACTORS.pop(otp.self(), None)
+    actor.ctx.routes.withdraw(actor)
+    port = actor.port
+    if kill and port is not None:
+        otp.exit(port, otp.KILL)
+        await otp.receive(
+            lambda m: type(m) is otp.Exit and m.pid == port, timeout=KILL_TIMEOUT + 2, default=None
+        )
+    with trio.move_on_after(1.0):
+        await actor.read_all.wait()
+    if actor.read_all.is_set():
+        hand_back(actor)
+
+
 def _fail_all(actor: _Actor, error: DirtyError) -> None:
     groups: dict[Any, tuple[list[bytes], list[int]]] = {}
     for conn, rid, _ in actor.inflight.values():
@@ -695,6 +718,8 @@ def _fail_all(actor: _Actor, error: DirtyError) -> None:
         done.append(rid)
     actor.inflight.clear()
     actor.keys.clear()
+    actor.held.clear()
+    relevel(actor)
     for conn, (parts, done) in groups.items():
         conn.deliver(parts, done)
 
@@ -714,6 +739,7 @@ async def _read_worker(actor: _Actor) -> None:
     buffer = FrameBuffer()
     inflight = actor.inflight
     keys = actor.keys
+    held = actor.held
     published = 0.0
     readv = os.readv
     wait_readable = trio.lowlevel.wait_readable
@@ -739,6 +765,7 @@ async def _read_worker(actor: _Actor) -> None:
         except OSError:
             return
         if not n:
+            actor.read_all.set()
             return
         drained = n < len(space)
         now = trio.current_time()
@@ -760,7 +787,12 @@ async def _read_worker(actor: _Actor) -> None:
                 i += 1
                 continue  # heartbeat, or a request abandoned or failed already
             if mtype == STATUS:  # the worker queued or started it: its run time counts from then
-                entry[2] = None if view[start:stop] == QUEUED else now
+                if view[start:stop] == QUEUED:
+                    entry[2] = None
+                else:
+                    entry[2] = now
+                    if held:
+                        held.pop(wid, None)
                 i += 1
                 continue
             conn, rid, _ = entry
@@ -787,8 +819,12 @@ async def _read_worker(actor: _Actor) -> None:
                 group[0].frame(view, start, stop, rid)
                 del inflight[wid]
                 del keys[(conn, rid)]
+                if held:
+                    held.pop(wid, None)
                 group[1].append(rid)
             i += 1
+        if actor.lanes and len(inflight) != actor.load:
+            relevel(actor)
         slow = None
         for conn, (batch, done) in groups.items():
             if conn.deliver(batch.take(), done):

@@ -2,17 +2,27 @@
 
 A GenServer registered as ``dirty_router``. It publishes ``app -> worker actors`` in the pool's
 :class:`Routes` (``PoolContext.routes``), which connection processes read directly on every
-REQUEST, taking the next worker round-robin; no message goes through the router on a call's
-path. Workers join with
+REQUEST, taking the least-loaded worker (see ``_routes``); no message goes through the router on
+a call's path. It also publishes which apps a worker is starting for (a killed worker's
+replacement, a scale-up's new worker), so that their calls wait instead of failing, and wakes
+the connections holding such calls when a worker is up. Workers join with
 ``WorkerUp`` once their apps are loaded and leave on their death (monitor) or when they start
 draining. Scaling adds or removes pool children (``start_child``/``terminate_child``); HUP
 starts a replacement for every worker first, then drains the old ones.
 
 The router never waits for a worker to start inside a callback: scaling and reload requests
 queue up (their callers get a deferred reply) and run one at a time; each worker start is a
-``start_child`` made by a short-lived helper process linked to the router, which reports the
-outcome as a message. Meanwhile the router answers STATUS, follows workers joining and leaving,
-and queues further requests.
+``start_child`` made by a short-lived helper process, which reports the outcome as a message.
+Meanwhile the router answers STATUS, follows workers joining and leaving, and queues further
+requests.
+
+Helper processes: the router (``dirty_router``, a child of ``dirty_sup``) owns two kinds of
+short-lived helpers, ``_start_worker_child`` (one worker start) and ``_terminate`` (stopping a
+retired worker, which drains first), because both wait on the pool supervisor for as long as a
+worker takes to start or drain. Both are spawned linked to the router, which traps exits and
+reaps them (their ``Exit``): if the router dies, they die with it, and what they had asked of
+the pool supervisor (a start, a termination) is the supervisor's to finish. No helper outlives
+the router.
 """
 
 from __future__ import annotations
@@ -64,6 +74,10 @@ class _State:
     #: children, so one that dies before the pool has stopped it comes back under the same id;
     #: that restart is stopped at once, or the pool would end up a worker over its size.
     retired: set[int] = attrs.Factory(set)
+    #: Workers the pool supervisor is bringing (back) up, by id: their apps. A worker that died
+    #: (and was not retired) is restarted under its id; workers found at the router's start
+    #: re-announce themselves (their apps unknown until then: all of them).
+    awaiting: dict[int, tuple[str, ...]] = attrs.Factory(dict)
 
 
 @attrs.define(eq=False)
@@ -112,16 +126,21 @@ class Router(otp.GenServer):
     async def init(self, ctx: PoolContext) -> Any:
         otp.process_flag(trap_exit=True)
         ets.new(HEARTBEATS, access=ets.PUBLIC, named=True)
-        ctx.routes.table = {spec.import_path: () for spec in ctx.config.dirty_apps}
+        paths = [spec.import_path for spec in ctx.config.dirty_apps]
+        ctx.routes.wait_limit = ctx.config.dirty_timeout or None
+        ctx.routes.install({path: [] for path in paths}, paths)
         ctx.routes.open = True
         state = _State(ctx)
-        existing = [
-            pid
-            for _, pid, _, _ in await supervisors.which_children(POOL)
+        children = [
+            (child_id, pid)
+            for child_id, pid, _, _ in await supervisors.which_children(POOL)
             if isinstance(pid, otp.Pid)
         ]
+        existing = [pid for _, pid in children]
         if existing:
-            for pid in existing:
+            for child_id, pid in children:
+                if isinstance(child_id, tuple) and len(child_id) == 2:
+                    state.awaiting[child_id[1]] = tuple(paths)
                 otp.send(pid, Reregister())
             state.target = len(existing)
             state.next_id = 1000
@@ -139,6 +158,7 @@ class Router(otp.GenServer):
             if msg.pid not in state.workers:
                 state.monitors[otp.monitor(msg.pid)] = msg.pid
             state.workers[msg.pid] = msg
+            state.awaiting.pop(msg.worker_id, None)
             state.next_id = max(state.next_id, msg.worker_id + 1)
             if msg.worker_id in state.retired and msg.pid not in state.draining:
                 logger.info(
@@ -160,7 +180,10 @@ class Router(otp.GenServer):
         kind = type(msg)
         if kind is otp.Down and msg.ref in state.monitors:
             pid = state.monitors.pop(msg.ref)
-            state.workers.pop(pid, None)
+            info = state.workers.pop(pid, None)
+            if info is not None and pid not in state.draining:
+                if info.worker_id not in state.retired:
+                    state.awaiting[info.worker_id] = info.apps  # its supervisor restarts it
             state.draining.discard(pid)
             ets.delete(HEARTBEATS, pid)
             _publish(state)
@@ -194,8 +217,7 @@ class Router(otp.GenServer):
 
     def terminate(self, reason: Any, state: _State) -> None:
         remove_pidfile(state.ctx.config.dirty_pidfile)
-        state.ctx.routes.open = False
-        state.ctx.routes.table = {}
+        state.ctx.routes.close()
         # A worker still loading its apps would hold the pool supervisor in start_child (and
         # the node's shutdown) until its load ends: its start fails now instead.
         for pid in list(state.ctx.starting):
@@ -222,13 +244,20 @@ def _live(state: _State) -> list[WorkerUp]:
 
 def _publish(state: _State) -> None:
     by_app: dict[str, list[Any]] = {s.import_path: [] for s in state.ctx.config.dirty_apps}
+    starting: set[str] = set()
     for info in _live(state):
         actor = ACTORS.get(info.pid)
         if actor is None:
-            continue  # gone; its Down is on its way
+            starting.update(info.apps)  # being killed or dead (its Down is on its way): replaced
+            continue
         for path in info.apps:
             by_app.setdefault(path, []).append(actor)
-    state.ctx.routes.table = {path: tuple(actors) for path, actors in by_app.items()}
+    for apps in state.awaiting.values():
+        starting.update(apps)
+    op = state.op
+    if op is not None and op.helper is not None:
+        starting.update(op.apps)
+    state.ctx.routes.install(by_app, starting)
     write_pidfile(
         state.ctx.config.dirty_pidfile, [w.os_pid for w in state.workers.values() if w.os_pid]
     )
@@ -256,6 +285,7 @@ async def _add(state: _State, apps: list[str] | tuple[str, ...]) -> Any:
 def _register(state: _State, pid: Any, worker_id: int, apps: tuple[str, ...]) -> None:
     """A worker the pool just started is routable at once (unless its own WorkerUp, with its
     OS pid, came first)."""
+    state.awaiting.pop(worker_id, None)
     if isinstance(pid, otp.Pid) and pid not in state.workers:
         state.monitors[otp.monitor(pid)] = pid
         state.workers[pid] = WorkerUp(pid, worker_id, apps, 0, trio.current_time())
@@ -378,6 +408,7 @@ def _step(state: _State, op: _Op) -> None:
     op.tag = otp.make_ref()
     spec = worker_spec(state.ctx, op.worker_id, apps)
     op.helper = otp.spawn_link(_start_worker_child, otp.self(), op.tag, spec)
+    state.ctx.routes.starting.update(apps)
 
 
 async def _start_worker_child(router: otp.Pid, tag: otp.Ref, spec: Any) -> None:
@@ -393,6 +424,7 @@ def _step_done(state: _State, op: _Op, result: Any) -> None:
         # is not the pool's: it is stopped when it announces itself.
         state.retired.add(op.worker_id)
         error = ("dirty_worker_start_failed", op.worker_id, result[1])
+        _publish(state)  # (its apps are not starting any more)
         if op.kind == "reload":
             logger.error("dirty pool reload: stopped early: %r", error)
         op.reason = f"a worker failed to start: {error!r}"
@@ -418,7 +450,7 @@ def _retire(state: _State, pid: otp.Pid) -> None:
     """Stop routing to the worker ``pid`` and stop it (it drains its calls first)."""
     state.draining.add(pid)
     _publish(state)
-    otp.spawn(_terminate, pid)
+    otp.spawn_link(_terminate, pid)  # (a helper the router reaps: see the module's docstring)
 
 
 def _finish(state: _State, op: _Op) -> None:

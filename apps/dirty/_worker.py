@@ -103,6 +103,9 @@ class _Output:
         self.size = 0
         self.corked = False
         self.sending = False
+        #: Notified whenever a send ends while ``write_through`` callers (``through``) wait.
+        self.sent = threading.Condition(self.lock)
+        self.through = 0
         self.scheduled = False
         self.watching = False
         self.closed = False
@@ -134,6 +137,8 @@ class _Output:
             n = -1
         with self.lock:
             self.sending = False
+            if self.through:
+                self.sent.notify_all()
             if n < 0:
                 self._close()
                 return
@@ -144,6 +149,16 @@ class _Output:
                     self.size += len(part)
             if self.queue:
                 self._schedule()
+
+    def write_through(self, data: bytes) -> None:
+        """Send ``data`` (a thread's, never the loop's) and return once all of it is in the
+        socket, or the socket failed: what the pool must know before the thread goes on."""
+        self.write(data)
+        with self.lock:
+            self.through += 1
+            while not self.closed and (self.sending or _holds(self.queue, data)):
+                self.sent.wait(0.05)
+            self.through -= 1
 
     def write_deferred(self, data: bytes) -> None:
         """Queue ``data``; the loop writes the queue soon, coalescing frames (any thread)."""
@@ -234,6 +249,8 @@ class _Output:
                 break
         with self.lock:
             self.sending = False
+            if self.through:
+                self.sent.notify_all()
             if failed:
                 self._close()
                 return
@@ -293,6 +310,11 @@ class _Output:
 
 _IOV_MAX = 1024
 _DONTWAIT = socket.MSG_DONTWAIT
+
+
+def _holds(queue: list[Any], data: bytes) -> bool:
+    """Whether ``data`` (or what is left of it to send) is in ``queue``."""
+    return any(part is data or (type(part) is memoryview and part.obj is data) for part in queue)
 
 
 def _rest(parts: Any, n: int) -> list[Any]:
@@ -557,7 +579,9 @@ class Worker:
                 return
             if rid in self.queued:
                 self.queued.discard(rid)
-                self.out.write(notice(STARTED, rid))
+                # In the socket before the action runs: if this worker is killed, the pool
+                # hands the calls it has no STARTED for to another worker (they never ran).
+                self.out.write_through(notice(STARTED, rid))
             args = msg.get("args") or []
             kwargs = msg.get("kwargs") or {}
             began = time.perf_counter()

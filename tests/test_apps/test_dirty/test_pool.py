@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -13,6 +14,7 @@ import trio
 import trio.testing
 
 from apps import dirty
+from apps.dirty import _pool
 from apps.dirty._client import _SyncConn
 
 from .conftest import ECHO, LIMITED
@@ -36,6 +38,12 @@ async def test_app_errors_arrive_typed_with_traceback(start_pool: Any, socket_pa
         await client.execute_async(ECHO, "_private")
     with pytest.raises(dirty.DirtyAppNotFoundError, match=r"Dirty app not found: no\.such:App"):
         await client.execute_async("no.such:App", "x")
+    # Gunicorn answers an unknown app with DirtyNoWorkersAvailableError: code catching that
+    # catches ours too (issue 16.9).
+    with pytest.raises(dirty.DirtyNoWorkersAvailableError) as unknown:
+        await client.execute_async("no.such:App", "x")
+    assert isinstance(unknown.value, dirty.DirtyAppNotFoundError)
+    assert unknown.value.app_path == "no.such:App"
     assert await client.execute_async(ECHO, "async_add", 2, 3) == 5
     await client.close_async()
 
@@ -143,6 +151,29 @@ async def test_round_robin_and_per_app_limits(start_pool: Any, socket_path: str)
     status = await client.status_async()
     assert status["worker_count"] == 3 and status["arbiter_pid"] == os.getpid()
     assert sorted(len(w["apps"]) for w in status["workers"]) == [1, 1, 2]
+    await client.close_async()
+
+
+async def test_a_long_call_on_one_worker_does_not_hold_up_calls_while_another_is_idle(
+    start_pool: Any, socket_path: str
+) -> None:
+    # Issue 16.5: round-robin sent every other call to the worker busy with the long one.
+    await start_pool(dirty_workers=2, dirty_threads=1)
+    client = dirty.DirtyClient(socket_path)
+    async with trio.open_nursery() as nursery:
+
+        async def long_call() -> None:
+            with contextlib.suppress(dirty.DirtyError):
+                await client.execute_async(ECHO, "sleep", 10)
+
+        nursery.start_soon(long_call)
+        with trio.fail_after(10):
+            while not any(actor.inflight for actor in _pool.ACTORS.values()):
+                await trio.sleep(0.01)
+        with trio.fail_after(5):  # (the long call holds its worker for 10 s)
+            pids = {await client.execute_async(ECHO, "pid") for _ in range(6)}
+        assert len(pids) == 1
+        nursery.cancel_scope.cancel()
     await client.close_async()
 
 

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from apps import dirty
+from apps.dirty import _pool
 
 from .conftest import ECHO
 
@@ -77,6 +78,36 @@ async def test_hung_worker_is_killed_after_dirty_timeout(start_pool: Any, socket
     await _wait_size(client, 1, before)
     assert await client.execute_async(ECHO, "echo", 1) == 1
     await client.close_async()
+
+
+async def test_a_call_queued_behind_a_hung_one_is_answered_by_the_replacement(
+    start_pool: Any, socket_path: str
+) -> None:
+    # Issue 16.7: one worker, one thread. A hangs past dirty_timeout; B, sent while A runs,
+    # waits in the worker for its thread. The worker is killed for A; B never ran, so it goes
+    # to the replacement instead of failing with A's DirtyTimeoutError.
+    await start_pool(dirty_workers=1, dirty_threads=1, dirty_timeout=3)
+    first, second = dirty.DirtyClient(socket_path), dirty.DirtyClient(socket_path)
+    before = set(await _pids(first))
+    got: dict[str, Any] = {}
+
+    async def call(name: str, client: dirty.DirtyClient, *args: Any) -> None:
+        try:
+            got[name] = await client.execute_async(ECHO, *args)
+        except dirty.DirtyError as exc:
+            got[name] = exc
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call, "a", first, "sleep", 6)
+            while not any(actor.inflight for actor in _pool.ACTORS.values()):
+                await trio.sleep(0.01)
+            nursery.start_soon(call, "b", second, "echo", "b")
+    assert isinstance(got["a"], dirty.DirtyTimeoutError)
+    assert got["b"] == "b"
+    assert not set(await _pids(first)) & before  # answered by the replacement
+    await first.close_async()
+    await second.close_async()
 
 
 async def test_concurrent_clients_with_random_worker_kills_never_hang(

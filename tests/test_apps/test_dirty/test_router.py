@@ -4,9 +4,11 @@ processes; a FIFO holds a new worker's start open (events, not sleeps)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,12 @@ import trio.testing
 import otp
 import supervisors
 from apps import dirty
+from apps.dirty import _pool
 from apps.dirty._pool import ROUTER, WorkerUp
 from apps.dirty._router import POOL
+from apps.dirty._routes import Lane, relevel
+
+from .conftest import ECHO
 
 GATED = "tests.test_apps.test_dirty.dirty_apps:GatedApp"
 
@@ -33,11 +39,15 @@ def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @asynccontextmanager
-async def holding_a_worker_start(gate: Path) -> AsyncIterator[None]:
+async def holding_a_worker_start(
+    gate: Path, then: Callable[[], None] | None = None
+) -> AsyncIterator[None]:
     """Inside the block, a worker start is under way and stays so: the next worker to start
-    has opened the gate and waits in its app's ``init``. Leaving the block lets it finish (and
-    later workers start freely)."""
+    (after ``then()``, if given, which may bring one about) has opened the gate and waits in
+    its app's ``init``. Leaving the block lets it finish (and later workers start freely)."""
     os.mkfifo(gate)
+    if then is not None:
+        then()
     with trio.fail_after(30):
         # Opening a FIFO for writing returns once its reader (the new worker) opened it.
         fd = await trio.to_thread.run_sync(os.open, gate, os.O_WRONLY, abandon_on_cancel=True)
@@ -258,3 +268,162 @@ async def test_a_helper_that_dies_mid_start_fails_the_request_and_adds_no_worker
     assert len(await supervisors.which_children(POOL)) >= 1
     status = await _settled(client)
     assert status["worker_count"] == 1 and status["target_workers"] == 1
+
+
+# -- routing: least-loaded, calls waiting for a replacement, the router's helpers ------------
+
+
+class _Worker:
+    """What a lane sees of a worker actor."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.inflight: dict[int, None] = {}
+        self.lanes: tuple[Lane, ...] = ()
+        self.load = 0
+
+    def take(self) -> None:
+        self.inflight[max(self.inflight, default=0) + 1] = None
+        relevel(self)
+
+    def finish(self) -> None:
+        self.inflight.popitem()
+        relevel(self)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _lane(*workers: _Worker) -> Lane:
+    lane = Lane(workers)
+    for w in workers:
+        w.lanes += (lane,)
+    return lane
+
+
+def test_a_lane_picks_the_least_loaded_worker_round_robin_among_equals() -> None:
+    a, b, c = _Worker("a"), _Worker("b"), _Worker("c")
+    lane = _lane(a, b, c)
+    picked = []
+    for _ in range(6):  # all idle, each call quick: round-robin
+        w = lane.pick()
+        picked.append(w)
+        w.take()
+        w.finish()
+    assert picked == [a, b, c, a, b, c]
+    a.take()  # a long call on a: the others take the next calls, in turn
+    picked = []
+    for _ in range(4):
+        w = lane.pick()
+        picked.append(w)
+        w.take()
+        w.finish()
+    assert picked == [b, c, b, c]
+    b.take()
+    c.take()  # all at one call: round-robin again, from the one longest at that load
+    assert lane.pick() is a
+    a.finish()
+    assert lane.pick() is a  # the least loaded, whoever's turn it was
+    lane.discard(a)
+    assert lane.pick() in (b, c) and lane.size == 2
+
+
+def test_a_lane_always_picks_a_worker_at_the_lowest_load() -> None:
+    rng = random.Random(16)
+    workers = [_Worker(name) for name in "abcd"]
+    lane = _lane(*workers)
+    for _ in range(2000):
+        w = rng.choice(workers)
+        if w.inflight and rng.random() < 0.5:
+            w.finish()
+        else:
+            lane.pick().take()
+        assert lane.pick().load == min(len(w.inflight) for w in workers)
+
+
+def test_an_app_with_one_worker_keeps_no_buckets() -> None:
+    only = _Worker("only")
+    lane = Lane([only])
+    assert lane.pick() is only and not lane.buckets
+    lane.discard(only)
+    assert lane.pick() is None and Lane([]).pick() is None
+
+
+async def test_calls_wait_while_the_apps_only_worker_is_replaced_and_then_run(
+    start_pool: Any, socket_path: str, gate: Path
+) -> None:
+    # Issue 16.8: right after a worker is killed, calls for its app waited in no queue: they
+    # failed with DirtyNoWorkersAvailableError until the replacement was up.
+    await start_pool(dirty_apps=[GATED], dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+    [old] = _pids(await client.status_async())
+    answers: list[Any] = []
+
+    async def call() -> None:
+        try:
+            answers.append(await client.execute_async(GATED, "pid"))
+        except dirty.DirtyError as exc:
+            answers.append(exc)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            async with holding_a_worker_start(gate, lambda: os.kill(old, signal.SIGKILL)):
+                # The replacement is loading (the old worker is gone): the calls wait for it.
+                for _ in range(3):
+                    nursery.start_soon(call)
+                await trio.testing.wait_all_tasks_blocked(0.05)
+                assert answers == []
+    [new] = set(answers)
+    assert new != old and len(answers) == 3
+    await client.close_async()
+
+
+async def test_the_router_takes_its_helpers_down_with_it(
+    start_pool: Any, socket_path: str, gate: Path
+) -> None:
+    # Issue 16.13: a worker being retired was stopped by a process nothing linked or
+    # supervised; the helper starting a worker is linked to the router. Both die with it.
+    await start_pool(dirty_apps=[GATED, ECHO], dirty_workers=2, dirty_graceful_timeout=30)
+    client = dirty.DirtyClient(socket_path)
+    router = otp.whereis(ROUTER)
+    assert router is not None
+
+    async def busy() -> None:
+        with contextlib.suppress(dirty.DirtyError):
+            await client.execute_async(ECHO, "sleep", 8)
+
+    async def add() -> None:
+        with contextlib.suppress(otp.CallError):
+            await otp.call(ROUTER, ("add", 1), timeout=None)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(2):  # both workers busy: the one retired drains for seconds
+            nursery.start_soon(busy)
+        with trio.fail_after(10):
+            while sum(len(a.inflight) for a in _pool.ACTORS.values()) < 2:
+                await trio.sleep(0.01)
+        before = set(otp.processes())
+        removed = await otp.call(ROUTER, ("remove", 1), timeout=None)
+        assert removed["removed"] == 1
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        stopping = set(otp.processes()) - before  # the helper stopping the retired worker
+        assert stopping
+        nursery.start_soon(add)  # its helper waits on the pool supervisor (busy stopping)
+        info = otp.process_info(router)
+        assert info is not None
+        parent = info.parent
+        with trio.fail_after(10):
+            while not set(_links(router)) - stopping - {parent}:
+                await trio.sleep(0.01)
+        helpers = (set(_links(router)) | stopping) - {parent}
+        otp.exit(router, otp.KILL)
+        with trio.fail_after(2):  # (the retired worker drains for 8 s)
+            while any(otp.process_info(pid) is not None for pid in helpers):
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    await client.close_async()
+
+
+def _links(pid: otp.Pid) -> tuple[otp.Pid, ...]:
+    info = otp.process_info(pid)
+    return info.links if info is not None else ()
