@@ -11,7 +11,6 @@ restarted by ``dirty_sup``, binding the socket anew; open connections carry on).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import socket
@@ -97,7 +96,7 @@ class Listener(otp.GenServer):
         path = ctx.socket_path
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            _remove_stale(path)
+            await trio.to_thread.run_sync(otp.claim_socket_path, path)
             await sock.bind(path)
             os.chmod(path, 0o600)
             sock.listen(BACKLOG)
@@ -153,16 +152,6 @@ class Listener(otp.GenServer):
             os.unlink(state.ctx.socket_path)
         except OSError:
             pass
-
-
-def _remove_stale(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            raise
 
 
 async def _acceptor(server: otp.Pid, listener: trio.SocketListener, routes: Routes) -> None:

@@ -4,6 +4,7 @@ linked acceptor starting connection processes under ``dirty_connections``."""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,33 @@ async def test_a_socket_that_cannot_be_bound_fails_the_pool_start(
     with pytest.raises(supervisors.ApplicationError, match="dirty_socket"):
         await start_pool()
     assert otp.whereis(LISTENER) is None
+
+
+async def test_a_path_that_is_not_a_socket_is_refused_and_left_alone(
+    start_pool: Any, socket_path: str
+) -> None:
+    Path(socket_path).write_text("precious")
+    with pytest.raises(supervisors.ApplicationError, match="not a socket"):
+        await start_pool()
+    assert Path(socket_path).read_text() == "precious"
+
+
+async def test_a_live_listeners_socket_is_refused_and_a_dead_ones_is_taken(
+    start_pool: Any, socket_path: str
+) -> None:
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(socket_path)
+    live.listen(1)
+    try:
+        with pytest.raises(supervisors.ApplicationError, match="a live process listens there"):
+            await start_pool()
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(socket_path)  # still the first listener's
+        probe.close()
+    finally:
+        live.close()  # now a dead listener's leftover file
+    assert stat.S_ISSOCK(os.stat(socket_path).st_mode)
+    await start_pool()
+    client = dirty.DirtyClient(socket_path)
+    assert await client.execute_async(ECHO, "echo", "taken") == "taken"
+    await client.close_async()
