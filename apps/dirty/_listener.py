@@ -7,6 +7,12 @@ starts a connection process under the ``dirty_connections`` DynamicSupervisor fo
 and reports it; the server's own loop never blocks, so it answers calls (its address, the
 connections it serves) at any time. The acceptor dying is the server's exit (the listener is
 restarted by ``dirty_sup``, binding the socket anew; open connections carry on).
+
+The acceptor is not a supervisor's child: it is owned by the listener (``dirty_listener``, a
+child of ``dirty_sup``), which reaps it. It is linked to the listener and does not trap exits,
+so the listener's death for any reason (a ``kill`` too, when ``terminate`` does not run) ends
+it; an exit hook closes the listening socket at the same moment, so a restarted listener finds
+the path free, not held by a socket its previous life left open.
 """
 
 from __future__ import annotations
@@ -103,6 +109,7 @@ class Listener(otp.GenServer):
         except OSError as exc:
             sock.close()
             return otp.Stop(("dirty_socket", path, str(exc)))
+        otp.add_exit_hook(lambda _pid, _reason: sock.close())
         os.environ["GUNICORN_DIRTY_SOCKET"] = path
         logger.info("dirty pool: clients connect to %s (GUNICORN_DIRTY_SOCKET)", path)
         state = _State(ctx, sock)
