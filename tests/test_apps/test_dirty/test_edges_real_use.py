@@ -645,3 +645,73 @@ async def test_unencodable_arguments_and_values_are_typed_dirty_errors(
     with trio.fail_after(30):
         await trio.to_thread.run_sync(go)
     client.close()
+
+
+async def test_stash_keys_refuses_a_pattern_over_its_length_limit(
+    start_pool: Any, socket_path: str
+) -> None:
+    # A 256K-character glob held the node's loop for seconds (and stayed compiled in a cache).
+    await start_pool(dirty_workers=1)
+    client = dirty.DirtyClient(socket_path, timeout=20)
+    s = dirty.stash.StashClient(client)
+
+    def go() -> None:
+        s.put("long", "a" * 10, 1)
+        assert s.keys("long", "a" * 1024) == []  # the limit itself is accepted
+        assert s.keys("long", "a" + "*" * 1023) == ["a" * 10]
+        for pattern in ("*" * 1025, "a" * (256 << 10)):
+            with pytest.raises(dirty.StashError, match="MAX_PATTERN=1024"):
+                s.keys("long", pattern)
+        with pytest.raises(dirty.StashError, match="MAX_PATTERN"):
+            s.keys("no-such-table", "*" * 2000)  # refused whether or not the table exists
+
+    try:
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(go)
+    finally:
+        client.close()
+
+
+async def test_a_long_stash_keys_scan_lets_other_clients_calls_through(
+    start_pool: Any, socket_path: str
+) -> None:
+    # Each key costs the glob a few microseconds; 60,000 of them took the node's loop for the
+    # whole scan. Sliced, another client's calls are answered while it runs.
+    await start_pool(dirty_workers=1)
+    scanner = dirty.DirtyClient(socket_path, timeout=60)
+    other = dirty.DirtyClient(socket_path, timeout=60)
+    s = dirty.stash.StashClient(scanner)
+    pattern = "*a" * 60 + "*b"  # no key matches: every key is tried to its end
+
+    def go() -> tuple[int, int]:
+        for start in range(0, 60_000, 5_000):
+            for i in range(start, start + 5_000):
+                s.put("scan", "a" * 150 + str(i), i)
+        scanning = threading.Event()
+        done = threading.Event()
+        answered = 0
+
+        def echo() -> None:
+            nonlocal answered
+            scanning.wait(30)
+            while not done.is_set():
+                assert other.execute(ECHO, "echo", answered) == answered
+                if not done.is_set():
+                    answered += 1
+
+        t = threading.Thread(target=echo)
+        t.start()
+        scanning.set()
+        found = s.keys("scan", pattern)
+        done.set()
+        t.join(30)
+        return len(found), answered
+
+    try:
+        with trio.fail_after(120):
+            found, answered = await trio.to_thread.run_sync(go)
+    finally:
+        scanner.close()
+        other.close()
+    assert found == 0
+    assert answered >= 5, f"only {answered} calls answered during the scan"
