@@ -1111,8 +1111,7 @@ def _remove_stale_socket(path: Path) -> None:
         claim_socket_path(path)
     except SocketPathTaken as exc:
         raise DistributionError(
-            f"cannot listen on unix:{path}: {exc.reason}; stop it or choose another"
-            " path"
+            f"cannot listen on unix:{path}: {exc.reason}; stop it or choose another path"
         ) from None
 
 

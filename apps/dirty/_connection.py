@@ -16,6 +16,7 @@ the end of input; the connection closes once they are all written.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 from typing import Any
@@ -27,6 +28,7 @@ import otp
 import wire
 from otp import ets
 
+from ._config import DirtyConfig
 from ._errors import (
     DirtyAppNotFoundError,
     DirtyError,
@@ -66,10 +68,20 @@ class _Settled:
 _HALF_CLOSED = "half_closed"
 
 
-async def start_connection(stream: trio.SocketStream, routes: Routes) -> otp.Pid:
+#: A client connection's receive buffer to start with; it grows for larger frames as their
+#: bytes arrive (see ``FrameBuffer``), so an idle client costs little.
+CLIENT_BUFFER = 65536
+#: How long a connection that is ending gives the client to take what is queued for it (the
+#: replies, an ERROR saying why) before the socket is closed anyway.
+CLOSE_GRACE = 5.0
+
+
+async def start_connection(
+    stream: trio.SocketStream, routes: Routes, config: DirtyConfig
+) -> otp.Pid:
     """Start a connection process serving ``stream``, linked to the caller (the
     ``dirty_connections`` supervisor)."""
-    return otp.spawn_link(_connection, stream, routes)
+    return otp.spawn_link(_connection, stream, routes, config)
 
 
 @attrs.define(eq=False)
@@ -78,6 +90,7 @@ class _Conn:
     stream: trio.SocketStream
     outbox: Outbox
     routes: Routes
+    config: DirtyConfig
     #: Requests in flight: client request id -> the worker actor running it.
     pending: dict[int, Any] = attrs.Factory(dict)
     monitors: dict[Any, otp.Ref] = attrs.Factory(dict)
@@ -101,10 +114,10 @@ class _Conn:
         return outbox.size > HIGH_WATER
 
 
-async def _connection(stream: trio.SocketStream, routes: Routes) -> None:
+async def _connection(stream: trio.SocketStream, routes: Routes, config: DirtyConfig) -> None:
     me = otp.self()
     outbox = Outbox(stream.socket.fileno(), lambda: otp.send(me, _ReaderDone("broken")))
-    conn = _Conn(me, stream, outbox, routes)
+    conn = _Conn(me, stream, outbox, routes, config)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_reader, conn, nursery)
@@ -143,7 +156,8 @@ async def _writer(conn: _Conn) -> None:
             conn.half_closed = True
         if conn.half_closed and not pending and not conn.controls:
             break
-    await outbox.flush()
+    with trio.move_on_after(CLOSE_GRACE):  # (a client that reads nothing is not waited for)
+        await outbox.flush()
 
 
 def _worker_gone(reason: Any) -> DirtyError:
@@ -153,78 +167,113 @@ def _worker_gone(reason: Any) -> DirtyError:
 
 
 async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
-    """Take every frame of each read: requests go to their workers with one write per worker
-    per read; the payload bytes are forwarded, not decoded (only the route is read)."""
-    me = conn.me
-    write = conn.outbox.write
-    fd = conn.stream.socket.fileno()
-    buffer = FrameBuffer()
-    readv = os.readv
-    wait_readable = trio.lowlevel.wait_readable
-    busy = 0
-    drained = True
+    """Read the client's frames (:func:`_read_frames`) until it is done, broke the protocol,
+    or kept the reader waiting too long: a frame begun and not finished within
+    ``dirty_frame_timeout`` (it gets an ERROR frame), or nothing in flight and nothing sent
+    for ``dirty_idle_timeout``."""
+    buffer = FrameBuffer(CLIENT_BUFFER, fd=conn.stream.socket.fileno())
+    # Its deadline is set only while the reader waits for the client; elsewhere it is inf.
+    waiting = trio.CancelScope()
     end: Any = otp.NORMAL
     try:
-        while True:
-            if drained:  # the last read did not fill the buffer: wait for more
-                busy = 0
-                await wait_readable(fd)
-            elif busy == BUSY_READS:  # let the other tasks run now and then
-                busy = 0
-                await trio.lowlevel.checkpoint()
-            try:
-                space = buffer.space()
-                n = readv(fd, [space])
-                busy += 1
-                if not n:
-                    if not _hung_up(fd):
-                        end = _HALF_CLOSED
-                    return
-                drained = n < len(space)
-                frames = buffer.frames(n)
-            except BlockingIOError:
-                drained = True
-                continue
-            except (OSError, trio.ClosedResourceError):
-                return
-            except DirtyProtocolError as exc:
-                write(error_bytes(0, exc))
-                logger.warning("dirty pool: dropping a client that sent garbage: %s", exc)
-                return
-            if not frames:
-                continue  # (a large frame's first part: read on at once)
-            view = buffer.view
-            now = trio.current_time()
-            touched: dict[Any, None] = {}
-            for mtype, rid, start, stop in frames:
-                if mtype == REQUEST:
-                    error = _route(conn, rid, view, start, stop, now, touched)
-                    if error is not None:
-                        write(error_bytes(rid, error))
-                elif mtype == END:
-                    worker = conn.pending.pop(rid, None)
-                    if worker is not None:
-                        worker.cancel(conn, rid)
-                elif mtype == STASH:
-                    _flush(touched)
-                    write(await _stash(rid, bytes(view[start:stop])))
-                elif mtype in (STATUS, MANAGE):
-                    conn.controls += 1
-                    nursery.start_soon(_control, conn, mtype, rid, bytes(view[start:stop]))
-                else:
-                    write(
-                        error_bytes(
-                            rid,
-                            DirtyProtocolError(
-                                f"a client may send REQUEST, STASH, STATUS or MANAGE, not"
-                                f" message type 0x{mtype:02x}"
-                            ),
-                        ),
-                    )
-            _flush(touched)
-
+        with waiting:
+            end = await _read_frames(conn, nursery, buffer, waiting)
+        if waiting.cancelled_caught:
+            if buffer.buffered:
+                missing = buffer.missing()
+                what = f"the rest of a frame ({missing} bytes)" if missing else "a frame header"
+                exc = DirtyProtocolError(
+                    f"{what} did not arrive within dirty_frame_timeout="
+                    f"{conn.config.dirty_frame_timeout:g}s of its first byte"
+                )
+                conn.outbox.write(error_bytes(0, exc))
+                logger.warning("dirty pool: dropping a client: %s", exc)
+            else:
+                logger.debug("dirty pool: closing a client idle for dirty_idle_timeout")
     finally:
-        otp.send(me, _ReaderDone(end))
+        otp.send(conn.me, _ReaderDone(end))
+
+
+async def _read_frames(
+    conn: _Conn, nursery: trio.Nursery, buffer: FrameBuffer, waiting: trio.CancelScope
+) -> Any:
+    """Take every frame of each read: requests go to their workers with one write per worker
+    per read; the payload bytes are forwarded, not decoded (only the route is read). Returns
+    how the client's input ended."""
+    write = conn.outbox.write
+    fd = conn.stream.socket.fileno()
+    readv = os.readv
+    wait_readable = trio.lowlevel.wait_readable
+    current_time = trio.current_time
+    frame_timeout = conn.config.dirty_frame_timeout or math.inf
+    idle_timeout = conn.config.dirty_idle_timeout or math.inf
+    #: When the frame at the front of the buffer began to arrive (None: no frame is partial).
+    began: float | None = None
+    busy = 0
+    drained = True
+    while True:
+        if drained:  # the last read did not fill the buffer: wait for more
+            busy = 0
+            if began is not None:
+                waiting.deadline = began + frame_timeout
+            elif not conn.pending and not conn.controls:
+                waiting.deadline = current_time() + idle_timeout
+            await wait_readable(fd)
+            waiting.deadline = math.inf
+        elif busy == BUSY_READS:  # let the other tasks run now and then
+            busy = 0
+            await trio.lowlevel.checkpoint()
+        try:
+            space = buffer.space()
+            n = readv(fd, [space])
+            busy += 1
+            if not n:
+                return otp.NORMAL if _hung_up(fd) else _HALF_CLOSED
+            drained = n < len(space)
+            frames = buffer.frames(n)
+        except BlockingIOError:
+            drained = True
+            continue
+        except (OSError, trio.ClosedResourceError):
+            return otp.NORMAL
+        except DirtyProtocolError as exc:
+            write(error_bytes(0, exc))
+            logger.warning("dirty pool: dropping a client that sent garbage: %s", exc)
+            return otp.NORMAL
+        if not frames:
+            if began is None:
+                began = current_time()
+            continue  # (a large frame's first part: read on at once)
+        began = current_time() if buffer.buffered else None
+        view = buffer.view
+        now = trio.current_time()
+        touched: dict[Any, None] = {}
+        for mtype, rid, start, stop in frames:
+            if mtype == REQUEST:
+                error = _route(conn, rid, view, start, stop, now, touched)
+                if error is not None:
+                    write(error_bytes(rid, error))
+            elif mtype == END:
+                worker = conn.pending.pop(rid, None)
+                if worker is not None:
+                    worker.cancel(conn, rid)
+            elif mtype == STASH:
+                _flush(touched)
+                write(await _stash(rid, bytes(view[start:stop])))
+            elif mtype in (STATUS, MANAGE):
+                conn.controls += 1
+                nursery.start_soon(_control, conn, mtype, rid, bytes(view[start:stop]))
+            else:
+                write(
+                    error_bytes(
+                        rid,
+                        DirtyProtocolError(
+                            f"a client may send REQUEST, STASH, STATUS or MANAGE, not"
+                            f" message type 0x{mtype:02x}"
+                        ),
+                    ),
+                )
+        _flush(touched)
 
 
 def _hung_up(fd: int) -> bool:

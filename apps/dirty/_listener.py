@@ -29,8 +29,9 @@ import otp
 import supervisors
 
 from ._connection import start_connection
-from ._frames import tune_socket
-from ._pool import PoolContext, Routes
+from ._errors import DirtyError
+from ._frames import error_bytes, tune_socket
+from ._pool import PoolContext
 
 logger = logging.getLogger("apps.dirty")
 
@@ -117,9 +118,7 @@ class Listener(otp.GenServer):
         for _, pid, _, _ in await supervisors.which_children(CONNECTIONS):
             if isinstance(pid, otp.Pid):
                 state.connections[otp.monitor(pid)] = pid
-        state.acceptor = otp.spawn_link(
-            _acceptor, otp.self(), trio.SocketListener(sock), ctx.routes
-        )
+        state.acceptor = otp.spawn_link(_acceptor, otp.self(), trio.SocketListener(sock), ctx)
         return otp.Ok(state)
 
     def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
@@ -161,15 +160,31 @@ class Listener(otp.GenServer):
             pass
 
 
-async def _acceptor(server: otp.Pid, listener: trio.SocketListener, routes: Routes) -> None:
+async def _acceptor(server: otp.Pid, listener: trio.SocketListener, ctx: PoolContext) -> None:
     """Accept clients for ``server``: each gets a connection process under
-    ``dirty_connections``, reported to the server. Ends (as a crash) if accepting fails."""
+    ``dirty_connections``, reported to the server, while fewer than ``dirty_max_clients`` are
+    served; one more gets an ERROR frame saying so and is closed. Ends (as a crash) if
+    accepting fails."""
+    limit = ctx.config.dirty_max_clients
+    refusing = False
     while True:
         stream = await listener.accept()
+        served = (await supervisors.count_children(CONNECTIONS))["active"]
+        if served >= limit:
+            if not refusing:
+                logger.warning(
+                    "dirty pool: refusing clients: %d are connected (dirty_max_clients=%d)",
+                    served,
+                    limit,
+                )
+            refusing = True
+            await _refuse(stream, limit)
+            continue
+        refusing = False
         tune_socket(stream.socket)
         spec = supervisors.ChildSpec(
             "conn",
-            (start_connection, stream, routes),
+            (start_connection, stream, ctx.routes, ctx.config),
             restart="temporary",
             shutdown="brutal_kill",
         )
@@ -179,3 +194,17 @@ async def _acceptor(server: otp.Pid, listener: trio.SocketListener, routes: Rout
         else:
             logger.warning("dirty pool: could not serve a client: %r", result)
             await stream.aclose()
+
+
+async def _refuse(stream: trio.SocketStream, limit: int) -> None:
+    """Tell a client over ``dirty_max_clients`` why it is closed (if its socket takes the
+    frame now), then close it."""
+    error = DirtyError(
+        f"the dirty pool serves at most {limit} clients at once (dirty_max_clients); close"
+        " idle clients or raise the limit"
+    )
+    try:
+        os.write(stream.socket.fileno(), error_bytes(0, error))  # (a new socket: room)
+    except OSError:
+        pass
+    await stream.aclose()

@@ -234,7 +234,7 @@ async def _matching(keys: list[Any], glob: re.Pattern[str]) -> list[Any]:
     """The keys whose ``str`` the glob matches, in slices of ``SCAN_SLICE`` seconds between
     which the node's other tasks run."""
     match = glob.match
-    found = []
+    found: list[Any] = []
     clock = time.perf_counter
     deadline = clock() + SCAN_SLICE
     for first in range(0, len(keys), 64):
