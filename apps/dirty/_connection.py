@@ -48,7 +48,16 @@ from ._frames import (
     encode,
     peek_route,
 )
-from ._pool import BUSY_READS, HIGH_WATER, ROUTER, Outbox, Routes, error_bytes
+from ._pool import (
+    BUSY_READS,
+    HIGH_WATER,
+    LOW_WATER,
+    ROUTER,
+    Outbox,
+    Routes,
+    error_bytes,
+    send_timeout,
+)
 from ._stash import stash_operation
 
 logger = logging.getLogger("apps.dirty")
@@ -66,6 +75,8 @@ class _Settled:
 
 #: The reader's end when the client shut down only its sending side: replies are still wanted.
 _HALF_CLOSED = "half_closed"
+#: The connection's end when the client took nothing of its replies for ``SEND_TIMEOUT``.
+_STALLED = "stalled"
 
 
 #: A client connection's receive buffer to start with; it grows for larger frames as their
@@ -99,11 +110,22 @@ class _Conn:
     controls: int = 0
     #: The client sends no more; the connection ends once ``pending`` and ``controls`` are done.
     half_closed: bool = False
+    #: The client took nothing for too long: the connection is ending (``drop_stalled``).
+    dropped: bool = False
+    #: Unsent bytes over which the client's requests are no longer read (and its backlog is
+    #: watched: ``_watch_backlog`` runs while ``watched``).
+    paused_at: int = 0
+    watched: bool = False
+    nursery: trio.Nursery | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.paused_at = min(HIGH_WATER, self.config.dirty_client_buffer)
 
     def deliver(self, parts: list[Any], done: list[int]) -> bool:
-        """Frames from a worker actor (run in its task): written to the client at once. True
-        if the client is a slow reader (over ``HIGH_WATER`` unsent): the worker actor then
-        waits for it (see ``_pool._hold_for``)."""
+        """Frames from a worker actor (run in its task): written to the client at once, or
+        queued for it against its own budget (``dirty_client_buffer``). True once a client
+        that does not read has used it up: the worker actor then waits for it (see
+        ``_pool._hold_for``); until then the worker's other callers are not held up."""
         pending = self.pending
         for rid in done:
             pending.pop(rid, None)
@@ -111,7 +133,30 @@ class _Conn:
         outbox.writev(parts)
         if self.half_closed and not pending:
             otp.send(self.me, _Settled())
-        return outbox.size > HIGH_WATER
+        if outbox.size > self.paused_at and not self.watched and self.nursery is not None:
+            self.watched = True
+            self.nursery.start_soon(_watch_backlog, self)
+        return outbox.size > self.config.dirty_client_buffer
+
+    def drop_stalled(self, timeout: float) -> None:
+        """End the connection of a client that took nothing of what is queued for it in
+        ``timeout`` seconds: its requests are abandoned, and each gets an ERROR frame saying
+        so, queued after the
+        whole frames already queued (one with id 0 if none was in flight), so a client that
+        reads again sees why it is dropped rather than a socket closed mid-frame. The socket
+        closes once the client took them, or after ``CLOSE_GRACE``."""
+        if self.dropped:
+            return
+        self.dropped = True
+        outbox = self.outbox
+        error = _stalled(outbox.size, timeout)
+        for rid, worker in self.pending.items():
+            worker.cancel(self, rid)
+            outbox.write(error_bytes(rid, error))
+        if not self.pending:
+            outbox.write(error_bytes(0, error))
+        self.pending.clear()
+        otp.send(self.me, _ReaderDone(_STALLED))
 
 
 async def _connection(stream: trio.SocketStream, routes: Routes, config: DirtyConfig) -> None:
@@ -120,6 +165,7 @@ async def _connection(stream: trio.SocketStream, routes: Routes, config: DirtyCo
     conn = _Conn(me, stream, outbox, routes, config)
     try:
         async with trio.open_nursery() as nursery:
+            conn.nursery = nursery
             nursery.start_soon(_reader, conn, nursery)
             nursery.start_soon(outbox.run)
             await _writer(conn)
@@ -158,6 +204,26 @@ async def _writer(conn: _Conn) -> None:
             break
     with trio.move_on_after(CLOSE_GRACE):  # (a client that reads nothing is not waited for)
         await outbox.flush()
+
+
+async def _watch_backlog(conn: _Conn) -> None:
+    """Drop the client (``drop_stalled``) if what is queued for it does not come down to
+    ``LOW_WATER`` within the send timeout (``SEND_TIMEOUT``, or ``dirty_timeout`` if
+    shorter)."""
+    outbox = conn.outbox
+    timeout = send_timeout(conn.config)
+    with trio.move_on_after(timeout):
+        await outbox.wait_room()
+    conn.watched = False
+    if outbox.size > LOW_WATER and not outbox.closed:
+        conn.drop_stalled(timeout)
+
+
+def _stalled(queued: int, timeout: float) -> DirtyError:
+    return DirtyError(
+        f"dropped: this client took nothing of its {queued >> 10} KiB of replies in"
+        f" {timeout:g}s; read replies as they come (or open another connection)"
+    )
 
 
 def _worker_gone(reason: Any) -> DirtyError:
@@ -211,7 +277,12 @@ async def _read_frames(
     began: float | None = None
     busy = 0
     drained = True
+    outbox = conn.outbox
     while True:
+        if outbox.size > conn.paused_at:
+            # A client not reading its replies: take no more of its requests until it does, so
+            # it slows only itself (``_watch_backlog`` drops one that takes nothing).
+            await outbox.wait_room()
         if drained:  # the last read did not fill the buffer: wait for more
             busy = 0
             if began is not None:
