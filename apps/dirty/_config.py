@@ -4,7 +4,9 @@ Settings come from node.toml's ``[dirty]`` table and the ``--dirty-*`` flags (fl
 ``dirty_apps``, ``dirty_workers`` (0), ``dirty_timeout`` (300 s, 0 = off), ``dirty_threads`` (1),
 ``dirty_graceful_timeout`` (30 s), plus ours: ``dirty_socket``, ``dirty_pidfile`` and the hooks
 ``on_dirty_starting``, ``dirty_post_fork``, ``dirty_worker_init``, ``dirty_worker_exit`` (each a
-``module:attr`` path, or found by name in the ``dirty_config`` module).
+``module:attr`` path, or found by name in the ``dirty_config`` module); and the bounds on
+clients: ``dirty_max_clients`` (1024), ``dirty_frame_timeout`` (30 s), ``dirty_idle_timeout``
+(0 = off) and ``dirty_client_buffer`` (32 MiB).
 """
 
 from __future__ import annotations

@@ -11,6 +11,13 @@ protocol gets an ERROR (DirtyProtocolError) and is disconnected; a client that d
 abandons its requests. A client that only shuts down its sending side (``shutdown(SHUT_WR)``)
 still gets the replies to every request it sent, as Gunicorn answers each request read before
 the end of input; the connection closes once they are all written.
+
+Clients are not trusted with the node's memory or time: a frame's buffer grows only as its
+bytes arrive, a frame begun must be finished within ``dirty_frame_timeout``, a connection with
+nothing in flight may be closed after ``dirty_idle_timeout``, and a client that does not read
+its replies has them queued against its own budget (``dirty_client_buffer``) while its
+requests are no longer read, so it slows only itself; one that takes nothing within the send
+timeout is dropped with an ERROR frame for each of its calls (:meth:`_Conn.drop_stalled`).
 """
 
 from __future__ import annotations
