@@ -89,8 +89,8 @@ _STALLED = "stalled"
 #: A client connection's receive buffer to start with; it grows for larger frames as their
 #: bytes arrive (see ``FrameBuffer``), so an idle client costs little.
 CLIENT_BUFFER = 65536
-#: How long a connection that is ending gives the client to take what is queued for it (the
-#: replies, an ERROR saying why) before the socket is closed anyway.
+#: How long a connection that is ending waits for the client to take any of what is queued for
+#: it (the replies, an ERROR saying why) before the socket is closed anyway.
 CLOSE_GRACE = 5.0
 
 
@@ -209,8 +209,18 @@ async def _writer(conn: _Conn) -> None:
             conn.half_closed = True
         if conn.half_closed and not pending and not conn.controls:
             break
-    with trio.move_on_after(CLOSE_GRACE):  # (a client that reads nothing is not waited for)
-        await outbox.flush()
+    await _flush_while_taken(outbox)
+
+
+async def _flush_while_taken(outbox: Outbox) -> None:
+    """Wait until what is queued is sent, while the client takes some of it at least every
+    ``CLOSE_GRACE`` seconds (a client that reads nothing is not waited for)."""
+    while outbox.buf and not outbox.closed:
+        left = outbox.size
+        with trio.move_on_after(CLOSE_GRACE):
+            await outbox.flush()
+        if outbox.size >= left:
+            return
 
 
 async def _watch_backlog(conn: _Conn) -> None:
