@@ -90,6 +90,8 @@ from ._reasons import Crash as Crash
 from ._reasons import Shutdown as Shutdown
 from ._reasons import format_reason as format_reason
 from ._reasons import is_abnormal as is_abnormal
+from ._unix_socket import SocketPathTaken as SocketPathTaken
+from ._unix_socket import claim_socket_path as claim_socket_path
 
 __all__ = [
     "KILL",
@@ -130,6 +132,7 @@ __all__ = [
     "Reply",
     "Shutdown",
     "Signaled",
+    "SocketPathTaken",
     "StartError",
     "StartIgnored",
     "Stop",
@@ -139,6 +142,7 @@ __all__ = [
     "call",
     "cancel_timer",
     "cast",
+    "claim_socket_path",
     "connect",
     "current_node",
     "demonitor",

@@ -67,6 +67,7 @@ from ._process import (
     current_process_or_none,
 )
 from ._reasons import KILL, NOCONNECTION, NOPROC
+from ._unix_socket import SocketPathTaken, claim_socket_path
 
 logger = logging.getLogger("otp.dist")
 
@@ -1374,24 +1375,14 @@ def _remove_stale_socket(path: Path) -> None:
     never taken over.
 
     Raises:
-        DistributionError: Something is listening on ``path``.
+        DistributionError: Something is listening on ``path``, or it is not a socket.
     """
-    if not (path.exists() and path.is_socket()):
-        return
-    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        probe.connect(str(path))
-    except ConnectionRefusedError:
-        path.unlink(missing_ok=True)  # nobody listens: a dead node's leftover
-        return
-    except OSError:
-        return  # gone meanwhile, or not ours to judge: bind reports what is wrong
-    finally:
-        probe.close()
-    raise DistributionError(
-        f"cannot listen on unix:{path}: a live process (another node?) listens there; stop it"
-        " or choose another path"
-    )
+        claim_socket_path(path)
+    except SocketPathTaken as exc:
+        raise DistributionError(
+            f"cannot listen on unix:{path}: {exc.reason}; stop it or choose another path"
+        ) from None
 
 
 def _remove_own_socket(path: Path, inode: int) -> None:

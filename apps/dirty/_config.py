@@ -4,7 +4,9 @@ Settings come from node.toml's ``[dirty]`` table and the ``--dirty-*`` flags (fl
 ``dirty_apps``, ``dirty_workers`` (0), ``dirty_timeout`` (300 s, 0 = off), ``dirty_threads`` (1),
 ``dirty_graceful_timeout`` (30 s), plus ours: ``dirty_socket``, ``dirty_pidfile`` and the hooks
 ``on_dirty_starting``, ``dirty_post_fork``, ``dirty_worker_init``, ``dirty_worker_exit`` (each a
-``module:attr`` path, or found by name in the ``dirty_config`` module).
+``module:attr`` path, or found by name in the ``dirty_config`` module); and the bounds on
+clients: ``dirty_max_clients`` (1024), ``dirty_frame_timeout`` (30 s), ``dirty_idle_timeout``
+(0 = off) and ``dirty_client_buffer`` (32 MiB).
 """
 
 from __future__ import annotations
@@ -117,6 +119,15 @@ class DirtyConfig:
             ``dirty_worker_init`` runs in the worker, so a callable must be a module-level
             function the worker can import.
         handle_signals: Whether the pool reacts to SIGHUP, SIGUSR1, SIGTTIN, SIGTTOU, SIGQUIT.
+        dirty_max_clients: Client connections served at once; one more is answered with an
+            ERROR frame and closed.
+        dirty_idle_timeout: Seconds a client connection with nothing in flight may stay silent
+            before it is closed; 0 (the default: Gunicorn's web workers hold one connection per
+            thread for their lifetime) turns it off.
+        dirty_frame_timeout: Seconds a client may take to send the rest of a frame it began;
+            it then gets an ERROR frame and is closed. 0 turns it off.
+        dirty_client_buffer: Bytes of replies the node holds for one client that does not
+            read them, before that client's worker waits for it (see README, "Limits").
     """
 
     dirty_apps: tuple[AppSpec, ...] = attrs.field(default=(), converter=_to_specs)
@@ -128,6 +139,10 @@ class DirtyConfig:
     dirty_pidfile: str = attrs.field(factory=_default_pidfile, validator=_path)
     hooks: Mapping[str, Any] = attrs.field(factory=dict)
     handle_signals: bool = attrs.field(default=True, validator=_flag)
+    dirty_max_clients: int = attrs.field(default=1024, validator=_positive_int)
+    dirty_idle_timeout: float = attrs.field(default=0.0, validator=_non_negative_number)
+    dirty_frame_timeout: float = attrs.field(default=30.0, validator=_non_negative_number)
+    dirty_client_buffer: int = attrs.field(default=32 << 20, validator=_positive_int)
 
     @hooks.validator
     def _check_hooks(self, _attr: Any, value: Mapping[str, Any]) -> None:

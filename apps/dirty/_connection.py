@@ -11,11 +11,19 @@ protocol gets an ERROR (DirtyProtocolError) and is disconnected; a client that d
 abandons its requests. A client that only shuts down its sending side (``shutdown(SHUT_WR)``)
 still gets the replies to every request it sent, as Gunicorn answers each request read before
 the end of input; the connection closes once they are all written.
+
+Clients are not trusted with the node's memory or time: a frame's buffer grows only as its
+bytes arrive, a frame begun must be finished within ``dirty_frame_timeout``, a connection with
+nothing in flight may be closed after ``dirty_idle_timeout``, and a client that does not read
+its replies has them queued against its own budget (``dirty_client_buffer``) while its
+requests are no longer read, so it slows only itself; one that takes nothing within the send
+timeout is dropped with an ERROR frame for each of its calls (:meth:`_Conn.drop_stalled`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 from typing import Any
@@ -27,6 +35,7 @@ import otp
 import wire
 from otp import ets
 
+from ._config import DirtyConfig
 from ._errors import (
     DirtyAppNotFoundError,
     DirtyError,
@@ -47,7 +56,16 @@ from ._frames import (
     encode,
     peek_route,
 )
-from ._pool import BUSY_READS, HIGH_WATER, ROUTER, Outbox, Routes, error_bytes
+from ._pool import (
+    BUSY_READS,
+    HIGH_WATER,
+    LOW_WATER,
+    ROUTER,
+    Outbox,
+    Routes,
+    error_bytes,
+    send_timeout,
+)
 from ._routes import Expire, Parking, Requeue, Unpark
 from ._stash import stash_operation
 
@@ -66,12 +84,24 @@ class _Settled:
 
 #: The reader's end when the client shut down only its sending side: replies are still wanted.
 _HALF_CLOSED = "half_closed"
+#: The connection's end when the client took nothing of its replies for ``SEND_TIMEOUT``.
+_STALLED = "stalled"
 
 
-async def start_connection(stream: trio.SocketStream, routes: Routes) -> otp.Pid:
+#: A client connection's receive buffer to start with; it grows for larger frames as their
+#: bytes arrive (see ``FrameBuffer``), so an idle client costs little.
+CLIENT_BUFFER = 65536
+#: How long a connection that is ending waits for the client to take any of what is queued for
+#: it (the replies, an ERROR saying why) before the socket is closed anyway.
+CLOSE_GRACE = 5.0
+
+
+async def start_connection(
+    stream: trio.SocketStream, routes: Routes, config: DirtyConfig
+) -> otp.Pid:
     """Start a connection process serving ``stream``, linked to the caller (the
     ``dirty_connections`` supervisor)."""
-    return otp.spawn_link(_connection, stream, routes)
+    return otp.spawn_link(_connection, stream, routes, config)
 
 
 @attrs.define(eq=False)
@@ -80,6 +110,7 @@ class _Conn:
     stream: trio.SocketStream
     outbox: Outbox
     routes: Routes
+    config: DirtyConfig
     #: Requests in flight: client request id -> the worker actor running it.
     pending: dict[int, Any] = attrs.Factory(dict)
     monitors: dict[Any, otp.Ref] = attrs.Factory(dict)
@@ -90,11 +121,22 @@ class _Conn:
     half_closed: bool = False
     #: Requests waiting for a worker of their app (one is starting).
     parking: Parking = attrs.Factory(Parking)
+    #: The client took nothing for too long: the connection is ending (``drop_stalled``).
+    dropped: bool = False
+    #: Unsent bytes over which the client's requests are no longer read (and its backlog is
+    #: watched: ``_watch_backlog`` runs while ``watched``).
+    paused_at: int = 0
+    watched: bool = False
+    nursery: trio.Nursery | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.paused_at = min(HIGH_WATER, self.config.dirty_client_buffer)
 
     def deliver(self, parts: list[Any], done: list[int]) -> bool:
-        """Frames from a worker actor (run in its task): written to the client at once. True
-        if the client is a slow reader (over ``HIGH_WATER`` unsent): the worker actor then
-        waits for it (see ``_pool._hold_for``)."""
+        """Frames from a worker actor (run in its task): written to the client at once, or
+        queued for it against its own budget (``dirty_client_buffer``). True once a client
+        that does not read has used it up: the worker actor then waits for it (see
+        ``_pool._hold_for``); until then the worker's other callers are not held up."""
         pending = self.pending
         for rid in done:
             pending.pop(rid, None)
@@ -102,15 +144,39 @@ class _Conn:
         outbox.writev(parts)
         if self.half_closed and not pending:
             otp.send(self.me, _Settled())
-        return outbox.size > HIGH_WATER
+        if outbox.size > self.paused_at and not self.watched and self.nursery is not None:
+            self.watched = True
+            self.nursery.start_soon(_watch_backlog, self)
+        return outbox.size > self.config.dirty_client_buffer
+
+    def drop_stalled(self, timeout: float) -> None:
+        """End the connection of a client that took nothing of what is queued for it in
+        ``timeout`` seconds: its requests are abandoned, and each gets an ERROR frame saying
+        so, queued after the
+        whole frames already queued (one with id 0 if none was in flight), so a client that
+        reads again sees why it is dropped rather than a socket closed mid-frame. The socket
+        closes once the client took them, or after ``CLOSE_GRACE``."""
+        if self.dropped:
+            return
+        self.dropped = True
+        outbox = self.outbox
+        error = _stalled(outbox.size, timeout)
+        for rid, worker in self.pending.items():
+            worker.cancel(self, rid)
+            outbox.write(error_bytes(rid, error))
+        if not self.pending:
+            outbox.write(error_bytes(0, error))
+        self.pending.clear()
+        otp.send(self.me, _ReaderDone(_STALLED))
 
 
-async def _connection(stream: trio.SocketStream, routes: Routes) -> None:
+async def _connection(stream: trio.SocketStream, routes: Routes, config: DirtyConfig) -> None:
     me = otp.self()
     outbox = Outbox(stream.socket.fileno(), lambda: otp.send(me, _ReaderDone("broken")))
-    conn = _Conn(me, stream, outbox, routes)
+    conn = _Conn(me, stream, outbox, routes, config)
     try:
         async with trio.open_nursery() as nursery:
+            conn.nursery = nursery
             nursery.start_soon(_reader, conn, nursery)
             nursery.start_soon(outbox.run)
             await _writer(conn)
@@ -149,7 +215,38 @@ async def _writer(conn: _Conn) -> None:
             conn.half_closed = True
         if conn.half_closed and not pending and not conn.controls:
             break
-    await outbox.flush()
+    await _flush_while_taken(outbox)
+
+
+async def _flush_while_taken(outbox: Outbox) -> None:
+    """Wait until what is queued is sent, while the client takes some of it at least every
+    ``CLOSE_GRACE`` seconds (a client that reads nothing is not waited for)."""
+    while outbox.buf and not outbox.closed:
+        left = outbox.size
+        with trio.move_on_after(CLOSE_GRACE):
+            await outbox.flush()
+        if outbox.size >= left:
+            return
+
+
+async def _watch_backlog(conn: _Conn) -> None:
+    """Drop the client (``drop_stalled``) if what is queued for it does not come down to
+    ``LOW_WATER`` within the send timeout (``SEND_TIMEOUT``, or ``dirty_timeout`` if
+    shorter)."""
+    outbox = conn.outbox
+    timeout = send_timeout(conn.config)
+    with trio.move_on_after(timeout):
+        await outbox.wait_room()
+    conn.watched = False
+    if outbox.size > LOW_WATER and not outbox.closed:
+        conn.drop_stalled(timeout)
+
+
+def _stalled(queued: int, timeout: float) -> DirtyError:
+    return DirtyError(
+        f"dropped: this client took nothing of its {queued >> 10} KiB of replies in"
+        f" {timeout:g}s; read replies as they come (or open another connection)"
+    )
 
 
 def _worker_gone(reason: Any) -> DirtyError:
@@ -159,78 +256,118 @@ def _worker_gone(reason: Any) -> DirtyError:
 
 
 async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
-    """Take every frame of each read: requests go to their workers with one write per worker
-    per read; the payload bytes are forwarded, not decoded (only the route is read)."""
-    me = conn.me
-    write = conn.outbox.write
-    fd = conn.stream.socket.fileno()
-    buffer = FrameBuffer()
-    readv = os.readv
-    wait_readable = trio.lowlevel.wait_readable
-    busy = 0
-    drained = True
+    """Read the client's frames (:func:`_read_frames`) until it is done, broke the protocol,
+    or kept the reader waiting too long: a frame begun and not finished within
+    ``dirty_frame_timeout`` (it gets an ERROR frame), or nothing in flight and nothing sent
+    for ``dirty_idle_timeout``."""
+    buffer = FrameBuffer(CLIENT_BUFFER, fd=conn.stream.socket.fileno())
+    # Its deadline is set only while the reader waits for the client; elsewhere it is inf.
+    waiting = trio.CancelScope()
     end: Any = otp.NORMAL
     try:
-        while True:
-            if drained:  # the last read did not fill the buffer: wait for more
-                busy = 0
-                await wait_readable(fd)
-            elif busy == BUSY_READS:  # let the other tasks run now and then
-                busy = 0
-                await trio.lowlevel.checkpoint()
-            try:
-                space = buffer.space()
-                n = readv(fd, [space])
-                busy += 1
-                if not n:
-                    if not _hung_up(fd):
-                        end = _HALF_CLOSED
-                    return
-                drained = n < len(space)
-                frames = buffer.frames(n)
-            except BlockingIOError:
-                drained = True
-                continue
-            except (OSError, trio.ClosedResourceError):
-                return
-            except DirtyProtocolError as exc:
-                write(error_bytes(0, exc))
-                logger.warning("dirty pool: dropping a client that sent garbage: %s", exc)
-                return
-            if not frames:
-                continue  # (a large frame's first part: read on at once)
-            view = buffer.view
-            now = trio.current_time()
-            touched: dict[Any, None] = {}
-            for mtype, rid, start, stop in frames:
-                if mtype == REQUEST:
-                    error = _route(conn, rid, view, start, stop, now, touched)
-                    if error is not None:
-                        write(error_bytes(rid, error))
-                elif mtype == END:
-                    worker = conn.pending.pop(rid, None)
-                    if worker is not None:
-                        worker.cancel(conn, rid)
-                elif mtype == STASH:
-                    _flush(touched)
-                    write(await _stash(rid, bytes(view[start:stop])))
-                elif mtype in (STATUS, MANAGE):
-                    conn.controls += 1
-                    nursery.start_soon(_control, conn, mtype, rid, bytes(view[start:stop]))
-                else:
-                    write(
-                        error_bytes(
-                            rid,
-                            DirtyProtocolError(
-                                f"a client may send REQUEST, STASH, STATUS or MANAGE, not"
-                                f" message type 0x{mtype:02x}"
-                            ),
-                        ),
-                    )
-            _flush(touched)
-
+        with waiting:
+            end = await _read_frames(conn, nursery, buffer, waiting)
+        if waiting.cancelled_caught:
+            if buffer.buffered:
+                missing = buffer.missing()
+                what = f"the rest of a frame ({missing} bytes)" if missing else "a frame header"
+                exc = DirtyProtocolError(
+                    f"{what} did not arrive within dirty_frame_timeout="
+                    f"{conn.config.dirty_frame_timeout:g}s of its first byte"
+                )
+                conn.outbox.write(error_bytes(0, exc))
+                logger.warning("dirty pool: dropping a client: %s", exc)
+            else:
+                logger.debug("dirty pool: closing a client idle for dirty_idle_timeout")
     finally:
-        otp.send(me, _ReaderDone(end))
+        otp.send(conn.me, _ReaderDone(end))
+
+
+async def _read_frames(
+    conn: _Conn, nursery: trio.Nursery, buffer: FrameBuffer, waiting: trio.CancelScope
+) -> Any:
+    """Take every frame of each read: requests go to their workers with one write per worker
+    per read; the payload bytes are forwarded, not decoded (only the route is read). Returns
+    how the client's input ended."""
+    write = conn.outbox.write
+    fd = conn.stream.socket.fileno()
+    readv = os.readv
+    wait_readable = trio.lowlevel.wait_readable
+    current_time = trio.current_time
+    frame_timeout = conn.config.dirty_frame_timeout or math.inf
+    idle_timeout = conn.config.dirty_idle_timeout or math.inf
+    #: When the frame at the front of the buffer began to arrive (None: no frame is partial).
+    began: float | None = None
+    busy = 0
+    drained = True
+    outbox = conn.outbox
+    while True:
+        if outbox.size > conn.paused_at:
+            # A client not reading its replies: take no more of its requests until it does, so
+            # it slows only itself (``_watch_backlog`` drops one that takes nothing).
+            await outbox.wait_room()
+        if drained:  # the last read did not fill the buffer: wait for more
+            busy = 0
+            if began is not None:
+                waiting.deadline = began + frame_timeout
+            elif not conn.pending and not conn.controls:
+                waiting.deadline = current_time() + idle_timeout
+            await wait_readable(fd)
+            waiting.deadline = math.inf
+        elif busy == BUSY_READS:  # let the other tasks run now and then
+            busy = 0
+            await trio.lowlevel.checkpoint()
+        try:
+            space = buffer.space()
+            n = readv(fd, [space])
+            busy += 1
+            if not n:
+                return otp.NORMAL if _hung_up(fd) else _HALF_CLOSED
+            drained = n < len(space)
+            frames = buffer.frames(n)
+        except BlockingIOError:
+            drained = True
+            continue
+        except (OSError, trio.ClosedResourceError):
+            return otp.NORMAL
+        except DirtyProtocolError as exc:
+            write(error_bytes(0, exc))
+            logger.warning("dirty pool: dropping a client that sent garbage: %s", exc)
+            return otp.NORMAL
+        if not frames:
+            if began is None:
+                began = current_time()
+            continue  # (a large frame's first part: read on at once)
+        began = current_time() if buffer.buffered else None
+        view = buffer.view
+        now = trio.current_time()
+        touched: dict[Any, None] = {}
+        for mtype, rid, start, stop in frames:
+            if mtype == REQUEST:
+                error = _route(conn, rid, view, start, stop, now, touched)
+                if error is not None:
+                    write(error_bytes(rid, error))
+            elif mtype == END:
+                worker = conn.pending.pop(rid, None)
+                if worker is not None:
+                    worker.cancel(conn, rid)
+            elif mtype == STASH:
+                _flush(touched)
+                write(await _stash(rid, bytes(view[start:stop])))
+            elif mtype in (STATUS, MANAGE):
+                conn.controls += 1
+                nursery.start_soon(_control, conn, mtype, rid, bytes(view[start:stop]))
+            else:
+                write(
+                    error_bytes(
+                        rid,
+                        DirtyProtocolError(
+                            f"a client may send REQUEST, STASH, STATUS or MANAGE, not"
+                            f" message type 0x{mtype:02x}"
+                        ),
+                    ),
+                )
+        _flush(touched)
 
 
 def _hung_up(fd: int) -> bool:

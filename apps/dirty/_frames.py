@@ -11,8 +11,10 @@ frame as a list of buffers for ``sendmsg``), never copied into the encoded frame
 
 from __future__ import annotations
 
+import fcntl
 import socket
 import struct
+import termios
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -355,26 +357,49 @@ def _bad_start(buf: Any, pos: int, end: int) -> DirtyProtocolError:
     )
 
 
+def _arrived(fd: int) -> int:
+    """Bytes waiting in socket ``fd`` (0 if it cannot tell)."""
+    try:
+        return _INT.unpack(fcntl.ioctl(fd, termios.FIONREAD, _INT_ZERO))[0]
+    except OSError:
+        return 0
+
+
+_INT = struct.Struct("i")
+_INT_ZERO = _INT.pack(0)
+
+
 class FrameBuffer:
     """A socket's receive buffer: ``recv_into(buffer.space())``, then ``buffer.frames(n)``.
 
     ``frames`` returns ``[(type, request_id, start, stop), ...]``: the complete frames'
     payloads are ``buffer.view[start:stop]`` (the header is the 16 bytes before ``start``).
     They stay valid until the next :meth:`space` call, which may move unread bytes. A frame
-    larger than the buffer grows it to fit (kept for later frames up to ``keep`` bytes), so a
-    large payload arrives in place, in as few reads as the socket allows, with no joining copy.
+    larger than the buffer grows it (kept for later frames up to ``keep`` bytes), so a large
+    payload arrives in place, in as few reads as the socket allows, with no joining copy.
     Headers are checked (magic, version 1, known type, payload at most ``max_payload``); after
     an error the stream cannot be resynchronised.
+
+    Given the socket's ``fd`` (a peer that is not trusted: a client), the buffer grows only for
+    bytes that have arrived (what the socket holds, ``FIONREAD``, and at least double what is
+    held, so a frame trickling in is copied O(1) times per byte), never to a header's declared
+    size up front: a header claiming 64 MiB costs nothing until the bytes come. Without it (a
+    worker) a large frame's buffer is allocated whole as soon as its header is in.
     """
 
-    __slots__ = ("_keep", "_max", "_size", "buf", "end", "start", "view")
+    __slots__ = ("_fd", "_keep", "_max", "_size", "buf", "end", "start", "view")
 
     def __init__(
-        self, size: int = 262144, max_payload: int = _MAX_PAYLOAD, keep: int = 8 << 20
+        self,
+        size: int = 262144,
+        max_payload: int = _MAX_PAYLOAD,
+        keep: int = 8 << 20,
+        fd: int = -1,
     ) -> None:
         self._size = size
         self._max = max_payload
         self._keep = keep
+        self._fd = fd
         self.buf = bytearray(size)
         self.view = memoryview(self.buf)
         self.start = 0
@@ -413,8 +438,16 @@ class FrameBuffer:
                 raise _bad_header(self.buf, start)
             need += length
         if need > cap:
-            self._resize(max(need, self._size), start, end)
-        elif start + need > cap or (start and cap - end < 65536):
+            held = end - start
+            if self._fd < 0:
+                self._resize(max(need, self._size), start, end)
+                return self.view[self.end :]
+            want = held + max(_arrived(self._fd), 1)
+            if want > cap:
+                self._resize(min(need, max(want, 2 * held)), start, end)
+                return self.view[self.end :]
+            need = cap  # room enough for what has come: grow when more does
+        if start + need > cap or (start and cap - end < 65536):
             held = end - start
             self.buf[:held] = bytes(self.view[start:end])
             self.start, self.end = 0, held

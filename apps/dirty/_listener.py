@@ -7,11 +7,16 @@ starts a connection process under the ``dirty_connections`` DynamicSupervisor fo
 and reports it; the server's own loop never blocks, so it answers calls (its address, the
 connections it serves) at any time. The acceptor dying is the server's exit (the listener is
 restarted by ``dirty_sup``, binding the socket anew; open connections carry on).
+
+The acceptor is not a supervisor's child: it is owned by the listener (``dirty_listener``, a
+child of ``dirty_sup``), which reaps it. It is linked to the listener and does not trap exits,
+so the listener's death for any reason (a ``kill`` too, when ``terminate`` does not run) ends
+it; an exit hook closes the listening socket at the same moment, so a restarted listener finds
+the path free, not held by a socket its previous life left open.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import socket
@@ -24,8 +29,9 @@ import otp
 import supervisors
 
 from ._connection import start_connection
-from ._frames import tune_socket
-from ._pool import PoolContext, Routes
+from ._errors import DirtyError
+from ._frames import error_bytes, tune_socket
+from ._pool import PoolContext
 
 logger = logging.getLogger("apps.dirty")
 
@@ -97,13 +103,14 @@ class Listener(otp.GenServer):
         path = ctx.socket_path
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            _remove_stale(path)
+            await trio.to_thread.run_sync(otp.claim_socket_path, path)
             await sock.bind(path)
             os.chmod(path, 0o600)
             sock.listen(BACKLOG)
         except OSError as exc:
             sock.close()
             return otp.Stop(("dirty_socket", path, str(exc)))
+        otp.add_exit_hook(lambda _pid, _reason: sock.close())
         os.environ["GUNICORN_DIRTY_SOCKET"] = path
         logger.info("dirty pool: clients connect to %s (GUNICORN_DIRTY_SOCKET)", path)
         state = _State(ctx, sock)
@@ -111,9 +118,7 @@ class Listener(otp.GenServer):
         for _, pid, _, _ in await supervisors.which_children(CONNECTIONS):
             if isinstance(pid, otp.Pid):
                 state.connections[otp.monitor(pid)] = pid
-        state.acceptor = otp.spawn_link(
-            _acceptor, otp.self(), trio.SocketListener(sock), ctx.routes
-        )
+        state.acceptor = otp.spawn_link(_acceptor, otp.self(), trio.SocketListener(sock), ctx)
         return otp.Ok(state)
 
     def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
@@ -155,25 +160,31 @@ class Listener(otp.GenServer):
             pass
 
 
-def _remove_stale(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            raise
-
-
-async def _acceptor(server: otp.Pid, listener: trio.SocketListener, routes: Routes) -> None:
+async def _acceptor(server: otp.Pid, listener: trio.SocketListener, ctx: PoolContext) -> None:
     """Accept clients for ``server``: each gets a connection process under
-    ``dirty_connections``, reported to the server. Ends (as a crash) if accepting fails."""
+    ``dirty_connections``, reported to the server, while fewer than ``dirty_max_clients`` are
+    served; one more gets an ERROR frame saying so and is closed. Ends (as a crash) if
+    accepting fails."""
+    limit = ctx.config.dirty_max_clients
+    refusing = False
     while True:
         stream = await listener.accept()
+        served = (await supervisors.count_children(CONNECTIONS))["active"]
+        if served >= limit:
+            if not refusing:
+                logger.warning(
+                    "dirty pool: refusing clients: %d are connected (dirty_max_clients=%d)",
+                    served,
+                    limit,
+                )
+            refusing = True
+            await _refuse(stream, limit)
+            continue
+        refusing = False
         tune_socket(stream.socket)
         spec = supervisors.ChildSpec(
             "conn",
-            (start_connection, stream, routes),
+            (start_connection, stream, ctx.routes, ctx.config),
             restart="temporary",
             shutdown="brutal_kill",
         )
@@ -183,3 +194,17 @@ async def _acceptor(server: otp.Pid, listener: trio.SocketListener, routes: Rout
         else:
             logger.warning("dirty pool: could not serve a client: %r", result)
             await stream.aclose()
+
+
+async def _refuse(stream: trio.SocketStream, limit: int) -> None:
+    """Tell a client over ``dirty_max_clients`` why it is closed (if its socket takes the
+    frame now), then close it."""
+    error = DirtyError(
+        f"the dirty pool serves at most {limit} clients at once (dirty_max_clients); close"
+        " idle clients or raise the limit"
+    )
+    try:
+        os.write(stream.socket.fileno(), error_bytes(0, error))  # (a new socket: room)
+    except OSError:
+        pass
+    await stream.aclose()

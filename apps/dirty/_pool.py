@@ -98,9 +98,10 @@ class Reregister:
 
 
 _IOV_MAX = 1024
-#: A client connection holding more than this, unsent, is a slow reader: the worker actor that
-#: wrote it reads no more from its worker until it is down to ``LOW_WATER`` (the kernel then
-#: pushes back on the worker, whose streams wait for room), for at most ``SEND_TIMEOUT``.
+#: A client connection holding more than this, unsent, is a slow reader: its connection takes
+#: no more of its requests until it is down to ``LOW_WATER``, for at most ``SEND_TIMEOUT``;
+#: past its budget (``dirty_client_buffer``) the worker actor that wrote it reads no more from
+#: its worker meanwhile (the kernel then pushes back on the worker's streams).
 HIGH_WATER = 8 << 20
 LOW_WATER = 2 << 20
 #: How long one slow client may hold up a worker (Ranch's ``send_timeout`` default): it is
@@ -832,19 +833,27 @@ async def _read_worker(actor: _Actor) -> None:
         if actor.draining and not inflight and actor.me is not None:
             otp.send(actor.me, "drained")
         if slow is not None:
-            await _hold_for(actor, slow.outbox)
+            await _hold_for(actor, slow)
 
 
-async def _hold_for(actor: _Actor, outbox: Outbox) -> None:
-    """Read nothing more from the worker while a client connection is over ``HIGH_WATER``, so
-    that the kernel pushes back on the worker (its streams wait for room) instead of the node
-    queueing without bound. The worker's other callers wait too (their replies share its
-    socket), so a client that has not come down to ``LOW_WATER`` within ``SEND_TIMEOUT`` (or
-    ``dirty_timeout``, if shorter) is dropped: its requests are abandoned and the worker
-    serves on. The time held does not count as the worker's silence or its calls' run time.
+def send_timeout(config: DirtyConfig) -> float:
+    """How long a client that takes nothing of its replies is waited for before it is dropped:
+    ``SEND_TIMEOUT``, or ``dirty_timeout`` if shorter."""
+    timeout = config.dirty_timeout
+    return min(SEND_TIMEOUT, timeout) if timeout else SEND_TIMEOUT
+
+
+async def _hold_for(actor: _Actor, conn: Any) -> None:
+    """Read nothing more from the worker while a client connection is over its budget
+    (``dirty_client_buffer``), so that the kernel pushes back on the worker (its streams wait
+    for room) instead of the node queueing without bound. The worker's other callers wait too
+    (their replies share its socket), so a client that has not come down to ``LOW_WATER``
+    within :func:`send_timeout` is dropped (``conn.drop_stalled``: its requests are abandoned,
+    each with an ERROR frame) and the worker serves on. The time held does not count as the
+    worker's silence or its calls' run time.
     """
-    timeout = actor.ctx.config.dirty_timeout
-    limit = min(SEND_TIMEOUT, timeout) if timeout else SEND_TIMEOUT
+    outbox = conn.outbox
+    limit = send_timeout(actor.ctx.config)
     held = actor.held_since = trio.current_time()
     try:
         with trio.move_on_after(limit) as scope:
@@ -857,7 +866,7 @@ async def _hold_for(actor: _Actor, outbox: Outbox) -> None:
                 limit,
                 actor.worker_id,
             )
-            outbox.abort()
+            conn.drop_stalled(limit)
     finally:
         actor.held_since = None
         # (Rare: a pause.) The worker and its calls were not silent, the node was not reading.

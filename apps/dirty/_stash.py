@@ -14,7 +14,11 @@ from __future__ import annotations
 import enum
 import fnmatch
 import math
+import re
+import time
 from typing import Any
+
+import trio
 
 import otp
 import supervisors
@@ -27,6 +31,13 @@ __all__ = ["StashExtOp", "StashManager", "stash_operation"]
 MANAGER = "dirty_stash"
 TABLES = "dirty_stash_tables"
 _PREFIX = "apps.dirty.stash:"
+#: The longest KEYS glob pattern accepted, in characters: longer ones are refused (a pattern
+#: is compiled on the node; a 256K-character one took seconds and its compiled form stayed
+#: cached).
+MAX_PATTERN = 1024
+#: A KEYS scan yields to the node's other tasks after matching for this long (seconds), so a
+#: long scan answers other clients' calls meanwhile.
+SCAN_SLICE = 0.005
 #: The ints GD v1 carries (its only int TLV is 8-byte signed).
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -140,12 +151,11 @@ async def stash_operation(
         k = _freeze(key)
         return bool(ets.take(name, k)) if exists else False
     if op == 4:  # KEYS
+        glob = None if pattern is None or pattern == "" else _glob(pattern)
         if not exists:
             return []
         keys = [row[0] for row in ets.tab2list(name)]
-        if pattern:
-            keys = [k for k in keys if fnmatch.fnmatch(str(k), pattern)]
-        return keys
+        return keys if glob is None else await _matching(keys, glob)
     if op == 5:  # CLEAR
         if exists:
             ets.delete_all_objects(name)
@@ -205,6 +215,34 @@ async def stash_operation(
         return True
     ets.insert(name, (k, args.get("value")), expire_after=expire)  # PUT_TTL
     return True
+
+
+def _glob(pattern: Any) -> re.Pattern[str]:
+    """``pattern`` (fnmatch syntax) compiled for this scan only: not kept in fnmatch's cache of
+    up to 32,768 compiled patterns (``re``'s own cache holds at most 512)."""
+    if not isinstance(pattern, str):
+        raise StashError(f"a KEYS pattern must be a str glob such as 'user:*' (got {pattern!r})")
+    if len(pattern) > MAX_PATTERN:
+        raise StashError(
+            f"a KEYS pattern of {len(pattern)} characters exceeds MAX_PATTERN={MAX_PATTERN};"
+            " use a shorter glob (or filter the keys in the caller)"
+        )
+    return re.compile(fnmatch.translate(pattern))
+
+
+async def _matching(keys: list[Any], glob: re.Pattern[str]) -> list[Any]:
+    """The keys whose ``str`` the glob matches, in slices of ``SCAN_SLICE`` seconds between
+    which the node's other tasks run."""
+    match = glob.match
+    found: list[Any] = []
+    clock = time.perf_counter
+    deadline = clock() + SCAN_SLICE
+    for first in range(0, len(keys), 64):
+        found.extend(k for k in keys[first : first + 64] if match(str(k)))
+        if clock() >= deadline:
+            await trio.lowlevel.checkpoint()
+            deadline = clock() + SCAN_SLICE
+    return found
 
 
 def _ext_args(op: int, value: Any) -> dict[str, Any]:

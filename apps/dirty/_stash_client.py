@@ -72,7 +72,8 @@ class StashClient:
         return bool(self._op(3, table, key))
 
     def keys(self, table: str, pattern: str | None = None) -> list[Any]:
-        """The table's keys, optionally filtered by a glob ``pattern`` (``"user:*"``)."""
+        """The table's keys, optionally filtered by a glob ``pattern`` (``"user:*"``, at most
+        1,024 characters: a longer one is refused with StashError)."""
         return list(self._op(4, table, pattern=pattern))
 
     def clear(self, table: str) -> None:

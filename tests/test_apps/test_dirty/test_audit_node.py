@@ -45,6 +45,12 @@ class BigStreamApp(dirty.DirtyApp):
     def produced(self) -> int:
         return self.made
 
+    def blob(self, size: int) -> bytes:
+        return b"b" * size
+
+    def echo(self, value: Any) -> Any:
+        return value
+
 
 async def _raw(socket_path: str) -> trio.socket.SocketType:
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -144,7 +150,9 @@ async def test_a_slow_reader_gets_the_whole_stream_in_order_when_it_reads_again(
     start_pool: Any, socket_path: str
 ) -> None:
     chunks = 40
-    await start_pool(dirty_apps=[BIG], dirty_workers=1, dirty_threads=2)
+    await start_pool(
+        dirty_apps=[BIG], dirty_workers=1, dirty_threads=2, dirty_client_buffer=8 * MIB
+    )
     sock = await _raw(socket_path)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     await sock.send(_frames.request_parts(1, BIG, "numbered", (chunks, MIB))[0])
@@ -164,8 +172,15 @@ async def test_a_client_reading_nothing_is_dropped_and_the_held_worker_serves_on
     start_pool: Any, socket_path: str
 ) -> None:
     # dirty_timeout (1 s) bounds the hold: the slow client is then dropped, its stream ended in
-    # the worker; the worker was not silent, only held, so it is not killed for it.
-    await start_pool(dirty_apps=[BIG], dirty_workers=1, dirty_threads=2, dirty_timeout=1.0)
+    # the worker; the worker was not silent, only held, so it is not killed for it. The client
+    # reading again then gets whole frames, and an ERROR saying why, before the socket closes.
+    await start_pool(
+        dirty_apps=[BIG],
+        dirty_workers=1,
+        dirty_threads=2,
+        dirty_timeout=1.0,
+        dirty_client_buffer=8 * MIB,
+    )
     client = dirty.DirtyClient(socket_path, timeout=10)
     sock = await _raw(socket_path)
     try:
@@ -181,14 +196,97 @@ async def test_a_client_reading_nothing_is_dropped_and_the_held_worker_serves_on
             assert made < 1000  # the generator was ended
             while (await client.execute_async(BIG, "produced")) != made:
                 made = await client.execute_async(BIG, "produced")
-        assert _node_queued_for_clients() == 0
         assert [w["pid"] for w in (await client.status_async())["workers"]] == before
-        with trio.fail_after(5):  # what the node had sent, then the end of the connection
-            while await sock.recv(1 << 20):
-                pass
+        splitter = _frames.FrameSplitter()
+        got: list[tuple[int, int, bytes]] = []
+        with trio.fail_after(10):  # what the node had queued, then why, then the end
+            while chunk := await sock.recv(1 << 20):
+                got += splitter.feed(chunk)
+        assert splitter.buffered == 0  # not closed mid-frame
+        assert {(mtype, rid) for mtype, rid, _ in got[:-1]} == {(_frames.CHUNK, 1)}
+        mtype, rid, payload = got[-1]
+        assert (mtype, rid) == (_frames.ERROR, 1)
+        assert "took nothing of its" in _frames.decode_payload(payload)["error"]["message"]
+        assert _node_queued_for_clients() == 0
     finally:
         sock.close()
         await client.close_async()
+
+
+async def test_a_client_that_reads_nothing_slows_only_itself(
+    start_pool: Any, socket_path: str
+) -> None:
+    # One client pipelines 24 calls for 1 MiB each and reads nothing. The worker they share with
+    # a second client was held for it (until dirty_timeout=20 s dropped it); now its replies
+    # queue against its own budget and the second client's calls are answered meanwhile.
+    await start_pool(dirty_apps=[BIG], dirty_workers=1, dirty_threads=2, dirty_timeout=20)
+    slow = await _raw(socket_path)
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    other = dirty.DirtyClient(socket_path, timeout=30)
+    calls = 200
+    try:
+        await slow.send(
+            b"".join(_frames.request_parts(i, BIG, "blob", (MIB,))[0] for i in range(1, 25))
+        )
+        with trio.fail_after(20):
+            while _node_queued_for_clients() < 16 * MIB:  # the worker made most of them
+                await trio.sleep(0.01)
+        took = []
+        with trio.fail_after(10):  # (each call takes well under a millisecond)
+            for i in range(calls):
+                began = trio.current_time()
+                assert await other.execute_async(BIG, "echo", i) == i
+                took.append(trio.current_time() - began)
+        took.sort()
+        print(f"p50 {took[calls // 2] * 1e3:.2f} ms, p99 {took[calls * 99 // 100] * 1e3:.2f} ms")
+        assert not _held()
+        splitter = _frames.FrameSplitter()  # the slow client reads at last: all its replies
+        replies: dict[int, int] = {}
+        with trio.fail_after(20):
+            while len(replies) < 24:
+                for mtype, rid, payload in splitter.feed(await slow.recv(1 << 20)):
+                    assert mtype == _frames.RESPONSE
+                    replies[rid] = len(_frames.decode_payload(payload)["result"])
+        assert replies == {i: MIB for i in range(1, 25)}
+    finally:
+        slow.close()
+        await other.close_async()
+
+
+def _dropped() -> bool:
+    return any(type(o) is _connection._Conn and o.dropped for o in gc.get_objects())
+
+
+async def test_a_client_taking_nothing_within_its_budget_is_dropped_with_an_error_frame(
+    start_pool: Any, socket_path: str
+) -> None:
+    # 24 MiB of replies: within the client's budget (the worker is never held), over the mark
+    # where its connection stops taking its requests; after dirty_timeout (1 s) it is dropped.
+    await start_pool(dirty_apps=[BIG], dirty_workers=1, dirty_threads=2, dirty_timeout=1.0)
+    slow = await _raw(socket_path)
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    try:
+        frames = [_frames.request_parts(i, BIG, "blob", (MIB,))[0] for i in range(1, 25)]
+        frames.append(_frames.request_parts(25, BIG, "echo", ("late",))[0])
+        await slow.send(b"".join(frames))
+        with trio.fail_after(20):
+            while not _dropped():
+                await trio.sleep(0.02)
+        assert not _held()
+        splitter = _frames.FrameSplitter()
+        got: list[tuple[int, int, bytes]] = []
+        with trio.fail_after(10):
+            while chunk := await slow.recv(1 << 20):
+                got += splitter.feed(chunk)
+        assert splitter.buffered == 0  # whole frames, then the end
+        answered = {rid for mtype, rid, _ in got if mtype == _frames.RESPONSE}
+        failed = {rid for mtype, rid, _ in got if mtype == _frames.ERROR}
+        # Each call answered, or failed by the drop (id 0 if none was left in flight).
+        assert answered | (failed - {0}) == set(range(1, 26)) and not answered & failed
+        assert got[-1][0] == _frames.ERROR
+        assert "took nothing of its" in _frames.decode_payload(got[-1][2])["error"]["message"]
+    finally:
+        slow.close()
 
 
 def test_an_end_read_after_the_workers_loop_closed_is_dropped_quietly() -> None:
@@ -219,7 +317,9 @@ async def test_the_node_does_not_buffer_a_whole_stream_for_a_client_that_reads_n
     start_pool: Any, socket_path: str
 ) -> None:
     chunks = 48
-    await start_pool(dirty_apps=[BIG], dirty_workers=1, dirty_threads=2)
+    await start_pool(
+        dirty_apps=[BIG], dirty_workers=1, dirty_threads=2, dirty_client_buffer=8 * MIB
+    )
     sock = await _raw(socket_path)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     await sock.send(_frames.request_parts(1, BIG, "big", (chunks, MIB))[0])

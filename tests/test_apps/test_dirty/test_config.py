@@ -68,6 +68,20 @@ def test_unknown_setting_is_refused() -> None:
         dirty.DirtyConfig.from_settings({"dirty": {"dirty_wrokers": 2}})
 
 
+def test_client_bounds_are_settings_with_documented_defaults() -> None:
+    config = dirty.DirtyConfig()
+    assert (config.dirty_max_clients, config.dirty_frame_timeout) == (1024, 30.0)
+    assert (config.dirty_idle_timeout, config.dirty_client_buffer) == (0.0, 32 << 20)
+    table = {"dirty_max_clients": 10, "dirty_idle_timeout": 60, "dirty_client_buffer": 1 << 20}
+    config = dirty.DirtyConfig.from_settings({"dirty": table})
+    assert (config.dirty_max_clients, config.dirty_idle_timeout) == (10, 60)
+    assert config.dirty_client_buffer == 1 << 20
+    with pytest.raises(dirty.DirtyConfigError, match="dirty_max_clients must be an int >= 1"):
+        dirty.DirtyConfig(dirty_max_clients=0)
+    with pytest.raises(dirty.DirtyConfigError, match="dirty_frame_timeout must be a number"):
+        dirty.DirtyConfig(dirty_frame_timeout=-1)
+
+
 def test_allocation_gives_limited_apps_to_the_first_n_workers() -> None:
     specs = [AppSpec("a:A"), AppSpec("b:B", 2), AppSpec("c:C", 1)]
     assert dirty.initial_allocation(specs, 4) == [

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ import pytest
 import trio
 
 from apps import dirty
+from apps.dirty import _stash
 from apps.dirty.examples import EXAMPLE_APP
+from otp import ets
 
 from .conftest import ECHO
 
@@ -645,3 +648,73 @@ async def test_unencodable_arguments_and_values_are_typed_dirty_errors(
     with trio.fail_after(30):
         await trio.to_thread.run_sync(go)
     client.close()
+
+
+async def test_stash_keys_refuses_a_pattern_over_its_length_limit(
+    start_pool: Any, socket_path: str
+) -> None:
+    # A 256K-character glob held the node's loop for seconds (and stayed compiled in a cache).
+    await start_pool(dirty_workers=1)
+    client = dirty.DirtyClient(socket_path, timeout=20)
+    s = dirty.stash.StashClient(client)
+
+    def go() -> None:
+        s.put("long", "a" * 10, 1)
+        assert s.keys("long", "a" * 1024) == []  # the limit itself is accepted
+        assert s.keys("long", "a" + "*" * 1023) == ["a" * 10]
+        for pattern in ("*" * 1025, "a" * (256 << 10)):
+            with pytest.raises(dirty.StashError, match="MAX_PATTERN=1024"):
+                s.keys("long", pattern)
+        with pytest.raises(dirty.StashError, match="MAX_PATTERN"):
+            s.keys("no-such-table", "*" * 2000)  # refused whether or not the table exists
+
+    try:
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(go)
+    finally:
+        client.close()
+
+
+async def test_a_long_stash_keys_scan_lets_other_clients_calls_through(
+    start_pool: Any, socket_path: str
+) -> None:
+    # Each key costs the glob microseconds; 300,000 of them took the node's loop for the whole
+    # scan. Sliced, another client's calls are answered while it runs.
+    await start_pool(dirty_workers=1)
+    scanner = dirty.DirtyClient(socket_path, timeout=60)
+    other = dirty.DirtyClient(socket_path, timeout=60)
+    s = dirty.stash.StashClient(scanner)
+    await trio.to_thread.run_sync(s.ensure, "scan")
+    # (Filled from inside the node, where this test runs: 300,000 puts over the socket are slow.)
+    ets.insert(_stash._ets_name("scan"), [("a" * 150 + str(i), i) for i in range(300_000)])
+    pattern = "*a" * 60 + "*b"  # no key matches: every key is tried to its end
+
+    def go() -> tuple[int, int]:
+        done = threading.Event()
+        answered = 0
+
+        def echo() -> None:
+            nonlocal answered
+            while not done.is_set():
+                assert other.execute(ECHO, "echo", answered) == answered
+                answered += 1
+
+        t = threading.Thread(target=echo)
+        t.start()
+        while not answered:  # the other client is being answered
+            time.sleep(0.001)
+        before = answered
+        found = s.keys("scan", pattern)
+        during = answered - before
+        done.set()
+        t.join(30)
+        return len(found), during
+
+    try:
+        with trio.fail_after(120):
+            found, during = await trio.to_thread.run_sync(go)
+    finally:
+        scanner.close()
+        other.close()
+    assert found == 0
+    assert during >= 5, f"only {during} calls answered during the scan"

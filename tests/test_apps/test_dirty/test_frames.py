@@ -3,7 +3,11 @@ whole; the hot encoders give exactly the bytes of ``wire``'s encoder."""
 
 from __future__ import annotations
 
+import os
 import random
+import select
+import socket
+import threading
 
 import pytest
 
@@ -118,3 +122,35 @@ def test_reply_parts_and_big_value(value: object) -> None:
 def test_peek_route_leaves_other_key_orders_to_the_decoder() -> None:
     payload = wire.tlv_encode({"action": "a", "app_path": "m:App", "args": [], "kwargs": {}})
     assert _frames.peek_route(memoryview(payload), 0, len(payload)) is None
+
+
+def test_a_client_buffer_grows_only_as_a_frames_bytes_arrive() -> None:
+    # A header claiming 64 MiB costs nothing until its bytes come; a large frame that is there
+    # still lands in one buffer, whole.
+    ours, theirs = socket.socketpair()
+    try:
+        ours.setblocking(False)
+        buffer = _frames.FrameBuffer(size=65536, fd=ours.fileno())
+        theirs.sendall(_frames.header(1, wire.MAX_PAYLOAD, 1) + b"x")
+        n = os.readv(ours.fileno(), [buffer.space()])
+        assert buffer.frames(n) == []
+        assert len(buffer.buf) == 65536 and len(buffer.space()) == 65536 - 17
+        payload = bytes(range(256)) * 1024 * 3  # 768 KiB, after a small frame
+        data = _frames.header(2, 3, 2) + b"abc" + _frames.header(2, len(payload), 3) + payload
+        fresh = _frames.FrameBuffer(size=65536, fd=ours.fileno())
+        got: list[tuple[int, int, bytes]] = []
+        sender = threading.Thread(target=theirs.sendall, args=(data,))
+        sender.start()
+        while len(got) < 2:
+            try:
+                n = os.readv(ours.fileno(), [fresh.space()])
+            except BlockingIOError:
+                select.select([ours], [], [], 5)
+                continue
+            got += [(t, r, bytes(fresh.view[a:b])) for t, r, a, b in fresh.frames(n)]
+            assert len(fresh.buf) <= 2 * len(data)
+        sender.join()
+        assert got == [(2, 2, b"abc"), (2, 3, payload)]
+    finally:
+        ours.close()
+        theirs.close()

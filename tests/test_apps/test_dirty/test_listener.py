@@ -4,6 +4,7 @@ linked acceptor starting connection processes under ``dirty_connections``."""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,75 @@ async def test_a_socket_that_cannot_be_bound_fails_the_pool_start(
     with pytest.raises(supervisors.ApplicationError, match="dirty_socket"):
         await start_pool()
     assert otp.whereis(LISTENER) is None
+
+
+async def test_a_path_that_is_not_a_socket_is_refused_and_left_alone(
+    start_pool: Any, socket_path: str
+) -> None:
+    Path(socket_path).write_text("precious")
+    with pytest.raises(supervisors.ApplicationError, match="not a socket"):
+        await start_pool()
+    assert Path(socket_path).read_text() == "precious"
+
+
+async def test_a_live_listeners_socket_is_refused_and_a_dead_ones_is_taken(
+    start_pool: Any, socket_path: str
+) -> None:
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(socket_path)
+    live.listen(1)
+    try:
+        with pytest.raises(supervisors.ApplicationError, match="a live process listens there"):
+            await start_pool()
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(socket_path)  # still the first listener's
+        probe.close()
+    finally:
+        live.close()  # now a dead listener's leftover file
+    assert stat.S_ISSOCK(os.stat(socket_path).st_mode)
+    await start_pool()
+    client = dirty.DirtyClient(socket_path)
+    assert await client.execute_async(ECHO, "echo", "taken") == "taken"
+    await client.close_async()
+
+
+def _listening_sockets(path: str) -> int:
+    """How many of this process's sockets listen on ``path`` (from /proc/net/unix)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    with open("/proc/net/unix") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            # Flags 00010000 is __SO_ACCEPTCON: a listening socket.
+            if len(fields) >= 8 and fields[6] in inodes and fields[7] == path:
+                count += int(fields[3], 16) & 0x10000 != 0
+    return count
+
+
+async def test_killing_the_listener_leaves_no_acceptor_or_listening_socket_behind(
+    start_pool: Any, socket_path: str
+) -> None:
+    # The acceptor is the listener's (linked, not trapping exits): the listener's death, even
+    # by kill (no terminate), takes the acceptor and the listening socket with it.
+    await start_pool()
+    old = otp.whereis(LISTENER)
+    assert old is not None
+    acceptor = (await Listener.statistics())["acceptor"]
+    assert _listening_sockets(socket_path) == 1
+    otp.exit(old, otp.KILL)
+    await _await_down([old, acceptor])
+    new = _child(await supervisors.which_children("dirty_sup"), "listener")
+    assert new not in (old, None)
+    assert acceptor not in otp.processes()
+    assert _listening_sockets(socket_path) == 1  # the new listener's only
+    client = dirty.DirtyClient(socket_path)
+    assert await client.execute_async(ECHO, "echo", "after") == "after"
+    await client.close_async()

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import trio
 
+import wire
 from apps import dirty
-from apps.dirty import _pool
+from apps.dirty import _frames, _pool
+from apps.dirty._listener import Listener
 
 from .conftest import ECHO
 
@@ -207,3 +209,121 @@ async def test_malformed_request_payload_gets_a_protocol_error_from_the_worker(
     assert replies[5][0] == 0x03 and b"DirtyProtocolError" in replies[5][1]
     assert replies[6][0] == 0x02 and _frames.decode_payload(replies[6][1]) == {"result": "x"}
     sock.close()
+
+
+# ------------------------------------------------------------- hostile clients on the socket
+
+
+def _rss() -> int:
+    """This process's resident memory (bytes): the node runs in it."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+async def _raw(socket_path: str) -> trio.socket.SocketType:
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await sock.connect(socket_path)
+    return sock
+
+
+async def _frames_until_closed(sock: trio.socket.SocketType) -> list[tuple[int, int, Any]]:
+    splitter = _frames.FrameSplitter()
+    got = []
+    with trio.fail_after(20):
+        while data := await sock.recv(65536):
+            got += [(t, r, _frames.decode_payload(p)) for t, r, p in splitter.feed(data)]
+    return got
+
+
+STATUS = _frames.header(_frames.STATUS, 0, 1)
+
+
+async def test_headers_claiming_64_mib_cost_no_memory_and_time_out_unfinished(
+    start_pool: Any, socket_path: str
+) -> None:
+    # 8 clients each send a header declaring 64 MiB and one byte of it: the node held 8 x 64 MiB
+    # (allocated for the declared size) and kept them connected for ever.
+    await start_pool(dirty_workers=1, dirty_frame_timeout=1.0)
+    socks = [await _raw(socket_path) for _ in range(8)]
+    witness = await _raw(socket_path)
+    try:
+        before = _rss()
+        for sock in socks:
+            # A STATUS ahead of the header, in the same write: its reply says the node read both.
+            await sock.send(STATUS + _frames.header(_frames.REQUEST, wire.MAX_PAYLOAD, 2))
+        for sock in socks:
+            with trio.fail_after(10):
+                assert _frames.FrameSplitter().feed(await sock.recv(65536))[0][:2] == (2, 1)
+        for sock in socks:  # the payload's first byte: the node makes room for it
+            await sock.send(b"x")
+        await witness.send(STATUS)  # answered after the node took the bytes sent before it
+        with trio.fail_after(10):
+            assert await witness.recv(65536)
+        grown = _rss() - before
+        assert grown < 32 << 20, f"{grown >> 20} MiB held for 8 unfinished headers"
+        for sock in socks:  # then each is told why and closed
+            [(mtype, rid, payload)] = await _frames_until_closed(sock)
+            assert (mtype, rid) == (_frames.ERROR, 0)
+            assert "dirty_frame_timeout=1s" in payload["error"]["message"]
+    finally:
+        witness.close()
+        for sock in socks:
+            sock.close()
+
+
+async def test_clients_over_dirty_max_clients_are_refused_and_idle_ones_closed(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_workers=1, dirty_max_clients=3, dirty_idle_timeout=0.5)
+    busy = dirty.DirtyClient(socket_path, timeout=20)
+    idle = [await _raw(socket_path) for _ in range(2)]
+    try:
+        async with trio.open_nursery() as nursery:
+            answer: list[Any] = []
+
+            async def slow_call() -> None:  # in flight far longer than the idle timeout
+                answer.append(await busy.execute_async(ECHO, "sleep", 1.5))
+
+            nursery.start_soon(slow_call)
+            with trio.fail_after(10):
+                while (await Listener.statistics())["connections"] < 3:
+                    await trio.sleep(0.01)
+            refused = await _raw(socket_path)
+            [(mtype, rid, payload)] = await _frames_until_closed(refused)
+            refused.close()
+            assert (mtype, rid) == (_frames.ERROR, 0)
+            assert "dirty_max_clients" in payload["error"]["message"]
+            for sock in idle:  # closed, with nothing to say
+                assert await _frames_until_closed(sock) == []
+        assert answer == [1.5]  # the busy client was not idle
+        later = dirty.DirtyClient(socket_path, timeout=20)
+        assert await later.execute_async(ECHO, "echo", "room again") == "room again"
+        await later.close_async()
+    finally:
+        for sock in idle:
+            sock.close()
+        await busy.close_async()
+
+
+async def test_idle_clients_cost_little_memory(start_pool: Any, socket_path: str) -> None:
+    # 1,000 idle clients cost 266 MB: a 256 KiB receive buffer each.
+    await start_pool(dirty_workers=1)
+    count = 200
+    before = _rss()
+    socks = []
+    try:
+        for _ in range(count):
+            sock = await _raw(socket_path)
+            await sock.send(STATUS)
+            socks.append(sock)
+        for sock in socks:  # each served (its buffer in use) and now idle
+            with trio.fail_after(10):
+                assert await sock.recv(65536)
+        each = (_rss() - before) / count
+        assert each < 160 << 10, f"{each / 1024:.0f} KiB per idle client"
+    finally:
+        for sock in socks:
+            sock.close()
