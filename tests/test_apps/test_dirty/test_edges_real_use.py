@@ -717,4 +717,6 @@ async def test_a_long_stash_keys_scan_lets_other_clients_calls_through(
         scanner.close()
         other.close()
     assert found == 0
-    assert during >= 5, f"only {during} calls answered during the scan"
+    # (unsliced, none is: at most the one already in flight when the scan began; how many more
+    # depends on the machine's load, so the bound is low)
+    assert during >= 2, f"only {during} calls answered during the scan"
