@@ -37,6 +37,7 @@ from ._pool import (
     ACTORS,
     HEARTBEATS,
     PoolContext,
+    Recycle,
     Reregister,
     WorkerDraining,
     WorkerUp,
@@ -96,11 +97,13 @@ class _Started:
     result: Any
 
 
-def worker_spec(ctx: PoolContext, worker_id: int, apps: list[str] | tuple[str, ...]) -> Any:
+def worker_spec(
+    ctx: PoolContext, worker_id: int, apps: list[str] | tuple[str, ...], wait_loaded: bool = True
+) -> Any:
     """The pool child spec of one worker (a replacement gets the same apps)."""
     return supervisors.ChildSpec(
         ("dirty_worker", worker_id),
-        (start_worker, ctx, worker_id, tuple(apps)),
+        (start_worker, ctx, worker_id, tuple(apps), wait_loaded),
         restart="permanent",
         shutdown=ctx.config.dirty_graceful_timeout + 10.0,
     )
@@ -127,27 +130,20 @@ class Router(otp.GenServer):
             state.next_id = 1000
             return otp.Ok(state)
         allocation = initial_allocation(ctx.config.dirty_apps, ctx.config.worker_count)
-        for apps in allocation:
-            error = await _add(state, apps)
-            if error is not None:
-                return otp.Stop(error)
+        error = await _start_first_workers(state, allocation)
+        if error is not None:
+            return otp.Stop(error)
         state.target = len(allocation)
         return otp.Ok(state)
 
     def handle_cast(self, msg: Any, state: _State) -> Any:
-        if type(msg) is WorkerUp:
-            if msg.pid not in state.workers:
-                state.monitors[otp.monitor(msg.pid)] = msg.pid
-            state.workers[msg.pid] = msg
-            state.next_id = max(state.next_id, msg.worker_id + 1)
-            if msg.worker_id in state.retired and msg.pid not in state.draining:
-                logger.info(
-                    "dirty worker %d came back after the pool had retired it: stopping it",
-                    msg.worker_id,
-                )
-                _retire(state, msg.pid)
-            else:
-                _publish(state)
+        if type(msg) is Recycle:
+            info = state.workers.get(msg.pid)
+            if info is not None and msg.pid not in state.draining:
+                state.queue.append(_Op("reload", 0, None, old=deque([info]), total=1))
+                _next_op(state)
+        elif type(msg) is WorkerUp:
+            _worker_up(state, msg)
         elif type(msg) is WorkerDraining:
             state.draining.add(msg.pid)
             _publish(state)
@@ -158,6 +154,8 @@ class Router(otp.GenServer):
 
     def handle_info(self, msg: Any, state: _State) -> Any:
         kind = type(msg)
+        if kind is WorkerUp:
+            return self.handle_cast(msg, state)
         if kind is otp.Down and msg.ref in state.monitors:
             pid = state.monitors.pop(msg.ref)
             state.workers.pop(pid, None)
@@ -206,6 +204,21 @@ class Router(otp.GenServer):
             pass
 
 
+def _worker_up(state: _State, msg: WorkerUp) -> None:
+    if msg.pid not in state.workers:
+        state.monitors[otp.monitor(msg.pid)] = msg.pid
+    state.workers[msg.pid] = msg
+    state.next_id = max(state.next_id, msg.worker_id + 1)
+    if msg.worker_id in state.retired and msg.pid not in state.draining:
+        logger.info(
+            "dirty worker %d came back after the pool had retired it: stopping it",
+            msg.worker_id,
+        )
+        _retire(state, msg.pid)
+    else:
+        _publish(state)
+
+
 def _kill(os_pid: int, signum: int) -> None:
     try:
         os.kill(os_pid, signum)
@@ -242,14 +255,33 @@ def _holders(state: _State) -> dict[str, int]:
     return counts
 
 
-async def _add(state: _State, apps: list[str] | tuple[str, ...]) -> Any:
-    worker_id = state.next_id
-    state.next_id += 1
-    result = await supervisors.start_child(POOL, worker_spec(state.ctx, worker_id, apps))
-    if result[0] != "ok":
-        logger.error("dirty worker %d could not start: %r", worker_id, result)
-        return ("dirty_worker_start_failed", worker_id, result[1])
-    _register(state, result[1], worker_id, tuple(apps))
+async def _start_first_workers(state: _State, allocation: list[list[str]]) -> Any:
+    """Start the pool's first workers and wait until every one has loaded its apps: they load
+    in parallel, and one whose load fails is restarted by the pool (within its restart
+    intensity; past it the pool, and this start, fail). Returns None or the error."""
+    pool = otp.whereis(POOL)
+    if pool is None:
+        return ("dirty_pool_down", POOL)
+    pool_ref = otp.monitor(pool)
+    pending: set[int] = set()
+    for apps in allocation:
+        worker_id = state.next_id
+        state.next_id += 1
+        spec = worker_spec(state.ctx, worker_id, apps, wait_loaded=False)
+        result = await supervisors.start_child(POOL, spec)
+        if result[0] != "ok":
+            logger.error("dirty worker %d could not start: %r", worker_id, result)
+            return ("dirty_worker_start_failed", worker_id, result[1])
+        pending.add(worker_id)
+    while pending:
+        msg = await otp.receive(
+            lambda m: type(m) is WorkerUp or (type(m) is otp.Down and m.ref == pool_ref)
+        )
+        if type(msg) is otp.Down:
+            return ("dirty_pool_down", msg.reason)
+        _worker_up(state, msg)
+        pending.discard(msg.worker_id)
+    otp.demonitor(pool_ref, flush=True)
     return None
 
 
@@ -343,7 +375,7 @@ def _next_op(state: _State) -> None:
         if op.kind == "remove":
             _reply(op, _scale_down(state, op.count))
             continue
-        if op.kind == "reload":
+        if op.kind == "reload" and not op.total:
             op.old = deque(_live(state))
             op.total = len(op.old)
         state.op = op

@@ -237,9 +237,9 @@ def test_a_hook_path_that_cannot_load_is_refused_with_the_config(hook: str) -> N
 
 
 def test_cli_flags_win_over_node_toml_and_zero_is_kept() -> None:
-    """``--dirty-timeout 0`` (off) and ``--dirty-workers 0`` (as many as the apps need) are
-    real values, not "unset"; the toml fills in what the flags leave out."""
-    settings = {
+    """``--dirty-timeout 0`` (off) and ``--dirty-workers 0`` are real values, not "unset"; the
+    toml fills in what the flags leave out. 0 workers with apps is refused, naming both."""
+    settings: dict[str, Any] = {
         "dirty": {
             "dirty_apps": [f"{LIMITED}:3"],
             "dirty_workers": 5,
@@ -248,22 +248,28 @@ def test_cli_flags_win_over_node_toml_and_zero_is_kept() -> None:
         },
         "flags": {
             "dirty_timeout": 0.0,
-            "dirty_workers": 0,
+            "dirty_workers": 4,
             "dirty_apps": None,
             "dirty_graceful_timeout": None,
         },
     }
     config = dirty.DirtyConfig.from_settings(settings)
-    assert config.dirty_timeout == 0.0 and config.dirty_workers == 0
-    assert config.worker_count == 3  # the largest per-app N
+    assert config.dirty_timeout == 0.0 and config.dirty_workers == 4
+    assert config.worker_count == 4
     assert config.dirty_graceful_timeout == 7.0
     assert isinstance(config.dirty_graceful_timeout, float)
+    settings["flags"]["dirty_workers"] = 0
+    with pytest.raises(dirty.DirtyConfigError, match=r"dirty_workers = 0 .* dirty_apps names 1"):
+        dirty.DirtyConfig.from_settings(settings)
 
 
 def test_the_cli_spec_count_wins_over_the_class_attribute_through_the_node_flags() -> None:
     from otp.node._config import load_config
 
-    node = load_config(["--app", "apps.dirty", "--dirty-app", f"{LIMITED}:2", "--dirty-app", ECHO])
+    node = load_config(
+        ["--app", "apps.dirty", "--dirty-app", f"{LIMITED}:2", "--dirty-app", ECHO]
+        + ["--dirty-workers", "2"]
+    )
     config = dirty.DirtyConfig.from_settings(node.settings)
     assert config.dirty_apps == (dirty.AppSpec(LIMITED, 2), dirty.AppSpec(ECHO, None))
     assert dirty.initial_allocation(config.dirty_apps, 3) == [
@@ -271,7 +277,7 @@ def test_the_cli_spec_count_wins_over_the_class_attribute_through_the_node_flags
         [LIMITED, ECHO],
         [ECHO],
     ]
-    assert config.worker_count == 2  # dirty_workers unset: the largest N
+    assert config.worker_count == 2
 
 
 async def test_dirty_timeout_zero_never_kills_a_silent_worker(
@@ -303,6 +309,59 @@ async def test_a_crashed_worker_comes_back_with_the_same_apps(
     [back] = [w for w in status["workers"] if LIMITED in w["apps"]]
     assert back["age"] == holder["age"]  # the same worker, restarted
     assert await client.execute_async(LIMITED, "pid") == back["pid"]
+    await client.close_async()
+
+
+async def test_sigterm_to_a_worker_lets_its_calls_finish_and_the_pool_replaces_it(
+    start_pool: Any, socket_path: str, tmp_path: Path
+) -> None:
+    """Gunicorn's worker on SIGTERM: the calls running finish (their callers get results, not
+    DirtyWorkerError), no new call goes to it, it exits and the pool starts a replacement."""
+    await start_pool(dirty_apps=[MARK], dirty_workers=2, dirty_graceful_timeout=20.0)
+    client = dirty.DirtyClient(socket_path, timeout=30)
+    status = await _settled(client, 2)
+    marks = [tmp_path / "a", tmp_path / "b"]
+    results: list[Any] = []
+
+    async def hold(mark: Path) -> None:
+        try:
+            results.append(await client.execute_async(MARK, "hold", str(mark), 1.0))
+        except dirty.DirtyError as exc:
+            results.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for mark in marks:
+            nursery.start_soon(hold, mark)
+        await _until(lambda: all(m.exists() for m in marks))  # one call on each worker
+        victim = status["workers"][0]
+        os.kill(victim["pid"], signal.SIGTERM)
+        with trio.fail_after(10):  # (the worker tells the node, which tells the router)
+            while not [w for w in (await _status(client))["workers"] if w["draining"]]:
+                await trio.sleep(0.02)
+        # No new call goes to the draining worker while its call runs.
+        others = {w["pid"] for w in status["workers"]} - {victim["pid"]}
+        for _ in range(4):
+            assert await client.execute_async(MARK, "pid") in others
+    assert results == [1.0, 1.0]
+    status = await _settled(client, 2, {victim["pid"]})
+    [back] = [w for w in status["workers"] if w["age"] == victim["age"]]
+    assert back["pid"] != victim["pid"]
+    await client.close_async()
+
+
+async def test_dirty_max_requests_replaces_a_worker_gracefully_and_loses_no_call(
+    start_pool: Any, socket_path: str
+) -> None:
+    """Gunicorn's max_requests: after 3 calls the worker is replaced (its replacement first,
+    so a one-worker pool always has a worker), and every call is answered."""
+    await start_pool(dirty_apps=[MARK], dirty_workers=1, dirty_max_requests=3)
+    client = dirty.DirtyClient(socket_path, timeout=30)
+    seen: list[int] = []
+    with trio.fail_after(60):
+        while len(set(seen)) < 3:
+            seen.append(await client.execute_async(MARK, "pid"))  # raises if a call is lost
+    status = await _settled(client, 1)
+    assert status["workers"][0]["pid"] in seen
     await client.close_async()
 
 
@@ -493,6 +552,8 @@ async def test_term_while_a_worker_start_is_under_way_stops_the_node(
             await _until(lambda: _gone(first) and _gone(loading), timeout=3)
         finally:
             os.close(fd)
+        # A shutdown, not an error: the cut-short start is no supervisor start_error.
+        assert "start_error" not in node.text() and "ERROR" not in node.text()
         await client.close_async()
 
 
