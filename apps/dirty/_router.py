@@ -75,6 +75,8 @@ class _Op:
     kind: str
     count: int
     from_: otp.From | None
+    #: add: the count asked for (``count`` is what is carried out: capped, or cut short).
+    requested: int = 0
     #: reload: the workers still to replace, and how many there were.
     old: deque[WorkerUp] = attrs.Factory(deque)
     total: int = 0
@@ -179,7 +181,9 @@ class Router(otp.GenServer):
                 return otp.Reply(_status(state), state)
             case [("add" | "remove") as kind, int() as count]:
                 # Gunicorn acts on (and reports) at least one worker for a count of 0 or less.
-                state.queue.append(_Op(kind, max(1, count), from_))
+                if kind == "remove":
+                    _supersede_adds(state)  # the latest request wins
+                state.queue.append(_Op(kind, max(1, count), from_, requested=max(1, count)))
                 _next_op(state)
                 return otp.NoReply(state)
             case "reload":
@@ -378,6 +382,12 @@ def _next_op(state: _State) -> None:
         if op.kind == "reload" and not op.total:
             op.old = deque(_live(state))
             op.total = len(op.old)
+        if op.kind == "add":
+            cap = state.ctx.config.dirty_max_workers
+            room = max(0, cap - len(_live(state)))
+            if op.count > room:
+                op.count = room
+                op.reason = f"the pool is capped at dirty_max_workers={cap} worker(s)"
         state.op = op
         _step(state, op)
 
@@ -453,19 +463,41 @@ def _retire(state: _State, pid: otp.Pid) -> None:
     otp.spawn(_terminate, pid)
 
 
+def _supersede_adds(state: _State) -> None:
+    """A remove wins over the adds before it: those waiting are answered now (nothing done),
+    the one under way stops after the worker it is starting."""
+    for waiting in [op for op in state.queue if op.kind == "add"]:
+        state.queue.remove(waiting)
+        waiting.count = 0
+        waiting.reason = "superseded by a later remove"
+        _reply(waiting, _add_result(state, waiting))
+    op = state.op
+    if op is not None and op.kind == "add" and op.count > op.done:
+        op.count = op.done + (1 if op.helper is not None else 0)
+        op.reason = "cut short by a later remove"
+
+
+def _add_result(state: _State, op: _Op) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "success": op.reason is None
+        or op.done > 0
+        or "limits" in op.reason
+        or "dirty_max_workers" in op.reason,
+        "operation": "add",
+        "requested": op.requested or op.count,
+        "spawned": op.done,
+        "total_workers": len(_live(state)),
+        "target_workers": state.target,
+    }
+    if op.reason is not None:
+        result["reason"] = op.reason
+    return result
+
+
 def _finish(state: _State, op: _Op) -> None:
     state.op = None
     if op.kind == "add":
-        result: dict[str, Any] = {
-            "success": op.reason is None or op.done > 0 or "limits" in op.reason,
-            "operation": "add",
-            "requested": op.count,
-            "spawned": op.done,
-            "total_workers": len(_live(state)),
-            "target_workers": state.target,
-        }
-        if op.reason is not None:
-            result["reason"] = op.reason
+        result = _add_result(state, op)
         logger.info("dirty pool: added %d worker(s), now %d", op.done, len(_live(state)))
     else:
         logger.info("dirty pool reloaded: %d worker(s) replaced", op.done)

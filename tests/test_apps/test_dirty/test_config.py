@@ -37,7 +37,9 @@ def test_config_spec_count_wins_over_class_attribute() -> None:
 
 
 def test_class_attribute_limits_without_count() -> None:
-    assert dirty.DirtyConfig(dirty_apps=[LIMITED], dirty_workers=1).dirty_apps == (AppSpec(LIMITED, 1),)
+    assert dirty.DirtyConfig(dirty_apps=[LIMITED], dirty_workers=1).dirty_apps == (
+        AppSpec(LIMITED, 1),
+    )
 
 
 def test_gunicorn_defaults() -> None:
