@@ -167,12 +167,12 @@ def default_application(config: node.NodeConfig | None = None) -> supervisors.Ap
     workers = flags.get("dirty_workers")
     if workers is None:
         workers = table.get("dirty_workers")
+    # The embedded default: the bundled app unless the settings name apps, on one worker
+    # unless they give a count (dirty_workers = 0 and no apps disables the pool, as anywhere).
     if not table.get("dirty_apps") and not flags.get("dirty_apps") and workers != 0:
-        # The embedded default: the bundled app on one worker, unless the settings say
-        # otherwise (dirty_workers = 0 and no apps disables the pool, as anywhere else).
         table["dirty_apps"] = [EXAMPLE_APP]
-        if workers is None:
-            table["dirty_workers"] = 1
+    if workers is None:
+        table["dirty_workers"] = 1
     settings["dirty"] = table
     return application(config, dirty_config=_from_settings(settings))
 

@@ -24,6 +24,10 @@ logger = logging.getLogger("apps.dirty")
 
 #: The body of the worker's STATUS notice (id 0) that it got SIGTERM and drains.
 DRAINING = wire.tlv_encode("draining", version=1)
+#: How long a new worker process may take to come up (the interpreter and its imports) and
+#: start loading its apps; ``dirty_app_load_timeout`` counts from then (Gunicorn forks: its
+#: workers have no such phase).
+BOOT_TIMEOUT = 60.0
 #: How often a load in progress is logged (a quarter of the load timeout, if that is less).
 PROGRESS_EVERY = 30.0
 
@@ -46,17 +50,23 @@ async def await_loaded(
 
     Raises:
         DirtyAppError: An app failed to load (its message and ``traceback`` are the app's).
-        DirtyWorkerError: The worker exited while loading, or took longer than ``timeout``
-            seconds (None: no limit).
+        DirtyWorkerError: The worker exited while loading, did not start loading within
+            ``BOOT_TIMEOUT``, or loaded for longer than ``timeout`` seconds (None: no limit).
     """
     splitter = FrameSplitter()
     current = apps[0] if apps else "its apps"
     began = trio.current_time()
     every = _progress_every(timeout)
-    deadline = began + timeout if timeout is not None else float("inf")
+    deadline = began + BOOT_TIMEOUT
+    booting = True
     while True:
         now = trio.current_time()
         if now >= deadline:
+            if booting:
+                raise DirtyWorkerError(
+                    f"dirty worker {worker_id} did not start within {BOOT_TIMEOUT:g}s",
+                    worker_id=worker_id,
+                )
             raise DirtyWorkerError(
                 f"dirty worker {worker_id} did not load {current} within"
                 f" dirty_app_load_timeout={timeout:g}s; it was killed",
@@ -66,7 +76,7 @@ async def await_loaded(
         with trio.move_on_at(min(deadline, now + every)):
             data = await stream.receive_some(65536)
         if data is None:
-            if trio.current_time() < deadline:
+            if trio.current_time() < deadline and not booting:
                 logger.info(
                     "dirty worker %d loading %s, %.0f s",
                     worker_id,
@@ -87,6 +97,10 @@ async def await_loaded(
                 return
             if mtype == STATUS and payload:
                 current = str(decode_payload(payload).get("loading", current))
+                if booting:  # the apps' load begins: dirty_app_load_timeout counts from now
+                    booting = False
+                    began = trio.current_time()
+                    deadline = began + timeout if timeout is not None else float("inf")
             elif mtype == ERROR:
                 raise _load_error(payload, current)
 

@@ -142,6 +142,25 @@ class Node:
         self.out.close()
 
 
+async def _holding(
+    nursery: trio.Nursery, client: dirty.DirtyClient, marks: list[Path], seconds: float
+) -> list[Any]:
+    """Start one MarkApp ``hold`` call per mark (``seconds`` long) and return once every one
+    runs (one on each worker); the list gets each call's result or error as it ends."""
+    results: list[Any] = []
+
+    async def hold(mark: Path) -> None:
+        try:
+            results.append(await client.execute_async(MARK, "hold", str(mark), seconds))
+        except dirty.DirtyError as exc:
+            results.append(exc)
+
+    for mark in marks:
+        nursery.start_soon(hold, mark)
+    await _until(lambda: all(m.exists() for m in marks))
+    return results
+
+
 async def _status(client: dirty.DirtyClient) -> dict[str, Any]:
     return await client.status_async()
 
@@ -266,10 +285,8 @@ def test_cli_flags_win_over_node_toml_and_zero_is_kept() -> None:
 def test_the_cli_spec_count_wins_over_the_class_attribute_through_the_node_flags() -> None:
     from otp.node._config import load_config
 
-    node = load_config(
-        ["--app", "apps.dirty", "--dirty-app", f"{LIMITED}:2", "--dirty-app", ECHO]
-        + ["--dirty-workers", "2"]
-    )
+    args = ["--app", "apps.dirty", "--dirty-app", f"{LIMITED}:2", "--dirty-app", ECHO]
+    node = load_config([*args, "--dirty-workers", "2"])
     config = dirty.DirtyConfig.from_settings(node.settings)
     assert config.dirty_apps == (dirty.AppSpec(LIMITED, 2), dirty.AppSpec(ECHO, None))
     assert dirty.initial_allocation(config.dirty_apps, 3) == [
@@ -320,19 +337,8 @@ async def test_sigterm_to_a_worker_lets_its_calls_finish_and_the_pool_replaces_i
     await start_pool(dirty_apps=[MARK], dirty_workers=2, dirty_graceful_timeout=20.0)
     client = dirty.DirtyClient(socket_path, timeout=30)
     status = await _settled(client, 2)
-    marks = [tmp_path / "a", tmp_path / "b"]
-    results: list[Any] = []
-
-    async def hold(mark: Path) -> None:
-        try:
-            results.append(await client.execute_async(MARK, "hold", str(mark), 1.0))
-        except dirty.DirtyError as exc:
-            results.append(exc)
-
     async with trio.open_nursery() as nursery:
-        for mark in marks:
-            nursery.start_soon(hold, mark)
-        await _until(lambda: all(m.exists() for m in marks))  # one call on each worker
+        results = await _holding(nursery, client, [tmp_path / "a", tmp_path / "b"], 1.0)
         victim = status["workers"][0]
         os.kill(victim["pid"], signal.SIGTERM)
         with trio.fail_after(10):  # (the worker tells the node, which tells the router)
@@ -436,19 +442,8 @@ async def test_the_node_drains_the_calls_in_flight_on_every_worker(
         client = dirty.DirtyClient(node.socket, timeout=30)
         pids = {w["pid"] for w in (await _status(client))["workers"]}
         assert len(pids) == 2
-        marks = [tmp_path / "a", tmp_path / "b"]
-        results: list[Any] = []
-
-        async def slow(mark: Path) -> None:
-            try:
-                results.append(await client.execute_async(MARK, "hold", str(mark), 0.5))
-            except dirty.DirtyError as exc:
-                results.append(exc)
-
         async with trio.open_nursery() as nursery:
-            for mark in marks:
-                nursery.start_soon(slow, mark)
-            await _until(lambda: all(m.exists() for m in marks))  # one on each worker
+            results = await _holding(nursery, client, [tmp_path / "a", tmp_path / "b"], 0.5)
             if how == "ctrl-c-to-the-group":
                 os.killpg(node.process.pid, signal.SIGINT)
             else:
