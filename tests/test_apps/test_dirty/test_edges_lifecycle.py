@@ -552,6 +552,33 @@ async def test_term_while_a_worker_start_is_under_way_stops_the_node(
         await client.close_async()
 
 
+async def test_term_while_a_replacement_worker_loads_is_a_shutdown_not_a_start_error(
+    tmp_path: Path, gate: Path
+) -> None:
+    """A killed worker's replacement is loading its apps when TERM comes: the node stops (0)
+    and says nothing of a start_error: the cut-short load is part of the shutdown."""
+    async with Node(
+        tmp_path,
+        "--dirty-app", GATED, "--dirty-workers", "1", "--dirty-graceful-timeout", "0.5",
+        DIRTY_TEST_GATE=str(gate),
+    ) as node:  # fmt: skip
+        client = dirty.DirtyClient(node.socket)
+        [first] = [w["pid"] for w in (await _status(client))["workers"]]
+        os.mkfifo(gate)
+        os.kill(first, signal.SIGKILL)
+        fd = await _hold(gate)  # the replacement is in GatedApp.init()
+        try:
+            [loading] = [p for p in _children(node.process.pid) if p != first]
+            node.process.send_signal(signal.SIGTERM)
+            with trio.fail_after(5):
+                assert await node.process.wait() == 0
+            await _until(lambda: _gone(loading), timeout=3)
+        finally:
+            os.close(fd)
+        assert "start_error" not in node.text()
+        await client.close_async()
+
+
 # ------------------------------------------------------------------------------- PID file
 
 
