@@ -6,7 +6,10 @@ to its own), forwards the worker's frames back verbatim (only the header's id ch
 the requests in flight, and watches liveness: a worker silent for ``dirty_timeout`` or busy on one
 call that long is killed and the actor exits, so the supervisor starts a replacement with the
 same apps. Its callers get DirtyTimeoutError; if the worker dies they get DirtyWorkerError. On
-shutdown it drains in-flight calls for up to ``dirty_graceful_timeout``.
+shutdown it drains in-flight calls for up to ``dirty_graceful_timeout``, and so it does when its
+worker got a SIGTERM from elsewhere (the worker says so) or has served ``dirty_max_requests``
+(the router then starts its replacement first). Before any of this the actor starts the worker
+process, runs ``dirty_post_fork`` and waits for the apps to load (``_lifecycle``).
 """
 
 from __future__ import annotations

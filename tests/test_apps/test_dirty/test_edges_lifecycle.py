@@ -168,13 +168,15 @@ async def _status(client: dirty.DirtyClient) -> dict[str, Any]:
 async def _settled(
     client: dirty.DirtyClient, n: int, avoid: frozenset[int] | set[int] = frozenset()
 ) -> dict[str, Any]:
-    """The status once exactly ``n`` workers serve, none draining and none of ``avoid``."""
+    """The status once exactly ``n`` workers serve, none draining and none of ``avoid``, and
+    the pool's target is ``n`` (the router counts a started worker once its start is reported,
+    which may come just after the worker announced itself)."""
     with trio.fail_after(20):
         while True:
             status = await _status(client)
             pids = {w["pid"] for w in status["workers"]}
             if (
-                len(status["workers"]) == n
+                len(status["workers"]) == n == status["target_workers"]
                 and not any(w["draining"] for w in status["workers"])
                 and not pids & avoid
                 and all(w["pid"] for w in status["workers"])
