@@ -525,12 +525,14 @@ async def test_a_worker_still_loading_its_apps_exits_when_the_node_dies(
                 os.close(fd)  # (lets a surviving worker finish init, see the node gone, exit)
 
 
+@pytest.mark.parametrize("start", ["ttin", "replacement"])
 async def test_term_while_a_worker_start_is_under_way_stops_the_node(
-    tmp_path: Path, gate: Path
+    tmp_path: Path, gate: Path, start: str
 ) -> None:
-    """A TTIN's new worker is still loading its apps (a model taking minutes) when TERM comes:
-    the node stops anyway, within the graceful timeout (nothing is in flight), and the loading
-    worker goes too."""
+    """A TTIN's new worker, or a killed worker's replacement, is still loading its apps (a
+    model taking minutes) when TERM comes: the node stops anyway, within the graceful timeout
+    (nothing is in flight), the loading worker goes too, and the cut-short start is part of the
+    shutdown, not a supervisor start_error."""
     async with Node(
         tmp_path,
         "--dirty-app", GATED, "--dirty-workers", "1", "--dirty-graceful-timeout", "0.5",
@@ -539,45 +541,22 @@ async def test_term_while_a_worker_start_is_under_way_stops_the_node(
         client = dirty.DirtyClient(node.socket)
         [first] = [w["pid"] for w in (await _status(client))["workers"]]
         os.mkfifo(gate)
-        node.process.send_signal(signal.SIGTTIN)
+        if start == "ttin":
+            node.process.send_signal(signal.SIGTTIN)
+        else:
+            os.kill(first, signal.SIGKILL)
         fd = await _hold(gate)
-        try:
-            [loading] = [p for p in _children(node.process.pid) if p != first]
-            node.process.send_signal(signal.SIGTERM)
-            with trio.fail_after(3):
-                assert await node.process.wait() == 0
-            await _until(lambda: _gone(first) and _gone(loading), timeout=3)
-        finally:
-            os.close(fd)
-        # A shutdown, not an error: the cut-short start is no supervisor start_error.
-        assert "start_error" not in node.text() and "ERROR" not in node.text()
-        await client.close_async()
-
-
-async def test_term_while_a_replacement_worker_loads_is_a_shutdown_not_a_start_error(
-    tmp_path: Path, gate: Path
-) -> None:
-    """A killed worker's replacement is loading its apps when TERM comes: the node stops (0)
-    and says nothing of a start_error: the cut-short load is part of the shutdown."""
-    async with Node(
-        tmp_path,
-        "--dirty-app", GATED, "--dirty-workers", "1", "--dirty-graceful-timeout", "0.5",
-        DIRTY_TEST_GATE=str(gate),
-    ) as node:  # fmt: skip
-        client = dirty.DirtyClient(node.socket)
-        [first] = [w["pid"] for w in (await _status(client))["workers"]]
-        os.mkfifo(gate)
-        os.kill(first, signal.SIGKILL)
-        fd = await _hold(gate)  # the replacement is in GatedApp.init()
         try:
             [loading] = [p for p in _children(node.process.pid) if p != first]
             node.process.send_signal(signal.SIGTERM)
             with trio.fail_after(5):
                 assert await node.process.wait() == 0
-            await _until(lambda: _gone(loading), timeout=3)
+            await _until(lambda: _gone(first) and _gone(loading), timeout=3)
         finally:
             os.close(fd)
         assert "start_error" not in node.text()
+        if start == "ttin":  # (a killed worker is rightly an ERROR report of its own)
+            assert "ERROR" not in node.text()
         await client.close_async()
 
 
