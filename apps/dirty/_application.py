@@ -109,7 +109,11 @@ async def _start_router(ctx: PoolContext) -> Any:
 
 
 async def start_dirty_sup(ctx: PoolContext) -> Any:
-    """Start ``dirty_sup`` linked to the caller."""
+    """Start ``dirty_sup`` linked to the caller (with no children if the pool is disabled)."""
+    if not ctx.config.enabled:
+        logger.info("dirty pool disabled: dirty_workers = 0 and no dirty_apps")
+        flags = supervisors.SupFlags(strategy="one_for_one")
+        return await supervisors.Supervisor.start_link(flags, [], name="dirty_sup")
     flags, children = dirty_supervisor_spec(ctx)
     return await supervisors.Supervisor.start_link(flags, children, name="dirty_sup")
 
@@ -136,9 +140,13 @@ def application(
         (start_dirty_sup, ctx),
         env={"socket": ctx.socket_path},
         description=(
-            f"dirty worker pool, {dirty_config.worker_count} worker(s) hosting"
-            f" {', '.join(s.import_path for s in dirty_config.dirty_apps) or 'no apps'};"
-            f" clients: export GUNICORN_DIRTY_SOCKET={ctx.socket_path}"
+            (
+                f"dirty worker pool, {dirty_config.worker_count} worker(s) hosting"
+                f" {', '.join(dirty_config.apps_paths) or 'no apps'};"
+                f" clients: export GUNICORN_DIRTY_SOCKET={ctx.socket_path}"
+            )
+            if dirty_config.enabled
+            else "dirty worker pool, disabled (dirty_workers = 0, no dirty_apps)"
         ),
         version="0.1.0",
     )
@@ -156,8 +164,15 @@ def default_application(config: node.NodeConfig | None = None) -> supervisors.Ap
         return application(config)  # (from_settings refuses it, naming [dirty])
     table = dict(table)
     flags = settings.get("flags", {}) or {}
-    if not table.get("dirty_apps") and not flags.get("dirty_apps"):
+    workers = flags.get("dirty_workers")
+    if workers is None:
+        workers = table.get("dirty_workers")
+    # The embedded default: the bundled app unless the settings name apps, on one worker
+    # unless they give a count (dirty_workers = 0 and no apps disables the pool, as anywhere).
+    if not table.get("dirty_apps") and not flags.get("dirty_apps") and workers != 0:
         table["dirty_apps"] = [EXAMPLE_APP]
+    if workers is None:
+        table["dirty_workers"] = 1
     settings["dirty"] = table
     return application(config, dirty_config=_from_settings(settings))
 

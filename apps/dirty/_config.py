@@ -2,7 +2,9 @@
 
 Settings come from node.toml's ``[dirty]`` table and the ``--dirty-*`` flags (flags win):
 ``dirty_apps``, ``dirty_workers`` (0), ``dirty_timeout`` (300 s, 0 = off), ``dirty_threads`` (1),
-``dirty_graceful_timeout`` (30 s), plus ours: ``dirty_socket``, ``dirty_pidfile`` and the hooks
+``dirty_graceful_timeout`` (30 s), ``dirty_max_requests`` (0 = off) and
+``dirty_max_requests_jitter`` (0), plus ours: ``dirty_app_load_timeout`` (``dirty_timeout``),
+``dirty_max_workers`` (64), ``dirty_socket``, ``dirty_pidfile`` and the hooks
 ``on_dirty_starting``, ``dirty_post_fork``, ``dirty_worker_init``, ``dirty_worker_exit`` (each a
 ``module:attr`` path, or found by name in the ``dirty_config`` module); and the bounds on
 clients: ``dirty_max_clients`` (1024), ``dirty_frame_timeout`` (30 s), ``dirty_idle_timeout``
@@ -63,6 +65,11 @@ def _non_negative_number(inst: Any, attr: attrs.Attribute[Any], value: Any) -> N
         raise DirtyConfigError(f"{attr.name} must be a number of seconds >= 0 (got {value!r})")
 
 
+def _optional_seconds(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None:
+        _non_negative_number(inst, attr, value)
+
+
 def _path(inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if not (isinstance(value, str) or (value is None and attr.name == "dirty_socket")):
         raise DirtyConfigError(f"{attr.name} must be a file path, a str (got {value!r})")
@@ -103,14 +110,25 @@ class DirtyConfig:
 
     Attributes:
         dirty_apps: The apps, as :class:`AppSpec` (strings ``module:Class[:N]`` are converted).
-        dirty_workers: Worker processes; 0 (Gunicorn's default) means as many as the apps need
-            (the largest per-app N, at least 1).
+        dirty_workers: Worker processes. 0 (Gunicorn's default) disables the pool, so it must
+            be 0 when ``dirty_apps`` is empty and at least 1 when it is not (the largest
+            per-app N, at least; see :attr:`worker_count`).
         dirty_timeout: Seconds a call may run (from when a worker thread takes it, not
             counting a wait for a free thread), and a worker may stay silent, before the worker
             is killed and replaced (its callers get DirtyTimeoutError); 0 turns it off.
         dirty_threads: Threads per worker for sync actions (real parallelism across calls).
         dirty_graceful_timeout: Seconds in-flight calls get to finish on shutdown, HUP or scaling
             down, before their worker is killed.
+        dirty_app_load_timeout: Seconds a worker may take to load its apps (each app's
+            ``__init__`` and ``init()``) before it is killed and its start counts as failed;
+            None (the default) means ``dirty_timeout``, 0 no limit.
+        dirty_max_requests: A worker is replaced, gracefully, after this many calls (its
+            replacement starts first, its calls in flight finish); 0 turns it off. Gunicorn's
+            ``max_requests``.
+        dirty_max_requests_jitter: Each worker's limit is ``dirty_max_requests`` plus a random
+            0..jitter, so that workers started together are not all replaced together.
+        dirty_max_workers: The most workers the pool runs: MANAGE add and SIGTTIN stop there
+            (and ``dirty_workers`` may not exceed it).
         dirty_socket: The Unix socket path clients connect to (``GUNICORN_DIRTY_SOCKET``);
             None picks one in the temporary directory.
         dirty_pidfile: Where the pool records its OS pid and its workers' (orphans of a previous
@@ -135,6 +153,10 @@ class DirtyConfig:
     dirty_timeout: float = attrs.field(default=300.0, validator=_non_negative_number)
     dirty_threads: int = attrs.field(default=1, validator=_positive_int)
     dirty_graceful_timeout: float = attrs.field(default=30.0, validator=_non_negative_number)
+    dirty_app_load_timeout: float | None = attrs.field(default=None, validator=_optional_seconds)
+    dirty_max_requests: int = attrs.field(default=0, validator=_non_negative_int)
+    dirty_max_requests_jitter: int = attrs.field(default=0, validator=_non_negative_int)
+    dirty_max_workers: int = attrs.field(default=64, validator=_positive_int)
     dirty_socket: str | None = attrs.field(default=None, validator=_path)
     dirty_pidfile: str = attrs.field(factory=_default_pidfile, validator=_path)
     hooks: Mapping[str, Any] = attrs.field(factory=dict)
@@ -143,6 +165,35 @@ class DirtyConfig:
     dirty_idle_timeout: float = attrs.field(default=0.0, validator=_non_negative_number)
     dirty_frame_timeout: float = attrs.field(default=30.0, validator=_non_negative_number)
     dirty_client_buffer: int = attrs.field(default=32 << 20, validator=_positive_int)
+
+    def __attrs_post_init__(self) -> None:
+        if self.dirty_apps and not self.dirty_workers:
+            raise DirtyConfigError(
+                "dirty_workers = 0 disables the dirty pool, but dirty_apps names"
+                f" {len(self.dirty_apps)} app(s) ({', '.join(self.apps_paths)}): set"
+                " dirty_workers to 1 or more to run them, or empty dirty_apps to disable the pool"
+            )
+        if self.dirty_workers > self.dirty_max_workers:
+            raise DirtyConfigError(
+                f"dirty_workers = {self.dirty_workers} is over dirty_max_workers ="
+                f" {self.dirty_max_workers}: lower dirty_workers or raise dirty_max_workers"
+            )
+
+    @property
+    def apps_paths(self) -> list[str]:
+        """The apps' import paths."""
+        return [s.import_path for s in self.dirty_apps]
+
+    @property
+    def enabled(self) -> bool:
+        """False when the pool is disabled (``dirty_workers = 0`` and no apps, as Gunicorn)."""
+        return bool(self.dirty_apps) or self.dirty_workers > 0
+
+    @property
+    def app_load_timeout(self) -> float | None:
+        """Seconds a worker may take to load its apps; None: no limit."""
+        value = self.dirty_app_load_timeout
+        return (self.dirty_timeout if value is None else value) or None
 
     @hooks.validator
     def _check_hooks(self, _attr: Any, value: Mapping[str, Any]) -> None:
@@ -167,8 +218,8 @@ class DirtyConfig:
 
     @property
     def worker_count(self) -> int:
-        """How many workers the pool starts with."""
-        return self.dirty_workers or minimum_workers(self.dirty_apps)
+        """How many workers the pool starts with (``dirty_workers``; none without apps)."""
+        return self.dirty_workers if self.dirty_apps else 0
 
     @property
     def heartbeat_interval(self) -> float:
@@ -202,7 +253,16 @@ class DirtyConfig:
         for key in ("dirty_apps", "dirty_workers", "dirty_timeout", "dirty_threads"):
             if flags.get(key) is not None:
                 table[key] = flags[key]
-        for key in ("dirty_graceful_timeout", "dirty_socket", "dirty_pidfile", "dirty_config"):
+        for key in (
+            "dirty_graceful_timeout",
+            "dirty_app_load_timeout",
+            "dirty_max_requests",
+            "dirty_max_requests_jitter",
+            "dirty_max_workers",
+            "dirty_socket",
+            "dirty_pidfile",
+            "dirty_config",
+        ):
             if flags.get(key) is not None:
                 table[key] = flags[key]
         hooks = {name: table.pop(name) for name in HOOKS if name in table}
@@ -232,7 +292,7 @@ class DirtyConfig:
             raise DirtyConfigError(
                 f"[dirty] has unknown settings {unknown}; known: {sorted(known | set(HOOKS))}"
             )
-        for key in ("dirty_timeout", "dirty_graceful_timeout"):
+        for key in ("dirty_timeout", "dirty_graceful_timeout", "dirty_app_load_timeout"):
             if key in table and isinstance(table[key], int) and not isinstance(table[key], bool):
                 table[key] = float(table[key])
         return cls(**table, hooks=hooks)
@@ -351,6 +411,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SECONDS",
         help="time in-flight calls get on shutdown/reload (default 30)",
+    )
+    g.add_argument(
+        "--dirty-app-load-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="time a worker may take to load its apps (default: dirty_timeout, 0 no limit)",
+    )
+    g.add_argument(
+        "--dirty-max-requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="replace a worker, gracefully, after N calls (default 0: never)",
+    )
+    g.add_argument(
+        "--dirty-max-requests-jitter",
+        type=int,
+        default=None,
+        metavar="N",
+        help="add a random 0..N to each worker's --dirty-max-requests",
+    )
+    g.add_argument(
+        "--dirty-max-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the most workers MANAGE add / SIGTTIN may reach (default 64)",
     )
     g.add_argument(
         "--dirty-socket", default=None, metavar="PATH", help="Unix socket clients connect to"

@@ -6,7 +6,10 @@ to its own), forwards the worker's frames back verbatim (only the header's id ch
 the requests in flight, and watches liveness: a worker silent for ``dirty_timeout`` or busy on one
 call that long is killed and the actor exits, so the supervisor starts a replacement with the
 same apps. Its callers get DirtyTimeoutError; if the worker dies they get DirtyWorkerError. On
-shutdown it drains in-flight calls for up to ``dirty_graceful_timeout``.
+shutdown it drains in-flight calls for up to ``dirty_graceful_timeout``, and so it does when its
+worker got a SIGTERM from elsewhere (the worker says so) or has served ``dirty_max_requests``
+(the router then starts its replacement first). Before any of this the actor starts the worker
+process, runs ``dirty_post_fork`` and waits for the apps to load (``_lifecycle``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import socket
 import sys
 from typing import Any
@@ -32,15 +36,14 @@ from ._frames import (
     CHUNK,
     END,
     QUEUED,
-    RESPONSE,
     RID,
     STATUS,
     FrameBuffer,
-    FrameSplitter,
     error_bytes,
     header,
     tune_socket,
 )
+from ._lifecycle import DRAINING, await_loaded
 from ._routes import Routes, hand_back, relevel
 from ._worker import DirtyWorkerInfo
 
@@ -55,8 +58,6 @@ _BEAT_EVERY = 0.1
 #: the protocol's 64 MiB come from (and go back to) the heap instead of fresh ``mmap`` pages,
 #: so a large argument or result costs a copy, not a page fault per 4 KiB on every call.
 WORKER_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
-#: How long a new worker may take to load its apps.
-START_TIMEOUT = 60.0
 #: SIGTERM-to-SIGKILL grace of a worker port.
 KILL_TIMEOUT = 5.0
 
@@ -88,6 +89,14 @@ class WorkerUp:
 @attrs.frozen
 class WorkerDraining:
     """A worker actor tells the router to stop routing to it."""
+
+    pid: otp.Pid
+
+
+@attrs.frozen
+class Recycle:
+    """A worker actor asks the router to replace its worker (``dirty_max_requests``): a
+    replacement first, then this one drained."""
 
     pid: otp.Pid
 
@@ -334,27 +343,37 @@ class _Started:
     error: Any
 
 
-async def start_worker(ctx: PoolContext, worker_id: int, apps: tuple[str, ...]) -> otp.Pid:
+async def start_worker(
+    ctx: PoolContext, worker_id: int, apps: tuple[str, ...], wait_loaded: bool = True
+) -> otp.Pid:
     """Start a worker actor linked to the caller (the pool supervisor); return once its worker
-    process has loaded its apps.
+    process has loaded its apps, or with ``wait_loaded=False`` once it runs (and its
+    ``dirty_post_fork`` has run): the load is then the running actor's, and a failed load a
+    crash its supervisor restarts (so the pool's first workers load in parallel, and a load
+    is retried within the pool's restart intensity). The actor tells the router (WorkerUp)
+    when its apps are loaded, either way.
 
     Raises:
-        otp.StartError: The worker process could not start or load its apps in time.
+        otp.StartError: The worker process could not start (or load its apps in time).
+        otp.StartIgnored: The pool is stopping (the start was cut short: not an error).
     """
     ref = otp.make_ref()
-    pid = otp.spawn_link(_worker_actor, ctx, worker_id, apps, otp.self(), ref)
+    pid = otp.spawn_link(_worker_actor, ctx, worker_id, apps, otp.self(), ref, wait_loaded)
     mref = otp.monitor(pid)
     msg = await otp.receive(
-        lambda m: (type(m) is _Started and m.ref == ref) or (type(m) is otp.Down and m.ref == mref),
-        timeout=START_TIMEOUT + 5,
-        default=None,
+        lambda m: (type(m) is _Started and m.ref == ref) or (type(m) is otp.Down and m.ref == mref)
     )
     otp.demonitor(mref, flush=True)
     if type(msg) is _Started and msg.error is None:
         return pid
     otp.unlink(pid)
     otp.exit(pid, otp.KILL)
-    reason = msg.error if type(msg) is _Started else getattr(msg, "reason", "timeout")
+    if type(msg) is otp.Down and msg.reason == otp.KILLED and not ctx.routes.open:
+        # The router stopped it because the pool is shutting down (SIGTERM while a worker
+        # starts): a shutdown, not a start error to report.
+        logger.info("dirty worker %d: start cut short, the pool is stopping", worker_id)
+        raise otp.StartIgnored
+    reason = msg.error if type(msg) is _Started else msg.reason
     raise otp.StartError(("dirty_worker_failed", worker_id, reason))
 
 
@@ -390,6 +409,8 @@ class _Actor:
     threads: int = attrs.Factory(lambda self: self.ctx.config.dirty_threads, takes_self=True)
     #: Set once the reader has read the worker's socket to its end.
     read_all: trio.Event = attrs.Factory(trio.Event)
+    #: Calls left before the worker is recycled (``dirty_max_requests``); 0: never.
+    calls_left: int = 0
 
     def submit(
         self, conn: Any, rid: int, view: memoryview, start: int, stop: int, now: float
@@ -400,6 +421,10 @@ class _Actor:
         task)."""
         wid = self.next_id
         self.next_id = wid + 1
+        if self.calls_left:
+            self.calls_left -= 1
+            if not self.calls_left:
+                _recycle(self)
         inflight = self.inflight
         if len(inflight) >= self.threads:
             self.held[wid] = bytes(view[start - 16 : stop])
@@ -428,7 +453,12 @@ class _Actor:
 
 
 async def _worker_actor(
-    ctx: PoolContext, worker_id: int, apps: tuple[str, ...], parent: otp.Pid, ref: otp.Ref
+    ctx: PoolContext,
+    worker_id: int,
+    apps: tuple[str, ...],
+    parent: otp.Pid,
+    ref: otp.Ref,
+    wait_loaded: bool,
 ) -> None:
     otp.process_flag(trap_exit=True)
     actor = _Actor(ctx, worker_id, apps, parent, me=otp.self())
@@ -438,26 +468,35 @@ async def _worker_actor(
     reason: Any = otp.NORMAL
     me = otp.self()
     try:
-        try:
+        if wait_loaded:
+            # The supervisor waits in start_child: the router must be able to cut the start
+            # short when the pool stops (see Router.terminate).
             ctx.starting.add(me)
-            try:
-                await _open(actor, ours, theirs)
-            finally:
-                ctx.starting.discard(me)
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                raise
-            logger.error("dirty worker %d failed to start: %s", worker_id, exc)
-            otp.send(parent, _Started(ref, repr(exc)))
+        try:
+            await _spawn(actor, ours, theirs)
+            if not wait_loaded:
+                otp.send(parent, _Started(ref, None))
+            stopped = await _load(actor)
+        except Exception as exc:
+            error = _load_failed(actor, exc)
+            if actor.port is not None:
+                otp.exit(actor.port, otp.KILL)
+            if wait_loaded:
+                otp.send(parent, _Started(ref, error))
+                return
+            reason = error
+            return
+        finally:
+            ctx.starting.discard(me)
+        if stopped is not None:
+            reason = stopped  # the pool stopped it while it loaded
             if actor.port is not None:
                 otp.exit(actor.port, otp.KILL)
             return
         assert actor.me is not None
         ACTORS[actor.me] = actor
-        otp.send(parent, _Started(ref, None))
-        hook = ctx.config.hook("dirty_post_fork")
-        if hook is not None:
-            _run_hook(hook, "dirty_post_fork", ctx, _info(actor))
+        if wait_loaded:
+            otp.send(parent, _Started(ref, None))
         _announce(actor)
         reason = await _serve(actor)
     finally:
@@ -469,6 +508,31 @@ async def _worker_actor(
         if hook is not None and actor.os_pid:
             _run_hook(hook, "dirty_worker_exit", ctx, _info(actor))
     otp.exit_self(reason)
+
+
+def _load_failed(actor: _Actor, exc: Exception) -> Any:
+    """Log why the worker could not start (with the app's traceback) and return the reason."""
+    tb = getattr(exc, "traceback", None)
+    logger.error(
+        "dirty worker %d failed to start: %s%s",
+        actor.worker_id,
+        exc,
+        f"\n{tb.rstrip()}" if tb else "",
+    )
+    return ("dirty_worker_failed", actor.worker_id, str(exc))
+
+
+def _recycle(actor: _Actor) -> None:
+    """The worker has served its ``dirty_max_requests``: the router replaces it (a new worker
+    first, then this one drained, so no call waits for a worker or is lost)."""
+    logger.info(
+        "dirty worker %d (pid %d) served its dirty_max_requests: replacing it",
+        actor.worker_id,
+        actor.os_pid,
+    )
+    router = otp.whereis(ROUTER)
+    if router is not None and actor.me is not None:
+        otp.cast(router, Recycle(actor.me))
 
 
 def _info(actor: _Actor) -> DirtyWorkerInfo:
@@ -486,13 +550,18 @@ def _announce(actor: _Actor) -> None:
     _publish_beat(actor, actor.last_seen)
     router = otp.whereis(ROUTER)
     if router is not None:
-        otp.cast(
+        # A plain message (the router's handle_info), so that the router's init can wait for
+        # the pool's first workers with a selective receive.
+        otp.send(
             router,
             WorkerUp(otp.self(), actor.worker_id, actor.apps, actor.os_pid, actor.started),
         )
 
 
-async def _open(actor: _Actor, ours: socket.socket, theirs: socket.socket) -> None:
+async def _spawn(actor: _Actor, ours: socket.socket, theirs: socket.socket) -> None:
+    """Start the worker process, run ``dirty_post_fork``, then let the worker load its apps
+    (Gunicorn's order: fork, ``dirty_post_fork``, the apps' ``__init__``, ``init()``,
+    ``dirty_worker_init``)."""
     ctx = actor.ctx
     config = ctx.config
     spec = {
@@ -501,6 +570,7 @@ async def _open(actor: _Actor, ours: socket.socket, theirs: socket.socket) -> No
         "apps": list(actor.apps),
         "threads": config.dirty_threads,
         "heartbeat": config.heartbeat_interval,
+        "graceful": config.dirty_graceful_timeout,
         "worker_id": actor.worker_id,
         "log_level": ctx.log_level,
         "worker_init": _hook_path(config, "dirty_worker_init"),
@@ -521,19 +591,50 @@ async def _open(actor: _Actor, ours: socket.socket, theirs: socket.socket) -> No
     actor.os_pid = await otp.port_os_pid(actor.port)
     actor.stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
     actor.outbox = Outbox(ours.fileno())
-    splitter = FrameSplitter()
-    with trio.fail_after(START_TIMEOUT):
-        while True:
-            data = await actor.stream.receive_some(65536)
-            if not data:
-                raise DirtyWorkerError(
-                    f"dirty worker {actor.worker_id} exited while loading {list(actor.apps)};"
-                    " see its log for the traceback",
-                    worker_id=actor.worker_id,
+    if config.dirty_max_requests:
+        jitter = config.dirty_max_requests_jitter
+        actor.calls_left = config.dirty_max_requests + (random.randint(0, jitter) if jitter else 0)
+    hook = config.hook("dirty_post_fork")
+    if hook is not None:
+        _run_hook(hook, "dirty_post_fork", ctx, _info(actor))
+    actor.outbox.write(header(STATUS, 0, 0))  # the go-ahead
+
+
+async def _load(actor: _Actor) -> Any:
+    """Wait for the worker to load its apps; return None, or the exit reason of the pool's
+    order to stop, if one came meanwhile (the load is then abandoned).
+
+    Raises:
+        DirtyError: The worker failed to load, exited, or took over ``dirty_app_load_timeout``.
+    """
+    assert actor.stream is not None
+    stop: list[Any] = []
+    failed: list[DirtyError] = []
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            msg = await otp.receive(
+                lambda m: (
+                    type(m) is otp.Exit
+                    and (m.pid == actor.parent or (m.pid != actor.port and m.reason != otp.NORMAL))
                 )
-            if any(t == RESPONSE and rid == 0 for t, rid, _ in splitter.feed(data)):
-                break
+            )
+            stop.append(msg.reason)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        timeout = actor.ctx.config.app_load_timeout
+        try:
+            await await_loaded(actor.stream, actor.worker_id, actor.apps, timeout)
+        except DirtyError as exc:
+            failed.append(exc)
+        nursery.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
+    if stop:
+        return stop[0]
     actor.started = actor.last_seen = trio.current_time()
+    return None
 
 
 def _hook_path(config: DirtyConfig, name: str) -> str | None:
@@ -631,6 +732,15 @@ async def _loop(actor: _Actor) -> tuple[str, Any]:
                 elif kind is Reregister:
                     _announce(actor)
                 elif kind is tuple and msg[0] == "drain":
+                    if draining_until is None and msg[1:] == ("sigterm",):
+                        logger.warning(
+                            "dirty worker %d (pid %d) got SIGTERM: it finishes its %d call(s)"
+                            " (dirty_graceful_timeout=%gs), then the pool replaces it",
+                            actor.worker_id,
+                            actor.os_pid,
+                            len(actor.inflight),
+                            config.dirty_graceful_timeout,
+                        )
                     if draining_until is None:
                         router = otp.whereis(ROUTER)
                         if router is not None:
@@ -682,6 +792,11 @@ async def _close(actor: _Actor, reason: Any) -> Any:
         if late:
             otp.exit(port, otp.KILL)
         else:
+            # The end of the socket: the worker stops at once (a worker draining after a
+            # SIGTERM of its own waits for this).
+            if actor.stream is not None:
+                with contextlib.suppress(OSError):
+                    actor.stream.socket.shutdown(socket.SHUT_WR)
             with contextlib.suppress(otp.BadArg):  # (it has exited already: OTP's catch)
                 otp.port_close(port)
         await otp.receive(
@@ -785,6 +900,8 @@ async def _read_worker(actor: _Actor) -> None:
             mtype, wid, start, stop = frames[i]
             entry = inflight.get(wid)
             if entry is None:
+                if not wid and mtype == STATUS and view[start:stop] == DRAINING and actor.me:
+                    otp.send(actor.me, ("drain", "sigterm"))
                 i += 1
                 continue  # heartbeat, or a request abandoned or failed already
             if mtype == STATUS:  # the worker queued or started it: its run time counts from then

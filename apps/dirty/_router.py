@@ -47,6 +47,7 @@ from ._pool import (
     ACTORS,
     HEARTBEATS,
     PoolContext,
+    Recycle,
     Reregister,
     WorkerDraining,
     WorkerUp,
@@ -88,6 +89,8 @@ class _Op:
     kind: str
     count: int
     from_: otp.From | None
+    #: add: the count asked for (``count`` is what is carried out: capped, or cut short).
+    requested: int = 0
     #: reload: the workers still to replace, and how many there were.
     old: deque[WorkerUp] = attrs.Factory(deque)
     total: int = 0
@@ -110,11 +113,13 @@ class _Started:
     result: Any
 
 
-def worker_spec(ctx: PoolContext, worker_id: int, apps: list[str] | tuple[str, ...]) -> Any:
+def worker_spec(
+    ctx: PoolContext, worker_id: int, apps: list[str] | tuple[str, ...], wait_loaded: bool = True
+) -> Any:
     """The pool child spec of one worker (a replacement gets the same apps)."""
     return supervisors.ChildSpec(
         ("dirty_worker", worker_id),
-        (start_worker, ctx, worker_id, tuple(apps)),
+        (start_worker, ctx, worker_id, tuple(apps), wait_loaded),
         restart="permanent",
         shutdown=ctx.config.dirty_graceful_timeout + 10.0,
     )
@@ -146,28 +151,20 @@ class Router(otp.GenServer):
             state.next_id = 1000
             return otp.Ok(state)
         allocation = initial_allocation(ctx.config.dirty_apps, ctx.config.worker_count)
-        for apps in allocation:
-            error = await _add(state, apps)
-            if error is not None:
-                return otp.Stop(error)
+        error = await _start_first_workers(state, allocation)
+        if error is not None:
+            return otp.Stop(error)
         state.target = len(allocation)
         return otp.Ok(state)
 
     def handle_cast(self, msg: Any, state: _State) -> Any:
-        if type(msg) is WorkerUp:
-            if msg.pid not in state.workers:
-                state.monitors[otp.monitor(msg.pid)] = msg.pid
-            state.workers[msg.pid] = msg
-            state.awaiting.pop(msg.worker_id, None)
-            state.next_id = max(state.next_id, msg.worker_id + 1)
-            if msg.worker_id in state.retired and msg.pid not in state.draining:
-                logger.info(
-                    "dirty worker %d came back after the pool had retired it: stopping it",
-                    msg.worker_id,
-                )
-                _retire(state, msg.pid)
-            else:
-                _publish(state)
+        if type(msg) is Recycle:
+            info = state.workers.get(msg.pid)
+            if info is not None and msg.pid not in state.draining:
+                state.queue.append(_Op("reload", 0, None, old=deque([info]), total=1))
+                _next_op(state)
+        elif type(msg) is WorkerUp:
+            _worker_up(state, msg)
         elif type(msg) is WorkerDraining:
             state.draining.add(msg.pid)
             _publish(state)
@@ -178,6 +175,8 @@ class Router(otp.GenServer):
 
     def handle_info(self, msg: Any, state: _State) -> Any:
         kind = type(msg)
+        if kind is WorkerUp:
+            return self.handle_cast(msg, state)
         if kind is otp.Down and msg.ref in state.monitors:
             pid = state.monitors.pop(msg.ref)
             info = state.workers.pop(pid, None)
@@ -204,7 +203,9 @@ class Router(otp.GenServer):
                 return otp.Reply(_status(state), state)
             case [("add" | "remove") as kind, int() as count]:
                 # Gunicorn acts on (and reports) at least one worker for a count of 0 or less.
-                state.queue.append(_Op(kind, max(1, count), from_))
+                if kind == "remove":
+                    _supersede_adds(state)  # the latest request wins
+                state.queue.append(_Op(kind, max(1, count), from_, requested=max(1, count)))
                 _next_op(state)
                 return otp.NoReply(state)
             case "reload":
@@ -226,6 +227,22 @@ class Router(otp.GenServer):
             ets.delete(HEARTBEATS)
         except ets.EtsError:
             pass
+
+
+def _worker_up(state: _State, msg: WorkerUp) -> None:
+    if msg.pid not in state.workers:
+        state.monitors[otp.monitor(msg.pid)] = msg.pid
+    state.workers[msg.pid] = msg
+    state.awaiting.pop(msg.worker_id, None)
+    state.next_id = max(state.next_id, msg.worker_id + 1)
+    if msg.worker_id in state.retired and msg.pid not in state.draining:
+        logger.info(
+            "dirty worker %d came back after the pool had retired it: stopping it",
+            msg.worker_id,
+        )
+        _retire(state, msg.pid)
+    else:
+        _publish(state)
 
 
 def _kill(os_pid: int, signum: int) -> None:
@@ -271,14 +288,33 @@ def _holders(state: _State) -> dict[str, int]:
     return counts
 
 
-async def _add(state: _State, apps: list[str] | tuple[str, ...]) -> Any:
-    worker_id = state.next_id
-    state.next_id += 1
-    result = await supervisors.start_child(POOL, worker_spec(state.ctx, worker_id, apps))
-    if result[0] != "ok":
-        logger.error("dirty worker %d could not start: %r", worker_id, result)
-        return ("dirty_worker_start_failed", worker_id, result[1])
-    _register(state, result[1], worker_id, tuple(apps))
+async def _start_first_workers(state: _State, allocation: list[list[str]]) -> Any:
+    """Start the pool's first workers and wait until every one has loaded its apps: they load
+    in parallel, and one whose load fails is restarted by the pool (within its restart
+    intensity; past it the pool, and this start, fail). Returns None or the error."""
+    pool = otp.whereis(POOL)
+    if pool is None:
+        return ("dirty_pool_down", POOL)
+    pool_ref = otp.monitor(pool)
+    pending: set[int] = set()
+    for apps in allocation:
+        worker_id = state.next_id
+        state.next_id += 1
+        spec = worker_spec(state.ctx, worker_id, apps, wait_loaded=False)
+        result = await supervisors.start_child(POOL, spec)
+        if result[0] != "ok":
+            logger.error("dirty worker %d could not start: %r", worker_id, result)
+            return ("dirty_worker_start_failed", worker_id, result[1])
+        pending.add(worker_id)
+    while pending:
+        msg = await otp.receive(
+            lambda m: type(m) is WorkerUp or (type(m) is otp.Down and m.ref == pool_ref)
+        )
+        if type(msg) is otp.Down:
+            return ("dirty_pool_down", msg.reason)
+        _worker_up(state, msg)
+        pending.discard(msg.worker_id)
+    otp.demonitor(pool_ref, flush=True)
     return None
 
 
@@ -373,9 +409,15 @@ def _next_op(state: _State) -> None:
         if op.kind == "remove":
             _reply(op, _scale_down(state, op.count))
             continue
-        if op.kind == "reload":
+        if op.kind == "reload" and not op.total:
             op.old = deque(_live(state))
             op.total = len(op.old)
+        if op.kind == "add":
+            cap = state.ctx.config.dirty_max_workers
+            room = max(0, cap - len(_live(state)))
+            if op.count > room:
+                op.count = room
+                op.reason = f"the pool is capped at dirty_max_workers={cap} worker(s)"
         state.op = op
         _step(state, op)
 
@@ -453,19 +495,41 @@ def _retire(state: _State, pid: otp.Pid) -> None:
     otp.spawn_link(_terminate, pid)  # (a helper the router reaps: see the module's docstring)
 
 
+def _supersede_adds(state: _State) -> None:
+    """A remove wins over the adds before it: those waiting are answered now (nothing done),
+    the one under way stops after the worker it is starting."""
+    for waiting in [op for op in state.queue if op.kind == "add"]:
+        state.queue.remove(waiting)
+        waiting.count = 0
+        waiting.reason = "superseded by a later remove"
+        _reply(waiting, _add_result(state, waiting))
+    op = state.op
+    if op is not None and op.kind == "add" and op.count > op.done:
+        op.count = op.done + (1 if op.helper is not None else 0)
+        op.reason = "cut short by a later remove"
+
+
+def _add_result(state: _State, op: _Op) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "success": op.reason is None
+        or op.done > 0
+        or "limits" in op.reason
+        or "dirty_max_workers" in op.reason,
+        "operation": "add",
+        "requested": op.requested or op.count,
+        "spawned": op.done,
+        "total_workers": len(_live(state)),
+        "target_workers": state.target,
+    }
+    if op.reason is not None:
+        result["reason"] = op.reason
+    return result
+
+
 def _finish(state: _State, op: _Op) -> None:
     state.op = None
     if op.kind == "add":
-        result: dict[str, Any] = {
-            "success": op.reason is None or op.done > 0 or "limits" in op.reason,
-            "operation": "add",
-            "requested": op.count,
-            "spawned": op.done,
-            "total_workers": len(_live(state)),
-            "target_workers": state.target,
-        }
-        if op.reason is not None:
-            result["reason"] = op.reason
+        result = _add_result(state, op)
         logger.info("dirty pool: added %d worker(s), now %d", op.done, len(_live(state)))
     else:
         logger.info("dirty pool reloaded: %d worker(s) replaced", op.done)

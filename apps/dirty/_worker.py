@@ -13,9 +13,13 @@ an async action (or a worker stuck holding the GIL) stops them.
 Worker-side protocol (private to the pool): REQUEST in; RESPONSE/ERROR/CHUNK/END out; an END
 *in* abandons that request (a streaming generator is closed); a STATUS frame out (id 0) is a
 heartbeat, and one with a request's id a notice that the request waits for a thread or has
-started in one; a RESPONSE out with id 0 says the apps are loaded. The worker exits when its
-socket closes or its parent changes (the node died), on SIGTERM after closing its apps, at once
-on SIGQUIT; SIGUSR1 reopens log files; SIGINT is ignored (the node handles Ctrl-C).
+started in one; a RESPONSE out with id 0 says the apps are loaded. Before it loads its apps the
+worker waits for one frame from the node (the node's ``dirty_post_fork`` has run), and while it
+loads it says which app (``_loading``). The worker exits when its socket closes or its parent
+changes (the node died), after closing its apps; SIGTERM first lets its running calls finish
+(a STATUS notice with id 0 tells the node, which routes no more calls to it and closes the
+socket once they are answered); it exits at once on SIGQUIT; SIGUSR1 reopens log files; SIGINT
+is ignored (the node handles Ctrl-C).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from ._frames import (
     notice,
     reply_parts,
 )
+from ._lifecycle import DRAINING, loading_notice
 from ._logs import reopen_log_files
 
 logger = logging.getLogger("apps.dirty.worker")
@@ -348,8 +353,17 @@ _INLINE_PENALTY = 50
 class Worker:
     """The serving loop of one worker process."""
 
-    def __init__(self, apps: dict[str, Any], threads: int, heartbeat: float, ppid: int) -> None:
+    def __init__(
+        self,
+        apps: dict[str, Any],
+        threads: int,
+        heartbeat: float,
+        ppid: int,
+        graceful: float = 30.0,
+    ) -> None:
         self.apps = apps
+        self.graceful = graceful
+        self.terminating = False
         self.threads = threads
         self.heartbeat = heartbeat
         self.ppid = ppid
@@ -375,7 +389,7 @@ class Worker:
         # Blocking for the reader thread; every send is non-blocking (MSG_DONTWAIT).
         sock.setblocking(True)
         self.out = _Output(loop, sock)
-        loop.add_signal_handler(signal.SIGTERM, self.stop.set)
+        loop.add_signal_handler(signal.SIGTERM, self._sigterm)
         # On the loop rather than in a signal handler, so it never runs inside a log emit.
         loop.add_signal_handler(signal.SIGUSR1, reopen_log_files)
         threading.Thread(
@@ -395,6 +409,23 @@ class Worker:
         self.out.flush()
         await self.out.wait_drained(1.0)
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def _sigterm(self) -> None:
+        """Gunicorn's graceful stop: the calls running finish. The node is told (it routes no
+        more calls here, and closes the socket once its calls are answered: the worker then
+        stops); an idle worker, or a second SIGTERM, stops at once; ``dirty_graceful_timeout``
+        bounds the wait."""
+        if self.terminating or not (self.running or self.tasks or self.queued):
+            self.stop.set()
+            return
+        self.terminating = True
+        logger.info(
+            "dirty worker %d: SIGTERM, finishing %d call(s) first",
+            os.getpid(),
+            len(self.running) + len(self.tasks),
+        )
+        self.out.write(notice(DRAINING, 0))
+        self.loop.call_later(self.graceful + 1.0, self.stop.set)
 
     def _watch_parent(self, loop: asyncio.AbstractEventLoop) -> None:
         """Parent-death detection, in a thread so a busy loop cannot delay it: when the node
@@ -771,6 +802,51 @@ def _exit_if_orphaned_while(done: threading.Event, ppid: int) -> None:
             os._exit(1)
 
 
+def _await_go(sock: socket.socket) -> bool:
+    """Wait for the node's go-ahead (it has run ``dirty_post_fork``); False if it closed."""
+    got = b""
+    while len(got) < HEADER.size:
+        try:
+            part = sock.recv(HEADER.size - len(got))
+        except InterruptedError:
+            continue
+        if not part:
+            return False
+        got += part
+    return True
+
+
+def _load_apps(sock: socket.socket, paths: list[str]) -> dict[str, Any]:
+    """Gunicorn's order: every app's ``__init__``, then every app's ``init()``; the node is told
+    which app is loading (its progress log) and, on failure, the app's traceback.
+
+    Raises:
+        Exception: What the app raised (reported to the node first).
+    """
+    apps: dict[str, Any] = {}
+    current = ""
+    try:
+        for current in paths:
+            sock.sendall(loading_notice(current))
+            apps[current] = load_dirty_app(current)
+        for current, app in apps.items():
+            sock.sendall(loading_notice(current))
+            app.init()
+    except Exception as exc:
+        tb = "".join(traceback.format_exception(exc))
+        error = DirtyAppError(
+            f"{current} failed to load: {type(exc).__name__}: {exc}",
+            app_path=current,
+            traceback=tb,
+        )
+        try:
+            sock.sendall(error_bytes(0, error))
+        except OSError:
+            pass  # the node is gone
+        raise
+    return apps
+
+
 def main(argv: list[str]) -> int:
     """Run a worker from its JSON spec (argv[0]); returns the exit status."""
     spec = json.loads(argv[0])
@@ -782,6 +858,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGQUIT, lambda *_: os._exit(0))
     signal.signal(signal.SIGUSR1, lambda *_: reopen_log_files())
     sock = socket.socket(fileno=int(spec["fd"]))
+    sock.setblocking(True)
     # Parent-death detection from the start: a worker still loading its apps (a model, say)
     # when the node dies must not be left behind.
     loading = threading.Event()
@@ -791,13 +868,11 @@ def main(argv: list[str]) -> int:
         name="dirty-parent-watch-load",
         daemon=True,
     ).start()
-    apps: dict[str, Any] = {}
     info = DirtyWorkerInfo(int(spec["worker_id"]), os.getpid(), tuple(spec["apps"]))
+    if not _await_go(sock):
+        return 0  # the node stopped before the worker was let go
     try:
-        for path in spec["apps"]:
-            app = load_dirty_app(path)
-            app.init()
-            apps[path] = app
+        apps = _load_apps(sock, list(spec["apps"]))
         hook = _load_hook(spec.get("worker_init"))
         if hook is not None:
             hook(info)
@@ -805,7 +880,13 @@ def main(argv: list[str]) -> int:
         logger.exception("dirty worker %d: loading its apps failed", info.worker_id)
         return 3
     loading.set()  # (the Worker watches its parent from here on)
-    worker = Worker(apps, int(spec["threads"]), float(spec["heartbeat"]), int(spec["ppid"]))
+    worker = Worker(
+        apps,
+        int(spec["threads"]),
+        float(spec["heartbeat"]),
+        int(spec["ppid"]),
+        float(spec.get("graceful", 30.0)),
+    )
     try:
         asyncio.run(worker.serve(sock))
     finally:

@@ -164,3 +164,49 @@ class GatedApp(DirtyApp):
 
     def pid(self) -> int:
         return os.getpid()
+
+
+def _note(event: str) -> None:
+    """Append ``event pid`` to the file named by DIRTY_TEST_ORDER (hooks and apps share it)."""
+    with open(os.environ["DIRTY_TEST_ORDER"], "a") as log:
+        log.write(f"{event} {os.getpid()}\n")
+
+
+class OrderApp(DirtyApp):
+    """Records when its ``__init__`` and ``init()`` run, in the worker."""
+
+    def __init__(self) -> None:
+        _note("__init__")
+
+    def init(self) -> None:
+        _note("init")
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class TogetherApp(DirtyApp):
+    """Each worker's ``init()`` waits until every worker of the pool (DIRTY_TEST_WORKERS of
+    them) is in its ``init()``: the pool loads only if its workers load at the same time."""
+
+    def init(self) -> None:
+        folder = os.environ["DIRTY_TEST_TOGETHER"]
+        open(os.path.join(folder, str(os.getpid())), "w").close()
+        while len(os.listdir(folder)) < int(os.environ["DIRTY_TEST_WORKERS"]):
+            time.sleep(0.01)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class FlakyLoadApp(DirtyApp):
+    """Its first load fails (it leaves the file DIRTY_TEST_FLAKY behind); the next ones work."""
+
+    def init(self) -> None:
+        mark = os.environ["DIRTY_TEST_FLAKY"]
+        if not os.path.exists(mark):
+            open(mark, "w").close()
+            raise RuntimeError("the model file is not there yet")
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -33,3 +33,15 @@ def dirty_worker_init(info: Any) -> None:
 
 def dirty_worker_exit(ctx: Any, info: Any) -> None:
     CALLS.append(("dirty_worker_exit", info))
+
+
+def note_post_fork(ctx: Any, info: Any) -> None:
+    """``dirty_post_fork`` that records (in the node) when it ran for which worker."""
+    with open(os.environ["DIRTY_TEST_ORDER"], "a") as log:
+        log.write(f"dirty_post_fork {info.pid}\n")
+
+
+def note_worker_init(info: Any) -> None:
+    """``dirty_worker_init`` that records (in the worker) when it ran."""
+    with open(os.environ["DIRTY_TEST_ORDER"], "a") as log:
+        log.write(f"dirty_worker_init {os.getpid()}\n")

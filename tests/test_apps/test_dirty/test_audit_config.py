@@ -222,6 +222,7 @@ def test_a_count_in_the_spec_wins_over_a_bad_class_attribute_and_hooks_by_path_l
     with a count); a module-level callable hook round-trips to the worker by path."""
     config = dirty.DirtyConfig(
         dirty_apps=[f"{HERE}:BadWorkers:2"],
+        dirty_workers=2,
         hooks={"dirty_worker_init": f"{HOOKS}:dirty_worker_init"},
     )
     assert config.dirty_apps == (dirty.AppSpec(f"{HERE}:BadWorkers", 2),)

@@ -32,12 +32,14 @@ def test_bad_specs_are_refused_with_gunicorns_error(spec: str, message: str) -> 
 
 
 def test_config_spec_count_wins_over_class_attribute() -> None:
-    config = dirty.DirtyConfig(dirty_apps=[f"{LIMITED}:3", ECHO])
+    config = dirty.DirtyConfig(dirty_apps=[f"{LIMITED}:3", ECHO], dirty_workers=3)
     assert config.dirty_apps == (AppSpec(LIMITED, 3), AppSpec(ECHO, None))
 
 
 def test_class_attribute_limits_without_count() -> None:
-    assert dirty.DirtyConfig(dirty_apps=[LIMITED]).dirty_apps == (AppSpec(LIMITED, 1),)
+    assert dirty.DirtyConfig(dirty_apps=[LIMITED], dirty_workers=1).dirty_apps == (
+        AppSpec(LIMITED, 1),
+    )
 
 
 def test_gunicorn_defaults() -> None:

@@ -142,6 +142,25 @@ class Node:
         self.out.close()
 
 
+async def _holding(
+    nursery: trio.Nursery, client: dirty.DirtyClient, marks: list[Path], seconds: float
+) -> list[Any]:
+    """Start one MarkApp ``hold`` call per mark (``seconds`` long) and return once every one
+    runs (one on each worker); the list gets each call's result or error as it ends."""
+    results: list[Any] = []
+
+    async def hold(mark: Path) -> None:
+        try:
+            results.append(await client.execute_async(MARK, "hold", str(mark), seconds))
+        except dirty.DirtyError as exc:
+            results.append(exc)
+
+    for mark in marks:
+        nursery.start_soon(hold, mark)
+    await _until(lambda: all(m.exists() for m in marks))
+    return results
+
+
 async def _status(client: dirty.DirtyClient) -> dict[str, Any]:
     return await client.status_async()
 
@@ -149,13 +168,15 @@ async def _status(client: dirty.DirtyClient) -> dict[str, Any]:
 async def _settled(
     client: dirty.DirtyClient, n: int, avoid: frozenset[int] | set[int] = frozenset()
 ) -> dict[str, Any]:
-    """The status once exactly ``n`` workers serve, none draining and none of ``avoid``."""
+    """The status once exactly ``n`` workers serve, none draining and none of ``avoid``, and
+    the pool's target is ``n`` (the router counts a started worker once its start is reported,
+    which may come just after the worker announced itself)."""
     with trio.fail_after(20):
         while True:
             status = await _status(client)
             pids = {w["pid"] for w in status["workers"]}
             if (
-                len(status["workers"]) == n
+                len(status["workers"]) == n == status["target_workers"]
                 and not any(w["draining"] for w in status["workers"])
                 and not pids & avoid
                 and all(w["pid"] for w in status["workers"])
@@ -237,9 +258,9 @@ def test_a_hook_path_that_cannot_load_is_refused_with_the_config(hook: str) -> N
 
 
 def test_cli_flags_win_over_node_toml_and_zero_is_kept() -> None:
-    """``--dirty-timeout 0`` (off) and ``--dirty-workers 0`` (as many as the apps need) are
-    real values, not "unset"; the toml fills in what the flags leave out."""
-    settings = {
+    """``--dirty-timeout 0`` (off) and ``--dirty-workers 0`` are real values, not "unset"; the
+    toml fills in what the flags leave out. 0 workers with apps is refused, naming both."""
+    settings: dict[str, Any] = {
         "dirty": {
             "dirty_apps": [f"{LIMITED}:3"],
             "dirty_workers": 5,
@@ -248,22 +269,26 @@ def test_cli_flags_win_over_node_toml_and_zero_is_kept() -> None:
         },
         "flags": {
             "dirty_timeout": 0.0,
-            "dirty_workers": 0,
+            "dirty_workers": 4,
             "dirty_apps": None,
             "dirty_graceful_timeout": None,
         },
     }
     config = dirty.DirtyConfig.from_settings(settings)
-    assert config.dirty_timeout == 0.0 and config.dirty_workers == 0
-    assert config.worker_count == 3  # the largest per-app N
+    assert config.dirty_timeout == 0.0 and config.dirty_workers == 4
+    assert config.worker_count == 4
     assert config.dirty_graceful_timeout == 7.0
     assert isinstance(config.dirty_graceful_timeout, float)
+    settings["flags"]["dirty_workers"] = 0
+    with pytest.raises(dirty.DirtyConfigError, match=r"dirty_workers = 0 .* dirty_apps names 1"):
+        dirty.DirtyConfig.from_settings(settings)
 
 
 def test_the_cli_spec_count_wins_over_the_class_attribute_through_the_node_flags() -> None:
     from otp.node._config import load_config
 
-    node = load_config(["--app", "apps.dirty", "--dirty-app", f"{LIMITED}:2", "--dirty-app", ECHO])
+    args = ["--app", "apps.dirty", "--dirty-app", f"{LIMITED}:2", "--dirty-app", ECHO]
+    node = load_config([*args, "--dirty-workers", "2"])
     config = dirty.DirtyConfig.from_settings(node.settings)
     assert config.dirty_apps == (dirty.AppSpec(LIMITED, 2), dirty.AppSpec(ECHO, None))
     assert dirty.initial_allocation(config.dirty_apps, 3) == [
@@ -271,7 +296,7 @@ def test_the_cli_spec_count_wins_over_the_class_attribute_through_the_node_flags
         [LIMITED, ECHO],
         [ECHO],
     ]
-    assert config.worker_count == 2  # dirty_workers unset: the largest N
+    assert config.worker_count == 2
 
 
 async def test_dirty_timeout_zero_never_kills_a_silent_worker(
@@ -303,6 +328,48 @@ async def test_a_crashed_worker_comes_back_with_the_same_apps(
     [back] = [w for w in status["workers"] if LIMITED in w["apps"]]
     assert back["age"] == holder["age"]  # the same worker, restarted
     assert await client.execute_async(LIMITED, "pid") == back["pid"]
+    await client.close_async()
+
+
+async def test_sigterm_to_a_worker_lets_its_calls_finish_and_the_pool_replaces_it(
+    start_pool: Any, socket_path: str, tmp_path: Path
+) -> None:
+    """Gunicorn's worker on SIGTERM: the calls running finish (their callers get results, not
+    DirtyWorkerError), no new call goes to it, it exits and the pool starts a replacement."""
+    await start_pool(dirty_apps=[MARK], dirty_workers=2, dirty_graceful_timeout=20.0)
+    client = dirty.DirtyClient(socket_path, timeout=30)
+    status = await _settled(client, 2)
+    async with trio.open_nursery() as nursery:
+        results = await _holding(nursery, client, [tmp_path / "a", tmp_path / "b"], 1.0)
+        victim = status["workers"][0]
+        os.kill(victim["pid"], signal.SIGTERM)
+        with trio.fail_after(10):  # (the worker tells the node, which tells the router)
+            while not [w for w in (await _status(client))["workers"] if w["draining"]]:
+                await trio.sleep(0.02)
+        # No new call goes to the draining worker while its call runs.
+        others = {w["pid"] for w in status["workers"]} - {victim["pid"]}
+        for _ in range(4):
+            assert await client.execute_async(MARK, "pid") in others
+    assert results == [1.0, 1.0]
+    status = await _settled(client, 2, {victim["pid"]})
+    [back] = [w for w in status["workers"] if w["age"] == victim["age"]]
+    assert back["pid"] != victim["pid"]
+    await client.close_async()
+
+
+async def test_dirty_max_requests_replaces_a_worker_gracefully_and_loses_no_call(
+    start_pool: Any, socket_path: str
+) -> None:
+    """Gunicorn's max_requests: after 3 calls the worker is replaced (its replacement first,
+    so a one-worker pool always has a worker), and every call is answered."""
+    await start_pool(dirty_apps=[MARK], dirty_workers=1, dirty_max_requests=3)
+    client = dirty.DirtyClient(socket_path, timeout=30)
+    seen: list[int] = []
+    with trio.fail_after(60):
+        while len(set(seen)) < 3:
+            seen.append(await client.execute_async(MARK, "pid"))  # raises if a call is lost
+    status = await _settled(client, 1)
+    assert status["workers"][0]["pid"] in seen
     await client.close_async()
 
 
@@ -377,19 +444,8 @@ async def test_the_node_drains_the_calls_in_flight_on_every_worker(
         client = dirty.DirtyClient(node.socket, timeout=30)
         pids = {w["pid"] for w in (await _status(client))["workers"]}
         assert len(pids) == 2
-        marks = [tmp_path / "a", tmp_path / "b"]
-        results: list[Any] = []
-
-        async def slow(mark: Path) -> None:
-            try:
-                results.append(await client.execute_async(MARK, "hold", str(mark), 0.5))
-            except dirty.DirtyError as exc:
-                results.append(exc)
-
         async with trio.open_nursery() as nursery:
-            for mark in marks:
-                nursery.start_soon(slow, mark)
-            await _until(lambda: all(m.exists() for m in marks))  # one on each worker
+            results = await _holding(nursery, client, [tmp_path / "a", tmp_path / "b"], 0.5)
             if how == "ctrl-c-to-the-group":
                 os.killpg(node.process.pid, signal.SIGINT)
             else:
@@ -469,12 +525,14 @@ async def test_a_worker_still_loading_its_apps_exits_when_the_node_dies(
                 os.close(fd)  # (lets a surviving worker finish init, see the node gone, exit)
 
 
+@pytest.mark.parametrize("start", ["ttin", "replacement"])
 async def test_term_while_a_worker_start_is_under_way_stops_the_node(
-    tmp_path: Path, gate: Path
+    tmp_path: Path, gate: Path, start: str
 ) -> None:
-    """A TTIN's new worker is still loading its apps (a model taking minutes) when TERM comes:
-    the node stops anyway, within the graceful timeout (nothing is in flight), and the loading
-    worker goes too."""
+    """A TTIN's new worker, or a killed worker's replacement, is still loading its apps (a
+    model taking minutes) when TERM comes: the node stops anyway, within the graceful timeout
+    (nothing is in flight), the loading worker goes too, and the cut-short start is part of the
+    shutdown, not a supervisor start_error."""
     async with Node(
         tmp_path,
         "--dirty-app", GATED, "--dirty-workers", "1", "--dirty-graceful-timeout", "0.5",
@@ -483,16 +541,22 @@ async def test_term_while_a_worker_start_is_under_way_stops_the_node(
         client = dirty.DirtyClient(node.socket)
         [first] = [w["pid"] for w in (await _status(client))["workers"]]
         os.mkfifo(gate)
-        node.process.send_signal(signal.SIGTTIN)
+        if start == "ttin":
+            node.process.send_signal(signal.SIGTTIN)
+        else:
+            os.kill(first, signal.SIGKILL)
         fd = await _hold(gate)
         try:
             [loading] = [p for p in _children(node.process.pid) if p != first]
             node.process.send_signal(signal.SIGTERM)
-            with trio.fail_after(3):
+            with trio.fail_after(5):
                 assert await node.process.wait() == 0
             await _until(lambda: _gone(first) and _gone(loading), timeout=3)
         finally:
             os.close(fd)
+        assert "start_error" not in node.text()
+        if start == "ttin":  # (a killed worker is rightly an ERROR report of its own)
+            assert "ERROR" not in node.text()
         await client.close_async()
 
 

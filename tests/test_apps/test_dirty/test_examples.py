@@ -60,3 +60,10 @@ def test_the_default_application_hosts_the_example_unless_told_otherwise() -> No
     ours = "tests.test_apps.test_dirty.dirty_apps:EchoApp"
     custom = dirty.default_application(node.NodeConfig(settings={"dirty": {"dirty_apps": [ours]}}))
     assert ours in (custom.description or "") and EXAMPLE_APP not in (custom.description or "")
+
+
+def test_the_default_node_runs_one_worker_unless_told_and_zero_workers_disables_it() -> None:
+    default = dirty.default_application(node.NodeConfig())
+    assert "dirty worker pool, 1 worker(s) hosting" in (default.description or "")
+    off = dirty.default_application(node.NodeConfig(settings={"dirty": {"dirty_workers": 0}}))
+    assert off.description == "dirty worker pool, disabled (dirty_workers = 0, no dirty_apps)"

@@ -16,7 +16,7 @@ import trio
 
 import supervisors
 from apps import dirty
-from apps.dirty import _pidfile
+from apps.dirty import _lifecycle, _pidfile
 
 from .conftest import ECHO
 
@@ -71,7 +71,7 @@ def _hook_names() -> list[str]:
 
 def test_hooks_are_found_by_name_in_the_dirty_config_module() -> None:
     config = dirty.DirtyConfig.from_settings(
-        {"dirty": {"dirty_apps": [ECHO], "dirty_config": HOOKS}}
+        {"dirty": {"dirty_apps": [ECHO], "dirty_workers": 1, "dirty_config": HOOKS}}
     )
     for name in _hook_names():
         assert config.hook(name) is getattr(dirty_hooks, name)
@@ -234,3 +234,109 @@ async def test_an_untrusted_pid_file_or_a_live_pool_kills_nothing(
         for proc in (orphan, live_node):
             proc.kill()
             await proc.wait()
+
+
+ORDER = "tests.test_apps.test_dirty.dirty_apps:OrderApp"
+TOGETHER = "tests.test_apps.test_dirty.dirty_apps:TogetherApp"
+FLAKY = "tests.test_apps.test_dirty.dirty_apps:FlakyLoadApp"
+
+
+async def test_a_worker_starts_in_gunicorns_order_post_fork_init_then_worker_init(
+    start_pool: Any, socket_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fork -> dirty_post_fork -> every app's __init__ -> every init() -> dirty_worker_init,
+    as the worker sees it: the node's hook has run before the worker builds its apps."""
+    order = tmp_path / "order"
+    monkeypatch.setenv("DIRTY_TEST_ORDER", str(order))
+    hooks = {
+        "dirty_post_fork": f"{HOOKS}:note_post_fork",
+        "dirty_worker_init": f"{HOOKS}:note_worker_init",
+    }
+    await start_pool(dirty_apps=[ORDER, LOG], dirty_workers=2, hooks=hooks)
+    client = dirty.DirtyClient(socket_path)
+    pids = {w["pid"] for w in (await client.status_async())["workers"]}
+    await client.close_async()
+    events: dict[int, list[str]] = {pid: [] for pid in pids}
+    for line in order.read_text().splitlines():
+        event, pid = line.split()
+        events[int(pid)].append(event)
+    assert events == {
+        pid: ["dirty_post_fork", "__init__", "init", "dirty_worker_init"] for pid in pids
+    }
+
+
+async def test_disabled_pool_with_no_apps_and_zero_workers_says_so_once(
+    start_pool: Any, socket_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="apps.dirty")
+    await start_pool(dirty_apps=[], dirty_workers=0)
+    disabled = [r.getMessage() for r in caplog.records if "disabled" in r.getMessage()]
+    assert disabled == ["dirty pool disabled: dirty_workers = 0 and no dirty_apps"]
+    assert not os.path.exists(socket_path)  # nothing listens, no worker runs
+    await supervisors.stop_application("dirty")
+
+
+async def test_workers_load_their_apps_in_parallel_bounded_by_the_load_timeout(
+    start_pool: Any, socket_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each worker's init() waits until all three are in init(): one after another, the pool
+    could never start. dirty_timeout (1 s) does not bound the load; dirty_app_load_timeout
+    does."""
+    folder = tmp_path / "together"
+    folder.mkdir()
+    monkeypatch.setenv("DIRTY_TEST_TOGETHER", str(folder))
+    monkeypatch.setenv("DIRTY_TEST_WORKERS", "3")
+    with trio.fail_after(60):
+        await start_pool(
+            dirty_apps=[TOGETHER], dirty_workers=3, dirty_timeout=1.0, dirty_app_load_timeout=30.0
+        )
+    client = dirty.DirtyClient(socket_path)
+    status = await client.status_async()
+    assert sorted(w["pid"] for w in status["workers"]) == sorted(map(int, os.listdir(folder)))
+    assert await client.execute_async(TOGETHER, "pid") in {w["pid"] for w in status["workers"]}
+    await client.close_async()
+
+
+async def test_a_failed_load_is_logged_with_the_apps_traceback_and_retried_by_the_pool(
+    start_pool: Any,
+    socket_path: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("DIRTY_TEST_FLAKY", str(tmp_path / "flaky"))
+    await start_pool(dirty_apps=[FLAKY], dirty_workers=1)  # (the start does not fail)
+    client = dirty.DirtyClient(socket_path)
+    [worker] = (await client.status_async())["workers"]
+    assert await client.execute_async(FLAKY, "pid") == worker["pid"]
+    await client.close_async()
+    [failure] = [r.getMessage() for r in caplog.records if "failed to start" in r.getMessage()]
+    assert "FlakyLoadApp failed to load: RuntimeError: the model file is not there yet" in failure
+    assert "Traceback (most recent call last)" in failure and "in init" in failure
+
+
+async def test_a_load_is_logged_while_it_lasts_and_given_up_at_the_load_timeout(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The node's side of a worker's boot, on trio's clock: the test plays the worker."""
+    caplog.set_level(logging.INFO, logger="apps.dirty")
+    ours, theirs = trio.socket.socketpair()
+    stream = trio.SocketStream(ours)
+    worker = trio.SocketStream(theirs)
+
+    async def boot() -> None:
+        await worker.send_all(_lifecycle.loading_notice("myapp:MLApp"))
+        await trio.sleep(70)  # the model loads for 70 s
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(boot)
+        with pytest.raises(dirty.DirtyWorkerError, match="dirty_app_load_timeout=100s"):
+            await _lifecycle.await_loaded(stream, 2, ("myapp:Tokenizer", "myapp:MLApp"), 100.0)
+    progress = [r.getMessage() for r in caplog.records if "loading" in r.getMessage()]
+    assert progress[:3] == [
+        "dirty worker 2 loading myapp:MLApp, 25 s",
+        "dirty worker 2 loading myapp:MLApp, 50 s",
+        "dirty worker 2 loading myapp:MLApp, 75 s",
+    ]
+    await stream.aclose()
+    await worker.aclose()

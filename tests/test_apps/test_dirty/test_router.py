@@ -427,3 +427,44 @@ async def test_the_router_takes_its_helpers_down_with_it(
 def _links(pid: otp.Pid) -> tuple[otp.Pid, ...]:
     info = otp.process_info(pid)
     return info.links if info is not None else ()
+
+
+async def test_manage_add_is_capped_at_dirty_max_workers_and_answered_with_the_clamped_count(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_apps=[GATED], dirty_workers=1, dirty_max_workers=2)
+    client = dirty.DirtyClient(socket_path)
+    added = await trio.to_thread.run_sync(client.manage, "add", 1_000_000)
+    assert added["requested"] == 1_000_000 and added["spawned"] == 1 and added["success"]
+    assert added["total_workers"] == added["target_workers"] == 2
+    assert added["reason"] == "the pool is capped at dirty_max_workers=2 worker(s)"
+    again = await otp.call(ROUTER, ("add", 1), timeout=None)  # (SIGTTIN's request)
+    assert again["spawned"] == 0 and again["total_workers"] == 2
+    await client.close_async()
+    client.close()
+
+
+async def test_a_remove_is_not_stuck_behind_a_huge_add_the_latest_request_wins(
+    start_pool: Any, socket_path: str, gate: Path
+) -> None:
+    await start_pool(dirty_apps=[GATED], dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+    results: dict[str, Any] = {}
+
+    async def request(what: Any) -> None:
+        results[what[0]] = await otp.call(ROUTER, what, timeout=None)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(request, ("add", 1_000_000))
+            async with holding_a_worker_start(gate):  # the add's first worker is loading
+                nursery.start_soon(request, ("remove", 1))
+                await trio.testing.wait_all_tasks_blocked()
+                assert results == {}
+    # The add stopped after the worker it was starting; the remove then ran.
+    assert results["add"]["spawned"] == 1 and results["add"]["requested"] == 1_000_000
+    assert results["add"]["reason"] == "cut short by a later remove"
+    assert results["remove"]["removed"] == 1 and results["remove"]["target_workers"] == 1
+    status = await _settled(client)
+    assert status["worker_count"] == 1 and status["target_workers"] == 1
+    await client.close_async()
