@@ -42,6 +42,7 @@ from ._model import FlowDefinition as FlowDefinition
 from ._model import FlowDescription as FlowDescription
 from ._model import FlowStatus as FlowStatus
 from ._model import FlowSummary as FlowSummary
+from ._model import QueueSummary as QueueSummary
 from ._model import Registry as Registry
 from ._model import RetryPolicy as RetryPolicy
 from ._model import RpcContext as RpcContext
@@ -98,6 +99,7 @@ __all__ = [
     "PullRegistrationState",
     "PullWorkerOptions",
     "QueueRegistrationState",
+    "QueueSummary",
     "Registry",
     "RetryPolicy",
     "RpcContext",

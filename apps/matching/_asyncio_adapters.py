@@ -14,7 +14,7 @@ from ._asyncio_handlers import AsyncioHandlerRunner
 from ._blobs import BlobCache
 from ._client_engine import ClientEngine
 from ._errors import ClientClosed, WorkerStopped
-from ._model import Flow, FlowDescription, FlowStatus, FlowSummary, Registry
+from ._model import Flow, FlowDescription, FlowStatus, FlowSummary, QueueSummary, Registry
 from ._options import ClientOptions, WorkerOptions
 from ._readiness import PullRegistrationState
 from ._trio_thread import _call_async, _TrioThread
@@ -165,6 +165,9 @@ class AsyncClient(_ClientCalls):
     ) -> str:
         return await self._do(self._engine.start_flow, flow, *args, flow_id=flow_id)
 
+    async def start_known_flow(self, flow_type: str, *args: Any, flow_id: str | None = None) -> str:
+        return await self._do(self._engine.start_known_flow, flow_type, *args, flow_id=flow_id)
+
     async def call_rpc(
         self, flow_id: str, name: str, *args: Any, timeout: float | None = None
     ) -> Any:
@@ -187,6 +190,9 @@ class AsyncClient(_ClientCalls):
     async def cancel_flow(self, flow_id: str) -> None:
         await self._do(self._engine.cancel_flow, flow_id)
 
+    async def list_queues(self) -> list[QueueSummary]:
+        return await self._do(self._engine.list_queues)
+
     async def close(self) -> None:
         """Close the connection and the client's thread; later calls raise ClientClosed."""
         try:
@@ -207,8 +213,10 @@ class AsyncClient(_ClientCalls):
 
 AsyncClient.open.__doc__ = ClientEngine.open.__doc__
 AsyncClient.start_flow.__doc__ = ClientEngine.start_flow.__doc__
+AsyncClient.start_known_flow.__doc__ = ClientEngine.start_known_flow.__doc__
 AsyncClient.call_rpc.__doc__ = ClientEngine.call_rpc.__doc__
 AsyncClient.result.__doc__ = ClientEngine.result.__doc__
 AsyncClient.describe_flow.__doc__ = ClientEngine.describe_flow.__doc__
 AsyncClient.list_flows.__doc__ = ClientEngine.list_flows.__doc__
 AsyncClient.cancel_flow.__doc__ = ClientEngine.cancel_flow.__doc__
+AsyncClient.list_queues.__doc__ = ClientEngine.list_queues.__doc__

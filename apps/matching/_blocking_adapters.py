@@ -16,7 +16,7 @@ from ._asyncio_handlers import AsyncioHandlerRunner, _has_async_handlers, _LoopT
 from ._blobs import BlobCache
 from ._client_engine import ClientEngine
 from ._errors import ClientClosed, WorkerStopped
-from ._model import Flow, FlowDescription, FlowStatus, FlowSummary, Registry
+from ._model import Flow, FlowDescription, FlowStatus, FlowSummary, QueueSummary, Registry
 from ._options import WorkerOptions
 from ._trio_thread import _call_sync
 
@@ -128,6 +128,9 @@ class Client(_ClientCalls):
     ) -> str:
         return self._do(self._engine.start_flow, flow, *args, flow_id=flow_id)
 
+    def start_known_flow(self, flow_type: str, *args: Any, flow_id: str | None = None) -> str:
+        return self._do(self._engine.start_known_flow, flow_type, *args, flow_id=flow_id)
+
     def call_rpc(self, flow_id: str, name: str, *args: Any, timeout: float | None = None) -> Any:
         return self._do(self._engine.call_rpc, flow_id, name, *args, timeout=timeout)
 
@@ -147,6 +150,9 @@ class Client(_ClientCalls):
 
     def cancel_flow(self, flow_id: str) -> None:
         self._do(self._engine.cancel_flow, flow_id)
+
+    def list_queues(self) -> list[QueueSummary]:
+        return self._do(self._engine.list_queues)
 
     def close(self) -> None:
         """Close the connection and the client's thread; later calls raise ClientClosed."""
@@ -169,11 +175,13 @@ class Client(_ClientCalls):
 for _name in (
     "open",
     "start_flow",
+    "start_known_flow",
     "call_rpc",
     "result",
     "describe_flow",
     "list_flows",
     "cancel_flow",
+    "list_queues",
 ):
     getattr(Client, _name).__doc__ = getattr(ClientEngine, _name).__doc__
 del _name

@@ -1,5 +1,6 @@
-"""The ops a server connection serves for M_CALL: clients' ``start_flow``, ``call_rpc``,
-``result``, ``describe``, ``list``, ``cancel`` and everyone's ``put_blob`` / ``get_blob``.
+"""The ops a server connection serves for M_CALL: clients' ``start_flow``, ``start_known``,
+``call_rpc``, ``result``, ``describe``, ``list``, ``cancel``, ``queues``, workers'
+``define_flows`` and everyone's ``put_blob`` / ``get_blob``.
 
 Each call runs in a task of its own on its connection (as a Gunicorn-style worker serves
 requests concurrently) and is answered by M_REPLY, or by an M_ERROR carrying the error's code
@@ -18,8 +19,10 @@ import trio
 import otp
 import wire
 
+from . import _matcher
 from ._engine import FlowEngine
 from ._errors import MatchingError
+from ._flow_spec import parse_definitions
 
 if TYPE_CHECKING:
     from ._connection import Connection
@@ -51,8 +54,9 @@ def start_call(conn: Connection, msg: wire.MatchCall) -> None:
         conn.error(rid, "draining", _DRAINING.format(op=msg.op), retryable=True)
         return
     op = _OPS.get(msg.op)
-    if op is None or (conn.role == "worker" and msg.op not in _WORKER_OPS):
-        allowed = sorted(_WORKER_OPS if conn.role == "worker" else _OPS)
+    allowed_ops = _WORKER_OPS if conn.role == "worker" else _CLIENT_OPS
+    if op is None or msg.op not in allowed_ops:
+        allowed = sorted(allowed_ops)
         conn.error(
             rid, "unsupported", f"a {conn.role} may call {', '.join(allowed)}, not {msg.op!r}"
         )
@@ -168,6 +172,15 @@ async def _start_flow(conn: Connection, args: dict[Any, Any]) -> Any:
     )
 
 
+async def _start_known(conn: Connection, args: dict[Any, Any]) -> Any:
+    return await FlowEngine.start_known(
+        _arg(args, "flow_type", str),
+        _arg(args, "args", list),
+        _arg(args, "flow_id", str, optional=True),
+        server=conn.ctx.engine,
+    )
+
+
 async def _call_rpc(conn: Connection, args: dict[Any, Any]) -> Any:
     return await FlowEngine.call_rpc(
         _arg(args, "flow_id", str),
@@ -205,14 +218,42 @@ async def _cancel(conn: Connection, args: dict[Any, Any]) -> Any:
     return None
 
 
+async def _define_flows(conn: Connection, args: dict[Any, Any]) -> Any:
+    definitions = parse_definitions(
+        _arg(args, "flows", dict), max_flow_types=conn.ctx.config.limits.max_flow_types
+    )
+    FlowEngine.advertise(definitions, server=conn.ctx.engine)
+    return None
+
+
+async def _queues(conn: Connection, args: dict[Any, Any]) -> Any:
+    stats = await _matcher.statistics(matcher=conn.ctx.matcher)
+    rows = []
+    for queue, found in stats.queues.items():
+        if found is None:  # it stopped while it was asked
+            continue
+        kind, _, name = queue.partition(":")
+        row = {"name": name, "kind": kind}
+        row.update({key: getattr(found, key) for key in _QUEUE_COUNTS})
+        rows.append(row)
+    return rows
+
+
+_QUEUE_COUNTS = ("streams", "idle", "offered", "busy", "waiting", "workers", "declines")
+
 _OPS: dict[str, Callable[[Connection, dict[Any, Any]], Awaitable[Any]]] = {
     "start_flow": _start_flow,
+    "start_known": _start_known,
     "call_rpc": _call_rpc,
     "result": _result,
     "describe": _describe,
     "list": _list,
     "cancel": _cancel,
+    "queues": _queues,
+    "define_flows": _define_flows,
     "put_blob": _put_blob,
     "get_blob": _get_blob,
 }
-_WORKER_OPS = frozenset({"put_blob", "get_blob"})
+_WORKER_OPS = frozenset({"define_flows", "put_blob", "get_blob"})
+#: Every op but the workers' own ``define_flows`` (the definitions of the code that runs).
+_CLIENT_OPS = frozenset(_OPS) - {"define_flows"}

@@ -1,5 +1,6 @@
 """The client engine (trio): start flows, call their RPCs, wait for results, describe, list and
-cancel them (the seed's ``Client``; every flavour in ``_adapters.py`` runs this one engine).
+cancel them, and list the server's queues (the seed's ``Client``; every flavour in
+``_adapters.py`` runs this one engine).
 
 One connection is shared by every call of the engine (calls are multiplexed by call id). A
 connection that is lost is dropped and the next call dials again; a call caught by the loss fails
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -20,7 +21,15 @@ import wire
 
 from ._blobs import BlobCache
 from ._errors import ClientClosed, ConfigurationError, MatchingError, ProtocolError
-from ._model import Flow, FlowDefinition, FlowDescription, FlowStatus, FlowSummary, Registry
+from ._model import (
+    Flow,
+    FlowDefinition,
+    FlowDescription,
+    FlowStatus,
+    FlowSummary,
+    QueueSummary,
+    Registry,
+)
 from ._options import ClientOptions
 
 __all__ = ["ClientEngine", "flow_definition_payload"]
@@ -30,9 +39,11 @@ __all__ = ["ClientEngine", "flow_definition_payload"]
 TIMEOUT_GRACE = 5.0
 
 #: Ops that may be sent again on a fresh connection when the first one was lost under them.
-_IDEMPOTENT = frozenset({"result", "describe", "list", "get_blob", "put_blob", "cancel"})
+_IDEMPOTENT = frozenset({"result", "describe", "list", "queues", "get_blob", "put_blob", "cancel"})
 
 log = logging.getLogger("apps.matching.client")
+
+T = TypeVar("T")
 
 
 class CallConnection(Protocol):
@@ -73,22 +84,8 @@ async def _open_sdk_connection(options: ClientOptions) -> CallConnection:
 
 
 def flow_definition_payload(definition: FlowDefinition) -> dict[str, Any]:
-    """What ``start_flow`` sends of a flow type: its Steps (with their retry policies and
-    timeouts) in order, and its RPC names."""
-    return {
-        "steps": [
-            {
-                "name": s.name,
-                "max_attempts": s.retry.max_attempts,
-                "initial_backoff": float(s.retry.initial_backoff),
-                "backoff_coefficient": float(s.retry.backoff_coefficient),
-                "max_backoff": float(s.retry.max_backoff),
-                "timeout": None if s.timeout is None else float(s.timeout),
-            }
-            for s in definition.steps
-        ],
-        "rpcs": list(definition.rpcs),
-    }
+    """What ``start_flow`` sends of a flow type (:meth:`FlowDefinition.to_wire`)."""
+    return definition.to_wire()
 
 
 def _connection_lost(exc: BaseException) -> bool:
@@ -294,6 +291,32 @@ class ClientEngine:
             raise ProtocolError(f"start_flow was answered with {answer!r}, not a flow id")
         return answer
 
+    async def start_known_flow(self, flow_type: str, *args: Any, flow_id: str | None = None) -> str:
+        """Start a flow of ``flow_type``, a type this client's registry need not have, with
+        the definition the server knows for it (the ``start_known`` op): the newest one a
+        connected worker advertised or a client's ``start_flow`` sent, else the one the newest
+        stored flow of the type was pinned with. Returns its flow id.
+
+        Raises:
+            UnknownFlowType: The server knows no definition of ``flow_type``.
+            FlowExists: A flow with ``flow_id`` exists already.
+        """
+        if type(flow_type) is not str or not flow_type:
+            raise ConfigurationError(
+                f"start_known_flow: flow_type must be a non-empty str (got {flow_type!r})"
+            )
+        if flow_id is not None:
+            _check_flow_id(flow_id, "start_known_flow")
+        packed = await self._pack(list(args))
+        answer = await self._call(
+            "start_known",
+            {"flow_type": flow_type, "flow_id": flow_id, "args": packed},
+            self.options.call_timeout,
+        )
+        if type(answer) is not str or not answer:
+            raise ProtocolError(f"start_known was answered with {answer!r}, not a flow id")
+        return answer
+
     async def call_rpc(
         self, flow_id: str, name: str, *args: Any, timeout: float | None = None
     ) -> Any:
@@ -378,12 +401,7 @@ class ClientEngine:
             {"flow_type": name, "status": None if status is None else status.value, "limit": limit},
             self.options.call_timeout,
         )
-        if type(rows) is not list:
-            raise ProtocolError(f"list was answered with {type(rows).__name__}, not a list")
-        try:
-            return [FlowSummary.from_wire(row) for row in rows]
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ProtocolError(f"list was answered with a malformed summary: {exc!r}") from exc
+        return _rows("list", rows, FlowSummary.from_wire)
 
     async def cancel_flow(self, flow_id: str) -> None:
         """Cancel the flow ``flow_id``: it ends as cancelled (its ``result`` raises
@@ -394,3 +412,23 @@ class ClientEngine:
         """
         _check_flow_id(flow_id, "cancel_flow")
         await self._call("cancel", {"flow_id": flow_id}, self.options.call_timeout)
+
+    async def list_queues(self) -> list[QueueSummary]:
+        """The server's matching queues now (flow-type queues and app worker id queues), by
+        name, each with its streams by state, its backlog and its declines."""
+        rows = await self._call("queues", {}, self.options.call_timeout)
+        return _rows("queues", rows, QueueSummary.from_wire)
+
+
+def _rows(op: str, rows: Any, read: Callable[[Any], T]) -> list[T]:
+    """An op's answer, a list of dicts, read by ``read``.
+
+    Raises:
+        ProtocolError: It is not a list, or a row is malformed.
+    """
+    if type(rows) is not list:
+        raise ProtocolError(f"{op} was answered with {type(rows).__name__}, not a list")
+    try:
+        return [read(row) for row in rows]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ProtocolError(f"{op} was answered with a malformed row: {exc!r}") from exc

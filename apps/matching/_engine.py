@@ -27,6 +27,7 @@ import trio
 import otp
 
 from ._dispatch import Completed, Failed, Lost, NotDispatched, Routed
+from ._engine_definitions import Advertised, DefinitionLoaded, remember
 from ._engine_reads import _describe
 from ._engine_rpcs import EngineRpcs
 from ._engine_state import (
@@ -106,6 +107,30 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         """
         request = ("start_flow", flow_type, args, flow_id, definition)
         return _unwrap(await otp.call(server, request, timeout))
+
+    @staticmethod
+    async def start_known(
+        flow_type: str,
+        args: Sequence[Any],
+        flow_id: str | None = None,
+        *,
+        server: Any = ENGINE,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> str:
+        """Start a flow of ``flow_type`` with ``args`` and the definition the engine knows for
+        the type (``_engine_definitions``); returns its id once the flow is stored.
+
+        Raises:
+            UnknownFlowType: no definition of ``flow_type`` was given and none is stored.
+            FlowExists, ConfigurationError: as :meth:`start_flow`.
+        """
+        request = ("start_known", flow_type, args, flow_id)
+        return _unwrap(await otp.call(server, request, timeout))
+
+    @staticmethod
+    def advertise(definitions: Mapping[str, FlowSpec], *, server: Any = ENGINE) -> None:
+        """Tell the engine the definitions a worker advertised (a cast; never blocks)."""
+        otp.cast(server, Advertised(dict(definitions)))
 
     @staticmethod
     async def call_rpc(
@@ -214,6 +239,7 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                 logger.exception("matching engine: flow %r has a bad definition", record.flow_id)
                 continue
             state.flows[flow.flow_id] = flow
+            remember(state, flow.flow_type, flow.spec)
             if flow.step_index >= len(flow.spec.steps):
                 continue  # (cannot be: such a flow is stored completed)
             for pending in await StoreServer.pending(
@@ -233,6 +259,8 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
             match request:
                 case ("start_flow", flow_type, args, flow_id, definition):
                     self._start_flow(state, from_, flow_type, args, flow_id, definition)
+                case ("start_known", flow_type, args, flow_id):
+                    self._start_known(state, from_, flow_type, args, flow_id)
                 case ("call_rpc", flow_id, name, args, timeout):
                     self._call_rpc(state, from_, flow_id, name, args, timeout)
                 case ("result", flow_id, timeout):
@@ -252,10 +280,20 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
             otp.reply(from_, _err(exc))
         return self._next(state)
 
+    def handle_cast(self, message: Any, state: _State) -> Any:
+        if type(message) is Advertised:
+            for flow_type, spec in message.definitions.items():
+                remember(state, flow_type, spec)
+        else:
+            logger.warning("matching engine: unexpected cast %r", message)
+        return self._next(state)
+
     def handle_info(self, message: Any, state: _State) -> Any:
         match message:
             case "timeout":
                 self._flush(state)
+            case DefinitionLoaded():
+                self._definition_loaded(state, message)
             case Routed():
                 self._routed(state, message)
             case Completed() | Failed() | NotDispatched() | Lost():

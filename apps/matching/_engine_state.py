@@ -299,6 +299,8 @@ class _State:
     flows: dict[str, _Flow] = attrs.field(factory=dict)
     deliveries: dict[int, _Flow | _Rpc] = attrs.field(factory=dict)
     loading: dict[str, list[Callable[[_Flow | None], None]]] = attrs.field(factory=dict)
+    #: Flow type -> the newest definition given for it (``_engine_definitions``).
+    known: dict[str, FlowSpec] = attrs.field(factory=dict)
     watched: dict[otp.Ref, str] = attrs.field(factory=dict)
     building: _Pass = attrs.field(factory=_Pass)
     committing: _Pass | None = None

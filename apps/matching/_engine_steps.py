@@ -15,6 +15,13 @@ import trio
 import otp
 
 from ._dispatch import Completed, Dispatch, Failed, Lost, NotDispatched, Routed, Task
+from ._engine_definitions import (
+    DefinitionLoaded,
+    KnownRequest,
+    load_definition,
+    remember,
+    unknown_definition,
+)
 from ._engine_reads import EngineReads
 from ._engine_state import (
     _RUNNING,
@@ -31,13 +38,30 @@ from ._engine_state import (
     _Waiter,
     _WaitTimeout,
 )
-from ._errors import ConfigurationError, FlowExists, FlowNotFound, LimitError
+from ._errors import ConfigurationError, FlowExists, FlowNotFound, LimitError, MatchingError
 from ._flow_spec import FlowSpec, parse_definition
 from ._matcher import submit
 from ._model import MAX_NAME_LENGTH, apply_patch
 from ._store import AttemptRecord
 
 __all__ = ["EngineSteps"]
+
+
+def _check_start(state: _State, where: str, flow_type: Any, args: Any) -> None:
+    if type(flow_type) is not str or not flow_type or len(flow_type) > MAX_NAME_LENGTH:
+        raise ConfigurationError(
+            f"{where}: flow_type must be a non-empty str of at most {MAX_NAME_LENGTH}"
+            f" characters (got {flow_type!r})"
+        )
+    limit = state.options.max_flow_type_length
+    if len(flow_type) > limit:
+        raise LimitError(
+            f"{where}: flow type {flow_type[:40]!r}... is {len(flow_type)} characters,"
+            f" over matching.max_flow_type_length={limit}; no worker could register it:"
+            " use a shorter name or raise the limit"
+        )
+    if not isinstance(args, list | tuple):
+        raise ConfigurationError(f"{where}: args must be a list (got {args!r})")
 
 
 class EngineSteps(EngineReads):
@@ -54,23 +78,54 @@ class EngineSteps(EngineReads):
         flow_id: Any,
         definition: Any,
     ) -> None:
-        if type(flow_type) is not str or not flow_type or len(flow_type) > MAX_NAME_LENGTH:
-            raise ConfigurationError(
-                f"start_flow: flow_type must be a non-empty str of at most {MAX_NAME_LENGTH}"
-                f" characters (got {flow_type!r})"
-            )
-        limit = state.options.max_flow_type_length
-        if len(flow_type) > limit:
-            raise LimitError(
-                f"start_flow: flow type {flow_type[:40]!r}... is {len(flow_type)} characters,"
-                f" over matching.max_flow_type_length={limit}; no worker could register it:"
-                " use a shorter name or raise the limit"
-            )
-        if not isinstance(args, list | tuple):
-            raise ConfigurationError(f"start_flow: args must be a list (got {args!r})")
+        _check_start(state, "start_flow", flow_type, args)
         spec = parse_definition(definition)
+        remember(state, flow_type, spec)
+        self._start_with(state, from_, flow_type, list(args), flow_id, spec)
+
+    def _start_known(
+        self, state: _State, from_: otp.From, flow_type: Any, args: Any, flow_id: Any
+    ) -> None:
+        """Start a flow with the definition known for its type (``start_known``): the newest
+        one remembered, else the newest stored flow's of that type (read by a helper)."""
+        _check_start(state, "start_known", flow_type, args)
+        if flow_id is not None:
+            _check_id("start_known", flow_id)
+        spec = state.known.get(flow_type)
+        if spec is not None:
+            self._start_with(state, from_, flow_type, list(args), flow_id, spec)
+            return
+        request = KnownRequest(from_, flow_type, list(args), flow_id)
+        otp.spawn_link(load_definition, state.options.store, request, state.me)
+
+    def _definition_loaded(self, state: _State, loaded: DefinitionLoaded) -> None:
+        request = loaded.request
+        try:
+            if loaded.error is not None:
+                raise loaded.error
+            spec = state.known.get(request.flow_type)  # (advertised while it was read)
+            if spec is None:
+                if loaded.definition is None:
+                    raise unknown_definition(request.flow_type)
+                spec = parse_definition(loaded.definition)
+                remember(state, request.flow_type, spec)
+            self._start_with(
+                state, request.from_, request.flow_type, request.args, request.flow_id, spec
+            )
+        except MatchingError as exc:
+            otp.reply(request.from_, _err(exc))
+
+    def _start_with(
+        self,
+        state: _State,
+        from_: otp.From,
+        flow_type: str,
+        args: list[Any],
+        flow_id: Any,
+        spec: FlowSpec,
+    ) -> None:
         if flow_id is None:
-            self._create(state, from_, uuid.uuid4().hex, flow_type, list(args), spec)
+            self._create(state, from_, uuid.uuid4().hex, flow_type, args, spec)
             return
         _check_id("start_flow", flow_id)
 
@@ -83,7 +138,7 @@ class EngineSteps(EngineReads):
                 )
                 otp.reply(from_, _err(exc))
             else:
-                self._create(state, from_, flow_id, flow_type, list(args), spec)
+                self._create(state, from_, flow_id, flow_type, args, spec)
 
         self._with_flow(state, flow_id, then)
 

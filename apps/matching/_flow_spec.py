@@ -11,10 +11,10 @@ from typing import Any
 
 import attrs
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, LimitError
 from ._model import MAX_NAME_LENGTH, RetryPolicy
 
-__all__ = ["FlowSpec", "StepSpec", "parse_definition"]
+__all__ = ["FlowSpec", "StepSpec", "parse_definition", "parse_definitions"]
 
 
 @attrs.frozen
@@ -107,3 +107,34 @@ def parse_definition(value: Any) -> FlowSpec:
         steps.append(StepSpec(name, retry, None if timeout is None else float(timeout)))
     rpcs = frozenset(_name(f"rpcs[{i}]", r) for i, r in enumerate(rpcs_in))
     return FlowSpec(tuple(steps), rpcs)
+
+
+def parse_definitions(flows: Any, *, max_flow_types: int) -> dict[str, FlowSpec]:
+    """Validate a worker's ``define_flows``: ``{flow_type: definition}``, at most
+    ``max_flow_types`` of them, each as :func:`parse_definition` reads it.
+
+    Raises:
+        ConfigurationError: naming the flow type and the field that is wrong.
+        LimitError: more than ``max_flow_types`` flow types.
+    """
+    if not isinstance(flows, Mapping):
+        raise ConfigurationError(
+            f"define_flows: flows must be a dict {{flow_type: definition}} (got {flows!r})"
+        )
+    if len(flows) > max_flow_types:
+        raise LimitError(
+            f"define_flows: {len(flows)} flow types, the most matching.max_flow_types="
+            f"{max_flow_types} allows: register fewer flow types per worker"
+        )
+    found: dict[str, FlowSpec] = {}
+    for flow_type, definition in flows.items():
+        if type(flow_type) is not str or not flow_type or len(flow_type) > MAX_NAME_LENGTH:
+            raise ConfigurationError(
+                f"define_flows: a flow type must be a non-empty str of at most"
+                f" {MAX_NAME_LENGTH} characters (got {flow_type!r})"
+            )
+        try:
+            found[flow_type] = parse_definition(definition)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"define_flows: flows[{flow_type!r}]: {exc.message}") from exc
+    return found

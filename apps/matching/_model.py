@@ -25,6 +25,7 @@ __all__ = [
     "FlowDescription",
     "FlowStatus",
     "FlowSummary",
+    "QueueSummary",
     "Registry",
     "RetryPolicy",
     "RpcContext",
@@ -195,6 +196,25 @@ class FlowDefinition:
         """What a worker advertises at registration: ``{"steps": [...], "rpcs": [...]}``."""
         return {"steps": [s.name for s in self.steps], "rpcs": list(self.rpcs)}
 
+    def to_wire(self) -> dict[str, Any]:
+        """The definition the server pins for a flow of this type (``start_flow``'s
+        ``definition``, and a worker's ``define_flows``): its Steps in order with their retry
+        policies and timeouts, and its RPC names."""
+        return {
+            "steps": [
+                {
+                    "name": s.name,
+                    "max_attempts": s.retry.max_attempts,
+                    "initial_backoff": float(s.retry.initial_backoff),
+                    "backoff_coefficient": float(s.retry.backoff_coefficient),
+                    "max_backoff": float(s.retry.max_backoff),
+                    "timeout": None if s.timeout is None else float(s.timeout),
+                }
+                for s in self.steps
+            ],
+            "rpcs": list(self.rpcs),
+        }
+
 
 class Flow:
     """Base class of flow types. ``name`` (a class attribute) is the flow type's name,
@@ -336,6 +356,12 @@ class Registry:
         """``{flow_type: {"steps": [...], "rpcs": [...]}}``, as advertised at registration."""
         return {name: d.capabilities() for name, d in self._flows.items()}
 
+    def definitions(self) -> dict[str, dict[str, Any]]:
+        """``{flow_type: FlowDefinition.to_wire()}``: what a worker tells the server of its
+        flow types after it connects (the ``define_flows`` op), so that a client without
+        them (``python -m apps.matching start``) can start flows of them."""
+        return {name: d.to_wire() for name, d in self._flows.items()}
+
     def __contains__(self, flow_type: object) -> bool:
         return flow_type in self._flows
 
@@ -413,6 +439,44 @@ class FlowSummary:
             float(data["created_at"]),
             float(data["updated_at"]),
         )
+
+
+@attrs.frozen
+class QueueSummary:
+    """One line of :meth:`AsyncClient.list_queues`: a matching queue as the server holds it
+    now (queues start on demand and stop when unused).
+
+    Attributes:
+        name: The flow type (``kind="flow"``) or the app worker id (``kind="worker"``, the
+            queue of sticky routing).
+        kind: ``"flow"`` or ``"worker"``.
+        streams: Streams registered on it, by state: ``idle`` (waiting for work),
+            ``offered`` (a task is out for ACCEPT/DECLINE) and ``busy`` (running a call).
+        waiting: Dispatches waiting for a stream (its backlog).
+        workers: App worker ids with a stream on it.
+        declines: DECLINEs its streams answered since the queue started.
+    """
+
+    name: str
+    kind: str
+    streams: int
+    idle: int
+    offered: int
+    busy: int
+    waiting: int
+    workers: int
+    declines: int
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> QueueSummary:
+        return cls(
+            str(data["name"]),
+            str(data["kind"]),
+            *(int(data[key]) for key in _QUEUE_COUNTS),
+        )
+
+
+_QUEUE_COUNTS = ("streams", "idle", "offered", "busy", "waiting", "workers", "declines")
 
 
 @attrs.frozen

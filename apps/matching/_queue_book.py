@@ -110,6 +110,8 @@ class QueueStatistics:
     busy: int
     waiting: int
     workers: int
+    #: DECLINEs answered to this queue's offers since it started.
+    declines: int = 0
 
 
 class QueueBook:
@@ -150,6 +152,7 @@ class QueueBook:
         self._draining: set[str] = set()
         self._heap: list[tuple[float, int]] = []
         self._seq = 0
+        self._declines = 0
 
     # -- looking in ---------------------------------------------------------------------------
 
@@ -205,6 +208,7 @@ class QueueBook:
             busy=states.count("busy"),
             waiting=len(self._waiting),
             workers=len(self._workers),
+            declines=self._declines,
         )
 
     # -- events -------------------------------------------------------------------------------
@@ -334,6 +338,7 @@ class QueueBook:
         entry.offered = None
         entry.state = "idle"
         self._offered -= 1
+        self._declines += 1
         self._idle[stream] = entry
         if reason == "unknown_name":
             waiting.excluded.add(worker)

@@ -338,6 +338,7 @@ class WorkerEngine(WorkerTasks):
         self._link = link
         try:
             link.nursery.start_soon(self._control_loop, link)
+            await self._define_flows(link)
             link.nursery.start_soon(self._manage_loop, link)
             link.nursery.start_soon(self._keepalive_loop, link)
             while not conn.closed and not (link.reconnecting and link.calls == 0):
@@ -358,6 +359,21 @@ class WorkerEngine(WorkerTasks):
             link.nursery.cancel_scope.cancel()
             await conn.aclose()
             self._kick()
+
+    async def _define_flows(self, link: Link) -> None:
+        """Tell the server the flow types' definitions (``define_flows``) before any stream
+        registers, so a client without them can start flows of them (``start_known``) once
+        this worker is ready. A server that does not know the op, or a failed call, costs
+        only that: the worker serves as before."""
+        definitions = self._registry.definitions()
+        if not definitions:
+            return
+        try:
+            await link.conn.call(
+                "define_flows", {"flows": definitions}, timeout=self._options.connect_timeout
+            )
+        except MatchingError as exc:
+            log.info("the server did not take this worker's flow definitions: %s", exc.message)
 
     async def _control_loop(self, link: Link) -> None:
         async for message in link.conn.control:

@@ -201,6 +201,10 @@ class FakeServer:
                         conn.registered.add(message.rid)
                     if answer is not None:
                         await conn.send(answer)
+                elif isinstance(message, wire.MatchCall) and message.op == "define_flows":
+                    # the worker's call at connect, answered as the server does (tests answer
+                    # the other calls themselves)
+                    await conn.send(wire.MatchReply(None, rid=message.rid))
                 elif isinstance(message, wire.MatchClose):
                     conn.registered.discard(message.rid)
                 elif isinstance(message, wire.MatchResult | wire.MatchFailure):

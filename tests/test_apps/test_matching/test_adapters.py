@@ -12,6 +12,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -450,3 +451,49 @@ def test_the_seed_example_against_the_real_server(short_dir):
     finally:
         trio.from_thread.run_sync(stop.set, trio_token=token[0])
         server.join(30)
+
+
+# -- start_known_flow and list_queues, on every flavour ----------------------------------------
+
+
+async def test_every_client_flavour_starts_a_known_flow_and_lists_queues(short_dir):
+    """A client with an empty registry starts flows of a type only the worker registered (the
+    worker sent its definition at connect), and sees the queues the worker's streams are on."""
+    from ._in_process import matching_server
+
+    async with matching_server() as address:
+        worker = TrioWorker(
+            Registry([TrioGreeting], allow_async_handlers=True),
+            None,
+            WorkerOptions(server_address=address),
+        )
+        options = ClientOptions(server_address=address)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.start)
+            await worker.wait_pull_registered(timeout=30)
+            async with TrioClient(Registry(()), None, options) as trio_client:
+                flow_id = await trio_client.start_known_flow("Greeting", "trio", flow_id="t")
+                trio_result = await trio_client.result(flow_id, timeout=30)
+                trio_queues = await trio_client.list_queues()
+
+            def blocking() -> tuple[Any, Any]:
+                with Client(Registry(()), None, options) as client:
+                    flow_id = client.start_known_flow("Greeting", "blocking")
+                    return client.result(flow_id, timeout=30), client.list_queues()
+
+            async def on_asyncio() -> tuple[Any, Any]:
+                async with AsyncClient(Registry(()), None, options) as client:
+                    flow_id = await client.start_known_flow("Greeting", "asyncio")
+                    return await client.result(flow_id, timeout=30), await client.list_queues()
+
+            blocking_answers = await trio.to_thread.run_sync(blocking)
+            asyncio_answers = await trio.to_thread.run_sync(asyncio.run, on_asyncio())
+            await worker.close()
+    assert trio_result == "Hello, trio!"
+    assert blocking_answers[0] == "Hello, blocking!"
+    assert asyncio_answers[0] == "Hello, asyncio!"
+    for queues in (trio_queues, blocking_answers[1], asyncio_answers[1]):
+        by_name = {(q.kind, q.name): q for q in queues}
+        greeting = by_name["flow", "Greeting"]
+        assert greeting.streams >= 1 and greeting.waiting == 0 and greeting.workers == 1
+        assert ("worker", worker.app_worker_id) in by_name

@@ -236,8 +236,35 @@ async def test_an_unknown_op_is_unsupported(serve: Any, sock: str) -> None:
     peer = await Peer.unix(sock)
     await peer.hello("worker")
     answer = await peer.call(1, "start_flow", flow_type="x", args=[])
-    assert answer.code == "unsupported" and "a worker may call get_blob, put_blob" in answer.message
+    assert (
+        answer.code == "unsupported"
+        and "a worker may call define_flows, get_blob, put_blob" in answer.message
+    )
     await peer.aclose()
+
+
+async def test_define_flows_refuses_a_bad_definition_naming_the_field(
+    serve: Any, sock: str
+) -> None:
+    await serve(limits=_limits(max_flow_types=2))
+    peer = await Peer.unix(sock)
+    await peer.hello("worker", flows=FLOWS)
+    bad = {"steps": [{"name": "write", "max_attempts": 0}], "rpcs": []}
+    answer = await peer.call(1, "define_flows", flows={"greeting": bad})
+    assert type(answer) is wire.MatchError and answer.code == "bad_config"
+    assert answer.message.startswith("define_flows: flows['greeting']: ")
+    assert "max_attempts" in answer.message
+    too_many = {f"T{i}": {"steps": [], "rpcs": []} for i in range(3)}
+    answer = await peer.call(2, "define_flows", flows=too_many)
+    assert answer.code == "limit" and "matching.max_flow_types=2" in answer.message
+    answer = await peer.call(3, "define_flows", flows=[])
+    assert answer.code == "bad_frame" and "'flows' must be a dict" in answer.message
+    client = await Peer.unix(sock)
+    await client.hello()
+    answer = await client.call(4, "define_flows", flows={})
+    assert answer.code == "unsupported"  # a worker's op
+    await peer.aclose()
+    await client.aclose()
 
 
 # ============================================================================ time
@@ -407,6 +434,37 @@ async def _until(check: Callable[[Any], bool]) -> None:
     with trio.fail_after(10):
         while not check(await _matcher.statistics()):
             await trio.sleep(0.01)
+
+
+async def test_the_queues_op_lists_each_queue_with_its_streams_and_backlog(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    worker = await Peer.unix(sock)
+    await worker.hello("worker", worker_id="w1", flows=FLOWS)
+    await worker.send(wire.MatchRegister("flow", "greeting", rid=1))
+    assert await worker.receive() == wire.MatchRegistered("flow", "greeting", rid=1)
+    client = await Peer.unix(sock)
+    await client.hello()
+    answer = await client.call(5, "queues")
+    assert type(answer) is wire.MatchReply and answer.rid == 5
+    assert answer.value == [
+        {
+            "name": "greeting",
+            "kind": "flow",
+            "streams": 1,
+            "idle": 1,
+            "offered": 0,
+            "busy": 0,
+            "waiting": 0,
+            "workers": 1,
+            "declines": 0,
+        }
+    ]
+    refused = await worker.call(6, "queues")  # a client op
+    assert refused.code == "unsupported"
+    await worker.aclose()
+    await client.aclose()
 
 
 # ============================================================================ TLS

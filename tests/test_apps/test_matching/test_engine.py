@@ -49,6 +49,7 @@ from apps.matching._errors import (
     HandlerError,
     NoWorkerAvailable,
     Unavailable,
+    UnknownFlowType,
     UnknownName,
 )
 from apps.matching._matcher import MATCHER
@@ -290,6 +291,42 @@ async def test_a_bad_definition_is_refused_naming_the_field() -> None:
             await FlowEngine.start_flow("T", [], {"steps": [{"name": "a", "max_attempts": 0}]})
         with pytest.raises(ConfigurationError, match=r"steps\[1\].name must be unique"):
             await FlowEngine.start_flow("T", [], definition(step("a"), step("a")))
+
+
+async def test_start_known_uses_the_newest_definition_given_start_flow_or_advertised() -> None:
+    async with otp.open_node(), server(by_step(a=[ok("A")], b=[ok("B")])):
+        with pytest.raises(UnknownFlowType, match="knows no definition of flow type 'T'"):
+            await FlowEngine.start_known("T", [])
+        await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=7)), "first")
+        assert await FlowEngine.start_known("T", ["x"], "second") == "second"
+        assert await FlowEngine.result("second") == "A"
+        FlowEngine.advertise({"T": parse_definition(definition(step("b"), rpcs=["r"]))})
+        third = await FlowEngine.start_known("T", [])
+        assert await FlowEngine.result(third) == "B"
+        second, third_d = await describe("second"), await FlowEngine.describe(third)
+        with pytest.raises(FlowExists):
+            await FlowEngine.start_known("T", [], "first")
+    assert second.args == ("x",)
+    assert [a["step"] for a in second.attempts] == ["a"]
+    assert third_d["definition"]["rpcs"] == ["r"]
+
+
+async def test_start_known_after_a_restart_reads_the_newest_stored_flows_definition(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "matching.sqlite3")
+    async with otp.open_node(), server(by_step(a=[ok("A")], b=[ok("B")]), path=path):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "old")
+        await FlowEngine.result("old")
+        await FlowEngine.start_flow("T", [], definition(step("b")), "new")
+        await FlowEngine.result("new")
+        await otp.GenServer.stop(ENGINE)
+        # a new engine knows no definition in memory (both flows ended): the store's newest
+        await FlowEngine.start(EngineOptions(first_delivery=1000), name=ENGINE)
+        flow_id = await FlowEngine.start_known("T", [])
+        assert await FlowEngine.result(flow_id) == "B"
+        with pytest.raises(UnknownFlowType):
+            await FlowEngine.start_known("Other", [])
 
 
 def test_parse_definition_round_trips_its_wire_form() -> None:
@@ -902,3 +939,16 @@ async def test_statistics_count_flows_dispatches_and_commits() -> None:
     assert stats.dispatches_in_flight == 1 and stats.rpcs_in_flight == 0
     assert stats.commits >= 1 and stats.records_committed >= 2
     assert stats.commit_in_flight is False
+
+
+def test_the_known_definitions_are_bounded_the_least_recently_given_going_first() -> None:
+    from apps.matching._engine_definitions import MAX_KNOWN, remember
+
+    state = attrs.make_class("S", {"known": attrs.field(factory=dict)})()
+    spec = parse_definition(definition(step("a")))
+    for i in range(MAX_KNOWN):
+        remember(state, f"T{i}", spec)
+    remember(state, "T0", spec)  # given again: now the most recent
+    remember(state, "new", spec)
+    assert len(state.known) == MAX_KNOWN
+    assert "T0" in state.known and "new" in state.known and "T1" not in state.known

@@ -18,6 +18,7 @@ from apps.matching import (
     state_patch,
     step,
 )
+from apps.matching._flow_spec import parse_definition
 
 
 class GreetingFlow(Flow):
@@ -85,6 +86,19 @@ def test_registry_refuses_async_handlers_unless_allowed():
     assert registry.flow_types == ("Greeting", "SyncFlow")
     assert "Greeting" in registry and len(registry) == 2
     assert registry.capabilities()["SyncFlow"] == {"steps": ["only"], "rpcs": ["peek"]}
+
+
+def test_a_workers_definitions_are_what_start_flow_pins():
+    registry = Registry((GreetingFlow(), SyncFlow), allow_async_handlers=True)
+    definitions = registry.definitions()
+    assert definitions == {name: registry.get(name).to_wire() for name in ("Greeting", "SyncFlow")}
+    first, second = definitions["Greeting"]["steps"]
+    assert (first["name"], first["max_attempts"], first["initial_backoff"]) == ("greet", 5, 0.5)
+    assert (second["name"], second["timeout"]) == ("shout", 30.0)
+    assert definitions["Greeting"]["rpcs"] == ["greeting"]
+    assert parse_definition(definitions["Greeting"]).steps[0].retry == RetryPolicy(
+        max_attempts=5, initial_backoff=0.5
+    )
 
 
 def test_registry_refuses_two_flows_of_one_name():

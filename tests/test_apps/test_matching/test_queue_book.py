@@ -386,6 +386,17 @@ def test_statistics_count_streams_and_backlog() -> None:
     )
 
 
+def test_statistics_count_the_declines_the_queue_was_answered() -> None:
+    b, _ = book()
+    b.stream_idle("s1", "w1", CAPS)
+    b.stream_idle("s2", "w2", CAPS)
+    assert offers(b.dispatch(dispatch(1))) == [("s1", 1)]
+    assert offers(b.declined("s1", 1, "no_capacity")) == [("s2", 1)]
+    b.declined("s2", 1, "unknown_name")
+    b.declined("s2", 1, "unknown_name")  # (not offered any more: not a decline of an offer)
+    assert b.statistics().declines == 2
+
+
 def test_limits_are_validated_with_the_field_named() -> None:
     with pytest.raises(
         ValueError, match=r"MatchingLimits.max_backlog must be an int >= 1 \(got 0\)"

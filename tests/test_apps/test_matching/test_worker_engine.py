@@ -597,6 +597,8 @@ async def test_blobs_are_fetched_before_and_uploaded_after_the_handler(
             await server.wait_for(lambda n=answered: len(conn.of_type(wire.MatchCall)) > n)
             call = conn.of_type(wire.MatchCall)[answered]
             answered += 1
+            if call.op == "define_flows":  # (the fake server answers it)
+                continue
             if call.op == "get_blob":
                 await conn.send(
                     wire.MatchReply(value=b"data-" + call.args["key"].encode(), rid=call.rid)
