@@ -513,8 +513,12 @@ class _State:
         return receive
 
     def submit(self, job: Job) -> None:
-        """Hand ``job`` to the runner; with no runner to take it (it is being restarted, or
-        the dispatcher stopped) the job is abandoned at once, so no one waits for nothing."""
+        """Hand ``job`` to the runner; with no runner to take it (it is being restarted, the
+        dispatcher stopped, or no supervisor started one: a ``Dispatcher`` started on its own)
+        the job is abandoned at once, so no one waits for nothing."""
+        if self.owner is None:
+            job.abandon()
+            return
         try:
             self.jobs.send_nowait(job)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -1015,10 +1019,20 @@ class _State:
     def abandon_run(self, run: _Run, tool: Tool, key: str) -> None:
         """Fail a keyed run that never started (no runner took it): its waiters get an
         ``internal`` error, the next call with the key runs."""
+        if self.owner is None:
+            why = (
+                f"dispatcher {self.name!r} has no runner (its Dispatcher was started on its own):"
+                f" the call with idempotency key {key!r} was not run; start the dispatcher with"
+                " start_dispatcher or the dispatcher application"
+            )
+        else:
+            why = (
+                f"the runner of dispatcher {self.name!r} stopped before the call with"
+                f" idempotency key {key!r} started (it was not run); call again"
+            )
         run.error = DispatchError.make(
             ErrorKind.INTERNAL,
-            f"tool {tool.name!r}: the runner of dispatcher {self.name!r} stopped before the call"
-            f" with idempotency key {key!r} started (it was not run); call again",
+            f"tool {tool.name!r}: {why}",
             data={"tool": tool.name, "idempotency_key": key},
         )
         if self.keyed.get(key) is run:

@@ -35,8 +35,9 @@ class Dispatcher(otp.GenServer):
 
     It runs as the first child of the tree :func:`dispatcher_supervisor_spec` describes (start
     it with :func:`start_dispatcher` or the dispatcher application; on its own it has no runner,
-    and keyed calls would wait for one). Clients use the module functions (:func:`dispatch`,
-    :func:`gather_bounded`, ...), which do not go through its mailbox. Processes on other nodes
+    and keyed calls fail at once with an ``internal`` error saying so). Clients use the module
+    functions (:func:`dispatch`, :func:`gather_bounded`, ...), which do not go through its
+    mailbox. Processes on other nodes
     call it: ``otp.call(("dispatcher", node), ("dispatch", tool_name, args))`` replies
     ``("ok", result)`` or ``("error", kind, message, data)`` (see :class:`GenServerBackend`).
 

@@ -110,6 +110,20 @@ async def test_a_dispatcher_started_alone_runs_under_its_own_supervisor(
         assert await d.dispatch("add", {"a": 1, "b": 1}, dispatcher=sup, idempotency_key="k") == 2
 
 
+async def test_a_bare_dispatcher_server_fails_keyed_calls_at_once_saying_it_has_no_runner(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with otp.open_node():
+        tool = d.Tool("add", add, ADD_SCHEMA, idempotent=True)
+        config = d.DispatcherConfig(name="bare")
+        await d.Dispatcher.start_link([tool], config, name="bare")
+        assert await d.dispatch("add", {"a": 1, "b": 1}, dispatcher="bare") == 2  # unkeyed: runs
+        with trio.fail_after(5), pytest.raises(d.DispatchError) as info:
+            await d.dispatch("add", {"a": 1, "b": 1}, dispatcher="bare", idempotency_key="k")
+        assert info.value.kind == "internal"
+        assert "has no runner" in info.value.message and "start_dispatcher" in info.value.message
+
+
 async def test_the_application_reads_the_node_configuration(
     autojump_clock: trio.abc.Clock,
 ) -> None:
