@@ -94,7 +94,7 @@ class NodeConnection:
 
     Attributes:
         node: The peer's name.
-        state: ``"up"``, or ``"connecting"`` / ``"pending"`` while the handshake runs.
+        state: ``"up"``, ``"connecting"`` while the handshake runs, or ``"down"`` as it goes.
         bytes_written: Bytes written to the peer so far.
         bytes_queued: Bytes waiting to be written.
     """
