@@ -159,6 +159,7 @@ __all__ = [
     "node_name",
     "nodes",
     "open_node",
+    "observer",
     "open_port",
     "pg",
     "port_close",
@@ -187,7 +188,8 @@ __all__ = [
 ]
 
 
-from . import pg as pg  # the subpackage needs the names above
+from . import observer as observer  # the subpackages need the names above
+from . import pg as pg
 
 
 def _publish() -> None:

@@ -45,14 +45,7 @@ def process_info(pid: Pid) -> ProcessInfo | None:
     proc = current_node().resolve(pid)
     if proc is None:
         return None
-    if proc.exiting:
-        status = "exiting"
-    elif proc is current_process_or_none():
-        status = "running"
-    elif proc._waiter is not None or _in_call(proc):
-        status = "waiting"
-    else:
-        status = "runnable"
+    status = status_of(proc, current_process_or_none())
     monitors = tuple(
         (ref, target.label if isinstance(target, NamedMonitor) else target)
         for ref, target in (proc.monitors or {}).items()
@@ -71,6 +64,17 @@ def process_info(pid: Pid) -> ProcessInfo | None:
         start_time=proc.started_at,
         messages_handled=proc.handled,
     )
+
+
+def status_of(proc: Process, running: Process | None) -> str:
+    """``proc``'s status as :func:`process_info` reports it; ``running`` is the caller."""
+    if proc.exiting:
+        return "exiting"
+    if proc is running:
+        return "running"
+    if proc._waiter is not None or _in_call(proc):
+        return "waiting"
+    return "runnable"
 
 
 def _in_call(proc: Process) -> bool:

@@ -94,6 +94,7 @@ class Node:
     ) -> Process:
         proc = Process(self, parent.pid if parent is not None else None)
         proc.trap_exit = trap_exit
+        proc.initial_call = fn
         self.processes[proc.pid.id] = proc
         if link and parent is not None:
             proc.links = {parent.pid}

@@ -45,8 +45,17 @@ ABANDON_WAIT = 5.0
 #: The exit reason of a port whose program closed its stdin while commands were still coming.
 EPIPE = "epipe"
 
+
+@attrs.define(eq=False)
+class OpenPort:
+    """What a node knows of one open port: its program's argv and, once started, its OS pid."""
+
+    argv: tuple[str, ...]
+    os_pid: int | None = None
+
+
 #: The ports of this trio run's node that are open: started, neither closed nor exited.
-_OPEN_PORTS: trio.lowlevel.RunVar[set[Process]] = trio.lowlevel.RunVar("otp_open_ports")
+_OPEN_PORTS: trio.lowlevel.RunVar[dict[Process, OpenPort]] = trio.lowlevel.RunVar("otp_open_ports")
 
 
 @attrs.frozen
@@ -282,15 +291,16 @@ def port_close(port: Pid) -> None:
         BadArg: ``port`` is not an open port of this node (closed, exited, or not a port).
     """
     proc = _open_port(port, "port_close")
-    _open_ports().discard(proc)
+    open_ports().pop(proc, None)
     proc.deliver(_Close())
 
 
-def _open_ports() -> set[Process]:
+def open_ports() -> dict[Process, OpenPort]:
+    """The node's open ports (a port leaves it when closed or when its process ends)."""
     try:
         return _OPEN_PORTS.get()
     except LookupError:
-        ports: set[Process] = set()
+        ports: dict[Process, OpenPort] = {}
         _OPEN_PORTS.set(ports)
         return ports
 
@@ -302,7 +312,7 @@ def _open_port(port: Pid, where: str) -> Process:
         proc = None
     else:
         proc = port._proc or current_node().resolve(port)
-    if proc is None or proc not in _open_ports():
+    if proc is None or proc not in open_ports():
         raise BadArg(
             f"{where}({port!r}): not an open port of this node (it was closed, it has exited,"
             " or it is not a port); a port's owner learns of its exit by its link or a monitor"
@@ -321,12 +331,12 @@ def _acknowledge(starter: From, value: Any) -> None:
 
 async def _run_port(spec: PortSpec, starter: From) -> None:
     me = current_process()
-    ports = _open_ports()
-    ports.add(me)
+    ports = open_ports()
+    ports[me] = OpenPort(spec.argv)
     try:
         reason = await _run_program(me, spec, starter)
     finally:
-        ports.discard(me)
+        ports.pop(me, None)
     raise ProcessExit(reason)
 
 
@@ -353,6 +363,9 @@ async def _run_program(me: Process, spec: PortSpec, starter: From) -> Any:
         # through) is the caller's StartError: the caller always gets an answer.
         _acknowledge(starter, exc)
         return NORMAL
+    record = open_ports().get(me)
+    if record is not None:
+        record.os_pid = program.pid
     _acknowledge(starter, None)
     reason: Any = None
     try:

@@ -140,6 +140,7 @@ class Process:
         "exit_reason",
         "exiting",
         "handled",
+        "initial_call",
         "last_message",
         "links",
         "monitored_by",
@@ -182,6 +183,8 @@ class Process:
         self.scope = trio.CancelScope()
         self.started_at = trio.current_time()
         self.handled = 0
+        #: The function the process was spawned with (None: an adopted task), for observers.
+        self.initial_call: Callable[..., Any] | None = None
         self.last_message: Any = None
         #: Set by a send to a busy distribution connection: what the next receive waits for.
         self.suspended: trio.Event | None = None

@@ -15,6 +15,9 @@ from ._application import stop_all_applications as stop_all_applications
 from ._application import stop_application as stop_application
 from ._application import wait_node_stop as wait_node_stop
 from ._application import which_applications as which_applications
+from ._observe import ApplicationView as ApplicationView
+from ._observe import ChildView as ChildView
+from ._observe import SupervisorView as SupervisorView
 from ._plan import RestartPlan as RestartPlan
 from ._plan import add_restart as add_restart
 from ._plan import plan_one_for_all as plan_one_for_all
@@ -44,6 +47,8 @@ from ._supervisor import restart_child as restart_child
 from ._supervisor import start_child as start_child
 from ._supervisor import terminate_child as terminate_child
 from ._supervisor import which_children as which_children
+from ._tree import observe as observe
+from ._tree import observe_supervisor as observe_supervisor
 
 __all__ = [
     "BRUTAL_KILL",
@@ -51,12 +56,14 @@ __all__ = [
     "INFINITY",
     "RESTARTING",
     "Application",
+    "ApplicationView",
     "ApplicationError",
     "ApplicationExit",
     "AutoShutdown",
     "ChildSpec",
     "ChildSpecError",
     "ChildType",
+    "ChildView",
     "DynamicSupFlags",
     "DynamicSupervisor",
     "Restart",
@@ -66,6 +73,7 @@ __all__ = [
     "SupFlagsError",
     "Supervisor",
     "SupervisorError",
+    "SupervisorView",
     "add_restart",
     "application_supervisor",
     "check_childspecs",
@@ -74,6 +82,8 @@ __all__ = [
     "get_all_env",
     "get_env",
     "get_childspec",
+    "observe",
+    "observe_supervisor",
     "plan_one_for_all",
     "plan_one_for_one",
     "plan_rest_for_one",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -100,6 +100,10 @@ class Application:
         applications: Names of applications that must be running before this one starts (a
             list or tuple of str).
         description, version: Shown by :func:`which_applications`.
+        observer_view: What the application shows an observer besides its tree
+            (:func:`observe`): a function of no arguments, sync or async, returning a dict of
+            plain values. It runs in the observer's process, so it should read state cheaply
+            (an ETS table, a call with a short timeout), not wait on work.
     """
 
     name: str = attrs.field(validator=_check_name)
@@ -110,6 +114,7 @@ class Application:
     )
     description: str = attrs.field(default="", kw_only=True)
     version: str = attrs.field(default="", kw_only=True)
+    observer_view: Callable[[], Any] | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
@@ -136,7 +141,7 @@ class _ControllerState:
 
 
 _ENV: trio.lowlevel.RunVar[dict[str, Mapping[str, Any]]] = trio.lowlevel.RunVar("supervisors_env")
-_ROOTS: trio.lowlevel.RunVar[dict[str, otp.Pid]] = trio.lowlevel.RunVar("supervisors_roots")
+_ROOTS: trio.lowlevel.RunVar[dict[str, _Running]] = trio.lowlevel.RunVar("supervisors_roots")
 
 
 def _env_table() -> dict[str, Mapping[str, Any]]:
@@ -148,11 +153,11 @@ def _env_table() -> dict[str, Mapping[str, Any]]:
         return table
 
 
-def _roots_table() -> dict[str, otp.Pid]:
+def _roots_table() -> dict[str, _Running]:
     try:
         return _ROOTS.get()
     except LookupError:
-        table: dict[str, otp.Pid] = {}
+        table: dict[str, _Running] = {}
         _ROOTS.set(table)
         return table
 
@@ -237,8 +242,8 @@ class _Controller(otp.GenServer):
         if result[0] != "ok":
             env.pop(app.name, None)
             return result
-        state.running[app.name] = _Running(app, restart, result[1])
-        _roots_table()[app.name] = result[1]
+        running = state.running[app.name] = _Running(app, restart, result[1])
+        _roots_table()[app.name] = running
         reports.logger.info(
             "application %s started (type %s)",
             app.name,
@@ -379,7 +384,13 @@ async def wait_node_stop() -> ApplicationExit:
 
 def application_supervisor(application: str) -> otp.Pid | None:
     """The pid of a running application's root supervisor, or None (no controller call)."""
-    return _roots_table().get(application)
+    running = _roots_table().get(application)
+    return running.pid if running is not None else None
+
+
+def running_applications() -> list[tuple[Application, otp.Pid]]:
+    """Each running application and its root's pid, in start order (no controller call)."""
+    return [(running.app, running.pid) for running in _roots_table().values()]
 
 
 def get_env(application: str, key: str, default: Any = None) -> Any:

@@ -43,6 +43,12 @@ def add_restart(
     return sum(count for _, count in window) <= intensity, window
 
 
+def restarts_in_window(restarts: tuple[tuple[int, int], ...], now: int, period: int) -> int:
+    """How many restarts of the window :func:`add_restart` keeps still count at second ``now``."""
+    threshold = now - period
+    return sum(count for second, count in restarts if second >= threshold)
+
+
 @attrs.frozen
 class RestartPlan:
     """What a strategy does when child ``failed`` must be restarted.

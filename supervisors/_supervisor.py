@@ -19,7 +19,8 @@ import trio
 import otp
 
 from . import _reports as reports
-from ._plan import PLANS, add_restart, now_seconds, should_restart
+from ._observe import ChildView, Observe, SupervisorView
+from ._plan import PLANS, add_restart, now_seconds, restarts_in_window, should_restart
 from ._spec import (
     BRUTAL_KILL,
     INFINITY,
@@ -84,6 +85,10 @@ class _State:
     restarts: tuple[tuple[int, int], ...] = ()
     max_children: int | None = None
     extra_arguments: tuple[Any, ...] = ()
+    #: For observers; kept on restart only, so they cost nothing otherwise.
+    restarts_total: int = 0
+    last_restart_at: float | None = None
+    last_restart_reason: Any = None
 
     @property
     def is_dynamic(self) -> bool:
@@ -472,6 +477,7 @@ class _Engine(otp.GenServer):
                 return _OK
             if should_restart(spec.restart, reason):
                 reports.report_error(reports.CHILD_TERMINATED, reason, state.name, spec, pid)
+                state.last_restart_reason = reason
                 return await self._restart_dynamic(state, pid, spec)
             if otp.is_abnormal(reason):
                 reports.report_error(reports.CHILD_TERMINATED, reason, state.name, spec, pid)
@@ -483,6 +489,7 @@ class _Engine(otp.GenServer):
         spec = child.spec
         if should_restart(spec.restart, reason):
             reports.report_error(reports.CHILD_TERMINATED, reason, state.name, spec, pid)
+            state.last_restart_reason = reason
             return await self._restart_static(state, child)
         if otp.is_abnormal(reason):
             reports.report_error(reports.CHILD_TERMINATED, reason, state.name, spec, pid)
@@ -509,9 +516,12 @@ class _Engine(otp.GenServer):
 
     def _add_restart(self, state: _State) -> bool:
         flags = state.flags
+        now = trio.current_time()
         allowed, state.restarts = add_restart(
-            state.restarts, now_seconds(trio.current_time()), flags.intensity, flags.period
+            state.restarts, now_seconds(now), flags.intensity, flags.period
         )
+        state.restarts_total += 1
+        state.last_restart_at = now
         return allowed
 
     async def _restart_static(self, state: _State, child: _Child) -> str:
@@ -580,6 +590,8 @@ class _Engine(otp.GenServer):
             return otp.Reply(self._which_children(state), state)
         if kind is _CountChildren:
             return otp.Reply(self._count_children(state), state)
+        if kind is Observe:
+            return otp.Reply(self._observe(state), state)
         if kind is _StartChild:
             return otp.Reply(await self._handle_start_child(state, request.spec), state)
         if kind is _TerminateChild:
@@ -618,6 +630,43 @@ class _Engine(otp.GenServer):
             )
             for c in reversed(state.children.values())
         ]
+
+    def _observe(self, state: _State) -> SupervisorView:
+        if state.is_dynamic:
+            children = [
+                ChildView(
+                    id=None,
+                    pid=key if key.__class__ is otp.Pid else _dynamic_placeholder(key),
+                    type=spec.type,
+                    restart=spec.restart,
+                )
+                for key, spec in state.dynamic.items()
+            ]
+        else:
+            children = [
+                ChildView(
+                    id=c.spec.id,
+                    pid=RESTARTING if c.restarting else c.pid,
+                    type=c.spec.type,
+                    restart=c.spec.restart,
+                )
+                for c in state.children.values()
+            ]
+        flags = state.flags
+        return SupervisorView(
+            pid=otp.self(),
+            name=state.name if not isinstance(state.name, otp.Pid) else None,
+            strategy=flags.strategy if state.mode != "dynamic" else None,
+            intensity=flags.intensity,
+            period=flags.period,
+            children=tuple(children),
+            restarts_in_window=restarts_in_window(
+                state.restarts, now_seconds(trio.current_time()), flags.period
+            ),
+            restarts_total=state.restarts_total,
+            last_restart_at=state.last_restart_at,
+            last_restart_reason=state.last_restart_reason,
+        )
 
     def _count_children(self, state: _State) -> dict[str, int]:
         if state.mode == "simple":
@@ -841,6 +890,10 @@ async def count_children(supervisor: Any) -> dict[str, int]:
     """``{"specs": n, "active": n, "supervisors": n, "workers": n}`` (OTP's order); active
     counts children whose process is alive."""
     return await otp.call(supervisor, _CountChildren(), timeout=None)
+
+
+def _dynamic_placeholder(key: Any) -> Any:
+    return RESTARTING if key.__class__ is _Restarting else None
 
 
 class Supervisor:

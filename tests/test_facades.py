@@ -10,7 +10,7 @@ import pytest
 
 import apps
 
-FACADES = ["otp", "otp.ets", "otp.node", "otp.pg", "supervisors", "wire"] + [
+FACADES = ["otp", "otp.ets", "otp.node", "otp.observer", "otp.pg", "supervisors", "wire"] + [
     f"apps.{m.name}" for m in pkgutil.iter_modules(apps.__path__) if not m.name.startswith("_")
 ]
 

@@ -64,6 +64,7 @@ from ._errors import DirtyWorkerError as DirtyWorkerError
 from ._errors import StashError as StashError
 from ._errors import StashKeyNotFoundError as StashKeyNotFoundError
 from ._errors import StashTableNotFoundError as StashTableNotFoundError
+from ._observer import observer_view as observer_view
 from ._pool import PoolContext as PoolContext
 from ._worker import DirtyWorkerInfo as DirtyWorkerInfo
 
@@ -99,6 +100,7 @@ __all__ = [
     "initial_allocation",
     "load_dirty_app",
     "minimum_workers",
+    "observer_view",
     "parse_dirty_app_spec",
     "examples",
     "stash",

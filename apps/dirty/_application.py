@@ -12,6 +12,7 @@ deliver the replies.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -26,6 +27,7 @@ from ._app import app_stashes
 from ._config import DirtyConfig
 from ._errors import DirtyAppError, DirtyConfigError
 from ._listener import CONNECTIONS, start_listener
+from ._observer import observer_view
 from ._pidfile import kill_orphans
 from ._pool import ROUTER, PoolContext
 from ._router import POOL, Router
@@ -149,6 +151,7 @@ def application(
             else "dirty worker pool, disabled (dirty_workers = 0, no dirty_apps)"
         ),
         version="0.1.0",
+        observer_view=functools.partial(observer_view, ctx),
     )
 
 

@@ -79,6 +79,7 @@ from ._errors import InvalidOption as InvalidOption
 from ._errors import ToolNotFound as ToolNotFound
 from ._errors import TransientError as TransientError
 from ._errors import TransientFailure as TransientFailure
+from ._observer import observer_view as observer_view
 from ._server import Dispatcher as Dispatcher
 from ._server import dispatcher_supervisor_spec as dispatcher_supervisor_spec
 from ._server import start_dispatcher as start_dispatcher
@@ -129,6 +130,7 @@ __all__ = [
     "dispatch",
     "dispatcher_supervisor_spec",
     "gather_bounded",
+    "observer_view",
     "register_tool",
     "start_dispatcher",
     "statistics",

@@ -4,6 +4,7 @@ node.toml). OTP's application resource file, as a function of the node's configu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,6 +13,7 @@ from otp import node
 
 from ._dispatcher import DispatcherConfig
 from ._errors import ConfigurationError
+from ._observer import observer_view
 from ._server import dispatcher_supervisor_spec
 from ._tool import Tool, ToolRegistry
 
@@ -68,4 +70,5 @@ def application(
         env={key: value for key, value in settings.items() if key != "tools"},
         description="function-call dispatcher",
         version="0.1.0",
+        observer_view=functools.partial(observer_view, dispatcher_config.name),
     )

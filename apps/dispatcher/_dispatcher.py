@@ -492,6 +492,8 @@ class _State:
     alive: bool = True
     running: int = 0
     counters: Counter[str] = attrs.Factory(Counter)
+    #: The same events per registered tool, for observers (see ``count_for``).
+    by_tool: dict[str, Counter[str]] = attrs.Factory(dict)
     keyed: dict[str, _Run] = attrs.Factory(dict)
     breakers: dict[str, CircuitBreaker] = attrs.Factory(dict)
     buckets: dict[str, TokenBucket] = attrs.Factory(dict)
@@ -529,8 +531,19 @@ class _State:
     def event(self, name: str, level: int, tool: str, **fields: Any) -> None:
         """Count ``name`` and log it on ``apps.dispatcher`` with the fields in ``extra``."""
         self.counters[name] += 1
+        self.count_for(tool, name)
         if logger.isEnabledFor(level):
             self.log(level, name, tool, **fields)
+
+    def count_for(self, tool: str, name: str) -> None:
+        """Count ``name`` for ``tool`` too, if it is registered: names callers make up must not
+        grow the table."""
+        counts = self.by_tool.get(tool)
+        if counts is None:
+            if self.registry.get(tool) is None:
+                return
+            counts = self.by_tool[tool] = Counter()
+        counts[name] += 1
 
     def log(self, level: int, name: str, tool: str, **fields: Any) -> None:
         record = {"event": name, "dispatcher": self.name, "tool": tool, **fields}
@@ -861,6 +874,7 @@ class _State:
             scope = trio.CancelScope(deadline=deadline if deadline < limit else limit)
             self.running += 1
             counters["dispatch.attempt"] += 1
+            self.count_for(name, "dispatch.attempt")
             if logger.isEnabledFor(_DEBUG):
                 self.log(_DEBUG, "dispatch.attempt", name, attempt=attempt)
             try:
@@ -913,6 +927,7 @@ class _State:
                 breaker.release(probe)  # cancelled from outside: no verdict on the tool
         if error is None:
             counters["dispatch.ok"] += 1
+            self.count_for(name, "dispatch.ok")
             if logger.isEnabledFor(_DEBUG):
                 self.log(_DEBUG, "dispatch.ok", name, attempts=attempt)
             if breaker is not None and probe and breaker.success(probe):

@@ -53,6 +53,7 @@ from ._model import apply_patch as apply_patch
 from ._model import rpc as rpc
 from ._model import state_patch as state_patch
 from ._model import step as step
+from ._observer import observer_view as observer_view
 from ._options import ClientOptions as ClientOptions
 from ._options import PullWorkerOptions as PullWorkerOptions
 from ._options import ServerAddress as ServerAddress
@@ -120,6 +121,7 @@ __all__ = [
     "apply_patch",
     "default_application",
     "error_from_code",
+    "observer_view",
     "parse_server_address",
     "readiness_handler",
     "rpc",

@@ -29,6 +29,7 @@ from ._connection import ServerContext
 from ._engine import ENGINE, EngineOptions, FlowEngine
 from ._listener import CONNECTIONS, start_listener
 from ._matcher import MATCHER, QUEUES, start_matcher
+from ._observer import observer_view
 from ._scratch import ScratchDirectory
 from ._sqlite_store import SqliteStore
 from ._store import SERVER_NAME, StoreServer
@@ -137,6 +138,7 @@ def _application(config: MatchingConfig, scratch: str | None = None) -> supervis
             f" (tokens: {', '.join(auth) or 'none'}); flows in {config.store}"
         ),
         version="0.1.0",
+        observer_view=observer_view,
     )
 
 

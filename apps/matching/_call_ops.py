@@ -227,19 +227,8 @@ async def _define_flows(conn: Connection, args: dict[Any, Any]) -> Any:
 
 
 async def _queues(conn: Connection, args: dict[Any, Any]) -> Any:
-    stats = await _matcher.statistics(matcher=conn.ctx.matcher)
-    rows = []
-    for queue, found in stats.queues.items():
-        if found is None:  # it stopped while it was asked
-            continue
-        kind, _, name = queue.partition(":")
-        row = {"name": name, "kind": kind}
-        row.update({key: getattr(found, key) for key in _QUEUE_COUNTS})
-        rows.append(row)
-    return rows
+    return _matcher.queue_rows(await _matcher.statistics(matcher=conn.ctx.matcher))
 
-
-_QUEUE_COUNTS = ("streams", "idle", "offered", "busy", "waiting", "workers", "declines")
 
 _OPS: dict[str, Callable[[Connection, dict[Any, Any]], Awaitable[Any]]] = {
     "start_flow": _start_flow,

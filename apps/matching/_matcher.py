@@ -185,6 +185,23 @@ async def statistics(*, matcher: Any = MATCHER) -> MatcherStatistics:
     return MatcherStatistics(streams, workers, found)
 
 
+_QUEUE_COUNTS = ("streams", "idle", "offered", "busy", "waiting", "workers", "declines")
+
+
+def queue_rows(stats: MatcherStatistics) -> list[dict[str, Any]]:
+    """One dict of plain values per queue (the ``queues`` op's rows): ``name``, ``kind`` and
+    the counts of :class:`QueueStatistics`; a queue that stopped while asked is left out."""
+    rows = []
+    for queue, found in stats.queues.items():
+        if found is None:
+            continue
+        kind, _, name = queue.partition(":")
+        row: dict[str, Any] = {"name": name, "kind": kind}
+        row.update({key: getattr(found, key) for key in _QUEUE_COUNTS})
+        rows.append(row)
+    return rows
+
+
 def _reject(code: str, message: str, *, permanent: bool) -> StreamRejection:
     return StreamRejection(code, message, permanent)
 

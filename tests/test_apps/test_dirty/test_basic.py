@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+
+import supervisors
 from apps import dirty
 
 from .conftest import ECHO
@@ -40,3 +43,40 @@ async def test_a_custom_call_may_return_coroutines_generators_and_values(
     else:
         raise AssertionError("no DirtyAppError")
     await client.close_async()
+
+
+async def test_the_observer_view_shows_workers_calls_in_flight_and_stash_tables(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_workers=1, dirty_threads=1)
+    streaming = dirty.DirtyClient(socket_path)
+    waiting = dirty.DirtyClient(socket_path)
+    stream = streaming.stream_async(ECHO, "endless", "observed").__aiter__()
+    assert await stream.__anext__() == 0
+
+    async def view() -> dict[str, Any]:
+        (app,) = await supervisors.observe()
+        assert app.name == "dirty" and app.view is not None
+        return app.view
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiting.execute_async, ECHO, "sleep", 0)
+        with trio.fail_after(10):
+            # The worker actor takes the second call when the connection reads it: no event
+            # tells that, so look until it shows.
+            while (await view())["workers"][0]["in_flight"] < 2:
+                await trio.sleep(0.01)
+        (worker,) = (await view())["workers"]
+        assert worker["apps"] == [ECHO]
+        assert worker["waiting_for_thread"] == 1
+        assert worker["os_pid"] == (await streaming.status_async())["workers"][0]["pid"]
+        assert worker["draining"] is False
+        await stream.aclose()  # (the sleep gets the thread and returns)
+    await streaming.stash_request_async(1, "observed_table", "k", [1, 2])  # put
+    await streaming.stash_request_async(1, "observed_table", "j", 3)
+    final = await view()
+    assert final["stash_tables"] == {"echo_table": 0, "observed_table": 2}  # (EchoApp declares one)
+    assert final["parked"] == {}
+    assert final["workers"][0]["last_heartbeat"] is not None
+    await streaming.close_async()
+    await waiting.close_async()

@@ -199,3 +199,37 @@ async def test_a_backend_timeout_is_a_timeout(autojump_clock: trio.abc.Clock) ->
         with pytest.raises(d.DispatchTimeout, match="where it ran"):
             await d.dispatch("slow", dispatcher="front")
         assert trio.current_time() == 1.0
+
+
+async def test_the_observer_view_counts_calls_errors_retries_and_breakers_per_tool(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    breaker = d.BreakerPolicy(failures=2, window=10.0, cooldown=5.0)
+    tools = [
+        d.Tool("flaky", Script(["transient"]), idempotent=True),
+        d.Tool("broken", Script(["internal"] * 2), retry=d.NO_RETRY, breaker=breaker),
+        d.Tool("idle", add, idempotent=True),
+    ]
+    async with otp.open_node():
+        await supervisors.start_application(d.application(tools=tools))
+        await d.dispatch("flaky")
+        for _ in range(2):
+            with pytest.raises(d.InternalError):
+                await d.dispatch("broken")
+        with pytest.raises(d.CircuitOpen):
+            await d.dispatch("broken")
+        with pytest.raises(d.ToolNotFound):
+            await d.dispatch("made-up")
+        (app,) = await supervisors.observe()
+        assert app.view is not None
+        tools_view = app.view["tools"]
+        assert sorted(tools_view) == ["broken", "flaky", "idle"]  # not the made-up name
+        flaky, broken, idle = tools_view["flaky"], tools_view["broken"], tools_view["idle"]
+        assert (flaky["calls"], flaky["attempts"], flaky["ok"], flaky["retries"]) == (1, 2, 1, 1)
+        assert flaky["errors"] == {} and flaky["breaker"] == "closed"
+        assert (broken["calls"], broken["attempts"], broken["ok"]) == (3, 2, 0)
+        assert broken["errors"] == {"circuit_open": 1, "internal": 2}
+        assert broken["breaker"] == "open"
+        assert idle["calls"] == 0 and idle["breaker"] is None  # no breaker before a call
+        assert app.view["running"] == 0
+        assert d.observer_view() == app.view

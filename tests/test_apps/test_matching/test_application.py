@@ -262,3 +262,31 @@ async def test_the_node_runs_the_matching_server_and_stops_on_sigterm(tmp_path: 
     assert b"stopped" in out
     assert not os.path.exists(sock)
     assert os.path.exists(store)
+
+
+async def test_the_observer_view_shows_streams_and_queues_with_their_backlog(
+    start: Any, sock: str
+) -> None:
+    await start()
+    peer = await Peer.unix(sock)
+    await peer.hello("worker", worker_id="w1", flows=FLOWS)
+    await peer.send(wire.MatchRegister("flow", "greeting", rid=1))
+    assert type(await peer.receive_not_ping()) is wire.MatchRegistered
+    [app] = [a for a in await supervisors.observe() if a.name == "matching"]
+    assert app.root is not None and app.root.name == "matching_sup"
+    assert app.view is not None
+    assert app.view["streams"] == 1
+    assert app.view["workers"] == {"w1": 1}
+    [queue] = app.view["queues"]
+    assert (queue["kind"], queue["name"], queue["streams"], queue["waiting"]) == (
+        "flow",
+        "greeting",
+        1,
+        0,
+    )
+    # The view is the ``queues`` op's rows: one source for both.
+    client = await Peer.unix(sock)
+    await client.hello()
+    assert (await client.call(1, "queues")).value == app.view["queues"]
+    await client.aclose()
+    await peer.aclose()

@@ -1,0 +1,51 @@
+"""The dirty pool's view for ``supervisors.observe()``: its workers (apps, calls in flight and
+waiting for a thread, last heartbeat), the calls parked for a worker that is starting, and the
+stash tables, read from what the worker actors, the routes and the tables hold (no call to the
+router, so a busy router does not hold an observer up)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from otp import ets
+
+from ._pool import ACTORS, HEARTBEATS, PoolContext
+from ._stash import _ets_name, _tables
+
+
+def observer_view(ctx: PoolContext) -> dict[str, Any]:
+    """A dict of plain values: ``workers`` (by worker id: ``os_pid``, ``apps``, ``in_flight``
+    calls, of which ``waiting_for_thread`` were sent while all ``dirty_threads`` were busy,
+    ``draining``, ``last_heartbeat`` in seconds ago or None, ``uptime``), ``parked``
+    (connections with calls waiting for a worker of each app that is starting) and
+    ``stash_tables`` (name: number of keys)."""
+    now = trio.current_time()
+    workers = []
+    for actor in sorted(
+        (a for a in list(ACTORS.values()) if a.ctx is ctx), key=lambda a: a.worker_id
+    ):
+        beats = ets.lookup(HEARTBEATS, actor.me) if ets.whereis(HEARTBEATS) else []
+        workers.append(
+            {
+                "worker_id": actor.worker_id,
+                "os_pid": actor.os_pid,
+                "apps": list(actor.apps),
+                "in_flight": len(actor.inflight),
+                "waiting_for_thread": len(actor.held),
+                "draining": actor.draining,
+                "last_heartbeat": round(max(0.0, now - beats[0][1]), 2) if beats else None,
+                "uptime": round(now - actor.started, 2),
+            }
+        )
+    stash = {}
+    for name in _tables():
+        info = ets.info(_ets_name(name))
+        if info is not None:
+            stash[name] = info.size
+    return {
+        "workers": workers,
+        "parked": {app: len(conns) for app, conns in sorted(ctx.routes.waiting.items()) if conns},
+        "stash_tables": stash,
+    }

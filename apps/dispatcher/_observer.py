@@ -1,0 +1,60 @@
+"""The dispatcher's view for ``supervisors.observe()``: per tool, its calls, errors by kind,
+retries and breaker state, from the counters the dispatcher keeps for its events.
+
+Latency is not in it: the dispatcher does not time calls, and timing every call only for this
+view would cost every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+import otp
+
+from ._dispatcher import DEFAULT_NAME, _find
+
+_ERROR = "dispatch.error."
+
+
+def observer_view(dispatcher: str | otp.Pid = DEFAULT_NAME) -> dict[str, Any]:
+    """A dict of plain values: ``running`` handler attempts, ``in_flight_keys``,
+    ``cached_results`` and ``tools``: for each registered tool its ``calls`` (finished: ``ok``
+    plus errors), ``attempts``, ``ok``, ``errors`` by kind, ``retries``, ``retries_denied``,
+    ``timeouts``, ``dedup_hits`` and ``breaker`` (``closed``, ``open``, ``half_open``; None for a
+    tool without one, or not called yet).
+
+    Raises:
+        DispatcherNotRunning: no dispatcher runs as ``dispatcher``.
+    """
+    state = _find(dispatcher)
+    stats = state.statistics()
+    now = trio.current_time()
+    tools = {}
+    for name in stats.tools:
+        counts: Mapping[str, int] = state.by_tool.get(name) or {}
+        errors = {
+            event[len(_ERROR) :]: count
+            for event, count in sorted(counts.items())
+            if event.startswith(_ERROR)
+        }
+        breaker = state.breakers.get(name)
+        tools[name] = {
+            "calls": counts.get("dispatch.ok", 0) + sum(errors.values()),
+            "attempts": counts.get("dispatch.attempt", 0),
+            "ok": counts.get("dispatch.ok", 0),
+            "errors": errors,
+            "retries": counts.get("dispatch.retry", 0),
+            "retries_denied": counts.get("dispatch.retry_denied", 0),
+            "timeouts": counts.get("dispatch.timeout", 0),
+            "dedup_hits": counts.get("dispatch.dedup_hit", 0),
+            "breaker": str(breaker.current(now)) if breaker is not None else None,
+        }
+    return {
+        "running": stats.running,
+        "in_flight_keys": stats.in_flight_keys,
+        "cached_results": stats.cached_results,
+        "tools": tools,
+    }
