@@ -7,6 +7,7 @@ from ._application import CONTROLLER_NAME as CONTROLLER_NAME
 from ._application import Application as Application
 from ._application import ApplicationError as ApplicationError
 from ._application import ApplicationExit as ApplicationExit
+from ._application import application_of as application_of
 from ._application import application_supervisor as application_supervisor
 from ._application import get_all_env as get_all_env
 from ._application import get_env as get_env
@@ -75,6 +76,7 @@ __all__ = [
     "SupervisorError",
     "SupervisorView",
     "add_restart",
+    "application_of",
     "application_supervisor",
     "check_childspecs",
     "count_children",

@@ -393,6 +393,34 @@ def running_applications() -> list[tuple[Application, otp.Pid]]:
     return [(running.app, running.pid) for running in _roots_table().values()]
 
 
+def application_of(pid: otp.Pid | None = None) -> str | None:
+    """The running application whose supervision tree ``pid`` (default: the caller) runs in,
+    or None (OTP's ``application:get_application/1``, found through the process's parents as
+    OTP finds it through the group leader). Never raises: outside a node or a process, None.
+    """
+    try:
+        roots = {running.pid: name for name, running in _roots_table().items()}
+        if not roots:
+            return None
+        if pid is None:
+            pid = otp.self()
+    except (RuntimeError, otp.OtpError):  # (no trio run, no node, not a process)
+        return None
+    for _ in range(_MAX_ANCESTORS):
+        name = roots.get(pid)
+        if name is not None:
+            return name
+        info = otp.process_info(pid)
+        if info is None or info.parent is None:
+            return None
+        pid = info.parent
+    return None
+
+
+#: How far up its parents ``application_of`` looks (trees are a few levels deep).
+_MAX_ANCESTORS = 64
+
+
 def get_env(application: str, key: str, default: Any = None) -> Any:
     """The value of ``key`` in a running application's ``env`` (OTP's
     ``application:get_env/3``), or ``default``."""

@@ -30,7 +30,7 @@ class ConfigError(ValueError):
 
 
 #: The keys of node.toml's ``[node]`` table; distribution is set by flags only.
-NODE_KEYS = ("apps", "log_level", "name")
+NODE_KEYS = ("apps", "log_format", "log_level", "name")
 
 
 def _check_level(_inst: Any, _attr: Any, value: str) -> None:
@@ -38,6 +38,11 @@ def _check_level(_inst: Any, _attr: Any, value: str) -> None:
         raise ConfigError(
             f"log_level must be one of debug, info, warning, error, critical (got {value!r})"
         )
+
+
+def _check_format(_inst: Any, _attr: Any, value: str) -> None:
+    if value not in ("text", "json"):
+        raise ConfigError(f"log_format must be text or json (got {value!r})")
 
 
 @attrs.frozen
@@ -57,6 +62,8 @@ class NodeConfig:
         apps: Applications to start, in order, as ``module:attr`` paths; empty means the
             embedded default.
         log_level: The root logger's level.
+        log_format: ``"text"`` (one readable line a record) or ``"json"`` (one JSON object a
+            line, with the node, pid and application).
         settings: Every other setting, by application (``[app_name]`` tables of node.toml and
             the flags applications add), for the applications to read.
         distribution: How the node talks to other nodes, if it does.
@@ -65,6 +72,7 @@ class NodeConfig:
     name: str = "nonode@nohost"
     apps: tuple[str, ...] = ()
     log_level: str = attrs.field(default="info", validator=_check_level)
+    log_format: str = attrs.field(default="text", validator=_check_format)
     settings: dict[str, Any] = attrs.field(factory=dict)
     distribution: DistSettings | None = None
 
@@ -90,6 +98,11 @@ def parser(*, add_help: bool = True) -> argparse.ArgumentParser:
         "--log-level",
         choices=["debug", "info", "warning", "error", "critical"],
         help="logging level (default: info)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="log lines as text or as JSON objects with node, pid and application (default: text)",
     )
     p.add_argument("--config", type=Path, metavar="PATH", help="a node.toml file")
     d = p.add_argument_group("distribution")
@@ -220,6 +233,7 @@ def load_config(argv: list[str] | None = None) -> NodeConfig:
         name=name,
         apps=tuple(apps),
         log_level=args.log_level or node.get("log_level", "info"),
+        log_format=args.log_format or node.get("log_format", "text"),
         settings=data,
         distribution=_distribution(args, name),
     )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import trio
 
 from ._boot import resolve_application, serve
 from ._config import DEFAULT_APPS, ConfigError, load_config
+from ._logs import configure_logging
 
 #: Exit code when the configuration is invalid (argparse's own usage errors exit 2 as well).
 EXIT_CONFIG_ERROR = 2
@@ -18,10 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, boot the node, run it until it stops; returns the process exit code."""
     try:
         config = load_config(argv)
-        logging.basicConfig(
-            level=config.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        configure_logging(config.log_level, config.log_format, config.name)
         applications = [resolve_application(path, config) for path in config.apps or DEFAULT_APPS]
         return trio.run(serve, config, applications)
     except* ConfigError as group:

@@ -41,6 +41,26 @@ async def test_start_which_stop(autojump_clock: Any) -> None:
         assert supervisors.application_supervisor("a") is None
 
 
+async def test_application_of_finds_a_processs_application_through_its_parents(
+    autojump_clock: Any,
+) -> None:
+    assert supervisors.application_of() is None  # no node: None, never an error
+    async with otp.open_node():
+        assert supervisors.application_of() is None  # no application runs
+        await supervisors.start_application(app("a"))
+        root = supervisors.application_supervisor("a")
+        assert root is not None
+        worker = pid_of(await supervisors.which_children(root), "w")
+        assert supervisors.application_of(worker) == "a"
+        assert supervisors.application_of(root) == "a"
+        assert supervisors.application_of() is None  # the main process is in none
+        stray = otp.spawn(otp.receive)
+        assert supervisors.application_of(stray) is None
+        otp.exit(stray, "kill")
+        await supervisors.stop_application("a")
+        assert supervisors.application_of(worker) is None
+
+
 async def test_start_errors(autojump_clock: Any) -> None:
     async with otp.open_node():
         await supervisors.start_application(app("a"))

@@ -1,0 +1,88 @@
+"""The node's log output: ``--log-format text`` (the default: one readable line a record) or
+``json`` (one JSON object a line, for log shippers), set up by :func:`configure_logging`.
+
+A JSON record carries the node, and when it was logged inside a process, that process's pid,
+registered name and application (``supervisors.application_of``), read when the record is
+formatted: the node's handler writes synchronously in the logging task, so that is the
+process that logged. Fields a caller passed with ``extra=`` are kept, as plain JSON where they
+have a JSON form and as their ``repr`` where not.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+from typing import Any, TextIO
+
+import otp
+import supervisors
+
+__all__ = ["LOG_FORMATS", "JsonFormatter", "configure_logging"]
+
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: What every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD = frozenset(
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
+)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a record: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
+    ``message``, ``node``; ``pid``, ``process`` (its registered name) and ``application`` when
+    logged inside a process; ``exception`` (the traceback) when there is one; and the record's
+    ``extra`` fields."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "node": self.node,
+        }
+        entry.update(_process_fields())
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exception"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key not in entry:
+                entry[key] = value
+        return json.dumps(entry, default=repr, ensure_ascii=False)
+
+
+def _process_fields() -> dict[str, Any]:
+    try:
+        pid = otp.self()
+    except (RuntimeError, otp.OtpError):
+        return {}
+    fields: dict[str, Any] = {"pid": str(pid)}
+    info = otp.process_info(pid)
+    if info is not None and info.registered_name is not None:
+        fields["process"] = str(info.registered_name)
+    application = supervisors.application_of(pid)
+    if application is not None:
+        fields["application"] = application
+    return fields
+
+
+def configure_logging(level: str, log_format: str, node: str, stream: TextIO | None = None) -> None:
+    """Set the root logger up as the node runs it: ``level``, and ``log_format`` ``"text"`` or
+    ``"json"`` on ``stream`` (stderr by default)."""
+    handler = logging.StreamHandler(stream)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter(node))
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler])

@@ -1,0 +1,119 @@
+"""The node's log output: ``--log-format json`` writes one JSON object a line with the node,
+and the pid, registered name and application of the process that logged."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import trio
+
+import otp
+import supervisors
+from otp.node import NodeConfig, load_config
+from otp.node._config import ConfigError
+from otp.node._logs import JsonFormatter
+
+from .test_node_cli import ROOT, _env
+
+log = logging.getLogger("tests.node.logs")
+
+
+def _capture() -> tuple[logging.Handler, io.StringIO]:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter("n1@host"))
+    return handler, out
+
+
+class Talker(otp.GenServer):
+    async def init(self, _: Any) -> otp.Ok:
+        return otp.Ok(None)
+
+    async def handle_call(self, request: Any, from_: Any, state: Any) -> Any:
+        log.warning("asked %s", request, extra={"order": {"id": 7, "items": [1, 2]}})
+        return otp.Reply("ok", state)
+
+
+async def _start_talker() -> Any:
+    return await Talker.start_link(None, name="talker")
+
+
+async def test_a_record_logged_in_an_applications_process_names_it() -> None:
+    handler, out = _capture()
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        async with otp.open_node():
+            children = [supervisors.ChildSpec("talker", (_start_talker,))]
+            app = supervisors.Application("shop", (supervisors.SupFlags(), children))
+            await supervisors.start_application(app)
+            assert await otp.call("talker", "price") == "ok"
+            log.info("from main", extra={"blob": b"\x00", "odd": object()})
+            await supervisors.stop_application("shop")
+        log.error("outside any node")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("it failed")
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(logging.NOTSET)
+    talked, main, outside, failed = (json.loads(line) for line in out.getvalue().splitlines())
+    assert talked["message"] == "asked price" and talked["level"] == "WARNING"
+    assert (talked["node"], talked["process"], talked["application"]) == (
+        "n1@host",
+        "talker",
+        "shop",
+    )
+    assert talked["pid"].startswith("<nonode@nohost.")
+    assert talked["order"] == {"id": 7, "items": [1, 2]}  # extra= kept as JSON
+    assert talked["time"].endswith("+00:00") and talked["logger"] == "tests.node.logs"
+    assert "application" not in main and main["pid"].startswith("<")  # the node's main process
+    assert main["blob"] == repr(b"\x00") and main["odd"].startswith("<object")
+    assert "pid" not in outside and outside["node"] == "n1@host"
+    assert failed["exception"].startswith("Traceback") and "ValueError: boom" in failed["exception"]
+
+
+def test_the_log_format_is_a_flag_and_a_node_toml_key(tmp_path: Any) -> None:
+    assert load_config(["--log-format", "json"]).log_format == "json"
+    assert load_config([]).log_format == "text"
+    toml = tmp_path / "node.toml"
+    toml.write_text('[node]\nlog_format = "json"\n')
+    assert load_config(["--config", str(toml)]).log_format == "json"
+    with pytest.raises(ConfigError, match=r"log_format must be text or json \(got 'xml'\)"):
+        NodeConfig(log_format="xml")
+
+
+async def test_the_node_writes_json_lines_with_its_name() -> None:
+    args = [
+        sys.executable, "-m", "otp.node", "--name", "logs@localhost", "--log-format", "json",
+        "--app", "apps.matching", "--matching-listen",
+        f"unix:/tmp/otp-logs-{os.getpid()}.sock", "--matching-store", ":memory:",
+    ]  # fmt: skip
+    process = await trio.lowlevel.open_process(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT
+    )
+    assert process.stdout is not None
+    lines: list[dict[str, Any]] = []
+    buffer = b""
+    try:
+        with trio.fail_after(30):
+            while not any("started child 'listener'" in e.get("message", "") for e in lines):
+                chunk = await process.stdout.receive_some(65536)
+                assert chunk, f"the node exited: {buffer!r}"
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                lines.extend(json.loads(line) for line in complete if line.startswith(b"{"))
+    finally:
+        process.terminate()
+        await process.wait()
+        await process.stdout.aclose()
+    assert lines and all(entry["node"] == "logs@localhost" for entry in lines)
+    assert any(entry.get("process") == "matching_sup" for entry in lines)
