@@ -11,7 +11,7 @@ from typing import Any
 import supervisors
 from otp import node
 
-from ._dispatcher import DispatcherConfig
+from ._config import DispatcherConfig
 from ._errors import ConfigurationError
 from ._observer import observer_view
 from ._server import dispatcher_supervisor_spec

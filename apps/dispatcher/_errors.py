@@ -228,3 +228,8 @@ _BY_KIND: dict[ErrorKind, type[DispatchError]] = {
         IdempotencyConflict,
     )
 }
+
+
+def fmt_seconds(seconds: float) -> str:
+    """Seconds as error messages write them (``0.25 s``)."""
+    return f"{seconds:.3g} s"

@@ -14,7 +14,8 @@ import trio
 
 import otp
 
-from ._dispatcher import DEFAULT_NAME, _find
+from ._config import DEFAULT_NAME
+from ._state import _find
 
 _ERROR = "dispatch.error."
 

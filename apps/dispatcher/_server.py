@@ -22,9 +22,12 @@ import otp
 import supervisors
 from otp import ets
 
-from ._dispatcher import DispatcherConfig, Job, _State, _states, _timeout_of
+from ._config import DispatcherConfig
 from ._errors import ConfigurationError, DispatcherNotRunning, DispatchError, ErrorKind
+from ._runner import Job, serve_jobs
+from ._state import _State, _states
 from ._tool import Tool, ToolRegistry
+from ._validation import timeout_of
 
 logger = logging.getLogger("apps.dispatcher")
 
@@ -117,7 +120,7 @@ async def _serve_remote(
 ) -> None:
     _, name, args, *_ = request
     try:
-        timeout = _timeout_of(name, options.get("timeout"), options.get("timeout_ms"))
+        timeout = timeout_of(name, options.get("timeout"), options.get("timeout_ms"))
         value = await state.dispatch(name, args, options.get("idempotency_key"), timeout, None)
     except DispatchError as error:
         otp.reply(from_, ("error", str(error.kind), error.message, error.data))
@@ -148,27 +151,6 @@ def _refuse_remote(state: _State, from_: otp.From) -> None:
     )
 
 
-# -- the runner -----------------------------------------------------------------------------
-
-
-async def _runner(state: _State, jobs: trio.MemoryReceiveChannel[Job]) -> None:
-    """The runner process: jobs run in its nursery, so they outlive the callers that started
-    them. When it ends, the jobs it had not started yet are abandoned (their waiters answered),
-    and its channel is closed, so that a job submitted before its restart is abandoned too."""
-    try:
-        async with trio.open_nursery() as nursery:
-            async for job in jobs:
-                nursery.start_soon(job.run)
-    finally:
-        while True:
-            try:
-                job = jobs.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                break
-            job.abandon()
-        jobs.close()
-
-
 async def _start_server(tools: ToolRegistry, config: DispatcherConfig) -> otp.Pid:
     # A start function runs in the supervisor's process: otp.self() is the supervisor.
     return await Dispatcher.start_link(tools, config, otp.self(), name=config.name)
@@ -179,7 +161,7 @@ async def _start_runner() -> otp.Pid:
     if state is None or not state.alive:
         # The runner starts after its server, under the same supervisor.
         raise otp.StartError(("no_dispatcher_server", otp.self()))
-    return otp.spawn_link(_runner, state, state.take_jobs())
+    return otp.spawn_link(serve_jobs, state.take_jobs())
 
 
 def dispatcher_supervisor_spec(

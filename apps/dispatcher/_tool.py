@@ -12,7 +12,7 @@ import functools
 import inspect
 import math
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -518,6 +518,3 @@ class ToolRegistry:
 
     def __repr__(self) -> str:
         return f"ToolRegistry({self.names()!r})"
-
-
-ToolHandler = Callable[..., Any]

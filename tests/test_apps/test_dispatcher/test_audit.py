@@ -16,7 +16,7 @@ import trio.testing
 
 import otp
 from apps import dispatcher as d
-from apps.dispatcher._dispatcher import _Slots
+from apps.dispatcher._attempt import _Slots
 
 from .helpers import Gauge, Script, running
 
