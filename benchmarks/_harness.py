@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Literal, TextIO
 
 import attrs
 
@@ -50,6 +50,7 @@ class Result:
             "baseline": self.baseline,
             "baseline_value": self.baseline_value,
             "ratio": round(self.ratio, 4),
+            "direction": self.direction,
             "notes": self.notes,
         }
 
@@ -76,3 +77,41 @@ def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def select(benchmarks: Sequence[Benchmark], prefixes: Sequence[str]) -> list[Benchmark]:
+    """The benchmarks whose name starts with any of ``prefixes`` (all of them when none given).
+
+    A prefix that matches nothing is a typo, not an empty run: :class:`ValueError` names it.
+    """
+    if not prefixes:
+        return list(benchmarks)
+    unmatched = [p for p in prefixes if not any(b.name.startswith(p) for b in benchmarks)]
+    if unmatched:
+        known = ", ".join(b.name for b in benchmarks)
+        raise ValueError(f"--only {' '.join(unmatched)} matches no benchmark; known: {known}")
+    return [b for b in benchmarks if b.name.startswith(tuple(prefixes))]
+
+
+def run_all(benchmarks: Sequence[Benchmark], quick: bool, progress: TextIO) -> list[Result]:
+    """Run ``benchmarks`` in order, writing one line to ``progress`` as each starts and ends.
+
+    Two whole lines rather than one line finished in place: benchmarks start worker processes
+    whose own stderr output would otherwise land in the middle of a half-written line.
+    """
+    results: list[Result] = []
+    total = len(benchmarks)
+    started = time.perf_counter()
+    for index, bench in enumerate(benchmarks, 1):
+        tag = f"[{index}/{total}] {bench.name}"
+        print(f"{tag} ...", file=progress, flush=True)
+        start = time.perf_counter()
+        figures = bench.run(quick)
+        elapsed = time.perf_counter() - start
+        plural = "" if len(figures) == 1 else "s"
+        done = f"{tag} ... {elapsed:.1f} s, {len(figures)} figure{plural}"
+        print(done, file=progress, flush=True)
+        results.extend(figures)
+    summary = f"{total} benchmarks, {len(results)} figures in {time.perf_counter() - started:.1f} s"
+    print(summary, file=progress, flush=True)
+    return results

@@ -1,0 +1,194 @@
+"""The benchmark runner's own behaviour: progress, ``--only``, ``--plot`` and ``--from``.
+
+No real benchmark runs here (performance is measured in ``benchmarks/``, never in tests): the
+runs use tiny fake benchmarks and the plots hand-made results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from benchmarks.__main__ import main
+from benchmarks._harness import Benchmark, Result, run_all, select
+from benchmarks._plot import axis_range, render_svg
+from benchmarks._results import read_results
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+RESULTS = [
+    Result("local.send", "messages/s", 900_000.0, "trio channel send_nowait", 1_200_000.0),
+    Result("local.spawn", "us", 20.0, "trio start_soon", 40.0, "lower"),
+    Result("dirty.execute", "us", 80.0, "raw unix ping-pong", 60.0, "lower"),
+    Result("wire.<odd> & name", "ops/s", 5e6, "base <&> line", 1e5, notes="n"),
+]
+
+
+def _parse(svg: str) -> ET.Element:
+    root = ET.fromstring(svg)
+    assert root.tag == f"{SVG}svg"
+    return root
+
+
+def _by_class(root: ET.Element, name: str) -> list[ET.Element]:
+    return [e for e in root.iter() if e.get("class") == name]
+
+
+def _texts(root: ET.Element) -> list[str]:
+    return [e.text or "" for e in root.iter(f"{SVG}text")]
+
+
+def test_the_plot_is_svg_with_one_bar_per_figure() -> None:
+    root = _parse(render_svg(RESULTS))
+    bars = _by_class(root, "bar")
+    assert len(bars) == len(RESULTS) == len(_by_class(root, "figure"))
+    # Grouped by benchmark, in the order measured.
+    groups = [g.find(f"{SVG}text") for g in _by_class(root, "group")]
+    assert [g.text for g in groups if g is not None] == ["local", "dirty", "wire"]
+
+
+def test_the_plot_marks_1_0_and_bars_start_there() -> None:
+    root = _parse(render_svg(RESULTS))
+    (parity,) = _by_class(root, "parity")
+    x = float(parity.get("x1", "nan"))
+    assert x == float(parity.get("x2", "nan"))
+    assert any("1.0" in t for t in _texts(root))
+    bars = _by_class(root, "bar")
+    better = [b for b in bars if b.get("fill") == "#2e7d32"]
+    worse = [b for b in bars if b.get("fill") == "#c62828"]
+    # local.spawn (2x) and wire (50x) beat their baselines; local.send and dirty trail theirs.
+    assert len(better) == 2 and len(worse) == 2
+    for bar in better:
+        assert math.isclose(float(bar.get("x", "nan")), x)
+    for bar in worse:
+        left, width = float(bar.get("x", "nan")), float(bar.get("width", "nan"))
+        assert math.isclose(left + width, x, abs_tol=0.15)
+
+
+def test_the_axis_is_logarithmic_so_twice_and_half_are_equally_far_from_1() -> None:
+    half_and_twice = [
+        Result("a.half", "x/s", 1.0, "b", 2.0),
+        Result("a.twice", "x/s", 2.0, "b", 1.0),
+    ]
+    root = _parse(render_svg(half_and_twice))
+    widths = [float(b.get("width", "nan")) for b in _by_class(root, "bar")]
+    assert widths[0] > 10 and math.isclose(widths[0], widths[1], abs_tol=0.15)
+    low, high, ticks = axis_range([0.03, 40.0])
+    assert low <= 0.03 and high >= 40 and 1.0 in ticks
+
+
+def test_names_with_markup_characters_are_escaped() -> None:
+    svg = render_svg(RESULTS, subtitle="from <a&b>.json")
+    root = _parse(svg)
+    texts = _texts(root)
+    assert "wire.<odd> & name" in texts
+    assert any("base <&> line" in t for t in texts)
+    assert "from <a&b>.json" in texts
+    assert "<odd>" not in svg
+
+
+def test_a_figure_that_was_not_measured_has_no_bar_but_a_label() -> None:
+    root = _parse(render_svg([Result("matching.rpc_latency", "us", 0.0, "floor", 30.0, "lower")]))
+    assert _by_class(root, "bar") == []
+    assert [e.text for e in _by_class(root, "unmeasured")] == ["not measured"]
+
+
+def _fake(name: str, figures: int) -> Benchmark:
+    def run(quick: bool) -> list[Result]:
+        print("measuring", flush=True)  # a benchmark's own output stays out of the progress
+        return [Result(f"{name}.{i}", "ops/s", 2.0, "base", 1.0) for i in range(figures)]
+
+    return Benchmark(name, run)
+
+
+def test_progress_names_each_benchmark_and_how_far_on_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    results = run_all([_fake("fake.a", 1), _fake("fake.b", 3)], True, sys.stderr)
+    assert len(results) == 4
+    out, err = capsys.readouterr()
+    assert out == "measuring\nmeasuring\n"  # the table's stream carries no progress
+    lines = err.splitlines()
+    assert lines[0] == "[1/2] fake.a ..."
+    assert lines[1].startswith("[1/2] fake.a ... ") and lines[1].endswith(" s, 1 figure")
+    assert lines[2] == "[2/2] fake.b ..."
+    assert lines[3].endswith(" s, 3 figures")
+    assert lines[4].startswith("2 benchmarks, 4 figures in ")
+
+
+def test_only_takes_several_prefixes_and_rejects_one_that_matches_nothing() -> None:
+    benches = [_fake(n, 1) for n in ("local.send", "local.call", "dirty", "wire.frames")]
+    assert [b.name for b in select(benches, [])] == [b.name for b in benches]
+    assert [b.name for b in select(benches, ["dirty", "local.c"])] == ["local.call", "dirty"]
+    with pytest.raises(ValueError, match="--only nope matches no benchmark"):
+        select(benches, ["wire", "nope"])
+
+
+def test_only_is_repeatable_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps({"results": [r.as_json() for r in RESULTS]}))
+    assert main(["--from", str(saved), "--only", "local", "--only", "wire"]) == 0
+    table = capsys.readouterr().out
+    assert "local.send" in table and "wire.<odd>" in table and "dirty.execute" not in table
+
+
+def test_plot_from_a_saved_results_file_runs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps({"quick": True, "results": [r.as_json() for r in RESULTS]}))
+    plot = tmp_path / "out.svg"
+    assert main(["--plot", str(plot), "--from", str(saved), "--json", str(tmp_path / "j")]) == 0
+    assert len(_by_class(_parse(plot.read_text()), "bar")) == len(RESULTS)
+    assert not (tmp_path / "j").exists()  # --from does not overwrite results with themselves
+    assert "[1/" not in capsys.readouterr().err
+    assert read_results(saved).results == RESULTS
+
+
+def test_a_results_file_from_before_direction_was_saved_still_reads(tmp_path: Path) -> None:
+    old = [{k: v for k, v in r.as_json().items() if k != "direction"} for r in RESULTS]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"results": old}))
+    assert [r.direction for r in read_results(path).results] == [r.direction for r in RESULTS]
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "cannot read it"),
+        ("{not json", "not JSON"),
+        ('{"results": 3}', 'no "results" list'),
+        ('{"results": [{"name": "a"}]}', "'unit' must be a string"),
+        (
+            '{"results": [{"name": "a", "unit": "u", "baseline": "b", "value": "fast",'
+            ' "baseline_value": 1, "direction": "higher"}]}',
+            "'value' must be a number",
+        ),
+        (
+            '{"results": [{"name": "a", "unit": "u", "baseline": "b", "value": NaN,'
+            ' "baseline_value": 1, "direction": "higher"}]}',
+            "must be finite",
+        ),
+    ],
+)
+def test_from_a_missing_or_garbled_file_is_one_clear_error_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, says: str
+) -> None:
+    path = tmp_path / "results.json"
+    if content is not None:
+        path.write_text(content)
+    plot = tmp_path / "out.svg"
+    assert main(["--plot", str(plot), "--from", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    (line,) = err.splitlines()
+    assert line.startswith(f"python -m benchmarks: error: --from {path}: ")
+    assert says in line
+    assert not plot.exists()
