@@ -19,10 +19,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 import otp
 import supervisors
 
-__all__ = ["CONTENT_TYPE", "NodeCollector", "exposition"]
-
-#: The exposition's content type (Prometheus text format 0.0.4).
-CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+__all__ = ["NodeCollector", "exposition"]
 
 # The OS process's own figures (CPU, memory, open files) and Python's version, as Python exporters
 # shows them: built once, read at each scrape like ours.
@@ -52,13 +49,17 @@ class NodeCollector(Collector):
 
 
 def exposition(
-    snapshot: otp.observer.NodeSnapshot, applications: list[supervisors.ApplicationView]
-) -> bytes:
-    """The scrape's body, in Prometheus text format."""
+    snapshot: otp.observer.NodeSnapshot,
+    applications: list[supervisors.ApplicationView],
+    accept: str = "",
+) -> tuple[bytes, str]:
+    """The scrape's body and content type: the Prometheus text format, or OpenMetrics if the
+    scraper's ``Accept`` header asks for it (prometheus_client's own negotiation)."""
     registry = CollectorRegistry(auto_describe=False)
     for collector in (*_STANDARD, NodeCollector(snapshot, applications)):
         registry.register(collector)
-    return prometheus_client.generate_latest(registry)
+    encode, content_type = prometheus_client.exposition.choose_encoder(accept)
+    return encode(registry), content_type
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -100,7 +100,7 @@ class ObserverWeb:
             )
             headers.append((b"allow", b"GET, HEAD"))
         else:
-            status, content_type, body = await route(self)
+            status, content_type, body = await route(self, scope)
         headers += [
             (b"content-type", content_type.encode()),
             (b"content-length", str(len(body)).encode()),
@@ -122,33 +122,35 @@ class ObserverWeb:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def healthz(self) -> Response:
+    async def healthz(self, scope: dict[str, Any]) -> Response:
         return _json(200, {"status": "ok", "node": otp.node_name()})
 
-    async def readyz(self) -> Response:
+    async def readyz(self, scope: dict[str, Any]) -> Response:
         waiting = await supervisors.check_readiness(self.expected)
         if waiting:
             return _json(503, {"status": "not_ready", "waiting": waiting})
         return _json(200, {"status": "ready"})
 
-    async def metrics(self) -> Response:
+    async def metrics(self, scope: dict[str, Any]) -> Response:
         # Imported at the first scrape: prometheus_client is not needed by nodes without one.
-        from ._metrics import CONTENT_TYPE, exposition
+        from ._metrics import exposition
 
+        accept = b", ".join(v for k, v in scope["headers"] if k == b"accept").decode("latin-1")
         applications = await supervisors.observe()
-        return 200, CONTENT_TYPE, exposition(otp.observer.snapshot(), applications)
+        body, content_type = exposition(otp.observer.snapshot(), applications, accept)
+        return 200, content_type, body
 
-    async def api_snapshot(self) -> Response:
+    async def api_snapshot(self, scope: dict[str, Any]) -> Response:
         snap = otp.observer.snapshot()
         return _json(200, plain(snap))
 
-    async def api_tree(self) -> Response:
+    async def api_tree(self, scope: dict[str, Any]) -> Response:
         return _json(
             200, {"node": otp.node_name(), "applications": plain(await supervisors.observe())}
         )
 
 
-_ROUTES: dict[str, Callable[[ObserverWeb], Awaitable[Response]]] = {
+_ROUTES: dict[str, Callable[[ObserverWeb, dict[str, Any]], Awaitable[Response]]] = {
     "/healthz": ObserverWeb.healthz,
     "/readyz": ObserverWeb.readyz,
     "/metrics": ObserverWeb.metrics,
