@@ -44,23 +44,25 @@ DEMO = supervisors.Application("demo", Root, version="7")
 Response = tuple[int, dict[str, str], bytes]
 
 
-def _request(address: str, path: str, method: str) -> Response:
+def _request(address: str, path: str, method: str, headers: dict[str, str]) -> Response:
     url = urlsplit(address)
     assert url.hostname is not None and url.port is not None
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
     try:
-        conn.request(method, path)
+        conn.request(method, path, headers=headers)
         response = conn.getresponse()
         return response.status, dict(response.getheaders()), response.read()
     finally:
         conn.close()
 
 
-async def fetch(path: str, method: str = "GET", address: str | None = None) -> Response:
+async def fetch(
+    path: str, method: str = "GET", address: str | None = None, **headers: str
+) -> Response:
     """A real HTTP request, from a thread (http.client blocks) while the node serves it."""
     address = address or node.observer_address()
     assert address is not None
-    return await trio.to_thread.run_sync(_request, address, path, method)
+    return await trio.to_thread.run_sync(_request, address, path, method, headers)
 
 
 async def fetch_json(path: str) -> tuple[int, Any]:
@@ -142,6 +144,18 @@ async def test_metrics_show_mailboxes_and_ets_tables() -> None:
         assert samples[key("otp_ets_table_memory_bytes", table="web_table")] > 0
         assert samples[key("otp_dist_connections", state="up")] == 0
         assert samples[key("process_cpu_seconds_total")] > 0
+
+
+async def test_metrics_speak_openmetrics_to_a_scraper_that_asks() -> None:
+    async with observed():
+        status, headers, body = await fetch(
+            "/metrics", Accept="application/openmetrics-text;version=1.0.0,text/plain;q=0.4"
+        )
+        assert status == 200
+        assert headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+        assert body.endswith(b"# EOF\n") and b"otp_processes " in body
+        _status, headers, _body = await fetch("/metrics", Accept="text/plain;version=0.0.4")
+        assert headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
 
 
 async def test_readyz_waits_for_every_application_to_start() -> None:
