@@ -15,9 +15,11 @@ from urllib.parse import urlsplit
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
+from test_apps.test_dispatcher.helpers import ADD_SCHEMA, add
 
 import otp
 import supervisors
+from apps import dispatcher as d
 from otp import node
 from supervisors import ChildSpec, Supervisor
 
@@ -144,6 +146,20 @@ async def test_metrics_show_mailboxes_and_ets_tables() -> None:
         assert samples[key("otp_ets_table_memory_bytes", table="web_table")] > 0
         assert samples[key("otp_dist_connections", state="up")] == 0
         assert samples[key("process_cpu_seconds_total")] > 0
+
+
+async def test_metrics_count_dispatcher_calls_and_errors_by_tool_and_kind() -> None:
+    tools = [d.Tool("add", add, ADD_SCHEMA, idempotent=True, retry=d.NO_RETRY)]
+    async with observed(expected=("dispatcher",)):
+        await supervisors.start_application(d.application(tools=tools))
+        assert await d.dispatch("add", {"a": 1, "b": 2}) == 3
+        with pytest.raises(d.InvalidArguments):
+            await d.dispatch("add", {"a": "x", "b": 2})
+        samples = await scrape()
+        assert samples[key("otp_dispatcher_calls_total", tool="add")] == 2
+        assert samples[key("otp_dispatcher_errors_total", tool="add", kind="schema")] == 1
+        assert samples[key("otp_dispatcher_breaker_state", tool="add", state="closed")] == 1
+        assert samples[key("otp_dispatcher_running")] == 0
 
 
 async def test_metrics_speak_openmetrics_to_a_scraper_that_asks() -> None:
