@@ -48,6 +48,7 @@ from ._supervisor import restart_child as restart_child
 from ._supervisor import start_child as start_child
 from ._supervisor import terminate_child as terminate_child
 from ._supervisor import which_children as which_children
+from ._tree import check_readiness as check_readiness
 from ._tree import observe as observe
 from ._tree import observe_supervisor as observe_supervisor
 
@@ -79,6 +80,7 @@ __all__ = [
     "application_of",
     "application_supervisor",
     "check_childspecs",
+    "check_readiness",
     "count_children",
     "delete_child",
     "get_all_env",

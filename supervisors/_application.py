@@ -104,6 +104,10 @@ class Application:
             (:func:`observe`): a function of no arguments, sync or async, returning a dict of
             plain values. It runs in the observer's process, so it should read state cheaply
             (an ETS table, a call with a short timeout), not wait on work.
+        ready: Whether the application is ready to serve, past having started (a readiness
+            probe such as ``/readyz``; :func:`check_readiness`): a function of no arguments,
+            sync or async, returning None when ready or a short sentence saying what it
+            waits for. None: ready once started.
     """
 
     name: str = attrs.field(validator=_check_name)
@@ -115,6 +119,7 @@ class Application:
     description: str = attrs.field(default="", kw_only=True)
     version: str = attrs.field(default="", kw_only=True)
     observer_view: Callable[[], Any] | None = attrs.field(default=None, kw_only=True)
+    ready: Callable[[], Any] | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen

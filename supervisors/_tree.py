@@ -8,10 +8,11 @@ child in turn, so a tree is a consistent picture of each supervisor, not of all 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
+import trio
 
 import otp
 
@@ -75,3 +76,29 @@ async def _application_view(view: Callable[[], Any] | None) -> dict[str, Any] | 
         # One application's broken view must not hide the others' (nor the tree).
         return {"error": f"{type(exc).__name__}: {exc}"}
     return dict(result)
+
+
+async def check_readiness(expected: Iterable[str] = ()) -> dict[str, str]:
+    """What is not ready, by application name: each of ``expected`` that is not running, and
+    each running application whose ``ready`` check says what it waits for (or raised). Empty
+    when everything is ready.
+
+    A check runs in the caller's process, as an ``observer_view`` does.
+    """
+    running = running_applications()
+    names = {app.name for app, _root in running}
+    waiting = {name: "not started" for name in expected if name not in names}
+    for app, _root in running:
+        if app.ready is None:
+            continue
+        try:
+            result = app.ready()
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            waiting[app.name] = f"its readiness check raised {type(exc).__name__}: {exc}"
+            continue
+        if result is not None:
+            waiting[app.name] = str(result)
+    await trio.lowlevel.checkpoint()
+    return waiting

@@ -27,7 +27,7 @@ from ._app import app_stashes
 from ._config import DirtyConfig
 from ._errors import DirtyAppError, DirtyConfigError
 from ._listener import CONNECTIONS, start_listener
-from ._observer import observer_view
+from ._observer import observer_view, ready
 from ._pidfile import kill_orphans
 from ._pool import ROUTER, PoolContext
 from ._router import POOL, Router
@@ -152,6 +152,7 @@ def application(
         ),
         version="0.1.0",
         observer_view=functools.partial(observer_view, ctx),
+        ready=functools.partial(ready, ctx),
     )
 
 

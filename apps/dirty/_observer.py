@@ -49,3 +49,15 @@ def observer_view(ctx: PoolContext) -> dict[str, Any]:
         "parked": {app: len(conns) for app, conns in sorted(ctx.routes.waiting.items()) if conns},
         "stash_tables": stash,
     }
+
+
+def ready(ctx: PoolContext) -> str | None:
+    """None once every configured app has a worker serving it (the pool's readiness for
+    ``supervisors.check_readiness``), else which apps still wait for one."""
+    if not ctx.config.enabled:
+        return None
+    lanes = ctx.routes.table
+    waiting = [path for path in ctx.config.apps_paths if not getattr(lanes.get(path), "size", 0)]
+    if waiting:
+        return f"no worker serves {', '.join(waiting)} yet"
+    return None

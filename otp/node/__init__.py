@@ -8,19 +8,29 @@ from ._config import DEFAULT_APPS as DEFAULT_APPS
 from ._config import ConfigError as ConfigError
 from ._config import DistSettings as DistSettings
 from ._config import NodeConfig as NodeConfig
+from ._config import ObserverSettings as ObserverSettings
 from ._config import load_config as load_config
 from ._config import load_object as load_object
+from ._config import parse_observer as parse_observer
 from ._main import main as main
+from ._observer import observer_address as observer_address
+from ._observer import observer_application as observer_application
+from ._web import ObserverWeb as ObserverWeb
 
 __all__ = [
     "DEFAULT_APPS",
     "ConfigError",
     "DistSettings",
     "NodeConfig",
+    "ObserverSettings",
+    "ObserverWeb",
     "banner",
     "load_config",
     "load_object",
     "main",
+    "observer_address",
+    "observer_application",
+    "parse_observer",
     "resolve_application",
     "serve",
 ]

@@ -15,6 +15,7 @@ import otp
 import supervisors
 
 from ._config import ConfigError, NodeConfig, load_object
+from ._observer import observer_address, observer_application
 
 logger = logging.getLogger("otp.node")
 
@@ -65,6 +66,11 @@ async def banner(config: NodeConfig, started: list[tuple[supervisors.Application
     if dist is not None:
         for address in dist.listening:
             lines.append(f"  listening on {address}")
+    observer = observer_address()
+    if observer is not None:
+        lines.append(
+            f"  observer on {observer} (/metrics, /healthz, /readyz, /api/snapshot, /api/tree)"
+        )
     for app, root in started:
         lines.append(f"  application {app.name}: {app.description or ''}".rstrip(": "))
         tree: list[str] = []
@@ -84,11 +90,17 @@ async def serve(
 ) -> int:
     """Run a node until a signal or an application's end stops it; returns the exit code.
 
+    With ``config.observer`` set, the ``observer`` application (the HTTP endpoint) starts
+    first, so ``/readyz`` answers 503 while the others start, and stops last.
+
     A signal during the boot cancels it (a start may never end: an init waiting on a database
     that is down), kills the tree of the application being started, and stops the ones started.
     """
     stopping = trio.Event()
     code = 0
+    if config.observer is not None:
+        expected = tuple(app.name for app in applications)
+        applications = [observer_application(config.observer, expected), *applications]
 
     async def application_ended() -> None:
         nonlocal code

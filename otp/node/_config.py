@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import ipaddress
 import logging
 import tomllib
 from collections.abc import Sequence
@@ -54,6 +55,76 @@ class DistSettings:
 
 
 @attrs.frozen
+class ObserverSettings:
+    """Where the node serves its HTTP observer (``/metrics``, ``/healthz``, ``/readyz``,
+    ``/api/...``): ``host`` and ``port`` (0 picks a free one)."""
+
+    host: str
+    port: int
+
+
+#: The keys of node.toml's ``[observer]`` table.
+OBSERVER_KEYS = ("listen", "public")
+
+
+def parse_observer(
+    value: Any, *, public: bool = False, where: str = "--observer"
+) -> ObserverSettings:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> :class:`ObserverSettings`.
+
+    Raises:
+        ConfigError: it is malformed, or names a host that is not loopback without ``public``
+            (the observer shows everything a node runs, and has no authentication).
+    """
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} takes HOST:PORT such as 127.0.0.1:9100 (got {value!r})")
+    host, sep, port_text = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(
+            f"{where} takes HOST:PORT with a port from 0 (any free one) to 65535, such as"
+            f" 127.0.0.1:9100 (got {value!r})"
+        )
+    if not public and not _is_loopback(host):
+        raise ConfigError(
+            f"{where} {value}: {host} is not a loopback address, and the observer shows"
+            " everything the node runs without authentication: listen on 127.0.0.1 (or ::1),"
+            " or pass --observer-public (public = true in [observer]) to serve it there anyway"
+        )
+    return ObserverSettings(host, int(port_text))
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _observer(args: argparse.Namespace, table: Any, path: Path | None) -> ObserverSettings | None:
+    if not isinstance(table, dict):
+        raise ConfigError(f"--config {path}: [observer] must be a table (got {table!r})")
+    unknown = sorted(set(table) - set(OBSERVER_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"--config {path}: [observer] has unknown keys {unknown}; known: {list(OBSERVER_KEYS)}"
+        )
+    public = table.get("public", False)
+    if not isinstance(public, bool):
+        raise ConfigError(f"observer.public must be true or false (got {public!r})")
+    if args.observer is not None:
+        return parse_observer(args.observer, public=args.observer_public or public)
+    if "listen" in table:
+        return parse_observer(
+            table["listen"], public=args.observer_public or public, where="observer.listen"
+        )
+    return None
+
+
+@attrs.frozen
 class NodeConfig:
     """What a node runs.
 
@@ -67,6 +138,7 @@ class NodeConfig:
         settings: Every other setting, by application (``[app_name]`` tables of node.toml and
             the flags applications add), for the applications to read.
         distribution: How the node talks to other nodes, if it does.
+        observer: Where the node serves its HTTP observer, if it does.
     """
 
     name: str = "nonode@nohost"
@@ -75,6 +147,7 @@ class NodeConfig:
     log_format: str = attrs.field(default="text", validator=_check_format)
     settings: dict[str, Any] = attrs.field(factory=dict)
     distribution: DistSettings | None = None
+    observer: ObserverSettings | None = None
 
 
 def parser(*, add_help: bool = True) -> argparse.ArgumentParser:
@@ -105,6 +178,18 @@ def parser(*, add_help: bool = True) -> argparse.ArgumentParser:
         help="log lines as text or as JSON objects with node, pid and application (default: text)",
     )
     p.add_argument("--config", type=Path, metavar="PATH", help="a node.toml file")
+    o = p.add_argument_group("observer")
+    o.add_argument(
+        "--observer",
+        metavar="HOST:PORT",
+        help="serve /metrics (Prometheus), /healthz, /readyz and /api/snapshot, /api/tree over"
+        " HTTP on a loopback address (port 0: any free one, printed at boot)",
+    )
+    o.add_argument(
+        "--observer-public",
+        action="store_true",
+        help="allow --observer on an address that is not loopback (it has no authentication)",
+    )
     d = p.add_argument_group("distribution")
     d.add_argument(
         "--listen",
@@ -223,6 +308,7 @@ def load_config(argv: list[str] | None = None) -> NodeConfig:
     known, _ = parser(add_help=False).parse_known_args(argv)
     data = _read_toml(known.config) if known.config is not None else {}
     node = _node_table(data.pop("node", {}), known.config)
+    observer_table = data.pop("observer", {})
     apps = known.app if known.app is not None else node.get("apps", [])
     p = parser()
     _add_application_flags(p, apps or DEFAULT_APPS)
@@ -236,6 +322,7 @@ def load_config(argv: list[str] | None = None) -> NodeConfig:
         log_format=args.log_format or node.get("log_format", "text"),
         settings=data,
         distribution=_distribution(args, name),
+        observer=_observer(args, observer_table, known.config),
     )
 
 

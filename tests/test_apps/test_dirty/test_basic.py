@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import trio
@@ -80,3 +82,20 @@ async def test_the_observer_view_shows_workers_calls_in_flight_and_stash_tables(
     assert final["workers"][0]["last_heartbeat"] is not None
     await streaming.close_async()
     await waiting.close_async()
+
+
+async def test_the_pool_is_ready_when_every_app_has_a_worker(start_pool: Any) -> None:
+    await start_pool(dirty_apps=[ECHO], dirty_workers=1)
+    assert await supervisors.check_readiness(["dirty"]) == {}
+    (app,) = await supervisors.observe()
+    assert app.view is not None
+    os.kill(app.view["workers"][0]["os_pid"], signal.SIGKILL)
+    # The router drops the dead worker's route when its port's exit reaches it, and the pool
+    # starts another: no event tells either, so look until each shows.
+    with trio.fail_after(10):
+        while not (waiting := await supervisors.check_readiness(["dirty"])):
+            await trio.sleep(0.01)
+    assert waiting == {"dirty": f"no worker serves {ECHO} yet"}
+    with trio.fail_after(30):
+        while await supervisors.check_readiness(["dirty"]):
+            await trio.sleep(0.05)

@@ -1,0 +1,159 @@
+"""The observer's HTTP endpoints as a small ASGI application: ``/metrics`` (Prometheus),
+``/healthz``, ``/readyz``, ``/api/snapshot`` and ``/api/tree`` (JSON), read-only (GET and HEAD).
+
+It runs inside the observer's HTTP process (hypercorn's tasks inherit it), so it may call
+supervisors as that process. Five fixed routes need no framework: a router, request parsing and
+middleware would be all Starlette added here.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+
+import otp
+import supervisors
+
+__all__ = ["ObserverWeb", "plain"]
+
+JSON = "application/json"
+Response = tuple[int, str, bytes]
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON-ready plain values: attrs records as dicts, pids as their text, enums
+    as their values, exit reasons as OTP prints them, anything else without a JSON form as its
+    ``repr``."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, otp.Pid):
+        return repr(value)
+    if isinstance(value, enum.Enum):
+        return plain(value.value)
+    if isinstance(value, dict):
+        return {str(plain(k)): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [plain(v) for v in value]
+    if attrs.has(type(value)):
+        return {
+            field.name: _field(field.name, getattr(value, field.name))
+            for field in attrs.fields(type(value))
+        }
+    return repr(value)
+
+
+def _field(name: str, value: Any) -> Any:
+    if name.endswith("reason") and value is not None:
+        return otp.format_reason(value)
+    return plain(value)
+
+
+def _json(status: int, body: Any) -> Response:
+    return status, JSON, json.dumps(body, ensure_ascii=False).encode() + b"\n"
+
+
+@attrs.define
+class ObserverWeb:
+    """The ASGI application (``await web(scope, receive, send)``).
+
+    Args:
+        expected: The applications the node starts; ``/readyz`` is 503 until each runs and
+            passes its own readiness check.
+    """
+
+    expected: tuple[str, ...] = ()
+
+    async def __call__(
+        self,
+        scope: dict[str, Any],
+        receive: Callable[[], Awaitable[dict[str, Any]]],
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return  # (websockets: none served; hypercorn closes the connection)
+        route = _ROUTES.get(scope["path"])
+        method = scope["method"]
+        headers: list[tuple[bytes, bytes]] = []
+        if route is None:
+            status, content_type, body = _json(
+                404,
+                {
+                    "error": "not_found",
+                    "message": f"no endpoint {scope['path']}",
+                    "endpoints": sorted(_ROUTES),
+                },
+            )
+        elif method not in ("GET", "HEAD"):
+            status, content_type, body = _json(
+                405,
+                {
+                    "error": "method_not_allowed",
+                    "message": f"{scope['path']} is read-only: use GET or HEAD (got {method})",
+                },
+            )
+            headers.append((b"allow", b"GET, HEAD"))
+        else:
+            status, content_type, body = await route(self, scope)
+        headers += [
+            (b"content-type", content_type.encode()),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
+
+    async def _lifespan(
+        self,
+        receive: Callable[[], Awaitable[dict[str, Any]]],
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def healthz(self, scope: dict[str, Any]) -> Response:
+        return _json(200, {"status": "ok", "node": otp.node_name()})
+
+    async def readyz(self, scope: dict[str, Any]) -> Response:
+        waiting = await supervisors.check_readiness(self.expected)
+        if waiting:
+            return _json(503, {"status": "not_ready", "waiting": waiting})
+        return _json(200, {"status": "ready"})
+
+    async def metrics(self, scope: dict[str, Any]) -> Response:
+        # Imported at the first scrape: prometheus_client is not needed by nodes without one.
+        from ._metrics import exposition
+
+        accept = b", ".join(v for k, v in scope["headers"] if k == b"accept").decode("latin-1")
+        applications = await supervisors.observe()
+        body, content_type = exposition(otp.observer.snapshot(), applications, accept)
+        return 200, content_type, body
+
+    async def api_snapshot(self, scope: dict[str, Any]) -> Response:
+        snap = otp.observer.snapshot()
+        return _json(200, plain(snap))
+
+    async def api_tree(self, scope: dict[str, Any]) -> Response:
+        return _json(
+            200, {"node": otp.node_name(), "applications": plain(await supervisors.observe())}
+        )
+
+
+_ROUTES: dict[str, Callable[[ObserverWeb, dict[str, Any]], Awaitable[Response]]] = {
+    "/healthz": ObserverWeb.healthz,
+    "/readyz": ObserverWeb.readyz,
+    "/metrics": ObserverWeb.metrics,
+    "/api/snapshot": ObserverWeb.api_snapshot,
+    "/api/tree": ObserverWeb.api_tree,
+}
