@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from apps import dirty
-from apps.dirty._client import _Conn, _Protocol
+from apps.dirty._client_asyncio import _AsyncioConn, _Protocol
 from apps.dirty._frames import header
 
 from .conftest import ECHO
@@ -160,14 +160,18 @@ async def test_missing_socket_is_a_connection_error(tmp_path: Any) -> None:
     await _in_asyncio(scenario)
 
 
+def _lost(why: object) -> dirty.DirtyConnectionError:
+    return dirty.DirtyConnectionError(str(why))
+
+
 def test_writes_wait_while_the_transport_is_paused() -> None:
     # Flow control, deterministically: a send waits from pause_writing to resume_writing, and
     # a lost connection releases it (the call then fails on the broken connection).
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         for release in ("resume", "lost"):
-            conn = _Conn("asyncio", loop)
-            protocol = _Protocol(conn, lambda why: dirty.DirtyConnectionError(str(why)))
+            conn = _AsyncioConn(loop, _lost)
+            protocol = _Protocol(conn, _lost)
             protocol.pause_writing()
             drained = asyncio.ensure_future(protocol.drain())
             await asyncio.sleep(0)

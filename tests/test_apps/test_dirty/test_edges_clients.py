@@ -25,7 +25,7 @@ import trio.testing
 
 import supervisors
 from apps import dirty
-from apps.dirty import _client
+from apps.dirty import _client, _client_sync
 from apps.dirty._frames import END, REQUEST, RESPONSE, FrameSplitter, decode_payload, reply_parts
 
 from .conftest import ECHO
@@ -220,7 +220,7 @@ def test_an_interrupt_between_the_send_and_the_read_still_ends_the_call(
     # The request is out whole, the waiter registered, and the interrupt comes before the read.
     pool = fake_pool()
     client = dirty.DirtyClient(pool.path, timeout=5)
-    _interrupt_once_after(monkeypatch, _client._SyncConn, "send")
+    _interrupt_once_after(monkeypatch, _client_sync._SyncConn, "send")
     with pytest.raises(KeyboardInterrupt):
         client.execute("x:App", "echo", "first")
     _wait_for(lambda: (0, END, 1, None) in pool.frames)  # the pool is told to drop it
@@ -257,7 +257,7 @@ def test_an_interrupt_just_after_a_whole_send_drops_the_connection_safely(
     # drops the call with it), and the next call opens a new one.
     pool = fake_pool()
     client = dirty.DirtyClient(pool.path, timeout=5)
-    _interrupt_once_after(monkeypatch, _client, "send_parts")
+    _interrupt_once_after(monkeypatch, _client_sync, "send_parts")
     with pytest.raises(KeyboardInterrupt):
         client.execute("x:App", "echo", "first")
     _wait_for(lambda: 0 in pool.ended)

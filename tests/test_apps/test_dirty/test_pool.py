@@ -15,7 +15,7 @@ import trio.testing
 
 from apps import dirty
 from apps.dirty import _pool
-from apps.dirty._client import _SyncConn
+from apps.dirty._client_sync import _SyncConn
 
 from .conftest import ECHO, LIMITED
 
