@@ -104,7 +104,15 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _observer(args: argparse.Namespace, table: Any, path: Path | None) -> ObserverSettings | None:
+#: ``--observer off`` (``listen = "off"``): no observer, also in the embedded default node.
+OBSERVER_OFF = "off"
+#: Where the embedded default node (no ``--app``) serves its observer: loopback, any free port.
+EMBEDDED_OBSERVER = "127.0.0.1:0"
+
+
+def _observer(
+    args: argparse.Namespace, table: Any, path: Path | None, *, embedded: bool
+) -> ObserverSettings | None:
     if not isinstance(table, dict):
         raise ConfigError(f"--config {path}: [observer] must be a table (got {table!r})")
     unknown = sorted(set(table) - set(OBSERVER_KEYS))
@@ -116,11 +124,17 @@ def _observer(args: argparse.Namespace, table: Any, path: Path | None) -> Observ
     if not isinstance(public, bool):
         raise ConfigError(f"observer.public must be true or false (got {public!r})")
     if args.observer is not None:
+        if args.observer == OBSERVER_OFF:
+            return None
         return parse_observer(args.observer, public=args.observer_public or public)
     if "listen" in table:
+        if table["listen"] == OBSERVER_OFF:
+            return None
         return parse_observer(
             table["listen"], public=args.observer_public or public, where="observer.listen"
         )
+    if embedded:  # the embedded default node shows itself unless told otherwise
+        return parse_observer(EMBEDDED_OBSERVER)
     return None
 
 
@@ -183,7 +197,8 @@ def parser(*, add_help: bool = True) -> argparse.ArgumentParser:
         "--observer",
         metavar="HOST:PORT",
         help="serve /metrics (Prometheus), /healthz, /readyz and /api/snapshot, /api/tree over"
-        " HTTP on a loopback address (port 0: any free one, printed at boot)",
+        " HTTP on a loopback address (port 0: any free one, printed at boot); the embedded"
+        f" default node serves it on {EMBEDDED_OBSERVER} unless given 'off'",
     )
     o.add_argument(
         "--observer-public",
@@ -322,7 +337,7 @@ def load_config(argv: list[str] | None = None) -> NodeConfig:
         log_format=args.log_format or node.get("log_format", "text"),
         settings=data,
         distribution=_distribution(args, name),
-        observer=_observer(args, observer_table, known.config),
+        observer=_observer(args, observer_table, known.config, embedded=not apps),
     )
 
 

@@ -91,6 +91,7 @@ def test_help_lists_the_options() -> None:
 async def test_the_default_node_runs_the_demo_tree_and_stops_gracefully(signum: int) -> None:
     async with Node("--name", "demo@localhost") as node:
         assert "demo@localhost" in await node.line_with("is running")
+        await node.line_with("observer on http://127.0.0.1:")  # on by default here
         await node.line_with("application demo")
         await node.line_with("greeter")
         dirty = await node.line_with("application dirty")

@@ -260,7 +260,16 @@ def test_the_observer_refuses_a_public_address_unless_told() -> None:
     assert node.load_config(["--observer", "[::1]:0"]).observer == node.ObserverSettings("::1", 0)
     with pytest.raises(node.ConfigError, match="HOST:PORT with a port from 0"):
         node.load_config(["--observer", "127.0.0.1"])
-    assert node.load_config([]).observer is None
+
+
+def test_the_embedded_default_node_serves_the_observer_unless_told_off(tmp_path: Any) -> None:
+    assert node.load_config([]).observer == node.ObserverSettings("127.0.0.1", 0)
+    assert node.load_config(["--observer", "off"]).observer is None
+    config = tmp_path / "node.toml"
+    config.write_text('[observer]\nlisten = "off"\n')
+    assert node.load_config(["--config", str(config)]).observer is None
+    # a node that names its applications serves no observer unless asked
+    assert node.load_config(["--app", "test_node.node_apps:first"]).observer is None
 
 
 def test_node_toml_enables_the_observer(tmp_path: Any) -> None:
@@ -278,9 +287,9 @@ def test_node_toml_enables_the_observer(tmp_path: Any) -> None:
 
 
 async def test_python_m_otp_node_serves_the_observer_it_prints() -> None:
-    """The embedded default (demo, dispatcher, dirty pool, matching server) with --observer:
-    each application's own view shows in /metrics."""
-    async with Node("--observer", "127.0.0.1:0") as running:
+    """The embedded default (demo, dispatcher, dirty pool, matching server) serves its observer
+    by default on a free loopback port: each application's own view shows in /metrics."""
+    async with Node() as running:
         line = await running.line_with("observer on http://127.0.0.1:")
         address = line.split()[2]
         await running.line_with("stop with Ctrl-C")
