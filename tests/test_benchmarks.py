@@ -192,3 +192,28 @@ def test_from_a_missing_or_garbled_file_is_one_clear_error_and_exit_2(
     assert line.startswith(f"python -m benchmarks: error: --from {path}: ")
     assert says in line
     assert not plot.exists()
+
+
+async def test_the_wakeup_counter_counts_each_task_wakeup_inside_its_block() -> None:
+    import trio
+
+    from benchmarks._wakeups import counting_wakeups
+
+    send, receive = trio.open_memory_channel[int](0)
+
+    async def echo() -> None:
+        async for n in receive:
+            del n
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(echo)
+        await trio.testing.wait_all_tasks_blocked()
+        with counting_wakeups() as counter:
+            for n in range(10):
+                await send.send(n)
+        after = counter.count
+        await trio.sleep(0)
+        nursery.cancel_scope.cancel()
+    # each send wakes the parked receiver (and a rendezvous send parks and is woken once too)
+    assert 10 <= after <= 30
+    assert counter.count == after
