@@ -58,6 +58,8 @@ from ._gen_server import Stop as Stop
 from ._gen_server import call as call
 from ._gen_server import cast as cast
 from ._gen_server import reply as reply
+from ._request import Response as Response
+from ._request import send_request as send_request
 from ._ids import Pid as Pid
 from ._ids import Ref as Ref
 from ._info import ProcessInfo as ProcessInfo
@@ -130,6 +132,7 @@ __all__ = [
     "Ref",
     "RemoteException",
     "Reply",
+    "Response",
     "Shutdown",
     "Signaled",
     "SocketPathTaken",
@@ -174,6 +177,7 @@ __all__ = [
     "register",
     "registered",
     "reply",
+    "send_request",
     "run",
     "self",
     "send",

@@ -1,0 +1,110 @@
+"""``send_request``: a GenServer call whose answer arrives as a message (OTP's
+``gen_server:send_request/2`` with ``check_response``).
+
+A process that serves many callers at once (a connection multiplexing its peer's requests, a
+router) would otherwise park one task per outstanding ``call``. With ``send_request`` it sends
+the request, goes on, and later receives a :class:`Response` naming the request: the server's
+reply, or the server's exit reason if it died (or was not alive) first. The caller monitors the
+server while the request is outstanding, exactly as ``call`` does; there is no timeout (as in
+OTP, the caller decides how long to wait for the message).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ._api import spawn
+from ._errors import CallError
+from ._gen_server import _Call, _is_remote, _resolve_server, _unwatch, _watch, call
+from ._ids import Ref
+from ._messages import From
+from ._node import current_node
+from ._process import Process, current_process
+from ._reasons import NOPROC
+
+__all__ = ["Response", "send_request"]
+
+
+@attrs.frozen(slots=True)
+class Response:
+    """The answer to :func:`send_request` (a message in the caller's mailbox).
+
+    Attributes:
+        request_id: What ``send_request`` returned.
+        value: The server's reply (None when ``error`` is set).
+        error: None, or why there is no reply: the server's exit reason (``"noproc"`` when it
+            was not alive, ``"calling_self"`` when it is the caller), as ``CallError`` carries
+            it for ``call``.
+    """
+
+    request_id: Ref
+    value: Any = None
+    error: Any = None
+
+
+class _ResponseSlot:
+    """The alias of one outstanding request (duck-typed as a call's waiter): its reply or the
+    server's DOWN becomes a :class:`Response` in the caller's mailbox."""
+
+    __slots__ = ("caller", "done", "ref", "target")
+
+    def __init__(self, caller: Process, target: Process, ref: Ref) -> None:
+        self.caller = caller
+        self.target = target
+        self.ref = ref
+        self.done = False
+
+    def resolve(self, value: Any, is_down: bool) -> None:
+        if self.done:
+            return
+        self.done = True
+        _unwatch(self.caller, self.target, self.ref)
+        if is_down:
+            self.caller.deliver(Response(self.ref, None, value))
+        else:
+            self.caller.deliver(Response(self.ref, value, None))
+
+    def time_out(self) -> None:  # (never armed: a request has no timeout)
+        pass
+
+
+def send_request(server: Any, request: Any) -> Ref:
+    """Send ``request`` to the GenServer ``server`` (pid, name or ``(name, node)``) as a call,
+    without waiting; return the request id. Exactly one :class:`Response` with that id reaches
+    the caller's mailbox later: the reply, or the server's exit reason.
+
+    Raises:
+        TypeError: ``server`` is not a pid, a name or ``(name, node)``.
+    """
+    me = current_process()
+    node = me.node
+    ref = node.make_ref()
+    target = _resolve_server(node, server)
+    if target is None:
+        if node.distribution is not None and _is_remote(node, server):
+            # A remote server: a helper process (not linked) makes the call and answers.
+            spawn(_remote_request, me.pid, ref, server, request)
+        else:
+            me.deliver(Response(ref, None, NOPROC))
+        return ref
+    if target is me:
+        me.deliver(Response(ref, None, "calling_self"))
+        return ref
+    _watch(me, target, ref, _ResponseSlot(me, target, ref))  # type: ignore[arg-type]
+    target.deliver(_Call(From(me.pid, ref), request))
+    return ref
+
+
+async def _remote_request(caller: Any, ref: Ref, server: Any, request: Any) -> None:
+    node = current_node()
+    try:
+        value = await call(server, request, None)
+    except CallError as exc:
+        answer = Response(ref, None, exc.reason)
+    else:
+        answer = Response(ref, value, None)
+    proc = node.resolve(caller)
+    if proc is not None:
+        proc.deliver(answer)
