@@ -2,10 +2,13 @@
 ``call_rpc``, ``result``, ``describe``, ``list``, ``cancel``, ``queues``, workers'
 ``define_flows`` and everyone's ``put_blob`` / ``get_blob``.
 
-Each call runs in a task of its own on its connection (as a Gunicorn-style worker serves
-requests concurrently) and is answered by M_REPLY, or by an M_ERROR carrying the error's code
-(``bad_frame`` for arguments of the wrong shape). While the connection drains (a graceful stop)
-new calls, and the calls :func:`cancel_calls` gives up, get a retryable ``draining`` error.
+The engine's ops (flows, RPCs, results, reads) go to the engine with ``otp.send_request``: no
+task waits for them, the engine's answer reaches the connection's mailbox as an ``otp.Response``
+(:func:`answer_request`), so a connection with a thousand calls in flight parks nothing. The
+other ops run in a task of their own on the connection. Each call is answered by M_REPLY, or by
+an M_ERROR carrying the error's code (``bad_frame`` for arguments of the wrong shape). While
+the connection drains (a graceful stop) new calls, and the calls :func:`cancel_calls` gives up,
+get a retryable ``draining`` error.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from ._flow_spec import parse_definitions
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ["MAX_CALLS", "cancel_calls", "start_call"]
+__all__ = ["MAX_CALLS", "answer_request", "cancel_calls", "start_call"]
 
 logger = logging.getLogger("apps.matching")
 
@@ -53,14 +56,24 @@ def start_call(conn: Connection, msg: wire.MatchCall) -> None:
     if conn.drain_over or (conn.draining and conn.role == "client"):
         conn.error(rid, "draining", _DRAINING.format(op=msg.op), retryable=True)
         return
-    op = _OPS.get(msg.op)
     allowed_ops = _WORKER_OPS if conn.role == "worker" else _CLIENT_OPS
-    if op is None or msg.op not in allowed_ops:
+    if msg.op not in allowed_ops:
         allowed = sorted(allowed_ops)
         conn.error(
             rid, "unsupported", f"a {conn.role} may call {', '.join(allowed)}, not {msg.op!r}"
         )
         return
+    request = _ENGINE_REQUESTS.get(msg.op)
+    if request is not None:
+        try:
+            engine_request = request(msg.args)
+        except _BadArgs as exc:
+            conn.error(rid, "bad_frame", str(exc))
+            return
+        conn.calls.add(rid)
+        conn.requests[otp.send_request(conn.ctx.engine, engine_request)] = (rid, msg.op)
+        return
+    op = _TASK_OPS[msg.op]
     conn.calls.add(rid)
     scope = trio.CancelScope()
     conn.call_scopes[rid] = (msg.op, scope)
@@ -68,12 +81,39 @@ def start_call(conn: Connection, msg: wire.MatchCall) -> None:
     conn.nursery.start_soon(_run_call, conn, rid, msg.op, op, msg.args, scope)
 
 
+def answer_request(conn: Connection, response: otp.Response) -> None:
+    """Answer the call whose engine request ``response`` answers (dropped if the call was
+    given up meanwhile)."""
+    call = conn.requests.pop(response.request_id, None)
+    if call is None:
+        return
+    rid, _ = call
+    conn.calls.discard(rid)
+    reply = response.value
+    if response.error is not None:
+        reason = otp.format_reason(response.error)
+        conn.error(rid, "internal", f"the server failed the call: {reason}", retryable=True)
+    elif reply[0] == "ok":
+        conn.send_message(wire.MatchReply(reply[1], rid=rid))
+    else:
+        _, code, message, retryable, details = reply
+        conn.send_message(wire.MatchError(code, message, retryable, dict(details), rid=rid))
+    conn.settle()
+
+
 def cancel_calls(conn: Connection, *, ops: tuple[str, ...] | None = None) -> None:
     """Give up ``conn``'s calls in flight (those of ``ops``, or all): each is answered by a
-    retryable ``draining`` error as its task unwinds (what the op had done stays done)."""
+    retryable ``draining`` error (at once for an engine request, whose late answer is dropped;
+    as its task unwinds for the others). What the op had done stays done."""
     for name, scope in conn.call_scopes.values():
         if ops is None or name in ops:
             scope.cancel()
+    for ref, (rid, name) in list(conn.requests.items()):
+        if ops is None or name in ops:
+            del conn.requests[ref]
+            conn.calls.discard(rid)
+            conn.error(rid, "draining", _DRAINING.format(op=name), retryable=True)
+    conn.settle()
 
 
 #: The ``draining`` error's message.
@@ -162,60 +202,55 @@ async def _get_blob(conn: Connection, args: dict[Any, Any]) -> Any:
         ) from None
 
 
-async def _start_flow(conn: Connection, args: dict[Any, Any]) -> Any:
-    return await FlowEngine.start_flow(
+def _start_flow(args: dict[Any, Any]) -> tuple[Any, ...]:
+    return (
+        "start_flow",
         _arg(args, "flow_type", str),
         _arg(args, "args", list),
+        _arg(args, "flow_id", str, optional=True),
         _arg(args, "definition", dict),
-        _arg(args, "flow_id", str, optional=True),
-        server=conn.ctx.engine,
     )
 
 
-async def _start_known(conn: Connection, args: dict[Any, Any]) -> Any:
-    return await FlowEngine.start_known(
+def _start_known(args: dict[Any, Any]) -> tuple[Any, ...]:
+    return (
+        "start_known",
         _arg(args, "flow_type", str),
         _arg(args, "args", list),
         _arg(args, "flow_id", str, optional=True),
-        server=conn.ctx.engine,
     )
 
 
-async def _call_rpc(conn: Connection, args: dict[Any, Any]) -> Any:
-    return await FlowEngine.call_rpc(
+def _call_rpc(args: dict[Any, Any]) -> tuple[Any, ...]:
+    return (
+        "call_rpc",
         _arg(args, "flow_id", str),
         _arg(args, "name", str),
         _arg(args, "args", list),
         _arg(args, "timeout", float, optional=True),
-        server=conn.ctx.engine,
     )
 
 
-async def _result(conn: Connection, args: dict[Any, Any]) -> Any:
-    return await FlowEngine.result(
-        _arg(args, "flow_id", str),
-        _arg(args, "timeout", float, optional=True),
-        server=conn.ctx.engine,
-    )
+def _result(args: dict[Any, Any]) -> tuple[Any, ...]:
+    return ("result", _arg(args, "flow_id", str), _arg(args, "timeout", float, optional=True))
 
 
-async def _describe(conn: Connection, args: dict[Any, Any]) -> Any:
-    return await FlowEngine.describe(_arg(args, "flow_id", str), server=conn.ctx.engine)
+def _describe(args: dict[Any, Any]) -> tuple[Any, ...]:
+    return ("describe", _arg(args, "flow_id", str))
 
 
-async def _list(conn: Connection, args: dict[Any, Any]) -> Any:
+def _list(args: dict[Any, Any]) -> tuple[Any, ...]:
     limit = _arg(args, "limit", int, optional=True)
-    return await FlowEngine.list_flows(
+    return (
+        "list_flows",
         _arg(args, "flow_type", str, optional=True),
         _arg(args, "status", str, optional=True),
         100 if limit is None else limit,
-        server=conn.ctx.engine,
     )
 
 
-async def _cancel(conn: Connection, args: dict[Any, Any]) -> Any:
-    await FlowEngine.cancel(_arg(args, "flow_id", str), server=conn.ctx.engine)
-    return None
+def _cancel(args: dict[Any, Any]) -> tuple[Any, ...]:
+    return ("cancel", _arg(args, "flow_id", str))
 
 
 async def _define_flows(conn: Connection, args: dict[Any, Any]) -> Any:
@@ -230,7 +265,8 @@ async def _queues(conn: Connection, args: dict[Any, Any]) -> Any:
     return _matcher.queue_rows(await _matcher.statistics(matcher=conn.ctx.matcher))
 
 
-_OPS: dict[str, Callable[[Connection, dict[Any, Any]], Awaitable[Any]]] = {
+#: The engine's ops: each arguments -> the engine's request (``FlowEngine``'s client functions).
+_ENGINE_REQUESTS: dict[str, Callable[[dict[Any, Any]], tuple[Any, ...]]] = {
     "start_flow": _start_flow,
     "start_known": _start_known,
     "call_rpc": _call_rpc,
@@ -238,6 +274,9 @@ _OPS: dict[str, Callable[[Connection, dict[Any, Any]], Awaitable[Any]]] = {
     "describe": _describe,
     "list": _list,
     "cancel": _cancel,
+}
+#: The other ops, each run in a task of its own.
+_TASK_OPS: dict[str, Callable[[Connection, dict[Any, Any]], Awaitable[Any]]] = {
     "queues": _queues,
     "define_flows": _define_flows,
     "put_blob": _put_blob,
@@ -245,4 +284,4 @@ _OPS: dict[str, Callable[[Connection, dict[Any, Any]], Awaitable[Any]]] = {
 }
 _WORKER_OPS = frozenset({"define_flows", "put_blob", "get_blob"})
 #: Every op but the workers' own ``define_flows`` (the definitions of the code that runs).
-_CLIENT_OPS = frozenset(_OPS) - {"define_flows"}
+_CLIENT_OPS = (frozenset(_TASK_OPS) | frozenset(_ENGINE_REQUESTS)) - {"define_flows"}

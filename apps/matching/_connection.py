@@ -36,7 +36,7 @@ import otp
 import wire
 
 from . import _matcher, _stream
-from ._call_ops import cancel_calls, start_call
+from ._call_ops import answer_request, cancel_calls, start_call
 from ._config import MatchingConfig
 from ._dispatch import Capabilities, StreamRejection, WorkerDraining
 from ._engine import ENGINE
@@ -146,6 +146,8 @@ class Connection:
     calls: set[int] = attrs.Factory(set)
     #: Call id -> (op, the cancel scope of its task), for the drain.
     call_scopes: dict[int, tuple[str, trio.CancelScope]] = attrs.Factory(dict)
+    #: The engine requests in flight (``otp.send_request``) -> (call id, op).
+    requests: dict[otp.Ref, tuple[int, str]] = attrs.Factory(dict)
     tasks: dict[int, int] = attrs.Factory(dict)
     draining: bool = False
     #: Set once ``stop_drain_timeout`` has passed: what still runs is given up.
@@ -375,11 +377,14 @@ async def _send_now(frames: wire.FrameStream, msg: Any) -> None:
 
 
 async def _mailbox(conn: Connection) -> None:
-    """The process's mailbox: stream processes ending, and the parent's exit signal (a
-    ``shutdown`` drains the connection, any other reason drops it)."""
+    """The process's mailbox: the engine's answers to the calls, stream processes ending, and
+    the parent's exit signal (a ``shutdown`` drains the connection, any other reason drops
+    it)."""
     while True:
         msg = await otp.receive()
-        if type(msg) is otp.Exit:
+        if type(msg) is otp.Response:
+            answer_request(conn, msg)
+        elif type(msg) is otp.Exit:
             rid = next((r for r, pid in conn.streams.items() if pid == msg.pid), None)
             if rid is None:
                 if _is_shutdown(msg.reason):

@@ -231,6 +231,61 @@ async def test_a_worker_frame_for_an_unknown_stream_gets_an_error(serve: Any, so
     await peer.aclose()
 
 
+class _HeldEngine(otp.GenServer):
+    """Stands in for ``matching_engine``: holds every request until told to answer them all,
+    then answers in reverse order (ok for results, an error for the rest)."""
+
+    async def init(self) -> otp.Ok:
+        return otp.Ok([])
+
+    def handle_call(self, request: Any, from_: otp.From, state: list[Any]) -> Any:
+        if request == "release":
+            for held_from, held in reversed(state):
+                if held[0] == "result":
+                    otp.reply(held_from, ("ok", held[1]))
+                else:
+                    otp.reply(held_from, ("error", "flow_not_found", "no such flow", False, {}))
+            return otp.Reply(len(state), [])
+        state.append((from_, request))
+        return otp.NoReply(state)
+
+
+async def test_engine_calls_in_flight_are_answered_by_call_id_whatever_the_order(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    engine = await _HeldEngine.start_link(name="matching_engine")
+    peer = await Peer.unix(sock)
+    await peer.hello("client")
+    for rid in range(1, 201):
+        await peer.send(wire.MatchCall("result", {"flow_id": f"f{rid}"}, rid=rid))
+    await peer.send(wire.MatchCall("describe", {"flow_id": "gone"}, rid=500))
+    released = 0
+    while released < 201:  # (as the connection passes the calls on)
+        released += await otp.call(engine, "release")
+    answers = {}
+    while len(answers) < 201:
+        msg = await peer.receive_not_ping()
+        answers[msg.rid] = msg
+    assert all(answers[rid] == wire.MatchReply(f"f{rid}", rid=rid) for rid in range(1, 201))
+    assert answers[500].code == "flow_not_found" and answers[500].message == "no such flow"
+    await peer.aclose()
+
+
+async def test_an_engine_call_with_no_engine_running_is_a_retryable_internal_error(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    await peer.hello("client")
+    answer = await peer.call(3, "result", flow_id="f1")
+    assert answer.rid == 3 and answer.code == "internal" and answer.retryable
+    assert "noproc" in answer.message
+    bad = await peer.call(4, "result", flow_id=17)
+    assert bad.rid == 4 and bad.code == "bad_frame" and "'flow_id' must be a str" in bad.message
+    await peer.aclose()
+
+
 async def test_an_unknown_op_is_unsupported(serve: Any, sock: str) -> None:
     await serve()
     peer = await Peer.unix(sock)
