@@ -301,6 +301,9 @@ class _State:
     loading: dict[str, list[Callable[[_Flow | None], None]]] = attrs.field(factory=dict)
     #: Flow type -> the newest definition given for it (``_engine_definitions``).
     known: dict[str, FlowSpec] = attrs.field(factory=dict)
+    #: Flow type -> the definition a client sent last and what it parsed to: a client sends
+    #: its type's definition with every ``start_flow``, and comparing is cheaper than parsing.
+    parsed: dict[str, tuple[Any, FlowSpec]] = attrs.field(factory=dict)
     watched: dict[otp.Ref, str] = attrs.field(factory=dict)
     building: _Pass = attrs.field(factory=_Pass)
     committing: _Pass | None = None

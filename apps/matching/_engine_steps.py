@@ -16,6 +16,7 @@ import otp
 
 from ._dispatch import Completed, Dispatch, Failed, Lost, NotDispatched, Routed, Task
 from ._engine_definitions import (
+    MAX_KNOWN,
     DefinitionLoaded,
     KnownRequest,
     load_definition,
@@ -79,7 +80,14 @@ class EngineSteps(EngineReads):
         definition: Any,
     ) -> None:
         _check_start(state, "start_flow", flow_type, args)
-        spec = parse_definition(definition)
+        last = state.parsed.get(flow_type)
+        if last is not None and last[0] == definition:
+            spec = last[1]
+        else:
+            spec = parse_definition(definition)
+            state.parsed[flow_type] = (definition, spec)
+            while len(state.parsed) > MAX_KNOWN:
+                del state.parsed[next(iter(state.parsed))]
         remember(state, flow_type, spec)
         self._start_with(state, from_, flow_type, list(args), flow_id, spec)
 

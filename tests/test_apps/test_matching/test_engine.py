@@ -928,6 +928,11 @@ async def test_start_flow_pins_the_definition_it_was_given() -> None:
         with pytest.raises(UnknownName):
             await FlowEngine.call_rpc("old", "q")
         assert (await FlowEngine.describe("old"))["definition"]["rpcs"] == ["r"]
+        # the same type's definitions given again, alternately, pin each its own
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "old2")
+        await FlowEngine.start_flow("T", [], definition(step("b"), rpcs=["q"]), "new2")
+        assert (await FlowEngine.describe("old2"))["definition"]["rpcs"] == ["r"]
+        assert await FlowEngine.result("new2") == "b"
 
 
 async def test_statistics_count_flows_dispatches_and_commits() -> None:
