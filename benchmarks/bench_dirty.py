@@ -491,14 +491,10 @@ def _probe_node(pid: int, report: str) -> tuple[float, float]:
         return cpu, float(f.read())
 
 
-def _run_pool(quick: bool) -> dict[str, float]:
+def _start_pool(path: str, report: str) -> subprocess.Popen[bytes]:
     """Start our pool as users run it (``python -m otp.node --app apps.dirty ...``, its own OS
     process, same app, workers and threads as Gunicorn's; wrapped only to count its trio
-    wake-ups) and measure it from this process with one sync client shared by the 8 caller
-    threads."""
-    tmp = tempfile.mkdtemp(prefix="bench-dirty-")
-    path = os.path.join(tmp, "pool.sock")
-    report = os.path.join(tmp, "wakeups")
+    wake-ups into ``report``: :func:`_probe_node`), serving ``path`` once it answers."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     argv = (
         "--log-level", "warning", "--app", "apps.dirty",
@@ -506,22 +502,32 @@ def _run_pool(quick: bool) -> dict[str, float]:
         "--dirty-socket", path, "--dirty-pidfile", "",
     )  # fmt: skip
     code = f"from benchmarks.bench_dirty import _counted_node; _counted_node(*{(report, *argv)!r})"
-    env = dict(os.environ, PYTHONPATH=root)
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=root,
-        env=env,
+        env=dict(os.environ, PYTHONPATH=root),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+    def probe() -> None:
+        with dirty.DirtyClient(path, timeout=2) as c:
+            c.execute(APP, "echo", 1)
+
+    if not _wait_answering(proc, probe, "the otp.node dirty pool"):
+        _stop(proc)
+        raise RuntimeError(f"the dirty pool node did not start (exit code {proc.poll()})")
+    return proc
+
+
+def _run_pool(quick: bool) -> dict[str, float]:
+    """Measure our pool (:func:`_start_pool`) from this process with one sync client shared by
+    the 8 caller threads."""
+    tmp = tempfile.mkdtemp(prefix="bench-dirty-")
+    path = os.path.join(tmp, "pool.sock")
+    report = os.path.join(tmp, "wakeups")
+    proc = _start_pool(path, report)
     try:
-
-        def probe() -> None:
-            with dirty.DirtyClient(path, timeout=2) as c:
-                c.execute(APP, "echo", 1)
-
-        if not _wait_answering(proc, probe, "the otp.node dirty pool"):
-            raise RuntimeError(f"the dirty pool node did not start (exit code {proc.poll()})")
         client = dirty.DirtyClient(path, timeout=60)
         try:
             return _measure(client, quick, probe=lambda: _probe_node(proc.pid, report))
