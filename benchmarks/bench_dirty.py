@@ -113,26 +113,31 @@ def _measure(
     quick: bool,
     callers: list[Any] | None = None,
     async_callers: list[Any] | None = None,
-    probe: Callable[[], tuple[float, float]] | None = None,
+    probe: Callable[[], tuple[float, float, float]] | None = None,
 ) -> dict[str, float]:
     """The figures, with ``client`` (ours or Gunicorn's ``DirtyClient``); the 8 callers use
     ``callers`` (one client each; ``async_callers`` for the asyncio ones) if given, else share
-    ``client``. With ``probe`` (the node's CPU seconds and trio wake-ups so far), also the
-    node's CPU us and wake-ups per call of ``execute`` and ``execute_8``."""
+    ``client``. With ``probe`` (the node's CPU seconds, trio wake-ups and its workers' CPU
+    seconds so far), also those per call of ``execute`` and ``execute_8`` (and this process's
+    CPU per call of ``execute``: the client's)."""
     n = 300 if quick else 3000
     for _ in range(50):
         client.execute(APP, "echo", "warm")
     times = []
     before = probe() if probe else None
+    mine = os.times()
     for _ in range(n):
         t0 = time.perf_counter()
         client.execute(APP, "echo", "hello")
         times.append(time.perf_counter() - t0)
+    spent = os.times()
     out = {"execute": statistics.median(times)}
     if probe and before:
         after = probe()
         out["execute_cpu"] = (after[0] - before[0]) / n
         out["execute_wakeups"] = (after[1] - before[1]) / n
+        out["execute_workers_cpu"] = (after[2] - before[2]) / n
+        out["execute_client_cpu"] = (spent.user + spent.system - mine.user - mine.system) / n
     per = n // 4
     clients = callers or [client] * 8
 
@@ -152,6 +157,7 @@ def _measure(
         after = probe()
         out["execute_8_cpu"] = (after[0] - before[0]) / (8 * per)
         out["execute_8_wakeups"] = (after[1] - before[1]) / (8 * per)
+        out["execute_8_workers_cpu"] = (after[2] - before[2]) / (8 * per)
     chunks = 10_000
     t0 = time.perf_counter()
     count = sum(1 for _ in client.stream(APP, "chunks", chunks))
@@ -476,19 +482,34 @@ def _counted_node(report: str, *argv: str) -> None:
     runpy.run_module("otp.node", run_name="__main__", alter_sys=True)
 
 
-def _probe_node(pid: int, report: str) -> tuple[float, float]:
-    """The node's CPU seconds and trio wake-ups so far (see :func:`_counted_node`)."""
+def _descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (children, theirs, ...), from ``/proc``."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+            for child in map(int, f.read().split()):
+                found += [child, *_descendants(child)]
+    return found
+
+
+def _probe_node(pid: int, report: str) -> tuple[float, float, float]:
+    """The node's CPU seconds, trio wake-ups (see :func:`_counted_node`) and its worker
+    processes' CPU seconds so far."""
     cpu = _cpu_seconds(pid)
+    workers = 0.0
+    for child in _descendants(pid):
+        with contextlib.suppress(OSError):
+            workers += _cpu_seconds(child)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(report)
     os.kill(pid, signal.SIGUSR2)
     deadline = time.monotonic() + 5
     while not os.path.exists(report):
         if time.monotonic() > deadline:
-            return cpu, math.nan
+            return cpu, math.nan, workers
         time.sleep(0.001)
     with open(report) as f:
-        return cpu, float(f.read())
+        return cpu, float(f.read()), workers
 
 
 def _start_pool(path: str, report: str) -> subprocess.Popen[bytes]:
@@ -552,9 +573,12 @@ def run(quick: bool) -> list[Result]:
         if f"{kind}_cpu" not in ours:
             return ""
         cpu, wakeups = ours[f"{kind}_cpu"] * 1e6, ours[f"{kind}_wakeups"]
+        client = ours.get(f"{kind}_client_cpu")
         return (
-            f"; node CPU {cpu:.0f} us/call (forwarder {floor.cpu * 1e6:.0f}),"
-            f" {wakeups:.1f} node wake-ups/call"
+            f"; CPU us/call: node {cpu:.0f} (forwarder {floor.cpu * 1e6:.0f}), workers"
+            f" {ours[f'{kind}_workers_cpu'] * 1e6:.0f}"
+            + (f", client {client * 1e6:.0f}" if client is not None else "")
+            + f"; {wakeups:.1f} node wake-ups/call"
         )
 
     results = [

@@ -247,13 +247,13 @@ def test_bench_dirty_probe_counts_the_nodes_cpu_and_wakeups(tmp_path: Path) -> N
     path, report = str(tmp_path / "pool.sock"), str(tmp_path / "wakeups")
     proc = _start_pool(path, report)
     try:
-        cpu0, wakeups0 = _probe_node(proc.pid, report)
+        cpu0, wakeups0, workers0 = _probe_node(proc.pid, report)
         with dirty.DirtyClient(path, timeout=10) as client:
             for _ in range(50):
                 client.execute(APP, "echo", "x")
-        cpu1, wakeups1 = _probe_node(proc.pid, report)
+        cpu1, wakeups1, workers1 = _probe_node(proc.pid, report)
     finally:
         _stop(proc)
     # each call wakes the node's connection reader and its worker reader at least
     assert wakeups1 - wakeups0 >= 50
-    assert cpu1 >= cpu0
+    assert cpu1 >= cpu0 and workers1 >= workers0 > 0
