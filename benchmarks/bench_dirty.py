@@ -14,7 +14,11 @@ Which floor each ratio uses:
   node's place in the data path) to 2 processes that echo at once (the workers'). No client,
   node or worker code runs, so nothing built this way can beat it. Their notes show the node's
   CPU us per call (``/proc``) next to the forwarder's, and the node's trio wake-ups per call
-  (counted with ``benchmarks._wakeups`` inside the node, read with SIGUSR2).
+  (counted with ``benchmarks._wakeups`` inside the node, read with SIGUSR2). With one caller a
+  call is a chain, so every process's CPU adds to its latency: the node pays the forwarder's
+  syscalls and its 2 wake-ups per call (frames are forwarded by header, never decoded), and
+  the gap to the floor is Python per frame in the client, the node and the worker (which the
+  floor's bare caller and echoes do not run).
 - ``dirty.*_vs_gunicorn``: a real ``gunicorn`` 27 started with the same dirty app, workers and
   threads (when gunicorn is installed), in the same run.
 
@@ -601,7 +605,8 @@ def run(quick: bool) -> list[Result]:
                + node_cost("execute_8", floor8)),
         Result("dirty.execute_vs_floor", "us", ours["execute"] * 1e6,
                "no-work floor of a node in the path", floor1.latency * 1e6, direction="lower",
-               notes="1 bare caller -> raw trio forwarder -> 2 echo processes"
+               notes="1 bare caller -> raw trio forwarder -> 2 echo processes (floor: see the"
+               " module doc)"
                + node_cost("execute", floor1)),
     ]  # fmt: skip
     if theirs is not None:
