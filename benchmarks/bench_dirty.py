@@ -1,25 +1,41 @@
 """Dirty pool benchmarks: a real pool (``python -m otp.node --app apps.dirty``, its own OS process,
 with its worker processes) called by our sync client from this process, each figure against a
-raw Unix-socket ping-pong measured in the same run.
+baseline measured in the same run.
+
+Which floor each ratio uses:
+
+- ``dirty.execute``, ``execute_8``, ``stream``, ``bytes_1mib``, ``execute_async``,
+  ``execute_8_async``: a raw Unix-socket ping-pong with an echo in *another OS process*
+  (:func:`_floor_echo`), which is what IPC costs (an echo thread of the measuring process would
+  pay GIL hand-offs on every round trip: ~10x slower on this machine).
+- ``dirty.execute_8_vs_floor`` (8 callers, calls/s) and ``dirty.execute_vs_floor`` (1 caller,
+  median latency): the floor of the design itself: bare socket round trips (no frames, no
+  client) from threads of this process through a raw trio process that only forwards bytes (the
+  node's place in the data path) to 2 processes that echo at once (the workers'). No client,
+  node or worker code runs, so nothing built this way can beat it. Their notes show the node's
+  CPU us per call (``/proc``) next to the forwarder's, and the node's trio wake-ups per call
+  (counted with ``benchmarks._wakeups`` inside the node, read with SIGUSR2). With one caller a
+  call is a chain, so every process's CPU adds to its latency: the node pays the forwarder's
+  syscalls and its 2 wake-ups per call (frames are forwarded by header, never decoded), and
+  the gap to the floor is Python per frame in the client, the node and the worker (which the
+  floor's bare caller and echoes do not run).
+- ``dirty.*_vs_gunicorn``: a real ``gunicorn`` 27 started with the same dirty app, workers and
+  threads (when gunicorn is installed), in the same run.
 
 ``dirty.execute``: median round trip of a small echo (1 client); ``dirty.execute_8``: calls/s
 with 8 concurrent callers (threads sharing one client); ``dirty.stream``: chunks/s of a 10k-chunk
 stream; ``dirty.bytes_1mib``: a 1 MiB echo round trip; ``dirty.execute_async`` and
 ``dirty.execute_8_async``: the first two from asyncio tasks (as an ASGI app calls the pool).
-When gunicorn is installed, the same figures are measured against a real ``gunicorn`` 27
-started with the same dirty app, workers and threads (``dirty.*_vs_gunicorn``), in the same run.
-
-``dirty.execute_8_vs_floor`` (and ``dirty.execute_8_floor_vs_gunicorn``) compare with the floor
-of the design itself: 8 threads doing bare socket round trips through a raw trio process that
-only forwards bytes (the node's place in the data path) to 2 processes that echo at once (the
-workers'). No client, node or worker code runs, so nothing built this way can beat it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import os
 import queue
+import signal
 import socket
 import statistics
 import subprocess
@@ -27,7 +43,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+import attrs
 
 from apps import dirty
 
@@ -47,50 +66,50 @@ class BenchApp(dirty.DirtyApp):
 
 
 def _raw_pingpong(path: str, n: int, size: int = 64) -> float:
-    """Median round trip (s) of ``size`` bytes over a Unix socket to an echo thread: the floor
-    any socket RPC pays. Small messages go out with one ``sendall`` from the measuring thread;
-    large ones from a long-lived sender thread (so the echo cannot deadlock on full buffers)."""
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    server.listen(1)
-
-    def echo() -> None:
-        conn, _ = server.accept()
-        while data := conn.recv(1 << 20):
-            conn.sendall(data)
-        conn.close()
-
-    t = threading.Thread(target=echo, daemon=True)
-    t.start()
+    """Median round trip (s) of ``size`` bytes over a Unix socket to an echo in another OS
+    process (:func:`_floor_echo`): the floor any socket RPC between processes pays (an echo
+    thread of this process would add GIL hand-offs to every round trip). Small messages go out
+    with one ``sendall`` from the measuring thread; large ones from a long-lived sender thread
+    (so neither side can deadlock on full buffers)."""
+    echo = _start_helper("_floor_echo", path)
     c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    c.connect(path)
-    payload = b"x" * size
-    jobs: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    try:
+        c.connect(path)
+        payload = b"x" * size
+        jobs: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
-    def sender() -> None:
-        while (data := jobs.get()) is not None:
-            c.sendall(data)
+        def sender() -> None:
+            while (data := jobs.get()) is not None:
+                c.sendall(data)
 
-    s = threading.Thread(target=sender, daemon=True)
-    s.start()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        if size <= 65536:
-            c.sendall(payload)
-        else:
-            jobs.put(payload)
-        got = 0
-        while got < size:
-            got += len(c.recv(1 << 20))
-        times.append(time.perf_counter() - t0)
-    jobs.put(None)
-    s.join(5)
-    c.close()
-    t.join(5)
-    server.close()
-    os.unlink(path)
-    return statistics.median(times)
+        s = threading.Thread(target=sender, daemon=True)
+        s.start()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            if size <= 65536:
+                c.sendall(payload)
+            else:
+                jobs.put(payload)
+            got = 0
+            while got < size:
+                got += len(c.recv(1 << 20))
+            times.append(time.perf_counter() - t0)
+        jobs.put(None)
+        s.join(5)
+        return statistics.median(times)
+    finally:
+        c.close()
+        echo.kill()
+        echo.wait()
+        os.unlink(path)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _measure(
@@ -98,19 +117,31 @@ def _measure(
     quick: bool,
     callers: list[Any] | None = None,
     async_callers: list[Any] | None = None,
+    probe: Callable[[], tuple[float, float, float]] | None = None,
 ) -> dict[str, float]:
     """The figures, with ``client`` (ours or Gunicorn's ``DirtyClient``); the 8 callers use
     ``callers`` (one client each; ``async_callers`` for the asyncio ones) if given, else share
-    ``client``."""
+    ``client``. With ``probe`` (the node's CPU seconds, trio wake-ups and its workers' CPU
+    seconds so far), also those per call of ``execute`` and ``execute_8`` (and this process's
+    CPU per call of ``execute``: the client's)."""
     n = 300 if quick else 3000
     for _ in range(50):
         client.execute(APP, "echo", "warm")
     times = []
+    before = probe() if probe else None
+    mine = os.times()
     for _ in range(n):
         t0 = time.perf_counter()
         client.execute(APP, "echo", "hello")
         times.append(time.perf_counter() - t0)
+    spent = os.times()
     out = {"execute": statistics.median(times)}
+    if probe and before:
+        after = probe()
+        out["execute_cpu"] = (after[0] - before[0]) / n
+        out["execute_wakeups"] = (after[1] - before[1]) / n
+        out["execute_workers_cpu"] = (after[2] - before[2]) / n
+        out["execute_client_cpu"] = (spent.user + spent.system - mine.user - mine.system) / n
     per = n // 4
     clients = callers or [client] * 8
 
@@ -119,12 +150,18 @@ def _measure(
             c.execute(APP, "echo", "hello")
 
     threads = [threading.Thread(target=caller, args=(c,)) for c in clients]
+    before = probe() if probe else None
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     out["execute_8"] = 8 * per / (time.perf_counter() - t0)
+    if probe and before:
+        after = probe()
+        out["execute_8_cpu"] = (after[0] - before[0]) / (8 * per)
+        out["execute_8_wakeups"] = (after[1] - before[1]) / (8 * per)
+        out["execute_8_workers_cpu"] = (after[2] - before[2]) / (8 * per)
     chunks = 10_000
     t0 = time.perf_counter()
     count = sum(1 for _ in client.stream(APP, "chunks", chunks))
@@ -288,8 +325,17 @@ def _start_helper(function: str, *args: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _node_floor(quick: bool) -> float:
-    """Calls/s of the design's floor with 8 callers: 8 threads doing bare socket round trips
+@attrs.frozen
+class _Floor:
+    """The no-work floor with some number of callers (see :func:`_node_floor`)."""
+
+    rate: float  # round trips/s, all callers together
+    latency: float  # median round trip (s)
+    cpu: float  # the forwarder's CPU seconds per round trip
+
+
+def _node_floor(quick: bool, callers: int = 8) -> _Floor:
+    """The design's floor with ``callers`` callers: threads doing bare socket round trips
     (no frames, no client) through a raw trio forwarder process (a node doing nothing but
     forwarding) to 2 echo processes (workers costing nothing). What the pool, with the node
     in its data path as the design has it, could reach if client, node and workers did no
@@ -299,34 +345,42 @@ def _node_floor(quick: bool) -> float:
     path = os.path.join(tmp, "node.sock")
     procs = [_start_helper("_floor_echo", echo) for echo in echoes]
     try:
-        procs.append(_start_helper("_floor_forwarder", path, *echoes))
+        forwarder = _start_helper("_floor_forwarder", path, *echoes)
+        procs.append(forwarder)
         socks = []
-        for _ in range(8):
+        for _ in range(callers):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(path)
             socks.append((sock, sock.recv(1) + b"x" * (_RECORD - 1)))
-        end = time.monotonic() + (1.0 if quick else 3.0)
         counts = [0] * len(socks)
+        times: list[list[float]] = [[] for _ in socks]
 
         def caller(i: int) -> None:
             sock, record = socks[i]
-            while time.monotonic() < end:
+            took = times[i]
+            while (t0 := time.perf_counter()) < end:
                 sock.sendall(record)
                 got = 0
                 while got < _RECORD:
                     got += len(sock.recv(1 << 16))
-                counts[i] += 1
+                took.append(time.perf_counter() - t0)
+            counts[i] = len(took)
 
+        end = time.perf_counter() + (1.0 if quick else 3.0)
         threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(socks))]
+        cpu0 = _cpu_seconds(forwarder.pid)
         t0 = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - t0
+        cpu = _cpu_seconds(forwarder.pid) - cpu0
         for sock, _ in socks:
             sock.close()
-        return sum(counts) / elapsed
+        total = sum(counts)
+        return _Floor(total / elapsed, statistics.median(t for ts in times for t in ts),
+                      cpu / max(total, 1))  # fmt: skip
     finally:
         for proc in procs:
             proc.kill()
@@ -404,33 +458,104 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _run_pool(quick: bool) -> dict[str, float]:
+def _counted_node(report: str, *argv: str) -> None:
+    """(Its own process.) ``python -m otp.node *argv`` with the trio run's wake-ups counted
+    (``benchmarks._wakeups``): each SIGUSR2 writes the count so far to ``report``."""
+    import runpy
+    import signal
+
+    import trio
+
+    from benchmarks._wakeups import WakeupCounter
+
+    counter = WakeupCounter()
+    run = trio.run
+
+    def counted_run(*args: Any, **kwargs: Any) -> Any:
+        kwargs["instruments"] = (*kwargs.get("instruments", ()), counter)
+        return run(*args, **kwargs)
+
+    def write_count(signum: int, frame: Any) -> None:
+        with open(report + ".tmp", "w") as f:
+            f.write(str(counter.count))
+        os.replace(report + ".tmp", report)
+
+    trio.run = counted_run  # type: ignore[assignment]
+    signal.signal(signal.SIGUSR2, write_count)
+    sys.argv = ["otp.node", *argv]
+    runpy.run_module("otp.node", run_name="__main__", alter_sys=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (children, theirs, ...), from ``/proc``."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+            for child in map(int, f.read().split()):
+                found += [child, *_descendants(child)]
+    return found
+
+
+def _probe_node(pid: int, report: str) -> tuple[float, float, float]:
+    """The node's CPU seconds, trio wake-ups (see :func:`_counted_node`) and its worker
+    processes' CPU seconds so far."""
+    cpu = _cpu_seconds(pid)
+    workers = 0.0
+    for child in _descendants(pid):
+        with contextlib.suppress(OSError):
+            workers += _cpu_seconds(child)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(report)
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 5
+    while not os.path.exists(report):
+        if time.monotonic() > deadline:
+            return cpu, math.nan, workers
+        time.sleep(0.001)
+    with open(report) as f:
+        return cpu, float(f.read()), workers
+
+
+def _start_pool(path: str, report: str) -> subprocess.Popen[bytes]:
     """Start our pool as users run it (``python -m otp.node --app apps.dirty ...``, its own OS
-    process, same app, workers and threads as Gunicorn's) and measure it from this process with
-    one sync client shared by the 8 caller threads."""
-    tmp = tempfile.mkdtemp(prefix="bench-dirty-")
-    path = os.path.join(tmp, "pool.sock")
+    process, same app, workers and threads as Gunicorn's; wrapped only to count its trio
+    wake-ups into ``report``: :func:`_probe_node`), serving ``path`` once it answers."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    args = [
-        sys.executable, "-m", "otp.node", "--log-level", "warning", "--app", "apps.dirty",
+    argv = (
+        "--log-level", "warning", "--app", "apps.dirty",
         "--dirty-app", APP, "--dirty-workers", "2", "--dirty-threads", "4",
         "--dirty-socket", path, "--dirty-pidfile", "",
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=root)
+    )  # fmt: skip
+    code = f"from benchmarks.bench_dirty import _counted_node; _counted_node(*{(report, *argv)!r})"
     proc = subprocess.Popen(
-        args, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, "-c", code],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=root),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
+
+    def probe() -> None:
+        with dirty.DirtyClient(path, timeout=2) as c:
+            c.execute(APP, "echo", 1)
+
+    if not _wait_answering(proc, probe, "the otp.node dirty pool"):
+        _stop(proc)
+        raise RuntimeError(f"the dirty pool node did not start (exit code {proc.poll()})")
+    return proc
+
+
+def _run_pool(quick: bool) -> dict[str, float]:
+    """Measure our pool (:func:`_start_pool`) from this process with one sync client shared by
+    the 8 caller threads."""
+    tmp = tempfile.mkdtemp(prefix="bench-dirty-")
+    path = os.path.join(tmp, "pool.sock")
+    report = os.path.join(tmp, "wakeups")
+    proc = _start_pool(path, report)
     try:
-
-        def probe() -> None:
-            with dirty.DirtyClient(path, timeout=2) as c:
-                c.execute(APP, "echo", 1)
-
-        if not _wait_answering(proc, probe, "the otp.node dirty pool"):
-            raise RuntimeError(f"the dirty pool node did not start (exit code {proc.poll()})")
         client = dirty.DirtyClient(path, timeout=60)
         try:
-            return _measure(client, quick)
+            return _measure(client, quick, probe=lambda: _probe_node(proc.pid, report))
         finally:
             client.close()
     finally:
@@ -444,11 +569,26 @@ def run(quick: bool) -> list[Result]:
     raw_big = _raw_pingpong(os.path.join(tmp, "raw2.sock"), 5 if quick else 20, 1 << 20)
     ours = _run_pool(quick)
     theirs = _run_gunicorn(quick)
-    floor = _node_floor(quick)
+    floor8 = _node_floor(quick)
+    floor1 = _node_floor(quick, 1)
     raw_rate = 1 / raw_small
+
+    def node_cost(kind: str, floor: _Floor) -> str:
+        if f"{kind}_cpu" not in ours:
+            return ""
+        cpu, wakeups = ours[f"{kind}_cpu"] * 1e6, ours[f"{kind}_wakeups"]
+        client = ours.get(f"{kind}_client_cpu")
+        return (
+            f"; CPU us/call: node {cpu:.0f} (forwarder {floor.cpu * 1e6:.0f}), workers"
+            f" {ours[f'{kind}_workers_cpu'] * 1e6:.0f}"
+            + (f", client {client * 1e6:.0f}" if client is not None else "")
+            + f"; {wakeups:.1f} node wake-ups/call"
+        )
+
     results = [
         Result("dirty.execute", "us", ours["execute"] * 1e6, "raw unix ping-pong",
-               raw_small * 1e6, direction="lower", notes="target: at most 5x the raw round trip"),
+               raw_small * 1e6, direction="lower",
+               notes="echo in another process; target: at most 5x the raw round trip"),
         Result("dirty.execute_8", "calls/s", ours["execute_8"], "raw ping-pong (1 caller)",
                raw_rate, notes="8 threads sharing one client"),
         Result("dirty.stream", "chunks/s", ours["stream"], "raw ping-pong round trips/s",
@@ -460,8 +600,14 @@ def run(quick: bool) -> list[Result]:
         Result("dirty.execute_8_async", "calls/s", ours["execute_8_async"],
                "raw ping-pong (1 caller)", raw_rate, notes="8 asyncio tasks sharing one client"),
         Result("dirty.execute_8_vs_floor", "calls/s", ours["execute_8"],
-               "no-work floor of a node in the path", floor,
-               notes="8 bare callers -> raw trio forwarder -> 2 echo processes"),
+               "no-work floor of a node in the path", floor8.rate,
+               notes="8 bare callers -> raw trio forwarder -> 2 echo processes"
+               + node_cost("execute_8", floor8)),
+        Result("dirty.execute_vs_floor", "us", ours["execute"] * 1e6,
+               "no-work floor of a node in the path", floor1.latency * 1e6, direction="lower",
+               notes="1 bare caller -> raw trio forwarder -> 2 echo processes (floor: see the"
+               " module doc)"
+               + node_cost("execute", floor1)),
     ]  # fmt: skip
     if theirs is not None:
         results += [
@@ -471,7 +617,7 @@ def run(quick: bool) -> list[Result]:
             Result("dirty.execute_8_vs_gunicorn", "calls/s", ours["execute_8"],
                    "gunicorn 27 dirty arbiter", theirs["execute_8"],
                    notes="target: at least 10x; gunicorn: one client per thread"),
-            Result("dirty.execute_8_floor_vs_gunicorn", "calls/s", floor,
+            Result("dirty.execute_8_floor_vs_gunicorn", "calls/s", floor8.rate,
                    "gunicorn 27 dirty arbiter", theirs["execute_8"],
                    notes="no-work floor: bare callers, raw trio forwarder, echo workers"),
             Result("dirty.stream_vs_gunicorn", "chunks/s", ours["stream"],

@@ -217,3 +217,43 @@ async def test_the_wakeup_counter_counts_each_task_wakeup_inside_its_block() -> 
     # each send wakes the parked receiver (and a rendezvous send parks and is woken once too)
     assert 10 <= after <= 30
     assert counter.count == after
+
+
+def test_bench_dirty_raw_pingpong_echoes_from_another_process(tmp_path: Path) -> None:
+    import threading
+
+    from benchmarks.bench_dirty import _raw_pingpong
+
+    threads = threading.active_count()
+    took = _raw_pingpong(str(tmp_path / "raw.sock"), 20)
+    # the echo ran in a process of its own (only the sender thread, now ended, was ours)
+    assert threading.active_count() == threads
+    assert 0 < took < 1
+    assert not (tmp_path / "raw.sock").exists()
+
+
+def test_bench_dirty_floor_with_one_caller_reports_latency_and_forwarder_cpu() -> None:
+    from benchmarks.bench_dirty import _node_floor
+
+    floor = _node_floor(True, 1)
+    assert floor.rate > 0 and 0 < floor.latency < 1
+    assert floor.cpu >= 0
+
+
+def test_bench_dirty_probe_counts_the_nodes_cpu_and_wakeups(tmp_path: Path) -> None:
+    from apps import dirty
+    from benchmarks.bench_dirty import APP, _probe_node, _start_pool, _stop
+
+    path, report = str(tmp_path / "pool.sock"), str(tmp_path / "wakeups")
+    proc = _start_pool(path, report)
+    try:
+        cpu0, wakeups0, workers0 = _probe_node(proc.pid, report)
+        with dirty.DirtyClient(path, timeout=10) as client:
+            for _ in range(50):
+                client.execute(APP, "echo", "x")
+        cpu1, wakeups1, workers1 = _probe_node(proc.pid, report)
+    finally:
+        _stop(proc)
+    # each call wakes the node's connection reader and its worker reader at least
+    assert wakeups1 - wakeups0 >= 50
+    assert cpu1 >= cpu0 and workers1 >= workers0 > 0

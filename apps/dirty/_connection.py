@@ -128,6 +128,11 @@ class _Conn:
     paused_at: int = 0
     watched: bool = False
     nursery: trio.Nursery | None = None
+    #: The reader's wait for the client (its deadline is the idle or frame timeout), and
+    #: whether the reader is in it with no frame begun while ``dirty_idle_timeout`` is on:
+    #: then the last reply to go out arms the idle deadline (``arm_idle``).
+    waiting: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    idle_wait: bool = False
 
     def __attrs_post_init__(self) -> None:
         self.paused_at = min(HIGH_WATER, self.config.dirty_client_buffer)
@@ -142,12 +147,21 @@ class _Conn:
             pending.pop(rid, None)
         outbox = self.outbox
         outbox.writev(parts)
+        if self.idle_wait:
+            self.arm_idle()
         if self.half_closed and not pending:
             otp.send(self.me, _Settled())
         if outbox.size > self.paused_at and not self.watched and self.nursery is not None:
             self.watched = True
             self.nursery.start_soon(_watch_backlog, self)
         return outbox.size > self.config.dirty_client_buffer
+
+    def arm_idle(self) -> None:
+        """Once nothing is in flight while the reader waits for the client, the idle timeout
+        runs from now (the reader armed none when it began waiting with calls in flight)."""
+        if self.idle_wait and not self.pending and not self.controls:
+            self.idle_wait = False
+            self.waiting.deadline = trio.current_time() + self.config.dirty_idle_timeout
 
     def drop_stalled(self, timeout: float) -> None:
         """End the connection of a client that took nothing of what is queued for it in
@@ -213,6 +227,8 @@ async def _writer(conn: _Conn) -> None:
             if msg.reason != _HALF_CLOSED:
                 break
             conn.half_closed = True
+        if conn.idle_wait:
+            conn.arm_idle()
         if conn.half_closed and not pending and not conn.controls:
             break
     await _flush_while_taken(outbox)
@@ -262,7 +278,7 @@ async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
     for ``dirty_idle_timeout``."""
     buffer = FrameBuffer(CLIENT_BUFFER, fd=conn.stream.socket.fileno())
     # Its deadline is set only while the reader waits for the client; elsewhere it is inf.
-    waiting = trio.CancelScope()
+    waiting = conn.waiting
     end: Any = otp.NORMAL
     try:
         with waiting:
@@ -308,12 +324,22 @@ async def _read_frames(
             await outbox.wait_room()
         if drained:  # the last read did not fill the buffer: wait for more
             busy = 0
+            # Only a deadline that changes is set: each set of a cancel scope's deadline costs
+            # trio a deadline-heap update, and with a call in flight (or no idle timeout)
+            # there is none to set at all.
+            deadline = math.inf
             if began is not None:
-                waiting.deadline = began + frame_timeout
+                deadline = began + frame_timeout
             elif not conn.pending and not conn.controls:
-                waiting.deadline = current_time() + idle_timeout
+                deadline = current_time() + idle_timeout
+            elif idle_timeout != math.inf:
+                conn.idle_wait = True  # the last reply arms it (``arm_idle``)
+            if deadline != math.inf:
+                waiting.deadline = deadline
             await wait_readable(fd)
-            waiting.deadline = math.inf
+            conn.idle_wait = False
+            if waiting.deadline != math.inf:
+                waiting.deadline = math.inf
         elif busy == BUSY_READS:  # let the other tasks run now and then
             busy = 0
             await trio.lowlevel.checkpoint()

@@ -327,3 +327,23 @@ async def test_idle_clients_cost_little_memory(start_pool: Any, socket_path: str
     finally:
         for sock in socks:
             sock.close()
+
+
+async def test_a_client_calling_more_often_than_the_idle_timeout_stays_connected(
+    start_pool: Any, socket_path: str
+) -> None:
+    # The reader arms the idle deadline only while it waits with nothing in flight and disarms
+    # it once the client speaks: calls spaced under the timeout, adding up to far more than
+    # it, keep the connection; then silence closes it.
+    await start_pool(dirty_workers=1, dirty_idle_timeout=0.5)
+    sock = await _raw(socket_path)
+    try:
+        for i in range(8):  # 8 x 0.2 s: over three idle timeouts in all
+            await sock.send(_frames.header(_frames.STATUS, 0, i + 1))
+            with trio.fail_after(10):
+                reply = await sock.recv(65536)
+            assert _frames.FrameSplitter().feed(reply)[0][:2] == (_frames.RESPONSE, i + 1)
+            await trio.sleep(0.2)
+        assert await _frames_until_closed(sock) == []  # closed, with nothing to say
+    finally:
+        sock.close()
