@@ -17,6 +17,7 @@ import trio
 
 from ._errors import Cancelled, WorkerStopped
 from ._model import Registry, RpcContext, StepContext
+from ._worker_threads import HandlerThreads
 
 __all__ = ["AsyncioHandlerRunner", "_LoopThread", "_has_async_handlers", "run_on_asyncio"]
 
@@ -97,14 +98,13 @@ class AsyncioHandlerRunner:
 
     def __init__(self, loop: Callable[[], asyncio.AbstractEventLoop | None]) -> None:
         self._loop = loop
+        self._threads = HandlerThreads()
 
     async def __call__(
         self, handler: Callable[..., Any], ctx: StepContext | RpcContext, args: list[Any]
     ) -> Any:
         if not inspect.iscoroutinefunction(handler):
-            return await trio.to_thread.run_sync(
-                functools.partial(handler, ctx, *args), abandon_on_cancel=False
-            )
+            return await self._threads.run(functools.partial(handler, ctx, *args))
         loop = self._loop()
         if loop is None:
             raise WorkerStopped("no asyncio loop is running to run async handlers on")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
 import ssl
 from collections.abc import Mapping
@@ -95,6 +96,11 @@ class SdkConnection:
         self._reader_scope = trio.CancelScope()
         self.error: MatchingError | None = None
         self._reader_started = False
+        stream = frames.stream
+        #: The descriptor of a plain socket (not TLS), written to directly by :meth:`send`.
+        self._fd: int | None = (
+            stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
+        )
 
     # -- opening --------------------------------------------------------------------------
 
@@ -224,15 +230,16 @@ class SdkConnection:
 
         Cancellation while waiting for the writer's turn sends nothing; once writing, the
         frame is written whole (the write is shielded, and ends early only if the connection
-        is closed).
+        is closed). It is always a cancel point, but on a plain socket that takes the frame at
+        once (the usual case) not a schedule point: every caller waits for something next.
         """
         self._check_open()
         data = wire.encode_frame(
             message.to_frame(self.codec), codec=self.codec, limits=self._frames.limits
         )
         lock = self._write_lock
-        # The writer's turn without a trip through the scheduler when nobody is writing (the
-        # write below is the checkpoint); a cancelled caller still sends nothing.
+        # The writer's turn without a trip through the scheduler when nobody is writing; a
+        # cancelled caller still sends nothing.
         await trio.lowlevel.checkpoint_if_cancelled()
         try:
             lock.acquire_nowait()
@@ -240,11 +247,23 @@ class SdkConnection:
             await lock.acquire()
         try:
             self._check_open()
+            rest: bytes | memoryview = data
             try:
+                if self._fd is not None:
+                    # A plain socket takes the frame at once nearly always: written straight
+                    # to its (non-blocking) descriptor, with no cancel scope and no trip
+                    # through the scheduler; what it cannot take now goes the slow way.
+                    try:
+                        sent = os.write(self._fd, data)
+                    except BlockingIOError:
+                        sent = 0
+                    if sent == len(data):
+                        return
+                    rest = memoryview(data)[sent:]
                 # Shielded: a write is never cut midway by a cancellation (which would leave
                 # the peer unable to read on); only closing the connection stops a stuck one.
                 with trio.CancelScope(shield=True):
-                    await self._frames.stream.send_all(data)
+                    await self._frames.stream.send_all(rest)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
                 raise ClientClosed(

@@ -31,6 +31,7 @@ from ._model import (
     state_patch,
 )
 from ._sdk_connection import SdkConnection
+from ._worker_threads import HandlerThreads
 
 __all__ = [
     "CallOutputs",
@@ -59,17 +60,18 @@ class HandlerRunner(Protocol):
 
 class TrioHandlerRunner:
     """The default runner: ``async def`` handlers run as trio coroutines, plain functions in a
-    worker thread (``trio.to_thread.run_sync``). A thread cannot be interrupted: on
+    handler thread (:class:`HandlerThreads`). A thread cannot be interrupted: on
     cancellation the runner waits for the function to return."""
+
+    def __init__(self) -> None:
+        self._threads = HandlerThreads()
 
     async def __call__(
         self, handler: Callable[..., Any], ctx: StepContext | RpcContext, args: list[Any]
     ) -> Any:
         if inspect.iscoroutinefunction(handler):
             return await handler(ctx, *args)
-        return await trio.to_thread.run_sync(
-            functools.partial(handler, ctx, *args), abandon_on_cancel=False
-        )
+        return await self._threads.run(functools.partial(handler, ctx, *args))
 
 
 def handler_of(

@@ -341,8 +341,11 @@ class WorkerEngine(WorkerTasks):
             await self._define_flows(link)
             link.nursery.start_soon(self._manage_loop, link)
             link.nursery.start_soon(self._keepalive_loop, link)
+            # Woken only by what can end the link (not by every kick: that was two wake-ups
+            # of this task per Step).
             while not conn.closed and not (link.reconnecting and link.calls == 0):
-                await self._wait_kick()
+                await link.ending.wait()
+                link.ending = trio.Event()
             if not conn.closed:
                 log.info("reconnecting: the server asked, and the running calls are done")
             else:
@@ -382,6 +385,7 @@ class WorkerEngine(WorkerTasks):
             elif isinstance(message, wire.MatchReconnect):
                 log.info("the server asks to reconnect: %s", message.reason or "no reason given")
                 link.reconnecting = True
+                link.ending.set()
             elif isinstance(message, wire.MatchError):
                 log.warning(
                     "the matching server reported a connection error: %s (%s)",
@@ -389,6 +393,7 @@ class WorkerEngine(WorkerTasks):
                     message.code,
                 )
             self._kick()
+        link.ending.set()
         self._kick()  # the connection ended
 
     async def _send_draining(self) -> None:

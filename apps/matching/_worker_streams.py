@@ -45,6 +45,9 @@ class Link:
     calls: int = 0
     reconnecting: bool = False
     registered_any: bool = False
+    #: Set when the link may have to end: the connection ended, or the server asked to
+    #: reconnect, or the last call of a reconnecting link ended.
+    ending: trio.Event = attrs.field(factory=trio.Event)
     #: Set when a call starts while the keepalive loop has no busy stream to wait for.
     keepalive_wake: trio.Event = attrs.field(factory=trio.Event)
 

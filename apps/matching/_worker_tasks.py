@@ -133,7 +133,10 @@ class WorkerTasks:
     def _call_over(self, s: Stream) -> None:
         """The call on ``s`` is over, its outcome sent (or dropped)."""
         self._active -= 1
-        s.link.calls -= 1
+        link = s.link
+        link.calls -= 1
+        if link.reconnecting and link.calls == 0:
+            link.ending.set()
         self._kick()
 
     async def _run_call(

@@ -164,6 +164,19 @@ class FakeServer:
                 stream = await listener.accept()
                 nursery.start_soon(self._handle, stream)
 
+    async def _answer(self, conn: FakeConn, message: wire.MatchMessage) -> None:
+        """What the scripted server answers by itself: REGISTER by its policy, the worker's
+        ``define_flows`` at connect as the server does (tests answer other calls)."""
+        if isinstance(message, wire.MatchRegister):
+            conn.registers[message.rid] = message
+            answer = self.policy(conn, message)
+            if isinstance(answer, wire.MatchRegistered):
+                conn.registered.add(message.rid)
+            if answer is not None:
+                await conn.send(answer)
+        elif isinstance(message, wire.MatchCall) and message.op == "define_flows":
+            await conn.send(wire.MatchReply(None, rid=message.rid))
+
     async def _handle(self, stream: trio.abc.Stream) -> None:
         frames = wire.FrameStream(stream, versions=frozenset({2}))
         try:
@@ -194,18 +207,11 @@ class FakeServer:
                     break
                 message = wire.parse_matching(frame)
                 conn.received.append(message)
-                if isinstance(message, wire.MatchRegister):
-                    conn.registers[message.rid] = message
-                    answer = self.policy(conn, message)
-                    if isinstance(answer, wire.MatchRegistered):
-                        conn.registered.add(message.rid)
-                    if answer is not None:
-                        await conn.send(answer)
-                elif isinstance(message, wire.MatchCall) and message.op == "define_flows":
-                    # the worker's call at connect, answered as the server does (tests answer
-                    # the other calls themselves)
-                    await conn.send(wire.MatchReply(None, rid=message.rid))
-                elif isinstance(message, wire.MatchClose):
+                try:
+                    await self._answer(conn, message)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break  # the peer went away before its answer (as a real server sees it)
+                if isinstance(message, wire.MatchClose):
                     conn.registered.discard(message.rid)
                 elif isinstance(message, wire.MatchResult | wire.MatchFailure):
                     conn.busy.discard(message.rid)

@@ -92,6 +92,21 @@ async def test_call_returns_the_reply_value(server, autojump_clock, nursery):
     await conn.aclose()
 
 
+async def test_a_frame_larger_than_the_socket_buffer_arrives_whole_and_in_order(
+    server, autojump_clock
+):
+    # The socket takes part of it at once; the rest is written as the server reads.
+    conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
+    big = bytes(range(256)) * (4 * 1024 * 8)  # 8 MiB, many times a socket's buffer
+    await conn.send(wire.MatchCall(op="put_blob", args={"data": big}, rid=7))
+    await conn.send(wire.MatchPong())
+    await server.wait_for(lambda: len(server.conn.received) == 2)
+    call, pong = server.conn.received
+    assert (call.op, call.rid, call.args["data"] == big) == ("put_blob", 7, True)
+    assert pong == wire.MatchPong()
+    await conn.aclose()
+
+
 async def test_call_error_raises_the_error_of_its_code(server, autojump_clock, nursery):
     conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
 

@@ -566,6 +566,76 @@ async def test_sync_handlers_run_in_threads(server, nursery):
         await engine.close()
 
 
+async def test_blocking_handlers_run_at_once_up_to_the_cap_and_never_stall_pings(server, nursery):
+    # Each Step blocks its thread until all three run: they finish only if no blocking
+    # handler waits behind another one. Meanwhile the engine still answers pings.
+    release = threading.Event()
+    barrier = threading.Barrier(3, timeout=10)
+
+    class Blocking(Flow):
+        @step
+        def work(self, ctx, n):
+            barrier.wait()
+            release.wait(10)
+            return n
+
+    options = WorkerOptions(
+        server_address=server.address,
+        app_worker_id="w1",
+        pull=PullWorkerOptions(max_concurrent_tasks=3, reserved_rpc_tasks=0),
+    )
+    engine = WorkerEngine(Registry((Blocking,)), None, options)
+    with trio.fail_after(20):
+        nursery.start_soon(engine.run)
+        await engine.wait_pull_registered()
+        conn = server.conn
+        deliveries = []
+        for n in range(3):
+            _, delivery, answer = await conn.offer(
+                "flow:Blocking", flow_type="Blocking", name="work", args=[n]
+            )
+            assert isinstance(answer, wire.MatchAccept)
+            deliveries.append(delivery)
+        await eventually(lambda: barrier.n_waiting == 0 and engine.statistics().busy == 3)
+        await conn.send(wire.MatchPing())
+        await server.wait_for(lambda: wire.MatchPong() in conn.of_type(wire.MatchPong))
+        release.set()
+        values = [(await conn.wait_outcome(d)).value for d in deliveries]
+        assert values == [0, 1, 2]
+        assert engine.statistics().busy == 0
+        await engine.close()
+
+
+async def test_a_cancelled_blocking_handler_is_waited_for_before_its_slot_frees(server, nursery):
+    # A thread cannot be interrupted: at the drain timeout the call is cancelled, but run()
+    # returns only once the function has returned (the slot is not freed under it).
+    returned = threading.Event()
+    entered = threading.Event()
+
+    class Stuck(Flow):
+        @step
+        def work(self, ctx):
+            entered.set()
+            threading.Event().wait(0.3)
+            returned.set()
+
+    options = WorkerOptions(
+        server_address=server.address,
+        app_worker_id="w1",
+        pull=PullWorkerOptions(max_concurrent_tasks=2, stop_drain_timeout=0.05),
+    )
+    engine = WorkerEngine(Registry((Stuck,)), None, options)
+    with trio.fail_after(20):
+        nursery.start_soon(engine.run)
+        await engine.wait_pull_registered()
+        conn = server.conn
+        await conn.offer("flow:Stuck", flow_type="Stuck", name="work")
+        await trio.to_thread.run_sync(entered.wait)
+        await engine.close()
+        assert returned.is_set()
+        assert engine.statistics().busy == 0
+
+
 class _Cache:
     """BlobCache's async interface: ``blob:<key>`` args are fetched, bytes results uploaded."""
 
