@@ -33,6 +33,7 @@ from typing import Any
 
 import attrs
 import trio
+from trio.lowlevel import wait_readable
 
 import wire
 
@@ -83,9 +84,14 @@ _NET_KERNEL = wire.Atom("$net_kernel")
 #: reaches that process).
 NET_KERNEL = "otp.net_kernel"
 
-#: A frame is written straight to an idle socket only if the previous direct write is at least
-#: this old (seconds); closer frames are a burst, queued and written together by the writer.
+#: A frame is written straight to an idle socket if a frame came from the peer since the last
+#: direct write (it answers: a reply), or that write is at least this old (seconds); closer
+#: frames are a burst, queued and written together by the writer.
 DIRECT_WRITE_GAP = 0.0001
+
+#: The longest a lazy frame (bookkeeping such as DEMONITOR) waits for another frame to go out
+#: with (seconds): then the writer writes it.
+LAZY_DELAY = 0.005
 
 
 class DistributionError(OtpError, RuntimeError):
@@ -329,7 +335,15 @@ class Connection:
         #: The socket's descriptor when frames may be written to it directly (plain sockets).
         self.direct_fd: int | None = None
         self._last_direct = 0.0
+        #: Set by the reader: frames came from the peer since the last direct write.
+        self.heard = False
         self._corked = False
+        #: The outbox holds lazy frames only, queued since ``_lazy_at``: nobody woke the
+        #: writer for them (the next frame takes them along, or the writer after LAZY_DELAY).
+        self._lazy_only = False
+        self._lazy_at = 0.0
+        #: The writer's park while it waits (its deadline is when lazy frames are due).
+        self._park_scope: trio.CancelScope | None = None
         #: Set by the writer once everything queued is written (see Distribution.flush).
         self.drained: trio.Event | None = None
         #: Accepted handshakes from the peer under way that are to replace this dial of ours
@@ -426,16 +440,41 @@ class Connection:
             data = wire.encode_message(mtype, payload, codec=codec, limits=self.dist.config.limits)
         except wire.WireError as exc:
             raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
-        if not lazy and self._may_write_directly():
+        if lazy:
+            self._enqueue_lazy(data)
+            return
+        if self._may_write_directly():
+            if self._outbox:  # lazy frames only: they go first, in the same write
+                data = b"".join([*self._outbox, data])
+                self._outbox = []
+                self._lazy_only = False
+                self.queued = 0  # they were all that waited
             data = self._write_directly(data)
             if not data:
                 return
         if self._run is not None:
             self._close_run()
+        self._lazy_only = False
         self._outbox.append(data)
         self._queue_grew(len(data))
         if self._writer_lot and not self._corked:
             self._writer_lot.unpark()
+
+    def _enqueue_lazy(self, data: bytes) -> None:
+        """Queue a lazy frame without waking the writer if nothing else waits: the next frame
+        takes it along (a call's DEMONITOR goes with the next call), or the writer writes it
+        once it has waited LAZY_DELAY."""
+        outbox = self._outbox
+        if not outbox and self._run is None:
+            self._lazy_only = True
+            self._lazy_at = trio.current_time()
+            scope = self._park_scope
+            if scope is not None and scope.deadline == math.inf:
+                scope.deadline = self._lazy_at + LAZY_DELAY
+        elif self._run is not None:
+            self._close_run()
+        outbox.append(data)
+        self._queue_grew(len(data))
 
     def _queue_grew(self, added: int) -> None:
         self.queued += added
@@ -510,6 +549,7 @@ class Connection:
         else:
             run.items.append(item)
             added = run.size = len(item)
+        self._lazy_only = False
         if self._writer_lot and not self._corked:
             self._writer_lot.unpark()
         self._queue_grew(added)
@@ -526,6 +566,7 @@ class Connection:
     def _take_outbox(self) -> list[bytes]:
         if self._run is not None:
             self._close_run()
+        self._lazy_only = False
         batch, self._outbox = self._outbox, []
         return batch
 
@@ -536,16 +577,17 @@ class Connection:
         if (
             self.direct_fd is None
             or self._corked
-            or self._outbox
+            or (self._outbox and not self._lazy_only)
             or self._run is not None
             or self._writing
         ):
             return False
         now = time.perf_counter()
-        if now - self._last_direct <= DIRECT_WRITE_GAP:
+        if not self.heard and now - self._last_direct <= DIRECT_WRITE_GAP:
             return False
         if not peek:
             self._last_direct = now
+            self.heard = False
         return True
 
     def _write_directly(self, data: bytes) -> bytes:
@@ -572,6 +614,7 @@ class Connection:
         if (self._outbox or self._run) and not self._writing and self.direct_fd is not None:
             rest = self._write_directly(b"".join(self._take_outbox()))
             self._last_direct = time.perf_counter()
+            self.heard = False
             self.queued = len(rest)  # nothing else waits: the whole outbox was joined
             if rest:
                 self._outbox.insert(0, rest)
@@ -602,9 +645,17 @@ class Connection:
         return not self._outbox and self._run is None and not self._writing
 
     async def write_loop(self, stream: trio.abc.Stream) -> None:
+        lot = self._writer_lot
         while True:
-            while not self._outbox and self._run is None:
-                await self._writer_lot.park()
+            while self._run is None and (not self._outbox or self._lazy_only):
+                due = math.inf
+                if self._lazy_only:
+                    due = self._lazy_at + LAZY_DELAY
+                    if trio.current_time() >= due:
+                        break
+                with trio.CancelScope(deadline=due) as self._park_scope:
+                    await lot.park()
+                self._park_scope = None
             batch = self._take_outbox()
             self.sent_since_tick = True
             self._writing = True
@@ -837,6 +888,7 @@ class Distribution:
         conn.settled.set()
         conn._not_busy()  # its suspended senders resume (what they sent is lost with it)
         conn._pending, conn._outbox, conn._run, conn.queued = [], [], None, 0
+        conn._lazy_only = False
         if conn.drained is not None:
             conn.drained.set()
         if self.connections.get(conn.peer) is conn:
@@ -1566,15 +1618,19 @@ async def _run_connection(
             frames.limits = config.limits
             frames.exact = False
             me.behaviour = f"dist_connection {peer.name}"
+            reader: wire.FrameStream | _SocketFrames = frames
             if isinstance(stream, trio.SocketStream):
                 conn.direct_fd = stream.socket.fileno()
+                # The handshake's stream read no byte past its last frame (exact): the
+                # socket holds the rest.
+                reader = _SocketFrames(conn.direct_fd, config.limits)
             dist.connection_up(conn, peer)
             rival = None
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(conn.write_loop, stream)
                     nursery.start_soon(_ticker, conn, config.liveness_timeout)
-                    await _read_loop(dist, conn, frames)
+                    await _read_loop(dist, conn, reader)
                     nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 # The reader, writer or ticker failed: let the handlers below name the cause.
@@ -1670,11 +1726,66 @@ def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
     return out
 
 
-async def _read_loop(dist: Distribution, conn: Connection, frames: wire.FrameStream) -> None:
+#: The most bytes the reader takes from a plain socket at once.
+READ_BYTES = 65536
+
+
+class _SocketFrames:
+    """A connection's incoming frames, read straight from its plain socket (the reader of
+    :func:`_read_loop`; a TLS connection reads through its ``wire.FrameStream``).
+
+    A read that drained the socket (it returned less than was asked) is almost always followed
+    by a quiet socket: the next read waits until the socket is readable first, where trio's
+    ``receive_some`` tries a read that fails before it waits (a system call and an exception
+    on each side of every round trip). After a full read it reads again at once, after a
+    checkpoint, so a peer that floods cannot starve the node's other tasks.
+    """
+
+    __slots__ = ("_decoder", "_drained", "_fd")
+
+    def __init__(self, fd: int, limits: wire.Limits) -> None:
+        self._fd = fd
+        self._decoder = wire.FrameDecoder(limits=limits, versions=frozenset({2}))
+        self._drained = False
+
+    async def receive_frames(self) -> list[wire.Frame]:
+        """Every frame available (at least one, waiting for it), or ``[]`` at a clean end.
+
+        Raises:
+            wire.WireError: the peer sent malformed bytes.
+            OSError: the socket failed (say, reset by the peer).
+        """
+        decoder = self._decoder
+        feed = decoder.feed
+        feed(b"")  # raises an error found after the last frame delivered
+        fd = self._fd
+        while True:
+            if self._drained:
+                await wait_readable(fd)
+            else:
+                await trio.lowlevel.checkpoint()
+            try:
+                data = os.read(fd, READ_BYTES)
+            except (BlockingIOError, InterruptedError):
+                self._drained = True
+                continue
+            if not data:
+                decoder.feed_eof()
+                return []
+            self._drained = len(data) < READ_BYTES
+            frames = feed(data)
+            if frames:
+                return frames
+
+
+async def _read_loop(
+    dist: Distribution, conn: Connection, frames: wire.FrameStream | _SocketFrames
+) -> None:
     dispatch = dist.dispatch
     receive_frames = frames.receive_frames
     while batch := await receive_frames():
         conn.received_since_tick = True
+        conn.heard = True
         # Every frame that arrived together is dispatched in one go: one scheduler pass per
         # read, not per frame (per-pair order is the order of the batch).
         for frame in batch:
