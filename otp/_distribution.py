@@ -76,6 +76,9 @@ _GEN_CALL = wire.Atom("$gen_call")
 _GEN_CAST = wire.Atom("$gen_cast")
 _GEN_REPLY = wire.Atom("$gen_reply")
 _SYSTEM = wire.Atom("system")
+_SEND = wire.MessageType.SEND
+_REG_SEND = wire.MessageType.REG_SEND
+_MONITOR = wire.MessageType.MONITOR
 _TERMINATE = wire.Atom("terminate")
 #: The mesh's peer lists travel to this name (see PG_NAME: an atom no user send names).
 _NET_KERNEL = wire.Atom("$net_kernel")
@@ -603,6 +606,52 @@ class Connection:
         self.sent_since_tick = True
         return data[written:] if written < len(data) else b""
 
+    def send_now(
+        self, first: wire.MessageType, payload: Any, second: wire.MessageType, then: Any
+    ) -> None:
+        """Queue two frames that go out together and at once (a remote call's MONITOR and
+        request, whose sender waits for the answer): written straight to the socket, whatever
+        the burst gap, unless something is being written or waits (then they queue behind it);
+        encoded first, so a bad value raises and sends nothing.
+
+        Raises:
+            BadArg: a payload cannot be encoded.
+        """
+        codec = self.codec
+        assert codec is not None
+        limits = self.dist.config.limits
+        try:
+            data = wire.encode_message(first, payload, codec=codec, limits=limits)
+            data += wire.encode_message(second, then, codec=codec, limits=limits)
+        except wire.WireError as exc:
+            raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
+        if self.state == "down":
+            return
+        if (
+            self.direct_fd is not None
+            and self._run is None
+            and not self._writing
+            and not self._corked
+            and (not self._outbox or self._lazy_only)
+        ):
+            if self._outbox:  # lazy frames only: they go first, in the same write
+                data = b"".join([*self._outbox, data])
+                self._outbox = []
+                self._lazy_only = False
+                self.queued = 0  # they were all that waited
+            self._last_direct = time.perf_counter()
+            self.heard = False
+            data = self._write_directly(data)
+            if not data:
+                return
+        if self._run is not None:
+            self._close_run()
+        self._lazy_only = False
+        self._outbox.append(data)
+        self._queue_grew(len(data))
+        if self._writer_lot and not self._corked:
+            self._writer_lot.unpark()
+
     @contextlib.contextmanager
     def corked(self) -> Iterator[None]:
         """Frames queued inside go out together, in one write (as TCP_CORK does)."""
@@ -1064,23 +1113,77 @@ class Distribution:
             )
 
     def reply(self, from_: From, value: Any) -> None:
-        conn = self.connections.get(from_.pid.node)
+        pid = from_.pid
+        conn = self.connections.get(pid.node)
         if conn is not None:
             conn.enqueue(
-                wire.MessageType.SEND,
+                _SEND,
                 {
-                    "to": value_to_wire(from_.pid),
+                    "to": wire_id(pid),
                     "msg": (_GEN_REPLY, value_to_wire(from_.tag), value_to_wire(value)),
                 },
             )
 
     async def call(self, me: Process, server: Any, request: Any, timeout: float | None) -> Any:
-        waiter = await self._ask(me, server, lambda ref: _Call(From(me.pid, ref), request), timeout)
-        if waiter.value is TIMED_OUT:
+        """``GenServer.call`` of a server on another node: monitor it and send the request in
+        one write (the MONITOR first: its DOWN then always carries the reason the server exited
+        with), then wait for the reply or the DOWN, which the monitor's ref (an alias) routes
+        to this call's waiter; the DEMONITOR goes lazily, with the next frame.
+
+        Raises:
+            BadArg: the request cannot cross to another node (nothing is sent or recorded).
+            TypeError: ``server`` is ``(name, node)`` with a name that is not a str.
+        """
+        if server.__class__ is Pid:
+            peer = server.node
+        else:
+            name, peer = server
+            if name.__class__ is not str:
+                raise _bad_name(server)
+        conn = self.connections.get(peer)
+        if conn is None:
+            conn = self.connection(peer)
+        if conn is not None and conn.busy:
+            # As a send to a busy port suspends its sender, before the request is queued.
+            await conn.wait_not_busy()
+            conn = self._conn_for(peer)
+        node = self.node
+        ref = node.make_ref()
+        if conn is None or conn.codec is None:
+            waiter = self._watch(me, server, ref)
+            if conn is None:
+                self.monitor(me.pid, server, ref)  # (a DOWN with noconnection, at once)
+            else:
+                with conn.corked():
+                    self.monitor(me.pid, server, ref)
+                    self.send(server, _Call(From(me.pid, ref), request))
+        else:
+            wire_me = wire_id(me.pid)
+            wire_ref = wire_id(ref)
+            message = (_GEN_CALL, (wire_me, wire_ref), value_to_wire(request))
+            if server.__class__ is Pid:
+                to = wire_id(server)
+                sent = {"to": to, "msg": message}
+                mtype = _SEND
+            else:
+                to = name
+                sent = {"from": wire_me, "to": name, "msg": message}
+                mtype = _REG_SEND
+            conn.send_now(_MONITOR, {"from": wire_me, "to": to, "ref": wire_ref}, mtype, sent)
+            waiter = self._watch(me, server, ref)
+        timer = node.timers.start(timeout, waiter.time_out) if timeout is not None else None
+        try:
+            await waiter.wait()
+        finally:
+            self._unwatch(me, ref)
+            if timer is not None:
+                node.timers.cancel(timer)
+        value = waiter.value
+        if value is TIMED_OUT:
             raise CallTimeout("timeout", server, request)
         if waiter.is_down:
-            raise CallError(waiter.value, server, request)
-        return waiter.value
+            raise CallError(value, server, request)
+        return value
 
     async def stop(self, me: Process, server: Any, reason: Any, timeout: float | None) -> Any:
         """``GenServer.stop`` of a server on another node: monitor it, send it a system
@@ -1101,7 +1204,8 @@ class Distribution:
             # As a send to a busy port suspends its sender, before the request is queued.
             await conn.wait_not_busy()
             conn = self._conn_for(peer)
-        ref, waiter = self._watch(me, server)
+        ref = self.node.make_ref()
+        waiter = self._watch(me, server, ref)
         if conn is None:
             self.monitor(me.pid, server, ref)
         else:
@@ -1111,10 +1215,9 @@ class Distribution:
         await _wait(self.node, waiter, timeout, lambda: self._unwatch(me, ref))
         return waiter
 
-    def _watch(self, me: Process, server: Any) -> tuple[Ref, CallWaiter]:
-        """Record a monitor of the remote ``server`` whose ref is an alias routing its DOWN (and
-        a reply) to the returned waiter; the caller sends the MONITOR."""
-        ref = self.node.make_ref()
+    def _watch(self, me: Process, server: Any, ref: Ref) -> CallWaiter:
+        """Record a monitor of the remote ``server`` whose ``ref`` is an alias routing its DOWN
+        (and a reply) to the returned waiter; the caller sends the MONITOR."""
         waiter = CallWaiter()
         if me.aliases is None:
             me.aliases = {}
@@ -1125,7 +1228,7 @@ class Distribution:
             me.monitors[ref] = server
         else:
             me.monitors[ref] = NamedMonitor(Pid._make(server[1], 0, 0), server)
-        return ref, waiter
+        return waiter
 
     def _unwatch(self, me: Process, ref: Ref) -> None:
         assert me.aliases is not None
@@ -1175,7 +1278,28 @@ class Distribution:
         t = frame.type
         p = frame.payload
         M = wire.MessageType
-        if t is M.SEND_BATCH:
+        # The most frequent first: a remote call is a MONITOR, a SEND or REG_SEND and a
+        # DEMONITOR each way.
+        if t is M.SEND:
+            message = p["msg"]
+            proc = _local(p["to"], node)
+            if proc is not None:
+                self._deliver_to(proc, message)
+        elif t is M.REG_SEND:
+            self._reg_send(conn, p["to"], p["msg"])
+        elif t is M.MONITOR:
+            self._on_monitor(
+                _peer_pid(conn, p["from"], node), p["to"], value_from_wire(p["ref"], node)
+            )
+        elif t is M.DEMONITOR:
+            to = p["to"]
+            if isinstance(to, wire.Pid):
+                target = node.resolve(pid_from_wire(to, node))
+            else:
+                target = node.names.get(_registered_name(to))
+            if target is not None and target.monitored_by is not None:
+                target.monitored_by.pop(value_from_wire(p["ref"], node), None)
+        elif t is M.SEND_BATCH:
             messages = _batch(p)
             proc = node.resolve(pid_from_wire(p["to"], node))
             if proc is not None:
@@ -1185,10 +1309,6 @@ class Distribution:
             name = p["to"]
             for message in _batch(p):
                 self._reg_send(conn, name, message)
-        elif t is M.SEND:
-            self._deliver_send(pid_from_wire(p["to"], node), p["msg"])
-        elif t is M.REG_SEND:
-            self._reg_send(conn, p["to"], p["msg"])
         elif t is M.LINK:
             sender, target = (
                 _peer_pid(conn, p["from"], node),
@@ -1219,18 +1339,6 @@ class Distribution:
                     reason_from_wire(p["reason"], node),
                     False,
                 )
-        elif t is M.MONITOR:
-            self._on_monitor(
-                _peer_pid(conn, p["from"], node), p["to"], value_from_wire(p["ref"], node)
-            )
-        elif t is M.DEMONITOR:
-            to = p["to"]
-            if isinstance(to, wire.Pid):
-                target = node.resolve(pid_from_wire(to, node))
-            else:
-                target = node.names.get(_registered_name(to))
-            if target is not None and target.monitored_by is not None:
-                target.monitored_by.pop(value_from_wire(p["ref"], node), None)
         elif t is M.DOWN:
             sender = p["from"]
             label = pid_from_wire(sender, node) if isinstance(sender, wire.Pid) else sender
@@ -1278,32 +1386,28 @@ class Distribution:
         else:
             target.monitored_by[ref] = watcher
 
-    def _deliver_send(self, to: Pid, message: Any) -> None:
-        proc = self.node.resolve(to)
-        if proc is not None:
-            self._deliver_to(proc, message)
-
     def _deliver_to(self, proc: Process, message: Any) -> None:
         node = self.node
         if message.__class__ is tuple and message and message[0].__class__ is wire.Atom:
-            tag = message[0]
-            if tag == _GEN_REPLY and len(message) == 3:
+            # Compared by name: a decoded atom is a new object, and its attrs __eq__ a call.
+            tag = message[0].name
+            if tag == "$gen_reply" and len(message) == 3:
                 ref = value_from_wire(message[1], node)
                 if proc.aliases is not None:
                     waiter = proc.aliases.get(ref)
                     if waiter is not None:
                         waiter.resolve(value_from_wire(message[2], node), False)
                 return
-            if tag == _GEN_CALL and len(message) == 3:
+            if tag == "$gen_call" and len(message) == 3:
                 pid, ref = message[1]
                 from_ = From(pid_from_wire(pid, node), value_from_wire(ref, node))
                 proc.deliver(_Call(from_, value_from_wire(message[2], node)))
                 return
-            if tag == _GEN_CAST and len(message) == 2:
+            if tag == "$gen_cast" and len(message) == 2:
                 proc.deliver(_Cast(value_from_wire(message[1], node)))
                 return
             if (
-                tag == _SYSTEM
+                tag == "system"
                 and len(message) == 3
                 and message[1] == _TERMINATE
                 and message[2].__class__ is wire.ExitReason
@@ -1364,6 +1468,16 @@ def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
         return wire.Pid(node.name, 0, node.creation)
     made: wire.Pid = wire_id(pid)
     return made
+
+
+def _local(value: wire.Pid, node: Node) -> Process | None:
+    """The live local process a peer's ``to`` names, or None (``node.resolve`` of
+    ``pid_from_wire``, without making the pid)."""
+    if value.node == node.name and value.creation == node.creation:
+        proc = node.processes.get(value.id)
+        if proc is not None and proc.alive:
+            return proc
+    return None
 
 
 def _peer_pid(conn: Connection, value: Any, node: Node) -> Pid:
