@@ -49,6 +49,7 @@ from ._dist_values import (
     pid_from_wire,
     reason_from_wire,
     reason_to_wire,
+    ref_from_wire,
     value_from_wire,
     value_to_wire,
     wire_id,
@@ -1400,7 +1401,11 @@ class Distribution:
                 return
             if tag == "$gen_call" and len(message) == 3:
                 pid, ref = message[1]
-                from_ = From(pid_from_wire(pid, node), value_from_wire(ref, node))
+                if ref.__class__ is wire.Ref:
+                    ref = ref_from_wire(ref)  # (its wire form kept for the reply)
+                else:
+                    ref = value_from_wire(ref, node)
+                from_ = From(pid_from_wire(pid, node), ref)
                 proc.deliver(_Call(from_, value_from_wire(message[2], node)))
                 return
             if tag == "$gen_cast" and len(message) == 2:
