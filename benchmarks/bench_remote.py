@@ -191,7 +191,7 @@ class _CallCost:
     def __str__(self) -> str:
         return (
             f"per call: {self.wakeups:.2f} trio wake-ups here + {self.peer_wakeups:.2f} on the"
-            f" peer (raw trio: 2 + 1), CPU {self.cpu * 1e6:.0f} us here +"
+            f" peer, CPU {self.cpu * 1e6:.0f} us here +"
             f" {self.peer_cpu * 1e6:.0f} us on the peer"
         )
 
@@ -275,9 +275,10 @@ def remote(quick: bool) -> list[Result]:
             direction="lower",
             notes=(
                 "floor: the same ping-pong with a trio task on each end, echoed by another OS"
-                f" process; {cost}. A call needs two wake-ups on each end (reader, then the"
-                " caller or the server), raw trio one plus its send's checkpoint: ~0.5 is"
-                " the floor of that design with no work of ours"
+                f" process; {cost}. Raw trio pays 2 + 2 too, but one of each end's is its"
+                " send's checkpoint, after the write; a call's two (the reader, then the caller"
+                " or the server) both come before it, so ~0.5 is that design's floor with no"
+                " work of ours"
             ),
         ),
         Result(
