@@ -506,3 +506,18 @@ async def test_the_socket_reader_tells_a_clean_end_from_one_inside_a_frame() -> 
             else:
                 with pytest.raises(wire.Truncated):
                     await reader.receive_frames()
+
+
+async def test_a_remote_call_whose_request_cannot_cross_records_nothing(sockets: Any) -> None:
+    async with PeerNode("b@localhost", sockets("b")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            assert await otp.connect("b@localhost", sockets("b"))
+            remote = ("echo", "b@localhost")
+            with pytest.raises(otp.BadArg):
+                await otp.call(remote, object())
+            info = otp.process_info(otp.self())
+            assert info is not None and info.monitors == ()
+            assert await otp.call(remote, "after") == "after"
+            info = otp.process_info(otp.self())
+            assert info is not None and info.monitors == ()
