@@ -1,6 +1,13 @@
 """Distribution benchmarks: a GenServer call and one-way sends to a node in another OS process
 over a Unix socket, against a raw Unix-socket ping-pong of a 16-byte frame between two
-processes, measured in the same run."""
+processes, measured in the same run.
+
+Every baseline's echo runs in a separate OS process (never a thread of the measuring
+process, whose round trips would pay GIL hand-offs). ``remote.call_vs_trio``'s floor is the
+same ping-pong with a trio task on each end; a call also shows its trio task wake-ups per
+call on each end (the peer counts its own and reports them) and its CPU time per call on
+each end, in a pass of its own (an installed instrument costs time).
+"""
 
 from __future__ import annotations
 
@@ -14,19 +21,35 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 import otp
 
 from ._harness import Benchmark, Result
+from ._wakeups import counting_wakeups
 
 COOKIE = b"benchmark-cookie-123456"
 
 _PEER = r"""
-import sys, trio, otp
+import os, sys, trio, otp
+from benchmarks._wakeups import WakeupCounter
+
+counter = WakeupCounter()
+
+def cpu():
+    times = os.times()
+    return times.user + times.system
 
 class Echo(otp.GenServer):
     def handle_call(self, request, from_, state):
+        if request == "count":
+            trio.lowlevel.add_instrument(counter)
+            counter.count = 0
+            return otp.Reply(cpu(), state)
+        if request == "counted":
+            trio.lowlevel.remove_instrument(counter)
+            return otp.Reply((counter.count, cpu()), state)
         return otp.Reply(request, state)
 
 async def sink(expected_from):
@@ -151,12 +174,47 @@ def _raw_trio_round_trips(path: str, n: int) -> list[float]:
         peer.wait()
 
 
-def _otp_remote(address: str, calls: int, sends: int) -> tuple[list[float], float]:
+def _cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+@attrs.frozen
+class _CallCost:
+    """What one remote call costs on each end, from a counted pass of ``calls`` calls."""
+
+    wakeups: float
+    peer_wakeups: float
+    cpu: float
+    peer_cpu: float
+
+    def __str__(self) -> str:
+        return (
+            f"per call: {self.wakeups:.2f} trio wake-ups here + {self.peer_wakeups:.2f} on the"
+            f" peer, CPU {self.cpu * 1e6:.0f} us here +"
+            f" {self.peer_cpu * 1e6:.0f} us on the peer"
+        )
+
+
+async def _counted_calls(echo: Any, calls: int) -> _CallCost:
+    peer_start = await otp.call(echo, "count")
+    start = _cpu()
+    with counting_wakeups() as counter:
+        for i in range(calls):
+            await otp.call(echo, i)
+    cpu = _cpu() - start
+    peer_wakeups, peer_end = await otp.call(echo, "counted")
+    return _CallCost(
+        counter.count / calls, peer_wakeups / calls, cpu / calls, (peer_end - peer_start) / calls
+    )
+
+
+def _otp_remote(address: str, calls: int, sends: int) -> tuple[list[float], float, _CallCost]:
     code = _PEER.replace("COOKIE", repr(COOKIE)).replace("ADDRESS", repr(address))
     peer = _spawn(code)
     try:
 
-        async def main() -> tuple[list[float], float]:
+        async def main() -> tuple[list[float], float, _CallCost]:
             await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
             assert await otp.connect("peer@localhost", address)
             echo = ("echo", "peer@localhost")
@@ -169,6 +227,7 @@ def _otp_remote(address: str, calls: int, sends: int) -> tuple[list[float], floa
                 start = clock()
                 await call(echo, i)
                 samples.append(clock() - start)
+            cost = await _counted_calls(echo, min(calls, 2_000))
             sink: Any = ("sink", "peer@localhost")
             send = otp.send
             me = otp.self()
@@ -181,7 +240,7 @@ def _otp_remote(address: str, calls: int, sends: int) -> tuple[list[float], floa
             got = await otp.receive()
             elapsed = clock() - start
             assert got == ("got", sends), got
-            return samples, elapsed
+            return samples, elapsed, cost
 
         return otp.run(main, name="bench@localhost")
     finally:
@@ -195,7 +254,7 @@ def remote(quick: bool) -> list[Result]:
     with tempfile.TemporaryDirectory() as tmp:
         raw = statistics.median(_raw_round_trips(f"{tmp}/raw.sock", calls))
         raw_trio = statistics.median(_raw_trio_round_trips(f"{tmp}/trio.sock", calls))
-        samples, elapsed = _otp_remote(f"unix:{tmp}/peer.sock", calls, sends)
+        samples, elapsed, cost = _otp_remote(f"unix:{tmp}/peer.sock", calls, sends)
     ours = statistics.median(samples)
     return [
         Result(
@@ -214,7 +273,13 @@ def remote(quick: bool) -> list[Result]:
             "raw trio unix ping-pong (16 B)",
             raw_trio * 1e6,
             direction="lower",
-            notes="context: the same ping-pong with trio tasks on both ends",
+            notes=(
+                "floor: the same ping-pong with a trio task on each end, echoed by another OS"
+                f" process; {cost}. Raw trio pays 2 + 2 too, but one of each end's is its"
+                " send's checkpoint, after the write; a call's two (the reader, then the caller"
+                " or the server) both come before it, so ~0.5 is that design's floor with no"
+                " work of ours"
+            ),
         ),
         Result(
             "remote.send",

@@ -58,6 +58,15 @@ def wire_id(value: Pid | Ref) -> Any:
     return made
 
 
+def ref_from_wire(value: wire.Ref) -> Ref:
+    """The ref a peer sent, its wire form remembered: a call's tag goes back in the reply."""
+    ref = Ref._make(value.node, value.id, value.creation)
+    if len(_WIRE_IDS) >= 4096:
+        _WIRE_IDS.clear()
+    _WIRE_IDS[ref] = value
+    return ref
+
+
 def reason_to_wire(reason: Any) -> wire.ExitReason:
     """An exit reason as a wire ``ExitReason``."""
     if isinstance(reason, str) and reason in _ATOM_REASONS:

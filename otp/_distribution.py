@@ -33,6 +33,7 @@ from typing import Any
 
 import attrs
 import trio
+from trio.lowlevel import wait_readable
 
 import wire
 
@@ -48,6 +49,7 @@ from ._dist_values import (
     pid_from_wire,
     reason_from_wire,
     reason_to_wire,
+    ref_from_wire,
     value_from_wire,
     value_to_wire,
     wire_id,
@@ -75,6 +77,9 @@ _GEN_CALL = wire.Atom("$gen_call")
 _GEN_CAST = wire.Atom("$gen_cast")
 _GEN_REPLY = wire.Atom("$gen_reply")
 _SYSTEM = wire.Atom("system")
+_SEND = wire.MessageType.SEND
+_REG_SEND = wire.MessageType.REG_SEND
+_MONITOR = wire.MessageType.MONITOR
 _TERMINATE = wire.Atom("terminate")
 #: The mesh's peer lists travel to this name (see PG_NAME: an atom no user send names).
 _NET_KERNEL = wire.Atom("$net_kernel")
@@ -83,9 +88,14 @@ _NET_KERNEL = wire.Atom("$net_kernel")
 #: reaches that process).
 NET_KERNEL = "otp.net_kernel"
 
-#: A frame is written straight to an idle socket only if the previous direct write is at least
-#: this old (seconds); closer frames are a burst, queued and written together by the writer.
+#: A frame is written straight to an idle socket if a frame came from the peer since the last
+#: direct write (it answers: a reply), or that write is at least this old (seconds); closer
+#: frames are a burst, queued and written together by the writer.
 DIRECT_WRITE_GAP = 0.0001
+
+#: The longest a lazy frame (bookkeeping such as DEMONITOR) waits for another frame to go out
+#: with (seconds): then the writer writes it.
+LAZY_DELAY = 0.005
 
 
 class DistributionError(OtpError, RuntimeError):
@@ -329,7 +339,15 @@ class Connection:
         #: The socket's descriptor when frames may be written to it directly (plain sockets).
         self.direct_fd: int | None = None
         self._last_direct = 0.0
+        #: Set by the reader: frames came from the peer since the last direct write.
+        self.heard = False
         self._corked = False
+        #: The outbox holds lazy frames only, queued since ``_lazy_at``: nobody woke the
+        #: writer for them (the next frame takes them along, or the writer after LAZY_DELAY).
+        self._lazy_only = False
+        self._lazy_at = 0.0
+        #: The writer's park while it waits (its deadline is when lazy frames are due).
+        self._park_scope: trio.CancelScope | None = None
         #: Set by the writer once everything queued is written (see Distribution.flush).
         self.drained: trio.Event | None = None
         #: Accepted handshakes from the peer under way that are to replace this dial of ours
@@ -426,16 +444,41 @@ class Connection:
             data = wire.encode_message(mtype, payload, codec=codec, limits=self.dist.config.limits)
         except wire.WireError as exc:
             raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
-        if not lazy and self._may_write_directly():
+        if lazy:
+            self._enqueue_lazy(data)
+            return
+        if self._may_write_directly():
+            if self._outbox:  # lazy frames only: they go first, in the same write
+                data = b"".join([*self._outbox, data])
+                self._outbox = []
+                self._lazy_only = False
+                self.queued = 0  # they were all that waited
             data = self._write_directly(data)
             if not data:
                 return
         if self._run is not None:
             self._close_run()
+        self._lazy_only = False
         self._outbox.append(data)
         self._queue_grew(len(data))
         if self._writer_lot and not self._corked:
             self._writer_lot.unpark()
+
+    def _enqueue_lazy(self, data: bytes) -> None:
+        """Queue a lazy frame without waking the writer if nothing else waits: the next frame
+        takes it along (a call's DEMONITOR goes with the next call), or the writer writes it
+        once it has waited LAZY_DELAY."""
+        outbox = self._outbox
+        if not outbox and self._run is None:
+            self._lazy_only = True
+            self._lazy_at = trio.current_time()
+            scope = self._park_scope
+            if scope is not None and scope.deadline == math.inf:
+                scope.deadline = self._lazy_at + LAZY_DELAY
+        elif self._run is not None:
+            self._close_run()
+        outbox.append(data)
+        self._queue_grew(len(data))
 
     def _queue_grew(self, added: int) -> None:
         self.queued += added
@@ -510,6 +553,7 @@ class Connection:
         else:
             run.items.append(item)
             added = run.size = len(item)
+        self._lazy_only = False
         if self._writer_lot and not self._corked:
             self._writer_lot.unpark()
         self._queue_grew(added)
@@ -526,6 +570,7 @@ class Connection:
     def _take_outbox(self) -> list[bytes]:
         if self._run is not None:
             self._close_run()
+        self._lazy_only = False
         batch, self._outbox = self._outbox, []
         return batch
 
@@ -536,16 +581,17 @@ class Connection:
         if (
             self.direct_fd is None
             or self._corked
-            or self._outbox
+            or (self._outbox and not self._lazy_only)
             or self._run is not None
             or self._writing
         ):
             return False
         now = time.perf_counter()
-        if now - self._last_direct <= DIRECT_WRITE_GAP:
+        if not self.heard and now - self._last_direct <= DIRECT_WRITE_GAP:
             return False
         if not peek:
             self._last_direct = now
+            self.heard = False
         return True
 
     def _write_directly(self, data: bytes) -> bytes:
@@ -561,6 +607,52 @@ class Connection:
         self.sent_since_tick = True
         return data[written:] if written < len(data) else b""
 
+    def send_now(
+        self, first: wire.MessageType, payload: Any, second: wire.MessageType, then: Any
+    ) -> None:
+        """Queue two frames that go out together and at once (a remote call's MONITOR and
+        request, whose sender waits for the answer): written straight to the socket, whatever
+        the burst gap, unless something is being written or waits (then they queue behind it);
+        encoded first, so a bad value raises and sends nothing.
+
+        Raises:
+            BadArg: a payload cannot be encoded.
+        """
+        codec = self.codec
+        assert codec is not None
+        limits = self.dist.config.limits
+        try:
+            data = wire.encode_message(first, payload, codec=codec, limits=limits)
+            data += wire.encode_message(second, then, codec=codec, limits=limits)
+        except wire.WireError as exc:
+            raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
+        if self.state == "down":
+            return
+        if (
+            self.direct_fd is not None
+            and self._run is None
+            and not self._writing
+            and not self._corked
+            and (not self._outbox or self._lazy_only)
+        ):
+            if self._outbox:  # lazy frames only: they go first, in the same write
+                data = b"".join([*self._outbox, data])
+                self._outbox = []
+                self._lazy_only = False
+                self.queued = 0  # they were all that waited
+            self._last_direct = time.perf_counter()
+            self.heard = False
+            data = self._write_directly(data)
+            if not data:
+                return
+        if self._run is not None:
+            self._close_run()
+        self._lazy_only = False
+        self._outbox.append(data)
+        self._queue_grew(len(data))
+        if self._writer_lot and not self._corked:
+            self._writer_lot.unpark()
+
     @contextlib.contextmanager
     def corked(self) -> Iterator[None]:
         """Frames queued inside go out together, in one write (as TCP_CORK does)."""
@@ -572,6 +664,7 @@ class Connection:
         if (self._outbox or self._run) and not self._writing and self.direct_fd is not None:
             rest = self._write_directly(b"".join(self._take_outbox()))
             self._last_direct = time.perf_counter()
+            self.heard = False
             self.queued = len(rest)  # nothing else waits: the whole outbox was joined
             if rest:
                 self._outbox.insert(0, rest)
@@ -602,9 +695,17 @@ class Connection:
         return not self._outbox and self._run is None and not self._writing
 
     async def write_loop(self, stream: trio.abc.Stream) -> None:
+        lot = self._writer_lot
         while True:
-            while not self._outbox and self._run is None:
-                await self._writer_lot.park()
+            while self._run is None and (not self._outbox or self._lazy_only):
+                due = math.inf
+                if self._lazy_only:
+                    due = self._lazy_at + LAZY_DELAY
+                    if trio.current_time() >= due:
+                        break
+                with trio.CancelScope(deadline=due) as self._park_scope:
+                    await lot.park()
+                self._park_scope = None
             batch = self._take_outbox()
             self.sent_since_tick = True
             self._writing = True
@@ -837,6 +938,7 @@ class Distribution:
         conn.settled.set()
         conn._not_busy()  # its suspended senders resume (what they sent is lost with it)
         conn._pending, conn._outbox, conn._run, conn.queued = [], [], None, 0
+        conn._lazy_only = False
         if conn.drained is not None:
             conn.drained.set()
         if self.connections.get(conn.peer) is conn:
@@ -1012,23 +1114,77 @@ class Distribution:
             )
 
     def reply(self, from_: From, value: Any) -> None:
-        conn = self.connections.get(from_.pid.node)
+        pid = from_.pid
+        conn = self.connections.get(pid.node)
         if conn is not None:
             conn.enqueue(
-                wire.MessageType.SEND,
+                _SEND,
                 {
-                    "to": value_to_wire(from_.pid),
+                    "to": wire_id(pid),
                     "msg": (_GEN_REPLY, value_to_wire(from_.tag), value_to_wire(value)),
                 },
             )
 
     async def call(self, me: Process, server: Any, request: Any, timeout: float | None) -> Any:
-        waiter = await self._ask(me, server, lambda ref: _Call(From(me.pid, ref), request), timeout)
-        if waiter.value is TIMED_OUT:
+        """``GenServer.call`` of a server on another node: monitor it and send the request in
+        one write (the MONITOR first: its DOWN then always carries the reason the server exited
+        with), then wait for the reply or the DOWN, which the monitor's ref (an alias) routes
+        to this call's waiter; the DEMONITOR goes lazily, with the next frame.
+
+        Raises:
+            BadArg: the request cannot cross to another node (nothing is sent or recorded).
+            TypeError: ``server`` is ``(name, node)`` with a name that is not a str.
+        """
+        if server.__class__ is Pid:
+            peer = server.node
+        else:
+            name, peer = server
+            if name.__class__ is not str:
+                raise _bad_name(server)
+        conn = self.connections.get(peer)
+        if conn is None:
+            conn = self.connection(peer)
+        if conn is not None and conn.busy:
+            # As a send to a busy port suspends its sender, before the request is queued.
+            await conn.wait_not_busy()
+            conn = self._conn_for(peer)
+        node = self.node
+        ref = node.make_ref()
+        if conn is None or conn.codec is None:
+            waiter = self._watch(me, server, ref)
+            if conn is None:
+                self.monitor(me.pid, server, ref)  # (a DOWN with noconnection, at once)
+            else:
+                with conn.corked():
+                    self.monitor(me.pid, server, ref)
+                    self.send(server, _Call(From(me.pid, ref), request))
+        else:
+            wire_me = wire_id(me.pid)
+            wire_ref = wire_id(ref)
+            message = (_GEN_CALL, (wire_me, wire_ref), value_to_wire(request))
+            if server.__class__ is Pid:
+                to = wire_id(server)
+                sent = {"to": to, "msg": message}
+                mtype = _SEND
+            else:
+                to = name
+                sent = {"from": wire_me, "to": name, "msg": message}
+                mtype = _REG_SEND
+            conn.send_now(_MONITOR, {"from": wire_me, "to": to, "ref": wire_ref}, mtype, sent)
+            waiter = self._watch(me, server, ref)
+        timer = node.timers.start(timeout, waiter.time_out) if timeout is not None else None
+        try:
+            await waiter.wait()
+        finally:
+            self._unwatch(me, ref)
+            if timer is not None:
+                node.timers.cancel(timer)
+        value = waiter.value
+        if value is TIMED_OUT:
             raise CallTimeout("timeout", server, request)
         if waiter.is_down:
-            raise CallError(waiter.value, server, request)
-        return waiter.value
+            raise CallError(value, server, request)
+        return value
 
     async def stop(self, me: Process, server: Any, reason: Any, timeout: float | None) -> Any:
         """``GenServer.stop`` of a server on another node: monitor it, send it a system
@@ -1049,7 +1205,8 @@ class Distribution:
             # As a send to a busy port suspends its sender, before the request is queued.
             await conn.wait_not_busy()
             conn = self._conn_for(peer)
-        ref, waiter = self._watch(me, server)
+        ref = self.node.make_ref()
+        waiter = self._watch(me, server, ref)
         if conn is None:
             self.monitor(me.pid, server, ref)
         else:
@@ -1059,10 +1216,9 @@ class Distribution:
         await _wait(self.node, waiter, timeout, lambda: self._unwatch(me, ref))
         return waiter
 
-    def _watch(self, me: Process, server: Any) -> tuple[Ref, CallWaiter]:
-        """Record a monitor of the remote ``server`` whose ref is an alias routing its DOWN (and
-        a reply) to the returned waiter; the caller sends the MONITOR."""
-        ref = self.node.make_ref()
+    def _watch(self, me: Process, server: Any, ref: Ref) -> CallWaiter:
+        """Record a monitor of the remote ``server`` whose ``ref`` is an alias routing its DOWN
+        (and a reply) to the returned waiter; the caller sends the MONITOR."""
         waiter = CallWaiter()
         if me.aliases is None:
             me.aliases = {}
@@ -1073,7 +1229,7 @@ class Distribution:
             me.monitors[ref] = server
         else:
             me.monitors[ref] = NamedMonitor(Pid._make(server[1], 0, 0), server)
-        return ref, waiter
+        return waiter
 
     def _unwatch(self, me: Process, ref: Ref) -> None:
         assert me.aliases is not None
@@ -1123,7 +1279,28 @@ class Distribution:
         t = frame.type
         p = frame.payload
         M = wire.MessageType
-        if t is M.SEND_BATCH:
+        # The most frequent first: a remote call is a MONITOR, a SEND or REG_SEND and a
+        # DEMONITOR each way.
+        if t is M.SEND:
+            message = p["msg"]
+            proc = _local(p["to"], node)
+            if proc is not None:
+                self._deliver_to(proc, message)
+        elif t is M.REG_SEND:
+            self._reg_send(conn, p["to"], p["msg"])
+        elif t is M.MONITOR:
+            self._on_monitor(
+                _peer_pid(conn, p["from"], node), p["to"], value_from_wire(p["ref"], node)
+            )
+        elif t is M.DEMONITOR:
+            to = p["to"]
+            if isinstance(to, wire.Pid):
+                target = node.resolve(pid_from_wire(to, node))
+            else:
+                target = node.names.get(_registered_name(to))
+            if target is not None and target.monitored_by is not None:
+                target.monitored_by.pop(value_from_wire(p["ref"], node), None)
+        elif t is M.SEND_BATCH:
             messages = _batch(p)
             proc = node.resolve(pid_from_wire(p["to"], node))
             if proc is not None:
@@ -1133,10 +1310,6 @@ class Distribution:
             name = p["to"]
             for message in _batch(p):
                 self._reg_send(conn, name, message)
-        elif t is M.SEND:
-            self._deliver_send(pid_from_wire(p["to"], node), p["msg"])
-        elif t is M.REG_SEND:
-            self._reg_send(conn, p["to"], p["msg"])
         elif t is M.LINK:
             sender, target = (
                 _peer_pid(conn, p["from"], node),
@@ -1167,18 +1340,6 @@ class Distribution:
                     reason_from_wire(p["reason"], node),
                     False,
                 )
-        elif t is M.MONITOR:
-            self._on_monitor(
-                _peer_pid(conn, p["from"], node), p["to"], value_from_wire(p["ref"], node)
-            )
-        elif t is M.DEMONITOR:
-            to = p["to"]
-            if isinstance(to, wire.Pid):
-                target = node.resolve(pid_from_wire(to, node))
-            else:
-                target = node.names.get(_registered_name(to))
-            if target is not None and target.monitored_by is not None:
-                target.monitored_by.pop(value_from_wire(p["ref"], node), None)
         elif t is M.DOWN:
             sender = p["from"]
             label = pid_from_wire(sender, node) if isinstance(sender, wire.Pid) else sender
@@ -1226,32 +1387,32 @@ class Distribution:
         else:
             target.monitored_by[ref] = watcher
 
-    def _deliver_send(self, to: Pid, message: Any) -> None:
-        proc = self.node.resolve(to)
-        if proc is not None:
-            self._deliver_to(proc, message)
-
     def _deliver_to(self, proc: Process, message: Any) -> None:
         node = self.node
         if message.__class__ is tuple and message and message[0].__class__ is wire.Atom:
-            tag = message[0]
-            if tag == _GEN_REPLY and len(message) == 3:
+            # Compared by name: a decoded atom is a new object, and its attrs __eq__ a call.
+            tag = message[0].name
+            if tag == "$gen_reply" and len(message) == 3:
                 ref = value_from_wire(message[1], node)
                 if proc.aliases is not None:
                     waiter = proc.aliases.get(ref)
                     if waiter is not None:
                         waiter.resolve(value_from_wire(message[2], node), False)
                 return
-            if tag == _GEN_CALL and len(message) == 3:
+            if tag == "$gen_call" and len(message) == 3:
                 pid, ref = message[1]
-                from_ = From(pid_from_wire(pid, node), value_from_wire(ref, node))
+                if ref.__class__ is wire.Ref:
+                    ref = ref_from_wire(ref)  # (its wire form kept for the reply)
+                else:
+                    ref = value_from_wire(ref, node)
+                from_ = From(pid_from_wire(pid, node), ref)
                 proc.deliver(_Call(from_, value_from_wire(message[2], node)))
                 return
-            if tag == _GEN_CAST and len(message) == 2:
+            if tag == "$gen_cast" and len(message) == 2:
                 proc.deliver(_Cast(value_from_wire(message[1], node)))
                 return
             if (
-                tag == _SYSTEM
+                tag == "system"
                 and len(message) == 3
                 and message[1] == _TERMINATE
                 and message[2].__class__ is wire.ExitReason
@@ -1312,6 +1473,16 @@ def _wire_pid(node: Node, pid: Pid | None) -> wire.Pid:
         return wire.Pid(node.name, 0, node.creation)
     made: wire.Pid = wire_id(pid)
     return made
+
+
+def _local(value: wire.Pid, node: Node) -> Process | None:
+    """The live local process a peer's ``to`` names, or None (``node.resolve`` of
+    ``pid_from_wire``, without making the pid)."""
+    if value.node == node.name and value.creation == node.creation:
+        proc = node.processes.get(value.id)
+        if proc is not None and proc.alive:
+            return proc
+    return None
 
 
 def _peer_pid(conn: Connection, value: Any, node: Node) -> Pid:
@@ -1566,15 +1737,19 @@ async def _run_connection(
             frames.limits = config.limits
             frames.exact = False
             me.behaviour = f"dist_connection {peer.name}"
+            reader: wire.FrameStream | _SocketFrames = frames
             if isinstance(stream, trio.SocketStream):
                 conn.direct_fd = stream.socket.fileno()
+                # The handshake's stream read no byte past its last frame (exact): the
+                # socket holds the rest.
+                reader = _SocketFrames(conn.direct_fd, config.limits)
             dist.connection_up(conn, peer)
             rival = None
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(conn.write_loop, stream)
                     nursery.start_soon(_ticker, conn, config.liveness_timeout)
-                    await _read_loop(dist, conn, frames)
+                    await _read_loop(dist, conn, reader)
                     nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 # The reader, writer or ticker failed: let the handlers below name the cause.
@@ -1670,11 +1845,66 @@ def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
     return out
 
 
-async def _read_loop(dist: Distribution, conn: Connection, frames: wire.FrameStream) -> None:
+#: The most bytes the reader takes from a plain socket at once.
+READ_BYTES = 65536
+
+
+class _SocketFrames:
+    """A connection's incoming frames, read straight from its plain socket (the reader of
+    :func:`_read_loop`; a TLS connection reads through its ``wire.FrameStream``).
+
+    A read that drained the socket (it returned less than was asked) is almost always followed
+    by a quiet socket: the next read waits until the socket is readable first, where trio's
+    ``receive_some`` tries a read that fails before it waits (a system call and an exception
+    on each side of every round trip). After a full read it reads again at once, after a
+    checkpoint, so a peer that floods cannot starve the node's other tasks.
+    """
+
+    __slots__ = ("_decoder", "_drained", "_fd")
+
+    def __init__(self, fd: int, limits: wire.Limits) -> None:
+        self._fd = fd
+        self._decoder = wire.FrameDecoder(limits=limits, versions=frozenset({2}))
+        self._drained = False
+
+    async def receive_frames(self) -> list[wire.Frame]:
+        """Every frame available (at least one, waiting for it), or ``[]`` at a clean end.
+
+        Raises:
+            wire.WireError: the peer sent malformed bytes.
+            OSError: the socket failed (say, reset by the peer).
+        """
+        decoder = self._decoder
+        feed = decoder.feed
+        feed(b"")  # raises an error found after the last frame delivered
+        fd = self._fd
+        while True:
+            if self._drained:
+                await wait_readable(fd)
+            else:
+                await trio.lowlevel.checkpoint()
+            try:
+                data = os.read(fd, READ_BYTES)
+            except (BlockingIOError, InterruptedError):
+                self._drained = True
+                continue
+            if not data:
+                decoder.feed_eof()
+                return []
+            self._drained = len(data) < READ_BYTES
+            frames = feed(data)
+            if frames:
+                return frames
+
+
+async def _read_loop(
+    dist: Distribution, conn: Connection, frames: wire.FrameStream | _SocketFrames
+) -> None:
     dispatch = dist.dispatch
     receive_frames = frames.receive_frames
     while batch := await receive_frames():
         conn.received_since_tick = True
+        conn.heard = True
         # Every frame that arrived together is dispatched in one go: one scheduler pass per
         # read, not per frame (per-pair order is the order of the batch).
         for frame in batch:
