@@ -11,6 +11,7 @@ with :func:`observer_agent_application`.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import trio
@@ -57,6 +58,12 @@ class _UnknownRequest(Exception):
     pass
 
 
+def _plain(value: Any) -> Any:
+    # plain() keeps str subclasses (a StrEnum such as Strategy), which cannot cross the wire:
+    # through JSON, everything is a builtin (what the web observer serves anyway).
+    return json.loads(json.dumps(plain(value), ensure_ascii=False))
+
+
 async def answer(request: Any) -> Any:
     """The agent's answer to ``request`` (see :data:`REQUESTS`), as plain values."""
     if request == "info":
@@ -71,9 +78,9 @@ async def answer(request: Any) -> Any:
     if request == "processes":
         return processes()
     if request == "snapshot":
-        return plain(otp.observer.snapshot())
+        return _plain(otp.observer.snapshot())
     if request == "tree":
-        return {"node": otp.node_name(), "applications": plain(await supervisors.observe())}
+        return {"node": otp.node_name(), "applications": _plain(await supervisors.observe())}
     if request == "readiness":
         return await supervisors.check_readiness(())
     if isinstance(request, tuple) and len(request) == 2:
@@ -131,7 +138,7 @@ def processes() -> dict[str, Any]:
 def _process(text: str) -> Any:
     for proc in otp.observer.observe_processes():
         if repr(proc.pid) == text:
-            return plain(proc)
+            return _plain(proc)
     return None
 
 

@@ -202,3 +202,53 @@ def test_top_sorts_by_rate_mailbox_or_memory() -> None:
     assert "processes 2" in text and "big" in text
     with pytest.raises(ValueError, match="--sort"):
         otp.observer.top(before, after, sort="cpu")
+
+
+def _get(address: str, path: str) -> tuple[int, bytes]:
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=20)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+async def test_without_top_it_serves_the_targets_endpoints_locally(
+    tmp_path: Path, cookie_file: Path
+) -> None:
+    import json
+
+    address = f"unix:{tmp_path}/b.sock"
+    async with otp.open_node("a@localhost"):
+        target = await _start_target(address, cookie_file)
+        observer = await otp.open_port(
+            _observer_argv(address, cookie_file, "--observer", "127.0.0.1:0"),
+            env=_env(),
+            cwd=ROOT,
+            mode="line",
+        )
+        with trio.fail_after(30):
+            while True:
+                line = (await otp.receive(otp.PortData)).data.decode()
+                if line.startswith(f"observing {TARGET} on "):
+                    break
+        web = line.split()[3]
+        status, body = await trio.to_thread.run_sync(_get, web, "/api/snapshot")
+        snap = json.loads(body)
+        assert status == 200 and snap["node"] == TARGET
+        assert any(p["registered_name"] == "echo" for p in snap["processes"])
+        status, body = await trio.to_thread.run_sync(_get, web, "/api/tree")
+        assert status == 200 and "cluster" in [a["name"] for a in json.loads(body)["applications"]]
+        status, body = await trio.to_thread.run_sync(_get, web, "/metrics")
+        assert status == 200 and b"otp_processes " in body
+        status, _body = await trio.to_thread.run_sync(_get, web, "/healthz")
+        assert status == 200
+        status, _body = await trio.to_thread.run_sync(_get, web, "/nowhere")
+        assert status == 404
+        otp.port_close(observer)
+        otp.port_close(target)
