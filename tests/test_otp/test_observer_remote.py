@@ -252,3 +252,46 @@ async def test_without_top_it_serves_the_targets_endpoints_locally(
         assert status == 404
         otp.port_close(observer)
         otp.port_close(target)
+
+
+async def test_a_hidden_node_joins_no_node_list_mesh_or_process_group(tmp_path: Path) -> None:
+    from .peer import COOKIE as PEER_COOKIE
+    from .peer import PeerNode
+
+    a_addr = f"unix:{tmp_path}/a.sock"
+
+    async def hidden_setup() -> None:
+        member = otp.spawn(otp.receive)
+        otp.pg.join("g", member)
+        assert await otp.connect("a@localhost", a_addr)
+
+    async def visible_setup() -> None:
+        assert await otp.connect("a@localhost", a_addr)
+
+    async with otp.open_node("a@localhost"):
+        await otp.start_distribution(otp.DistConfig(cookie=PEER_COOKIE, listen=(a_addr,)))
+        otp.pg.join("mine", otp.self())
+        async with (
+            PeerNode("c@localhost", f"unix:{tmp_path}/c.sock", setup=visible_setup),
+            PeerNode(
+                "h@localhost",
+                f"unix:{tmp_path}/h.sock",
+                setup=hidden_setup,
+                hidden=True,
+                mesh=False,
+            ),
+        ):
+            assert otp.nodes() == ["c@localhost"]
+            assert otp.nodes("hidden") == ["h@localhost"]
+            assert otp.nodes("connected") == ["c@localhost", "h@localhost"]
+            # Neither its groups reach us, nor ours it; the visible peer never hears of it.
+            assert await otp.call(("echo", "h@localhost"), "nodes") == []
+            assert await otp.call(("echo", "c@localhost"), "nodes") == ["a@localhost"]
+            assert otp.pg.get_members("g") == []  # (a sync of h's would have come before)
+            snap = otp.observer.snapshot()
+            assert {c.node: c.hidden for c in snap.connections} == {
+                "c@localhost": False,
+                "h@localhost": True,
+            }
+        with pytest.raises(otp.BadArg, match="visible"):
+            otp.nodes("all")
