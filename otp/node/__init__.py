@@ -15,6 +15,10 @@ from ._config import parse_observer as parse_observer
 from ._main import main as main
 from ._observer import observer_address as observer_address
 from ._observer import observer_application as observer_application
+from ._source import InvalidPid as InvalidPid
+from ._source import LocalSource as LocalSource
+from ._source import ObserverSource as ObserverSource
+from ._source import UnknownPid as UnknownPid
 from ._web import ObserverWeb as ObserverWeb
 
 __all__ = [
@@ -22,8 +26,12 @@ __all__ = [
     "ConfigError",
     "DistSettings",
     "NodeConfig",
+    "InvalidPid",
+    "LocalSource",
     "ObserverSettings",
+    "ObserverSource",
     "ObserverWeb",
+    "UnknownPid",
     "banner",
     "load_config",
     "load_object",
