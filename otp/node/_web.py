@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Awaitable, Callable
+from importlib import resources
 from typing import Any
 from urllib.parse import unquote
 
@@ -86,6 +87,8 @@ class ObserverWeb:
         route = _ROUTES.get(scope["path"])
         if route is None and scope["path"].startswith(_PROCESS_PREFIX):
             route = ObserverWeb.api_process
+        elif route is None and scope["path"] in _ASSETS:
+            route = ObserverWeb.asset
         method = scope["method"]
         headers: list[tuple[bytes, bytes]] = []
         if route is None:
@@ -154,6 +157,10 @@ class ObserverWeb:
         node = await self.source.node()
         return _json(200, {"node": node["node"], "applications": await self.source.applications()})
 
+    async def asset(self, scope: dict[str, Any]) -> Response:
+        name, content_type = _ASSETS[scope["path"]]
+        return 200, content_type, (resources.files(__package__) / "static" / name).read_bytes()
+
     async def api_processes(self, scope: dict[str, Any]) -> Response:
         return _json(200, {"processes": await self.source.processes()})
 
@@ -177,3 +184,9 @@ _ROUTES: dict[str, Callable[[ObserverWeb, dict[str, Any]], Awaitable[Response]]]
 }
 #: ``/api/processes/<pid>`` (the pid's text, URL-encoded): one process's detail.
 _PROCESS_PREFIX = "/api/processes/"
+#: The page and its assets, shipped in the package (no CDN: nodes run on closed networks).
+_ASSETS = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/observer.js": ("observer.js", "text/javascript; charset=utf-8"),
+    "/static/observer.css": ("observer.css", "text/css; charset=utf-8"),
+}
