@@ -19,6 +19,10 @@ from ._observer_agent import AGENT_NAME as AGENT_NAME
 from ._observer_agent import ObserverAgent as ObserverAgent
 from ._observer_agent import observer_agent_application as observer_agent_application
 from ._remote_observer import serve_remote_observer as serve_remote_observer
+from ._source import InvalidPid as InvalidPid
+from ._source import LocalSource as LocalSource
+from ._source import ObserverSource as ObserverSource
+from ._source import UnknownPid as UnknownPid
 from ._web import ObserverWeb as ObserverWeb
 
 __all__ = [
@@ -27,9 +31,13 @@ __all__ = [
     "ConfigError",
     "DistSettings",
     "NodeConfig",
+    "InvalidPid",
+    "LocalSource",
     "ObserverAgent",
     "ObserverSettings",
+    "ObserverSource",
     "ObserverWeb",
+    "UnknownPid",
     "banner",
     "load_config",
     "load_object",
