@@ -19,6 +19,7 @@ import trio
 import otp
 import supervisors
 
+from ._source import InvalidPid, LocalSource, UnknownPid
 from ._web import plain
 
 __all__ = [
@@ -37,8 +38,9 @@ AGENT_NAME = otp.observer.AGENT_NAME
 #: The version of the requests and answers below, told by ``"info"``.
 PROTOCOL = 1
 #: What the agent answers: ``"info"``, ``"processes"``, ``"snapshot"``, ``"tree"``,
-#: ``"readiness"``, ``("process", pid_text)`` and ``("metrics", accept_header)``.
-REQUESTS = ("info", "processes", "snapshot", "tree", "readiness", "process", "metrics")
+#: ``"readiness"``, ``("process", pid_text)``, ``("metrics", accept_header)`` and
+#: ``("source", method, args)`` (the web observer's source, for a remote one).
+REQUESTS = ("info", "processes", "snapshot", "tree", "readiness", "process", "metrics", "source")
 
 
 class ObserverAgent(otp.GenServer):
@@ -83,6 +85,8 @@ async def answer(request: Any) -> Any:
         return {"node": otp.node_name(), "applications": _plain(await supervisors.observe())}
     if request == "readiness":
         return await supervisors.check_readiness(())
+    if isinstance(request, tuple) and len(request) == 3 and request[0] == "source":
+        return await _source(request[1], request[2])
     if isinstance(request, tuple) and len(request) == 2:
         kind, argument = request
         if kind == "process" and isinstance(argument, str):
@@ -133,6 +137,23 @@ def processes() -> dict[str, Any]:
         "columns": list(PROCESS_COLUMNS),
         "rows": rows,
     }
+
+
+#: The web observer's source methods (``otp.node.ObserverSource``) a remote source may ask.
+SOURCE_METHODS = ("node", "processes", "process", "applications", "snapshot")
+
+
+async def _source(method: Any, args: Any) -> Any:
+    """``LocalSource().method(*args)`` here: a remote web observer's source (RemoteSource);
+    its InvalidPid / UnknownPid come back as ``["invalid_pid" | "unknown_pid", message]``."""
+    if method not in SOURCE_METHODS or not isinstance(args, list | tuple) or len(args) > 1:
+        raise _UnknownRequest(f"no source method {_brief(method)} (of {', '.join(SOURCE_METHODS)})")
+    try:
+        return ["ok", _plain(await getattr(LocalSource(), method)(*args))]
+    except InvalidPid as exc:
+        return ["invalid_pid", str(exc)]
+    except UnknownPid as exc:
+        return ["unknown_pid", str(exc)]
 
 
 def _process(text: str) -> Any:

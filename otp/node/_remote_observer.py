@@ -1,7 +1,7 @@
-"""The web observer's endpoints served here with another node's data, for
-``python -m otp.observer --node ... --connect ...`` without ``--top``: ``/api/snapshot``,
-``/api/tree``, ``/metrics``, ``/healthz`` and ``/readyz`` answer as that node's own would, each
-asked of its observer agent at the request.
+"""The web observer served here with another node's data, for ``python -m otp.observer --node
+... --connect ...`` without ``--top``: the pages and ``/api/...`` through :class:`RemoteSource`
+(``otp.node.ObserverSource`` over the node's observer agent), and ``/metrics``, ``/healthz`` and
+``/readyz`` as that node's own answer them, each asked of its agent at the request.
 """
 
 from __future__ import annotations
@@ -15,12 +15,52 @@ import trio
 import otp
 
 from ._config import parse_observer
+from ._source import InvalidPid, UnknownPid
+from ._web import ObserverWeb
 
-__all__ = ["serve_remote_observer"]
+__all__ = ["RemoteSource", "serve_remote_observer"]
+
+
+class RemoteSource:
+    """``otp.node.ObserverSource`` of a node attached to (``otp.observer.attach``): each method
+    asks its observer agent, which answers with its own LocalSource.
+
+    Raises (every method): otp.observer.AttachError (lost, or no agent); ``process`` also
+    InvalidPid and UnknownPid, as the local source.
+    """
+
+    def __init__(self, remote: otp.observer.RemoteNode) -> None:
+        self.remote = remote
+
+    async def _ask(self, method: str, *args: Any) -> Any:
+        kind, value = await self.remote.ask(("source", method, list(args)))
+        if kind == "invalid_pid":
+            raise InvalidPid(value)
+        if kind == "unknown_pid":
+            raise UnknownPid(value)
+        return value
+
+    async def node(self) -> dict[str, Any]:
+        return dict(await self._ask("node"))
+
+    async def processes(self) -> list[dict[str, Any]]:
+        return list(await self._ask("processes"))
+
+    async def process(self, pid: str) -> dict[str, Any]:
+        return dict(await self._ask("process", pid))
+
+    async def applications(self) -> list[dict[str, Any]]:
+        return list(await self._ask("applications"))
+
+    async def snapshot(self) -> dict[str, Any]:
+        return dict(await self._ask("snapshot"))
+
 
 logger = logging.getLogger("otp.node.observer")
 
-_ENDPOINTS = ("/api/snapshot", "/api/tree", "/metrics", "/healthz", "/readyz")
+#: What this serves itself (the rest is ObserverWeb's, through RemoteSource).
+_OWN = ("/metrics", "/healthz", "/readyz")
+_ENDPOINTS = ("/", "/api/snapshot", "/api/tree", "/api/processes", *_OWN)
 
 
 async def serve_remote_observer(remote: otp.observer.RemoteNode, listen: str, out: TextIO) -> None:
@@ -47,8 +87,23 @@ async def serve_remote_observer(remote: otp.observer.RemoteNode, listen: str, ou
 class _RemoteWeb:
     def __init__(self, remote: otp.observer.RemoteNode) -> None:
         self.remote = remote
+        self.web = ObserverWeb(source=RemoteSource(remote))
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in _OWN:
+            try:
+                await self.web(scope, receive, send)
+            except otp.observer.AttachError as exc:
+                status, content_type, body = _json(502, {"error": exc.kind, "message": str(exc)})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": status,
+                        "headers": [(b"content-type", content_type.encode())],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+            return
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
@@ -80,10 +135,6 @@ class _RemoteWeb:
                 accept = b", ".join(v for k, v in scope["headers"] if k == b"accept")
                 body, content_type = await remote.metrics(accept.decode("latin-1"))
                 return 200, content_type, body
-            if path == "/api/snapshot":
-                return _json(200, await remote.snapshot())
-            if path == "/api/tree":
-                return _json(200, await remote.tree())
             if path == "/healthz":
                 await remote.info()
                 return _json(200, {"status": "ok", "node": remote.name})

@@ -244,6 +244,20 @@ async def test_without_top_it_serves_the_targets_endpoints_locally(
         assert any(p["registered_name"] == "echo" for p in snap["processes"])
         status, body = await trio.to_thread.run_sync(_get, web, "/api/tree")
         assert status == 200 and "cluster" in [a["name"] for a in json.loads(body)["applications"]]
+        status, body = await trio.to_thread.run_sync(_get, web, "/api/processes")
+        rows = json.loads(body)["processes"]
+        echo = next(p for p in rows if p["registered_name"] == "echo")
+        assert status == 200 and echo["pid"].startswith(f"<{TARGET}.")
+        status, body = await trio.to_thread.run_sync(_get, web, f"/api/processes/{echo['pid']}")
+        assert status == 200 and json.loads(body)["mailbox_head"] == []
+        status, body = await trio.to_thread.run_sync(
+            _get, web, f"/api/processes/<{TARGET}.999999.0>"
+        )
+        assert status == 404 and json.loads(body)["error"] == "unknown_pid"
+        status, body = await trio.to_thread.run_sync(_get, web, "/api/processes/nonsense")
+        assert status == 400 and json.loads(body)["error"] == "invalid_pid"
+        status, body = await trio.to_thread.run_sync(_get, web, "/")
+        assert status == 200 and b"<html" in body.lower()
         status, body = await trio.to_thread.run_sync(_get, web, "/metrics")
         assert status == 200 and b"otp_processes " in body
         status, _body = await trio.to_thread.run_sync(_get, web, "/healthz")
