@@ -10,6 +10,10 @@ sides know the cookie, by HMAC challenge-response; the cookie itself never cross
 
 Each digest is HMAC-SHA256(cookie, role, the digester's node name, the challenge), so a digest
 cannot be reflected back or replayed under another name.
+
+A node may say it is **hidden** (``auth.hidden``, as Erlang's ``-hidden``): a connection either
+side of which is hidden joins no mesh and no process groups (see :attr:`Peer.hidden`). Remote
+observers attach so, leaving the cluster they look at as it was.
 """
 
 from __future__ import annotations
@@ -58,6 +62,14 @@ class HandshakeError(Exception):
     """The peer failed the handshake; the message says why (logged, the connection dropped)."""
 
 
+class BadCookie(HandshakeError):
+    """The peer does not know our cookie (its digest is wrong)."""
+
+
+class WrongNode(HandshakeError):
+    """Another node than the one dialled answered at the address."""
+
+
 class HandshakeRefused(HandshakeError):
     """The acceptor closed the connection instead of answering the initiator's hello: it
     refused the initiator (say, for its own dial to it: a simultaneous connect)."""
@@ -65,12 +77,17 @@ class HandshakeRefused(HandshakeError):
 
 @attrs.frozen
 class Peer:
-    """Who is at the other end once the handshake succeeded."""
+    """Who is at the other end once the handshake succeeded.
+
+    ``hidden``: either side said it is hidden, so the connection is: it is in no node list
+    (``otp.nodes()``), the mesh's peer lists or process groups, and tells no nodeup hook.
+    """
 
     name: str
     creation: int
     codec: wire.Codec
     listen: tuple[str, ...]
+    hidden: bool = False
 
 
 def digest(cookie: bytes, role: str, node: str, challenge: bytes) -> bytes:
@@ -100,6 +117,12 @@ def _bytes(auth: dict[str, object], key: str, step: str) -> bytes:
     return value
 
 
+def _hello_auth(auth: dict[str, object], hidden: bool) -> dict[str, object]:
+    if hidden:
+        auth["hidden"] = True
+    return auth
+
+
 def _listen(auth: dict[str, object]) -> tuple[str, ...]:
     value = auth.get("listen", [])
     if isinstance(value, list) and all(isinstance(a, str) for a in value):
@@ -116,8 +139,10 @@ async def initiate(
     codecs: Sequence[wire.Codec],
     listen: Sequence[str],
     expected: str | None,
+    hidden: bool = False,
 ) -> Peer:
-    """Run the initiator's side; returns the peer, or raises :class:`HandshakeError`."""
+    """Run the initiator's side; returns the peer, or raises :class:`HandshakeError`
+    (:class:`BadCookie`, :class:`WrongNode`, ...). ``hidden``: this node is hidden."""
     challenge = secrets.token_bytes(CHALLENGE_BYTES)
     await stream.send_frame(
         wire.Handshake(
@@ -125,7 +150,7 @@ async def initiate(
             (PROTOCOL_VERSION,),
             tuple(codecs),
             creation,
-            {"challenge": challenge, "listen": list(listen)},
+            _hello_auth({"challenge": challenge, "listen": list(listen)}, hidden),
         ).to_frame()
     )
     try:
@@ -137,12 +162,12 @@ async def initiate(
     answer = _handshake(frame, "acceptor's answer")
     _checked_name(answer.node, "acceptor")
     if expected is not None and answer.node != expected:
-        raise HandshakeError(f"dialled node {expected!r} but {answer.node!r} answered")
+        raise WrongNode(f"dialled node {expected!r} but {answer.node!r} answered")
     if not answer.codecs or answer.codecs[0] not in codecs:
         raise HandshakeError(f"the acceptor chose a codec we did not offer: {answer.codecs!r}")
     their_digest = _bytes(answer.auth, "digest", "acceptor's answer")
     if not hmac.compare_digest(their_digest, digest(cookie, "acceptor", answer.node, challenge)):
-        raise HandshakeError(f"node {answer.node!r} does not know our cookie (bad digest)")
+        raise BadCookie(f"node {answer.node!r} does not know our cookie (bad digest)")
     their_challenge = _bytes(answer.auth, "challenge", "acceptor's answer")
     await stream.send_frame(
         wire.Handshake(
@@ -153,7 +178,13 @@ async def initiate(
             {"digest": digest(cookie, "initiator", name, their_challenge)},
         ).to_frame()
     )
-    return Peer(answer.node, answer.creation, answer.codecs[0], _listen(answer.auth))
+    return Peer(
+        answer.node,
+        answer.creation,
+        answer.codecs[0],
+        _listen(answer.auth),
+        hidden or answer.auth.get("hidden") is True,
+    )
 
 
 async def accept(
@@ -165,8 +196,10 @@ async def accept(
     codecs: Sequence[wire.Codec],
     listen: Sequence[str],
     admit: object = None,
+    hidden: bool = False,
 ) -> Peer:
     """Run the acceptor's side; returns the peer, or raises :class:`HandshakeError`.
+    ``hidden``: this node is hidden.
 
     ``admit(peer_name)`` (optional) may raise :class:`HandshakeError` to refuse a peer, say one
     that is already connected.
@@ -192,11 +225,14 @@ async def accept(
             (PROTOCOL_VERSION,),
             (codec,),
             creation,
-            {
-                "challenge": challenge,
-                "digest": digest(cookie, "acceptor", name, their_challenge),
-                "listen": list(listen),
-            },
+            _hello_auth(
+                {
+                    "challenge": challenge,
+                    "digest": digest(cookie, "acceptor", name, their_challenge),
+                    "listen": list(listen),
+                },
+                hidden,
+            ),
         ).to_frame()
     )
     final = await _receive_handshake(stream, "initiator's proof")
@@ -206,6 +242,12 @@ async def accept(
         )
     proof = _bytes(final.auth, "digest", "initiator's proof")
     if not hmac.compare_digest(proof, digest(cookie, "initiator", hello.node, challenge)):
-        raise HandshakeError(f"node {hello.node!r} does not know our cookie (bad digest)")
+        raise BadCookie(f"node {hello.node!r} does not know our cookie (bad digest)")
     await trio.lowlevel.checkpoint()
-    return Peer(hello.node, hello.creation, codec, _listen(hello.auth))
+    return Peer(
+        hello.node,
+        hello.creation,
+        codec,
+        _listen(hello.auth),
+        hidden or hello.auth.get("hidden") is True,
+    )

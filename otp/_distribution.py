@@ -174,6 +174,8 @@ class DistConfig:
         mesh_max_nodes: Most nodes this node learns of from its peers' lists (the rest of
             a longer list is ignored, with a warning).
         mesh_dial_rate: Most dials a second to nodes learnt from peers' lists.
+        hidden: This node is hidden (Erlang's ``-hidden``; a remote observer): its connections
+            are in no node list, peer list or process group on either side (hidden nodes).
     """
 
     cookie: bytes = attrs.field(validator=_check_cookie, repr=False)
@@ -189,6 +191,7 @@ class DistConfig:
     queue_limit: int = 64 * 1024 * 1024
     mesh_max_nodes: int = 256
     mesh_dial_rate: float = 10.0
+    hidden: bool = False  # hidden nodes (observer-remote)
 
     def __attrs_post_init__(self) -> None:
         # Checked now, so a bad setting fails where it is made (the CLI's flags, a config),
@@ -361,6 +364,7 @@ class Connection:
         self._busy_limit = dist.config.busy_limit
         #: Bytes written so far (the ticker tells a peer that reads nothing by it).
         self.written = 0
+        self.hidden = False  # hidden nodes (observer-remote)
         #: Set (and dropped) once the queue is below half DistConfig.busy_limit again: what
         #: the senders it suspended wait for (see _busy).
         self._resume: trio.Event | None = None
@@ -916,11 +920,12 @@ class Distribution:
                 conn.queued += existing.queued
         conn.peer = peer.name
         self.connections[peer.name] = conn
-        for address in peer.listen[:1]:
+        conn.hidden = peer.hidden  # hidden nodes (observer-remote)
+        for address in peer.listen[: 0 if peer.hidden else 1]:  # hidden nodes (observer-remote)
             self.addresses.setdefault(peer.name, address)
         conn.went_up(peer)
         logger.info("connected to node %s (%s)", peer.name, conn.codec.value if conn.codec else "")
-        if self.config.mesh:
+        if self.config.mesh and not peer.hidden:  # hidden nodes (observer-remote)
             known = {name: addr for name, addr in self.addresses.items() if name != peer.name}
             if self.listening:
                 known[self.node.name] = self.listening[0]
@@ -928,7 +933,7 @@ class Distribution:
                 wire.MessageType.REG_SEND,
                 {"from": _wire_pid(self.node, None), "to": _NET_KERNEL, "msg": ("peers", known)},
             )
-        for hook in self.nodeup_hooks:
+        for hook in () if peer.hidden else self.nodeup_hooks:  # hidden nodes (observer-remote)
             hook(peer.name)
         return conn
 
@@ -968,7 +973,7 @@ class Distribution:
                 target.deliver(NodeDown(peer))
         if was_up:
             logger.info("lost the connection to node %s", peer)
-            for hook in self.nodedown_hooks:
+            for hook in () if conn.hidden else self.nodedown_hooks:  # hidden (observer-remote)
                 hook(peer)
 
     # -- the hooks the core calls for remote pids --------------------------------------------
@@ -1365,7 +1370,7 @@ class Distribution:
                 self._net_kernel(conn, message)
                 return
             if name == PG_NAME:
-                if node.pg is not None:
+                if node.pg is not None and not conn.hidden:  # hidden nodes (observer-remote)
                     node.pg.from_peer(conn.peer, message)
                 return
             name = _registered_name(name)
@@ -1424,6 +1429,7 @@ class Distribution:
     def _net_kernel(self, conn: Connection, message: Any) -> None:
         if (
             self.config.mesh
+            and not conn.hidden  # hidden nodes (observer-remote)
             and isinstance(message, tuple)
             and len(message) == 2
             and message[0] == "peers"
@@ -1720,6 +1726,7 @@ async def _run_connection(
                         cookie=config.cookie,
                         codecs=config.codecs,
                         listen=dist.listening,
+                        hidden=config.hidden,  # hidden nodes (observer-remote)
                         expected=conn.peer,
                     )
                 else:
@@ -1730,6 +1737,7 @@ async def _run_connection(
                         cookie=config.cookie,
                         codecs=config.codecs,
                         listen=dist.listening,
+                        hidden=config.hidden,  # hidden nodes (observer-remote)
                         admit=admit,
                     )
                     conn = Connection(dist, peer.name)
@@ -2022,12 +2030,20 @@ def disconnect(peer: str) -> bool:
     return True
 
 
-def nodes() -> list[str]:
-    """The names of the nodes this node is connected to, sorted."""
+def nodes(which: str = "visible") -> list[str]:
+    """The names of the nodes this node is connected to, sorted: ``"visible"`` ones (the
+    default), ``"hidden"`` ones or all of them (``"connected"``), as Erlang's ``nodes/1``."""
+    # which= and its check: hidden nodes (observer-remote)
+    if which not in ("visible", "hidden", "connected"):
+        raise BadArg(f"nodes(which): 'visible', 'hidden' or 'connected' (got {which!r})")
     dist = current_node().distribution
     if dist is None:
         return []
-    return sorted(name for name, conn in dist.connections.items() if conn.state == "up")
+    return sorted(
+        name
+        for name, conn in dist.connections.items()
+        if conn.state == "up" and (which == "connected" or conn.hidden == (which == "hidden"))
+    )
 
 
 def node_name() -> str:

@@ -97,12 +97,14 @@ class NodeConnection:
         state: ``"up"``, ``"connecting"`` while the handshake runs, or ``"down"`` as it goes.
         bytes_written: Bytes written to the peer so far.
         bytes_queued: Bytes waiting to be written.
+        hidden: Whether the connection is hidden (a remote observer's: in no node list).
     """
 
     node: str
     state: str
     bytes_written: int
     bytes_queued: int
+    hidden: bool = False
 
 
 @attrs.frozen
@@ -239,7 +241,11 @@ def _connections(node: Node) -> list[NodeConnection]:
         return []
     return [
         NodeConnection(
-            node=name, state=conn.state, bytes_written=conn.written, bytes_queued=conn.queued
+            node=name,
+            state=conn.state,
+            bytes_written=conn.written,
+            bytes_queued=conn.queued,
+            hidden=conn.hidden,
         )
         for name, conn in sorted(dist.connections.items())
     ]

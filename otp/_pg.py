@@ -134,7 +134,7 @@ class GroupState:
         if dist is None:
             return
         for conn in list(dist.connections.values()):
-            if conn.state == "up":
+            if conn.state == "up" and not conn.hidden:  # hidden nodes (observer-remote)
                 try:
                     self._send_pieces(conn, verb, group, pids)
                 except BadArg as exc:

@@ -31,6 +31,7 @@ class ChildView:
         restart: Permanent, transient or temporary.
         supervisor: The child's own view when it is a running supervisor the walk could ask;
             None otherwise.
+        restarts: Restarts its exits caused since the supervisor started (static children).
     """
 
     id: Hashable
@@ -38,6 +39,7 @@ class ChildView:
     type: ChildType
     restart: Restart
     supervisor: SupervisorView | None = None
+    restarts: int = 0
 
 
 @attrs.frozen

@@ -89,6 +89,7 @@ class _State:
     restarts_total: int = 0
     last_restart_at: float | None = None
     last_restart_reason: Any = None
+    child_restarts: dict[Hashable, int] = attrs.Factory(dict)  # (observer-remote)
 
     @property
     def is_dynamic(self) -> bool:
@@ -490,6 +491,7 @@ class _Engine(otp.GenServer):
         if should_restart(spec.restart, reason):
             reports.report_error(reports.CHILD_TERMINATED, reason, state.name, spec, pid)
             state.last_restart_reason = reason
+            state.child_restarts[child_id] = state.child_restarts.get(child_id, 0) + 1
             return await self._restart_static(state, child)
         if otp.is_abnormal(reason):
             reports.report_error(reports.CHILD_TERMINATED, reason, state.name, spec, pid)
@@ -649,6 +651,7 @@ class _Engine(otp.GenServer):
                     pid=RESTARTING if c.restarting else c.pid,
                     type=c.spec.type,
                     restart=c.spec.restart,
+                    restarts=state.child_restarts.get(c.spec.id, 0),
                 )
                 for c in state.children.values()
             ]

@@ -15,24 +15,40 @@ from ._config import parse_observer as parse_observer
 from ._main import main as main
 from ._observer import observer_address as observer_address
 from ._observer import observer_application as observer_application
+from ._observer_agent import AGENT_NAME as AGENT_NAME
+from ._observer_agent import ObserverAgent as ObserverAgent
+from ._observer_agent import observer_agent_application as observer_agent_application
+from ._remote_observer import serve_remote_observer as serve_remote_observer
+from ._source import InvalidPid as InvalidPid
+from ._source import LocalSource as LocalSource
+from ._source import ObserverSource as ObserverSource
+from ._source import UnknownPid as UnknownPid
 from ._web import ObserverWeb as ObserverWeb
 
 __all__ = [
+    "AGENT_NAME",
     "DEFAULT_APPS",
     "ConfigError",
     "DistSettings",
     "NodeConfig",
+    "InvalidPid",
+    "LocalSource",
+    "ObserverAgent",
     "ObserverSettings",
+    "ObserverSource",
     "ObserverWeb",
+    "UnknownPid",
     "banner",
     "load_config",
     "load_object",
     "main",
     "observer_address",
+    "observer_agent_application",
     "observer_application",
     "parse_observer",
     "resolve_application",
     "serve",
+    "serve_remote_observer",
 ]
 
 for _name in __all__:

@@ -16,6 +16,7 @@ import supervisors
 
 from ._config import ConfigError, NodeConfig, load_object
 from ._observer import observer_address, observer_application
+from ._observer_agent import observer_agent_application
 
 logger = logging.getLogger("otp.node")
 
@@ -98,6 +99,9 @@ async def serve(
     """
     stopping = trio.Event()
     code = 0
+    if config.distribution is not None:
+        # Remote observers attach to any distributed node (python -m otp.observer).
+        applications = [observer_agent_application(), *applications]
     if config.observer is not None:
         expected = tuple(app.name for app in applications)
         applications = [observer_application(config.observer, expected), *applications]

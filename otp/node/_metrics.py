@@ -70,6 +70,11 @@ def _runtime(snap: otp.observer.NodeSnapshot) -> Iterator[Metric]:
     processes = snap.processes
     yield _gauge("otp_processes", "Live processes on the node.", len(processes))
     yield _gauge(
+        "otp_run_queue_processes",
+        "Processes ready to run and waiting for their turn (Erlang's run queue length).",
+        sum(1 for p in processes if p.status == "runnable"),
+    )
+    yield _gauge(
         "otp_mailbox_messages",
         "Messages waiting in all mailboxes.",
         sum(p.message_queue_len for p in processes),
@@ -140,6 +145,11 @@ def _supervisors(applications: list[supervisors.ApplicationView]) -> Iterator[Me
         "Children of a supervisor, by state (running, restarting, stopped).",
         labels=[*labels, "state"],
     )
+    by_child = CounterMetricFamily(
+        "otp_child_restarts_total",
+        "Restarts a child's exits caused since its supervisor started.",
+        labels=[*labels, "child"],
+    )
     running = GaugeMetricFamily(
         "otp_application_running",
         "1 for each running application (its version as a label).",
@@ -160,11 +170,13 @@ def _supervisors(applications: list[supervisors.ApplicationView]) -> Iterator[Me
                     states["stopped"] += 1
                 else:
                     states["restarting"] += 1
+                if child.id is not None:
+                    by_child.add_metric([app.name, path, str(child.id)], child.restarts)
                 if child.supervisor is not None:
                     pending.append((f"{path}/{child.id}", child.supervisor))
             for state, count in states.items():
                 children.add_metric([app.name, path, state], count)
-    yield from (restarts, window, children, running)
+    yield from (restarts, window, children, by_child, running)
 
 
 def _dirty(view: Mapping[str, Any]) -> Iterator[Metric]:

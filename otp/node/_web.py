@@ -11,12 +11,16 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Awaitable, Callable
+from importlib import resources
 from typing import Any
+from urllib.parse import unquote
 
 import attrs
 
 import otp
 import supervisors
+
+from ._source import InvalidPid, LocalSource, ObserverSource, UnknownPid
 
 __all__ = ["ObserverWeb", "plain"]
 
@@ -66,6 +70,8 @@ class ObserverWeb:
     """
 
     expected: tuple[str, ...] = ()
+    #: Where the pages read the node from (the local node unless given another).
+    source: ObserverSource = attrs.field(factory=LocalSource)
 
     async def __call__(
         self,
@@ -79,6 +85,10 @@ class ObserverWeb:
         if scope["type"] != "http":
             return  # (websockets: none served; hypercorn closes the connection)
         route = _ROUTES.get(scope["path"])
+        if route is None and scope["path"].startswith(_PROCESS_PREFIX):
+            route = ObserverWeb.api_process
+        elif route is None and scope["path"] in _ASSETS:
+            route = ObserverWeb.asset
         method = scope["method"]
         headers: list[tuple[bytes, bytes]] = []
         if route is None:
@@ -141,13 +151,27 @@ class ObserverWeb:
         return 200, content_type, body
 
     async def api_snapshot(self, scope: dict[str, Any]) -> Response:
-        snap = otp.observer.snapshot()
-        return _json(200, plain(snap))
+        return _json(200, await self.source.snapshot())
 
     async def api_tree(self, scope: dict[str, Any]) -> Response:
-        return _json(
-            200, {"node": otp.node_name(), "applications": plain(await supervisors.observe())}
-        )
+        node = await self.source.node()
+        return _json(200, {"node": node["node"], "applications": await self.source.applications()})
+
+    async def asset(self, scope: dict[str, Any]) -> Response:
+        name, content_type = _ASSETS[scope["path"]]
+        return 200, content_type, (resources.files(__package__) / "static" / name).read_bytes()
+
+    async def api_processes(self, scope: dict[str, Any]) -> Response:
+        return _json(200, {"processes": await self.source.processes()})
+
+    async def api_process(self, scope: dict[str, Any]) -> Response:
+        text = unquote(scope["path"][len(_PROCESS_PREFIX) :])
+        try:
+            return _json(200, await self.source.process(text))
+        except InvalidPid as exc:
+            return _json(400, {"error": "invalid_pid", "pid": text, "message": str(exc)})
+        except UnknownPid as exc:
+            return _json(404, {"error": "unknown_pid", "pid": text, "message": str(exc)})
 
 
 _ROUTES: dict[str, Callable[[ObserverWeb, dict[str, Any]], Awaitable[Response]]] = {
@@ -156,4 +180,13 @@ _ROUTES: dict[str, Callable[[ObserverWeb, dict[str, Any]], Awaitable[Response]]]
     "/metrics": ObserverWeb.metrics,
     "/api/snapshot": ObserverWeb.api_snapshot,
     "/api/tree": ObserverWeb.api_tree,
+    "/api/processes": ObserverWeb.api_processes,
+}
+#: ``/api/processes/<pid>`` (the pid's text, URL-encoded): one process's detail.
+_PROCESS_PREFIX = "/api/processes/"
+#: The page and its assets, shipped in the package (no CDN: nodes run on closed networks).
+_ASSETS = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/observer.js": ("observer.js", "text/javascript; charset=utf-8"),
+    "/static/observer.css": ("observer.css", "text/css; charset=utf-8"),
 }

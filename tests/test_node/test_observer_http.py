@@ -10,10 +10,11 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 import trio
+import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 from test_apps.test_dispatcher.helpers import ADD_SCHEMA, add
 
@@ -233,6 +234,35 @@ async def test_unknown_paths_and_methods_get_a_json_error() -> None:
         assert json.loads(raw)["error"] == "method_not_allowed"
         status, headers, raw = await fetch("/healthz", "HEAD")
         assert status == 200 and raw == b"" and int(headers["content-length"]) > 0
+
+
+async def test_a_process_detail_shows_links_monitors_and_its_mailbox_head() -> None:
+    async with observed():
+        await supervisors.start_application(DEMO)
+        worker = otp.whereis("application_controller")
+        assert worker is not None
+        status, listing = await fetch_json("/api/processes")
+        assert status == 200 and repr(worker) in {p["pid"] for p in listing["processes"]}
+        parked = otp.spawn(otp.receive, lambda m: m == "never")
+        otp.link(parked)
+        otp.send(parked, ("hello", 1))
+        await trio.testing.wait_all_tasks_blocked()
+        status, detail = await fetch_json("/api/processes/" + quote(repr(parked)))
+        assert status == 200 and detail["pid"] == repr(parked)
+        assert detail["mailbox_head"] == ["('hello', 1)"]
+        assert repr(otp.self()) in detail["links"]
+        otp.unlink(parked)
+        otp.exit(parked, otp.KILL)
+
+
+async def test_an_unknown_or_malformed_pid_is_a_json_error_naming_it() -> None:
+    async with observed():
+        status, body = await fetch_json("/api/processes/" + quote("<web@localhost.999999.0>"))
+        assert status == 404 and body["error"] == "unknown_pid"
+        assert body["pid"] == "<web@localhost.999999.0>"
+        status, body = await fetch_json("/api/processes/not-a-pid")
+        assert status == 400 and body["error"] == "invalid_pid" and body["pid"] == "not-a-pid"
+        assert "<node.id.creation>" in body["message"]
 
 
 async def test_a_port_in_use_fails_the_observers_start_with_the_reason() -> None:
