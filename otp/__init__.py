@@ -58,8 +58,6 @@ from ._gen_server import Stop as Stop
 from ._gen_server import call as call
 from ._gen_server import cast as cast
 from ._gen_server import reply as reply
-from ._request import Response as Response
-from ._request import send_request as send_request
 from ._ids import Pid as Pid
 from ._ids import Ref as Ref
 from ._info import ProcessInfo as ProcessInfo
@@ -92,6 +90,8 @@ from ._reasons import Crash as Crash
 from ._reasons import Shutdown as Shutdown
 from ._reasons import format_reason as format_reason
 from ._reasons import is_abnormal as is_abnormal
+from ._request import Response as Response
+from ._request import send_request as send_request
 from ._unix_socket import SocketPathTaken as SocketPathTaken
 from ._unix_socket import claim_socket_path as claim_socket_path
 
