@@ -295,6 +295,11 @@ async def test_a_hidden_node_joins_no_node_list_mesh_or_process_group(tmp_path: 
                 mesh=False,
             ),
         ):
+            # The peers' setups connect from their side: their connections come up here a
+            # moment later (a hidden one announces itself to nobody, so this polls, bounded).
+            with trio.fail_after(10):
+                while len(otp.nodes("connected")) < 2:
+                    await trio.sleep(0.005)
             assert otp.nodes() == ["c@localhost"]
             assert otp.nodes("hidden") == ["h@localhost"]
             assert otp.nodes("connected") == ["c@localhost", "h@localhost"]
