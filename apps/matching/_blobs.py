@@ -283,7 +283,9 @@ class BlobCache:
         found: dict[int, tuple[bytes | bytearray, str]] = {}
         copy = _walk(value, self._large, lambda data: found.setdefault(id(data), (data, ""))[0])
         if not found:  # (the usual case: the walk's copy is the packed value)
-            await trio.lowlevel.checkpoint()
+            # A cancel point but no schedule point: the caller's next step is a write to the
+            # server, and a pass through the scheduler here cost a wake-up per call.
+            await trio.lowlevel.checkpoint_if_cancelled()
             return copy
         keys: dict[int, str] = {}
         uploaded: set[str] = set()
@@ -314,7 +316,7 @@ class BlobCache:
         refs: dict[str, dict[str, Any]] = {}
         copy = _walk(value, is_blob_ref, lambda ref: refs.setdefault(_check_key(ref[REF_KEY]), ref))
         if not refs:  # (the usual case: the walk's copy is the unpacked value)
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint_if_cancelled()  # (as pack_async's)
             return copy
         loaded: dict[str, bytes] = {}
         for key in refs:

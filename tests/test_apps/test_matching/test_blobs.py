@@ -238,3 +238,32 @@ async def test_unpack_async_refuses_a_reference_with_a_bad_key(tmp_path):
 
     with pytest.raises(InvalidBlobKey):
         await cache.unpack_async({"$blob": "sha256:../x", "size": 1}, fetch)
+
+
+async def test_packing_a_value_without_blobs_is_a_cancel_point_but_no_schedule_point(tmp_path):
+    import trio
+
+    cache = BlobCache(str(tmp_path))
+
+    async def never(data: bytes) -> str:
+        raise AssertionError("no blob to move")
+
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        with pytest.raises(trio.Cancelled):
+            await cache.pack_async([1, {"a": "b"}], never)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        with pytest.raises(trio.Cancelled):
+            await cache.unpack_async([1, {"a": "b"}], never)
+    # Not cancelled: the value comes straight back, nothing else runs in between.
+    ran = []
+
+    async def other() -> None:
+        ran.append(1)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        assert await cache.pack_async([1, 2], never) == [1, 2]
+        assert await cache.unpack_async([1, 2], never) == [1, 2]
+        assert ran == []
