@@ -451,12 +451,21 @@ class Connection:
         if lazy:
             self._enqueue_lazy(data)
             return
-        if self._may_write_directly():
+        self._write_or_queue(data, direct=self._may_write_directly())
+
+    def _write_or_queue(self, data: bytes, *, direct: bool, marks_direct: bool = False) -> None:
+        """Write ``data`` straight to the socket if ``direct`` (the lazy frames waiting go
+        first, in the same write; ``marks_direct`` starts a new burst gap), and queue for the
+        writer what the socket did not take; otherwise queue it all."""
+        if direct:
             if self._outbox:  # lazy frames only: they go first, in the same write
                 data = b"".join([*self._outbox, data])
                 self._outbox = []
                 self._lazy_only = False
                 self.queued = 0  # they were all that waited
+            if marks_direct:
+                self._last_direct = time.perf_counter()
+                self.heard = False
             data = self._write_directly(data)
             if not data:
                 return
@@ -632,30 +641,14 @@ class Connection:
             raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
         if self.state == "down":
             return
-        if (
+        direct = (
             self.direct_fd is not None
             and self._run is None
             and not self._writing
             and not self._corked
             and (not self._outbox or self._lazy_only)
-        ):
-            if self._outbox:  # lazy frames only: they go first, in the same write
-                data = b"".join([*self._outbox, data])
-                self._outbox = []
-                self._lazy_only = False
-                self.queued = 0  # they were all that waited
-            self._last_direct = time.perf_counter()
-            self.heard = False
-            data = self._write_directly(data)
-            if not data:
-                return
-        if self._run is not None:
-            self._close_run()
-        self._lazy_only = False
-        self._outbox.append(data)
-        self._queue_grew(len(data))
-        if self._writer_lot and not self._corked:
-            self._writer_lot.unpark()
+        )
+        self._write_or_queue(data, direct=direct, marks_direct=True)
 
     @contextlib.contextmanager
     def corked(self) -> Iterator[None]:
