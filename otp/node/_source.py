@@ -59,6 +59,15 @@ class ObserverSource(Protocol):
         """``plain(otp.observer.snapshot())`` (processes, tables, ports, connections)."""
         ...
 
+    async def tables(self) -> list[dict[str, Any]]:
+        """``plain(otp.observer.observe_tables())``: every ETS table."""
+        ...
+
+    async def series(self) -> dict[str, Any]:
+        """The sampler's rates over the last minutes (``"series"`` of ``otp.node``'s
+        sampler), or the same shape with no points and a ``message`` if no sampler runs."""
+        ...
+
 
 def parse_pid_text(text: str) -> tuple[str, int, int]:
     """``"<a@host.12.0>"`` (the brackets optional) -> ``("a@host", 12, 0)``.
@@ -117,3 +126,24 @@ class LocalSource:
         from ._web import plain
 
         return dict(plain(otp.observer.snapshot()))
+
+    async def tables(self) -> list[dict[str, Any]]:
+        from ._web import plain
+
+        return list(plain(otp.observer.observe_tables()))
+
+    async def series(self) -> dict[str, Any]:
+        from ._sampler import SAMPLER_NAME, SERIES
+
+        try:
+            return dict(await otp.call(SAMPLER_NAME, "series", timeout=5.0))
+        except (otp.CallError, otp.CallTimeout, otp.NoProc):
+            return {
+                "interval": None,
+                "window": 0,
+                "now": None,
+                "t": [],
+                "series": {name: [] for name in SERIES},
+                "message": f"no sampler runs on {otp.node_name()} (the observer application"
+                " runs it: start the node with --observer)",
+            }
