@@ -337,3 +337,36 @@ async def test_python_m_otp_node_serves_the_observer_it_prints() -> None:
         assert restarts == {"observer", "demo", "dispatcher", "dirty", "matching"}
         running.signal(signal.SIGTERM)
         assert await running.exit_code() == 0
+
+
+async def test_the_ets_tables_page_reads_api_tables() -> None:
+    async with observed():
+        table = otp.ets.new("web_tables_page", named=True, access="protected")
+        otp.ets.insert(table, [(1, "a"), (2, "b")])
+        status, body = await fetch_json("/api/tables")
+        assert status == 200
+        [row] = [t for t in body["tables"] if t["name"] == "web_tables_page"]
+        assert (row["size"], row["type"], row["access"]) == (2, "set", "protected")
+        assert row["owner"] == repr(otp.self()) and row["memory"] > 0
+
+
+async def test_api_series_serves_the_samplers_ring_by_series_name() -> None:
+    async with observed():
+        status, body = await fetch_json("/api/series")
+        assert status == 200 and body["interval"] == 1.0 and body["window"] == 600
+        assert set(body["series"]) == {
+            "messages_per_second",
+            "restarts_per_second",
+            "dirty_calls_per_second",
+            "dirty_errors_per_second",
+            "dirty_latency_mean_seconds",
+            "dirty_latency_p99_seconds",
+        }
+        assert all(len(values) == len(body["t"]) for values in body["series"].values())
+
+
+async def test_api_series_without_a_sampler_says_where_it_runs() -> None:
+    async with otp.open_node("bare@localhost"):
+        series = await node.LocalSource().series()
+        assert series["t"] == [] and series["series"]["messages_per_second"] == []
+        assert "start the node with --observer" in series["message"]

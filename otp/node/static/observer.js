@@ -59,7 +59,7 @@ async function act(name, body, what) {
 }
 
 function actionButton(label, name, body, what) {
-  const b = el("button", { type: "button", class: "action", "data-action": name }, label);
+  const b = el("button", { type: "button", class: "action", "data-action": name, title: what }, label);
   b.addEventListener("click", (ev) => { ev.preventDefault(); ev.stopPropagation(); act(name, body, what); });
   return b;
 }
@@ -99,7 +99,7 @@ function drawSupervisor(view, path) {
     if (restarted) label.dataset.restarted = "1";
     label.append(el("span", { class: "id" }, (dynamic ? "(dynamic child)" : String(child.id)) + " "),
       pidLink(child.pid));
-    if (child.restarts) label.append(el("span", { class: "restarts" }, ` ↻${child.restarts}`));
+    if (child.restarts) label.append(el("span", { class: "restarts" }, ` restarted ${child.restarts}×`));
     li.append(label);
     if (actions.enabled && !dynamic) {
       li.append(actionButton("restart", "restart_child", { supervisor: view.pid, child: String(child.id) },
@@ -348,13 +348,20 @@ async function refresh() {
   const { page, arg } = route();
   const shown = { overview: "overview", process: "process", app: "app", ets: "ets", charts: "charts" }[page] || "overview";
   for (const p of document.querySelectorAll(".page")) p.hidden = p.id !== "page-" + shown;
-  for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("here", a.dataset.page === (shown === "app" ? "app:" + arg : shown));
   actions = (await getJSON("/api/actions"))[1];
   drawActionsState();
   const tree = (await getJSON("/api/tree"))[1];
   document.getElementById("node").textContent = tree.node;
-  document.getElementById("app-links").replaceChildren(...tree.applications.map((a) =>
-    el("a", { href: "#/app/" + encodeURIComponent(a.name), "data-page": "app:" + a.name }, a.name)));
+  const links = document.getElementById("app-links");
+  const names = tree.applications.map((a) => a.name);
+  if (links.dataset.names !== names.join("\n")) {  // (redrawn only when they change: clicks hold)
+    links.dataset.names = names.join("\n");
+    links.replaceChildren(...names.map((name) =>
+      el("a", { href: "#/app/" + encodeURIComponent(name), "data-page": "app:" + name }, name)));
+  }
+  for (const a of document.querySelectorAll("#nav a")) {
+    a.classList.toggle("here", a.dataset.page === (shown === "app" ? "app:" + arg : shown));
+  }
   if (shown === "overview") { drawTree(tree); await drawProcesses(); }
   else if (shown === "process") await drawProcess(arg);
   else if (shown === "app") drawApp(arg, tree);
