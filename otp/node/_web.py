@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
@@ -32,8 +33,11 @@ Response = tuple[int, str, bytes]
 
 def plain(value: Any) -> Any:
     """``value`` as JSON-ready plain values: attrs records as dicts, pids as their text, enums
-    as their values, exit reasons as OTP prints them, anything else without a JSON form as its
-    ``repr``."""
+    as their values, infinite floats as ``"+Inf"``/``"-Inf"`` (``"NaN"``), exit reasons as OTP
+    prints them, anything else without a JSON form as its ``repr``."""
+    if value.__class__ is float and not math.isfinite(value):
+        # JSON has no infinities (a histogram's +Inf bucket): Prometheus's spelling instead.
+        return "NaN" if math.isnan(value) else "+Inf" if value > 0 else "-Inf"
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, otp.Pid):

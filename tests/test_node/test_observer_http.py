@@ -370,3 +370,27 @@ async def test_api_series_without_a_sampler_says_where_it_runs() -> None:
         series = await node.LocalSource().series()
         assert series["t"] == [] and series["series"]["messages_per_second"] == []
         assert "start the node with --observer" in series["message"]
+
+
+def _strict(constant: str) -> Any:
+    raise AssertionError(f"{constant} is not JSON: a browser's JSON.parse refuses it")
+
+
+async def test_a_views_infinite_bucket_bound_is_served_as_plus_inf_in_strict_json() -> None:
+    """A latency histogram's last bucket is +Inf, which JSON cannot say: the page would
+    fail to parse /api/tree. It is served as Prometheus spells it."""
+    calls = {
+        "total": 3,
+        "errors": {"DirtyTimeoutError": 1},
+        "latency_seconds": {"buckets": [[0.1, 2], [float("inf"), 3]], "sum": 0.7, "count": 3},
+    }
+    dirty = supervisors.Application(
+        "dirty", (supervisors.SupFlags(), []), observer_view=lambda: {"calls": calls}
+    )
+    async with observed():
+        await supervisors.start_application(dirty)
+        status, _headers, raw = await fetch("/api/tree")
+        tree = json.loads(raw, parse_constant=_strict)
+        [view] = [app["view"] for app in tree["applications"] if app["name"] == "dirty"]
+        assert status == 200
+        assert view["calls"]["latency_seconds"]["buckets"] == [[0.1, 2], ["+Inf", 3]]

@@ -284,13 +284,15 @@ function drawApp(name, tree) {
 // The dirty pool's call counters: totals, errors by kind, and the latency histogram's quantiles.
 function quantile(hist, q) {
   const want = q * hist.count;
-  for (const [le, n] of hist.buckets) if (n >= want) return le;
+  for (const [le, n] of hist.buckets) if (n >= want) return typeof le === "string" ? Infinity : le;
   return null;
 }
 
 function drawCalls(calls) {
   const h = calls.latency_seconds || { buckets: [], sum: 0, count: 0 };
-  const ms = (s) => (s === null || s === undefined || !isFinite(s) ? "–" : `≤ ${short(s * 1000)} ms`);
+  const last = h.buckets.filter(([le]) => typeof le === "number").pop();
+  const ms = (s) => (s === null || s === undefined ? "–"
+    : isFinite(s) ? `≤ ${short(s * 1000)} ms` : `> ${last ? short(last[0] * 1000) : "?"} ms`);
   return renderValue({
     total: calls.total, errors: calls.errors || {},
     latency_mean: h.count ? `${short((h.sum / h.count) * 1000)} ms` : "–",
