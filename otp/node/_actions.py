@@ -22,7 +22,7 @@ import attrs
 import otp
 import supervisors
 
-from ._source import InvalidPid, UnknownPid, parse_pid_text
+from ._source import InvalidPid, UnknownPid, local_process
 
 __all__ = ["ACTIONS", "ActionError", "ObserverActions", "new_token"]
 
@@ -146,20 +146,11 @@ def _text(args: dict[str, Any], key: str, example: str) -> str:
 def _local_pid(text: str) -> otp.Pid:
     """The live local process ``text`` names."""
     try:
-        node, serial, creation = parse_pid_text(text)
+        return local_process(text).pid
     except InvalidPid as exc:
         raise ActionError(400, "invalid_pid", str(exc)) from exc
-    local = otp.current_node()
-    proc = local.processes.get(serial)
-    if (
-        node != local.name
-        or creation != local.creation
-        or proc is None
-        or not proc.alive
-        or repr(proc.pid) != f"<{node}.{serial}.{creation}>"
-    ):
-        raise ActionError(404, "unknown_pid", str(UnknownPid(f"no live process {text} here")))
-    return proc.pid
+    except UnknownPid as exc:
+        raise ActionError(404, "unknown_pid", str(exc)) from exc
 
 
 async def kill(args: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,14 @@ import attrs
 import otp
 import supervisors
 
-__all__ = ["InvalidPid", "LocalSource", "ObserverSource", "UnknownPid", "parse_pid_text"]
+__all__ = [
+    "InvalidPid",
+    "LocalSource",
+    "ObserverSource",
+    "UnknownPid",
+    "local_process",
+    "parse_pid_text",
+]
 
 #: How many of a mailbox's oldest messages a process's detail shows, and how long each may be.
 MAILBOX_HEAD = 10
@@ -83,6 +90,27 @@ def parse_pid_text(text: str) -> tuple[str, int, int]:
     return node, int(serial), int(rest)
 
 
+def local_process(text: str) -> Any:
+    """The live process of this node that the pid's ``text`` names (the runtime's record).
+
+    Raises:
+        InvalidPid: ``text`` is malformed.
+        UnknownPid: no live process of this node has it (another node's pid included).
+    """
+    node, serial, creation = parse_pid_text(text)
+    local = otp.current_node()
+    proc = local.processes.get(serial)
+    if (
+        node != local.name
+        or creation != local.creation
+        or proc is None
+        or not proc.alive
+        or repr(proc.pid) != f"<{node}.{serial}.{creation}>"
+    ):
+        raise UnknownPid(f"no live process {text} on {local.name}")
+    return proc
+
+
 @attrs.define
 class LocalSource:
     """The node this code runs in (called from within one of its processes)."""
@@ -98,20 +126,10 @@ class LocalSource:
     async def process(self, pid: str) -> dict[str, Any]:
         from ._web import plain
 
-        node, serial, creation = parse_pid_text(pid)
-        local = otp.current_node()
-        proc = local.processes.get(serial)
-        if (
-            node != local.name
-            or creation != local.creation
-            or proc is None
-            or not proc.alive
-            or repr(proc.pid) != f"<{node}.{serial}.{creation}>"
-        ):
-            raise UnknownPid(f"no live process {pid} on {local.name}")
+        proc = local_process(pid)
         found = otp.observer.observe_process(proc.pid)
         if found is None:
-            raise UnknownPid(f"no live process {pid} on {local.name}")
+            raise UnknownPid(f"no live process {pid} on {otp.node_name()}")
         row = plain(found)
         mailbox = list(proc._mailbox or ())[:MAILBOX_HEAD]
         row["mailbox_head"] = [repr(m)[:MESSAGE_TEXT] for m in mailbox]

@@ -9,6 +9,8 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,9 @@ def _chromium() -> str:
     return CHROMIUM
 
 
-def _look(address: str, executable: str) -> dict[str, Any]:
+@contextmanager
+def _page(executable: str, width: int) -> Iterator[Any]:
+    """A page of a fresh headless Chromium (its own profile), closed on the way out."""
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
@@ -51,92 +55,81 @@ def _look(address: str, executable: str) -> dict[str, Any]:
             executable_path=executable,
             headless=True,
             args=FLAGS,
-            viewport={"width": 1200, "height": 800},
+            viewport={"width": width, "height": 800},
         )
         try:
-            page = browser.new_page()
-            page.goto(address + "/")
-            page.wait_for_selector("body[data-ready='1']", timeout=20_000)
-            page.wait_for_selector("[data-child='demo/greeter']", timeout=20_000)
-            seen = {
-                "children": page.eval_on_selector_all(
-                    "[data-child]", "els => els.map(e => e.dataset.child)"
-                ),
-                "apps": page.eval_on_selector_all(
-                    "[data-app]", "els => els.map(e => e.dataset.app)"
-                ),
-                "rows": page.eval_on_selector_all(
-                    "#processes tbody tr", "els => els.map(e => e.innerText)"
-                ),
-            }
-            page.click("th[data-sort='message_queue_len']")
-            page.click("a[data-page='app:dirty']")
-            page.wait_for_selector("#app-detail[data-app='dirty'] [data-view='workers'] table")
-            seen["dirty"] = page.inner_text("#app-detail")
-            page.click("a[data-page='app:dispatcher']")
-            page.wait_for_selector("#app-detail[data-app='dispatcher'] [data-view='tools']")
-            page.click("a[data-page='ets']")
-            page.wait_for_selector("#ets tbody tr[data-table]")
-            seen["tables"] = page.eval_on_selector_all(
-                "#ets tbody tr", "els => els.map(e => e.dataset.table)"
-            )
-            page.click("a[data-page='charts']")
-            page.wait_for_selector("[data-chart='messages'][data-points]:not([data-points='0'])")
-            seen["charts"] = page.eval_on_selector_all(
-                "figure[data-chart]", "els => els.map(e => e.dataset.chart)"
-            )
-            SHOTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(CHARTS_SCREENSHOT), full_page=True)
-            return seen
+            yield browser.new_page()
         finally:
             browser.close()
+
+
+def _look(address: str, executable: str) -> dict[str, Any]:
+    with _page(executable, 1200) as page:
+        page.goto(address + "/")
+        page.wait_for_selector("body[data-ready='1']", timeout=20_000)
+        page.wait_for_selector("[data-child='demo/greeter']", timeout=20_000)
+        seen = {
+            "children": page.eval_on_selector_all(
+                "[data-child]", "els => els.map(e => e.dataset.child)"
+            ),
+            "apps": page.eval_on_selector_all("[data-app]", "els => els.map(e => e.dataset.app)"),
+            "rows": page.eval_on_selector_all(
+                "#processes tbody tr", "els => els.map(e => e.innerText)"
+            ),
+        }
+        page.click("th[data-sort='message_queue_len']")
+        page.click("a[data-page='app:dirty']")
+        page.wait_for_selector("#app-detail[data-app='dirty'] [data-view='workers'] table")
+        seen["dirty"] = page.inner_text("#app-detail")
+        page.click("a[data-page='app:dispatcher']")
+        page.wait_for_selector("#app-detail[data-app='dispatcher'] [data-view='tools']")
+        page.click("a[data-page='ets']")
+        page.wait_for_selector("#ets tbody tr[data-table]")
+        seen["tables"] = page.eval_on_selector_all(
+            "#ets tbody tr", "els => els.map(e => e.dataset.table)"
+        )
+        page.click("a[data-page='charts']")
+        page.wait_for_selector("[data-chart='messages'][data-points]:not([data-points='0'])")
+        seen["charts"] = page.eval_on_selector_all(
+            "figure[data-chart]", "els => els.map(e => e.dataset.chart)"
+        )
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(CHARTS_SCREENSHOT), full_page=True)
+        return seen
 
 
 def _kill_from_the_page(address: str, token: str, executable: str) -> dict[str, Any]:
     """Open the page with the token, kill demo/greeter from its detail view, and wait until
     the tree shows it restarted under a new pid."""
-    from playwright.sync_api import sync_playwright
-
-    with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(
-            profile,
-            executable_path=executable,
-            headless=True,
-            args=FLAGS,
-            viewport={"width": 1360, "height": 800},
+    with _page(executable, 1360) as page:
+        page.on("dialog", lambda dialog: dialog.accept())  # the "kill ...?" confirmation
+        page.goto(f"{address}/#token={token}")
+        page.wait_for_selector("body[data-ready='1'][data-page='overview']")
+        page.wait_for_selector("#actions-state input#token")
+        greeter = page.wait_for_selector("[data-child='demo/greeter']")
+        assert greeter is not None
+        old = greeter.get_attribute("data-pid")
+        assert old is not None
+        page.click("[data-child='demo/greeter'] a.pid")
+        page.wait_for_selector(f"#process-detail[data-pid='{old}'] [data-field='behaviour']")
+        detail = {
+            "behaviour": page.inner_text("#process-detail [data-field='behaviour'] td"),
+            "links": page.eval_on_selector_all(
+                "#links a.pid", "els => els.map(e => e.textContent)"
+            ),
+            "mailbox": page.inner_text("#process-detail ol.mailbox"),
+        }
+        page.click("#process-detail button[data-action='kill']")
+        page.wait_for_selector("#action-result.ok")
+        page.wait_for_selector("#process-detail p.gone[data-error='unknown_pid']")
+        page.click("a[data-page='overview']")
+        page.wait_for_selector(
+            f"[data-child='demo/greeter'][data-restarted='1']:not([data-pid='{old}'])"
         )
-        try:
-            page = browser.new_page()
-            page.on("dialog", lambda dialog: dialog.accept())  # the "kill ...?" confirmation
-            page.goto(f"{address}/#token={token}")
-            page.wait_for_selector("body[data-ready='1'][data-page='overview']")
-            page.wait_for_selector("#actions-state input#token")
-            greeter = page.wait_for_selector("[data-child='demo/greeter']")
-            assert greeter is not None
-            old = greeter.get_attribute("data-pid")
-            assert old is not None
-            page.click("[data-child='demo/greeter'] a.pid")
-            page.wait_for_selector(f"#process-detail[data-pid='{old}'] [data-field='behaviour']")
-            detail = {
-                "behaviour": page.inner_text("#process-detail [data-field='behaviour'] td"),
-                "links": page.eval_on_selector_all(
-                    "#links a.pid", "els => els.map(e => e.textContent)"
-                ),
-                "mailbox": page.inner_text("#process-detail ol.mailbox"),
-            }
-            page.click("#process-detail button[data-action='kill']")
-            page.wait_for_selector("#action-result.ok")
-            page.wait_for_selector("#process-detail p.gone[data-error='unknown_pid']")
-            page.click("a[data-page='overview']")
-            page.wait_for_selector(
-                f"[data-child='demo/greeter'][data-restarted='1']:not([data-pid='{old}'])"
-            )
-            new = page.get_attribute("[data-child='demo/greeter']", "data-pid")
-            SHOTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SCREENSHOT), full_page=True)
-            return {"old": old, "new": new, "detail": detail}
-        finally:
-            browser.close()
+        new = page.get_attribute("[data-child='demo/greeter']", "data-pid")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        return {"old": old, "new": new, "detail": detail}
 
 
 async def test_the_page_draws_the_tree_and_the_process_table_in_chromium() -> None:
