@@ -157,6 +157,15 @@ async def kill(args: dict[str, Any]) -> dict[str, Any]:
     """``{"pid": "<node.id.creation>"}``: send it the exit signal ``kill`` (untrappable, as
     Erlang's observer does); its supervisor, if any, restarts it."""
     pid = _local_pid(_text(args, "pid", "'<a@host.12.0>'"))
+    if pid == otp.self():
+        # The request runs in the observer's HTTP process: killing it would cut this answer
+        # off, and a restart on port 0 would listen somewhere else than the banner says.
+        raise ActionError(
+            409,
+            "refused",
+            f"{pid!r} is the observer's own HTTP process, which serves this request: restart"
+            " the observer's 'http' child instead",
+        )
     otp.exit(pid, otp.KILL)
     return {"ok": True, "action": "kill", "pid": repr(pid)}
 

@@ -92,6 +92,14 @@ async def observed(actions: bool = True) -> AsyncIterator[None]:
             await supervisors.stop_all_applications()
 
 
+async def http_process() -> otp.Pid:
+    root = supervisors.application_supervisor("observer")
+    [pid] = [
+        pid for child_id, pid, _, _ in await supervisors.which_children(root) if child_id == "http"
+    ]
+    return pid
+
+
 async def children() -> dict[Any, otp.Pid]:
     root = supervisors.application_supervisor("demo")
     return {child_id: pid for child_id, pid, _, _ in await supervisors.which_children(root)}
@@ -166,6 +174,7 @@ async def test_bad_action_requests_get_a_clear_error_and_change_nothing() -> Non
     async with observed():
         root = supervisors.application_supervisor("demo")
         before = await children()
+        http = await http_process()
         cases = [
             ("kill", {"pid": "not-a-pid"}, 400, "invalid_pid"),
             ("kill", {"pid": "<act@localhost.999999.0>"}, 404, "unknown_pid"),
@@ -182,6 +191,7 @@ async def test_bad_action_requests_get_a_clear_error_and_change_nothing() -> Non
             ("scale_dirty", {"change": "add", "count": 1000}, 400, "bad_request"),
             ("scale_dirty", {"change": "add"}, 404, "no_dirty_pool"),
             ("reboot", {}, 404, "unknown_action"),
+            ("kill", {"pid": repr(http)}, 409, "refused"),
         ]
         for name, args, status, error in cases:
             got = await post(f"/api/actions/{name}", args)
@@ -198,7 +208,7 @@ async def test_bad_action_requests_get_a_clear_error_and_change_nothing() -> Non
         assert (status, body["error"]) == (413, "too_large")
         status, body = await get("/api/actions/kill")
         assert (status, body["error"]) == (405, "method_not_allowed")
-        assert await children() == before
+        assert await children() == before and await http_process() == http
 
 
 def _token_file(tmp_path: Path, text: str = TOKEN, mode: int = 0o600) -> Path:
