@@ -167,3 +167,40 @@ async def test_a_child_killed_from_the_page_restarts_on_the_page_in_chromium() -
         assert SCREENSHOT.stat().st_size > 10_000
         running.signal(signal.SIGTERM)
         assert await running.exit_code() == 0
+
+
+def _dirty_charts(address: str, executable: str) -> dict[str, Any]:
+    with _page(executable, 1200) as page:
+        page.goto(address + "/#/charts")
+        page.wait_for_selector("[data-chart='dirty-calls']:not([data-points='0'])")
+        # (attached, not visible: a flat line's box has no height)
+        page.wait_for_selector(
+            "[data-chart='dirty-latency'] path[data-series='p99']", state="attached"
+        )
+        seen = {
+            "legend": page.inner_text("[data-chart='dirty-latency'] .legend"),
+            "calls": page.inner_text("[data-chart='dirty-calls'] .legend"),
+        }
+        page.click("a[data-page='app:dirty']")
+        page.wait_for_selector("#app-detail[data-app='dirty'] [data-view='calls'] table")
+        seen["view"] = page.inner_text("#app-detail [data-view='calls']")
+        return seen
+
+
+async def test_the_dirty_pools_call_counters_draw_its_charts_in_chromium() -> None:
+    """Against an application showing the dirty pool's ``calls`` view (10 calls a read, 9
+    under 10 ms and 1 under 50 ms): calls/s and the latency's mean and p99 are drawn, and the
+    pool's page shows its totals and quantiles."""
+    executable = _chromium()
+    async with Node(
+        "--app", "test_node.node_apps:counted_dirty", "--observer", "127.0.0.1:0"
+    ) as running:
+        address = (await running.line_with("observer on http://127.0.0.1:")).split()[2]
+        await running.line_with("stop with Ctrl-C")
+        with trio.fail_after(90):
+            seen = await trio.to_thread.run_sync(_dirty_charts, address, executable)
+        assert "p99: 50" in seen["legend"]  # ms: the 10th call of each read is under 50 ms
+        assert "calls/s:" in seen["calls"] and "no data yet" not in seen["calls"]
+        assert "latency p99\t≤ 50 ms" in seen["view"] and "DirtyTimeoutError" in seen["view"]
+        running.signal(signal.SIGTERM)
+        assert await running.exit_code() == 0
