@@ -146,8 +146,9 @@ class ObserverWeb:
                 return _json(400, {"error": "bad_request", "message": "the request ended early"})
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size <= MAX_BODY:  # (past it: read on, keep nothing, refuse below)
-                chunks.append(chunk)
+            if size > MAX_BODY:
+                break  # (refused below, unread: the server drops the rest)
+            chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks) if size <= MAX_BODY else b" " * (MAX_BODY + 1)
         try:
