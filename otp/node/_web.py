@@ -150,6 +150,7 @@ class ObserverWeb:
                 break  # (refused below, unread: the server drops the rest)
             chunks.append(chunk)
             more = message.get("more_body", False)
+        # (past MAX_BODY: a body of that size stands for it, for the guard to log and refuse)
         body = b"".join(chunks) if size <= MAX_BODY else b" " * (MAX_BODY + 1)
         try:
             return _json(200, await self.actions.run(name, scope, body))
