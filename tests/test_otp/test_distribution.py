@@ -521,3 +521,41 @@ async def test_a_remote_call_whose_request_cannot_cross_records_nothing(sockets:
             assert await otp.call(remote, "after") == "after"
             info = otp.process_info(otp.self())
             assert info is not None and info.monitors == ()
+
+
+@pytest.mark.parametrize("case", ["unreachable", "bad_cookie", "wrong_node"])
+async def test_a_failed_dial_says_why_in_its_connections_failure(sockets: Any, case: str) -> None:
+    from otp._distribution import dial
+
+    cookie = b"another-cookie-entirely" if case == "bad_cookie" else COOKIE
+    async with PeerNode("b@localhost", sockets("b"), cookie=cookie):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            peer, address = {
+                "unreachable": ("ghost@localhost", sockets("ghost")),
+                "bad_cookie": ("b@localhost", sockets("b")),
+                "wrong_node": ("c@localhost", sockets("b")),
+            }[case]
+            conn = await dial(peer, address)
+            assert conn is not None and conn.state == "down"
+            assert conn.failure is not None
+            assert conn.failure.kind == case
+            says = {
+                "unreachable": "No such file",
+                "bad_cookie": "does not know our cookie",
+                "wrong_node": "but 'b@localhost' answered",
+            }[case]
+            assert says in conn.failure.reason
+            assert otp.nodes() == []
+
+
+async def test_a_connection_lost_for_its_queue_says_so_in_its_failure(sockets: Any) -> None:
+    async with otp.open_node("a@localhost"):
+        ours, theirs = trio.socket.socketpair()
+        with ours, theirs:
+            conn = _connection_on(ours, busy_limit=1024, queue_limit=4096)
+            payload = {"to": wire.Pid("b@localhost", 1, 1), "msg": b"z" * 2048}
+            while conn.state != "down":  # nobody reads: past what the socket takes, it queues
+                assert conn.failure is None
+                conn.enqueue(wire.MessageType.SEND, payload)
+            assert conn.failure is not None and conn.failure.kind == "queue_limit"
