@@ -74,18 +74,14 @@ async def open_listeners(dist: Distribution) -> None:
     failure, close what was opened and raise.
 
     Raises:
-        DistributionError: an address cannot be listened on as configured.
+        DistributionError: a live process listens on a Unix socket's path already.
         OSError: the socket cannot be bound.
     """
     config = dist.config
     try:
         for address in config.listen:
+            # (DistConfig refused a TCP address without TLS unless insecure_tcp when made.)
             kind, where = parse_address(address)
-            if kind == "tcp" and config.tls is None and not config.insecure_tcp:
-                raise DistributionError(
-                    f"listening on {address} needs TLS certificates (DistConfig.tls); plain"
-                    " TCP only with insecure_tcp=True (--insecure-tcp)"
-                )
             listener = await _open_listener(kind, where)
             dist.listeners.append(listener)
             if kind == "unix":

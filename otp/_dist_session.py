@@ -6,6 +6,7 @@ connection's ``failure``, never a crash.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -136,28 +137,21 @@ async def run_connection(
                 frames = wire.FrameStream(
                     stream, limits=_HANDSHAKE_LIMITS, versions=frozenset({2}), exact=True
                 )
-                if conn is not None:
-                    peer = await initiate(
-                        frames,
-                        name=node.name,
-                        creation=node.creation,
-                        cookie=config.cookie,
-                        codecs=config.codecs,
-                        listen=dist.listening,
-                        hidden=config.hidden,  # hidden nodes (observer-remote)
-                        expected=conn.peer,
-                    )
-                else:
-                    peer = await accept(
-                        frames,
-                        name=node.name,
-                        creation=node.creation,
-                        cookie=config.cookie,
-                        codecs=config.codecs,
-                        listen=dist.listening,
-                        hidden=config.hidden,  # hidden nodes (observer-remote)
-                        admit=admit,
-                    )
+                handshake = (
+                    functools.partial(initiate, expected=conn.peer)
+                    if conn is not None
+                    else functools.partial(accept, admit=admit)
+                )
+                peer = await handshake(
+                    frames,
+                    name=node.name,
+                    creation=node.creation,
+                    cookie=config.cookie,
+                    codecs=config.codecs,
+                    listen=dist.listening,
+                    hidden=config.hidden,  # hidden nodes (observer-remote)
+                )
+                if conn is None:
                     conn = Connection(dist, peer.name)
                     conn.process = me
             frames.limits = config.limits
