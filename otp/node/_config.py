@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 import otp
-from otp._distribution import parse_address
+from otp._dist_config import parse_address
 
 #: What ``python -m otp.node`` runs with no ``--app``: loaded by path, since nothing below
 #: ``apps`` may import it.
