@@ -13,7 +13,6 @@ import heapq
 import itertools
 import math
 import sys
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -25,6 +24,7 @@ from .._node import Node
 from .._process import Process, current_process_or_none
 from ._errors import AccessDenied, EtsError, KeyNotFound, NoSuchTable, brief
 from ._order import UnorderableKey, exact_index, order_key
+from ._ordered_index import ABSENT, OrderedIndex
 from ._types import (
     DUPLICATE_BAG,
     END_OF_TABLE,
@@ -115,22 +115,20 @@ class Tab:
         "heir",
         "heir_data",
         "hints",
+        "index",
         "kind",
         "kp",
         "name",
         "named",
         "node",
         "ordered",
-        "ords",
         "owner",
         "owner_proc",
-        "raws",
         "registry",
         "removed",
         "rfast",
         "rguard",
         "seq",
-        "sks",
         "snap",
         "sweep_at",
         "sweep_timer",
@@ -164,12 +162,8 @@ class Tab:
         self.ordered = kind is ORDERED_SET
         self.dup = kind is DUPLICATE_BAG
         self.data: dict[Any, Any] = {}
-        self.sks: list[Any] = []
-        self.raws: list[Any] = []
-        #: Each indexed key's sort key, as computed when it was indexed: a key == to it may sort
-        #: elsewhere (``frozenset({1.0})`` and ``frozenset({1})`` have different reprs), so the
-        #: index is searched with this one, never with the caller's key.
-        self.ords: dict[Any, Any] = {}
+        #: The ordered_set's keys in term order (empty for the other types).
+        self.index = OrderedIndex()
         self.count = 0
         self.dl: dict[Any, Any] = {}
         self.heap: list[tuple[float, int, Any]] = []
@@ -410,13 +404,13 @@ class Tab:
         """Every object, in key order for ``ordered_set``, else in insertion order of keys."""
         data = self.data
         if self.ordered:
-            return (data[raw] for raw in list(self.raws))
+            return (data[raw] for raw in self.index.keys())
         if self.unique:
             return iter(list(data.values()))
         return (obj for objs in list(data.values()) for obj in objs)
 
     def keys(self) -> list[Any]:
-        return list(self.raws) if self.ordered else list(self.data)
+        return self.index.keys() if self.ordered else list(self.data)
 
     def size(self) -> int:
         return len(self.data) if self.unique else self.count
@@ -424,9 +418,7 @@ class Tab:
     def clear(self) -> None:
         self.removed += len(self.data)
         self.data.clear()
-        self.sks.clear()
-        self.raws.clear()
-        self.ords.clear()
+        self.index.clear()
         self.dl.clear()
         self.heap.clear()
         self.count = 0
@@ -434,8 +426,7 @@ class Tab:
         self.refresh()
 
     def memory(self) -> int:
-        size = sys.getsizeof(self.data) + sys.getsizeof(self.sks) + sys.getsizeof(self.raws)
-        size += sys.getsizeof(self.ords) + sys.getsizeof(self.dl)
+        size = sys.getsizeof(self.data) + self.index.memory() + sys.getsizeof(self.dl)
         if self.unique:
             size += sum(sys.getsizeof(obj) for obj in self.data.values())
         else:
@@ -446,20 +437,12 @@ class Tab:
     # -- ordered_set index -------------------------------------------------------------------
 
     def _index_add(self, key: Any, operation: str) -> None:
-        sk = self._order_probe(key, operation)
-        sks = self.sks
-        index = bisect_left(sks, sk)
-        if index < len(sks) and sks[index] == sk:
-            raise self._sort_collision(key, self.raws[index], operation)
-        sks.insert(index, sk)
-        self.raws.insert(index, key)
-        self.ords[key] = sk
+        holder = self.index.add(key, self._order_probe(key, operation))
+        if holder is not ABSENT:
+            raise self._sort_collision(key, holder, operation)
 
     def _index_remove(self, key: Any) -> None:
-        sk = self.ords.pop(key)
-        index = bisect_left(self.sks, sk)
-        del self.sks[index]
-        del self.raws[index]
+        self.index.remove(key)
 
     def check_new_keys(self, keys: list[Any], operation: str) -> None:
         """Check that the keys of a list insert not in the table yet can all be indexed, before
@@ -470,7 +453,7 @@ class Tab:
                 ``keys``) without being == to it.
         """
         data = self.data
-        sks = self.sks
+        index = self.index
         fresh: dict[Any, Any] = {}
         for key in keys:
             if key in data:
@@ -479,9 +462,9 @@ class Tab:
             other = fresh.setdefault(sk, key)
             if other is not key and other != key:
                 raise self._sort_collision(key, other, operation)
-            index = bisect_left(sks, sk)
-            if index < len(sks) and sks[index] == sk:
-                raise self._sort_collision(key, self.raws[index], operation)
+            holder = index.holder(sk)
+            if holder is not ABSENT:
+                raise self._sort_collision(key, holder, operation)
 
     def _sort_collision(self, key: Any, other: Any, operation: str) -> EtsError:
         return EtsError(
@@ -504,31 +487,29 @@ class Tab:
             ) from None
 
     def _sort_key_of(self, key: Any, operation: str) -> Any:
-        """Where ``key`` sits in the order: a stored key's own sort key (see ``ords``)."""
-        try:
-            sk = self.ords.get(key)
-        except TypeError:
-            sk = None  # unhashable, so not stored: placed by its own order
+        """Where ``key`` sits in the order: a stored key's own sort key (see
+        ``OrderedIndex.ords``); an unhashable key, never stored, is placed by its own order."""
+        sk = self.index.sort_key(key)
         return sk if sk is not None else self._order_probe(key, operation)
 
     # -- traversal ---------------------------------------------------------------------------
 
     def first(self) -> Any:
         if self.ordered:
-            return self._key_at(0) if self.raws else END_OF_TABLE
+            return self._stored_key(self.index.first()) if self.index else END_OF_TABLE
         for key in self.data:
             return key
         return END_OF_TABLE
 
     def last(self) -> Any:
         if self.ordered:
-            return self._key_at(-1) if self.raws else END_OF_TABLE
+            return self._stored_key(self.index.last()) if self.index else END_OF_TABLE
         return self.first()
 
     def next(self, key: Any, operation: str) -> Any:
         if self.ordered:
-            index = bisect_right(self.sks, self._sort_key_of(key, operation))
-            return self._key_at(index) if index < len(self.raws) else END_OF_TABLE
+            raw = self.index.after(self._sort_key_of(key, operation))
+            return END_OF_TABLE if raw is ABSENT else self._stored_key(raw)
         data = self.data
         snap = self.snap
         if snap is None or len(data) - snap[2] + self.removed - snap[3] > 0:
@@ -552,24 +533,19 @@ class Tab:
 
     def prev(self, key: Any, operation: str) -> Any:
         if self.ordered:
-            index = bisect_left(self.sks, self._sort_key_of(key, operation)) - 1
-            return self._key_at(index) if index >= 0 else END_OF_TABLE
+            raw = self.index.before(self._sort_key_of(key, operation))
+            return END_OF_TABLE if raw is ABSENT else self._stored_key(raw)
         return self.next(key, operation)
 
     def keys_from(self, key: Any, count: int, reverse: bool, *, start: bool = False) -> list[Any]:
         """Up to ``count`` ordered_set keys (as indexed) after ``key`` in the order, or before
         it if ``reverse``; from the first (last) key if ``start``. ``key`` need not be stored."""
-        raws = self.raws
-        if reverse:
-            end = len(raws) if start else bisect_left(self.sks, self._sort_key_of(key, "select"))
-            return raws[max(0, end - count) : end][::-1]
-        begin = 0 if start else bisect_right(self.sks, self._sort_key_of(key, "select"))
-        return raws[begin : begin + count]
+        return self.index.run(None if start else self._sort_key_of(key, "select"), count, reverse)
 
-    def _key_at(self, index: int) -> Any:
+    def _stored_key(self, raw: Any) -> Any:
         # The stored object's key, as OTP reports it: an insert replaces the object under an ==
         # key (1.0 replacing 1) but the index keeps the key it was first indexed by.
-        return self.data[self.raws[index]][self.kp]
+        return self.data[raw][self.kp]
 
     def key_snapshot(self) -> tuple[list[Any], dict[Any, int]]:
         """The keys of a set or bag in table order and each one's index there, shared until a
