@@ -7,7 +7,8 @@ from typing import Any
 
 from .._process import _CURRENT
 from ._errors import EtsError, NoSuchTable, brief
-from ._table import Tab, describe, registry
+from ._registry import registry
+from ._table import Tab, describe
 
 
 def resolve(table: Any, operation: str) -> Tab:

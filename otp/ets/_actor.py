@@ -15,7 +15,9 @@ from .._messages import From
 from .._process import Process
 from .._reasons import NORMAL
 from ._errors import EtsError, brief
-from ._table import ON_BEHALF_OF, STOP, SWEEP, Tab, add_hook
+from ._expiry import SWEEP
+from ._registry import ON_BEHALF_OF
+from ._table import STOP, Tab, add_hook
 
 Operations = Mapping[str, Callable[..., Any]]
 

@@ -1,5 +1,6 @@
-"""The runtime state of one table: its objects (with the ``ordered_set`` index and TTL
-deadlines), its owner, heir and access mode, and the per-node table registry.
+"""The runtime state of one table: its objects, its owner, heir and access mode, and what
+happens when its owner dies (the ``ordered_set`` index is ``_ordered_index``, time to live
+``_expiry``, the node's table registry ``_registry``).
 
 This mirrors ERTS's ``DbTable``: the data lives here, on the node, so reads and writes by local
 processes are plain function calls (atomic and isolated because every local process runs in one
@@ -9,22 +10,20 @@ which runs before its links and monitors fire, as OTP releases "directly visible
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import sys
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
 from typing import Any
-
-import trio
 
 from .._ids import Pid, Ref
 from .._node import Node
-from .._process import Process, current_process_or_none
+from .._process import Process
 from ._errors import AccessDenied, EtsError, KeyNotFound, NoSuchTable, brief
+from ._expiry import ActorSignal, Expiry
 from ._order import UnorderableKey, exact_index, order_key
 from ._ordered_index import ABSENT, OrderedIndex
+from ._registry import Registry, caller_pid
 from ._types import (
     DUPLICATE_BAG,
     END_OF_TABLE,
@@ -38,11 +37,6 @@ from ._types import (
     TableType,
 )
 
-#: The process an operation runs for when it is not the current one: the table actor sets it
-#: while it serves a request from another node (or from ``rpc``), so access is checked against
-#: the requester, not the actor.
-ON_BEHALF_OF: ContextVar[Pid | None] = ContextVar("otp_ets_on_behalf_of", default=None)
-
 
 class _Nobody:
     """Stands in for the owner of a deleted table, so the fast access test always fails."""
@@ -53,50 +47,11 @@ class _Nobody:
 NOBODY: Any = _Nobody()
 
 
-def caller_pid() -> Pid | None:
-    """The process an operation is done for: the requester when the table actor serves a
-    request, else the current process (None for a task that is not a process)."""
-    pid = ON_BEHALF_OF.get()
-    if pid is not None:
-        return pid
-    proc = current_process_or_none()
-    return proc.pid if proc is not None else None
-
-
 def describe(table: Any) -> str:
     return f"table {brief(table)}"
 
 
-class Registry:
-    """The tables of one node: by id and by name (named tables only)."""
-
-    __slots__ = ("by_id", "ids", "names")
-
-    def __init__(self) -> None:
-        self.by_id: dict[int, Tab] = {}
-        self.names: dict[str, Tab] = {}
-        self.ids = itertools.count(1)
-
-
-_REGISTRY: trio.lowlevel.RunVar[Registry] = trio.lowlevel.RunVar("otp_ets_registry")
-
-
-def registry() -> Registry:
-    """The table registry of the running node (one per ``trio.run``, created on first use)."""
-    try:
-        return _REGISTRY.get()
-    except LookupError:
-        reg = Registry()
-        _REGISTRY.set(reg)
-        return reg
-    except RuntimeError:
-        raise RuntimeError(
-            "otp.ets needs a running node: wrap the code in 'async with otp.open_node():' or"
-            " start it with otp.run(main)"
-        ) from None
-
-
-class Tab:
+class Tab(Expiry):
     """One table: data structure, metadata and lifecycle."""
 
     __slots__ = (
@@ -562,81 +517,6 @@ class Tab:
         self.snap = snap
         return snap
 
-    # -- expiry ------------------------------------------------------------------------------
-
-    def deadline_after(self, expire_after: float | None) -> float | None:
-        return None if expire_after is None else trio.current_time() + expire_after
-
-    def _push_deadline(self, deadline: float, key: Any) -> None:
-        heap = self.heap
-        heapq.heappush(heap, (deadline, next(self.seq), key))
-        if len(heap) == 1:
-            self.refresh()
-        if len(heap) > 1024 and len(heap) > 4 * len(self.dl):
-            self._compact_heap()
-        if deadline < self.sweep_at:
-            self._schedule_sweep(deadline)
-
-    def _compact_heap(self) -> None:
-        entries = []
-        seq = self.seq
-        for key, deadline in self.dl.items():
-            when = deadline if self.unique else min(deadline)
-            if when != math.inf:
-                entries.append((when, next(seq), key))
-        heapq.heapify(entries)
-        self.heap = entries
-        self.refresh()
-
-    def expire_due(self) -> None:
-        """Remove every object whose deadline has passed (expired objects are never seen)."""
-        heap = self.heap
-        if not heap:
-            return
-        now = trio.current_time()
-        while heap and heap[0][0] <= now:
-            _, _, key = heapq.heappop(heap)
-            if self.unique:
-                deadline = self.dl.get(key)
-                if deadline is not None and deadline <= now:
-                    self.remove_key(key)
-            else:
-                deadlines = self.dl.get(key)
-                if deadlines is not None and min(deadlines) <= now:
-                    self.keep(key, lambda _obj, when: when > now)
-                    deadlines = self.dl.get(key)
-                    if deadlines is not None:
-                        soonest = min(deadlines)
-                        if soonest != math.inf:
-                            heapq.heappush(heap, (soonest, next(self.seq), key))
-            heap = self.heap
-        if not heap:
-            self.refresh()
-
-    def _schedule_sweep(self, deadline: float) -> None:
-        timers = self.node.timers
-        if self.sweep_timer is not None:
-            timers.cancel(self.sweep_timer)
-        self.sweep_at = deadline
-        self.sweep_timer = timers.start(deadline - trio.current_time(), self._sweep_due)
-
-    def _sweep_due(self) -> None:
-        self.sweep_timer = None
-        self.sweep_at = math.inf
-        actor = self.actor_proc
-        if actor is not None and actor.alive:
-            actor.deliver(SWEEP)
-        else:
-            self.sweep()
-
-    def sweep(self) -> None:
-        """Physically drop expired objects and schedule the next sweep (run by the actor)."""
-        if not self.alive:
-            return
-        self.expire_due()
-        if self.heap and self.sweep_timer is None:
-            self._schedule_sweep(self.heap[0][0])
-
     # -- lifecycle ---------------------------------------------------------------------------
 
     def set_owner(self, proc: Process) -> None:
@@ -703,16 +583,5 @@ def add_hook(proc: Process, hook: Callable[[Process, Any], None]) -> None:
         proc.exit_hooks.append(hook)
 
 
-class _Signal:
-    __slots__ = ("_label",)
-
-    def __init__(self, label: str) -> None:
-        self._label = label
-
-    def __repr__(self) -> str:
-        return self._label
-
-
-#: Messages to the table actor from the table itself.
-SWEEP: Any = _Signal("ets_sweep")
-STOP: Any = _Signal("ets_stop")
+#: Tells the table actor that its table was deleted.
+STOP: Any = ActorSignal("ets_stop")
