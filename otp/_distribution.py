@@ -55,7 +55,7 @@ from ._dist_values import (
     wire_id,
 )
 from ._errors import BadArg, CallError, CallTimeout, OtpError
-from ._gen_server import _Call, _Cast, _SystemTerminate, _wait
+from ._gen_server_core import GenCall, GenCast, SystemTerminate, wait_reply
 from ._ids import Pid, Ref
 from ._messages import Exit, From
 from ._node import NamedMonitor, Node, current_node
@@ -999,15 +999,15 @@ class Distribution:
 
     def _message_to_wire(self, message: Any) -> Any:
         cls = message.__class__
-        if cls is _Call:
+        if cls is GenCall:
             return (
                 _GEN_CALL,
                 (value_to_wire(message.from_.pid), value_to_wire(message.from_.tag)),
                 value_to_wire(message.request),
             )
-        if cls is _Cast:
+        if cls is GenCast:
             return (_GEN_CAST, value_to_wire(message.request))
-        if cls is _SystemTerminate:
+        if cls is SystemTerminate:
             return (_SYSTEM, _TERMINATE, reason_to_wire(message.reason))
         return value_to_wire(message)
 
@@ -1155,7 +1155,7 @@ class Distribution:
             else:
                 with conn.corked():
                     self.monitor(me.pid, server, ref)
-                    self.send(server, _Call(From(me.pid, ref), request))
+                    self.send(server, GenCall(From(me.pid, ref), request))
         else:
             wire_me = wire_id(me.pid)
             wire_ref = wire_id(ref)
@@ -1188,7 +1188,7 @@ class Distribution:
         """``GenServer.stop`` of a server on another node: monitor it, send it a system
         terminate (OTP's ``proc_lib:stop``) and return its exit reason (``"noproc"`` if it was
         not alive, ``"noconnection"`` if its node is unreachable), or TIMED_OUT."""
-        waiter = await self._ask(me, server, lambda _ref: _SystemTerminate(reason), timeout)
+        waiter = await self._ask(me, server, lambda _ref: SystemTerminate(reason), timeout)
         return waiter.value
 
     async def _ask(
@@ -1211,7 +1211,7 @@ class Distribution:
             with conn.corked():
                 self.monitor(me.pid, server, ref)
                 self.send(server, message(ref))
-        await _wait(self.node, waiter, timeout, lambda: self._unwatch(me, ref))
+        await wait_reply(self.node, waiter, timeout, lambda: self._unwatch(me, ref))
         return waiter
 
     def _watch(self, me: Process, server: Any, ref: Ref) -> CallWaiter:
@@ -1404,10 +1404,10 @@ class Distribution:
                 else:
                     ref = value_from_wire(ref, node)
                 from_ = From(pid_from_wire(pid, node), ref)
-                proc.deliver(_Call(from_, value_from_wire(message[2], node)))
+                proc.deliver(GenCall(from_, value_from_wire(message[2], node)))
                 return
             if tag == "$gen_cast" and len(message) == 2:
-                proc.deliver(_Cast(value_from_wire(message[1], node)))
+                proc.deliver(GenCast(value_from_wire(message[1], node)))
                 return
             if (
                 tag == "system"
@@ -1415,7 +1415,7 @@ class Distribution:
                 and message[1] == _TERMINATE
                 and message[2].__class__ is wire.ExitReason
             ):
-                proc.deliver(_SystemTerminate(reason_from_wire(message[2], node)))
+                proc.deliver(SystemTerminate(reason_from_wire(message[2], node)))
                 return
         proc.deliver(value_from_wire(message, node))
 

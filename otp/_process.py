@@ -42,7 +42,7 @@ TIMED_OUT: Any = object()
 
 Match = type | tuple[type, ...] | Callable[[Any], bool] | None
 
-_CURRENT: contextvars.ContextVar[Process] = contextvars.ContextVar("otp_current_process")
+CURRENT_PROCESS: contextvars.ContextVar[Process] = contextvars.ContextVar("otp_current_process")
 
 
 class ProcessExit(BaseException):
@@ -341,7 +341,7 @@ class Process:
 def current_process() -> Process:
     """The process running the calling code; raises :class:`NotAProcess` outside one."""
     try:
-        return _CURRENT.get()
+        return CURRENT_PROCESS.get()
     except LookupError:
         raise NotAProcess(
             "this needs a current process: run it inside spawn(), otp.run() or"
@@ -350,4 +350,4 @@ def current_process() -> Process:
 
 
 def current_process_or_none() -> Process | None:
-    return _CURRENT.get(None)
+    return CURRENT_PROCESS.get(None)

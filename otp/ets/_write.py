@@ -7,7 +7,7 @@ import builtins
 import math
 from typing import Any
 
-from .._process import _CURRENT
+from .._process import CURRENT_PROCESS
 from ._access import unique_only as _unique_only
 from ._access import writer as _writer
 from ._errors import EtsError, KeyNotFound, brief
@@ -28,7 +28,7 @@ class _Default:
 #: ``expire_after=DEFAULT`` means "the table's ``expire_after``".
 DEFAULT: Any = _Default()
 #: The current process, raising LookupError outside one (a bound method: the fastest way).
-_current = _CURRENT.get
+_current = CURRENT_PROCESS.get
 
 
 def check_ttl(expire_after: Any, operation: str, table: Any) -> None:
