@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
+from trio.lowlevel import cancel_shielded_checkpoint, current_task, wait_task_rescheduled
 
 from ._errors import BadArg, CallError, CallTimeout, NoProc, StopError
 from ._gen_server_core import (
@@ -142,7 +143,18 @@ class GenServer:
         waiter = CallWaiter()
         watch(me, target, ref, waiter)
         target.deliver(GenCall(From(me.pid, ref), request))
-        await wait_reply(node, waiter, timeout, lambda: unwatch(me, target, ref))
+        # wait_reply inlined (the hot path): no closure and two coroutine frames fewer a call.
+        timer = None if timeout is None else node.timers.start(timeout, waiter.time_out)
+        try:
+            if waiter.done:
+                await cancel_shielded_checkpoint()
+            else:
+                waiter.task = current_task()
+                await wait_task_rescheduled(waiter.abort)
+        finally:
+            unwatch(me, target, ref)
+            if timer is not None:
+                node.timers.cancel(timer)
         value = waiter.value
         if value is TIMED_OUT:
             raise CallTimeout("timeout", server, request)
