@@ -254,7 +254,7 @@ async def _loop(
     server: GenServer, me: Process, parent: Pid, state: Any, timeout: float | None, cont: Any
 ) -> None:
     cls = type(server)
-    receive = me.receive
+    receive, receive_any = me.receive, me.receive_any
     handle_call = server.handle_call
     async_call = cls._async_call
     message: Any = None
@@ -274,7 +274,7 @@ async def _loop(
                     await _terminate(server, me, ret.reason, ret.state, message)
                 raise _Bad(ret)
             if timeout is None:
-                message = await receive()
+                message = await receive_any()
             else:
                 message = await receive(None, timeout, "timeout")
             me.last_message = message
