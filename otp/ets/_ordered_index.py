@@ -39,23 +39,22 @@ class OrderedIndex:
     unique: :meth:`add` reports a sort key already present instead of adding it.
     """
 
-    __slots__ = ("_maxes", "_raws", "_size", "_sks", "ords")
+    __slots__ = ("_maxes", "_raws", "_sks", "ords")
 
     def __init__(self) -> None:
         self._sks: list[list[Any]] = []
         self._raws: list[list[Any]] = []
         self._maxes: list[Any] = []
-        self._size = 0
         #: Each indexed key's sort key, as computed when it was indexed: a key == to it may
         #: sort elsewhere (``frozenset({1.0})`` and ``frozenset({1})`` have different reprs),
         #: so the index is searched with this one, never with the caller's key.
         self.ords: dict[Any, Any] = {}
 
     def __len__(self) -> int:
-        return self._size
+        return len(self.ords)
 
     def __bool__(self) -> bool:
-        return self._size > 0
+        return bool(self.ords)
 
     def __iter__(self) -> Iterator[Any]:
         """The indexed keys in order (iterate over a copy: see :meth:`keys`)."""
@@ -74,7 +73,6 @@ class OrderedIndex:
         self._raws.clear()
         self._maxes.clear()
         self.ords.clear()
-        self._size = 0
 
     def holder(self, sk: Any) -> Any:
         """The indexed key whose sort key equals ``sk``, or ABSENT."""
@@ -112,7 +110,6 @@ class OrderedIndex:
             if len(chunk) > 2 * CHUNK:
                 self._split(ci)
         self.ords[key] = sk
-        self._size += 1
         return ABSENT
 
     def remove(self, key: Any) -> None:
@@ -123,7 +120,6 @@ class OrderedIndex:
         i = bisect_left(chunk, sk)
         del chunk[i]
         del self._raws[ci][i]
-        self._size -= 1
         if not chunk:
             del self._sks[ci], self._raws[ci], self._maxes[ci]
             return
