@@ -268,10 +268,7 @@ class Process:
         mailbox = self._mailbox
         if mailbox:
             message = mailbox.popleft()
-            self.handled += 1
-            self._fast += 1
-            if self._fast >= FAIRNESS_BUDGET:
-                self._fast = 0
+            if self._served_fast():
                 await cancel_shielded_checkpoint()
             return message
         self._fast = 0
@@ -286,6 +283,16 @@ class Process:
             if mailbox:
                 self.handled += 1
                 return mailbox.popleft()
+
+    def _served_fast(self) -> bool:
+        """Count a receive served from the queue without yielding; True when it is time to
+        yield once (``FAIRNESS_BUDGET``)."""
+        self.handled += 1
+        self._fast += 1
+        if self._fast < FAIRNESS_BUDGET:
+            return False
+        self._fast = 0
+        return True
 
     def _second_reader(self) -> OtpError:
         return OtpError(
@@ -308,10 +315,7 @@ class Process:
         if mailbox:
             if predicate is None:
                 message = mailbox.popleft()
-                self.handled += 1
-                self._fast += 1
-                if self._fast >= FAIRNESS_BUDGET:
-                    self._fast = 0
+                if self._served_fast():
                     await cancel_shielded_checkpoint()
                 return message
             for index, message in enumerate(mailbox):

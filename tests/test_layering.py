@@ -30,17 +30,21 @@ def _imports(path: Path) -> list[tuple[str, int]]:
     return _imports_of(path.read_text(), package)
 
 
+def _source_of(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module a ``from ... import`` reads from."""
+    if node.level:
+        base = package.split(".")[: -node.level]
+        return ".".join([*base, node.module] if node.module else base)
+    return node.module or ""
+
+
 def _imports_of(source: str, package: str) -> list[tuple[str, int]]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found.extend((alias.name, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: -node.level]
-                name = ".".join([*base, node.module] if node.module else base)
-            else:
-                name = node.module or ""
+            name = _source_of(node, package)
             found.append((name, node.lineno))
             for alias in node.names:
                 found.append((f"{name}.{alias.name}", node.lineno))
@@ -91,11 +95,7 @@ def _private_names(source: str, package: str) -> list[tuple[str, str, int]]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: -node.level]
-                module = ".".join([*base, node.module] if node.module else base)
-            else:
-                module = node.module or ""
+            module = _source_of(node, package)
             for alias in node.names:
                 if alias.name.startswith("_") and not alias.name.startswith("__"):
                     found.append((module, alias.name, node.lineno))
