@@ -100,18 +100,9 @@ async def wait_reply(
 
 def watch(me: Process, target: Process, ref: Ref, waiter: CallWaiter) -> None:
     """Monitor ``target`` with ``ref`` routed to ``waiter`` instead of the mailbox."""
-    if me.aliases is None:
-        me.aliases = {ref: waiter}
-    else:
-        me.aliases[ref] = waiter
-    if target.monitored_by is None:
-        target.monitored_by = {ref: me.pid}
-    else:
-        target.monitored_by[ref] = me.pid
-    if me.monitors is None:
-        me.monitors = {ref: target.pid}
-    else:
-        me.monitors[ref] = target.pid
+    me.add_alias(ref, waiter)
+    target.add_monitored_by(ref, me.pid)
+    me.add_monitor(ref, target.pid)
 
 
 def unwatch(me: Process, target: Process, ref: Ref) -> None:
