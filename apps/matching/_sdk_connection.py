@@ -13,7 +13,8 @@ import math
 import os
 import secrets
 import ssl
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -60,8 +61,8 @@ class SdkConnection:
     Build it with :meth:`open`. Frames are sorted by one reader task:
 
     * stream frames (M_REGISTERED, M_REJECTED, M_TASK, M_CLOSE, M_PING with a stream id) go to
-      the receive channel :meth:`open_stream` returned for that id (frames for a stream id
-      that is not open are dropped);
+      the receive channel :meth:`open_stream` returned for that id, or to the function it was
+      given, called in the reader task (frames for a stream id that is not open are dropped);
     * M_REPLY / M_ERROR with a call id complete the :meth:`call` waiting for it (late replies,
       for calls that timed out or were cancelled, are dropped);
     * connection-level frames (M_RECONNECT, M_ERROR and M_PING with request id 0) go to
@@ -85,8 +86,15 @@ class SdkConnection:
         self.codec: wire.Codec = welcome.codec
         self._where = where
         self._write_lock = trio.Lock()
+        #: Encoded frames :meth:`send_nowait` could not write at once, in order; a flusher
+        #: task (or the next :meth:`send`) writes them before anything else.
+        self._backlog: deque[bytes | memoryview] = deque()
+        self._flushing = False
+        self._nursery: trio.Nursery | None = None
         self._next_id = 1
-        self._streams: dict[int, trio.MemorySendChannel[wire.MatchMessage]] = {}
+        #: stream id -> what takes its frames (a channel's ``send_nowait``, or the owner's).
+        self._streams: dict[int, Callable[[wire.MatchMessage], None]] = {}
+        self._channels: dict[int, trio.MemorySendChannel[wire.MatchMessage]] = {}
         self._calls: dict[int, _Pending] = {}
         control_send, control_receive = trio.open_memory_channel[wire.MatchMessage](math.inf)
         self._control_send = control_send
@@ -182,6 +190,7 @@ class SdkConnection:
         frames.codec = welcome.codec
         conn = cls(frames, welcome, where)
         conn._reader_started = True
+        conn._nursery = nursery
         if nursery is not None:
             nursery.start_soon(conn._read)
         else:
@@ -205,13 +214,29 @@ class SdkConnection:
         self._check_open()
         rid = self._allocate()
         send, receive = trio.open_memory_channel[wire.MatchMessage](math.inf)
-        self._streams[rid] = send
+        self._streams[rid] = send.send_nowait
+        self._channels[rid] = send
         return rid, receive
+
+    def open_stream_handler(self, handler: Callable[[wire.MatchMessage], None]) -> int:
+        """A new stream id whose frames are given to ``handler`` in the reader task, as they
+        arrive (no channel and no task per stream: the worker's streams cost a wake-up less
+        per frame). ``handler`` must not block; an exception it raises loses the connection.
+        Nothing tells it that the stream ended (:attr:`closed` says when the connection did).
+
+        Raises:
+            ClientClosed: The connection is closed.
+        """
+        self._check_open()
+        rid = self._allocate()
+        self._streams[rid] = handler
+        return rid
 
     def close_stream(self, stream_id: int) -> None:
         """Forget ``stream_id``: its channel ends, later frames for it are dropped. Sends
         nothing (the caller sends M_CLOSE when the server should know)."""
-        send = self._streams.pop(stream_id, None)
+        self._streams.pop(stream_id, None)
+        send = self._channels.pop(stream_id, None)
         if send is not None:
             send.close()
 
@@ -247,6 +272,8 @@ class SdkConnection:
             await lock.acquire()
         try:
             self._check_open()
+            if self._backlog:  # frames send_nowait queued go first
+                await self._flush_backlog()
             rest: bytes | memoryview = data
             try:
                 if self._fd is not None:
@@ -271,6 +298,69 @@ class SdkConnection:
                 ) from exc
         finally:
             lock.release()
+
+    def send_nowait(self, message: wire.MatchMessage) -> None:
+        """Write one frame without waiting: straight to a plain socket when no writer is busy
+        and it takes the frame whole (the usual case); otherwise the frame (or what the socket
+        did not take) is queued and a flusher task writes it, in order, before any later frame.
+        For the trio thread's synchronous code (the worker's stream frames and call outcomes).
+
+        Raises:
+            ClientClosed: The connection is closed, or the write failed (it is then lost).
+            WireError: ``message`` cannot be encoded (nothing was written).
+        """
+        self._check_open()
+        data = wire.encode_frame(
+            message.to_frame(self.codec), codec=self.codec, limits=self._frames.limits
+        )
+        backlog = self._backlog
+        if self._fd is not None and not backlog and not self._write_lock.locked():
+            try:
+                sent = os.write(self._fd, data)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
+                raise ClientClosed(
+                    f"the connection to {self._where} was lost while sending", retryable=True
+                ) from exc
+            if sent == len(data):
+                return
+            backlog.append(memoryview(data)[sent:])
+        else:
+            backlog.append(data)
+        if not self._flushing:
+            self._flushing = True
+            if self._nursery is not None:
+                self._nursery.start_soon(self._flusher)
+            else:
+                trio.lowlevel.spawn_system_task(self._flusher)
+
+    async def _flusher(self) -> None:
+        """Write the backlog :meth:`send_nowait` left (a task; it never raises: a failed
+        write loses the connection)."""
+        try:
+            async with self._write_lock:
+                if not self._closed.is_set():
+                    await self._flush_backlog()
+        except ClientClosed:
+            pass
+        finally:
+            self._flushing = False
+
+    async def _flush_backlog(self) -> None:
+        """Write the queued frames (the write lock held). Shielded, as :meth:`send`'s."""
+        backlog = self._backlog
+        try:
+            with trio.CancelScope(shield=True):
+                while backlog:
+                    await self._frames.stream.send_all(backlog[0])
+                    backlog.popleft()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
+            raise ClientClosed(
+                f"the connection to {self._where} was lost while sending", retryable=True
+            ) from exc
 
     async def call(self, op: str, args: Mapping[str, Any], timeout: float | None = None) -> Any:
         """Send M_CALL ``op`` and wait for its M_REPLY value.
@@ -344,9 +434,11 @@ class SdkConnection:
             pending.error = ClientClosed(message, retryable=True)
             pending.done.set()
         self._calls.clear()
-        for send in self._streams.values():
+        for send in self._channels.values():
             send.close()
+        self._channels.clear()
         self._streams.clear()
+        self._backlog.clear()
         self._control_send.close()
 
     # -- the reader -----------------------------------------------------------------------
@@ -383,11 +475,11 @@ class SdkConnection:
         if isinstance(message, _STREAM_MESSAGES) or (
             isinstance(message, wire.MatchPing) and message.rid != 0
         ):
-            send = self._streams.get(message.rid)
-            if send is None:
+            deliver = self._streams.get(message.rid)
+            if deliver is None:
                 log.debug("dropped %s for stream %d, which is not open", message, message.rid)
                 return
-            send.send_nowait(message)
+            deliver(message)
             return
         if isinstance(message, wire.MatchReply) or (
             isinstance(message, wire.MatchError) and message.rid != 0

@@ -9,6 +9,7 @@ import tempfile
 
 import pytest
 import trio
+import trio.testing
 
 import wire
 from apps.matching import (
@@ -146,6 +147,46 @@ async def test_stream_frames_reach_their_own_stream_channel(server, autojump_clo
     with pytest.raises(trio.EndOfChannel):
         await a_frames.receive()
     await conn.aclose()
+
+
+async def test_stream_handler_gets_its_frames_in_the_reader(server, autojump_clock):
+    conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
+    got: list[wire.MatchMessage] = []
+    a = conn.open_stream_handler(got.append)
+    _, b_frames = conn.open_stream()
+    await server.conn.send(wire.MatchRegistered(queue="flow", name="X", rid=a))
+    await server.conn.send(wire.MatchPing(rid=a))
+    await server.conn.send(wire.MatchPing(rid=a + 1))
+    assert await b_frames.receive() == wire.MatchPing(rid=a + 1)  # (sent after a's frames)
+    assert got == [wire.MatchRegistered(queue="flow", name="X", rid=a), wire.MatchPing(rid=a)]
+    conn.close_stream(a)
+    await server.conn.send(wire.MatchPing(rid=a))  # no longer open: dropped
+    await server.conn.send(wire.MatchPing(rid=a + 1))
+    assert await b_frames.receive() == wire.MatchPing(rid=a + 1)
+    assert len(got) == 2
+    await conn.aclose()
+
+
+async def test_send_nowait_writes_at_once_or_queues_in_order_behind_a_writer(
+    server, autojump_clock
+):
+    conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
+    fake = server.conn
+    conn.send_nowait(wire.MatchPong(rid=1))  # written before this task yields
+    await server.wait_for(lambda: fake.of_type(wire.MatchPong) == [wire.MatchPong(rid=1)])
+    # A writer holds the turn: frames sent meanwhile wait, then go in the order sent, before
+    # the next send's.
+    async with conn._write_lock:
+        conn.send_nowait(wire.MatchPong(rid=2))
+        conn.send_nowait(wire.MatchPong(rid=3))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(fake.of_type(wire.MatchPong)) == 1
+    await conn.send(wire.MatchPong(rid=4))
+    await server.wait_for(lambda: len(fake.of_type(wire.MatchPong)) == 4)
+    assert [m.rid for m in fake.of_type(wire.MatchPong)] == [1, 2, 3, 4]
+    await conn.aclose()
+    with pytest.raises(ClientClosed):
+        conn.send_nowait(wire.MatchPong(rid=5))
 
 
 async def test_connection_level_frames_go_to_control(server, autojump_clock):
