@@ -17,7 +17,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import attrs
 import trio
 
 import wire
@@ -32,6 +31,7 @@ from ._errors import (
     error_from_code,
 )
 from ._options import ClientOptions, WorkerOptions
+from ._sdk_calls import PendingCalls
 
 __all__ = ["SdkConnection"]
 
@@ -44,15 +44,6 @@ _STREAM_MESSAGES = (
     wire.MatchTask,
     wire.MatchClose,
 )
-
-
-@attrs.define
-class _Pending:
-    """One call waiting for its M_REPLY or M_ERROR."""
-
-    done: trio.Event = attrs.field(factory=trio.Event)
-    value: Any = None
-    error: MatchingError | None = None
 
 
 class SdkConnection:
@@ -95,7 +86,8 @@ class SdkConnection:
         #: stream id -> what takes its frames (a channel's ``send_nowait``, or the owner's).
         self._streams: dict[int, Callable[[wire.MatchMessage], None]] = {}
         self._channels: dict[int, trio.MemorySendChannel[wire.MatchMessage]] = {}
-        self._calls: dict[int, _Pending] = {}
+        self._calls = PendingCalls(where)
+        self._timer_scope = trio.CancelScope()
         control_send, control_receive = trio.open_memory_channel[wire.MatchMessage](math.inf)
         self._control_send = control_send
         self.control: trio.MemoryReceiveChannel[wire.MatchMessage] = control_receive
@@ -193,8 +185,10 @@ class SdkConnection:
         conn._nursery = nursery
         if nursery is not None:
             nursery.start_soon(conn._read)
+            nursery.start_soon(conn._run_timer)
         else:
             trio.lowlevel.spawn_system_task(conn._read)
+            trio.lowlevel.spawn_system_task(conn._run_timer)
         return conn
 
     # -- streams and calls ----------------------------------------------------------------
@@ -376,19 +370,13 @@ class SdkConnection:
         """
         self._check_open()
         rid = self._allocate()
-        pending = _Pending()
-        self._calls[rid] = pending
+        calls = self._calls
+        pending = calls.add(rid, op, timeout)
         try:
             await self.send(wire.MatchCall(op=op, args=dict(args), rid=rid))
-            with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
-                await pending.done.wait()
-            if scope.cancelled_caught:
-                raise CallTimeout(f"call {op!r} to {self._where} got no answer within {timeout} s")
+            return await calls.wait(rid, pending)
         finally:
-            self._calls.pop(rid, None)
-        if pending.error is not None:
-            raise pending.error
-        return pending.value
+            calls.forget(rid)
 
     # -- closing --------------------------------------------------------------------------
 
@@ -430,16 +418,19 @@ class SdkConnection:
         message = f"the connection to {self._where} was closed" + (
             f": {error.message}" if error is not None else ""
         )
-        for pending in self._calls.values():
-            pending.error = ClientClosed(message, retryable=True)
-            pending.done.set()
-        self._calls.clear()
+        self._calls.fail_all(ClientClosed(message, retryable=True))
+        self._timer_scope.cancel()
         for send in self._channels.values():
             send.close()
         self._channels.clear()
         self._streams.clear()
         self._backlog.clear()
         self._control_send.close()
+
+    async def _run_timer(self) -> None:
+        """The calls' timeouts (:class:`PendingCalls`), until the connection ends."""
+        with self._timer_scope:
+            await self._calls.run_timer()
 
     # -- the reader -----------------------------------------------------------------------
 
@@ -484,20 +475,18 @@ class SdkConnection:
         if isinstance(message, wire.MatchReply) or (
             isinstance(message, wire.MatchError) and message.rid != 0
         ):
-            pending = self._calls.get(message.rid)
-            if pending is None:
-                log.debug("dropped a late answer to call %d", message.rid)
-                return
             if isinstance(message, wire.MatchReply):
-                pending.value = message.value
+                answered = self._calls.answer(message.rid, message.value)
             else:
-                pending.error = error_from_code(
+                error = error_from_code(
                     message.code,
                     message.message,
                     retryable=message.retryable,
                     details=message.details,
                 )
-            pending.done.set()
+                answered = self._calls.answer(message.rid, error=error)
+            if not answered:
+                log.debug("dropped a late answer to call %d", message.rid)
             return
         if isinstance(message, wire.MatchReconnect | wire.MatchError | wire.MatchPing):
             self._control_send.send_nowait(message)

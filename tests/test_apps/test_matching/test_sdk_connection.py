@@ -133,6 +133,69 @@ async def test_call_timeout_raises_call_timeout(server, autojump_clock):
     await conn.aclose()
 
 
+async def test_calls_in_flight_time_out_each_at_its_own_deadline(server, autojump_clock, nursery):
+    # One timer serves every call of the connection: each still fails at its own deadline,
+    # an answered call never does, and a late answer is dropped.
+    conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
+    start = trio.current_time()
+    ended: dict[str, float] = {}
+
+    async def call(name: str, timeout: float, delay: float = 0) -> None:
+        await trio.sleep(delay)
+        try:
+            await conn.call("result", {"flow_id": name}, timeout=timeout)
+        except CallTimeout as exc:
+            assert f"within {timeout} s" in str(exc)
+            ended[name] = trio.current_time() - start
+        else:
+            ended[name] = -1
+
+    async def answer_b() -> None:
+        def calls_to(name: str) -> list[wire.MatchCall]:
+            return [c for c in server.conn.of_type(wire.MatchCall) if c.args["flow_id"] == name]
+
+        await server.wait_for(lambda: bool(calls_to("b")))
+        await trio.sleep(2)
+        await server.conn.send(wire.MatchReply(value=1, rid=calls_to("b")[0].rid))
+        await trio.sleep(6)  # after a's timeout: its answer is dropped
+        await server.conn.send(wire.MatchReply(value=1, rid=calls_to("a")[0].rid))
+
+    async with trio.open_nursery() as calls:
+        calls.start_soon(call, "a", 5)
+        calls.start_soon(call, "b", 4)
+        calls.start_soon(call, "c", 3)
+        calls.start_soon(call, "d", 5, 1)
+        calls.start_soon(answer_b)
+    assert ended == pytest.approx({"a": 5, "b": -1, "c": 3, "d": 6})
+    assert waiting_calls(conn) == 0
+    await conn.aclose()
+
+
+async def test_a_cancelled_call_drops_its_late_answer(server, autojump_clock):
+    conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
+    with trio.move_on_after(1):
+        await conn.call("result", {"flow_id": "f"})
+    call = server.conn.of_type(wire.MatchCall)[0]
+    await server.conn.send(wire.MatchReply(value="late", rid=call.rid))
+    assert waiting_calls(conn) == 0
+
+    async def answer() -> None:
+        await server.wait_for(lambda: len(server.conn.of_type(wire.MatchCall)) == 2)
+        await server.conn.send(
+            wire.MatchReply(value="ok", rid=server.conn.of_type(wire.MatchCall)[1].rid)
+        )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer)
+        assert await conn.call("result", {"flow_id": "g"}) == "ok"
+    await conn.aclose()
+
+
+def waiting_calls(conn: SdkConnection) -> int:
+    """The calls still waiting for an answer."""
+    return len(conn._calls)
+
+
 async def test_stream_frames_reach_their_own_stream_channel(server, autojump_clock):
     conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
     a, a_frames = conn.open_stream()
