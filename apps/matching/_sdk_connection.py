@@ -256,42 +256,57 @@ class SdkConnection:
         data = wire.encode_frame(
             message.to_frame(self.codec), codec=self.codec, limits=self._frames.limits
         )
-        lock = self._write_lock
-        # The writer's turn without a trip through the scheduler when nobody is writing; a
-        # cancelled caller still sends nothing.
+        # A cancelled caller sends nothing; when nobody is writing, a plain socket takes the
+        # frame at once nearly always (no lock taken, no trip through the scheduler).
         await trio.lowlevel.checkpoint_if_cancelled()
-        try:
+        rest = self._write_direct(data)
+        if not rest:
+            return
+        lock = self._write_lock
+        if len(rest) < len(data):  # partly written: the rest goes before anyone else's
             lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()
+        else:
+            try:
+                lock.acquire_nowait()
+            except trio.WouldBlock:
+                await lock.acquire()
         try:
             self._check_open()
             if self._backlog:  # frames send_nowait queued go first
                 await self._flush_backlog()
-            rest: bytes | memoryview = data
             try:
-                if self._fd is not None:
-                    # A plain socket takes the frame at once nearly always: written straight
-                    # to its (non-blocking) descriptor, with no cancel scope and no trip
-                    # through the scheduler; what it cannot take now goes the slow way.
-                    try:
-                        sent = os.write(self._fd, data)
-                    except BlockingIOError:
-                        sent = 0
-                    if sent == len(data):
-                        return
-                    rest = memoryview(data)[sent:]
                 # Shielded: a write is never cut midway by a cancellation (which would leave
                 # the peer unable to read on); only closing the connection stops a stuck one.
                 with trio.CancelScope(shield=True):
                     await self._frames.stream.send_all(rest)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
-                raise ClientClosed(
-                    f"the connection to {self._where} was lost while sending", retryable=True
-                ) from exc
+                raise self._write_failed(exc) from exc
         finally:
             lock.release()
+
+    def _write_direct(self, data: bytes) -> bytes | memoryview:
+        """Write what a plain socket takes of ``data`` now, if nobody else is writing (no
+        writer holds the turn, nothing is queued); returns the rest (empty: all written).
+
+        Raises:
+            ClientClosed: The write failed (the connection is then lost).
+        """
+        if self._fd is None or self._backlog or self._write_lock.locked():
+            return data
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            return data
+        except OSError as exc:
+            raise self._write_failed(exc) from exc
+        return memoryview(data)[sent:] if sent < len(data) else b""
+
+    def _write_failed(self, exc: BaseException) -> ClientClosed:
+        """Lose the connection after a failed write; the error to raise to the writer."""
+        self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
+        return ClientClosed(
+            f"the connection to {self._where} was lost while sending", retryable=True
+        )
 
     def send_nowait(self, message: wire.MatchMessage) -> None:
         """Write one frame without waiting: straight to a plain socket when no writer is busy
@@ -307,22 +322,10 @@ class SdkConnection:
         data = wire.encode_frame(
             message.to_frame(self.codec), codec=self.codec, limits=self._frames.limits
         )
-        backlog = self._backlog
-        if self._fd is not None and not backlog and not self._write_lock.locked():
-            try:
-                sent = os.write(self._fd, data)
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
-                raise ClientClosed(
-                    f"the connection to {self._where} was lost while sending", retryable=True
-                ) from exc
-            if sent == len(data):
-                return
-            backlog.append(memoryview(data)[sent:])
-        else:
-            backlog.append(data)
+        rest = self._write_direct(data)
+        if not rest:
+            return
+        self._backlog.append(rest)
         if not self._flushing:
             self._flushing = True
             if self._nursery is not None:
@@ -351,10 +354,7 @@ class SdkConnection:
                     await self._frames.stream.send_all(backlog[0])
                     backlog.popleft()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
-            raise ClientClosed(
-                f"the connection to {self._where} was lost while sending", retryable=True
-            ) from exc
+            raise self._write_failed(exc) from exc
 
     async def call(self, op: str, args: Mapping[str, Any], timeout: float | None = None) -> Any:
         """Send M_CALL ``op`` and wait for its M_REPLY value.
