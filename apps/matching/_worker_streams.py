@@ -64,8 +64,6 @@ class Stream:
     link: Link
     #: "registering", "idle", "busy" or "closed".
     state: str = "registering"
-    #: A call's outcome is being written on it (not to be closed meanwhile).
-    sending: bool = False
     #: When it last became idle (registered, or its handler returned).
     idle_since: float = 0.0
     #: While busy: when its next keepalive PONG is due.
@@ -98,8 +96,8 @@ def plan_streams(
     lasts; that extra one is opened only with a slot free, ``slot_free``). Missing ones are
     opened when ``may_open`` and the queue's ``retry_at`` has passed. Idle streams beyond what
     is kept are closed longest-idle first, but only once idle for ``linger`` seconds, and one
-    registered stream is always kept while others are still registering. Streams that are
-    sending an outcome count as busy.
+    registered stream is always kept while others are still registering. (A call's outcome
+    is written at once or queued before anything later: a stream is idle once it is sent.)
     """
     queues = list(queues)
     idle: dict[int, list[Stream]] = {id(q): [] for q in queues}
@@ -108,7 +106,7 @@ def plan_streams(
         key = id(s.queue)
         if key not in idle:
             continue
-        if s.state == "idle" and not s.sending:
+        if s.state == "idle":
             idle[key].append(s)
         elif s.state == "registering":
             registering[key] += 1
@@ -143,8 +141,7 @@ def plan_queue(
     for s in streams:
         if s.queue is q:
             if s.state == "idle":
-                if not s.sending:
-                    mine.append(s)
+                mine.append(s)
             elif s.state == "registering":
                 registering += 1
     opens: list[QueueState] = []

@@ -248,7 +248,8 @@ class WorkerTasks:
     def _send_outcome_nowait(
         self, s: Stream, task: wire.MatchTask, message: wire.MatchMessage
     ) -> None:
-        """:meth:`_send_outcome` without waiting."""
+        """Send a call's outcome (unless its stream or connection is gone, with a warning);
+        one that cannot be encoded becomes a non-retryable failure."""
         link = s.link
         if link.conn.closed or s.state == "closed":
             self._outcome_dropped(task, message)
@@ -337,11 +338,8 @@ class WorkerTasks:
             freed = True
             self._free_slot(s)
             if outcome is not None:
-                s.sending = True
-                try:
-                    await self._send_outcome(s, task, outcome)
-                finally:
-                    s.sending = False
+                # (written at once or queued in order: a CLOSE of the stream comes after it)
+                self._send_outcome_nowait(s, task, outcome)
         finally:
             self._call_scopes.discard(scope)
             if not freed:
@@ -369,22 +367,6 @@ class WorkerTasks:
                 await link.keepalive_wake.wait()
             else:
                 await trio.sleep_until(due)
-
-    async def _send_outcome(
-        self, s: Stream, task: wire.MatchTask, outcome: wire.MatchMessage
-    ) -> None:
-        link = s.link
-        if link.conn.closed or s.state == "closed":
-            self._outcome_dropped(task, outcome)
-            return
-        try:
-            await link.conn.send(outcome)
-        except wire.WireError as exc:
-            await self._send_quietly(link, self._unsendable(s, task, exc))
-        except ClientClosed:
-            log.warning(
-                "the connection was lost: the outcome of delivery %d is dropped", task.delivery
-            )
 
     @staticmethod
     def _outcome_dropped(task: wire.MatchTask, outcome: wire.MatchMessage) -> None:
