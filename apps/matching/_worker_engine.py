@@ -238,6 +238,7 @@ class WorkerEngine(WorkerTasks):
         finally:
             self._draining = True
             self._tracker.stopped()
+            await self._wait_blocking_calls()  # (only if run was cancelled: else drained)
             self._done.set()
         if self._fatal is not None:
             raise self._fatal

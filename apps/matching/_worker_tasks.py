@@ -232,18 +232,35 @@ class WorkerTasks:
             scope = trio.CancelScope()
             if call.cancelled:
                 scope.cancel()
-            self._call_scopes.add(scope)
             finish = Returned(returned, call.ctx, call.deadline)
-            self._calls_nursery.start_soon(
-                self._run_call, s, task, call.handler, scope, finish, call.outputs
-            )
-            return
+            try:
+                self._calls_nursery.start_soon(
+                    self._run_call, s, task, call.handler, scope, finish, call.outputs
+                )
+            except RuntimeError:  # run() was cancelled: nothing is sent any more
+                log.warning(
+                    "the outcome of delivery %d is dropped: the worker stopped", task.delivery
+                )
+            else:
+                self._call_scopes.add(scope)
+                return
         call.outputs.closed = True
         try:
             self._free_slot(s)
-            self._send_outcome_nowait(s, task, message)
+            if message is not None:
+                self._send_outcome_nowait(s, task, message)
         finally:
             self._call_over(s)
+
+    async def _wait_blocking_calls(self) -> None:
+        """Wait (shielded) until the functions of fast-path calls have returned, as a task
+        waiting for its thread would: ``run`` never returns under a running handler."""
+        with trio.CancelScope(shield=True):
+            while any(type(c) is _BlockingCall for c in self._call_scopes):
+                await self._wait_kick()
+
+    async def _wait_kick(self, deadline: float = math.inf) -> None:
+        raise NotImplementedError
 
     def _send_outcome_nowait(
         self, s: Stream, task: wire.MatchTask, message: wire.MatchMessage

@@ -770,6 +770,38 @@ async def test_a_cancelled_blocking_handler_is_waited_for_before_its_slot_frees(
         assert engine.statistics().busy == 0
 
 
+async def test_cancelling_run_waits_for_a_running_blocking_handler(server, nursery):
+    release = threading.Event()
+    entered = threading.Event()
+
+    class Stuck(Flow):
+        @step
+        def work(self, ctx):
+            entered.set()
+            release.wait(10)
+
+    engine = _sync_engine(server, (Stuck,))
+    returned = trio.Event()
+
+    async def run(task_status=trio.TASK_STATUS_IGNORED):
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            await engine.run()
+        returned.set()
+
+    with trio.fail_after(20):
+        scope = await nursery.start(run)
+        await engine.wait_pull_registered()
+        await server.conn.offer("flow:Stuck", flow_type="Stuck", name="work")
+        await trio.to_thread.run_sync(entered.wait)
+        scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not returned.is_set()  # the function still runs in its thread
+        release.set()
+        await returned.wait()
+        assert engine.statistics().busy == 0
+
+
 class _Cache:
     """BlobCache's async interface: ``blob:<key>`` args are fetched, bytes results uploaded."""
 
