@@ -19,7 +19,15 @@ from ._errors import Cancelled, ConfigurationError, FlowFailed, MatchingError, e
 from ._flow_spec import FlowSpec, parse_definition
 from ._matcher import MATCHER
 from ._model import MAX_NAME_LENGTH
-from ._store import SERVER_NAME, AttemptRecord, DispatchRecord, FlowRecord, PendingStep, WriteBatch
+from ._store import (
+    SERVER_NAME,
+    AttemptRecord,
+    DispatchRecord,
+    FlowRecord,
+    PendingStep,
+    WriteBatch,
+)
+from ._store_records import trusted
 
 __all__ = [
     "ENGINE",
@@ -201,22 +209,12 @@ class _Flow:
         return self.status == _RUNNING
 
     def record(self) -> FlowRecord:
-        return FlowRecord(
-            flow_id=self.flow_id,
-            flow_type=self.flow_type,
-            status=self.status,
-            args=self.args,
-            state=self.state,
-            step_index=self.step_index,
-            step_input=self.step_input,
-            result=self.result,
-            error=self.error,
-            sticky_worker=self.sticky_worker,
-            created_at=self.created_at,
-            updated_at=self.updated_at,
-            version=self.version,
-            definition=self.definition,
-        )
+        # (trusted: the engine's own values, checked as they came in; two per Step)
+        return trusted(
+            FlowRecord, self.flow_id, self.flow_type, self.status, self.args, self.state,
+            self.step_index, self.step_input, self.result, self.error, self.sticky_worker,
+            self.created_at, self.updated_at, self.version, self.definition,
+        )  # fmt: skip
 
     @classmethod
     def from_record(cls, record: FlowRecord) -> _Flow:
@@ -311,6 +309,14 @@ class _State:
     records_committed: int = 0
     largest_batch: int = 0
     record_timer: bool = False
+    #: ``NoReply(self)`` and ``NoReply(self, timeout=0)``, built once (frozen values, returned
+    #: by every callback: see ``EngineCommits._next``).
+    carry_on: Any = None
+    carry_on_now: Any = None
+
+    def __attrs_post_init__(self) -> None:
+        self.carry_on = otp.NoReply(self)
+        self.carry_on_now = otp.NoReply(self, timeout=0)
 
     def delivery(self) -> int:
         self.next_delivery += 1

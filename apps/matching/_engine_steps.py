@@ -44,6 +44,7 @@ from ._flow_spec import FlowSpec, parse_definition
 from ._matcher import submit
 from ._model import MAX_NAME_LENGTH, apply_patch
 from ._store import AttemptRecord
+from ._store_records import trusted
 
 __all__ = ["EngineSteps"]
 
@@ -319,19 +320,12 @@ class EngineSteps(EngineReads):
     def _attempt_record(
         self, flow: _Flow, delivery: int, status: str, worker_id: str | None, error: Any
     ) -> AttemptRecord:
-        return AttemptRecord(
-            flow_id=flow.flow_id,
-            step_index=flow.step_index,
-            step=flow.spec.steps[flow.step_index].name,
-            execution_id=flow.execution_id(),
-            attempt=flow.attempt,
-            delivery=delivery,
-            worker_id=worker_id,
-            status=status,
-            error=error,
-            started_at=flow.started_at,
-            finished_at=time.time(),
-        )
+        # (trusted: the engine's own values; one per attempt)
+        return trusted(
+            AttemptRecord, flow.flow_id, flow.step_index, flow.spec.steps[flow.step_index].name,
+            flow.execution_id(), flow.attempt, delivery, worker_id, status, error,
+            flow.started_at, time.time(),
+        )  # fmt: skip
 
     def _attempt_failed(
         self,
