@@ -8,7 +8,8 @@ serves it) and its stream frames go to that stream process as messages; M_CALLs 
 ``_call_ops.py`` (each runs in a task of its own, answered by M_REPLY or M_ERROR). Malformed
 input gets an M_ERROR (and, when the bytes cannot be decoded, the connection closes); the
 server serves everyone else on. Writes are bounded (:meth:`Connection.send_message` never
-blocks; a peer that stops reading is dropped), a peer silent for ``peer_timeout`` is dropped,
+blocks: a frame goes straight to a plain socket that takes it, else to the writer task's queue;
+a peer that stops reading is dropped), a peer silent for ``peer_timeout`` is dropped,
 and an idle connection gets an M_PING every ``ping_interval``. The connection's end closes its
 streams (their reports are the routing core's).
 

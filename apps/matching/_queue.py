@@ -163,7 +163,9 @@ class Queue(otp.GenServer):
                 state.monitors[stream] = otp.monitor(stream)
             actions = book.stream_idle(stream, message.worker_id, message.caps)
         elif kind is Accepted:
-            actions = book.accepted(message.stream, message.delivery)
+            # (one per call: it changes no wait, and the stream keeps the queue in use)
+            book.accepted(message.stream, message.delivery)
+            return state.carry_on
         elif kind is Declined:
             actions = book.declined(message.stream, message.delivery, message.reason)
         elif kind is StreamGone:
