@@ -47,7 +47,8 @@ __all__ = [
     "_RetryDue",
     "_StepDeadline",
     "_RpcDeadline",
-    "_WaitTimeout",
+    "_WaitTimeouts",
+    "_Caller",
     "_ok",
     "_err",
     "_unwrap",
@@ -159,7 +160,17 @@ class EngineStatistics:
 @attrs.define(eq=False)
 class _Waiter:
     from_: otp.From
-    timer: otp.Ref | None
+    #: When its timeout passes (trio clock), or None (``_engine_waiters``).
+    deadline: float | None
+
+
+@attrs.define(eq=False)
+class _Caller:
+    """A process waiting in ``result`` (``_engine_waiters``): its monitor, and the flow of
+    each of its waiters (by their key, the call's ``From.tag``)."""
+
+    ref: otp.Ref
+    waiters: dict[otp.Ref, str] = attrs.Factory(dict)
 
 
 @attrs.define(eq=False)
@@ -302,7 +313,16 @@ class _State:
     #: Flow type -> the definition a client sent last and what it parsed to: a client sends
     #: its type's definition with every ``start_flow``, and comparing is cheaper than parsing.
     parsed: dict[str, tuple[Any, FlowSpec]] = attrs.field(factory=dict)
-    watched: dict[otp.Ref, str] = attrs.field(factory=dict)
+    #: The processes waiting in ``result``, and their monitors (``_engine_waiters``).
+    callers: dict[otp.Pid, _Caller] = attrs.field(factory=dict)
+    caller_refs: dict[otp.Ref, otp.Pid] = attrs.field(factory=dict)
+    #: The waiters' timeouts: (deadline, seq, flow_id, key), one timer for the earliest.
+    wait_heap: list[tuple[float, int, str, otp.Ref]] = attrs.field(factory=list)
+    wait_seq: int = 0
+    wait_timer: otp.Ref | None = None
+    wait_due: float = 0.0
+    wait_token: int = 0
+    wait_compact_at: int = 1024
     building: _Pass = attrs.field(factory=_Pass)
     committing: _Pass | None = None
     commits: int = 0
@@ -355,9 +375,10 @@ class _RpcDeadline:
 
 
 @attrs.frozen
-class _WaitTimeout:
-    flow_id: str
-    ref: otp.Ref
+class _WaitTimeouts:
+    """The earliest ``result`` timeout is due (``_engine_waiters``)."""
+
+    token: int
 
 
 def _ok(value: Any) -> tuple[str, Any]:

@@ -36,9 +36,8 @@ from ._engine_state import (
     _Rpc,
     _State,
     _StepDeadline,
-    _Waiter,
-    _WaitTimeout,
 )
+from ._engine_waiters import forget_waiter, watch_waiter
 from ._errors import ConfigurationError, FlowExists, FlowNotFound, LimitError, MatchingError
 from ._flow_spec import FlowSpec, parse_definition
 from ._matcher import submit
@@ -202,12 +201,7 @@ class EngineSteps(EngineReads):
             elif not flow.running:
                 self._after_flow(state, flow, lambda: otp.reply(from_, _outcome_of(flow)))
             else:
-                ref = otp.monitor(from_.pid)
-                timer = None
-                if timeout is not None:
-                    timer = otp.send_after(timeout, state.me, _WaitTimeout(flow_id, ref))
-                flow.waiters[ref] = _Waiter(from_, timer)
-                state.watched[ref] = flow_id
+                watch_waiter(state, flow, from_, timeout)
 
         self._with_flow(state, flow_id, then)
 
@@ -246,11 +240,8 @@ class EngineSteps(EngineReads):
         """Answer the flow's waiters (it has ended, and that is committed)."""
         answer = _outcome_of(flow)
         waiters, flow.waiters = flow.waiters, {}
-        for ref, waiter in waiters.items():
-            state.watched.pop(ref, None)
-            otp.demonitor(ref, flush=True)
-            if waiter.timer is not None:
-                otp.cancel_timer(waiter.timer)
+        for key, waiter in waiters.items():
+            forget_waiter(state, key, waiter)
             otp.reply(waiter.from_, answer)
 
     # -- steps ------------------------------------------------------------------------------------
