@@ -174,6 +174,10 @@ async def _run(state: _Stream) -> None:
                 state.scope = scope
                 while True:
                     _handle(state, await receive())
+            # The deadline passed: what came meanwhile counts first (a PONG that is in the
+            # mailbox shows the worker is alive), as a receive with a timeout has it.
+            while (message := await receive(timeout=0, default=None)) is not None:
+                _handle(state, message)
             _deadline_passed(state)
     except _End:
         return
