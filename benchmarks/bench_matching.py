@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from apps.matching import Flow, rpc, step
@@ -338,35 +338,35 @@ def _step_relay(path: str, db: str, *upstream_paths: str) -> None:
                         else:
                             done.add(record[0])
 
-        async def from_client(conn: socket.socket) -> None:
+        async def records(sock: socket.socket) -> AsyncIterator[bytes]:
+            """The records read from ``sock`` until it closes."""
             pending = b""
             while True:
-                await trio.lowlevel.wait_readable(conn)
-                data = conn.recv(1 << 16)
+                await trio.lowlevel.wait_readable(sock)
+                data = sock.recv(1 << 16)
                 if not data:
                     return
                 pending += data
                 while len(pending) >= _RECORD:
                     record, pending = pending[:_RECORD], pending[_RECORD:]
-                    if record[1] == _START:
-                        started.append(record)
-                        wake[0].set()
-                    elif record[0] in done:
-                        done.discard(record[0])
-                        reply(record[0], _DONE, record)
-                    else:
-                        waiting.add(record[0])
+                    yield record
+
+        async def from_client(conn: socket.socket) -> None:
+            async for record in records(conn):
+                if record[1] == _START:
+                    started.append(record)
+                    wake[0].set()
+                elif record[0] in done:
+                    done.discard(record[0])
+                    reply(record[0], _DONE, record)
+                else:
+                    waiting.add(record[0])
 
         async def from_upstream(up: socket.socket) -> None:
-            pending = b""
-            while True:
-                await trio.lowlevel.wait_readable(up)
-                pending += up.recv(1 << 16)
-                while len(pending) >= _RECORD:
-                    record, pending = pending[:_RECORD], pending[_RECORD:]
-                    if record[1] == _RESULT:
-                        finished.append(record)
-                        wake[0].set()
+            async for record in records(up):
+                if record[1] == _RESULT:
+                    finished.append(record)
+                    wake[0].set()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(committer)
