@@ -307,6 +307,12 @@ def _step_relay(path: str, db: str, *upstream_paths: str) -> None:
         def reply(caller: int, kind: int, record: bytes) -> None:
             clients[caller].sendall(bytes([caller, kind]) + record[2:])
 
+        def commit(sql: str, records: list[bytes]) -> None:
+            """One transaction of ``sql`` for each record's caller."""
+            store.execute("BEGIN IMMEDIATE")
+            store.executemany(sql, [(record[0],) for record in records])
+            store.execute("COMMIT")
+
         async def committer() -> None:
             while True:
                 await wake[0].wait()
@@ -314,23 +320,13 @@ def _step_relay(path: str, db: str, *upstream_paths: str) -> None:
                 starts, started[:] = started[:], []
                 ends, finished[:] = finished[:], []
                 if starts:
-                    store.execute("BEGIN IMMEDIATE")
-                    store.executemany(
-                        "INSERT OR REPLACE INTO steps VALUES (?, 'running')",
-                        [(r[0],) for r in starts],
-                    )
-                    store.execute("COMMIT")
+                    commit("INSERT OR REPLACE INTO steps VALUES (?, 'running')", starts)
                     for record in starts:
                         reply(record[0], _STARTED, record)
                         ups[turn[0] % len(ups)].sendall(bytes([record[0], _TASK]) + record[2:])
                         turn[0] += 1
                 if ends:
-                    store.execute("BEGIN IMMEDIATE")
-                    store.executemany(
-                        "UPDATE steps SET status = 'completed' WHERE caller = ?",
-                        [(r[0],) for r in ends],
-                    )
-                    store.execute("COMMIT")
+                    commit("UPDATE steps SET status = 'completed' WHERE caller = ?", ends)
                     for record in ends:
                         if record[0] in waiting:
                             waiting.discard(record[0])
