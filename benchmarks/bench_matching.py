@@ -12,23 +12,35 @@ and back. ``matching.steps_per_s``: Steps/s of a one-Step flow with 4 worker pro
 slots and 64 flows in flight from one trio client, against the floor's round trips/s with 64
 bare callers through the relay to 4 echo processes. ``matching.cpu_per_step``: the CPU every
 process (server, workers, client) spent per Step during that run, against the CPU the floor's
-processes spent per round trip: on a machine of N cores, N / that total bounds Steps/s.
+processes spent per round trip: on a machine of N cores, N / that total bounds Steps/s; its
+notes give the server's trio wake-ups per Step (counted inside the server as bench_dirty counts
+its node's).
+
+``matching.*_design``: Steps/s, CPU per Step and the Step's p50 against the floor of this
+design's own shape with durable state (:func:`_step_relay`, :func:`_step_echo`): each caller's
+START and WAIT records go through a raw trio relay that group-commits every START and every
+worker RESULT to SQLite (as the store does) before it answers, to echo processes that answer
+each TASK with ACCEPT and RESULT. No actor, frame, routing or SDK code runs, so nothing built in
+this shape can beat it: the gap is what our Python above that minimum costs.
 
 The floor helpers (``_floor_echo``, ``_floor_forwarder``, ``_start_helper``) are bench_dirty's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import select
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from apps.matching import Flow, rpc, step
@@ -85,11 +97,14 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def _start_helpers(calls: list[tuple[str, ...]]) -> list[subprocess.Popen[bytes]]:
-    """bench_dirty's ``_start_helper`` for several helpers at once (started in parallel)."""
+def _start_helpers(
+    calls: list[tuple[str, ...]], module: str = "benchmarks.bench_dirty"
+) -> list[subprocess.Popen[bytes]]:
+    """bench_dirty's ``_start_helper`` for several helpers (functions of ``module``) at once
+    (started in parallel)."""
     procs: list[subprocess.Popen[bytes]] = []
     for function, *args in calls:
-        code = f"from benchmarks.bench_dirty import {function}; {function}(*{tuple(args)!r})"
+        code = f"from {module} import {function}; {function}(*{tuple(args)!r})"
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", code],
@@ -214,6 +229,257 @@ def _floor_throughput(floor: _Floor, quick: bool) -> tuple[float, float]:
             sock.close()
 
 
+# --- the design's floor: a Step's exchange through raw processes, with its commits -------------
+
+#: Record kinds of the Step floor (a record's second byte; its first names the caller).
+_START, _STARTED, _WAIT, _DONE, _TASK, _ACCEPT, _RESULT = b"SsWdTAR"
+
+
+def _step_echo(path: str) -> None:
+    """(Its own process.) The least a worker does for a Step: each TASK record read is answered
+    with an ACCEPT record and then a RESULT record (two writes, as a worker accepts before it
+    runs the handler), from a plain epoll loop."""
+    import select
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+    poll = select.epoll()
+    poll.register(server.fileno(), select.EPOLLIN)
+    conns: dict[int, tuple[socket.socket, bytearray]] = {}
+    print("ready", flush=True)
+    while True:
+        for fd, _ in poll.poll():
+            if fd == server.fileno():
+                conn, _ = server.accept()
+                conns[conn.fileno()] = (conn, bytearray())
+                poll.register(conn.fileno(), select.EPOLLIN)
+                continue
+            conn, pending = conns[fd]
+            data = conn.recv(1 << 16)
+            if not data:
+                poll.unregister(fd)
+                conns.pop(fd)[0].close()
+                continue
+            pending += data
+            while len(pending) >= _RECORD:
+                record = bytes(pending[:_RECORD])
+                del pending[:_RECORD]
+                conn.sendall(bytes([record[0], _ACCEPT]) + record[2:])
+                conn.sendall(bytes([record[0], _RESULT]) + record[2:])
+
+
+def _step_relay(path: str, db: str, *upstream_paths: str) -> None:
+    """(Its own process.) The least this design's server does for a Step, in raw trio with no
+    actors, frames or routing: a caller's START is committed (a SQLite row, WAL,
+    ``synchronous=NORMAL`` as the store) before it is answered STARTED and its TASK goes to the
+    next worker (round-robin); the worker's RESULT is committed (the row updated) before the
+    caller's WAIT is answered DONE. The commits of everything that arrived meanwhile go as one
+    transaction each way (group commit, on trio's own thread: no worker thread)."""
+    import sqlite3
+
+    import trio
+
+    store = sqlite3.connect(db, isolation_level=None)
+    store.execute("PRAGMA journal_mode = WAL")
+    store.execute("PRAGMA synchronous = NORMAL")
+    store.execute("CREATE TABLE steps (caller INTEGER PRIMARY KEY, status TEXT NOT NULL)")
+
+    async def main() -> None:
+        ups = []
+        for upstream in upstream_paths:
+            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            up.connect(upstream)
+            up.setblocking(False)
+            ups.append(up)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(128)
+        server.setblocking(False)
+        clients: list[socket.socket] = []
+        started: list[bytes] = []
+        finished: list[bytes] = []
+        waiting: set[int] = set()
+        done: set[int] = set()
+        wake = [trio.Event()]
+        turn = [0]
+
+        def reply(caller: int, kind: int, record: bytes) -> None:
+            clients[caller].sendall(bytes([caller, kind]) + record[2:])
+
+        def commit(sql: str, records: list[bytes]) -> None:
+            """One transaction of ``sql`` for each record's caller."""
+            store.execute("BEGIN IMMEDIATE")
+            store.executemany(sql, [(record[0],) for record in records])
+            store.execute("COMMIT")
+
+        async def committer() -> None:
+            while True:
+                await wake[0].wait()
+                wake[0] = trio.Event()
+                starts, started[:] = started[:], []
+                ends, finished[:] = finished[:], []
+                if starts:
+                    commit("INSERT OR REPLACE INTO steps VALUES (?, 'running')", starts)
+                    for record in starts:
+                        reply(record[0], _STARTED, record)
+                        ups[turn[0] % len(ups)].sendall(bytes([record[0], _TASK]) + record[2:])
+                        turn[0] += 1
+                if ends:
+                    commit("UPDATE steps SET status = 'completed' WHERE caller = ?", ends)
+                    for record in ends:
+                        if record[0] in waiting:
+                            waiting.discard(record[0])
+                            reply(record[0], _DONE, record)
+                        else:
+                            done.add(record[0])
+
+        async def records(sock: socket.socket) -> AsyncIterator[bytes]:
+            """The records read from ``sock`` until it closes."""
+            pending = b""
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                data = sock.recv(1 << 16)
+                if not data:
+                    return
+                pending += data
+                while len(pending) >= _RECORD:
+                    record, pending = pending[:_RECORD], pending[_RECORD:]
+                    yield record
+
+        async def from_client(conn: socket.socket) -> None:
+            async for record in records(conn):
+                if record[1] == _START:
+                    started.append(record)
+                    wake[0].set()
+                elif record[0] in done:
+                    done.discard(record[0])
+                    reply(record[0], _DONE, record)
+                else:
+                    waiting.add(record[0])
+
+        async def from_upstream(up: socket.socket) -> None:
+            async for record in records(up):
+                if record[1] == _RESULT:
+                    finished.append(record)
+                    wake[0].set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(committer)
+            for up in ups:
+                nursery.start_soon(from_upstream, up)
+            print("ready", flush=True)
+            while True:
+                await trio.lowlevel.wait_readable(server)
+                conn, _ = server.accept()
+                conn.setblocking(False)
+                conn.send(bytes([len(clients)]))
+                clients.append(conn)
+                nursery.start_soon(from_client, conn)
+
+    trio.run(main)
+
+
+class _StepFloor(_Floor):
+    """:func:`_step_relay` in front of ``echoes`` :func:`_step_echo` processes, with its
+    SQLite file in the temp dir; stopped on exit."""
+
+    def __enter__(self) -> _StepFloor:
+        try:
+            module = "benchmarks.bench_matching"
+            self.procs = _start_helpers([("_step_echo", echo) for echo in self.echoes], module)
+            db = os.path.join(self.tmp, "steps.sqlite3")
+            self.procs += _start_helpers([("_step_relay", self.path, db, *self.echoes)], module)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+
+def _step_floor(floor: _StepFloor, quick: bool) -> dict[str, float]:
+    """The Step floor's figures: the p50 of one caller's Step (START, STARTED, WAIT, DONE:
+    two round trips, the TASK/ACCEPT/RESULT exchange and two commits behind them), then
+    Steps/s of ``CONCURRENCY`` callers (one epoll loop in this process) and the CPU all the
+    floor's processes spent per Step."""
+    socks = [floor.connect() for _ in range(CONCURRENCY)]
+    out: dict[str, float] = {}
+    try:
+        sock, record = socks[0]
+        start = record[:1] + bytes([_START]) + record[2:]
+        wait = record[:1] + bytes([_WAIT]) + record[2:]
+
+        def read_one() -> None:
+            got = 0
+            while got < _RECORD:
+                got += len(sock.recv(_RECORD - got))
+
+        times = []
+        for i in range(100 + (300 if quick else 2000)):
+            t0 = time.perf_counter()
+            sock.sendall(start)
+            read_one()
+            sock.sendall(wait)
+            read_one()
+            if i >= 100:
+                times.append(time.perf_counter() - t0)
+        out["p50"] = statistics.median(times)
+        poll = select.epoll()
+        try:
+            by_fd: dict[int, tuple[socket.socket, bytes, bytes]] = {}
+            received: dict[int, int] = {}
+            for sock, record in socks:
+                sock.setblocking(False)
+                by_fd[sock.fileno()] = (
+                    sock,
+                    record[:1] + bytes([_START]) + record[2:],
+                    record[:1] + bytes([_WAIT]) + record[2:],
+                )
+                received[sock.fileno()] = 0
+                poll.register(sock.fileno(), select.EPOLLIN)
+
+            def drive(seconds: float) -> int:
+                steps = 0
+                started = dict.fromkeys(by_fd, False)  # (each caller: STARTED, then DONE)
+                for sock, start, _ in by_fd.values():
+                    sock.send(start)
+                end = time.monotonic() + seconds
+                pending = len(by_fd)
+                while pending:
+                    events = poll.poll(5.0)
+                    if not events:
+                        raise RuntimeError("bench_matching: the Step floor stopped answering")
+                    for fd, _ in events:
+                        sock, start, wait = by_fd[fd]
+                        received[fd] += len(sock.recv(1 << 16))
+                        while received[fd] >= _RECORD:
+                            received[fd] -= _RECORD
+                            if not started[fd]:
+                                started[fd] = True
+                                sock.send(wait)
+                                continue
+                            started[fd] = False
+                            steps += 1
+                            if time.monotonic() < end:
+                                sock.send(start)
+                            else:
+                                pending -= 1
+                return steps
+
+            drive(0.2)
+            pids = [0, *(proc.pid for proc in floor.procs)]
+            cpu0, t0 = _cpu_seconds(pids), time.perf_counter()
+            steps = drive(1.0 if quick else 4.0)
+            elapsed, cpu = time.perf_counter() - t0, _cpu_seconds(pids) - cpu0
+            out["rate"] = steps / elapsed
+            out["cpu"] = cpu / max(steps, 1)
+        finally:
+            poll.close()
+    finally:
+        for sock, _ in socks:
+            sock.close()
+    return out
+
+
 # --- the matching server and its workers (OS processes of their own) ---------------------------
 
 
@@ -250,6 +516,7 @@ class _Server:
         self.store = os.path.join(self.tmp, "matching.sqlite3")
         self.log = os.path.join(self.tmp, "server.log")
         self.blobs = os.path.join(self.tmp, "blobs")
+        self.report = os.path.join(self.tmp, "wakeups")
         self.env = dict(os.environ, PYTHONPATH=ROOT)
         self.proc: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
@@ -265,13 +532,23 @@ class _Server:
         return self
 
     def _start(self) -> None:
-        args = [
-            sys.executable, "-m", "otp.node", "--log-level", "warning", "--app",
-            "apps.matching", "--matching-listen", self.address, "--matching-store", self.store,
-        ]  # fmt: skip
+        argv = (
+            "--log-level", "warning", "--app", "apps.matching",
+            "--matching-listen", self.address, "--matching-store", self.store,
+        )  # fmt: skip
+        # ``python -m otp.node`` with its trio wake-ups counted (bench_dirty's _counted_node:
+        # each SIGUSR2 writes the count so far to ``self.report``).
+        code = (
+            "from benchmarks.bench_dirty import _counted_node;"
+            f" _counted_node(*{(self.report, *argv)!r})"
+        )
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+                [sys.executable, "-c", code],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + 30
         while not os.path.exists(self.sock):
@@ -310,6 +587,20 @@ class _Server:
                     f"bench_matching: a worker did not register (exit code {proc.poll()}):"
                     f" {self._read(log)[-2000:]}"
                 )
+
+    def wakeups(self) -> float:
+        """The server's trio wake-ups so far (NaN if it does not answer within 5 s)."""
+        assert self.proc is not None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.report)
+        os.kill(self.proc.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 5
+        while not os.path.exists(self.report):
+            if time.monotonic() > deadline:
+                return math.nan
+            time.sleep(0.001)
+        with open(self.report) as f:
+            return float(f.read())
 
     @staticmethod
     def _read(path: str) -> str:
@@ -467,6 +758,7 @@ def _measure_throughput(server: _Server, quick: bool) -> dict[str, float]:
                 counts = [0]
                 times: list[float] = []
                 cpu0 = {role: _cpu_seconds(pids) for role, pids in roles.items()}
+                wakeups0 = server.wakeups()
                 t0 = time.perf_counter()
                 end = time.monotonic() + length
                 async with trio.open_nursery() as nursery:
@@ -479,6 +771,7 @@ def _measure_throughput(server: _Server, quick: bool) -> dict[str, float]:
                     for role, pids in roles.items():
                         used = _cpu_seconds(pids) - cpu0[role]
                         out[f"cpu_{role}"] = used / max(counts[0], 1)
+                    out["wakeups"] = (server.wakeups() - wakeups0) / max(counts[0], 1)
                     if times:
                         out["p50"] = statistics.median(times)
                         out["p99"] = _percentile(times, 0.99)
@@ -498,6 +791,8 @@ def run(quick: bool) -> list[Result]:
     with _Floor(WORKERS) as floor:
         floor_times = _floor_latency(floor, quick)
         floor_rate, floor_cpu = _floor_throughput(floor, quick)
+    with _StepFloor(WORKERS) as step_floor:
+        design = _step_floor(step_floor, quick)
     floor_p50 = statistics.median(floor_times)
     floor_note = (
         f"floor p50 {floor_p50 * 1e6:.0f} us, p99 {_percentile(floor_times, 0.99) * 1e6:.0f} us"
@@ -505,6 +800,7 @@ def run(quick: bool) -> list[Result]:
     floor_name = "no-work floor: relay + echo processes"
     floor_rate_name = f"no-work floor: {CONCURRENCY} callers, relay, {WORKERS} echoes"
     floor_cpu_name = "no-work floor: CPU of callers, relay and echoes per round trip"
+    design_name = "design floor: a Step's frames and 2 group commits through raw processes"
 
     def unmeasured(problem: str) -> list[Result]:
         """The three figures at 0 with the floor and why the server was not measured."""
@@ -518,6 +814,8 @@ def run(quick: bool) -> list[Result]:
                    notes=problem),
             Result("matching.cpu_per_step", "us", 0.0, floor_cpu_name, floor_cpu * 1e6,
                    direction="lower", notes=problem),
+            Result("matching.steps_per_s_design", "Steps/s", 0.0, design_name, design["rate"],
+                   notes=problem),
         ]  # fmt: skip
 
     try:
@@ -579,7 +877,18 @@ def run(quick: bool) -> list[Result]:
         f" {cpu['server']:.0f} us, {WORKERS} workers {cpu['workers']:.0f} us, client"
         f" {cpu['client']:.0f} us; {cores} CPUs cap Steps/s at {cores} / that total ="
         f" {cores * 1e6 / max(cpu_total, 1):.0f}"
-        f" whatever the scheduling; 5,000 Steps/s on 2 cores needs <= 400 us"
+        f" whatever the scheduling; 5,000 Steps/s on 2 cores needs <= 400 us;"
+        f" {thr.get('wakeups', math.nan):.2f} server trio wake-ups per Step"
+    )
+    design_notes = (
+        f"the floor of this design's shape (client -> server -> worker, durable state): a raw"
+        f" trio relay with no actors, frames or routing commits each START to SQLite (WAL,"
+        f" synchronous=NORMAL, grouped, on the relay's one thread) before it answers and sends the"
+        f" TASK to one of {WORKERS} echo processes, which answer ACCEPT and RESULT; the RESULT"
+        f" is committed before the caller's WAIT is answered. {CONCURRENCY} callers in one"
+        f" epoll loop: {design['rate']:.0f} Steps/s, CPU {design['cpu'] * 1e6:.0f} us per"
+        f" Step in all its processes ({cores * 1e6 / max(design['cpu'] * 1e6, 1):.0f} Steps/s"
+        f" on {cores} CPUs at most); 1 caller: p50 {design['p50'] * 1e6:.0f} us"
     )
     return [
         Result("matching.rpc_latency", "us", rpc_p50 * 1e6, floor_name, floor_p50 * 1e6,
@@ -590,6 +899,14 @@ def run(quick: bool) -> list[Result]:
                floor_rate, notes=thr_notes),
         Result("matching.cpu_per_step", "us", cpu_total, floor_cpu_name, floor_cpu * 1e6,
                direction="lower", notes=cpu_notes),
+        Result("matching.steps_per_s_design", "Steps/s", thr.get("rate", 0.0), design_name,
+               design["rate"], notes=design_notes),
+        Result("matching.cpu_per_step_design", "us", cpu_total, design_name,
+               design["cpu"] * 1e6, direction="lower",
+               notes="the CPU of matching.cpu_per_step against the design floor's per Step"),
+        Result("matching.step_latency_design", "us", step_p50 * 1e6, design_name,
+               design["p50"] * 1e6, direction="lower",
+               notes="matching.step_latency's p50 against the design floor's with 1 caller"),
     ]  # fmt: skip
 
 

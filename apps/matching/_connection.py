@@ -8,7 +8,8 @@ serves it) and its stream frames go to that stream process as messages; M_CALLs 
 ``_call_ops.py`` (each runs in a task of its own, answered by M_REPLY or M_ERROR). Malformed
 input gets an M_ERROR (and, when the bytes cannot be decoded, the connection closes); the
 server serves everyone else on. Writes are bounded (:meth:`Connection.send_message` never
-blocks; a peer that stops reading is dropped), a peer silent for ``peer_timeout`` is dropped,
+blocks: a frame goes straight to a plain socket that takes it, else to the writer task's queue;
+a peer that stops reading is dropped), a peer silent for ``peer_timeout`` is dropped,
 and an idle connection gets an M_PING every ``ping_interval``. The connection's end closes its
 streams (their reports are the routing core's).
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 from collections import deque
 from typing import Any
 
@@ -141,6 +143,8 @@ class Connection:
     session: str = ""
     caps: Capabilities = attrs.Factory(Capabilities)
     streams: dict[int, otp.Pid] = attrs.Factory(dict)
+    #: Shared by the worker's stream processes: when a call's end must send ``WorkerFreed``.
+    notices: _stream.FreedNotices = attrs.Factory(_stream.FreedNotices)
     #: Stream ids being registered -> the frames that came for them meanwhile.
     registering: dict[int, list[Any]] = attrs.Factory(dict)
     calls: set[int] = attrs.Factory(set)
@@ -157,6 +161,11 @@ class Connection:
     closing: set[int] = attrs.Factory(set)
     unsent: deque[bytes] = attrs.Factory(deque)
     unsent_bytes: int = 0
+    #: The descriptor of a plain socket (not TLS): a frame goes straight to it while nothing
+    #: waits to be written before it.
+    fd: int | None = None
+    #: The writer task has a chunk on its way (a frame written directly would overtake it).
+    writing: bool = False
     wake: trio.Event = attrs.Factory(trio.Event)
     last_received: float = 0.0
     last_sent: float = 0.0
@@ -195,6 +204,22 @@ class Connection:
                     wire.MatchError("limit", f"the reply cannot be sent: {exc.message}", rid=rid)
                 )
             return
+        fd = self.fd
+        if fd is not None and not self.unsent and not self.writing:
+            # A plain socket takes a frame at once nearly always: written straight to its
+            # (non-blocking) descriptor, the writer task is not woken; what it cannot take
+            # now is queued for the writer.
+            try:
+                sent = os.write(fd, data)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self.drop(f"writing failed ({exc})")
+                return
+            if sent == len(data):
+                self.last_sent = trio.current_time()
+                return
+            data = data[sent:]
         self.unsent.append(data)
         self.unsent_bytes += len(data)
         if self.unsent_bytes > self.ctx.config.max_unsent:
@@ -254,6 +279,8 @@ async def _connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) ->
                 return
             frames.limits = wire.Limits(max_payload=ctx.config.max_payload)
             frames.exact = False
+            if isinstance(stream, trio.SocketStream):
+                conn.fd = stream.socket.fileno()
             now = trio.current_time()
             conn.last_received = conn.last_sent = now
             async with trio.open_nursery() as nursery:
@@ -420,12 +447,14 @@ async def _writer(conn: Connection) -> None:
             await conn.wake.wait()
             continue
         chunk = _take(conn, WRITE_CHUNK)
+        conn.writing = True
         with trio.move_on_after(timeout) as timer:
             try:
                 await stream.send_all(chunk)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 conn.drop(f"writing failed ({exc})")
                 return
+        conn.writing = False
         if timer.cancelled_caught:
             conn.drop(
                 f"it stopped reading (nothing drained for {timeout}s,"
@@ -612,6 +641,7 @@ async def _open_stream(conn: Connection, msg: wire.MatchRegister) -> None:
             result,
             limits=ctx.config.limits,
             matcher=ctx.matcher,
+            notices=conn.notices,
         )
         conn.streams[rid] = pid
         conn.send_message(wire.MatchRegistered(msg.queue, msg.name, rid=rid))

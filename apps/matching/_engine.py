@@ -48,9 +48,10 @@ from ._engine_state import (
     _State,
     _StepDeadline,
     _unwrap,
-    _WaitTimeout,
+    _WaitTimeouts,
 )
 from ._engine_steps import EngineSteps
+from ._engine_waiters import caller_down, expired_waiters
 from ._errors import CallTimeout as MatchingCallTimeout
 from ._errors import ConfigurationError, MatchingError, ProtocolError
 from ._flow_spec import FlowSpec, StepSpec, parse_definition
@@ -334,26 +335,17 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                         f" within {call.timeout} s"
                     )
                     self._rpc_done(state, call, _err(exc))
-            case _WaitTimeout(flow_id=flow_id, ref=ref):
-                flow = state.flows.get(flow_id)
-                waiter = flow.waiters.pop(ref, None) if flow is not None else None
-                if flow is not None and waiter is not None:
-                    state.watched.pop(ref, None)
-                    otp.demonitor(ref, flush=True)
+            case _WaitTimeouts(token=token):
+                for flow, waiter in expired_waiters(state, token):
                     exc = MatchingCallTimeout(
-                        f"flow {flow_id!r} was still running when the result's timeout passed"
+                        f"flow {flow.flow_id!r} was still running when the result's timeout passed"
                     )
                     otp.reply(waiter.from_, _err(exc))
                     self._maybe_evict(state, flow)
             case otp.Down(ref=ref, reason=reason) if ref == state.store_monitor:
                 return otp.Stop(otp.Shutdown(("store_down", reason)), state)
             case otp.Down(ref=ref):
-                watched = state.watched.pop(ref, None)
-                flow = state.flows.get(watched) if watched is not None else None
-                if flow is not None:
-                    waiter = flow.waiters.pop(ref, None)
-                    if waiter is not None and waiter.timer is not None:
-                        otp.cancel_timer(waiter.timer)
+                for flow in caller_down(state, ref) or ():
                     self._maybe_evict(state, flow)
             case _:
                 logger.warning("matching engine: unexpected message %r", message)

@@ -14,6 +14,7 @@ import otp
 from ._dispatch import Completed, Failed, Lost, NotDispatched, Task
 from ._engine_state import _Flow, _FlushRecords, _Pass, _Rpc, _State
 from ._store import AttemptRecord, DispatchRecord, PendingStep, StoreServer
+from ._store_records import trusted
 
 __all__ = ["EngineCommits"]
 
@@ -39,13 +40,13 @@ class EngineCommits:
             if building.size >= state.options.max_batch:
                 self._flush(state)
             elif building.urgent or building.actions:
-                return otp.NoReply(state, timeout=0)
+                return state.carry_on_now
             elif not state.record_timer:
                 state.record_timer = True
                 otp.send_after(state.options.dispatch_record_delay, state.me, _FlushRecords())
         elif state.committing is None and building.actions:
-            return otp.NoReply(state, timeout=0)
-        return otp.NoReply(state)
+            return state.carry_on_now
+        return state.carry_on
 
     def _flush(self, state: _State) -> None:
         if state.committing is not None:
@@ -131,9 +132,9 @@ class EngineCommits:
 
     def _pending_put(self, state: _State, flow: _Flow, not_before: float = 0.0) -> None:
         step = flow.spec.steps[flow.step_index]
-        pending = PendingStep(
-            flow.flow_id, flow.step_index, step.name, flow.execution_id(), flow.attempt,
-            not_before=not_before,
+        pending = trusted(
+            PendingStep, flow.flow_id, flow.step_index, step.name, flow.execution_id(),
+            flow.attempt, None, None, not_before,
         )  # fmt: skip
         state.building.pending_put[pending.key] = pending
         state.building.size += 1

@@ -19,7 +19,15 @@ from ._errors import Cancelled, ConfigurationError, FlowFailed, MatchingError, e
 from ._flow_spec import FlowSpec, parse_definition
 from ._matcher import MATCHER
 from ._model import MAX_NAME_LENGTH
-from ._store import SERVER_NAME, AttemptRecord, DispatchRecord, FlowRecord, PendingStep, WriteBatch
+from ._store import (
+    SERVER_NAME,
+    AttemptRecord,
+    DispatchRecord,
+    FlowRecord,
+    PendingStep,
+    WriteBatch,
+)
+from ._store_records import trusted
 
 __all__ = [
     "ENGINE",
@@ -39,7 +47,8 @@ __all__ = [
     "_RetryDue",
     "_StepDeadline",
     "_RpcDeadline",
-    "_WaitTimeout",
+    "_WaitTimeouts",
+    "_Caller",
     "_ok",
     "_err",
     "_unwrap",
@@ -151,7 +160,17 @@ class EngineStatistics:
 @attrs.define(eq=False)
 class _Waiter:
     from_: otp.From
-    timer: otp.Ref | None
+    #: When its timeout passes (trio clock), or None (``_engine_waiters``).
+    deadline: float | None
+
+
+@attrs.define(eq=False)
+class _Caller:
+    """A process waiting in ``result`` (``_engine_waiters``): its monitor, and the flow of
+    each of its waiters (by their key, the call's ``From.tag``)."""
+
+    ref: otp.Ref
+    waiters: dict[otp.Ref, str] = attrs.Factory(dict)
 
 
 @attrs.define(eq=False)
@@ -201,22 +220,12 @@ class _Flow:
         return self.status == _RUNNING
 
     def record(self) -> FlowRecord:
-        return FlowRecord(
-            flow_id=self.flow_id,
-            flow_type=self.flow_type,
-            status=self.status,
-            args=self.args,
-            state=self.state,
-            step_index=self.step_index,
-            step_input=self.step_input,
-            result=self.result,
-            error=self.error,
-            sticky_worker=self.sticky_worker,
-            created_at=self.created_at,
-            updated_at=self.updated_at,
-            version=self.version,
-            definition=self.definition,
-        )
+        # (trusted: the engine's own values, checked as they came in; two per Step)
+        return trusted(
+            FlowRecord, self.flow_id, self.flow_type, self.status, self.args, self.state,
+            self.step_index, self.step_input, self.result, self.error, self.sticky_worker,
+            self.created_at, self.updated_at, self.version, self.definition,
+        )  # fmt: skip
 
     @classmethod
     def from_record(cls, record: FlowRecord) -> _Flow:
@@ -304,13 +313,30 @@ class _State:
     #: Flow type -> the definition a client sent last and what it parsed to: a client sends
     #: its type's definition with every ``start_flow``, and comparing is cheaper than parsing.
     parsed: dict[str, tuple[Any, FlowSpec]] = attrs.field(factory=dict)
-    watched: dict[otp.Ref, str] = attrs.field(factory=dict)
+    #: The processes waiting in ``result``, and their monitors (``_engine_waiters``).
+    callers: dict[otp.Pid, _Caller] = attrs.field(factory=dict)
+    caller_refs: dict[otp.Ref, otp.Pid] = attrs.field(factory=dict)
+    #: The waiters' timeouts: (deadline, seq, flow_id, key), one timer for the earliest.
+    wait_heap: list[tuple[float, int, str, otp.Ref]] = attrs.field(factory=list)
+    wait_seq: int = 0
+    wait_timer: otp.Ref | None = None
+    wait_due: float = 0.0
+    wait_token: int = 0
+    wait_compact_at: int = 1024
     building: _Pass = attrs.field(factory=_Pass)
     committing: _Pass | None = None
     commits: int = 0
     records_committed: int = 0
     largest_batch: int = 0
     record_timer: bool = False
+    #: ``NoReply(self)`` and ``NoReply(self, timeout=0)``, built once (frozen values, returned
+    #: by every callback: see ``EngineCommits._next``).
+    carry_on: Any = None
+    carry_on_now: Any = None
+
+    def __attrs_post_init__(self) -> None:
+        self.carry_on = otp.NoReply(self)
+        self.carry_on_now = otp.NoReply(self, timeout=0)
 
     def delivery(self) -> int:
         self.next_delivery += 1
@@ -349,9 +375,10 @@ class _RpcDeadline:
 
 
 @attrs.frozen
-class _WaitTimeout:
-    flow_id: str
-    ref: otp.Ref
+class _WaitTimeouts:
+    """The earliest ``result`` timeout is due (``_engine_waiters``)."""
+
+    token: int
 
 
 def _ok(value: Any) -> tuple[str, Any]:

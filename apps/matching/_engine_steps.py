@@ -36,14 +36,14 @@ from ._engine_state import (
     _Rpc,
     _State,
     _StepDeadline,
-    _Waiter,
-    _WaitTimeout,
 )
+from ._engine_waiters import forget_waiter, watch_waiter
 from ._errors import ConfigurationError, FlowExists, FlowNotFound, LimitError, MatchingError
 from ._flow_spec import FlowSpec, parse_definition
 from ._matcher import submit
 from ._model import MAX_NAME_LENGTH, apply_patch
 from ._store import AttemptRecord
+from ._store_records import trusted
 
 __all__ = ["EngineSteps"]
 
@@ -201,12 +201,7 @@ class EngineSteps(EngineReads):
             elif not flow.running:
                 self._after_flow(state, flow, lambda: otp.reply(from_, _outcome_of(flow)))
             else:
-                ref = otp.monitor(from_.pid)
-                timer = None
-                if timeout is not None:
-                    timer = otp.send_after(timeout, state.me, _WaitTimeout(flow_id, ref))
-                flow.waiters[ref] = _Waiter(from_, timer)
-                state.watched[ref] = flow_id
+                watch_waiter(state, flow, from_, timeout)
 
         self._with_flow(state, flow_id, then)
 
@@ -245,11 +240,8 @@ class EngineSteps(EngineReads):
         """Answer the flow's waiters (it has ended, and that is committed)."""
         answer = _outcome_of(flow)
         waiters, flow.waiters = flow.waiters, {}
-        for ref, waiter in waiters.items():
-            state.watched.pop(ref, None)
-            otp.demonitor(ref, flush=True)
-            if waiter.timer is not None:
-                otp.cancel_timer(waiter.timer)
+        for key, waiter in waiters.items():
+            forget_waiter(state, key, waiter)
             otp.reply(waiter.from_, answer)
 
     # -- steps ------------------------------------------------------------------------------------
@@ -319,19 +311,12 @@ class EngineSteps(EngineReads):
     def _attempt_record(
         self, flow: _Flow, delivery: int, status: str, worker_id: str | None, error: Any
     ) -> AttemptRecord:
-        return AttemptRecord(
-            flow_id=flow.flow_id,
-            step_index=flow.step_index,
-            step=flow.spec.steps[flow.step_index].name,
-            execution_id=flow.execution_id(),
-            attempt=flow.attempt,
-            delivery=delivery,
-            worker_id=worker_id,
-            status=status,
-            error=error,
-            started_at=flow.started_at,
-            finished_at=time.time(),
-        )
+        # (trusted: the engine's own values; one per attempt)
+        return trusted(
+            AttemptRecord, flow.flow_id, flow.step_index, flow.spec.steps[flow.step_index].name,
+            flow.execution_id(), flow.attempt, delivery, worker_id, status, error,
+            flow.started_at, time.time(),
+        )  # fmt: skip
 
     def _attempt_failed(
         self,

@@ -116,6 +116,8 @@ class _State:
     conns: dict[otp.Pid, tuple[otp.Ref, set[str]]] = attrs.Factory(dict)
     conn_refs: dict[otp.Ref, otp.Pid] = attrs.Factory(dict)
     pending_total: int = 0
+    #: ``NoReply(self)``, built once (a frozen value: every callback that carries on returns it).
+    carry_on: Any = None
 
 
 async def start_matcher(
@@ -220,7 +222,9 @@ class Matcher(otp.GenServer):
         for _, pid, _, _ in children:
             if isinstance(pid, otp.Pid):
                 await supervisors.terminate_child(queues_sup, pid)
-        return otp.Ok(_State(limits, queues_sup))
+        state = _State(limits, queues_sup)
+        state.carry_on = otp.NoReply(state)
+        return otp.Ok(state)
 
     async def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
         match request:
@@ -249,7 +253,7 @@ class Matcher(otp.GenServer):
             self._notify(state, message)
         else:
             logger.warning("matching matcher: unexpected cast %r", message)
-        return otp.NoReply(state)
+        return state.carry_on
 
     async def handle_info(self, message: Any, state: _State) -> otp.NoReply:
         if type(message) is otp.Down:
@@ -264,7 +268,7 @@ class Matcher(otp.GenServer):
                     del state.queues[queue_name]
             elif ref in state.conn_refs:
                 self._conn_down(state, state.conn_refs.pop(ref))
-            return otp.NoReply(state)
+            return state.carry_on
         return await self.handle_cast(message, state)
 
     # -- registration ---------------------------------------------------------------------------

@@ -97,6 +97,8 @@ class _State:
     idle_token: int = 0
     #: Dispatches received (the matcher counts those it sent, to know none is on its way).
     received: int = 0
+    #: ``NoReply(self)``, built once: every message ends with it (a frozen value, so one does).
+    carry_on: Any = None
 
 
 async def start_queue(kind: str, name: str, limits: MatchingLimits, matcher: Any) -> otp.Pid:
@@ -135,6 +137,7 @@ class Queue(otp.GenServer):
             matcher,
             idle_after=limits.queue_idle_timeout,
         )
+        state.carry_on = otp.NoReply(state)
         _watch_idle(state)
         return otp.Ok(state)
 
@@ -160,7 +163,9 @@ class Queue(otp.GenServer):
                 state.monitors[stream] = otp.monitor(stream)
             actions = book.stream_idle(stream, message.worker_id, message.caps)
         elif kind is Accepted:
-            actions = book.accepted(message.stream, message.delivery)
+            # (one per call: it changes no wait, and the stream keeps the queue in use)
+            book.accepted(message.stream, message.delivery)
+            return state.carry_on
         elif kind is Declined:
             actions = book.declined(message.stream, message.delivery, message.reason)
         elif kind is StreamGone:
@@ -170,14 +175,14 @@ class Queue(otp.GenServer):
             actions = book.stream_gone(message.stream)
         elif kind is otp.Down:
             if state.monitors.get(message.pid) != message.ref:
-                return otp.NoReply(state)
+                return state.carry_on
             del state.monitors[message.pid]
             actions = book.stream_gone(message.pid)
         elif kind is WorkerDraining:
             actions = book.worker_draining(message.worker_id)
         elif kind is _Expire:
             if message.token != state.token:
-                return otp.NoReply(state)
+                return state.carry_on
             state.timer = state.timer_due = None
             actions = book.expire()
         elif kind is _IdleCheck:
@@ -186,7 +191,7 @@ class Queue(otp.GenServer):
                 if book.unused:
                     otp.cast(state.matcher, QueueIdle(otp.self(), state.received))
                 _watch_idle(state)
-            return otp.NoReply(state)
+            return state.carry_on
         elif kind is StopIdle:
             if book.backlog:  # pragma: no cover - the matcher's count rules it out
                 logger.error(
@@ -194,16 +199,16 @@ class Queue(otp.GenServer):
                     book.queue,
                     book.backlog,
                 )
-                return otp.NoReply(state)
+                return state.carry_on
             return otp.Stop(otp.NORMAL, state)
         else:
             logger.warning("matching queue %s: unexpected message %r", book.queue, message)
-            return otp.NoReply(state)
+            return state.carry_on
         if actions:
             _carry_out(state, actions)
         _rearm(state)
         _watch_idle(state)
-        return otp.NoReply(state)
+        return state.carry_on
 
 
 def _carry_out(state: _State, actions: list[Action]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -34,6 +34,7 @@ __all__ = [
     "StoreStatistics",
     "WriteBatch",
     "check_batch",
+    "trusted",
 ]
 
 FLOW_STATUSES = ("running", "completed", "failed", "cancelled")
@@ -43,6 +44,9 @@ DISPATCH_KINDS = ("step", "rpc")
 SERVER_NAME = "matching_store"
 #: The default timeout of the ``StoreServer`` client functions (seconds).
 DEFAULT_TIMEOUT = 30.0
+
+
+_R = TypeVar("_R")
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -140,6 +144,24 @@ def _error(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
 
 
 # -- records --------------------------------------------------------------------------------------
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def trusted(cls: type[_R], *values: Any) -> _R:
+    """A record of ``cls`` (``FlowRecord``, ``AttemptRecord``, ``PendingStep``) from ``values``
+    in field order (all of them), built without running the validators: for the engine's own
+    records, made of values it checked already (it builds several per Step)."""
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(a.name for a in attrs.fields(cls))  # type: ignore[arg-type]
+    if len(values) != len(names):
+        raise TypeError(f"{cls.__name__} has {len(names)} fields (got {len(values)} values)")
+    record = object.__new__(cls)
+    put = object.__setattr__
+    for name, value in zip(names, values, strict=True):
+        put(record, name, value)
+    return record
 
 
 @attrs.frozen

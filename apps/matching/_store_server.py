@@ -103,6 +103,8 @@ class _State:
     largest_group: int = 0
     generation: int = 0
     waiters: list[tuple[otp.From, int]] = attrs.field(factory=list)
+    #: ``NoReply(self)``, built once (a frozen value: every callback that carries on returns it).
+    carry_on: Any = None
 
 
 #: The operations the server runs on its store for a call, in the order they arrive.
@@ -281,7 +283,9 @@ class StoreServer(otp.GenServer):
         me = otp.self()
         worker = otp.spawn_link(_worker, store, receive, me)
         watcher = otp.spawn_link(_watcher, store, me)
-        return otp.Ok(_State(store=store, jobs=send, worker=worker, watcher=watcher))
+        state = _State(store=store, jobs=send, worker=worker, watcher=watcher)
+        state.carry_on = otp.NoReply(state)
+        return otp.Ok(state)
 
     def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
         match request:
@@ -293,16 +297,16 @@ class StoreServer(otp.GenServer):
                 state.queued.append((batch, from_))
                 if not state.in_flight:
                     _flush(state)
-                return otp.NoReply(state)
+                return state.carry_on
             case (str(op), tuple(args), dict(kwargs)) if op in _OPS:
                 fn = functools.partial(_OPS[op](state.store), *args, **kwargs)
                 state.jobs.send_nowait(_Read(from_, fn))
-                return otp.NoReply(state)
+                return state.carry_on
             case ("wait_pending", int(seen)):
                 if state.generation > seen:
                     return otp.Reply(state.generation, state)
                 state.waiters.append((from_, seen))
-                return otp.NoReply(state)
+                return state.carry_on
             case ("statistics",):
                 stats = StoreServerStatistics(
                     groups=state.groups,
@@ -323,13 +327,13 @@ class StoreServer(otp.GenServer):
                     check_batch(batch)  # a bad batch must not crash the worker
                 except TypeError as exc:
                     otp.send(reply_to, BatchCommitted(tag, StoreError(str(exc))))
-                    return otp.NoReply(state)
+                    return state.carry_on
                 state.queued.append((batch, _Notify(reply_to, tag)))
                 if not state.in_flight:
                     _flush(state)
             case _:
                 logger.warning("StoreServer: unknown cast %r", request)
-        return otp.NoReply(state)
+        return state.carry_on
 
     def handle_info(self, message: Any, state: _State) -> Any:
         match message:
@@ -351,7 +355,7 @@ class StoreServer(otp.GenServer):
                 state.waiters = still
             case otp.Exit(pid=pid, reason=reason) if pid in (state.worker, state.watcher):
                 return otp.Stop(reason, state)
-        return otp.NoReply(state)
+        return state.carry_on
 
     async def terminate(self, reason: Any, state: _State) -> None:
         state.jobs.close()

@@ -62,6 +62,15 @@ ATTEMPT_COLUMNS = (
     " started_at, finished_at"
 )
 DISPATCH_COLUMNS = "flow_id, delivery, kind, name, attempt, queue, reason, worker_id, at"
+_CREATE_FLOW = (
+    f"INSERT INTO flows ({FLOW_COLUMNS}) VALUES ({', '.join('?' * 14)})"
+    " ON CONFLICT (flow_id) DO NOTHING"
+)
+_UPDATE_FLOW = (
+    "UPDATE flows SET flow_type = ?, status = ?, args = ?, state = ?, step_index = ?,"
+    " step_input = ?, result = ?, error = ?, sticky_worker = ?, created_at = ?, updated_at = ?,"
+    " version = ?, definition = ? WHERE flow_id = ? AND version = ?"
+)
 _INSERT_ATTEMPT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 11)})"
 _INSERT_DISPATCH = f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) VALUES ({', '.join('?' * 9)})"
 _PUT_PENDING = (
@@ -179,36 +188,34 @@ def _apply(
     """Apply one batch inside its savepoint; a refusal raises ``_Refused(StoreError)``."""
     try:
         for record in batch.flows_created:
-            if conn.execute("SELECT 1 FROM flows WHERE flow_id = ?", (record.flow_id,)).fetchone():
+            # (one statement, not a SELECT first: a stored id inserts no row)
+            if conn.execute(_CREATE_FLOW, _flow_row(record)).rowcount != 1:
                 raise FlowExists(
                     f"a flow with id {record.flow_id!r} exists already",
                     details={"flow_id": record.flow_id},
                 )
-            _insert_flow(conn, record)
         for record in batch.flows_upserted:
+            # The update names the version it replaces: one statement when it is stored (the
+            # usual case); else the stored version tells a new flow from a conflict.
+            values = _flow_row(record)
+            updated = conn.execute(_UPDATE_FLOW, (*values[1:], record.flow_id, record.version - 1))
+            if updated.rowcount == 1:
+                continue
             row = conn.execute(
                 "SELECT version FROM flows WHERE flow_id = ?", (record.flow_id,)
             ).fetchone()
             if row is None:
-                _insert_flow(conn, record)
+                _insert_flow(conn, values)
                 continue
-            if row[0] != record.version - 1:
-                raise StoreConflict(
-                    f"flow {record.flow_id!r}: the update to version {record.version} expects"
-                    f" stored version {record.version - 1}, but version {row[0]} is stored"
-                    " (another writer updated it; read the flow again)",
-                    details={
-                        "flow_id": record.flow_id,
-                        "expected": record.version - 1,
-                        "stored": row[0],
-                    },
-                )
-            values = _flow_row(record)
-            conn.execute(
-                "UPDATE flows SET flow_type = ?, status = ?, args = ?, state = ?,"
-                " step_index = ?, step_input = ?, result = ?, error = ?, sticky_worker = ?,"
-                " created_at = ?, updated_at = ?, version = ?, definition = ? WHERE flow_id = ?",
-                (*values[1:], record.flow_id),
+            raise StoreConflict(
+                f"flow {record.flow_id!r}: the update to version {record.version} expects"
+                f" stored version {record.version - 1}, but version {row[0]} is stored"
+                " (another writer updated it; read the flow again)",
+                details={
+                    "flow_id": record.flow_id,
+                    "expected": record.version - 1,
+                    "stored": row[0],
+                },
             )
         if batch.attempts:
             conn.executemany(
@@ -281,10 +288,10 @@ def _apply(
         raise _Refused(refused) from exc
 
 
-def _insert_flow(conn: SqlConnection, record: FlowRecord) -> None:
+def _insert_flow(conn: SqlConnection, values: tuple[Any, ...]) -> None:
     conn.execute(
         f"INSERT INTO flows ({FLOW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        _flow_row(record),
+        values,
     )
 
 

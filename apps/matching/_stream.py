@@ -37,7 +37,7 @@ from ._dispatch import (
 )
 from ._matcher import MATCHER, StreamUp
 
-__all__ = ["StreamConn", "start_stream"]
+__all__ = ["FreedNotices", "StreamConn", "start_stream"]
 
 logger = logging.getLogger("apps.matching")
 
@@ -50,6 +50,26 @@ class StreamConn(Protocol):
     def send_message(self, message: Any) -> None: ...
 
 
+#: The stream's phases: waiting for an offer, waiting for the worker's answer to one, owning
+#: an accepted call.
+_IDLE, _OFFERED, _BUSY = "idle", "offered", "busy"
+
+
+@attrs.define(eq=False)
+class FreedNotices:
+    """Shared by the stream processes of one worker connection: whether the worker declined a
+    task for capacity since a call of it last ended (then the next call's end tells the
+    worker's queues with ``WorkerFreed``, so they offer it what it declined).
+
+    A queue holds a worker's capacity decline until its ``WorkerFreed``; a worker declines for
+    capacity only while calls of it run, and each of them ends on this connection after the
+    DECLINE was read (the worker frees a slot before it writes the call's outcome). So one
+    ``WorkerFreed`` after each run of declines is all the queues need, not one per call."""
+
+    #: True at first: a reconnected worker's queues may hold declines of its old connection.
+    declined: bool = True
+
+
 @attrs.define(eq=False)
 class _Stream:
     conn: StreamConn
@@ -60,14 +80,25 @@ class _Stream:
     queue: otp.Pid
     limits: MatchingLimits
     matcher: Any
+    notices: FreedNotices | None = None
     me: Any = None
     last_heard: float = 0.0
     queue_ref: otp.Ref | None = None
     owner_ref: otp.Ref | None = None
     queue_gone: bool = False
+    phase: str = _IDLE
+    #: When the idle stream's next M_PING is due.
+    next_ping: float = 0.0
+    #: The offered dispatch, the queue that offered it, and when its answer is due.
+    offered: Dispatch | None = None
+    offered_by: str = ""
+    answer_by: float = 0.0
     #: The call the stream owns (accepted), and whether the worker sent output for it.
     call: Dispatch | None = None
     after_output: bool = False
+    #: The cancel scope the stream waits in: its deadline is at or before the phase's (it is
+    #: only ever brought forward; when it passes, the phase's real deadline is checked).
+    scope: trio.CancelScope | None = None
 
 
 class _End(Exception):
@@ -83,12 +114,14 @@ def start_stream(
     *,
     limits: MatchingLimits | None = None,
     matcher: Any = MATCHER,
+    notices: FreedNotices | None = None,
 ) -> otp.Pid:
     """Spawn the stream process linked to the caller (the connection process) and return its
     pid. Call it right after :func:`register_stream` returned ``queue_pid``; then forward the
     worker's frames for ``stream_id`` (``MatchAccept``, ``MatchDecline``, ``MatchOutput``,
     ``MatchResult``, ``MatchFailure``, ``MatchPong``, ``MatchClose``) to the returned pid as
-    plain messages.
+    plain messages. ``notices`` is shared by the connection's streams (see
+    :class:`FreedNotices`); None sends ``WorkerFreed`` after every call.
 
     The stream ends normally when the worker closes it (``MatchClose``), when it stays silent
     for ``limits.peer_timeout`` (it writes ``MatchClose`` then) and when its queue goes away
@@ -103,8 +136,13 @@ def start_stream(
         queue_pid,
         limits if limits is not None else MatchingLimits(),
         matcher,
+        notices,
     )
-    return otp.spawn_link(_run, state)
+    pid = otp.spawn_link(_run, state)
+    # Told from here, not by the stream: the matcher counts it before the caller answers
+    # REGISTERED (which may reach the worker before the new process first runs).
+    otp.cast(matcher, StreamUp(pid, state.owner, worker_id, queue_pid))
+    return pid
 
 
 async def _run(state: _Stream) -> None:
@@ -122,18 +160,25 @@ async def _run(state: _Stream) -> None:
                 logger.debug("matching stream: could not report a lost call", exc_info=True)
 
     otp.add_exit_hook(lost)
-    otp.cast(state.matcher, StreamUp(state.me, state.owner, state.worker_id, state.queue))
     state.queue_ref = otp.monitor(state.queue)
     state.owner_ref = otp.monitor(state.owner)
     state.last_heard = trio.current_time()
+    receive = otp.receive
     try:
+        otp.send(state.queue, StreamIdle(state.me, state.worker_id, state.caps))
+        _to_idle(state)
         while True:
-            if state.queue_gone:
-                _close(state)
-                return
-            otp.send(state.queue, StreamIdle(state.me, state.worker_id, state.caps))
-            while await _idle(state):
-                pass
+            # One cancel scope for many messages (not one per receive): its deadline is the
+            # phase's at most, and only moves when it passes (see _Stream.scope).
+            with trio.CancelScope(deadline=_due(state)) as scope:
+                state.scope = scope
+                while True:
+                    _handle(state, await receive())
+            # The deadline passed: what came meanwhile counts first (a PONG that is in the
+            # mailbox shows the worker is alive), as a receive with a timeout has it.
+            while (message := await receive(timeout=0, default=None)) is not None:
+                _handle(state, message)
+            _deadline_passed(state)
     except _End:
         return
 
@@ -142,32 +187,42 @@ def _close(state: _Stream) -> None:
     state.conn.send_message(wire.MatchClose(rid=state.stream_id))
 
 
-def _watch(state: _Stream, message: Any) -> bool:
-    """Handle a message any phase handles alike; True if it was one."""
-    kind = type(message)
-    if kind is otp.Down:
-        if message.ref == state.owner_ref:
-            raise _End  # the connection is gone (the exit hook reports a call as lost)
-        if message.ref == state.queue_ref:
-            state.queue_gone = True
-        return True
-    if kind is wire.MatchPong:
-        state.last_heard = trio.current_time()
-        return True
-    return False
-
-
-async def _idle(state: _Stream) -> bool:
-    """Wait for an offer (pinging the worker); True to go on waiting (the offer was declined),
-    False once a call is over (the stream is idle again)."""
+def _due(state: _Stream) -> float:
+    """When the phase's deadline passes (a ping, a silent worker, an answer not given)."""
     limits = state.limits
-    next_ping = trio.current_time() + limits.ping_interval
-    while True:
-        if state.queue_gone:
-            _close(state)
-            raise _End
-        now = trio.current_time()
-        if now - state.last_heard >= limits.peer_timeout:
+    if state.phase is _IDLE:
+        return min(state.next_ping, state.last_heard + limits.peer_timeout)
+    if state.phase is _OFFERED:
+        return state.answer_by
+    return state.last_heard + limits.peer_timeout
+
+
+def _sooner(state: _Stream) -> None:
+    """A new phase may be due sooner than the scope's deadline: bring it forward."""
+    scope = state.scope
+    if scope is not None:
+        due = _due(state)
+        if due < scope.deadline:
+            scope.deadline = due
+
+
+def _to_idle(state: _Stream) -> None:
+    """Idle (registered, or its offer declined, or its call over); a stream whose queue is gone
+    ends instead."""
+    if state.queue_gone:
+        _close(state)
+        raise _End
+    state.phase = _IDLE
+    state.next_ping = trio.current_time() + state.limits.ping_interval
+    _sooner(state)
+
+
+def _deadline_passed(state: _Stream) -> None:
+    now = trio.current_time()
+    limits = state.limits
+    phase = state.phase
+    if phase is _IDLE:
+        if now >= state.last_heard + limits.peer_timeout:
             logger.info(
                 "matching: worker %r silent on stream %d for %g s: closing it",
                 state.worker_id,
@@ -177,25 +232,100 @@ async def _idle(state: _Stream) -> bool:
             otp.send(state.queue, StreamGone(state.me))
             _close(state)
             raise _End
-        if now >= next_ping:
+        if now >= state.next_ping:
             state.conn.send_message(wire.MatchPing(rid=state.stream_id))
-            next_ping = now + limits.ping_interval
-        timeout = max(0.0, min(next_ping, state.last_heard + limits.peer_timeout) - now)
-        message = await otp.receive(timeout=timeout, default=None)
-        if message is None or _watch(state, message):
-            continue
-        kind = type(message)
-        if kind is Offer:
-            return await _offered(state, message.dispatch, message.queue)
-        if kind is wire.MatchClose:
+            state.next_ping = now + limits.ping_interval
+    elif phase is _OFFERED:
+        if now >= state.answer_by:
+            assert state.offered is not None
+            logger.info(
+                "matching: worker %r did not answer delivery %d on stream %d within %g s:"
+                " closing the stream",
+                state.worker_id,
+                state.offered.task.delivery,
+                state.stream_id,
+                limits.peer_timeout,
+            )
+            otp.send(state.queue, StreamGone(state.me))
+            _close(state)
+            raise _End
+    elif now >= state.last_heard + limits.peer_timeout:
+        assert state.call is not None
+        logger.info(
+            "matching: worker %r silent for %g s during delivery %d: the call is lost",
+            state.worker_id,
+            limits.peer_timeout,
+            state.call.task.delivery,
+        )
+        _close(state)
+        raise _End  # the exit hook reports Lost
+
+
+def _handle(state: _Stream, message: Any) -> None:
+    """One message, whatever the phase (it never waits)."""
+    kind = type(message)
+    if kind is otp.Down:
+        if message.ref == state.owner_ref:
+            raise _End  # the connection is gone (the exit hook reports a call as lost)
+        if message.ref == state.queue_ref:
+            state.queue_gone = True
+            if state.phase is _IDLE:
+                _close(state)
+                raise _End
+        return
+    if kind is Offer:
+        if state.phase is _IDLE:
+            _offer(state, message.dispatch, message.queue)
+        else:
+            _refuse(state, message.dispatch)
+        return
+    # Anything from the worker shows it is alive.
+    state.last_heard = trio.current_time()
+    if kind is wire.MatchPong:
+        return
+    phase = state.phase
+    if phase is _OFFERED:
+        offered = state.offered
+        assert offered is not None
+        if kind is wire.MatchAccept and message.delivery == offered.task.delivery:
+            _accepted(state, offered)
+        elif kind is wire.MatchDecline and message.delivery == offered.task.delivery:
+            state.offered = None
+            reason = message.reason
+            notices = state.notices
+            if notices is not None and reason != "unknown_name" and reason != "draining":
+                notices.declined = True  # (the queue takes any other reason as no_capacity)
+            otp.send(state.queue, Declined(state.me, offered.task.delivery, reason))
+            _to_idle(state)
+        elif kind is wire.MatchClose:
             otp.send(state.queue, StreamGone(state.me))
             raise _End
-        # Anything else from the worker (a stray answer) shows it is alive.
-        state.last_heard = trio.current_time()
+    elif phase is _BUSY:
+        call = state.call
+        assert call is not None
+        delivery = call.task.delivery
+        if kind is wire.MatchResult and message.delivery == delivery:
+            state.call = None
+            otp.send(
+                call.reply_to, Completed(delivery, state.worker_id, message.value, message.patch)
+            )
+            _call_over(state)
+        elif kind is wire.MatchFailure and message.delivery == delivery:
+            state.call = None
+            error = ErrorInfo(message.type, message.message, message.retryable)
+            otp.send(call.reply_to, Failed(delivery, state.worker_id, error))
+            _call_over(state)
+        elif kind is wire.MatchOutput and message.delivery == delivery:
+            state.after_output = True
+        elif kind is wire.MatchClose:
+            raise _End  # the exit hook reports Lost
+    elif kind is wire.MatchClose:
+        otp.send(state.queue, StreamGone(state.me))
+        raise _End
 
 
-async def _offered(state: _Stream, dispatch: Dispatch, queue: str) -> bool:
-    """Write the TASK and wait for the worker's answer; then run the call if accepted."""
+def _offer(state: _Stream, dispatch: Dispatch, queue: str) -> None:
+    """Write the TASK; the worker's answer comes as a message."""
     task = dispatch.task
     delivery = task.delivery
     now = trio.current_time()
@@ -221,83 +351,39 @@ async def _offered(state: _Stream, dispatch: Dispatch, queue: str) -> bool:
             dispatch.reply_to,
             Failed(delivery, state.worker_id, ErrorInfo("InvalidTask", str(exc), False)),
         )
-        return False
+        _to_idle(state)
+        otp.send(state.queue, StreamIdle(state.me, state.worker_id, state.caps))
+        return
     state.conn.send_message(frame)
-    answer_by = now + state.limits.peer_timeout
-    while True:
-        left = answer_by - trio.current_time()
-        if left <= 0:
-            logger.info(
-                "matching: worker %r did not answer delivery %d on stream %d within %g s:"
-                " closing the stream",
-                state.worker_id,
-                delivery,
-                state.stream_id,
-                state.limits.peer_timeout,
-            )
-            otp.send(state.queue, StreamGone(state.me))
-            _close(state)
-            raise _End
-        message = await otp.receive(timeout=left, default=None)
-        if message is None or _watch(state, message):
-            continue
-        kind = type(message)
-        state.last_heard = trio.current_time()
-        if kind is wire.MatchAccept and message.delivery == delivery:
-            state.call = dispatch
-            state.after_output = False
-            otp.send(dispatch.reply_to, Routed(delivery, queue, "delivered", state.worker_id))
-            otp.send(state.queue, Accepted(state.me, delivery))
-            await _busy(state)
-            return False
-        if kind is wire.MatchDecline and message.delivery == delivery:
-            otp.send(state.queue, Declined(state.me, delivery, message.reason))
-            return True
-        if kind is wire.MatchClose:
-            otp.send(state.queue, StreamGone(state.me))
-            raise _End
-        if kind is Offer:
-            _refuse(state, message.dispatch)
+    state.phase = _OFFERED
+    state.offered = dispatch
+    state.offered_by = queue
+    state.answer_by = now + state.limits.peer_timeout
+    _sooner(state)
 
 
-async def _busy(state: _Stream) -> None:
-    """Own the accepted call until the worker's RESULT or FAILURE."""
-    call = state.call
-    assert call is not None
-    delivery = call.task.delivery
-    worker_id = state.worker_id
-    while True:
-        left = state.last_heard + state.limits.peer_timeout - trio.current_time()
-        if left <= 0:
-            logger.info(
-                "matching: worker %r silent for %g s during delivery %d: the call is lost",
-                worker_id,
-                state.limits.peer_timeout,
-                delivery,
-            )
-            _close(state)
-            raise _End  # the exit hook reports Lost
-        message = await otp.receive(timeout=left, default=None)
-        if message is None or _watch(state, message):
-            continue
-        kind = type(message)
-        state.last_heard = trio.current_time()
-        if kind is wire.MatchResult and message.delivery == delivery:
-            state.call = None
-            otp.send(call.reply_to, Completed(delivery, worker_id, message.value, message.patch))
-            break
-        if kind is wire.MatchFailure and message.delivery == delivery:
-            state.call = None
-            error = ErrorInfo(message.type, message.message, message.retryable)
-            otp.send(call.reply_to, Failed(delivery, worker_id, error))
-            break
-        if kind is wire.MatchOutput and message.delivery == delivery:
-            state.after_output = True
-        elif kind is wire.MatchClose:
-            raise _End  # the exit hook reports Lost
-        elif kind is Offer:
-            _refuse(state, message.dispatch)
-    otp.cast(state.matcher, WorkerFreed(worker_id))
+def _accepted(state: _Stream, dispatch: Dispatch) -> None:
+    """The worker accepted: the stream owns the call until its RESULT or FAILURE."""
+    delivery = dispatch.task.delivery
+    state.offered = None
+    state.call = dispatch
+    state.after_output = False
+    state.phase = _BUSY
+    otp.send(dispatch.reply_to, Routed(delivery, state.offered_by, "delivered", state.worker_id))
+    otp.send(state.queue, Accepted(state.me, delivery))
+    _sooner(state)
+
+
+def _call_over(state: _Stream) -> None:
+    """The call's outcome went to its ``reply_to``: the worker's queues may offer it what it
+    declined for capacity, and the stream is idle again."""
+    notices = state.notices
+    if notices is None or notices.declined:
+        if notices is not None:
+            notices.declined = False
+        otp.cast(state.matcher, WorkerFreed(state.worker_id))
+    _to_idle(state)
+    otp.send(state.queue, StreamIdle(state.me, state.worker_id, state.caps))
 
 
 def _refuse(state: _Stream, dispatch: Dispatch) -> None:

@@ -691,6 +691,49 @@ async def test_result_raises_call_timeout_when_its_timeout_passes(
         assert (await FlowEngine.statistics()).waiters == 0
 
 
+async def test_one_caller_waiting_for_many_results_is_monitored_once_and_each_times_out_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A connection passes its clients' ``result`` calls on as requests of its own: the
+    engine monitors it once however many it waits for, each waiter still times out at its own
+    timeout (one answered first never does), and the caller's death drops the rest."""
+    script = {"f1": [hang()], "f2": [hang()], "f3": [hang()]}
+    async with otp.open_node(), server(lambda task: script[task.flow_id]):
+        for flow_id in script:
+            await FlowEngine.start_flow("T", [], definition(step("a")), flow_id)
+        me, start = otp.self(), trio.current_time()
+        engine = otp.whereis(ENGINE)
+        first = otp.send_request(ENGINE, ("result", "f1", 5.0))
+        second = otp.send_request(ENGINE, ("result", "f2", 3.0))
+        await trio.testing.wait_all_tasks_blocked()
+        info = otp.process_info(engine)
+        assert info is not None
+        assert [target for _, target in info.monitors].count(me) == 1
+        by_flow = {d.task.flow_id: d for _, d in await dispatches()}
+        await trio.sleep(1)
+        otp.send(ENGINE, Completed(by_flow["f2"].task.delivery, "w1", 42, {}))
+        answer = await otp.receive(lambda m: isinstance(m, otp.Response), timeout=10)
+        assert (answer.request_id, answer.value) == (second, ("ok", 42))
+        answer = await otp.receive(lambda m: isinstance(m, otp.Response), timeout=10)
+        assert answer.request_id == first and answer.value[1] == "timeout"
+        assert trio.current_time() - start == pytest.approx(5.0)
+        late = await otp.receive(lambda m: isinstance(m, otp.Response), timeout=10, default=None)
+        assert late is None  # (f2's answered waiter never times out)
+        info = otp.process_info(engine)
+        assert info is not None and me not in [target for _, target in info.monitors]
+
+        async def waits_then_dies() -> None:
+            otp.send_request(ENGINE, ("result", "f3", 60.0))
+            otp.send_request(ENGINE, ("result", "f3", None))
+            await trio.sleep(1)
+
+        otp.spawn(waits_then_dies)
+        await trio.sleep(0.5)
+        assert (await FlowEngine.statistics()).waiters == 2
+        await trio.sleep(1)
+        assert (await FlowEngine.statistics()).waiters == 0
+
+
 async def test_result_of_no_flow_raises_flow_not_found() -> None:
     async with otp.open_node(), server():
         with pytest.raises(FlowNotFound, match="no flow has id 'x'"):

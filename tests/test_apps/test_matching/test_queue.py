@@ -23,10 +23,12 @@ from apps.matching._dispatch import (
     Lost,
     MatchingLimits,
     NotDispatched,
+    Offer,
     Routed,
     StreamRejection,
     Task,
     WorkerDraining,
+    WorkerFreed,
 )
 from apps.matching._matcher import (
     QUEUES,
@@ -36,7 +38,7 @@ from apps.matching._matcher import (
     statistics,
     submit,
 )
-from apps.matching._stream import start_stream
+from apps.matching._stream import FreedNotices, start_stream
 
 CAPS = Capabilities({"Greet": ({"write"}, {"read"})})
 FINAL = (Completed, Failed, NotDispatched, Lost)
@@ -375,6 +377,55 @@ async def test_a_stream_takes_the_next_call_after_finishing_one(
             _, final, _ = await outcome(dispatch())
             assert isinstance(final, Completed)
         assert len(conn.tasks()) == 3
+
+
+async def test_a_call_end_frees_the_worker_for_its_queues_only_after_a_capacity_decline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """WorkerFreed (to the matcher, which tells the worker's queues) follows a call's end only
+    when a stream of the connection declined for capacity since the last one: the queues hold
+    nothing of the worker otherwise. The first call's end always sends one (a reconnected
+    worker's queues may hold declines of its old connection)."""
+    async with otp.open_node():
+        me = otp.self()
+        conn = FakeConn("w1", silent)
+        notices = FreedNotices()
+        conn.stream = start_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=notices)
+        frees: list[WorkerFreed] = []
+
+        async def call(answer: Callable[[int], Any]) -> None:
+            d = dispatch()
+            otp.send(conn.stream, Offer(d, "flow:Greet"))
+            await trio.testing.wait_all_tasks_blocked()
+            otp.send(conn.stream, answer(d.task.delivery))
+            if not isinstance(answer(0), wire.MatchDecline):
+                otp.send(conn.stream, wire.MatchResult(d.task.delivery, None, rid=1))
+            await trio.testing.wait_all_tasks_blocked()
+            while (m := await otp.receive(timeout=0, default=None)) is not None:
+                request = getattr(m, "request", None)  # (a cast to the matcher)
+                if isinstance(request, WorkerFreed):
+                    frees.append(request)
+
+        def accept(delivery: int) -> Any:
+            return wire.MatchAccept(delivery=delivery, rid=1)
+
+        def no_capacity(delivery: int) -> Any:
+            return wire.MatchDecline(delivery=delivery, reason="no_capacity", rid=1)
+
+        def unknown_name(delivery: int) -> Any:
+            return wire.MatchDecline(delivery=delivery, reason="unknown_name", rid=1)
+
+        await call(accept)
+        assert frees == [WorkerFreed("w1")]  # (the first call's end)
+        await call(accept)
+        await call(unknown_name)
+        await call(accept)
+        assert len(frees) == 1  # no capacity decline: nothing to free
+        await call(no_capacity)
+        await call(accept)
+        assert len(frees) == 2 and not notices.declined
+        await call(accept)
+        assert len(frees) == 2
 
 
 # -- losing streams -------------------------------------------------------------------------

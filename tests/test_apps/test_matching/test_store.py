@@ -155,6 +155,34 @@ def test_sqlite_store_refuses_a_threads_flag_that_is_not_a_bool() -> None:
         SqliteStore(":memory:", threads="no")  # type: ignore[arg-type]
 
 
+class _Schedules(trio.abc.Instrument):
+    """Counts how often one task is scheduled (made runnable again)."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.count = 0
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        self.count += task is self.task
+
+
+async def test_a_call_on_a_free_connection_goes_through_the_scheduler_once() -> None:
+    """The store's connection is taken without a checkpoint of its own when it is free: the
+    call's one trip through the scheduler is its work's (here, on trio's own thread)."""
+    s = SqliteStore(":memory:", threads=False)
+    await s.open()
+    try:
+        counter = _Schedules(trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(counter)
+        try:
+            assert await s.get_flow("f1") is None
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+        assert counter.count == 1
+    finally:
+        await s.close()
+
+
 async def test_sqlite_store_without_threads_runs_on_the_trio_thread(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
