@@ -64,9 +64,10 @@ def log_report(
 
     Nothing is formatted here: ``message % args`` and the traceback of ``exc_info`` are left to
     the handlers that emit the record. The caller's file and line are not looked up (a report's
-    origin is in its fields), which spares a walk of the stack per report.
+    origin is in its fields), which spares a walk of the stack per report. When no handler
+    would take the record (only ``NullHandler`` s, or all above ``level``), none is made.
     """
-    if not logger.isEnabledFor(level):
+    if not _taken(logger, level):
         return
     record = logger.makeRecord(
         logger.name,
@@ -79,6 +80,29 @@ def log_report(
         extra={"otp_report": report},
     )
     logger.handle(record)
+
+
+def _taken(logger: logging.Logger, level: int) -> bool:
+    """Whether a record of ``level`` on ``logger`` reaches a handler that may write it (as
+    ``Logger.callHandlers`` walks; a logger filter counts as a taker, it may want to see it)."""
+    if not logger.isEnabledFor(level) or logger.disabled:
+        return False
+    found = False
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return True
+        for handler in current.handlers:
+            found = True
+            if handler.__class__ is not logging.NullHandler and level >= handler.level:
+                return True
+        if not current.propagate:
+            break
+        current = current.parent
+    if found:
+        return False
+    last_resort = logging.lastResort  # what logging writes to when no handler is found
+    return last_resort is not None and level >= last_resort.level
 
 
 # -- tracebacks, formatted once per code location -------------------------------------------
@@ -145,8 +169,25 @@ def format_exception(exc: BaseException) -> str:
                 parts.append(text)
         if count > _RECURSIVE_CUTOFF:
             parts.append(_repeated(count - _RECURSIVE_CUTOFF))
-    parts.extend(traceback.format_exception_only(exc))
+    parts.append(_exception_only(exc))
     return "".join(parts)
+
+
+def _exception_only(exc: BaseException) -> str:
+    """``traceback.format_exception_only`` of a plain exception, without building a
+    ``TracebackException`` (notes go to ``traceback``)."""
+    if getattr(exc, "__notes__", None) is not None:
+        return "".join(traceback.format_exception_only(exc))
+    cls = type(exc)
+    kind = cls.__qualname__
+    module = cls.__module__
+    if module not in ("__main__", "builtins"):
+        kind = f"{module if isinstance(module, str) else '<unknown>'}.{kind}"
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<exception str() failed>"
+    return f"{kind}: {text}\n" if text else f"{kind}\n"
 
 
 def _repeated(count: int) -> str:

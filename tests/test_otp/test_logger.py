@@ -287,3 +287,48 @@ def test_burst_limit_rejects_bad_settings(kwargs: dict[str, Any], message: str) 
     with pytest.raises(ValueError) as caught:
         otp.BurstLimit(logging.NullHandler(), **kwargs)
     assert str(caught.value) == message
+
+
+def test_no_record_is_made_when_no_handler_would_take_it() -> None:
+    made: list[logging.LogRecord] = []
+    factory = logging.getLogRecordFactory()
+
+    def counting(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        made.append(factory(*args, **kwargs))
+        return made[-1]
+
+    log = logging.getLogger("tests.logger.quiet")
+    log.addHandler(logging.NullHandler())
+    log.propagate = False
+    logging.setLogRecordFactory(counting)
+    try:
+        otp.log_report(log, logging.ERROR, "nobody %s", ("reads",), {"a": 1})
+        assert made == []
+        keeper = Keeper()
+        keeper.setLevel(logging.CRITICAL)
+        log.addHandler(keeper)
+        otp.log_report(log, logging.ERROR, "nobody %s", ("reads",), {"a": 1})
+        assert made == []  # the only handler is above the level
+        keeper.setLevel(logging.NOTSET)
+        otp.log_report(log, logging.ERROR, "someone %s", ("reads",), {"a": 1})
+        assert [r.getMessage() for r in keeper.records] == ["someone reads"]
+        assert keeper.records[0].otp_report == {"a": 1}  # type: ignore[attr-defined]
+    finally:
+        logging.setLogRecordFactory(factory)
+        log.handlers.clear()
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+class Blank(Exception):
+    def __str__(self) -> str:
+        return ""
+
+
+@pytest.mark.parametrize("error", [Unprintable(), Blank(), Loud(), KeyError("k"), OSError(2, "x")])
+def test_format_exception_writes_the_message_line_as_traceback_does(error: BaseException) -> None:
+    raised = _raised(lambda: (_ for _ in ()).throw(error))
+    assert otp.format_exception(raised) == "".join(traceback.format_exception(raised))
