@@ -14,6 +14,7 @@ formatted once per code location, so a restart storm of one bug pays for its tra
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -69,17 +70,59 @@ def log_report(
     """
     if not _taken(logger, level):
         return
-    record = logger.makeRecord(
-        logger.name,
-        level,
-        "(unknown file)",
-        0,
-        message,
-        args,
-        (type(exc_info), exc_info, exc_info.__traceback__) if exc_info is not None else None,
-        extra={"otp_report": report},
-    )
+    info = (type(exc_info), exc_info, exc_info.__traceback__) if exc_info is not None else None
+    if logging.getLogRecordFactory() is _LogRecord and type(logger).makeRecord is _MAKE_RECORD:
+        record = _record(logger.name, level, message, args, info, report)
+    else:  # someone customised record making: go through it
+        record = logger.makeRecord(
+            logger.name, level, _NO_FILE, 0, message, args, info, extra={"otp_report": report}
+        )
     logger.handle(record)
+
+
+_LogRecord = logging.LogRecord
+_MAKE_RECORD = logging.Logger.makeRecord
+_NO_FILE = "(unknown file)"
+#: What a LogRecord made for a report holds before its own fields are set (file, function,
+#: line: a report's origin is in its fields, not in the code that logged it).
+_TEMPLATE = vars(_LogRecord("", logging.INFO, _NO_FILE, 0, "", (), None))
+
+
+def _record(
+    name: str, level: int, message: str, args: tuple[Any, ...], info: Any, report: Any
+) -> logging.LogRecord:
+    """``LogRecord(...)`` with ``extra={"otp_report": report}``, the same fields (as
+    ``logging.LogRecord.__init__`` sets them) made without recomputing the constant ones."""
+    record = _LogRecord.__new__(_LogRecord)
+    fields = record.__dict__
+    fields.update(_TEMPLATE)
+    now = time.time()
+    fields["name"] = name
+    fields["msg"] = message
+    fields["args"] = args
+    fields["levelname"] = logging.getLevelName(level)
+    fields["levelno"] = level
+    fields["exc_info"] = info
+    fields["created"] = now
+    fields["msecs"] = int((now - int(now)) * 1000) + 0.0
+    fields["relativeCreated"] = (now - _START) * 1000
+    if logging.logThreads:
+        fields["thread"] = threading.get_ident()
+        fields["threadName"] = threading.current_thread().name
+    if logging.logMultiprocessing:
+        multiprocessing = sys.modules.get("multiprocessing")
+        if multiprocessing is not None:
+            try:
+                fields["processName"] = multiprocessing.current_process().name
+            except Exception:
+                pass
+    if logging.logProcesses:
+        fields["process"] = os.getpid()
+    fields["otp_report"] = report
+    return record
+
+
+_START: float = getattr(logging, "_startTime", time.time())
 
 
 def _taken(logger: logging.Logger, level: int) -> bool:

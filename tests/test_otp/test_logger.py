@@ -332,3 +332,32 @@ class Blank(Exception):
 def test_format_exception_writes_the_message_line_as_traceback_does(error: BaseException) -> None:
     raised = _raised(lambda: (_ for _ in ()).throw(error))
     assert otp.format_exception(raised) == "".join(traceback.format_exception(raised))
+
+
+def test_a_report_record_has_the_fields_logging_gives_a_record() -> None:
+    log = logging.getLogger("tests.logger.fields")
+    keeper = Keeper()
+    log.addHandler(keeper)
+    log.propagate = False
+    try:
+        error = _raised(lambda: _recurse(0))
+        otp.log_report(log, logging.WARNING, "m %s", ("a",), {"k": 1}, exc_info=error)
+    finally:
+        log.removeHandler(keeper)
+    (made,) = keeper.records
+    info = (type(error), error, error.__traceback__)
+    expected = log.makeRecord(
+        log.name,
+        logging.WARNING,
+        "(unknown file)",
+        0,
+        "m %s",
+        ("a",),
+        info,
+        extra={"otp_report": {"k": 1}},
+    )
+    timing = {"created", "msecs", "relativeCreated"}
+    assert {k: v for k, v in vars(made).items() if k not in timing} == {
+        k: v for k, v in vars(expected).items() if k not in timing
+    }
+    assert made.getMessage() == "m a" and made.created <= expected.created
