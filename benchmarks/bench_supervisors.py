@@ -127,21 +127,29 @@ async def _started(fn: Any, task_status: Any) -> None:
     await fn()
 
 
-def _restart(quick: bool) -> list[Result]:
-    kills = 200 if quick else 1000
-    ours = statistics.median(otp.run(_otp_restart, kills))
-    raw = statistics.median(trio.run(_raw_restart, kills))
+def _restart_result(name: str, ours: list[float], raw: list[float], notes: str) -> list[Result]:
     return [
         Result(
-            "supervisor.restart",
+            name,
             "us",
-            ours * 1e6,
+            statistics.median(ours) * 1e6,
             "raw trio restart loop",
-            raw * 1e6,
+            statistics.median(raw) * 1e6,
             direction="lower",
-            notes=f"median of {kills} kills; one_for_one, restart until the new child answers",
+            notes=notes,
         )
     ]
+
+
+def _restart(quick: bool) -> list[Result]:
+    kills = 200 if quick else 1000
+    ours = otp.run(_otp_restart, kills)
+    return _restart_result(
+        "supervisor.restart",
+        ours,
+        trio.run(_raw_restart, kills),
+        f"median of {kills} kills; one_for_one, restart until the new child answers",
+    )
 
 
 @contextmanager
@@ -163,20 +171,14 @@ def _node_logging() -> Iterator[None]:
 def _restart_crash(quick: bool) -> list[Result]:
     kills = 200 if quick else 1000
     with _node_logging():
-        ours = statistics.median(otp.run(_otp_restart, kills, True))
-    raw = statistics.median(trio.run(_raw_restart, kills))
-    return [
-        Result(
-            "supervisor.restart_crash",
-            "us",
-            ours * 1e6,
-            "raw trio restart loop",
-            raw * 1e6,
-            direction="lower",
-            notes=f"median of {kills} crashes (the child raises); the node's text logging on,"
-            " every crash, supervisor and progress report written (to /dev/null)",
-        )
-    ]
+        ours = otp.run(_otp_restart, kills, True)
+    return _restart_result(
+        "supervisor.restart_crash",
+        ours,
+        trio.run(_raw_restart, kills),
+        f"median of {kills} crashes (the child raises); the node's text logging on, every"
+        " crash, supervisor and progress report written (to /dev/null)",
+    )
 
 
 # -- supervisor.start_tree ----------------------------------------------------------------------
