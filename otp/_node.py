@@ -24,7 +24,7 @@ from ._errors import ProcessExited
 from ._ids import Pid, Ref
 from ._logger import log_report, reason_text
 from ._messages import Down, Exit
-from ._process import _CURRENT, Process, ProcessExit, current_process_or_none
+from ._process import CURRENT_PROCESS, Process, ProcessExit, current_process_or_none
 from ._reasons import KILL, KILLED, NORMAL, Crash
 from ._timers import TimerService
 
@@ -99,10 +99,7 @@ class Node:
         self.processes[proc.pid.id] = proc
         if link and parent is not None:
             proc.links = {parent.pid}
-            if parent.links is None:
-                parent.links = {proc.pid}
-            else:
-                parent.links.add(proc.pid)
+            parent.add_link(proc.pid)
         if self.closing:
             # The node is stopping (kill_all has run): a latecomer, say the connection process
             # of a peer dialling in now, goes the same way at once, or the node would wait on it.
@@ -113,7 +110,7 @@ class Node:
     async def _run_process(
         self, proc: Process, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
     ) -> None:
-        _CURRENT.set(proc)
+        CURRENT_PROCESS.set(proc)
         reason: Any = NORMAL
         try:
             with proc.scope:
@@ -163,6 +160,13 @@ class Node:
                 target.die(NORMAL)
         else:
             target.die(reason)
+
+    def link_exit(self, target: Process, sender: Pid, reason: Any) -> None:
+        """``sender``, linked to ``target``, is gone with ``reason`` (``noconnection`` if the
+        link broke with its node): the link goes and the exit signal applies. Without a link
+        (unlinked meanwhile) nothing happens, as an unlink drops the signals it crosses."""
+        if target.remove_link(sender):
+            self.exit_signal(target, sender, reason, True)
 
     def deliver_down(self, watcher_pid: Pid, ref: Ref, pid: Pid, reason: Any) -> None:
         """Tell the watcher behind ``ref`` that ``pid`` is gone (a DOWN message or a call's
@@ -215,9 +219,7 @@ class Node:
             for other_pid in links:
                 other = self.resolve(other_pid)
                 if other is not None:
-                    if other.links is not None:
-                        other.links.discard(pid)
-                    self.exit_signal(other, pid, reason, True)
+                    self.link_exit(other, pid, reason)
                 elif other_pid._proc is None and self.distribution is not None:
                     self.distribution.send_link_exit(pid, other_pid, reason)
         watched_by = proc.monitored_by
@@ -231,8 +233,8 @@ class Node:
             for ref, target in held.items():
                 target_pid = target.pid if isinstance(target, NamedMonitor) else target
                 target_proc = self.resolve(target_pid)
-                if target_proc is not None and target_proc.monitored_by is not None:
-                    target_proc.monitored_by.pop(ref, None)
+                if target_proc is not None:
+                    target_proc.remove_monitored_by(ref)
                 elif target_pid._proc is None and self.distribution is not None:
                     self.distribution.send_demonitor(pid, target, ref)
         proc.aliases = None
@@ -371,7 +373,7 @@ async def open_node(name: str = DEFAULT_NODE_NAME) -> AsyncIterator[Node]:
                 _NODE.set(node)
                 system.start_soon(node.timers.run)
                 main = node.adopt_current_task()
-                token = _CURRENT.set(main)
+                token = CURRENT_PROCESS.set(main)
                 reason: Any = NORMAL
                 try:
                     with main.scope:
@@ -386,7 +388,7 @@ async def open_node(name: str = DEFAULT_NODE_NAME) -> AsyncIterator[Node]:
                         body_error = exc
                         reason = Crash(exc) if isinstance(exc, Exception) else KILLED
                 finally:
-                    _CURRENT.reset(token)
+                    CURRENT_PROCESS.reset(token)
                     node.process_exited(main, main.pending_reason if main.exiting else reason)
                     if node.distribution is not None:
                         with trio.CancelScope(shield=True):

@@ -401,7 +401,7 @@ async def test_a_lazy_frame_waits_for_the_next_frame_and_goes_first_in_its_write
 async def test_a_lone_lazy_frame_is_written_by_the_writer_after_lazy_delay(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from otp._distribution import LAZY_DELAY
+    from otp._dist_connection import LAZY_DELAY
 
     async with otp.open_node("a@localhost"):
         ours, theirs = trio.socket.socketpair()
@@ -465,7 +465,7 @@ async def test_the_busy_limit_still_suspends_a_sender_of_direct_writes() -> None
 
 
 async def test_the_socket_reader_returns_frames_as_they_complete_and_then_the_error() -> None:
-    from otp._distribution import _SocketFrames
+    from otp._dist_session import _SocketFrames
 
     SEND = wire.MessageType.SEND
     frame = wire.encode_message(SEND, _ping_payload(7))
@@ -491,7 +491,7 @@ async def test_the_socket_reader_returns_frames_as_they_complete_and_then_the_er
 
 
 async def test_the_socket_reader_tells_a_clean_end_from_one_inside_a_frame() -> None:
-    from otp._distribution import _SocketFrames
+    from otp._dist_session import _SocketFrames
 
     frame = wire.encode_message(wire.MessageType.PING, None)
     for tail, clean in ((b"", True), (frame[:3], False)):
@@ -521,3 +521,41 @@ async def test_a_remote_call_whose_request_cannot_cross_records_nothing(sockets:
             assert await otp.call(remote, "after") == "after"
             info = otp.process_info(otp.self())
             assert info is not None and info.monitors == ()
+
+
+@pytest.mark.parametrize("case", ["unreachable", "bad_cookie", "wrong_node"])
+async def test_a_failed_dial_says_why_in_its_connections_failure(sockets: Any, case: str) -> None:
+    from otp._distribution import dial
+
+    cookie = b"another-cookie-entirely" if case == "bad_cookie" else COOKIE
+    async with PeerNode("b@localhost", sockets("b"), cookie=cookie):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            peer, address = {
+                "unreachable": ("ghost@localhost", sockets("ghost")),
+                "bad_cookie": ("b@localhost", sockets("b")),
+                "wrong_node": ("c@localhost", sockets("b")),
+            }[case]
+            conn = await dial(peer, address)
+            assert conn is not None and conn.state == "down"
+            assert conn.failure is not None
+            assert conn.failure.kind == case
+            says = {
+                "unreachable": "No such file",
+                "bad_cookie": "does not know our cookie",
+                "wrong_node": "but 'b@localhost' answered",
+            }[case]
+            assert says in conn.failure.reason
+            assert otp.nodes() == []
+
+
+async def test_a_connection_lost_for_its_queue_says_so_in_its_failure(sockets: Any) -> None:
+    async with otp.open_node("a@localhost"):
+        ours, theirs = trio.socket.socketpair()
+        with ours, theirs:
+            conn = _connection_on(ours, busy_limit=1024, queue_limit=4096)
+            payload = {"to": wire.Pid("b@localhost", 1, 1), "msg": b"z" * 2048}
+            while conn.state != "down":  # nobody reads: past what the socket takes, it queues
+                assert conn.failure is None
+                conn.enqueue(wire.MessageType.SEND, payload)
+            assert conn.failure is not None and conn.failure.kind == "queue_limit"

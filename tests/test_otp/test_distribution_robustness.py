@@ -137,6 +137,18 @@ async def test_nodes_talk_over_tcp_with_tls(certificates: Any) -> None:
             assert await otp.call(("echo", "b@localhost"), "whoami") == "b@localhost"
 
 
+async def test_a_tls_connection_counts_the_bytes_it_reads(certificates: Any) -> None:
+    async with PeerNode("b@localhost", "tcp:127.0.0.1:0", tls=certificates("b")) as peer:
+        [b_address] = peer.listening
+        async with otp.open_node("a@localhost"):
+            await otp.start_distribution(otp.DistConfig(cookie=COOKIE, tls=certificates("a")))
+            assert await otp.connect("b@localhost", b_address)
+            (before,) = otp.observer.observe_connections()
+            assert await otp.call(("echo", "b@localhost"), b"y" * 5000) == b"y" * 5000
+            (after,) = otp.observer.observe_connections()
+            assert after.bytes_received - before.bytes_received > 5000
+
+
 async def test_a_plain_tcp_client_cannot_talk_to_a_tls_node(certificates: Any) -> None:
     async with PeerNode(
         "b@localhost", "tcp:127.0.0.1:0", tls=certificates("b"), handshake_timeout=1

@@ -737,7 +737,7 @@ async def test_stopping_the_node_kills_its_ports_programs() -> None:
 
 
 def test_a_connection_ended_by_several_tasks_at_once_is_named_by_the_first_ordinary_cause() -> None:
-    from otp._distribution import _sole
+    from otp._dist_session import _sole
 
     reset, broken = ConnectionResetError("reset"), trio.BrokenResourceError("pipe")
     assert _sole(ExceptionGroup("x", [ExceptionGroup("y", [reset])])) is reset
