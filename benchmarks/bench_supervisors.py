@@ -3,21 +3,32 @@
 - ``supervisor.restart``: a one_for_one child is killed; time until the restarted child answers
   a call (median over the kills). Baseline: a task re-started in a nursery after it raises, until
   it answers a request.
+- ``supervisor.restart_crash``: the same, but the child *raises* (in a cast), with the node's
+  default logging on (``otp.node.configure_logging("info", "text", ...)``, to ``/dev/null``),
+  so each restart writes a crash report with its traceback, a supervisor report and a progress
+  report through the handler a node installs. The burst limit is off here so every report is
+  formatted and written (with it on, a storm this fast would drop most of them). Baseline: the
+  raw trio restart loop above.
 - ``supervisor.start_tree``: start and stop a tree of 1,000 workers under 10 supervisors.
   Baseline: 1,000 tasks started with ``nursery.start`` under 10 nested nurseries, then cancelled.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import trio
 
 import otp
 from benchmarks._harness import Benchmark, Result, best_of
+from otp.node import configure_logging
 from supervisors import ChildSpec, Supervisor, SupFlags
 
 # -- supervisor.restart -------------------------------------------------------------------------
@@ -31,15 +42,24 @@ class _Echo(otp.GenServer):
         return otp.Reply(request, state)
 
 
-async def _otp_restart(kills: int) -> list[float]:
+class _Crashy(_Echo):
+    async def handle_cast(self, request: Any, state: Any) -> Any:
+        raise RuntimeError(f"asked to {request}")
+
+
+async def _otp_restart(kills: int, crash: bool = False) -> list[float]:
     otp.process_flag(trap_exit=True)
     flags = SupFlags(intensity=kills * 10, period=3600)
-    sup = await Supervisor.start_link(flags, [ChildSpec("echo", (_Echo.start_link,))])
+    server = _Crashy if crash else _Echo
+    sup = await Supervisor.start_link(flags, [ChildSpec("echo", (server.start_link,))])
     pid = (await Supervisor.which_children(sup))[0][1]
     samples = []
     for _ in range(kills):
         start = time.perf_counter()
-        otp.exit(pid, otp.KILL)
+        if crash:
+            otp.cast(pid, "crash")
+        else:
+            otp.exit(pid, otp.KILL)
         while True:
             rows = await Supervisor.which_children(sup)
             new = rows[0][1]
@@ -107,21 +127,58 @@ async def _started(fn: Any, task_status: Any) -> None:
     await fn()
 
 
-def _restart(quick: bool) -> list[Result]:
-    kills = 200 if quick else 1000
-    ours = statistics.median(otp.run(_otp_restart, kills))
-    raw = statistics.median(trio.run(_raw_restart, kills))
+def _restart_result(name: str, ours: list[float], raw: list[float], notes: str) -> list[Result]:
     return [
         Result(
-            "supervisor.restart",
+            name,
             "us",
-            ours * 1e6,
+            statistics.median(ours) * 1e6,
             "raw trio restart loop",
-            raw * 1e6,
+            statistics.median(raw) * 1e6,
             direction="lower",
-            notes=f"median of {kills} kills; one_for_one, restart until the new child answers",
+            notes=notes,
         )
     ]
+
+
+def _restart(quick: bool) -> list[Result]:
+    kills = 200 if quick else 1000
+    ours = otp.run(_otp_restart, kills)
+    return _restart_result(
+        "supervisor.restart",
+        ours,
+        trio.run(_raw_restart, kills),
+        f"median of {kills} kills; one_for_one, restart until the new child answers",
+    )
+
+
+@contextmanager
+def _node_logging() -> Iterator[None]:
+    """The root logger as ``python -m otp.node`` sets it up (text, level info), writing to
+    /dev/null, without the burst limit; the benchmark process's own logging is put back after."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    root.handlers.clear()
+    with open(os.devnull, "w") as sink:
+        configure_logging("info", "text", "bench@localhost", sink, burst_limit=False)
+        try:
+            yield
+        finally:
+            root.handlers[:] = saved[0]
+            root.setLevel(saved[1])
+
+
+def _restart_crash(quick: bool) -> list[Result]:
+    kills = 200 if quick else 1000
+    with _node_logging():
+        ours = otp.run(_otp_restart, kills, True)
+    return _restart_result(
+        "supervisor.restart_crash",
+        ours,
+        trio.run(_raw_restart, kills),
+        f"median of {kills} crashes (the child raises); the node's text logging on, every"
+        " crash, supervisor and progress report written (to /dev/null)",
+    )
 
 
 # -- supervisor.start_tree ----------------------------------------------------------------------
@@ -197,5 +254,6 @@ def _start_tree(quick: bool) -> list[Result]:
 
 BENCHMARKS: list[Benchmark] = [
     Benchmark("supervisor.restart", _restart),
+    Benchmark("supervisor.restart_crash", _restart_crash),
     Benchmark("supervisor.start_tree", _start_tree),
 ]

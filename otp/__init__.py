@@ -63,6 +63,11 @@ from ._ids import Ref as Ref
 from ._info import ProcessInfo as ProcessInfo
 from ._info import process_info as process_info
 from ._info import processes as processes
+from ._logger import BurstLimit as BurstLimit
+from ._logger import ReportFormatter as ReportFormatter
+from ._logger import format_exception as format_exception
+from ._logger import log_report as log_report
+from ._logger import reason_text as reason_text
 from ._messages import Down as Down
 from ._messages import Exit as Exit
 from ._messages import From as From
@@ -104,6 +109,7 @@ __all__ = [
     "SHUTDOWN",
     "BadArg",
     "BadReturnValue",
+    "BurstLimit",
     "CallError",
     "CallTimeout",
     "Crash",
@@ -132,6 +138,7 @@ __all__ = [
     "Ref",
     "RemoteException",
     "Reply",
+    "ReportFormatter",
     "Response",
     "Shutdown",
     "Signaled",
@@ -153,9 +160,11 @@ __all__ = [
     "exit",
     "exit_after",
     "exit_self",
+    "format_exception",
     "format_reason",
     "is_abnormal",
     "link",
+    "log_report",
     "make_ref",
     "monitor",
     "monitor_node",
@@ -173,6 +182,7 @@ __all__ = [
     "processes",
     "read_cookie_file",
     "read_timer",
+    "reason_text",
     "receive",
     "register",
     "registered",

@@ -22,9 +22,10 @@ import trio
 
 from ._errors import ProcessExited
 from ._ids import Pid, Ref
+from ._logger import log_report, reason_text
 from ._messages import Down, Exit
 from ._process import CURRENT_PROCESS, Process, ProcessExit, current_process_or_none
-from ._reasons import KILL, KILLED, NORMAL, Crash, format_reason
+from ._reasons import KILL, KILLED, NORMAL, Crash
 from ._timers import TimerService
 
 crash_logger = logging.getLogger("otp.crash")
@@ -297,7 +298,10 @@ def _reason_of_group(group: BaseExceptionGroup[Any]) -> Any:
 
 
 def log_crash(proc: Process, reason: Any, *, last_message: Any = None, state: Any = None) -> None:
-    """Log one structured crash report for ``proc`` (OTP's crash/error report)."""
+    """Log one structured crash report for ``proc`` (OTP's crash/error report); the handlers
+    that write it format it (:func:`otp.log_report`)."""
+    if not crash_logger.isEnabledFor(logging.ERROR):
+        return
     report = {
         "process": proc.pid,
         "name": proc.name,
@@ -307,18 +311,18 @@ def log_crash(proc: Process, reason: Any, *, last_message: Any = None, state: An
     }
     if state is not None:
         report["state"] = state
-    exc_info = None
-    if isinstance(reason, Crash):
-        exc = reason.exception
-        exc_info = (type(exc), exc, exc.__traceback__)
-    crash_logger.error(
+    log_report(
+        crash_logger,
+        logging.ERROR,
         "process %r%s (%s) crashed: %s",
-        proc.pid,
-        f" ({proc.name})" if proc.name is not None else "",
-        proc.behaviour or "process",
-        format_reason(reason),
-        exc_info=exc_info,
-        extra={"otp_report": report},
+        (
+            proc.pid,
+            f" ({proc.name})" if proc.name is not None else "",
+            proc.behaviour or "process",
+            reason_text(reason),
+        ),
+        report,
+        exc_info=reason.exception if isinstance(reason, Crash) else None,
     )
 
 

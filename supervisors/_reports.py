@@ -30,16 +30,14 @@ REACHED_MAX_RESTART_INTENSITY = "reached_max_restart_intensity"
 def report_progress(supervisor: Any, spec: ChildSpec, pid: otp.Pid) -> None:
     """A child was started (OTP's progress report)."""
     if progress_logger.isEnabledFor(logging.INFO):
-        progress_logger.info(
+        otp.log_report(
+            progress_logger,
+            logging.INFO,
             "supervisor %r started child %r as %r",
-            supervisor,
-            spec.id,
-            pid,
-            extra={
-                "otp_report": {
-                    "supervisor": supervisor,
-                    "started": {"id": spec.id, "pid": pid, "type": str(spec.type)},
-                }
+            (supervisor, spec.id, pid),
+            {
+                "supervisor": supervisor,
+                "started": {"id": spec.id, "pid": pid, "type": str(spec.type)},
             },
         )
 
@@ -48,7 +46,8 @@ def report_error(
     context: str, reason: Any, supervisor: Any, spec: ChildSpec | None, pid: Any = None
 ) -> None:
     """A supervisor report: ``context`` is child_terminated, start_error, shutdown_error or
-    shutdown (for reached_max_restart_intensity)."""
+    shutdown (for reached_max_restart_intensity). The reason is formatted only by a handler
+    that writes the record."""
     if not logger.isEnabledFor(logging.ERROR):
         return
     child = (
@@ -56,18 +55,10 @@ def report_error(
         if spec is not None
         else None
     )
-    logger.error(
+    otp.log_report(
+        logger,
+        logging.ERROR,
         "supervisor %r: %s, reason %s, offender %r",
-        supervisor,
-        context,
-        otp.format_reason(reason),
-        child,
-        extra={
-            "otp_report": {
-                "supervisor": supervisor,
-                "errorContext": context,
-                "reason": reason,
-                "offender": child,
-            }
-        },
+        (supervisor, context, otp.reason_text(reason), child),
+        {"supervisor": supervisor, "errorContext": context, "reason": reason, "offender": child},
     )

@@ -61,7 +61,7 @@ ALLOWED = {
     "supervisors": {"supervisors", "otp", "wire"},
     "otp.node": {"otp.node", "otp", "supervisors", "wire"},
     "apps": {"apps", "otp", "otp.node", "supervisors", "wire"},
-    "benchmarks": {"benchmarks", "otp", "supervisors", "wire", "apps"},
+    "benchmarks": {"benchmarks", "otp", "otp.node", "supervisors", "wire", "apps"},
 }
 
 

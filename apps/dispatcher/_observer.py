@@ -1,8 +1,6 @@
 """The dispatcher's view for ``supervisors.observe()``: per tool, its calls, errors by kind,
-retries and breaker state, from the counters the dispatcher keeps for its events.
-
-Latency is not in it: the dispatcher does not time calls, and timing every call only for this
-view would cost every call.
+retries, breaker state and latency, from the counters and histograms the dispatcher keeps
+(timing a call is two clock reads and a bucket's increment; see :mod:`._latency`).
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ import trio
 import otp
 
 from ._config import DEFAULT_NAME
+from ._latency import Latency
 from ._state import _find
 
 _ERROR = "dispatch.error."
@@ -24,8 +23,11 @@ def observer_view(dispatcher: str | otp.Pid = DEFAULT_NAME) -> dict[str, Any]:
     """A dict of plain values: ``running`` handler attempts, ``in_flight_keys``,
     ``cached_results`` and ``tools``: for each registered tool its ``calls`` (finished: ``ok``
     plus errors), ``attempts``, ``ok``, ``errors`` by kind, ``retries``, ``retries_denied``,
-    ``timeouts``, ``dedup_hits`` and ``breaker`` (``closed``, ``open``, ``half_open``; None for a
-    tool without one, or not called yet).
+    ``timeouts``, ``dedup_hits``, ``breaker`` (``closed``, ``open``, ``half_open``; None for a
+    tool without one, or not called yet), ``latency_seconds`` (how long its calls took, from
+    ``dispatch`` to result or error: ``{"buckets": [[le, cumulative_count], ...], "sum": s,
+    "count": n}``, the last ``le`` ``"+Inf"``) and ``p50_seconds`` / ``p99_seconds`` (estimated
+    from those buckets; None before any call).
 
     Raises:
         DispatcherNotRunning: no dispatcher runs as ``dispatcher``.
@@ -42,6 +44,7 @@ def observer_view(dispatcher: str | otp.Pid = DEFAULT_NAME) -> dict[str, Any]:
             if event.startswith(_ERROR)
         }
         breaker = state.breakers.get(name)
+        latency = state.latency.get(name) or Latency()
         tools[name] = {
             "calls": counts.get("dispatch.ok", 0) + sum(errors.values()),
             "attempts": counts.get("dispatch.attempt", 0),
@@ -52,6 +55,9 @@ def observer_view(dispatcher: str | otp.Pid = DEFAULT_NAME) -> dict[str, Any]:
             "timeouts": counts.get("dispatch.timeout", 0),
             "dedup_hits": counts.get("dispatch.dedup_hit", 0),
             "breaker": str(breaker.current(now)) if breaker is not None else None,
+            "latency_seconds": latency.histogram(),
+            "p50_seconds": latency.quantile(0.5),
+            "p99_seconds": latency.quantile(0.99),
         }
     return {
         "running": stats.running,

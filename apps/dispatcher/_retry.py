@@ -66,9 +66,11 @@ async def execute(
     budget: Spending | None,
     run: KeyedRun | None = None,
     spent: float = 0.0,
+    now: float | None = None,
 ) -> Any:
     """Run ``tool`` with retries in the current task; return its result or raise the
-    envelope of its last failure. ``run`` (a keyed call's) learns when an attempt begins."""
+    envelope of its last failure. ``run`` (a keyed call's) learns when an attempt begins;
+    ``now``, if given, is the clock's reading for the first attempt."""
     name = tool.name
     policy = tool.retry
     if timeout is None:
@@ -79,7 +81,8 @@ async def execute(
     last: DispatchError | None = None
     while True:
         attempt += 1
-        now = trio.current_time()
+        if now is None or attempt > 1:
+            now = trio.current_time()
         probe = False
         if breaker is not None and breaker.state is not BreakerState.CLOSED:
             was = breaker.state

@@ -30,6 +30,7 @@ from ._breaker import Budget, CircuitBreaker, TokenBucket
 from ._config import DispatcherConfig
 from ._errors import DispatcherNotRunning, DispatchError, ErrorKind
 from ._idempotency import KeyedRun, keyed_call
+from ._latency import Latency
 from ._retry import budget_error, execute
 from ._runner import Job
 from ._tool import Tool, ToolRegistry
@@ -86,6 +87,8 @@ class _State:
     breakers: dict[str, CircuitBreaker] = attrs.Factory(dict)
     buckets: dict[str, TokenBucket] = attrs.Factory(dict)
     tool_limiters: dict[str, tuple[int, trio.Semaphore]] = attrs.Factory(dict)
+    #: How long each registered tool's calls took (from ``dispatch`` to result or error).
+    latency: dict[str, Latency] = attrs.Factory(dict)
 
     def __attrs_post_init__(self) -> None:
         self.jobs, self.backlog = trio.open_memory_channel[Job](math.inf)
@@ -182,7 +185,8 @@ class _State:
         timeout: float | None,
         budget: Budget | None,
     ) -> Any:
-        check_options(name, key, timeout, budget)
+        if key is not None or timeout is not None or budget is not None:
+            check_options(name, key, timeout, budget)
         tool = self.registry.get(name)
         if tool is None:
             known = ", ".join(map(repr, self.registry.names())) or "none"
@@ -195,36 +199,44 @@ class _State:
                 ),
                 name,
             )
-        if budget is not None and budget.exhausted(trio.current_time()):
-            return await self.reject(budget_error(tool, budget, 0), name)
-        if args is None:
-            args = {}
-        elif not isinstance(args, Mapping):
-            return await self.reject(
-                DispatchError.make(
-                    ErrorKind.SCHEMA,
-                    f"tool {name!r}: the arguments must be a JSON object (a dict), got"
-                    f" {type(args).__name__}; pass them as a dict",
-                    data={"tool": name, "errors": []},
-                ),
-                name,
-            )
-        if args and deeper_than(args, self.config.max_arg_depth):
-            return await self.reject(depth_error(tool, self.config.max_arg_depth), name)
-        spent = 0.0
-        if not tool.accepts_any:
-            began = trio.current_time()
-            error = schema_error(tool, args, self.config)
-            if error is not None:
-                return await self.reject(error, name)
-            # Validation is part of the call: it counts against the first attempt's timeout.
-            spent = trio.current_time() - began
-            allowed = tool.timeout if timeout is None else timeout
-            if spent and allowed is not None and spent >= allowed:
-                return await self.reject(validation_timeout(tool, spent), name)
-        if key is None:
-            return await execute(self, tool, args, timeout, budget, spent=spent)
-        return await keyed_call(self, tool, args, key, timeout, budget, spent)
+        began = trio.current_time()
+        try:
+            if budget is not None and budget.exhausted(began):
+                return await self.reject(budget_error(tool, budget, 0), name)
+            if args is None:
+                args = {}
+            elif args.__class__ is not dict and not isinstance(args, Mapping):
+                return await self.reject(
+                    DispatchError.make(
+                        ErrorKind.SCHEMA,
+                        f"tool {name!r}: the arguments must be a JSON object (a dict), got"
+                        f" {type(args).__name__}; pass them as a dict",
+                        data={"tool": name, "errors": []},
+                    ),
+                    name,
+                )
+            if args and deeper_than(args, self.config.max_arg_depth):
+                return await self.reject(depth_error(tool, self.config.max_arg_depth), name)
+            spent = 0.0
+            if not tool.accepts_any:
+                error = schema_error(tool, args, self.config)
+                if error is not None:
+                    return await self.reject(error, name)
+                # Validation is part of the call: it counts against the first attempt's timeout.
+                spent = trio.current_time() - began
+                allowed = tool.timeout if timeout is None else timeout
+                if spent and allowed is not None and spent >= allowed:
+                    return await self.reject(validation_timeout(tool, spent), name)
+            if key is None:
+                first = began if not spent else None  # no time passed: spare a clock read
+                return await execute(self, tool, args, timeout, budget, spent=spent, now=first)
+            return await keyed_call(self, tool, args, key, timeout, budget, spent)
+        finally:
+            # Every call of a registered tool, whatever its end (an error, a cancellation).
+            latency = self.latency.get(name)
+            if latency is None:
+                latency = self.latency[name] = Latency()
+            latency.observe(trio.current_time() - began)
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import otp
 import supervisors
 
 from ._config import ConfigError, NodeConfig, load_object
+from ._logs import report_dropped_records
 from ._observer import observer_actions_banner, observer_address, observer_application
 from ._observer_agent import observer_agent_application
 
@@ -126,6 +127,7 @@ async def serve(
         async with trio.open_nursery() as nursery:
             boot = trio.CancelScope()
             nursery.start_soon(_watch_signals, stopping, boot, out)
+            nursery.start_soon(report_dropped_records)
             started: list[tuple[supervisors.Application, Any]] = []
             with boot:
                 if config.distribution is not None:

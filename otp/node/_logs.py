@@ -6,6 +6,11 @@ registered name and application (``supervisors.application_of``), read when the 
 formatted: the node's handler writes synchronously in the logging task, so that is the
 process that logged. Fields a caller passed with ``extra=`` are kept, as plain JSON where they
 have a JSON form and as their ``repr`` where not.
+
+The handler carries OTP's burst limit (:class:`otp.BurstLimit`: at most 500 records a second,
+then it drops them and logs how many once the second is over, so a restart storm cannot make
+logging the node's bottleneck); :func:`report_dropped_records` writes that count when a
+dropping window ends even if nothing else is logged after it.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ import json
 import logging
 from typing import Any, TextIO
 
+import trio
+
 import otp
 import supervisors
 
-__all__ = ["LOG_FORMATS", "JsonFormatter", "configure_logging"]
+__all__ = ["LOG_FORMATS", "JsonFormatter", "configure_logging", "report_dropped_records"]
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -29,7 +36,7 @@ _STANDARD = frozenset(
 )
 
 
-class JsonFormatter(logging.Formatter):
+class JsonFormatter(otp.ReportFormatter):
     """One JSON object a record: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
     ``message``, ``node``; ``pid``, ``process`` (its registered name) and ``application`` when
     logged inside a process; ``exception`` (the traceback) when there is one; and the record's
@@ -51,7 +58,9 @@ class JsonFormatter(logging.Formatter):
         }
         entry.update(_process_fields())
         if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            if not record.exc_text:
+                record.exc_text = self.formatException(record.exc_info)
+            entry["exception"] = record.exc_text
         elif record.exc_text:
             entry["exception"] = record.exc_text
         if record.stack_info:
@@ -77,12 +86,57 @@ def _process_fields() -> dict[str, Any]:
     return fields
 
 
-def configure_logging(level: str, log_format: str, node: str, stream: TextIO | None = None) -> None:
+def configure_logging(
+    level: str,
+    log_format: str,
+    node: str,
+    stream: TextIO | None = None,
+    *,
+    burst_limit: bool = True,
+) -> logging.Handler:
     """Set the root logger up as the node runs it: ``level``, and ``log_format`` ``"text"`` or
-    ``"json"`` on ``stream`` (stderr by default)."""
+    ``"json"`` on ``stream`` (stderr by default), behind OTP's burst limit unless
+    ``burst_limit`` is False. Returns the handler."""
     handler = logging.StreamHandler(stream)
     if log_format == "json":
         handler.setFormatter(JsonFormatter(node))
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(otp.ReportFormatter(TEXT_FORMAT))
+    if burst_limit:
+        handler.addFilter(otp.BurstLimit(handler))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    return handler
+
+
+async def report_dropped_records() -> None:
+    """Write the dropped count of every burst limit on the root logger's handlers as soon as
+    its window ends (a storm that ends in silence is reported too). Runs until cancelled;
+    sleeps while nothing is dropped."""
+    limits = [
+        f
+        for handler in logging.getLogger().handlers
+        for f in handler.filters
+        if isinstance(f, otp.BurstLimit)
+    ]
+    if not limits:
+        return
+    token = trio.lowlevel.current_trio_token()
+    dropping = trio.Event()
+
+    def wake() -> None:
+        # Called by whichever thread logged the first dropped record.
+        token.run_sync_soon(dropping.set)
+
+    for limit in limits:
+        limit.on_dropping = wake
+    try:
+        while True:
+            await dropping.wait()
+            dropping = trio.Event()
+            for limit in limits:
+                if limit.dropped:
+                    await trio.sleep(max(0.0, limit.window_end - limit.clock()))
+                    limit.flush_dropped()
+    finally:
+        for limit in limits:
+            limit.on_dropping = None

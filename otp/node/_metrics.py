@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import prometheus_client
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 
 import otp
@@ -249,14 +254,31 @@ def _dispatcher(view: Mapping[str, Any]) -> Iterator[Metric]:
         "1 for a tool's breaker's current state (closed, open, half_open).",
         labels=["tool", "state"],
     )
+    duration = HistogramMetricFamily(
+        "otp_dispatcher_call_duration_seconds",
+        "How long calls to a tool took, from dispatch to its result or error.",
+        labels=tool,
+    )
     for name, stats in view.get("tools", {}).items():
         for key, family in counters.items():
             family.add_metric([name], stats.get(key, 0))
+        latency = stats.get("latency_seconds")
+        if latency is not None:
+            duration.add_metric(
+                [name],
+                [(_le(le), count) for le, count in latency["buckets"]],
+                sum_value=latency["sum"],
+            )
         for kind, count in stats.get("errors", {}).items():
             errors.add_metric([name, kind], count)
         if stats.get("breaker") is not None:
             breaker.add_metric([name, stats["breaker"]], 1)
-    yield from (*counters.values(), errors, breaker)
+    yield from (*counters.values(), errors, breaker, duration)
+
+
+def _le(bound: float | str) -> str:
+    """A bucket bound as Prometheus writes it (``"0.005"``, ``"+Inf"``)."""
+    return bound if isinstance(bound, str) else prometheus_client.utils.floatToGoString(bound)
 
 
 def _matching(view: Mapping[str, Any]) -> Iterator[Metric]:

@@ -9,16 +9,19 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import otp
 import supervisors
-from otp.node import NodeConfig, load_config
+from otp.node import NodeConfig, configure_logging, load_config
 from otp.node._config import ConfigError
-from otp.node._logs import JsonFormatter
+from otp.node._logs import JsonFormatter, report_dropped_records
 
 from .test_node_cli import ROOT, _env
 
@@ -117,3 +120,51 @@ async def test_the_node_writes_json_lines_with_its_name() -> None:
         await process.stdout.aclose()
     assert lines and all(entry["node"] == "logs@localhost" for entry in lines)
     assert any(entry.get("process") == "matching_sup" for entry in lines)
+
+
+@contextmanager
+def _node_root_logging(log_format: str) -> Iterator[tuple[logging.Handler, io.StringIO]]:
+    """The root logger as the node sets it up, writing to a StringIO (pytest's own handlers
+    are put back after)."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    root.handlers.clear()
+    out = io.StringIO()
+    try:
+        yield configure_logging("info", log_format, "n1@host", out), out
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+
+
+def test_the_node_text_log_is_one_line_a_record_with_its_traceback() -> None:
+    with _node_root_logging("text") as (_, out):
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("it failed: %s", "why")
+    text = out.getvalue()
+    assert " ERROR tests.node.logs: it failed: why\nTraceback (most recent call last):\n" in text
+    assert text.endswith('    raise ValueError("boom")\nValueError: boom\n')
+
+
+async def test_the_node_writes_the_dropped_count_when_a_storm_ends_in_silence(
+    autojump_clock: Any,
+) -> None:
+    with _node_root_logging("text") as (handler, out):
+        (limit,) = [f for f in handler.filters if isinstance(f, otp.BurstLimit)]
+        assert (limit.max_count, limit.window) == (500, 1.0)  # OTP's defaults
+        limit.clock = trio.current_time
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(report_dropped_records)
+            await trio.testing.wait_all_tasks_blocked()
+            for n in range(limit.max_count + 7):
+                log.error("storm %d", n)
+            await trio.sleep(2 * limit.window)  # and nothing else is logged
+            nursery.cancel_scope.cancel()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 501
+    assert lines[499].endswith("ERROR tests.node.logs: storm 499")
+    assert lines[500].endswith(
+        "WARNING otp.logger: burst limit: dropped 7 log records (more than 500 in 1 s)"
+    )

@@ -6,11 +6,13 @@ from typing import Any
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 import otp
 import supervisors
 from apps import dispatcher as d
 from otp import node
+from otp.node._metrics import exposition
 
 from .helpers import ADD_SCHEMA, TOOLS, Script, add, running
 
@@ -233,3 +235,66 @@ async def test_the_observer_view_counts_calls_errors_retries_and_breakers_per_to
         assert idle["calls"] == 0 and idle["breaker"] is None  # no breaker before a call
         assert app.view["running"] == 0
         assert d.observer_view() == app.view
+
+
+NAP_SCHEMA = {"type": "object", "properties": {"seconds": {"type": "number"}}}
+
+
+async def _sleep_for(seconds: float) -> str:
+    await trio.sleep(seconds)
+    return "slept"
+
+
+async def test_the_observer_view_has_each_tools_latency_histogram_and_quantiles(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    tools = [
+        d.Tool("nap", _sleep_for, NAP_SCHEMA, idempotent=True, retry=d.NO_RETRY),
+        d.Tool("idle", add, idempotent=True),
+    ]
+    async with otp.open_node():
+        await supervisors.start_application(d.application(tools=tools))
+        for seconds in [0.02] * 98 + [2.0, 2.0]:
+            assert await d.dispatch("nap", {"seconds": seconds}) == "slept"
+        with pytest.raises(d.InvalidArguments):
+            await d.dispatch("nap", {"seconds": "long"})  # a failed call is timed too
+        view = d.observer_view()["tools"]
+    nap, idle = view["nap"], view["idle"]
+    histogram = nap["latency_seconds"]
+    assert histogram["count"] == 101
+    assert histogram["sum"] == pytest.approx(98 * 0.02 + 2 * 2.0)
+    buckets = dict((le, count) for le, count in histogram["buckets"])
+    assert (buckets[0.01], buckets[0.025], buckets[1.0], buckets[2.5], buckets["+Inf"]) == (
+        1,  # the failed call (it took no time on this clock)
+        99,
+        99,
+        101,
+        101,
+    )
+    assert [le for le, _ in histogram["buckets"]][-2:] == [60.0, "+Inf"]
+    assert 0.01 < nap["p50_seconds"] <= 0.025 and 1.0 < nap["p99_seconds"] <= 2.5
+    assert idle["latency_seconds"]["count"] == 0 and idle["p50_seconds"] is None
+
+
+async def test_metrics_show_each_tools_call_duration_histogram(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    tools = [d.Tool("nap", _sleep_for, NAP_SCHEMA, idempotent=True)]
+    async with otp.open_node():
+        await supervisors.start_application(d.application(tools=tools))
+        for seconds in (0.3, 0.3, 4.0):
+            await d.dispatch("nap", {"seconds": seconds})
+        body, _ = exposition(otp.observer.snapshot(), await supervisors.observe())
+    (family,) = [
+        f
+        for f in text_string_to_metric_families(body.decode())
+        if f.name == "otp_dispatcher_call_duration_seconds"
+    ]
+    assert family.type == "histogram"
+    samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    assert samples[("otp_dispatcher_call_duration_seconds_bucket", "0.25")] == 0
+    assert samples[("otp_dispatcher_call_duration_seconds_bucket", "0.5")] == 2
+    assert samples[("otp_dispatcher_call_duration_seconds_bucket", "5.0")] == 3
+    assert samples[("otp_dispatcher_call_duration_seconds_bucket", "+Inf")] == 3
+    assert samples[("otp_dispatcher_call_duration_seconds_count", None)] == 3
+    assert samples[("otp_dispatcher_call_duration_seconds_sum", None)] == pytest.approx(4.6)
