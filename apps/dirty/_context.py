@@ -18,6 +18,7 @@ import attrs
 
 import otp
 
+from ._calls import CallStats
 from ._config import DirtyConfig
 from ._io import Outbox
 from ._routes import Routes
@@ -43,6 +44,8 @@ class PoolContext:
     #: The worker proxies serving calls, by pid: the router routes to them, the observer reads
     #: them (a proxy adds itself once its worker has loaded its apps, and leaves as it stops).
     proxies: dict[otp.Pid, WorkerProxy] = attrs.field(factory=dict, eq=False, repr=False)
+    #: Calls that ended, errors by kind, latency (counted by the proxies, read by observers).
+    calls: CallStats = attrs.field(factory=CallStats, eq=False, repr=False)
 
 
 class CallerConnection(Protocol):

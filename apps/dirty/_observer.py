@@ -19,8 +19,10 @@ def observer_view(ctx: PoolContext) -> dict[str, Any]:
     """A dict of plain values: ``workers`` (by worker id: ``os_pid``, ``apps``, ``in_flight``
     calls, of which ``waiting_for_thread`` were sent while all ``dirty_threads`` were busy,
     ``draining``, ``last_heartbeat`` in seconds ago or None, ``uptime``), ``parked``
-    (connections with calls waiting for a worker of each app that is starting) and
-    ``stash_tables`` (name: number of keys)."""
+    (connections with calls waiting for a worker of each app that is starting),
+    ``stash_tables`` (name: number of keys) and ``calls`` (calls that reached a worker and
+    ended: ``total``, ``errors`` by kind, ``latency_seconds`` as a histogram, see
+    :meth:`CallStats.view <apps.dirty._calls.CallStats.view>`)."""
     now = trio.current_time()
     workers = []
     for proxy in sorted(list(ctx.proxies.values()), key=lambda p: p.worker_id):
@@ -45,6 +47,7 @@ def observer_view(ctx: PoolContext) -> dict[str, Any]:
         "workers": workers,
         "parked": {app: len(conns) for app, conns in sorted(ctx.routes.waiting.items()) if conns},
         "stash_tables": stash,
+        "calls": ctx.calls.view(),
     }
 
 

@@ -26,6 +26,7 @@ import trio
 import otp
 import wire
 
+from ._calls import count_call
 from ._context import (
     ROUTER,
     CallerConnection,
@@ -62,7 +63,8 @@ class WorkerProxy:
     os_pid: int = 0
     stream: trio.SocketStream | None = None
     #: Requests in flight by worker request id: [connection, client request id, when it began
-    #: running (or last streamed a chunk); None while it waits in the worker for a thread].
+    #: running (or last streamed a chunk); None while it waits in the worker for a thread, when
+    #: it arrived in the node (its latency counts from then)].
     inflight: dict[int, list[Any]] = attrs.Factory(dict)
     keys: dict[tuple[CallerConnection, int], int] = attrs.Factory(dict)
     next_id: int = 1
@@ -111,7 +113,7 @@ class WorkerProxy:
         inflight = self.inflight
         if len(inflight) >= self.threads:
             self.held[wid] = bytes(view[start - 16 : stop])
-        inflight[wid] = [conn, rid, now]
+        inflight[wid] = [conn, rid, now, now]
         self.keys[(conn, rid)] = wid
         self.batch.frame(view, start, stop, wid)
         if self.lanes:
@@ -340,10 +342,15 @@ async def _bury(proxy: WorkerProxy, kill: bool) -> None:
 
 def _fail_all(proxy: WorkerProxy, error: DirtyError) -> None:
     groups: dict[CallerConnection, tuple[list[bytes], list[int]]] = {}
-    for conn, rid, _ in proxy.inflight.values():
+    calls = proxy.ctx.calls
+    now = trio.current_time()
+    for conn, rid, _, arrived in proxy.inflight.values():
         parts, done = groups.setdefault(conn, ([], []))
         parts.append(error_bytes(rid, error))
         done.append(rid)
+        count_call(calls, now - arrived)
+    if proxy.inflight:
+        calls.error(type(error).__name__, len(proxy.inflight))
     proxy.inflight.clear()
     proxy.keys.clear()
     proxy.held.clear()

@@ -8,6 +8,7 @@ read its replies makes the proxy stop reading its worker for a while (:func:`_ho
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 import trio
@@ -15,10 +16,11 @@ import trio
 import otp
 import wire
 
+from ._calls import LATENCY_BOUNDS
 from ._context import CallerConnection, Drain, Drained
 from ._io import BIG, Batch, SocketReader, send_timeout
 from ._lifecycle import DRAINING
-from ._protocol import CHUNK, QUEUED, STATUS
+from ._protocol import CHUNK, ERROR, QUEUED, STATUS, decode_payload
 from ._routes import relevel
 
 if TYPE_CHECKING:
@@ -36,6 +38,8 @@ async def read_worker(proxy: WorkerProxy) -> None:
     inflight = proxy.inflight
     keys = proxy.keys
     held = proxy.held
+    calls = proxy.ctx.calls
+    counts = calls.counts
     while True:
         try:
             await reader.pace()
@@ -73,7 +77,8 @@ async def read_worker(proxy: WorkerProxy) -> None:
                         held.pop(wid, None)
                 i += 1
                 continue
-            conn, rid, _ = entry
+            conn = entry[0]
+            rid = entry[1]
             group = groups.get(conn)
             if group is None:
                 group = groups[conn] = (Batch(), [])
@@ -100,6 +105,13 @@ async def read_worker(proxy: WorkerProxy) -> None:
                 if held:
                     held.pop(wid, None)
                 group[1].append(rid)
+                # The call ended (RESPONSE, ERROR, or a stream's END): count it.
+                latency = now - entry[3]
+                calls.total += 1
+                calls.seconds += latency
+                counts[bisect_left(LATENCY_BOUNDS, latency)] += 1
+                if mtype == ERROR:
+                    calls.error(_error_kind(view[start:stop]))
             i += 1
         if proxy.lanes and len(inflight) != proxy.load:
             relevel(proxy)
@@ -111,6 +123,15 @@ async def read_worker(proxy: WorkerProxy) -> None:
             otp.send(proxy.me, Drained())
         if slow is not None:
             await _hold_for(proxy, slow)
+
+
+def _error_kind(payload: memoryview) -> str:
+    """The ``error_type`` of an ERROR frame's payload (``"DirtyError"`` if it has none)."""
+    try:
+        kind = decode_payload(payload)["error"]["error_type"]
+    except Exception:  # (a worker's malformed ERROR: the caller gets it as it is)
+        return "DirtyError"
+    return kind if type(kind) is str and len(kind) <= 100 else "DirtyError"
 
 
 async def _hold_for(proxy: WorkerProxy, conn: CallerConnection) -> None:

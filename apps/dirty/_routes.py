@@ -241,7 +241,7 @@ def hand_back(actor: Any) -> None:
     for wid, frame in actor.held.items():
         entry = inflight.get(wid)
         if entry is not None and entry[2] is None:
-            conn, rid, _ = entry
+            conn, rid = entry[0], entry[1]
             del inflight[wid]
             keys.pop((conn, rid), None)
             otp.send(conn.me, Requeue(actor, rid, frame))
