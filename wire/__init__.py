@@ -36,6 +36,13 @@ from ._dirty import make_stash as make_stash
 from ._dirty import make_status as make_status
 from ._dirty import parse_dirty as parse_dirty
 from ._dirty import request_id_from_str as request_id_from_str
+from ._dirty_bytes import BIG_BYTES as BIG_BYTES
+from ._dirty_bytes import big_bytes as big_bytes
+from ._dirty_bytes import encode_dirty as encode_dirty
+from ._dirty_bytes import encode_header as encode_header
+from ._dirty_bytes import peek_route as peek_route
+from ._dirty_bytes import reply_parts as reply_parts
+from ._dirty_bytes import request_parts as request_parts
 from ._dist import Demonitor as Demonitor
 from ._dist import Down as Down
 from ._dist import Exit as Exit
@@ -54,6 +61,7 @@ from ._dist import choose_codec as choose_codec
 from ._dist import encode_batch as encode_batch
 from ._dist import encode_value as encode_value
 from ._dist import parse_dist as parse_dist
+from ._errors import BadFrameHeader as BadFrameHeader
 from ._errors import BadMagic as BadMagic
 from ._errors import InvalidUtf8 as InvalidUtf8
 from ._errors import InvalidValue as InvalidValue
@@ -103,10 +111,12 @@ from ._matching import MatchResult as MatchResult
 from ._matching import MatchTask as MatchTask
 from ._matching import MatchWelcome as MatchWelcome
 from ._matching import parse_matching as parse_matching
+from ._raw_frames import FrameBuffer as FrameBuffer
+from ._raw_frames import FrameSplitter as FrameSplitter
 from ._stream import FrameStream as FrameStream
-from ._tlv import TlvType as TlvType
 from ._tlv import tlv_decode as tlv_decode
-from ._tlv import tlv_encode as tlv_encode
+from ._tlv_encode import TlvType as TlvType
+from ._tlv_encode import tlv_encode as tlv_encode
 from ._values import MAX_NAME_BYTES as MAX_NAME_BYTES
 from ._values import Atom as Atom
 from ._values import ErrorValue as ErrorValue
@@ -115,12 +125,14 @@ from ._values import Pid as Pid
 from ._values import Ref as Ref
 
 __all__ = [
+    "BIG_BYTES",
     "CBOR_FLAG",
     "HEADER_SIZE",
     "MAGIC",
     "MAX_NAME_BYTES",
     "MAX_PAYLOAD",
     "Atom",
+    "BadFrameHeader",
     "BadMagic",
     "CborTag",
     "Chunk",
@@ -134,7 +146,9 @@ __all__ = [
     "Exit2",
     "ExitReason",
     "Frame",
+    "FrameBuffer",
     "FrameDecoder",
+    "FrameSplitter",
     "FrameStream",
     "Handshake",
     "InvalidUtf8",
@@ -190,12 +204,15 @@ __all__ = [
     "UnsupportedVersion",
     "ValueOutOfRange",
     "WireError",
+    "big_bytes",
     "cbor_decode",
     "cbor_encode",
     "check_reply",
     "choose_codec",
     "encode_batch",
+    "encode_dirty",
     "encode_frame",
+    "encode_header",
     "encode_message",
     "encode_value",
     "frame_from_json",
@@ -212,7 +229,10 @@ __all__ = [
     "parse_dirty",
     "parse_dist",
     "parse_matching",
+    "peek_route",
+    "reply_parts",
     "request_id_from_str",
+    "request_parts",
     "tlv_decode",
     "tlv_encode",
     "to_json",

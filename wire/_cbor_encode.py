@@ -23,7 +23,8 @@ __all__ = ["CborTag", "cbor_encode"]
 
 
 class CborTag(enum.IntEnum):
-    """CBOR tag numbers for the OTP types (first-come-first-served range of the IANA registry)."""
+    """CBOR tag numbers for the OTP types (first-come-first-served range of the IANA registry;
+    61446..61455 are reserved for the distribution and matching services)."""
 
     ATOM = 61440
     TUPLE = 61441
@@ -32,9 +33,6 @@ class CborTag(enum.IntEnum):
     EXIT = 61444
     ERROR = 61445
 
-
-#: Tags 61446..61455 are reserved for the distribution and matching services.
-_RESERVED_TAGS = range(61446, 61456)
 
 _DEFAULT_LIMITS = Limits()
 _U64_MAX = (1 << 64) - 1

@@ -17,7 +17,7 @@ from ._cbor import cbor_encode
 from ._errors import InvalidValue, LimitExceeded, MalformedMessage
 from ._frame import _HEADER, CBOR_FLAG, MAGIC, Codec, Frame, MessageType
 from ._limits import Limits
-from ._tlv import tlv_encode
+from ._tlv_encode import tlv_encode
 from ._values import Atom, ExitReason, Pid, Ref
 
 __all__ = [

@@ -8,6 +8,7 @@ start of the buffer given to a decoding function, or from the first byte fed to 
 from __future__ import annotations
 
 __all__ = [
+    "BadFrameHeader",
     "BadMagic",
     "InvalidUtf8",
     "InvalidValue",
@@ -55,6 +56,23 @@ class WireError(ValueError):
 
 class BadMagic(WireError):
     """A frame header does not start with the magic bytes ``47 44`` ("GD")."""
+
+
+class BadFrameHeader(WireError):
+    """Bytes where a GD v1 frame must start are not a GD v1 frame header (raised by the raw
+    splitters, :class:`~wire.FrameBuffer` and :class:`~wire.FrameSplitter`; the message names
+    the position).
+
+    Attributes:
+        raw: The bad bytes (at most a header's 16).
+    """
+
+    def __init__(self, message: str, raw: bytes = b"") -> None:
+        super().__init__(message)
+        self.raw = raw
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.message, self.raw))
 
 
 class UnsupportedVersion(WireError):

@@ -28,7 +28,8 @@ from ._errors import (
     WireError,
 )
 from ._limits import Limits
-from ._tlv import _decode_at, _encode_into
+from ._tlv import _decode_at
+from ._tlv_encode import _encode_into
 
 __all__ = [
     "CBOR_FLAG",

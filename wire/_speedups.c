@@ -356,7 +356,7 @@ static PyObject *cbor_encode(PyObject *self, PyObject *args) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* TLV encoding (see wire/_tlv.py and wire/_tlv_fast.py) */
+/* TLV encoding (see wire/_tlv_encode.py and wire/_tlv_fast.py) */
 
 typedef struct {
     Out out;

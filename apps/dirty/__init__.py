@@ -25,7 +25,7 @@ instances living in worker OS processes::
     for token in client.stream("myapp.ml:MLApp", "tokens", "a b c"): ...
 
 The tree (``dirty_sup``, rest_for_one): stash (table owners), connections (one process per
-client), pool (one worker actor + port per OS process), router (app -> workers, scaling,
+client), pool (one worker proxy + port per OS process), router (app -> workers, scaling,
 reload), signals, listener (owns the socket; its acceptor starts the connections). Signals:
 TERM/INT drain (the node's), QUIT stops at once, HUP replaces every worker, USR1 reopens logs,
 TTIN/TTOU add/remove a worker. Gunicorn's own ``gunicorn.dirty`` client works against it
@@ -36,6 +36,7 @@ from . import examples as examples
 from . import stash as stash
 from ._app import AppSpec as AppSpec
 from ._app import DirtyApp as DirtyApp
+from ._app import DirtyWorkerInfo as DirtyWorkerInfo
 from ._app import load_dirty_app as load_dirty_app
 from ._app import parse_dirty_app_spec as parse_dirty_app_spec
 from ._application import application as application
@@ -52,6 +53,7 @@ from ._config import add_arguments as add_arguments
 from ._config import apps_for_new_worker as apps_for_new_worker
 from ._config import initial_allocation as initial_allocation
 from ._config import minimum_workers as minimum_workers
+from ._context import PoolContext as PoolContext
 from ._errors import DirtyAppError as DirtyAppError
 from ._errors import DirtyAppNotFoundError as DirtyAppNotFoundError
 from ._errors import DirtyConfigError as DirtyConfigError
@@ -65,8 +67,6 @@ from ._errors import StashError as StashError
 from ._errors import StashKeyNotFoundError as StashKeyNotFoundError
 from ._errors import StashTableNotFoundError as StashTableNotFoundError
 from ._observer import observer_view as observer_view
-from ._pool import PoolContext as PoolContext
-from ._worker import DirtyWorkerInfo as DirtyWorkerInfo
 
 __all__ = [
     "AppSpec",

@@ -16,7 +16,7 @@ import attrs
 
 from ._errors import DirtyAppError, DirtyConfigError
 
-__all__ = ["AppSpec", "DirtyApp", "load_dirty_app", "parse_dirty_app_spec"]
+__all__ = ["AppSpec", "DirtyApp", "DirtyWorkerInfo", "load_dirty_app", "parse_dirty_app_spec"]
 
 
 class DirtyApp:
@@ -210,3 +210,18 @@ def load_dirty_app(import_path: str) -> Any:
             f"{import_path} is missing required method: {missing}", app_path=import_path
         )
     return app
+
+
+@attrs.frozen
+class DirtyWorkerInfo:
+    """What hooks are told about a worker.
+
+    Attributes:
+        worker_id: The pool's number for it (a replacement keeps its predecessor's apps and id).
+        pid: The worker's OS pid (None before it started).
+        apps: The import paths of the apps it hosts.
+    """
+
+    worker_id: int
+    pid: int | None
+    apps: tuple[str, ...]

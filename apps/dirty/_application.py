@@ -2,7 +2,7 @@
 
 ``dirty_sup`` (rest_for_one) starts, in order: the stash (a supervisor over the table owners'
 DynamicSupervisor and the stash manager), the connections' DynamicSupervisor, the pool (a
-DynamicSupervisor of worker actors), the router (a GenServer; it starts the workers), the
+DynamicSupervisor of worker proxies), the router (a GenServer; it starts the workers), the
 signal handler and the listener (a GenServer owning the socket, with a linked acceptor starting
 connection processes under the connections' supervisor). Stopping runs in reverse: the
 listener stops accepting, the router stops routing, the workers drain their in-flight calls
@@ -25,11 +25,11 @@ from otp import node
 
 from ._app import app_stashes
 from ._config import DirtyConfig
+from ._context import ROUTER, PoolContext
 from ._errors import DirtyAppError, DirtyConfigError
 from ._listener import CONNECTIONS, start_listener
 from ._observer import observer_view, ready
 from ._pidfile import kill_orphans
-from ._pool import ROUTER, PoolContext
 from ._router import POOL, Router
 from ._signals import start_signals
 from ._stash import MANAGER, TABLES, StashManager

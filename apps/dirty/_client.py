@@ -39,7 +39,7 @@ from ._client_shared import (
 from ._client_sync import _SyncCalls, _SyncConn
 from ._client_trio import _TrioConn
 from ._errors import DirtyConnectionError, DirtyError
-from ._frames import CHUNK, END, header
+from ._protocol import CHUNK, END
 
 __all__ = [
     "DirtyClient",
@@ -345,7 +345,7 @@ async def _send_end(conn: _AsyncConn, rid: int, timeout: float | None) -> None:
     longer than ``timeout`` (a pool that stopped reading then loses the connection)."""
     if conn.broken is not None:
         return
-    await conn.send_end(header(END, 0, rid), timeout)
+    await conn.send_end(wire.encode_header(END, 0, rid), timeout)
 
 
 _clients: dict[tuple[int, str], DirtyClient] = {}

@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from ._client_shared import _STREAM_HIGH, _AsyncConn, _connect_error, _interrupted, _Slot
-from ._frames import tune_socket
+from ._io import tune_socket
 
 
 class _AsyncioConn(_AsyncConn):

@@ -25,15 +25,7 @@ from ._errors import (
     DirtyTimeoutError,
     error_from_dict,
 )
-from ._frames import (
-    CHUNK,
-    ERROR,
-    RESPONSE,
-    FrameSplitter,
-    decode_payload,
-    encode,
-    request_parts,
-)
+from ._protocol import CHUNK, ERROR, RESPONSE, decode_payload, encode
 
 _pid = os.getpid()
 
@@ -83,7 +75,7 @@ def _decode_value(payload: bytes) -> Any:
 
 
 class _Value:
-    """A reply's value, taken out of its payload already (see ``big_value``)."""
+    """A reply's value, taken out of its payload already (see ``wire.big_bytes``)."""
 
     __slots__ = ("value",)
 
@@ -107,7 +99,7 @@ def _result(mtype: int, payload: Any) -> Any:
 
 def _request(rid: int, app_path: str, action: str, args: Any, kwargs: Any) -> list[Any]:
     try:
-        return request_parts(rid, app_path, action, args, kwargs)
+        return wire.request_parts(rid, app_path, action, args, kwargs)
     except wire.WireError as exc:
         raise _unsendable(exc) from exc
 
@@ -193,7 +185,7 @@ class _AsyncConn:
     def __init__(self, loop: Any, lost: Any) -> None:
         self.loop = loop
         self.lost = lost
-        self.splitter = FrameSplitter()
+        self.splitter = wire.FrameSplitter(error=DirtyProtocolError)
         self.slots: dict[int, _Slot] = {}
         self.broken: DirtyError | None = None
         #: Bytes of CHUNK frames read but not yet taken by their streams (flow control: a

@@ -32,17 +32,8 @@ from ._client_shared import (
     _Value,
 )
 from ._errors import DirtyConnectionError, DirtyError, DirtyProtocolError
-from ._frames import (
-    BIG,
-    CHUNK,
-    END,
-    ERROR,
-    FrameBuffer,
-    big_value,
-    header,
-    send_parts,
-    tune_socket,
-)
+from ._io import BIG, send_parts, tune_socket
+from ._protocol import CHUNK, END, ERROR
 
 _allocate_lock = threading.Lock
 
@@ -81,7 +72,7 @@ class _SyncConn:
         self.lock = threading.Lock()
         #: The process that connected (a forked child must not use the parent's socket).
         self.pid = _getpid()
-        self.buffer = FrameBuffer()
+        self.buffer = wire.FrameBuffer(error=DirtyProtocolError)
         self.waiters: dict[int, _Waiter] = {}
         #: Waiters whose thread sleeps on its ``lock``, by request id.
         self.sleeping: dict[int, _Waiter] = {}
@@ -135,7 +126,7 @@ class _SyncConn:
         for mtype, rid, start, stop in buffer.frames(n):
             waiter = waiters.get(rid)
             if waiter is not None:
-                value = big_value(mtype, view, start, stop) if stop - start >= BIG else None
+                value = wire.big_bytes(mtype, view, start, stop) if stop - start >= BIG else None
                 waiter.frames.append(
                     (mtype, bytes(view[start:stop]) if value is None else _Value(value))
                 )
@@ -196,7 +187,7 @@ class _SyncConn:
 def _end(conn: _SyncConn, rid: int) -> None:
     """Tell the pool a request is abandoned (if the connection still works)."""
     try:
-        conn.send([header(END, 0, rid)])
+        conn.send([wire.encode_header(END, 0, rid)])
     except (DirtyError, OSError):
         pass
 

@@ -14,7 +14,7 @@ from typing import Any
 import trio
 
 from ._client_shared import _AsyncConn, _connect_error, _interrupted, _Slot
-from ._frames import sent_from, tune_socket
+from ._io import sent_from, tune_socket
 
 
 class _TrioConn(_AsyncConn):

@@ -17,14 +17,14 @@ bytes arrive, a frame begun must be finished within ``dirty_frame_timeout``, a c
 nothing in flight may be closed after ``dirty_idle_timeout``, and a client that does not read
 its replies has them queued against its own budget (``dirty_client_buffer``) while its
 requests are no longer read, so it slows only itself; one that takes nothing within the send
-timeout is dropped with an ERROR frame for each of its calls (:meth:`_Conn.drop_stalled`).
+timeout is dropped with an ERROR frame for each of its calls
+(:meth:`ClientConnection.drop_stalled`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import select
 from typing import Any
 
@@ -36,6 +36,7 @@ import wire
 from otp import ets
 
 from ._config import DirtyConfig
+from ._context import ROUTER
 from ._errors import (
     DirtyAppNotFoundError,
     DirtyError,
@@ -45,28 +46,10 @@ from ._errors import (
     DirtyWorkerError,
     StashError,
 )
-from ._frames import (
-    END,
-    MANAGE,
-    REQUEST,
-    STASH,
-    STATUS,
-    FrameBuffer,
-    decode_payload,
-    encode,
-    peek_route,
-)
-from ._pool import (
-    BUSY_READS,
-    HIGH_WATER,
-    LOW_WATER,
-    ROUTER,
-    Outbox,
-    Routes,
-    error_bytes,
-    send_timeout,
-)
-from ._routes import Expire, Parking, Requeue, Unpark
+from ._io import HIGH_WATER, LOW_WATER, Outbox, SocketReader, send_timeout
+from ._protocol import END, MANAGE, REQUEST, STASH, STATUS, decode_payload, encode, error_bytes
+from ._proxy import WorkerProxy
+from ._routes import Expire, Parking, Requeue, Routes, Unpark
 from ._stash import stash_operation
 
 logger = logging.getLogger("apps.dirty")
@@ -105,16 +88,20 @@ async def start_connection(
 
 
 @attrs.define(eq=False)
-class _Conn:
+class ClientConnection:
+    """One client connection's state, shared by its reader task, its mailbox loop and the
+    worker proxies that deliver its replies (it is their ``CallerConnection``)."""
+
     me: otp.Pid
     stream: trio.SocketStream
     outbox: Outbox
     routes: Routes
     config: DirtyConfig
-    #: Requests in flight: client request id -> the worker actor running it.
-    pending: dict[int, Any] = attrs.Factory(dict)
-    monitors: dict[Any, otp.Ref] = attrs.Factory(dict)
-    by_ref: dict[otp.Ref, Any] = attrs.Factory(dict)
+    #: Requests in flight: client request id -> the worker proxy running it (or the parking,
+    #: for a call waiting for a worker to start).
+    pending: dict[int, WorkerProxy | Parking] = attrs.Factory(dict)
+    monitors: dict[WorkerProxy, otp.Ref] = attrs.Factory(dict)
+    by_ref: dict[otp.Ref, WorkerProxy] = attrs.Factory(dict)
     #: STATUS and MANAGE requests in flight (each a task asking the router).
     controls: int = 0
     #: The client sends no more; the connection ends once ``pending`` and ``controls`` are done.
@@ -138,10 +125,10 @@ class _Conn:
         self.paused_at = min(HIGH_WATER, self.config.dirty_client_buffer)
 
     def deliver(self, parts: list[Any], done: list[int]) -> bool:
-        """Frames from a worker actor (run in its task): written to the client at once, or
+        """Frames from a worker proxy (run in its task): written to the client at once, or
         queued for it against its own budget (``dirty_client_buffer``). True once a client
-        that does not read has used it up: the worker actor then waits for it (see
-        ``_pool._hold_for``); until then the worker's other callers are not held up."""
+        that does not read has used it up: the worker proxy then waits for it (see
+        ``_proxy_reader._hold_for``); until then the worker's other callers are not held up."""
         pending = self.pending
         for rid in done:
             pending.pop(rid, None)
@@ -187,23 +174,23 @@ class _Conn:
 async def _connection(stream: trio.SocketStream, routes: Routes, config: DirtyConfig) -> None:
     me = otp.self()
     outbox = Outbox(stream.socket.fileno(), lambda: otp.send(me, _ReaderDone("broken")))
-    conn = _Conn(me, stream, outbox, routes, config)
+    conn = ClientConnection(me, stream, outbox, routes, config)
     try:
         async with trio.open_nursery() as nursery:
             conn.nursery = nursery
             nursery.start_soon(_reader, conn, nursery)
             nursery.start_soon(outbox.run)
-            await _writer(conn)
+            await _mailbox_loop(conn)
             nursery.cancel_scope.cancel()
     finally:
         outbox.close()
-        for rid, actor in conn.pending.items():
-            actor.cancel(conn, rid)
+        for rid, holder in conn.pending.items():
+            holder.cancel(conn, rid)
         with trio.CancelScope(shield=True):
             await stream.aclose()
 
 
-async def _writer(conn: _Conn) -> None:
+async def _mailbox_loop(conn: ClientConnection) -> None:
     """The connection's mailbox: a worker's death fails its calls; the reader's end ends it,
     or, if the client only half-closed, the last reply to its requests in flight does."""
     pending = conn.pending
@@ -245,7 +232,7 @@ async def _flush_while_taken(outbox: Outbox) -> None:
             return
 
 
-async def _watch_backlog(conn: _Conn) -> None:
+async def _watch_backlog(conn: ClientConnection) -> None:
     """Drop the client (``drop_stalled``) if what is queued for it does not come down to
     ``LOW_WATER`` within the send timeout (``SEND_TIMEOUT``, or ``dirty_timeout`` if
     shorter)."""
@@ -271,18 +258,19 @@ def _worker_gone(reason: Any) -> DirtyError:
     )
 
 
-async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
+async def _reader(conn: ClientConnection, nursery: trio.Nursery) -> None:
     """Read the client's frames (:func:`_read_frames`) until it is done, broke the protocol,
     or kept the reader waiting too long: a frame begun and not finished within
     ``dirty_frame_timeout`` (it gets an ERROR frame), or nothing in flight and nothing sent
     for ``dirty_idle_timeout``."""
-    buffer = FrameBuffer(CLIENT_BUFFER, fd=conn.stream.socket.fileno())
+    fd = conn.stream.socket.fileno()
+    buffer = wire.FrameBuffer(CLIENT_BUFFER, fd=fd, error=DirtyProtocolError)
     # Its deadline is set only while the reader waits for the client; elsewhere it is inf.
     waiting = conn.waiting
     end: Any = otp.NORMAL
     try:
         with waiting:
-            end = await _read_frames(conn, nursery, buffer, waiting)
+            end = await _read_frames(conn, nursery, SocketReader(fd, buffer), waiting)
         if waiting.cancelled_caught:
             if buffer.buffered:
                 missing = buffer.missing()
@@ -300,30 +288,26 @@ async def _reader(conn: _Conn, nursery: trio.Nursery) -> None:
 
 
 async def _read_frames(
-    conn: _Conn, nursery: trio.Nursery, buffer: FrameBuffer, waiting: trio.CancelScope
+    conn: ClientConnection, nursery: trio.Nursery, reader: SocketReader, waiting: trio.CancelScope
 ) -> Any:
     """Take every frame of each read: requests go to their workers with one write per worker
     per read; the payload bytes are forwarded, not decoded (only the route is read). Returns
     how the client's input ended."""
     write = conn.outbox.write
-    fd = conn.stream.socket.fileno()
-    readv = os.readv
-    wait_readable = trio.lowlevel.wait_readable
+    fd = reader.fd
+    buffer = reader.buffer
     current_time = trio.current_time
     frame_timeout = conn.config.dirty_frame_timeout or math.inf
     idle_timeout = conn.config.dirty_idle_timeout or math.inf
     #: When the frame at the front of the buffer began to arrive (None: no frame is partial).
     began: float | None = None
-    busy = 0
-    drained = True
     outbox = conn.outbox
     while True:
         if outbox.size > conn.paused_at:
             # A client not reading its replies: take no more of its requests until it does, so
             # it slows only itself (``_watch_backlog`` drops one that takes nothing).
             await outbox.wait_room()
-        if drained:  # the last read did not fill the buffer: wait for more
-            busy = 0
+        if reader.drained:  # the last read did not fill the buffer: wait for more
             # Only a deadline that changes is set: each set of a cancel scope's deadline costs
             # trio a deadline-heap update, and with a call in flight (or no idle timeout)
             # there is none to set at all.
@@ -336,24 +320,19 @@ async def _read_frames(
                 conn.idle_wait = True  # the last reply arms it (``arm_idle``)
             if deadline != math.inf:
                 waiting.deadline = deadline
-            await wait_readable(fd)
+            await reader.pace()
             conn.idle_wait = False
             if waiting.deadline != math.inf:
                 waiting.deadline = math.inf
-        elif busy == BUSY_READS:  # let the other tasks run now and then
-            busy = 0
-            await trio.lowlevel.checkpoint()
+        else:
+            await reader.pace()  # (after BUSY_READS reads in a row, lets the other tasks run)
         try:
-            space = buffer.space()
-            n = readv(fd, [space])
-            busy += 1
+            n = reader.read()
+            if n < 0:
+                continue
             if not n:
                 return otp.NORMAL if _hung_up(fd) else _HALF_CLOSED
-            drained = n < len(space)
             frames = buffer.frames(n)
-        except BlockingIOError:
-            drained = True
-            continue
         except (OSError, trio.ClosedResourceError):
             return otp.NORMAL
         except DirtyProtocolError as exc:
@@ -367,7 +346,7 @@ async def _read_frames(
         began = current_time() if buffer.buffered else None
         view = buffer.view
         now = trio.current_time()
-        touched: dict[Any, None] = {}
+        touched: dict[WorkerProxy, None] = {}
         for mtype, rid, start, stop in frames:
             if mtype == REQUEST:
                 error = _route(conn, rid, view, start, stop, now, touched)
@@ -404,23 +383,23 @@ def _hung_up(fd: int) -> bool:
     return any(events & (select.POLLHUP | select.POLLERR) for _, events in poll.poll(0))
 
 
-def _flush(touched: dict[Any, None]) -> None:
-    for actor in touched:
-        actor.flush()
+def _flush(touched: dict[WorkerProxy, None]) -> None:
+    for proxy in touched:
+        proxy.flush()
     touched.clear()
 
 
 def _route(
-    conn: _Conn,
+    conn: ClientConnection,
     rid: int,
     view: memoryview,
     start: int,
     stop: int,
     now: float,
-    touched: dict[Any, None],
+    touched: dict[WorkerProxy, None],
     parked: Any = None,
 ) -> DirtyError | None:
-    route = peek_route(view, start, stop)
+    route = wire.peek_route(view, start, stop)
     if route is not None:
         app_path = route[0]
     else:
@@ -452,7 +431,7 @@ def _route(
             conn.pending[rid] = conn.parking
             return None
     if worker not in conn.monitors:
-        # A dead worker actor's Down (noproc) fails the call, as does one dying later.
+        # A dead worker proxy's Down (noproc) fails the call, as does one dying later.
         ref = otp.monitor(worker.me)
         conn.monitors[worker] = ref
         conn.by_ref[ref] = worker
@@ -462,7 +441,7 @@ def _route(
     return None
 
 
-def _reroute(conn: _Conn, msg: Unpark | Requeue | Expire) -> None:
+def _reroute(conn: ClientConnection, msg: Unpark | Requeue | Expire) -> None:
     """Route again: the calls parked for an app (``Unpark``: a worker is up, or none is starting
     any more), a call a killed worker had not started (``Requeue``); or fail a parked call
     whose wait is over (``Expire``)."""
@@ -490,7 +469,7 @@ def _reroute(conn: _Conn, msg: Unpark | Requeue | Expire) -> None:
         calls = parking.take(msg.app)
         for rid, _, _ in calls:
             del pending[rid]
-    touched: dict[Any, None] = {}
+    touched: dict[WorkerProxy, None] = {}
     now = trio.current_time()
     for rid, frame, token in calls:
         error = _route(conn, rid, memoryview(frame), 16, len(frame), now, touched, token)
@@ -517,7 +496,7 @@ async def _stash(rid: int, payload: bytes) -> bytes:
         return error_bytes(rid, StashError(f"stash result cannot be encoded: {exc}"))
 
 
-async def _control(conn: _Conn, mtype: int, rid: int, payload: bytes) -> None:
+async def _control(conn: ClientConnection, mtype: int, rid: int, payload: bytes) -> None:
     me = conn.me
     try:
         if mtype == STATUS:

@@ -17,8 +17,14 @@ import trio
 
 import wire
 
-from ._errors import DirtyAppError, DirtyError, DirtyWorkerError, error_from_dict
-from ._frames import ERROR, RESPONSE, STATUS, FrameSplitter, decode_payload, frame_bytes
+from ._errors import (
+    DirtyAppError,
+    DirtyError,
+    DirtyProtocolError,
+    DirtyWorkerError,
+    error_from_dict,
+)
+from ._protocol import ERROR, RESPONSE, STATUS, decode_payload
 
 logger = logging.getLogger("apps.dirty")
 
@@ -34,7 +40,7 @@ PROGRESS_EVERY = 30.0
 
 def loading_notice(path: str) -> bytes:
     """The worker's notice that it now loads the app ``path``."""
-    return frame_bytes(STATUS, 0, {"loading": path})
+    return wire.encode_dirty(STATUS, 0, {"loading": path})
 
 
 def _progress_every(timeout: float | None) -> float:
@@ -53,7 +59,7 @@ async def await_loaded(
         DirtyWorkerError: The worker exited while loading, did not start loading within
             ``BOOT_TIMEOUT``, or loaded for longer than ``timeout`` seconds (None: no limit).
     """
-    splitter = FrameSplitter()
+    splitter = wire.FrameSplitter(error=DirtyProtocolError)
     current = apps[0] if apps else "its apps"
     began = trio.current_time()
     every = _progress_every(timeout)

@@ -29,9 +29,10 @@ import otp
 import supervisors
 
 from ._connection import start_connection
+from ._context import PoolContext
 from ._errors import DirtyError
-from ._frames import error_bytes, tune_socket
-from ._pool import PoolContext
+from ._io import tune_socket
+from ._protocol import error_bytes
 
 logger = logging.getLogger("apps.dirty")
 

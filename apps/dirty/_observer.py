@@ -1,6 +1,6 @@
 """The dirty pool's view for ``supervisors.observe()``: its workers (apps, calls in flight and
 waiting for a thread, last heartbeat), the calls parked for a worker that is starting, and the
-stash tables, read from what the worker actors, the routes and the tables hold (no call to the
+stash tables, read from what the worker proxies, the routes and the tables hold (no call to the
 router, so a busy router does not hold an observer up)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import trio
 
 from otp import ets
 
-from ._pool import ACTORS, HEARTBEATS, PoolContext
+from ._context import PoolContext
 from ._stash import _ets_name, _tables
 
 
@@ -19,24 +19,23 @@ def observer_view(ctx: PoolContext) -> dict[str, Any]:
     """A dict of plain values: ``workers`` (by worker id: ``os_pid``, ``apps``, ``in_flight``
     calls, of which ``waiting_for_thread`` were sent while all ``dirty_threads`` were busy,
     ``draining``, ``last_heartbeat`` in seconds ago or None, ``uptime``), ``parked``
-    (connections with calls waiting for a worker of each app that is starting) and
-    ``stash_tables`` (name: number of keys)."""
+    (connections with calls waiting for a worker of each app that is starting),
+    ``stash_tables`` (name: number of keys) and ``calls`` (calls that reached a worker and
+    ended: ``total``, ``errors`` by kind, ``latency_seconds`` as a histogram, see
+    :meth:`CallStats.view <apps.dirty._calls.CallStats.view>`)."""
     now = trio.current_time()
     workers = []
-    for actor in sorted(
-        (a for a in list(ACTORS.values()) if a.ctx is ctx), key=lambda a: a.worker_id
-    ):
-        beats = ets.lookup(HEARTBEATS, actor.me) if ets.whereis(HEARTBEATS) else []
+    for proxy in sorted(list(ctx.proxies.values()), key=lambda p: p.worker_id):
         workers.append(
             {
-                "worker_id": actor.worker_id,
-                "os_pid": actor.os_pid,
-                "apps": list(actor.apps),
-                "in_flight": len(actor.inflight),
-                "waiting_for_thread": len(actor.held),
-                "draining": actor.draining,
-                "last_heartbeat": round(max(0.0, now - beats[0][1]), 2) if beats else None,
-                "uptime": round(now - actor.started, 2),
+                "worker_id": proxy.worker_id,
+                "os_pid": proxy.os_pid,
+                "apps": list(proxy.apps),
+                "in_flight": len(proxy.inflight),
+                "waiting_for_thread": len(proxy.held),
+                "draining": proxy.draining,
+                "last_heartbeat": round(max(0.0, now - proxy.last_seen), 2),
+                "uptime": round(now - proxy.started, 2),
             }
         )
     stash = {}
@@ -48,6 +47,7 @@ def observer_view(ctx: PoolContext) -> dict[str, Any]:
         "workers": workers,
         "parked": {app: len(conns) for app, conns in sorted(ctx.routes.waiting.items()) if conns},
         "stash_tables": stash,
+        "calls": ctx.calls.view(),
     }
 
 

@@ -21,12 +21,17 @@ def _owned_regular_file(st: os.stat_result) -> bool:
     )
 
 
+#: A worker's ``python -m`` module (and its name before it became a package, for the orphans of
+#: a node of an earlier version).
+_WORKER_PROGRAMS = (b"apps.dirty.worker", b"apps.dirty._worker_main")
+
+
 def _ours(pid: int) -> bool:
     try:
         if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
             return False
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"apps.dirty._worker_main" in f.read()
+            return any(arg in _WORKER_PROGRAMS for arg in f.read().split(b"\0"))
     except OSError:
         return False
 

@@ -1,6 +1,6 @@
 """The router: which workers hold which app, the pool's size, scaling and rolling reloads.
 
-A GenServer registered as ``dirty_router``. It publishes ``app -> worker actors`` in the pool's
+A GenServer registered as ``dirty_router``. It publishes ``app -> worker proxies`` in the pool's
 :class:`Routes` (``PoolContext.routes``), which connection processes read directly on every
 REQUEST, taking the least-loaded worker (see ``_routes``); no message goes through the router on
 a call's path. It also publishes which apps a worker is starting for (a killed worker's
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from collections import deque
 from typing import Any
@@ -39,20 +38,18 @@ import trio
 
 import otp
 import supervisors
-from otp import ets
 
 from ._config import apps_for_new_worker, initial_allocation, minimum_workers
-from ._pidfile import remove_pidfile, write_pidfile
-from ._pool import (
-    ACTORS,
-    HEARTBEATS,
+from ._context import (
+    ForwardSignal,
     PoolContext,
     Recycle,
     Reregister,
     WorkerDraining,
     WorkerUp,
-    start_worker,
 )
+from ._pidfile import remove_pidfile, write_pidfile
+from ._proxy_start import start_proxy
 
 logger = logging.getLogger("apps.dirty")
 
@@ -106,7 +103,7 @@ class _Op:
 
 
 @attrs.frozen
-class _Started:
+class _ChildStarted:
     """A helper's report: the outcome of ``start_child`` for the worker tagged ``tag``."""
 
     tag: otp.Ref
@@ -119,7 +116,7 @@ def worker_spec(
     """The pool child spec of one worker (a replacement gets the same apps)."""
     return supervisors.ChildSpec(
         ("dirty_worker", worker_id),
-        (start_worker, ctx, worker_id, tuple(apps), wait_loaded),
+        (start_proxy, ctx, worker_id, tuple(apps), wait_loaded),
         restart="permanent",
         shutdown=ctx.config.dirty_graceful_timeout + 10.0,
     )
@@ -130,7 +127,6 @@ class Router(otp.GenServer):
 
     async def init(self, ctx: PoolContext) -> Any:
         otp.process_flag(trap_exit=True)
-        ets.new(HEARTBEATS, access=ets.PUBLIC, named=True)
         paths = [spec.import_path for spec in ctx.config.dirty_apps]
         ctx.routes.wait_limit = ctx.config.dirty_timeout or None
         ctx.routes.install({path: [] for path in paths}, paths)
@@ -168,9 +164,9 @@ class Router(otp.GenServer):
         elif type(msg) is WorkerDraining:
             state.draining.add(msg.pid)
             _publish(state)
-        elif msg == "usr1":
+        elif type(msg) is ForwardSignal:
             for info in state.workers.values():
-                _kill(info.os_pid, signal.SIGUSR1)
+                _kill(info.os_pid, msg.signum)
         return otp.NoReply(state)
 
     def handle_info(self, msg: Any, state: _State) -> Any:
@@ -184,9 +180,8 @@ class Router(otp.GenServer):
                 if info.worker_id not in state.retired:
                     state.awaiting[info.worker_id] = info.apps  # its supervisor restarts it
             state.draining.discard(pid)
-            ets.delete(HEARTBEATS, pid)
             _publish(state)
-        elif kind is _Started:
+        elif kind is _ChildStarted:
             op = state.op
             if op is not None and msg.tag == op.tag:
                 _step_done(state, op, msg.result)
@@ -223,10 +218,6 @@ class Router(otp.GenServer):
         # the node's shutdown) until its load ends: its start fails now instead.
         for pid in list(state.ctx.starting):
             otp.exit(pid, otp.KILL)
-        try:
-            ets.delete(HEARTBEATS)
-        except ets.EtsError:
-            pass
 
 
 def _worker_up(state: _State, msg: WorkerUp) -> None:
@@ -263,12 +254,12 @@ def _publish(state: _State) -> None:
     by_app: dict[str, list[Any]] = {s.import_path: [] for s in state.ctx.config.dirty_apps}
     starting: set[str] = set()
     for info in _live(state):
-        actor = ACTORS.get(info.pid)
-        if actor is None:
+        proxy = state.ctx.proxies.get(info.pid)
+        if proxy is None:
             starting.update(info.apps)  # being killed or dead (its Down is on its way): replaced
             continue
         for path in info.apps:
-            by_app.setdefault(path, []).append(actor)
+            by_app.setdefault(path, []).append(proxy)
     for apps in state.awaiting.values():
         starting.update(apps)
     op = state.op
@@ -328,10 +319,10 @@ def _register(state: _State, pid: Any, worker_id: int, apps: tuple[str, ...]) ->
         _publish(state)
 
 
-def _since_heartbeat(info: WorkerUp, now: float) -> float | None:
+def _since_heartbeat(state: _State, info: WorkerUp, now: float) -> float | None:
     """Seconds since the worker was last heard from (Gunicorn's ``last_heartbeat``)."""
-    rows = ets.lookup(HEARTBEATS, info.pid)
-    return round(max(0.0, now - rows[0][1]), 2) if rows else None
+    proxy = state.ctx.proxies.get(info.pid)
+    return round(max(0.0, now - proxy.last_seen), 2) if proxy is not None else None
 
 
 def _status(state: _State) -> dict[str, Any]:
@@ -342,7 +333,7 @@ def _status(state: _State) -> dict[str, Any]:
             "age": info.worker_id,
             "apps": list(info.apps),
             "booted": True,
-            "last_heartbeat": _since_heartbeat(info, now),
+            "last_heartbeat": _since_heartbeat(state, info, now),
             "uptime": round(now - info.started, 2),
             "draining": info.pid in state.draining,
         }
@@ -455,7 +446,7 @@ def _step(state: _State, op: _Op) -> None:
 
 async def _start_worker_child(router: otp.Pid, tag: otp.Ref, spec: Any) -> None:
     """A helper of the router: start one worker (as long as that takes) and report."""
-    otp.send(router, _Started(tag, await supervisors.start_child(POOL, spec)))
+    otp.send(router, _ChildStarted(tag, await supervisors.start_child(POOL, spec)))
 
 
 def _step_done(state: _State, op: _Op, result: Any) -> None:

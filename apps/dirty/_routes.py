@@ -1,7 +1,7 @@
-"""Routes: which worker actors serve each app, and which of them takes the next call.
+"""Routes: which worker proxies serve each app, and which of them takes the next call.
 
 The router publishes them (``PoolContext.routes``); connection processes read them on every
-REQUEST, and worker actors keep them current as their load changes, all on the node's one
+REQUEST, and worker proxies keep them current as their load changes, all on the node's one
 thread: no message is on a call's path.
 
 Each app has a :class:`Lane`: the workers holding it, bucketed by load (the calls in flight on
@@ -145,11 +145,11 @@ class Routes:
         self.waiting: dict[str, dict[otp.Pid, None]] = {}
         #: How long a call may stay parked (``dirty_timeout``; None: until woken).
         self.wait_limit: float | None = None
-        #: The worker actors in ``table``.
+        #: The worker proxies in ``table``.
         self.members: tuple[Any, ...] = ()
 
     def install(self, by_app: dict[str, list[Any]], starting: Iterable[str]) -> None:
-        """Publish ``app -> worker actors`` (and the apps a worker is starting for), and wake
+        """Publish ``app -> worker proxies`` (and the apps a worker is starting for), and wake
         the connections whose parked calls can go."""
         for actor in self.members:
             actor.lanes = ()
@@ -196,7 +196,7 @@ class Routes:
 
 class Parking:
     """A connection's calls waiting for a worker of their app. It stands in the connection's
-    ``pending`` for each of them, as a worker actor does for a call it runs (``cancel``)."""
+    ``pending`` for each of them, as a worker proxy does for a call it runs (``cancel``)."""
 
     __slots__ = ("calls",)
 
@@ -241,7 +241,7 @@ def hand_back(actor: Any) -> None:
     for wid, frame in actor.held.items():
         entry = inflight.get(wid)
         if entry is not None and entry[2] is None:
-            conn, rid, _ = entry
+            conn, rid = entry[0], entry[1]
             del inflight[wid]
             keys.pop((conn, rid), None)
             otp.send(conn.me, Requeue(actor, rid, frame))

@@ -12,9 +12,9 @@ import trio
 
 import otp
 
+from ._context import ROUTER, ForwardSignal, PoolContext
 from ._logs import reopen_log_files
 from ._pidfile import remove_pidfile
-from ._pool import ROUTER, PoolContext
 
 logger = logging.getLogger("apps.dirty")
 
@@ -49,7 +49,7 @@ async def _handle(ctx: PoolContext, signum: int) -> None:
         await otp.call(ROUTER, "reload", timeout=None)
     elif signum == signal.SIGUSR1:
         reopen_log_files()
-        otp.cast(ROUTER, "usr1")
+        otp.cast(ROUTER, ForwardSignal(signal.SIGUSR1))
     elif signum == signal.SIGTTIN:
         await otp.call(ROUTER, ("add", 1), timeout=None)
     elif signum == signal.SIGTTOU:

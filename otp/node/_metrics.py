@@ -20,6 +20,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 import otp
 import supervisors
@@ -219,6 +220,36 @@ def _dirty(view: Mapping[str, Any]) -> Iterator[Metric]:
     for table, size in view.get("stash_tables", {}).items():
         stash.add_metric([table], size)
     yield from (parked, stash)
+    yield from _dirty_calls(view.get("calls"))
+
+
+def _dirty_calls(calls: Mapping[str, Any] | None) -> Iterator[Metric]:
+    """The pool's calls (``apps.dirty``'s view: ``total``, ``errors`` by kind, and the latency
+    histogram with cumulative ``[le, count]`` buckets, ``+Inf`` being ``count``)."""
+    if not calls:
+        return
+    yield CounterMetricFamily(
+        "otp_dirty_calls_total",
+        "Dirty calls that reached a worker and ended (answered, or failed by the pool).",
+        value=calls.get("total", 0),
+    )
+    errors = CounterMetricFamily(
+        "otp_dirty_call_errors_total",
+        "Dirty calls that ended in an error, by kind (the error type the caller gets).",
+        labels=["kind"],
+    )
+    for kind, count in calls.get("errors", {}).items():
+        errors.add_metric([kind], count)
+    yield errors
+    latency = calls.get("latency_seconds", {})
+    buckets = [(floatToGoString(le), count) for le, count in latency.get("buckets", [])]
+    buckets.append(("+Inf", latency.get("count", 0)))
+    yield HistogramMetricFamily(
+        "otp_dirty_call_duration_seconds",
+        "Dirty call latency, from the request's arrival in the node to its last reply frame.",
+        buckets=buckets,
+        sum_value=latency.get("sum", 0.0),
+    )
 
 
 def _dispatcher(view: Mapping[str, Any]) -> Iterator[Metric]:

@@ -1,5 +1,6 @@
 """``otp.node``'s Prometheus metrics (``_metrics.exposition``, what ``/metrics`` serves):
-names by Prometheus conventions, the run queue, and restarts by supervisor and by child."""
+names by Prometheus conventions, the run queue, restarts by supervisor and by child, and the
+dirty pool's calls."""
 
 from __future__ import annotations
 
@@ -86,3 +87,34 @@ async def test_distribution_bytes_are_counted_per_peer_node(tmp_path: Path) -> N
                 assert sample.name == f"{name}_total"
                 assert sample.labels == {"node": "b@localhost"}
                 assert sample.value == counted > 10_000
+
+
+async def test_dirty_calls_errors_and_latency_are_a_counter_and_a_histogram() -> None:
+    view = {
+        "workers": [{"in_flight": 0, "waiting_for_thread": 0, "draining": False}],
+        "stash_tables": {"t": 3},
+        "calls": {
+            "total": 5,
+            "errors": {"DirtyAppError": 2, "DirtyTimeoutError": 1},
+            "latency_seconds": {"buckets": [[0.001, 1], [0.01, 4]], "sum": 0.5, "count": 5},
+        },
+    }
+    async with otp.open_node("metrics@localhost"):
+        dirty_app = supervisors.ApplicationView("dirty", "", "", None, view)
+        body, _ = exposition(otp.observer.snapshot(), [dirty_app])
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert families["otp_dirty_calls"].type == "counter"
+    assert [s.value for s in families["otp_dirty_calls"].samples] == [5]
+    errors = {s.labels["kind"]: s.value for s in families["otp_dirty_call_errors"].samples}
+    assert errors == {"DirtyAppError": 2, "DirtyTimeoutError": 1}
+    latency = families["otp_dirty_call_duration_seconds"]
+    assert latency.type == "histogram"
+    buckets = {s.labels["le"]: s.value for s in latency.samples if s.name.endswith("_bucket")}
+    assert buckets == {"0.001": 1, "0.01": 4, "+Inf": 5}
+    others = {s.name: s.value for s in latency.samples if not s.name.endswith("_bucket")}
+    assert others["otp_dirty_call_duration_seconds_sum"] == 0.5
+    assert others["otp_dirty_call_duration_seconds_count"] == 5
+    assert families["otp_dirty_workers"].samples[0].value == 1
+    assert {s.labels["table"]: s.value for s in families["otp_dirty_stash_keys"].samples} == {
+        "t": 3
+    }

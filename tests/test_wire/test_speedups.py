@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wire
-from wire import _accel, _cbor_encode, _tlv
+from wire import _accel, _cbor_encode, _tlv, _tlv_encode
 
 from .strategies import v1_values, v2_values
 
@@ -59,7 +59,7 @@ def _has_big_int(value: Any) -> bool:
 def _exact_tlv(value: Any, v2: bool, lim: wire.Limits) -> bytes | None:
     out = bytearray()
     try:
-        _tlv._encode_loop(out, value, v2, False, lim)
+        _tlv_encode._encode_loop(out, value, v2, False, lim)
     except wire.WireError:
         return None
     return bytes(out)

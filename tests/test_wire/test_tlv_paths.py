@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import wire
-from wire import _tlv, _tlv_fast
+from wire import _tlv, _tlv_encode, _tlv_fast
 
 from .codec_paths import codec_path  # noqa: F401 (runs the module with and without C)
 from .strategies import v1_values, v2_values
@@ -57,7 +57,7 @@ def _public_decode(data: bytes, version: int, limits: wire.Limits) -> Any:
 def _exact_encode(value: Any, version: int, limits: wire.Limits, coerce_keys: bool) -> Any:
     out = bytearray()
     try:
-        _tlv._encode_loop(out, value, version == 2, coerce_keys, limits)
+        _tlv_encode._encode_loop(out, value, version == 2, coerce_keys, limits)
     except wire.WireError as exc:
         return exc
     return bytes(out)
@@ -199,7 +199,7 @@ def test_fast_paths_take_every_ordinary_value(value: Any, version: int) -> None:
         except wire.WireError:
             return  # a version 2 type or key
         assume(wire.tlv_decode(data, version=1) == value)  # no tuples (they come back as lists)
-    parts = _tlv._encode_fast(value, version == 2, DEFAULT)
+    parts = _tlv_encode._encode_fast(value, version == 2, DEFAULT)
     assert parts is not None
     data = b"".join(parts)
     assert data == _exact_encode(value, version, DEFAULT, False)
@@ -211,7 +211,7 @@ def test_fast_paths_take_every_ordinary_value(value: Any, version: int) -> None:
 def test_the_benchmark_request_takes_the_fast_paths() -> None:
     from benchmarks.bench_wire import REQUEST
 
-    parts = _tlv._encode_fast(REQUEST, False, DEFAULT)
+    parts = _tlv_encode._encode_fast(REQUEST, False, DEFAULT)
     assert parts is not None
     data = b"".join(parts)
     assert _tlv._decode_fast(data, False, DEFAULT) == (REQUEST, len(data))
@@ -346,7 +346,7 @@ def test_a_payload_longer_than_the_limits_takes_the_exact_loop() -> None:
     for lim in (
         wire.Limits(max_total_items=len(data) - 1),
         wire.Limits(max_str=len(data) - 1),
-        wire.Limits(max_depth=_tlv._FAST_MAX_DEPTH + 1),
+        wire.Limits(max_depth=_tlv_encode._FAST_MAX_DEPTH + 1),
     ):
         assert _tlv._fast_size(lim) < len(data)
         assert wire.tlv_decode(data, limits=lim) == value
@@ -476,7 +476,7 @@ def test_the_fast_encoder_stops_near_max_total_items_on_shared_lists() -> None:
     # the pieces written so far as every container (inline lists included) starts.
     shared = list(range(2000))
     lim = wire.Limits(max_total_items=10_000, max_items=1_000_000)
-    encode, _ = _tlv._fast_encoder(True, lim)
+    encode, _ = _tlv_encode._fast_encoder(True, lim)
     for value in ({str(i): shared for i in range(2000)}, [shared] * 2000):
         parts = _Budget(lim.max_total_items + len(shared) + 10)
         with pytest.raises(_tlv_fast.Fallback):

@@ -18,6 +18,13 @@ ECHO = "tests.test_apps.test_dirty.dirty_apps:EchoApp"
 LIMITED = "tests.test_apps.test_dirty.dirty_apps:LimitedApp"
 
 
+async def calls_in_flight() -> int:
+    """Calls in flight in the pool's workers, as the pool's observer view counts them."""
+    [app] = [a for a in await supervisors.observe() if a.name == "dirty"]
+    assert app.view is not None
+    return sum(w["in_flight"] for w in app.view["workers"])
+
+
 @pytest.fixture
 def socket_path(tmp_path: Path) -> str:
     return str(tmp_path / "dirty.sock")

@@ -15,7 +15,7 @@ import trio
 
 from apps import dirty
 from apps.dirty._client_asyncio import _AsyncioConn, _Protocol
-from apps.dirty._frames import header
+from wire import encode_header as header
 
 from .conftest import ECHO
 

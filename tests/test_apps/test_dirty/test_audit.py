@@ -1,6 +1,6 @@
 """Audit of apps/dirty's wire behaviour and stash against Gunicorn 27.0.1's dirty arbiter.
 
-In-process wherever the code allows it: a dirty :class:`~apps.dirty._worker.Worker` serving
+In-process wherever the code allows it: a dirty :class:`~apps.dirty.worker._server.Worker` serving
 one end of a socketpair in a thread (its own asyncio loop, no signal handlers, no parent
 watch), the stash's connection-side handler on a node with only the stash supervisor, and a
 scripted one-connection server for the client. Real pools (``start_pool``) only for what runs
@@ -24,9 +24,10 @@ import trio.testing
 import otp
 import wire
 from apps import dirty
-from apps.dirty import _application, _connection, _frames, _worker
-from apps.dirty._frames import CHUNK, END, ERROR, RESPONSE, STATUS
-from apps.dirty._worker import Worker
+from apps.dirty import _application, _connection, _protocol
+from apps.dirty._protocol import CHUNK, END, ERROR, RESPONSE, STATUS
+from apps.dirty.worker import _server as worker_server
+from apps.dirty.worker._server import Worker
 
 from .conftest import ECHO, LIMITED
 
@@ -103,7 +104,7 @@ class WorkerHarness:
         app.init()
         self.pool, theirs = socket.socketpair()
         self.worker = _InProcessWorker({self.APP: app}, threads, 3600.0, os.getppid())
-        self.splitter = _frames.FrameSplitter()
+        self.splitter = wire.FrameSplitter()
         self.held: list[tuple[int, int, bytes]] = []
 
         def run() -> None:
@@ -129,10 +130,10 @@ class WorkerHarness:
 
     def call(self, rid: int, action: str, *args: Any, timeout: float = 5.0) -> tuple[int, Any]:
         """Send a REQUEST; return the first frame answering it, as (type, decoded payload)."""
-        self.pool.sendall(_frames.request_parts(rid, self.APP, action, args)[0])
+        self.pool.sendall(wire.request_parts(rid, self.APP, action, args)[0])
         [(mtype, got, payload)] = self.frames(1, timeout)
         assert got == rid
-        return mtype, _frames.decode_payload(payload)
+        return mtype, _protocol.decode_payload(payload)
 
     def close(self) -> None:
         loop = getattr(self.worker, "loop", None)
@@ -167,12 +168,10 @@ def test_worker_error_frames_have_gunicorns_fields(worker: WorkerHarness) -> Non
     mtype, body = worker.call(7, "echo", "x")
     assert (mtype, body) == (RESPONSE, {"result": "x"})
     for rid in (2**64 - 1, 1):
-        worker.pool.sendall(
-            _frames.request_parts(rid, worker.APP, "echo", (), {"value": str(rid)})[0]
-        )
+        worker.pool.sendall(wire.request_parts(rid, worker.APP, "echo", (), {"value": str(rid)})[0])
         [(mtype, got, payload)] = worker.frames(1)
         assert (mtype, got) == (RESPONSE, rid)
-        assert _frames.decode_payload(payload) == {"result": str(rid)}
+        assert _protocol.decode_payload(payload) == {"result": str(rid)}
     for action in ("_model", "__class__", "workers", "stashes", "no_such"):
         mtype, body = worker.call(9, action)
         error = body["error"]
@@ -182,7 +181,7 @@ def test_worker_error_frames_have_gunicorns_fields(worker: WorkerHarness) -> Non
         assert error["details"]["action"] == action
         assert "ValueError: Unknown action" in error["details"]["traceback"]
     # a stream, then the worker still answers
-    worker.pool.sendall(_frames.request_parts(11, worker.APP, "count", (2,))[0])
+    worker.pool.sendall(wire.request_parts(11, worker.APP, "count", (2,))[0])
     streamed = [(t, r) for t, r, _ in worker.frames(3)]
     assert streamed == [(CHUNK, 11), (CHUNK, 11), (END, 11)]
 
@@ -213,10 +212,10 @@ def test_an_action_raising_system_exit_is_answered(worker: WorkerHarness) -> Non
 def test_system_exit_in_a_stream_or_an_async_action_is_an_app_error(
     worker: WorkerHarness,
 ) -> None:
-    worker.pool.sendall(_frames.request_parts(1, worker.APP, "exit_mid_stream", ())[0])
+    worker.pool.sendall(wire.request_parts(1, worker.APP, "exit_mid_stream", ())[0])
     [(chunk, _, _), (mtype, _, payload)] = worker.frames(2)
     assert chunk == CHUNK
-    assert _error_class(mtype, _frames.decode_payload(payload)) == "DirtyAppError"
+    assert _error_class(mtype, _protocol.decode_payload(payload)) == "DirtyAppError"
     mtype, body = worker.call(2, "async_exit")
     assert _error_class(mtype, body) == "DirtyAppError"
     assert "SystemExit" in body["error"]["details"]["traceback"]
@@ -229,9 +228,9 @@ def test_error_frames_escape_what_utf8_cannot_carry() -> None:
     bad = os.fsdecode(b"\xff.png")
     error = dirty.DirtyAppError(f"cannot open {bad}", app_path="a:B", traceback=f"in {bad}")
     error.details["odd"] = {1, 2}  # no wire form
-    [(mtype, rid, payload)] = _frames.FrameSplitter().feed(_frames.error_bytes(4, error))
+    [(mtype, rid, payload)] = wire.FrameSplitter().feed(_protocol.error_bytes(4, error))
     assert (mtype, rid) == (ERROR, 4)
-    assert _frames.decode_payload(payload)["error"] == {
+    assert _protocol.decode_payload(payload)["error"] == {
         "error_type": "DirtyAppError",
         "message": "cannot open \\udcff.png",
         "details": {"app_path": "a:B", "traceback": "in \\udcff.png"},
@@ -240,7 +239,7 @@ def test_error_frames_escape_what_utf8_cannot_carry() -> None:
 
 def test_unknown_action_names_are_not_remembered(worker: WorkerHarness) -> None:
     for rid in range(1, 201):
-        worker.pool.sendall(_frames.request_parts(rid, worker.APP, f"typo{rid}", ())[0])
+        worker.pool.sendall(wire.request_parts(rid, worker.APP, f"typo{rid}", ())[0])
     frames = worker.frames(200)
     assert {t for t, _, _ in frames} == {ERROR}
     assert len(worker.worker.kinds) <= 2
@@ -276,20 +275,20 @@ class ScriptedPool:
 
     def _serve(self) -> None:
         conn, _ = self.server.accept()
-        splitter = _frames.FrameSplitter()
+        splitter = wire.FrameSplitter()
         with conn:
             while data := conn.recv(65536):
                 for mtype, rid, payload in splitter.feed(data):
                     self.got.append((mtype, rid))
-                    if mtype != _frames.REQUEST:
+                    if mtype != _protocol.REQUEST:
                         continue
-                    body = _frames.decode_payload(payload)
+                    body = _protocol.decode_payload(payload)
                     if body["action"] == "count":
-                        out = _frames.frame_bytes(CHUNK, rid, {"data": 0})
-                        out += _frames.frame_bytes(CHUNK, rid, {"data": 1})
-                        out += _frames.header(END, 0, rid)
+                        out = wire.encode_dirty(CHUNK, rid, {"data": 0})
+                        out += wire.encode_dirty(CHUNK, rid, {"data": 1})
+                        out += wire.encode_header(END, 0, rid)
                     else:
-                        out = _frames.frame_bytes(RESPONSE, rid, {"result": body["args"][0]})
+                        out = wire.encode_dirty(RESPONSE, rid, {"result": body["args"][0]})
                     conn.sendall(out)
 
     def close(self) -> None:
@@ -338,13 +337,13 @@ async def _raw(socket_path: str) -> trio.socket.SocketType:
 
 
 async def _read_frames(sock: Any, count: int) -> list[tuple[int, int, Any]]:
-    splitter = _frames.FrameSplitter()
+    splitter = wire.FrameSplitter()
     frames: list[tuple[int, int, Any]] = []
     with trio.fail_after(5):
         while len(frames) < count:
             data = await sock.recv(65536)
             assert data, "the pool closed the connection"
-            frames += [(t, r, _frames.decode_payload(p)) for t, r, p in splitter.feed(data)]
+            frames += [(t, r, _protocol.decode_payload(p)) for t, r, p in splitter.feed(data)]
     return frames
 
 
@@ -358,10 +357,10 @@ async def test_request_ids_zero_max_and_reused_in_flight_through_the_node(
     await start_pool(dirty_workers=1, dirty_threads=2)
     sock = await _raw(socket_path)
     top = 2**64 - 1
-    data = _frames.request_parts(0, ECHO, "echo", ("zero",))[0]
-    data += _frames.request_parts(top, ECHO, "sleep", (0.2,))[0]
-    data += _frames.request_parts(top, ECHO, "echo", ("again",))[0]  # in flight: refused
-    data += _frames.header(0x11, 0, 5)
+    data = wire.request_parts(0, ECHO, "echo", ("zero",))[0]
+    data += wire.request_parts(top, ECHO, "sleep", (0.2,))[0]
+    data += wire.request_parts(top, ECHO, "echo", ("again",))[0]  # in flight: refused
+    data += wire.encode_header(0x11, 0, 5)
     await sock.send(data)
     frames = await _read_frames(sock, 4)
     by_id: dict[int, list[tuple[int, Any]]] = {}
@@ -375,7 +374,7 @@ async def test_request_ids_zero_max_and_reused_in_flight_through_the_node(
     [(mtype, status)] = by_id[5]
     assert {"arbiter_pid", "workers", "worker_count", "apps"} <= set(status["result"])
     assert status["result"]["apps"] == [ECHO]
-    await sock.send(_frames.request_parts(top, ECHO, "echo", ("free",))[0])
+    await sock.send(wire.request_parts(top, ECHO, "echo", ("free",))[0])
     assert await _read_frames(sock, 1) == [(RESPONSE, top, {"result": "free"})]
     sock.close()
 
@@ -402,10 +401,10 @@ async def _stash(
     op: int, table: str, key: Any = None, value: Any = None, pattern: str | None = None
 ) -> tuple[int, Any]:
     """One STASH as a client sends it (``None`` fields left out); the reply's (type, body)."""
-    payload = _frames.encode(_wire_stash(op, table, key, value, pattern))[16:]
-    [(mtype, rid, body)] = _frames.FrameSplitter().feed(await _connection._stash(3, payload))
+    payload = _protocol.encode(_wire_stash(op, table, key, value, pattern))[16:]
+    [(mtype, rid, body)] = wire.FrameSplitter().feed(await _connection._stash(3, payload))
     assert rid == 3
-    return mtype, _frames.decode_payload(body)
+    return mtype, _protocol.decode_payload(body)
 
 
 def _wire_stash(op: int, table: str, key: Any, value: Any, pattern: str | None) -> Any:
@@ -527,6 +526,6 @@ def test_an_exception_whose_str_raises_still_becomes_an_app_error() -> None:
         def __str__(self) -> str:
             raise RuntimeError("no")
 
-    error = _worker._app_error(Broken(), "m:A", "act")
+    error = worker_server._app_error(Broken(), "m:A", "act")
     assert isinstance(error, dirty.DirtyAppError)
     assert "Broken" in str(error) and error.action == "act"

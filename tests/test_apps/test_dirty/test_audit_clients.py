@@ -24,17 +24,9 @@ import trio
 import trio.testing
 
 from apps import dirty
-from apps.dirty._frames import (
-    CHUNK,
-    END,
-    REQUEST,
-    RESPONSE,
-    FrameSplitter,
-    decode_payload,
-    header,
-    reply_parts,
-    request_parts,
-)
+from apps.dirty._protocol import CHUNK, END, REQUEST, RESPONSE, decode_payload
+from wire import FrameSplitter, reply_parts, request_parts
+from wire import encode_header as header
 
 from .conftest import ECHO
 from .test_edges_clients import _in_asyncio

@@ -22,9 +22,10 @@ import trio.testing
 import otp
 import wire
 from apps import dirty
-from apps.dirty import _application, _connection, _frames, _pool, _worker
+from apps.dirty import _application, _connection, _protocol, _proxy_start
 from apps.dirty import _stash as stash_server
-from apps.dirty._frames import ERROR, RESPONSE
+from apps.dirty._protocol import ERROR, RESPONSE
+from apps.dirty.worker import _main as worker_main
 from otp import ets, node
 
 from .conftest import ECHO
@@ -182,7 +183,7 @@ def test_a_callable_dirty_worker_init_hook_reaches_the_worker_or_is_refused(hook
         assert "dirty_worker_init" in str(exc)
         return
     # What the worker process does with the path the pool passes it in its JSON spec.
-    loaded = _worker._load_hook(_pool._hook_path(config, "dirty_worker_init"))
+    loaded = worker_main._load_hook(_proxy_start._hook_path(config, "dirty_worker_init"))
     assert loaded is not None
 
 
@@ -231,8 +232,8 @@ def test_a_count_in_the_spec_wins_over_a_bad_class_attribute_and_hooks_by_path_l
     from tests.test_apps.test_dirty import dirty_hooks
 
     fn_config = dirty.DirtyConfig(hooks={"dirty_worker_init": dirty_hooks.dirty_worker_init})
-    path = _pool._hook_path(fn_config, "dirty_worker_init")
-    assert _worker._load_hook(path) is dirty_hooks.dirty_worker_init
+    path = _proxy_start._hook_path(fn_config, "dirty_worker_init")
+    assert worker_main._load_hook(path) is dirty_hooks.dirty_worker_init
 
 
 class BadWorkers(dirty.DirtyApp):
@@ -246,9 +247,9 @@ async def _stash(
     op: int, table: str, key: Any = None, value: Any = None, pattern: str | None = None
 ) -> tuple[int, Any]:
     """One STASH as a client sends it; the reply's (type, body)."""
-    payload = _frames.encode(wire.make_stash(3, op, table, key, value, pattern))[16:]
-    [(mtype, _rid, body)] = _frames.FrameSplitter().feed(await _connection._stash(3, payload))
-    return mtype, _frames.decode_payload(body)
+    payload = _protocol.encode(wire.make_stash(3, op, table, key, value, pattern))[16:]
+    [(mtype, _rid, body)] = wire.FrameSplitter().feed(await _connection._stash(3, payload))
+    return mtype, _protocol.decode_payload(body)
 
 
 async def _result(op: int, table: str, **kw: Any) -> Any:

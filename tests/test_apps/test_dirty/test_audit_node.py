@@ -16,8 +16,12 @@ from typing import Any
 
 import trio
 
+import wire
 from apps import dirty
-from apps.dirty import _connection, _frames, _pool, _worker
+from apps.dirty import _connection, _protocol
+from apps.dirty._proxy import WorkerProxy
+from apps.dirty.worker._output import Output
+from apps.dirty.worker._server import Worker
 
 from .conftest import ECHO
 
@@ -59,7 +63,7 @@ async def _raw(socket_path: str) -> trio.socket.SocketType:
 
 
 async def _read_until_closed(sock: Any) -> list[tuple[int, int, bytes]]:
-    splitter = _frames.FrameSplitter()
+    splitter = wire.FrameSplitter()
     frames: list[tuple[int, int, bytes]] = []
     with trio.fail_after(5):
         while chunk := await sock.recv(65536):
@@ -71,7 +75,7 @@ def _node_queued_for_clients() -> int:
     """Bytes the node holds, unsent, for its client connections."""
     total = 0
     for obj in gc.get_objects():
-        if type(obj) is _connection._Conn:
+        if type(obj) is _connection.ClientConnection:
             total += sum(len(part) for part in obj.outbox.buf)
     return total
 
@@ -84,13 +88,13 @@ async def test_requests_sent_before_a_half_close_are_still_answered(
 ) -> None:
     await start_pool(dirty_workers=1, dirty_threads=2)
     sock = await _raw(socket_path)
-    data = _frames.request_parts(1, ECHO, "sleep", (0.05,))[0]
-    data += _frames.request_parts(2, ECHO, "echo", ("two",))[0]
+    data = wire.request_parts(1, ECHO, "sleep", (0.05,))[0]
+    data += wire.request_parts(2, ECHO, "echo", ("two",))[0]
     await sock.send(data)
     sock.shutdown(socket.SHUT_WR)  # nothing more to send; the replies are still wanted
     frames = await _read_until_closed(sock)
     sock.close()
-    replies = {rid: (mtype, _frames.decode_payload(p)) for mtype, rid, p in frames}
+    replies = {rid: (mtype, _protocol.decode_payload(p)) for mtype, rid, p in frames}
     assert replies == {1: (0x02, {"result": 0.05}), 2: (0x02, {"result": "two"})}
 
 
@@ -99,12 +103,12 @@ async def test_a_control_request_sent_before_a_half_close_is_still_answered(
 ) -> None:
     await start_pool(dirty_workers=1)
     sock = await _raw(socket_path)
-    await sock.send(_frames.header(_frames.STATUS, 0, 3))
+    await sock.send(wire.encode_header(_protocol.STATUS, 0, 3))
     sock.shutdown(socket.SHUT_WR)
     frames = await _read_until_closed(sock)
     sock.close()
     assert [(mtype, rid) for mtype, rid, _ in frames] == [(0x02, 3)]
-    assert _frames.decode_payload(frames[0][2])["result"]["worker_count"] == 1
+    assert _protocol.decode_payload(frames[0][2])["result"]["worker_count"] == 1
 
 
 async def test_a_half_closed_client_is_closed_once_its_last_reply_is_written(
@@ -113,8 +117,8 @@ async def test_a_half_closed_client_is_closed_once_its_last_reply_is_written(
     # Nothing in flight: the node closes at once (the replies already went out).
     await start_pool(dirty_workers=1)
     sock = await _raw(socket_path)
-    await sock.send(_frames.request_parts(1, ECHO, "echo", ("one",))[0])
-    splitter = _frames.FrameSplitter()
+    await sock.send(wire.request_parts(1, ECHO, "echo", ("one",))[0])
+    splitter = wire.FrameSplitter()
     with trio.fail_after(5):
         got = splitter.feed(await sock.recv(65536))
     sock.shutdown(socket.SHUT_WR)
@@ -128,11 +132,11 @@ async def test_a_half_closed_client_is_closed_once_its_last_reply_is_written(
 
 def _held() -> bool:
     """Is a worker actor holding its worker for a slow client?"""
-    return any(actor.held_since is not None for actor in _pool.ACTORS.values())
+    return any(type(o) is WorkerProxy and o.held_since is not None for o in gc.get_objects())
 
 
 async def _read_stream(sock: Any, rid: int) -> list[bytes]:
-    splitter = _frames.FrameSplitter()
+    splitter = wire.FrameSplitter()
     chunks: list[bytes] = []
     with trio.fail_after(10):
         while True:
@@ -142,8 +146,8 @@ async def _read_stream(sock: Any, rid: int) -> list[bytes]:
                 assert got == rid
                 if mtype == 0x05:
                     return chunks
-                assert mtype == 0x04, _frames.decode_payload(payload)
-                chunks.append(_frames.decode_payload(payload)["data"])
+                assert mtype == 0x04, _protocol.decode_payload(payload)
+                chunks.append(_protocol.decode_payload(payload)["data"])
 
 
 async def test_a_slow_reader_gets_the_whole_stream_in_order_when_it_reads_again(
@@ -155,7 +159,7 @@ async def test_a_slow_reader_gets_the_whole_stream_in_order_when_it_reads_again(
     )
     sock = await _raw(socket_path)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-    await sock.send(_frames.request_parts(1, BIG, "numbered", (chunks, MIB))[0])
+    await sock.send(wire.request_parts(1, BIG, "numbered", (chunks, MIB))[0])
     try:
         with trio.fail_after(10):
             while not _held():  # the node stopped taking the stream: over its high-water mark
@@ -186,7 +190,7 @@ async def test_a_client_reading_nothing_is_dropped_and_the_held_worker_serves_on
     try:
         before = [w["pid"] for w in (await client.status_async())["workers"]]
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        await sock.send(_frames.request_parts(1, BIG, "big", (1000, MIB))[0])
+        await sock.send(wire.request_parts(1, BIG, "big", (1000, MIB))[0])
         with trio.fail_after(10):
             while not _held():
                 await trio.sleep(0.01)
@@ -197,16 +201,16 @@ async def test_a_client_reading_nothing_is_dropped_and_the_held_worker_serves_on
             while (await client.execute_async(BIG, "produced")) != made:
                 made = await client.execute_async(BIG, "produced")
         assert [w["pid"] for w in (await client.status_async())["workers"]] == before
-        splitter = _frames.FrameSplitter()
+        splitter = wire.FrameSplitter()
         got: list[tuple[int, int, bytes]] = []
         with trio.fail_after(10):  # what the node had queued, then why, then the end
             while chunk := await sock.recv(1 << 20):
                 got += splitter.feed(chunk)
         assert splitter.buffered == 0  # not closed mid-frame
-        assert {(mtype, rid) for mtype, rid, _ in got[:-1]} == {(_frames.CHUNK, 1)}
+        assert {(mtype, rid) for mtype, rid, _ in got[:-1]} == {(_protocol.CHUNK, 1)}
         mtype, rid, payload = got[-1]
-        assert (mtype, rid) == (_frames.ERROR, 1)
-        assert "took nothing of its" in _frames.decode_payload(payload)["error"]["message"]
+        assert (mtype, rid) == (_protocol.ERROR, 1)
+        assert "took nothing of its" in _protocol.decode_payload(payload)["error"]["message"]
         assert _node_queued_for_clients() == 0
     finally:
         sock.close()
@@ -226,7 +230,7 @@ async def test_a_client_that_reads_nothing_slows_only_itself(
     calls = 200
     try:
         await slow.send(
-            b"".join(_frames.request_parts(i, BIG, "blob", (MIB,))[0] for i in range(1, 25))
+            b"".join(wire.request_parts(i, BIG, "blob", (MIB,))[0] for i in range(1, 25))
         )
         with trio.fail_after(20):
             while _node_queued_for_clients() < 16 * MIB:  # the worker made most of them
@@ -240,13 +244,13 @@ async def test_a_client_that_reads_nothing_slows_only_itself(
         took.sort()
         print(f"p50 {took[calls // 2] * 1e3:.2f} ms, p99 {took[calls * 99 // 100] * 1e3:.2f} ms")
         assert not _held()
-        splitter = _frames.FrameSplitter()  # the slow client reads at last: all its replies
+        splitter = wire.FrameSplitter()  # the slow client reads at last: all its replies
         replies: dict[int, int] = {}
         with trio.fail_after(20):
             while len(replies) < 24:
                 for mtype, rid, payload in splitter.feed(await slow.recv(1 << 20)):
-                    assert mtype == _frames.RESPONSE
-                    replies[rid] = len(_frames.decode_payload(payload)["result"])
+                    assert mtype == _protocol.RESPONSE
+                    replies[rid] = len(_protocol.decode_payload(payload)["result"])
         assert replies == {i: MIB for i in range(1, 25)}
     finally:
         slow.close()
@@ -254,7 +258,7 @@ async def test_a_client_that_reads_nothing_slows_only_itself(
 
 
 def _dropped() -> bool:
-    return any(type(o) is _connection._Conn and o.dropped for o in gc.get_objects())
+    return any(type(o) is _connection.ClientConnection and o.dropped for o in gc.get_objects())
 
 
 async def test_a_client_taking_nothing_within_its_budget_is_dropped_with_an_error_frame(
@@ -266,25 +270,25 @@ async def test_a_client_taking_nothing_within_its_budget_is_dropped_with_an_erro
     slow = await _raw(socket_path)
     slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     try:
-        frames = [_frames.request_parts(i, BIG, "blob", (MIB,))[0] for i in range(1, 25)]
-        frames.append(_frames.request_parts(25, BIG, "echo", ("late",))[0])
+        frames = [wire.request_parts(i, BIG, "blob", (MIB,))[0] for i in range(1, 25)]
+        frames.append(wire.request_parts(25, BIG, "echo", ("late",))[0])
         await slow.send(b"".join(frames))
         with trio.fail_after(20):
             while not _dropped():
                 await trio.sleep(0.02)
         assert not _held()
-        splitter = _frames.FrameSplitter()
+        splitter = wire.FrameSplitter()
         got: list[tuple[int, int, bytes]] = []
         with trio.fail_after(10):
             while chunk := await slow.recv(1 << 20):
                 got += splitter.feed(chunk)
         assert splitter.buffered == 0  # whole frames, then the end
-        answered = {rid for mtype, rid, _ in got if mtype == _frames.RESPONSE}
-        failed = {rid for mtype, rid, _ in got if mtype == _frames.ERROR}
+        answered = {rid for mtype, rid, _ in got if mtype == _protocol.RESPONSE}
+        failed = {rid for mtype, rid, _ in got if mtype == _protocol.ERROR}
         # Each call answered, or failed by the drop (id 0 if none was left in flight).
         assert answered | (failed - {0}) == set(range(1, 26)) and not answered & failed
-        assert got[-1][0] == _frames.ERROR
-        assert "took nothing of its" in _frames.decode_payload(got[-1][2])["error"]["message"]
+        assert got[-1][0] == _protocol.ERROR
+        assert "took nothing of its" in _protocol.decode_payload(got[-1][2])["error"]["message"]
     finally:
         slow.close()
 
@@ -294,14 +298,14 @@ def test_an_end_read_after_the_workers_loop_closed_is_dropped_quietly() -> None:
     loop = asyncio.new_event_loop()
     loop.close()
     ours, theirs = socket.socketpair()
-    worker = _worker.Worker({}, 1, 1.0, os.getppid())
+    worker = Worker({}, 1, 1.0, os.getppid())
     try:
         worker.loop = loop
         worker.sock = ours
-        worker.buffer = _frames.FrameBuffer()
-        worker.out = _worker._Output(loop, ours)
+        worker.buffer = wire.FrameBuffer()
+        worker.out = Output(loop, ours)
         worker.running.add(9)
-        theirs.sendall(_frames.header(_frames.END, 0, 9))
+        theirs.sendall(wire.encode_header(_protocol.END, 0, 9))
         assert worker._read()
         assert worker.abandoned == {9}
     finally:
@@ -322,7 +326,7 @@ async def test_the_node_does_not_buffer_a_whole_stream_for_a_client_that_reads_n
     )
     sock = await _raw(socket_path)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-    await sock.send(_frames.request_parts(1, BIG, "big", (chunks, MIB))[0])
+    await sock.send(wire.request_parts(1, BIG, "big", (chunks, MIB))[0])
     client = dirty.DirtyClient(socket_path, timeout=10)
     most = 0
     try:
@@ -353,8 +357,8 @@ async def test_a_raw_client_closing_mid_stream_ends_the_generator_in_the_worker(
     # (its generator closed), and the worker serves on.
     await start_pool(dirty_workers=1, dirty_threads=2)
     sock = await _raw(socket_path)
-    await sock.send(_frames.request_parts(7, ECHO, "endless", ("raw-close",))[0])
-    splitter = _frames.FrameSplitter()
+    await sock.send(wire.request_parts(7, ECHO, "endless", ("raw-close",))[0])
+    splitter = wire.FrameSplitter()
     got: list[tuple[int, int, bytes]] = []
     with trio.fail_after(5):
         while len(got) < 3:

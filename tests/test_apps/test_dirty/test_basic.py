@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from typing import Any
 
+import pytest
 import trio
 
 import supervisors
 from apps import dirty
 
-from .conftest import ECHO
+from .conftest import ECHO, calls_in_flight
 
 
 async def test_execute_returns_the_result(start_pool: Any, socket_path: str) -> None:
@@ -82,6 +84,64 @@ async def test_the_observer_view_shows_workers_calls_in_flight_and_stash_tables(
     assert final["workers"][0]["last_heartbeat"] is not None
     await streaming.close_async()
     await waiting.close_async()
+
+
+async def test_the_observer_view_counts_calls_errors_by_kind_and_latency(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+
+    async def calls() -> dict[str, Any]:
+        (app,) = await supervisors.observe()
+        assert app.view is not None
+        return app.view["calls"]
+
+    assert (await calls())["total"] == 0
+    for i in range(3):
+        assert await client.execute_async(ECHO, "echo", i) == i
+    assert [x async for x in client.stream_async(ECHO, "count", 2)] == [0, 1]
+    with pytest.raises(dirty.DirtyAppError):
+        await client.execute_async(ECHO, "fail", "boom")
+    got = await calls()
+    assert got["total"] == 5  # (a stream is one call, ended by its END)
+    assert got["errors"] == {"DirtyAppError": 1}
+    latency = got["latency_seconds"]
+    assert latency["count"] == 5 and latency["sum"] > 0
+    les = [le for le, _ in latency["buckets"]]
+    counts = [n for _, n in latency["buckets"]]
+    assert les == sorted(les) and counts == sorted(counts)  # cumulative, by bound
+    assert counts[-1] <= 5
+    json.dumps(got, allow_nan=False)  # (served as JSON: no infinity)
+    await client.close_async()
+
+
+async def test_calls_the_pool_fails_are_counted_by_their_error(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_workers=1)
+    client = dirty.DirtyClient(socket_path)
+    [worker] = (await client.status_async())["workers"]
+    failed: list[BaseException] = []
+
+    async def long_call() -> None:
+        try:
+            await client.execute_async(ECHO, "sleep", 30)
+        except dirty.DirtyError as exc:
+            failed.append(exc)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(long_call)
+            while not await calls_in_flight():
+                await trio.sleep(0.01)
+            os.kill(worker["pid"], signal.SIGKILL)
+    assert [type(e) for e in failed] == [dirty.DirtyWorkerError]
+    (app,) = await supervisors.observe()
+    assert app.view is not None
+    assert app.view["calls"]["total"] == 1
+    assert app.view["calls"]["errors"] == {"DirtyWorkerError": 1}
+    await client.close_async()
 
 
 async def test_the_pool_is_ready_when_every_app_has_a_worker(start_pool: Any) -> None:

@@ -20,9 +20,10 @@ import trio
 import trio.testing
 
 import otp
+import wire
 from apps import dirty
-from apps.dirty import _frames
-from apps.dirty._pool import ROUTER, WorkerDraining
+from apps.dirty import _protocol
+from apps.dirty._context import ROUTER, WorkerDraining
 
 from .conftest import ECHO, LIMITED
 
@@ -162,7 +163,7 @@ async def _raw(socket_path: str) -> trio.socket.SocketType:
 
 async def _read_frames(sock: Any, count: int) -> list[tuple[int, int, bytes]]:
     """Read until ``count`` frames came (or the pool closed the socket)."""
-    splitter = _frames.FrameSplitter()
+    splitter = wire.FrameSplitter()
     frames: list[tuple[int, int, bytes]] = []
     with trio.fail_after(5):
         while len(frames) < count:
@@ -182,7 +183,7 @@ async def _read_until_closed(sock: Any) -> bytes:
 
 
 def _error_of(payload: bytes) -> dict[str, Any]:
-    body = _frames.decode_payload(payload)
+    body = _protocol.decode_payload(payload)
     assert isinstance(body, dict)
     error = body["error"]
     assert isinstance(error, dict)
@@ -766,8 +767,8 @@ async def test_bad_frames_from_a_client(start_pool: Any, socket_path: str) -> No
     await start_pool(dirty_workers=1)
     # A known type a client may not send: an ERROR for that id; the connection carries on.
     sock = await _raw(socket_path)
-    good = _frames.request_parts(8, ECHO, "echo", ("x",))[0]
-    await sock.send(_frames.header(0x02, 0, 7) + good)
+    good = wire.request_parts(8, ECHO, "echo", ("x",))[0]
+    await sock.send(wire.encode_header(0x02, 0, 7) + good)
     frames = await _read_frames(sock, 2)
     by_id = {rid: (mtype, payload) for mtype, rid, payload in frames}
     assert by_id[7][0] == 0x03
@@ -775,10 +776,10 @@ async def test_bad_frames_from_a_client(start_pool: Any, socket_path: str) -> No
     assert by_id[8][0] == 0x02
     # A STASH whose payload is not a dict, and one with no int op: errors, then still served.
     not_dict = b"\x11\x00\x00\x00\x01x"
-    data = _frames.header(0x10, len(not_dict), 20) + not_dict
-    data += _frames.frame_bytes(0x10, 21, {"table": "t"})  # no op
-    data += _frames.frame_bytes(0x12, 22, {"op": 9, "count": 1})  # no such MANAGE op
-    await sock.send(data + _frames.request_parts(30, ECHO, "echo", ("y",))[0])
+    data = wire.encode_header(0x10, len(not_dict), 20) + not_dict
+    data += wire.encode_dirty(0x10, 21, {"table": "t"})  # no op
+    data += wire.encode_dirty(0x12, 22, {"op": 9, "count": 1})  # no such MANAGE op
+    await sock.send(data + wire.request_parts(30, ECHO, "echo", ("y",))[0])
     frames = await _read_frames(sock, 4)
     by_id = {rid: (mtype, payload) for mtype, rid, payload in frames}
     assert [by_id[r][0] for r in (20, 21, 22)] == [0x03] * 3
@@ -793,7 +794,7 @@ async def test_bad_frames_from_a_client(start_pool: Any, socket_path: str) -> No
         sock = await _raw(socket_path)
         await sock.send(head)
         data = await _read_until_closed(sock)
-        [(mtype, rid, payload)] = _frames.FrameSplitter().feed(data)
+        [(mtype, rid, payload)] = wire.FrameSplitter().feed(data)
         assert mtype == 0x03 and rid == 0
         assert _error_of(payload)["error_type"] == "DirtyProtocolError"
         sock.close()
@@ -808,16 +809,14 @@ async def test_many_requests_in_flight_on_one_raw_connection(
     await start_pool(dirty_workers=2, dirty_threads=2)
     sock = await _raw(socket_path)
     data = b"".join(
-        _frames.request_parts(
-            rid, ECHO, "sleep" if rid % 2 else "echo", (0.2 if rid % 2 else rid,)
-        )[0]
+        wire.request_parts(rid, ECHO, "sleep" if rid % 2 else "echo", (0.2 if rid % 2 else rid,))[0]
         for rid in range(1, 11)
     )
     # and a stash and a status on the same connection, mixed in
-    stash = _frames.frame_bytes(0x10, 50, {"op": 9, "table": ""})
-    await sock.send(data + stash + _frames.header(0x11, 0, 60))
+    stash = wire.encode_dirty(0x10, 50, {"op": 9, "table": ""})
+    await sock.send(data + stash + wire.encode_header(0x11, 0, 60))
     frames = await _read_frames(sock, 12)
-    by_id = {rid: (mtype, _frames.decode_payload(p)) for mtype, rid, p in frames}
+    by_id = {rid: (mtype, _protocol.decode_payload(p)) for mtype, rid, p in frames}
     assert set(by_id) == set(range(1, 11)) | {50, 60}
     for rid in range(1, 11):
         assert by_id[rid] == (0x02, {"result": 0.2 if rid % 2 else rid})
@@ -830,7 +829,7 @@ async def test_client_disconnecting_mid_call_and_mid_stash(
 ) -> None:
     await start_pool(dirty_workers=1, dirty_threads=1)
     sock = await _raw(socket_path)
-    await sock.send(_frames.request_parts(1, ECHO, "sleep", (0.3,))[0])
+    await sock.send(wire.request_parts(1, ECHO, "sleep", (0.3,))[0])
     await trio.testing.wait_all_tasks_blocked()
     sock.close()  # gone before its reply
     client = dirty.DirtyClient(socket_path, timeout=10)

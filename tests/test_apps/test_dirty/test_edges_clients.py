@@ -26,7 +26,8 @@ import trio.testing
 import supervisors
 from apps import dirty
 from apps.dirty import _client, _client_sync
-from apps.dirty._frames import END, REQUEST, RESPONSE, FrameSplitter, decode_payload, reply_parts
+from apps.dirty._protocol import END, REQUEST, RESPONSE, decode_payload
+from wire import FrameSplitter, reply_parts
 
 from .conftest import ECHO
 

@@ -76,7 +76,7 @@ def _children(pid: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == pid and b"apps.dirty._worker_main" in cmdline:
+        if ppid == pid and b"apps.dirty.worker" in cmdline:
             out.append(int(entry.name))
     return out
 

@@ -173,7 +173,7 @@ async def test_status_reports_seconds_since_each_workers_last_heartbeat(
 async def _fake_orphan() -> trio.Process:
     """A process of ours whose command line is a dirty worker's, as an orphan's would be."""
     return await trio.lowlevel.open_process(
-        [sys.executable, "-c", "import time; time.sleep(60)", "apps.dirty._worker_main"]
+        [sys.executable, "-c", "import time; time.sleep(60)", "apps.dirty.worker"]
     )
 
 

@@ -14,10 +14,9 @@ import trio
 import trio.testing
 
 from apps import dirty
-from apps.dirty import _pool
 from apps.dirty._client_sync import _SyncConn
 
-from .conftest import ECHO, LIMITED
+from .conftest import ECHO, LIMITED, calls_in_flight
 
 
 async def test_execute_sync_client_from_a_thread(start_pool: Any, socket_path: str) -> None:
@@ -168,7 +167,7 @@ async def test_a_long_call_on_one_worker_does_not_hold_up_calls_while_another_is
 
         nursery.start_soon(long_call)
         with trio.fail_after(10):
-            while not any(actor.inflight for actor in _pool.ACTORS.values()):
+            while not await calls_in_flight():
                 await trio.sleep(0.01)
         with trio.fail_after(5):  # (the long call holds its worker for 10 s)
             pids = {await client.execute_async(ECHO, "pid") for _ in range(6)}

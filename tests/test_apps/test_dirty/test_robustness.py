@@ -14,10 +14,10 @@ import trio
 
 import wire
 from apps import dirty
-from apps.dirty import _frames, _pool
+from apps.dirty import _protocol
 from apps.dirty._listener import Listener
 
-from .conftest import ECHO
+from .conftest import ECHO, calls_in_flight
 
 
 async def _pids(client: dirty.DirtyClient) -> list[int]:
@@ -103,7 +103,7 @@ async def test_a_call_queued_behind_a_hung_one_is_answered_by_the_replacement(
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(call, "a", first, "sleep", 6)
-            while not any(actor.inflight for actor in _pool.ACTORS.values()):
+            while not await calls_in_flight():
                 await trio.sleep(0.01)
             nursery.start_soon(call, "b", second, "echo", "b")
     assert isinstance(got["a"], dirty.DirtyTimeoutError)
@@ -192,22 +192,23 @@ async def test_malformed_request_payload_gets_a_protocol_error_from_the_worker(
 ) -> None:
     """The node routes on the payload's leading app_path/action without decoding the rest; a
     worker that cannot decode the rest answers that request with DirtyProtocolError."""
-    from apps.dirty import _frames
 
     await start_pool(dirty_workers=1)
-    good = _frames.request_parts(5, ECHO, "echo", ("x",))[0][16:]
+    good = wire.request_parts(5, ECHO, "echo", ("x",))[0][16:]
     bad = good[:-6] + b"\x77" * 6  # the args/kwargs part is garbage
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     await sock.connect(socket_path)
-    await sock.send(_frames.header(1, len(bad), 5) + bad + _frames.header(1, len(good), 6) + good)
+    await sock.send(
+        wire.encode_header(1, len(bad), 5) + bad + wire.encode_header(1, len(good), 6) + good
+    )
     data = b""
     with trio.fail_after(5):
         while data.count(b"GD\x01") < 2:
             data += await sock.recv(65536)
-    splitter = _frames.FrameSplitter()
+    splitter = wire.FrameSplitter()
     replies = {rid: (mtype, payload) for mtype, rid, payload in splitter.feed(data)}
     assert replies[5][0] == 0x03 and b"DirtyProtocolError" in replies[5][1]
-    assert replies[6][0] == 0x02 and _frames.decode_payload(replies[6][1]) == {"result": "x"}
+    assert replies[6][0] == 0x02 and _protocol.decode_payload(replies[6][1]) == {"result": "x"}
     sock.close()
 
 
@@ -230,15 +231,15 @@ async def _raw(socket_path: str) -> trio.socket.SocketType:
 
 
 async def _frames_until_closed(sock: trio.socket.SocketType) -> list[tuple[int, int, Any]]:
-    splitter = _frames.FrameSplitter()
+    splitter = wire.FrameSplitter()
     got = []
     with trio.fail_after(20):
         while data := await sock.recv(65536):
-            got += [(t, r, _frames.decode_payload(p)) for t, r, p in splitter.feed(data)]
+            got += [(t, r, _protocol.decode_payload(p)) for t, r, p in splitter.feed(data)]
     return got
 
 
-STATUS = _frames.header(_frames.STATUS, 0, 1)
+STATUS = wire.encode_header(_protocol.STATUS, 0, 1)
 
 
 async def test_headers_claiming_64_mib_cost_no_memory_and_time_out_unfinished(
@@ -253,10 +254,10 @@ async def test_headers_claiming_64_mib_cost_no_memory_and_time_out_unfinished(
         before = _rss()
         for sock in socks:
             # A STATUS ahead of the header, in the same write: its reply says the node read both.
-            await sock.send(STATUS + _frames.header(_frames.REQUEST, wire.MAX_PAYLOAD, 2))
+            await sock.send(STATUS + wire.encode_header(_protocol.REQUEST, wire.MAX_PAYLOAD, 2))
         for sock in socks:
             with trio.fail_after(10):
-                assert _frames.FrameSplitter().feed(await sock.recv(65536))[0][:2] == (2, 1)
+                assert wire.FrameSplitter().feed(await sock.recv(65536))[0][:2] == (2, 1)
         for sock in socks:  # the payload's first byte: the node makes room for it
             await sock.send(b"x")
         await witness.send(STATUS)  # answered after the node took the bytes sent before it
@@ -266,7 +267,7 @@ async def test_headers_claiming_64_mib_cost_no_memory_and_time_out_unfinished(
         assert grown < 32 << 20, f"{grown >> 20} MiB held for 8 unfinished headers"
         for sock in socks:  # then each is told why and closed
             [(mtype, rid, payload)] = await _frames_until_closed(sock)
-            assert (mtype, rid) == (_frames.ERROR, 0)
+            assert (mtype, rid) == (_protocol.ERROR, 0)
             assert "dirty_frame_timeout=1s" in payload["error"]["message"]
     finally:
         witness.close()
@@ -294,7 +295,7 @@ async def test_clients_over_dirty_max_clients_are_refused_and_idle_ones_closed(
             refused = await _raw(socket_path)
             [(mtype, rid, payload)] = await _frames_until_closed(refused)
             refused.close()
-            assert (mtype, rid) == (_frames.ERROR, 0)
+            assert (mtype, rid) == (_protocol.ERROR, 0)
             assert "dirty_max_clients" in payload["error"]["message"]
             for sock in idle:  # closed, with nothing to say
                 assert await _frames_until_closed(sock) == []
@@ -339,10 +340,10 @@ async def test_a_client_calling_more_often_than_the_idle_timeout_stays_connected
     sock = await _raw(socket_path)
     try:
         for i in range(8):  # 8 x 0.2 s: over three idle timeouts in all
-            await sock.send(_frames.header(_frames.STATUS, 0, i + 1))
+            await sock.send(wire.encode_header(_protocol.STATUS, 0, i + 1))
             with trio.fail_after(10):
                 reply = await sock.recv(65536)
-            assert _frames.FrameSplitter().feed(reply)[0][:2] == (_frames.RESPONSE, i + 1)
+            assert wire.FrameSplitter().feed(reply)[0][:2] == (_protocol.RESPONSE, i + 1)
             await trio.sleep(0.2)
         assert await _frames_until_closed(sock) == []  # closed, with nothing to say
     finally:

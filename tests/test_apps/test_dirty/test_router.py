@@ -20,12 +20,11 @@ import trio.testing
 import otp
 import supervisors
 from apps import dirty
-from apps.dirty import _pool
-from apps.dirty._pool import ROUTER, WorkerUp
+from apps.dirty._context import ROUTER, WorkerUp
 from apps.dirty._router import POOL
 from apps.dirty._routes import Lane, relevel
 
-from .conftest import ECHO
+from .conftest import ECHO, calls_in_flight
 
 GATED = "tests.test_apps.test_dirty.dirty_apps:GatedApp"
 
@@ -400,7 +399,7 @@ async def test_the_router_takes_its_helpers_down_with_it(
         for _ in range(2):  # both workers busy: the one retired drains for seconds
             nursery.start_soon(busy)
         with trio.fail_after(10):
-            while sum(len(a.inflight) for a in _pool.ACTORS.values()) < 2:
+            while await calls_in_flight() < 2:
                 await trio.sleep(0.01)
         before = set(otp.processes())
         removed = await otp.call(ROUTER, ("remove", 1), timeout=None)

@@ -1,5 +1,6 @@
-"""The frame splitter and receive buffer: frames of any size, fed in pieces of any size, come out
-whole; the hot encoders give exactly the bytes of ``wire``'s encoder."""
+"""The raw GD v1 frame splitter and receive buffer (``wire.FrameSplitter``, ``wire.FrameBuffer``):
+frames of any size, fed in pieces of any size, come out whole; the hot encoders
+(``wire.request_parts``, ...) give exactly the bytes of ``wire``'s encoder."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import threading
 import pytest
 
 import wire
-from apps.dirty import _frames
-from apps.dirty._errors import DirtyProtocolError
+
+
+def _encode(frame: wire.Frame) -> bytes:
+    return wire.encode_frame(frame, coerce_keys=True)
+
 
 _ALL = (0, 5, 100, 65535, 65536, 70000, 300000)
 #: Byte-at-a-time feeding is quadratic in a frame's size: small frames only there.
@@ -23,13 +27,13 @@ _SMALL = (0, 5, 100, 3000)
 def _stream(sizes: tuple[int, ...]) -> tuple[list[tuple[int, int, bytes]], bytes]:
     rng = random.Random(7)
     frames = [(1, i, rng.randbytes(rng.choice(sizes))) for i in range(1, 40)]
-    return frames, b"".join(_frames.header(t, len(p), r) + p for t, r, p in frames)
+    return frames, b"".join(wire.encode_header(t, len(p), r) + p for t, r, p in frames)
 
 
 @pytest.mark.parametrize("sizes", [(1,), (7, 16), (1000,), (65536,), (200000, 3), (1 << 22,)])
 def test_splitter_reassembles_frames_fed_in_pieces(sizes: tuple[int, ...]) -> None:
     frames, data = _stream(_SMALL if sizes[0] < 100 else _ALL)
-    splitter = _frames.FrameSplitter()
+    splitter = wire.FrameSplitter()
     got = []
     pos = 0
     turn = 0
@@ -46,7 +50,7 @@ def test_splitter_reassembles_frames_fed_in_pieces(sizes: tuple[int, ...]) -> No
 @pytest.mark.parametrize("sizes", [(1,), (7, 16), (1000,), (65536,), (200000, 3), (1 << 22,)])
 def test_frame_buffer_reassembles_frames_received_in_pieces(sizes: tuple[int, ...]) -> None:
     frames, data = _stream(_SMALL if sizes[0] < 100 else _ALL)
-    buffer = _frames.FrameBuffer(size=4096, keep=100000)
+    buffer = wire.FrameBuffer(size=4096, keep=100000)
     got = []
     pos = 0
     turn = 0
@@ -66,29 +70,33 @@ def test_frame_buffer_reassembles_frames_received_in_pieces(sizes: tuple[int, ..
 
 
 def test_frame_buffer_rejects_garbage() -> None:
-    buffer = _frames.FrameBuffer()
+    buffer = wire.FrameBuffer()
     space = buffer.space()
-    data = _frames.header(2, 3, 1) + b"abc" + b"GET / HTTP/1.1\r\n\r\n"
+    data = wire.encode_header(2, 3, 1) + b"abc" + b"GET / HTTP/1.1\r\n\r\n"
     space[: len(data)] = data
-    with pytest.raises(DirtyProtocolError, match="bad frame header at byte 19"):
+    with pytest.raises(wire.BadFrameHeader, match="bad frame header at byte 19") as caught:
         buffer.frames(len(data))
+    assert caught.value.raw == data[19:35]
 
 
 def test_splitter_asks_for_the_rest_of_a_large_frame() -> None:
     payload = b"x" * (1 << 20)
-    data = _frames.header(2, len(payload), 9) + payload
-    splitter = _frames.FrameSplitter()
+    data = wire.encode_header(2, len(payload), 9) + payload
+    splitter = wire.FrameSplitter()
     assert splitter.feed(data[:1000]) == []
     assert splitter.read_size() == len(payload) - (1000 - 16)
     assert splitter.buffered == 1000 - 16
-    assert splitter.feed(data[1000:] + _frames.header(5, 0, 9)) == [(2, 9, payload), (5, 9, b"")]
+    assert splitter.feed(data[1000:] + wire.encode_header(5, 0, 9)) == [
+        (2, 9, payload),
+        (5, 9, b""),
+    ]
 
 
 def test_splitter_rejects_garbage_after_a_large_frame() -> None:
     payload = b"x" * 100000
-    splitter = _frames.FrameSplitter()
-    with pytest.raises(DirtyProtocolError):
-        splitter.feed(_frames.header(2, len(payload), 1) + payload + b"XX" + b"\0" * 14)
+    splitter = wire.FrameSplitter()
+    with pytest.raises(wire.BadFrameHeader):
+        splitter.feed(wire.encode_header(2, len(payload), 1) + payload + b"XX" + b"\0" * 14)
 
 
 BLOB = b"\x00\xff" * 40000
@@ -100,28 +108,28 @@ BLOB = b"\x00\xff" * 40000
      (([1, BLOB],), {}), ((BLOB,), {"nested": {"a": 1}})],
 )  # fmt: skip
 def test_request_parts_are_the_encoded_request(args: tuple[object, ...], kwargs: dict) -> None:
-    parts = _frames.request_parts(7, "m:App", "act", args, kwargs)
-    assert b"".join(parts) == _frames.encode(wire.make_request(7, "m:App", "act", args, kwargs))
+    parts = wire.request_parts(7, "m:App", "act", args, kwargs)
+    assert b"".join(parts) == _encode(wire.make_request(7, "m:App", "act", args, kwargs))
     scalars = all(type(a) is not list for a in args) and "nested" not in kwargs
     assert any(p is BLOB for p in parts) == (scalars and BLOB in (*args, *kwargs.values()))
 
 
 @pytest.mark.parametrize("value", [None, 1, "é", [1, {"a": b"x"}], BLOB, b"short"])
-def test_reply_parts_and_big_value(value: object) -> None:
+def test_reply_parts_and_big_bytes(value: object) -> None:
     for mtype, make in ((2, wire.make_response), (4, wire.make_chunk)):
-        data = b"".join(_frames.reply_parts(mtype, 3, value))
-        assert data == _frames.encode(make(3, value))
+        data = b"".join(wire.reply_parts(mtype, 3, value))
+        assert data == _encode(make(3, value))
         view = memoryview(data)
-        assert _frames.big_value(mtype, view, 16, len(data)) == (value if value is BLOB else None)
-    parts = _frames.request_parts(1, "m:App", "act", (1,))
+        assert wire.big_bytes(mtype, view, 16, len(data)) == (value if value is BLOB else None)
+    parts = wire.request_parts(1, "m:App", "act", (1,))
     view = memoryview(parts[0])
-    assert _frames.peek_route(view, 16, len(parts[0])) == ("m:App", "act")
-    assert _frames.peek_route(view, 16, 30) is None
+    assert wire.peek_route(view, 16, len(parts[0])) == ("m:App", "act")
+    assert wire.peek_route(view, 16, 30) is None
 
 
 def test_peek_route_leaves_other_key_orders_to_the_decoder() -> None:
     payload = wire.tlv_encode({"action": "a", "app_path": "m:App", "args": [], "kwargs": {}})
-    assert _frames.peek_route(memoryview(payload), 0, len(payload)) is None
+    assert wire.peek_route(memoryview(payload), 0, len(payload)) is None
 
 
 def test_a_client_buffer_grows_only_as_a_frames_bytes_arrive() -> None:
@@ -130,14 +138,16 @@ def test_a_client_buffer_grows_only_as_a_frames_bytes_arrive() -> None:
     ours, theirs = socket.socketpair()
     try:
         ours.setblocking(False)
-        buffer = _frames.FrameBuffer(size=65536, fd=ours.fileno())
-        theirs.sendall(_frames.header(1, wire.MAX_PAYLOAD, 1) + b"x")
+        buffer = wire.FrameBuffer(size=65536, fd=ours.fileno())
+        theirs.sendall(wire.encode_header(1, wire.MAX_PAYLOAD, 1) + b"x")
         n = os.readv(ours.fileno(), [buffer.space()])
         assert buffer.frames(n) == []
         assert len(buffer.buf) == 65536 and len(buffer.space()) == 65536 - 17
         payload = bytes(range(256)) * 1024 * 3  # 768 KiB, after a small frame
-        data = _frames.header(2, 3, 2) + b"abc" + _frames.header(2, len(payload), 3) + payload
-        fresh = _frames.FrameBuffer(size=65536, fd=ours.fileno())
+        data = (
+            wire.encode_header(2, 3, 2) + b"abc" + wire.encode_header(2, len(payload), 3) + payload
+        )
+        fresh = wire.FrameBuffer(size=65536, fd=ours.fileno())
         got: list[tuple[int, int, bytes]] = []
         sender = threading.Thread(target=theirs.sendall, args=(data,))
         sender.start()
@@ -154,3 +164,14 @@ def test_a_client_buffer_grows_only_as_a_frames_bytes_arrive() -> None:
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_bad_header_raises_the_callers_protocol_error() -> None:
+    class Refused(Exception):
+        def __init__(self, message: str, raw: bytes) -> None:
+            super().__init__(message)
+            self.raw = raw
+
+    with pytest.raises(Refused, match="a frame starts with 47 44") as caught:
+        wire.FrameSplitter(error=Refused).feed(b"GD\x01\x02" + b"\0" * 12 + b"XY")
+    assert caught.value.raw == b"XY"

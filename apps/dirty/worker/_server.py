@@ -1,25 +1,6 @@
-"""The dirty worker program (``python -m apps.dirty._worker_main SPEC_JSON``, run by a port).
-
-One OS process hosting its DirtyApps, talking GD v1 frames with the pool over a socketpair end
-it inherits (``pass_fds``). It runs an asyncio loop (Gunicorn's dirty worker does, so ``async
-def`` actions written for Gunicorn work unchanged) and runs sync actions in ``dirty_threads``
-threads, so many requests are in flight at once, matched by request id. A reader thread takes
-the frames (a blocking read: no event-loop round per request); a sync action that has proved
-quick (under 1 ms, three times in a row) runs right there, with no thread hand-off, while fewer
-than ``dirty_threads`` sync actions run (one slow inline run sends it back to the threads), and
-the replies of one read go out in one send. Heartbeats come from the loop, so a loop blocked by
-an async action (or a worker stuck holding the GIL) stops them.
-
-Worker-side protocol (private to the pool): REQUEST in; RESPONSE/ERROR/CHUNK/END out; an END
-*in* abandons that request (a streaming generator is closed); a STATUS frame out (id 0) is a
-heartbeat, and one with a request's id a notice that the request waits for a thread or has
-started in one; a RESPONSE out with id 0 says the apps are loaded. Before it loads its apps the
-worker waits for one frame from the node (the node's ``dirty_post_fork`` has run), and while it
-loads it says which app (``_loading``). The worker exits when its socket closes or its parent
-changes (the node died), after closing its apps; SIGTERM first lets its running calls finish
-(a STATUS notice with id 0 tells the node, which routes no more calls to it and closes the
-socket once they are answered); it exits at once on SIGQUIT; SIGUSR1 reopens log files; SIGINT
-is ignored (the node handles Ctrl-C).
+"""The serving loop of one worker process (:class:`Worker`): requests read by a reader thread,
+sync actions in ``dirty_threads`` threads (or inline once proved quick), async actions and
+streams on the asyncio loop, replies batched per read. See the package's docstring.
 """
 
 from __future__ import annotations
@@ -27,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-import json
 import logging
 import os
 import signal
@@ -38,298 +18,32 @@ import traceback
 from collections.abc import AsyncGenerator, Generator
 from typing import Any
 
-import attrs
-
 import wire
 
-from ._app import DirtyApp, load_dirty_app
-from ._errors import DirtyAppError, DirtyAppNotFoundError, DirtyProtocolError
-from ._frames import (
+from .._app import DirtyApp
+from .._errors import DirtyAppError, DirtyAppNotFoundError, DirtyProtocolError
+from .._lifecycle import DRAINING
+from .._logs import reopen_log_files
+from .._protocol import (
     CHUNK,
     END,
-    HEADER,
     QUEUED,
     REQUEST,
     RESPONSE,
     STARTED,
-    FrameBuffer,
     decode_payload,
     encode,
     error_bytes,
-    header,
     notice,
-    reply_parts,
 )
-from ._lifecycle import DRAINING, loading_notice
-from ._logs import reopen_log_files
+from ._output import Output
 
 logger = logging.getLogger("apps.dirty.worker")
 
-#: Pending output (bytes) above which a streaming generator waits for the socket to drain.
-_HIGH_WATER = 4 << 20
 #: How often a worker checks that the node (its parent) is alive, in seconds.
-_PARENT_POLL = 0.2
+PARENT_POLL = 0.2
 #: How long an orphaned worker gets to close its apps before it exits regardless.
 _ORPHAN_GRACE = 2.0
-
-
-@attrs.frozen
-class DirtyWorkerInfo:
-    """What hooks are told about a worker.
-
-    Attributes:
-        worker_id: The pool's number for it (a replacement keeps its predecessor's apps and id).
-        pid: The worker's OS pid (None before it started).
-        apps: The import paths of the apps it hosts.
-    """
-
-    worker_id: int
-    pid: int | None
-    apps: tuple[str, ...]
-
-
-class _Output:
-    """The worker's end of its socket, written from the loop and from action threads.
-
-    A frame is sent at once (one ``sendmsg`` from the calling thread) when nothing is queued,
-    nobody else is sending and the loop is not gathering a batch (``cork``); otherwise, and for
-    stream chunks (``write_deferred``), it is queued and the loop sends the queue (one
-    ``sendmsg`` of many frames) when the batch ends or the socket has room. Order is kept:
-    nothing overtakes a queued frame or a send in progress. The lock guards the queue and the
-    flags only; no thread holds it while sending.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-        self.loop = loop
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.lock = threading.Lock()
-        self.queue: list[Any] = []
-        self.size = 0
-        self.corked = False
-        self.sending = False
-        #: Notified whenever a send ends while ``write_through`` callers (``through``) wait.
-        self.sent = threading.Condition(self.lock)
-        self.through = 0
-        self.scheduled = False
-        self.watching = False
-        self.closed = False
-        self.room = threading.Event()
-        self.room.set()
-        #: Loop-side waits (set by ``flush`` only): room below the high-water mark; all sent.
-        self.has_room = asyncio.Event()
-        self.drained = asyncio.Event()
-        self.loop_thread = threading.get_ident()
-
-    def write(self, data: bytes) -> None:
-        """Send ``data`` now if nothing is queued (any thread)."""
-        self.write_parts([data])
-
-    def write_parts(self, parts: list[Any]) -> None:
-        """Send the buffers (one frame or more) now if nothing is queued (any thread)."""
-        with self.lock:
-            if self.closed:
-                return
-            if self.queue or self.corked or self.sending:
-                self._enqueue(parts)
-                return
-            self.sending = True
-        try:
-            n = self.sock.sendmsg(parts, (), _DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            n = 0
-        except OSError:
-            n = -1
-        with self.lock:
-            self.sending = False
-            if self.through:
-                self.sent.notify_all()
-            if n < 0:
-                self._close()
-                return
-            rest = _rest(parts, n)
-            if rest:
-                self.queue[:0] = rest
-                for part in rest:
-                    self.size += len(part)
-            if self.queue:
-                self._schedule()
-
-    def write_through(self, data: bytes) -> None:
-        """Send ``data`` (a thread's, never the loop's) and return once all of it is in the
-        socket, or the socket failed: what the pool must know before the thread goes on."""
-        self.write(data)
-        with self.lock:
-            self.through += 1
-            while not self.closed and (self.sending or _holds(self.queue, data)):
-                self.sent.wait(0.05)
-            self.through -= 1
-
-    def write_deferred(self, data: bytes) -> None:
-        """Queue ``data``; the loop writes the queue soon, coalescing frames (any thread)."""
-        with self.lock:
-            if self.closed:
-                return
-            self.queue.append(data)
-            self.size += len(data)
-            if self.size >= _HIGH_WATER:
-                self.room.clear()
-            if self.scheduled or self.watching or self.corked or self.sending:
-                return
-            self.scheduled = True
-        if threading.get_ident() == self.loop_thread:
-            self.loop.call_soon(self.flush)
-        else:
-            self.loop.call_soon_threadsafe(self.flush)
-
-    def cork(self) -> None:
-        """Reader side: gather what is written until :meth:`uncork` (one send for a batch)."""
-        self.corked = True
-
-    def uncork(self) -> None:
-        """Reader side: send what was gathered since :meth:`cork`."""
-        with self.lock:
-            self.corked = False
-            go = bool(self.queue) and not self.watching and not self.sending
-        if go:
-            self.flush()
-
-    def _enqueue(self, parts: Any) -> None:
-        # Called with the lock held.
-        self.queue.extend(parts)
-        for part in parts:
-            self.size += len(part)
-        if self.size >= _HIGH_WATER:
-            self.room.clear()
-        if not self.corked and not self.sending:
-            self._schedule()
-
-    def _schedule(self) -> None:
-        # Called with the lock held: the loop will flush the queue.
-        if self.scheduled or self.watching:
-            return
-        self.scheduled = True
-        if threading.get_ident() == self.loop_thread:
-            self.loop.call_soon(self.flush)
-        else:
-            self.loop.call_soon_threadsafe(self.flush)
-
-    def _close(self) -> None:
-        # Called with the lock held: the socket failed.
-        self.closed = True
-        self.queue = []
-        self.size = 0
-        self._roomy(True)
-        self._unwatch()
-
-    def flush(self) -> None:
-        """Write what is queued (the loop, or the reader thread ending a batch); if the socket
-        is full, the loop waits for room and writes the rest."""
-        with self.lock:
-            self.scheduled = False
-            if self.sending:
-                return  # the sending thread schedules a flush when it is done
-            if self.closed or not self.queue:
-                self._unwatch()
-                self._roomy(True)
-                return
-            queue, self.queue = self.queue, []
-            self.sending = True
-        failed = False
-        sent = 0
-        while queue:
-            batch = queue[:_IOV_MAX]
-            try:
-                n = self.sock.sendmsg(batch, (), _DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                failed = True
-                break
-            sent += n
-            rest = _rest(batch, n)
-            del queue[: len(batch)]
-            if rest:
-                queue[:0] = rest
-                break
-        with self.lock:
-            self.sending = False
-            if self.through:
-                self.sent.notify_all()
-            if failed:
-                self._close()
-                return
-            self.size -= sent
-            if queue:
-                self.queue[:0] = queue
-            if not self.queue:
-                self.size = 0
-                self._unwatch()
-            elif not queue:
-                self._schedule()  # written meanwhile by threads: the socket has room
-            elif not self.watching:
-                if threading.get_ident() == self.loop_thread:
-                    self.watching = True
-                    self.loop.add_writer(self.fd, self.flush)
-                else:
-                    self._schedule()  # the loop's flush waits for room
-            if self.size < _HIGH_WATER:
-                self._roomy(not self.size)
-
-    def _roomy(self, drained: bool) -> None:
-        # Called with the lock held: below the high-water mark (and ``drained``: all sent).
-        # The events are set only when cleared: setting a threading.Event takes its lock.
-        if not self.room.is_set():
-            self.room.set()
-        if not self.has_room.is_set():
-            self.has_room.set()
-        if drained and not self.drained.is_set():
-            self.drained.set()
-
-    async def wait_room(self) -> None:
-        """Loop side: wait until the queue is below the high-water mark."""
-        if self.size > _HIGH_WATER and not self.closed:
-            self.has_room.clear()
-            await self.has_room.wait()
-
-    async def wait_drained(self, timeout: float) -> None:
-        """Loop side: wait (at most ``timeout`` seconds) until everything queued is sent."""
-        if self.size and not self.closed:
-            self.drained.clear()
-            try:
-                await asyncio.wait_for(self.drained.wait(), timeout)
-            except TimeoutError:
-                pass
-
-    def _unwatch(self) -> None:
-        if self.watching:
-            self.watching = False
-            if threading.get_ident() == self.loop_thread:
-                self.loop.remove_writer(self.fd)
-            else:
-                self.loop.call_soon_threadsafe(self.loop.remove_writer, self.fd)
-
-    def backlog(self) -> int:
-        return self.size
-
-
-_IOV_MAX = 1024
-_DONTWAIT = socket.MSG_DONTWAIT
-
-
-def _holds(queue: list[Any], data: bytes) -> bool:
-    """Whether ``data`` (or what is left of it to send) is in ``queue``."""
-    return any(part is data or (type(part) is memoryview and part.obj is data) for part in queue)
-
-
-def _rest(parts: Any, n: int) -> list[Any]:
-    """The part of ``parts`` not in the first ``n`` bytes sent."""
-    for i, part in enumerate(parts):
-        size = len(part)
-        if n < size:
-            return [memoryview(part)[n:] if n else part, *parts[i + 1 :]]
-        n -= size
-    return []
 
 
 #: What an action may raise that the worker answers as a DirtyAppError. SystemExit (argparse on
@@ -388,7 +102,7 @@ class Worker:
         self.loop = loop
         # Blocking for the reader thread; every send is non-blocking (MSG_DONTWAIT).
         sock.setblocking(True)
-        self.out = _Output(loop, sock)
+        self.out = Output(loop, sock)
         loop.add_signal_handler(signal.SIGTERM, self._sigterm)
         # On the loop rather than in a signal handler, so it never runs inside a log emit.
         loop.add_signal_handler(signal.SIGUSR1, reopen_log_files)
@@ -397,7 +111,7 @@ class Worker:
         ).start()
         self.out.write(encode(wire.make_response(0, {"pid": os.getpid()})))
         self.eof = loop.create_future()
-        self.buffer = FrameBuffer()
+        self.buffer = wire.FrameBuffer(error=DirtyProtocolError)
         self.sock = sock
         threading.Thread(target=self._reader, name="dirty-reader", daemon=True).start()
         beat = asyncio.create_task(self._heartbeats())
@@ -432,7 +146,7 @@ class Worker:
         dies the worker stops (its apps are closed), and exits at once if that takes over
         ``_ORPHAN_GRACE`` seconds."""
         while os.getppid() == self.ppid:
-            time.sleep(_PARENT_POLL)
+            time.sleep(PARENT_POLL)
         logger.warning("dirty worker %d: the node died; exiting", os.getpid())
         try:
             loop.call_soon_threadsafe(self.stop.set)
@@ -595,7 +309,7 @@ class Worker:
 
     def _respond(self, rid: int, result: Any, app_path: str, action: str) -> None:
         try:
-            parts = reply_parts(RESPONSE, rid, result)
+            parts = wire.reply_parts(RESPONSE, rid, result)
         except wire.WireError as exc:
             self.out.write(error_bytes(rid, _app_error(exc, app_path, action)))
             return
@@ -714,7 +428,7 @@ class Worker:
         except _APP_ERRORS as exc:
             out.write_deferred(error_bytes(rid, _app_error(exc, app_path, action)))
             return
-        out.write_deferred(header(END, 0, rid))
+        out.write_deferred(wire.encode_header(END, 0, rid))
 
     def _stream_in_thread(
         self, rid: int, gen: Generator[Any, None, None], app_path: str, action: str
@@ -739,7 +453,7 @@ class Worker:
             return
         finally:
             gen.close()
-        write(header(END, 0, rid))
+        write(wire.encode_header(END, 0, rid))
 
     async def _stream_sync(
         self, rid: int, gen: Generator[Any, None, None], app_path: str, action: str
@@ -761,15 +475,15 @@ class Worker:
 
 _CHUNK_HEAD = b"\x21\x00\x00\x00\x01" + wire.tlv_encode("data", version=1)
 _tlv_encode = wire.tlv_encode
-_pack_header = HEADER.pack
+_encode_header = wire.encode_header
 
 
 def _chunk(rid: int, item: Any) -> bytes:
     """A CHUNK frame's bytes (``encode(wire.make_chunk(rid, item))``)."""
     body = _CHUNK_HEAD + _tlv_encode(item, version=1, coerce_keys=True)
     if len(body) > wire.MAX_PAYLOAD:
-        return b"".join(reply_parts(CHUNK, rid, item))  # raises the LimitExceeded
-    return _pack_header(b"GD", 1, CHUNK, len(body), rid) + body
+        return b"".join(wire.reply_parts(CHUNK, rid, item))  # raises the LimitExceeded
+    return _encode_header(CHUNK, len(body), rid) + body
 
 
 def _app_error(exc: BaseException, app_path: str, action: str) -> DirtyAppError:
@@ -783,116 +497,3 @@ def _app_error(exc: BaseException, app_path: str, action: str) -> DirtyAppError:
         message = f"<{type(exc).__name__}: str() failed>"
     logger.debug("error executing %s.%s: %s\n%s", app_path, action, message, tb)
     return DirtyAppError(message, app_path=app_path, action=action, traceback=tb)
-
-
-def _load_hook(path: str | None) -> Any:
-    if not path:
-        return None
-    import importlib
-
-    module_name, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
-
-
-def _exit_if_orphaned_while(done: threading.Event, ppid: int) -> None:
-    """Until ``done`` is set: exit at once if the node (``ppid``) dies."""
-    while not done.wait(_PARENT_POLL):
-        if os.getppid() != ppid:
-            logger.warning("dirty worker %d: the node died while it loaded its apps", os.getpid())
-            os._exit(1)
-
-
-def _await_go(sock: socket.socket) -> bool:
-    """Wait for the node's go-ahead (it has run ``dirty_post_fork``); False if it closed."""
-    got = b""
-    while len(got) < HEADER.size:
-        try:
-            part = sock.recv(HEADER.size - len(got))
-        except InterruptedError:
-            continue
-        if not part:
-            return False
-        got += part
-    return True
-
-
-def _load_apps(sock: socket.socket, paths: list[str]) -> dict[str, Any]:
-    """Gunicorn's order: every app's ``__init__``, then every app's ``init()``; the node is told
-    which app is loading (its progress log) and, on failure, the app's traceback.
-
-    Raises:
-        Exception: What the app raised (reported to the node first).
-    """
-    apps: dict[str, Any] = {}
-    current = ""
-    try:
-        for current in paths:
-            sock.sendall(loading_notice(current))
-            apps[current] = load_dirty_app(current)
-        for current, app in apps.items():
-            sock.sendall(loading_notice(current))
-            app.init()
-    except Exception as exc:
-        tb = "".join(traceback.format_exception(exc))
-        error = DirtyAppError(
-            f"{current} failed to load: {type(exc).__name__}: {exc}",
-            app_path=current,
-            traceback=tb,
-        )
-        try:
-            sock.sendall(error_bytes(0, error))
-        except OSError:
-            pass  # the node is gone
-        raise
-    return apps
-
-
-def main(argv: list[str]) -> int:
-    """Run a worker from its JSON spec (argv[0]); returns the exit status."""
-    spec = json.loads(argv[0])
-    logging.basicConfig(
-        level=spec.get("log_level", "INFO"),
-        format=f"%(asctime)s %(levelname)s dirty-worker[{os.getpid()}] %(name)s: %(message)s",
-    )
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGQUIT, lambda *_: os._exit(0))
-    signal.signal(signal.SIGUSR1, lambda *_: reopen_log_files())
-    sock = socket.socket(fileno=int(spec["fd"]))
-    sock.setblocking(True)
-    # Parent-death detection from the start: a worker still loading its apps (a model, say)
-    # when the node dies must not be left behind.
-    loading = threading.Event()
-    threading.Thread(
-        target=_exit_if_orphaned_while,
-        args=(loading, int(spec["ppid"])),
-        name="dirty-parent-watch-load",
-        daemon=True,
-    ).start()
-    info = DirtyWorkerInfo(int(spec["worker_id"]), os.getpid(), tuple(spec["apps"]))
-    if not _await_go(sock):
-        return 0  # the node stopped before the worker was let go
-    try:
-        apps = _load_apps(sock, list(spec["apps"]))
-        hook = _load_hook(spec.get("worker_init"))
-        if hook is not None:
-            hook(info)
-    except Exception:
-        logger.exception("dirty worker %d: loading its apps failed", info.worker_id)
-        return 3
-    loading.set()  # (the Worker watches its parent from here on)
-    worker = Worker(
-        apps,
-        int(spec["threads"]),
-        float(spec["heartbeat"]),
-        int(spec["ppid"]),
-        float(spec.get("graceful", 30.0)),
-    )
-    try:
-        asyncio.run(worker.serve(sock))
-    finally:
-        for path, app in apps.items():
-            try:
-                app.close()
-            except Exception:
-                logger.exception("dirty app %s: close() failed", path)
-    return 0

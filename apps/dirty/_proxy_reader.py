@@ -1,0 +1,168 @@
+"""A worker proxy's reader: the worker's frames back to the client connections that asked,
+every frame of one read re-addressed (only the header's request id changes) and written with
+one ``writev`` per connection; the worker's STATUS notices (a call queued for a thread, started,
+the worker draining after a SIGTERM) update the calls' state instead. A client that does not
+read its replies makes the proxy stop reading its worker for a while (:func:`_hold_for`).
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from typing import TYPE_CHECKING
+
+import trio
+
+import otp
+import wire
+
+from ._calls import LATENCY_BOUNDS
+from ._context import CallerConnection, Drain, Drained
+from ._io import BIG, Batch, SocketReader, send_timeout
+from ._lifecycle import DRAINING
+from ._protocol import CHUNK, ERROR, QUEUED, STATUS, decode_payload
+from ._routes import relevel
+
+if TYPE_CHECKING:
+    from ._proxy import WorkerProxy
+
+logger = logging.getLogger("apps.dirty")
+
+
+async def read_worker(proxy: WorkerProxy) -> None:
+    """Forward the worker's frames to their connections: every frame of one read, re-addressed,
+    in one write per connection."""
+    assert proxy.stream is not None
+    reader = SocketReader(proxy.stream.socket.fileno(), wire.FrameBuffer())
+    buffer = reader.buffer
+    inflight = proxy.inflight
+    keys = proxy.keys
+    held = proxy.held
+    calls = proxy.ctx.calls
+    counts = calls.counts
+    while True:
+        try:
+            await reader.pace()
+            n = reader.read()
+        except (OSError, trio.ClosedResourceError):
+            return
+        if n < 0:
+            continue
+        if not n:
+            proxy.read_all.set()
+            return
+        now = trio.current_time()
+        proxy.last_seen = now
+        frames = buffer.frames(n)
+        if not frames:
+            continue  # (a large frame's first part: read on at once)
+        view = buffer.view
+        groups: dict[CallerConnection, tuple[Batch, list[int]]] = {}
+        i = 0
+        count = len(frames)
+        while i < count:
+            mtype, wid, start, stop = frames[i]
+            entry = inflight.get(wid)
+            if entry is None:
+                if not wid and mtype == STATUS and view[start:stop] == DRAINING and proxy.me:
+                    otp.send(proxy.me, Drain(sigterm=True))
+                i += 1
+                continue  # heartbeat, or a request abandoned or failed already
+            if mtype == STATUS:  # the worker queued or started it: its run time counts from then
+                if view[start:stop] == QUEUED:
+                    entry[2] = None
+                else:
+                    entry[2] = now
+                    if held:
+                        held.pop(wid, None)
+                i += 1
+                continue
+            conn = entry[0]
+            rid = entry[1]
+            group = groups.get(conn)
+            if group is None:
+                group = groups[conn] = (Batch(), [])
+            if mtype == CHUNK:
+                entry[2] = now
+                # A run of this stream's small chunks: one copy, then each header's id.
+                j = i + 1
+                while (
+                    j < count
+                    and frames[j][1] == wid
+                    and frames[j][0] == CHUNK
+                    and frames[j][3] - frames[j][2] < BIG
+                ):
+                    j += 1
+                if j - i > 1 and stop - start < BIG:
+                    group[0].run(view, frames, i, j, rid)
+                    i = j
+                    continue
+                group[0].frame(view, start, stop, rid)
+            else:
+                group[0].frame(view, start, stop, rid)
+                del inflight[wid]
+                del keys[(conn, rid)]
+                if held:
+                    held.pop(wid, None)
+                group[1].append(rid)
+                # The call ended (RESPONSE, ERROR, or a stream's END): count it.
+                latency = now - entry[3]
+                calls.total += 1
+                calls.seconds += latency
+                counts[bisect_left(LATENCY_BOUNDS, latency)] += 1
+                if mtype == ERROR:
+                    calls.error(_error_kind(view[start:stop]))
+            i += 1
+        if proxy.lanes and len(inflight) != proxy.load:
+            relevel(proxy)
+        slow = None
+        for conn, (batch, done) in groups.items():
+            if conn.deliver(batch.take(), done):
+                slow = conn
+        if proxy.draining and not inflight and proxy.me is not None:
+            otp.send(proxy.me, Drained())
+        if slow is not None:
+            await _hold_for(proxy, slow)
+
+
+def _error_kind(payload: memoryview) -> str:
+    """The ``error_type`` of an ERROR frame's payload (``"DirtyError"`` if it has none)."""
+    try:
+        kind = decode_payload(payload)["error"]["error_type"]
+    except Exception:  # (a worker's malformed ERROR: the caller gets it as it is)
+        return "DirtyError"
+    return kind if type(kind) is str and len(kind) <= 100 else "DirtyError"
+
+
+async def _hold_for(proxy: WorkerProxy, conn: CallerConnection) -> None:
+    """Read nothing more from the worker while a client connection is over its budget
+    (``dirty_client_buffer``), so that the kernel pushes back on the worker (its streams wait
+    for room) instead of the node queueing without bound. The worker's other callers wait too
+    (their replies share its socket), so a client that has not come down to ``LOW_WATER``
+    within :func:`send_timeout` is dropped (``conn.drop_stalled``: its requests are abandoned,
+    each with an ERROR frame) and the worker serves on. The time held does not count as the
+    worker's silence or its calls' run time.
+    """
+    outbox = conn.outbox
+    limit = send_timeout(proxy.ctx.config)
+    held = proxy.held_since = trio.current_time()
+    try:
+        with trio.move_on_after(limit) as scope:
+            await outbox.wait_room()
+        if scope.cancelled_caught:
+            logger.warning(
+                "dirty pool: dropping a client that took nothing of its %d KiB of replies in"
+                " %gs; dirty worker %d was held up for it",
+                outbox.size >> 10,
+                limit,
+                proxy.worker_id,
+            )
+            conn.drop_stalled(limit)
+    finally:
+        proxy.held_since = None
+        # (Rare: a pause.) The worker and its calls were not silent, the node was not reading.
+        paused = trio.current_time() - held
+        proxy.last_seen += paused
+        for entry in proxy.inflight.values():
+            if entry[2] is not None:
+                entry[2] += paused

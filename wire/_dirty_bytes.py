@@ -1,0 +1,220 @@
+"""GD v1 frames built straight to bytes, for the hot paths of the dirty pool, its clients and
+workers: no :class:`Frame` is built, and a large ``bytes`` value is sent by reference
+(:func:`request_parts`, :func:`reply_parts`: the frame as a list of buffers for ``sendmsg``),
+never copied into the encoded frame. The bytes are those of :func:`encode_frame` with
+``coerce_keys=True`` (Gunicorn's encoding) for the payloads of :func:`make_request`,
+:func:`make_response` and :func:`make_chunk`. The read side: :func:`peek_route` reads a
+REQUEST's route and :func:`big_bytes` a reply's large ``bytes`` value without decoding the rest.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ._errors import LimitExceeded
+from ._frame import MessageType
+from ._limits import MAX_PAYLOAD, Limits
+from ._tlv_encode import tlv_encode
+
+__all__ = [
+    "BIG_BYTES",
+    "big_bytes",
+    "encode_dirty",
+    "encode_header",
+    "peek_route",
+    "reply_parts",
+    "request_parts",
+]
+
+_HEADER = struct.Struct(">2sBBIQ")
+_U32 = struct.Struct(">I")
+_LIMITS = Limits()
+REQUEST = int(MessageType.REQUEST)
+RESPONSE = int(MessageType.RESPONSE)
+CHUNK = int(MessageType.CHUNK)
+#: A ``bytes`` value at least this long is sent by reference, not copied into its frame.
+BIG_BYTES = 65536
+
+
+def encode_header(mtype: int, length: int, request_id: int) -> bytes:
+    """A GD v1 frame header (the payload's ``length`` bytes follow it)."""
+    return _HEADER.pack(b"GD", 1, mtype, length, request_id)
+
+
+_pack = _HEADER.pack
+
+
+def _body(value: Any) -> bytes:
+    return tlv_encode(value, version=1, coerce_keys=True)
+
+
+def _too_big(mtype: int, length: int) -> LimitExceeded:
+    name = MessageType(mtype).name
+    return LimitExceeded(
+        f"{name} payload of {length} bytes exceeds max_payload={MAX_PAYLOAD}; split it into"
+        " CHUNK frames"
+    )
+
+
+def encode_dirty(mtype: int, request_id: int, payload: dict[str, Any]) -> bytes:
+    """A GD v1 frame's bytes: ``encode_frame(Frame(mtype, request_id, payload), coerce_keys=True)``
+    without building the Frame.
+
+    Raises:
+        WireError: The payload cannot be encoded or exceeds 64 MiB.
+    """
+    body = _body(payload)
+    if len(body) > MAX_PAYLOAD:
+        raise _too_big(mtype, len(body))
+    return _pack(b"GD", 1, mtype, len(body), request_id) + body
+
+
+_SCALARS = (str, int, float, bool, type(None))
+_DICT4 = b"\x21\x00\x00\x00\x04"
+_DICT1 = b"\x21\x00\x00\x00\x01"
+_K_APP = _body("app_path")
+_K_ACTION = _body("action")
+_K_ARGS = _body("args")
+_K_KWARGS = _body("kwargs")
+
+
+def _big_ok(value: Any) -> bool:
+    return type(value) is bytes and BIG_BYTES <= len(value) <= _LIMITS.max_str
+
+
+def _leaf(value: Any, parts: list[Any], pending: bytearray) -> bytearray:
+    """Add one scalar (or a big bytes, by reference) to ``parts``/``pending``."""
+    if type(value) is bytes and len(value) >= BIG_BYTES:
+        pending += struct.pack(">BI", 0x10, len(value))
+        parts.append(bytes(pending))
+        parts.append(value)
+        return bytearray()
+    pending += _body(value)
+    return pending
+
+
+def _scatter(mtype: int, request_id: int, prefix: bytes, values: Iterable[Any]) -> list[Any]:
+    parts: list[Any] = [b""]
+    pending = bytearray(prefix)
+    pending = _fill(values, parts, pending)
+    if pending:
+        parts.append(bytes(pending))
+    length = sum(len(p) for p in parts)
+    if length > MAX_PAYLOAD:
+        raise _too_big(mtype, length)
+    parts[0] = _pack(b"GD", 1, mtype, length, request_id)
+    return parts
+
+
+def _fill(values: Iterable[Any], parts: list[Any], pending: bytearray) -> bytearray:
+    for item in values:
+        if type(item) is bytearray:  # a pre-encoded run (keys, container heads)
+            pending += item
+        else:
+            pending = _leaf(item, parts, pending)
+    return pending
+
+
+def request_parts(
+    request_id: int,
+    app_path: str,
+    action: str,
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+) -> list[Any]:
+    """A REQUEST frame (:func:`make_request`'s payload) as buffers whose concatenation is its
+    encoding; one buffer unless an argument is a large ``bytes`` (sent by reference).
+
+    Raises:
+        WireError: An argument cannot be encoded, or the payload exceeds 64 MiB.
+    """
+    args = list(args)
+    kwargs = dict(kwargs) if kwargs else {}
+    big = False
+    for a in args:
+        if type(a) is bytes and len(a) >= BIG_BYTES:
+            big = True
+            break
+    else:
+        for a in kwargs.values():
+            if type(a) is bytes and len(a) >= BIG_BYTES:
+                big = True
+                break
+    if (
+        not big
+        or not (any(_big_ok(a) for a in args) or any(_big_ok(v) for v in kwargs.values()))
+        or type(app_path) is not str
+        or type(action) is not str
+        or len(args) > _LIMITS.max_items
+        or len(kwargs) > _LIMITS.max_items
+        or not all(type(a) in _SCALARS or type(a) is bytes for a in args)
+        or not all(type(k) is str for k in kwargs)
+        or not all(type(v) in _SCALARS or type(v) is bytes for v in kwargs.values())
+    ):
+        payload = {"app_path": app_path, "action": action, "args": args, "kwargs": kwargs}
+        return [encode_dirty(REQUEST, request_id, payload)]
+    values: list[Any] = [bytearray(_K_APP + _body(app_path) + _K_ACTION + _body(action) + _K_ARGS)]
+    values.append(bytearray(struct.pack(">BI", 0x20, len(args))))
+    values.extend(args)
+    values.append(bytearray(_K_KWARGS + struct.pack(">BI", 0x21, len(kwargs))))
+    for key, value in kwargs.items():
+        values.append(bytearray(_body(key)))
+        values.append(value)
+    return _scatter(REQUEST, request_id, _DICT4, values)
+
+
+_KEYS = {RESPONSE: _body("result"), CHUNK: _body("data")}
+_NAMES = {RESPONSE: "result", CHUNK: "data"}
+
+
+def reply_parts(mtype: int, request_id: int, value: Any) -> list[Any]:
+    """A RESPONSE (``{result: value}``) or CHUNK (``{data: value}``) frame as buffers; a large
+    ``bytes`` value is sent by reference.
+
+    Raises:
+        WireError: The value cannot be encoded, or the payload exceeds 64 MiB.
+    """
+    if _big_ok(value):
+        return _scatter(mtype, request_id, _DICT1 + _KEYS[mtype], (value,))
+    return [encode_dirty(mtype, request_id, {_NAMES[mtype]: value})]
+
+
+_BYTES_HEADS = {t: _DICT1 + _KEYS[t] + b"\x10" for t in (RESPONSE, CHUNK)}
+
+
+def big_bytes(mtype: int, view: memoryview, start: int, stop: int) -> bytes | None:
+    """The value of a RESPONSE/CHUNK payload ``view[start:stop]`` that is exactly one large
+    ``bytes`` (``{result: b"..."}``, as :func:`reply_parts` sends it), copied straight out of
+    the buffer (one copy instead of two); None for any other payload."""
+    head = _BYTES_HEADS.get(mtype)
+    if head is None or stop - start < BIG_BYTES:
+        return None
+    body = start + len(head) + 4
+    if view[start : body - 4] != head or _U32.unpack_from(view, body - 4)[0] != stop - body:
+        return None
+    return bytes(view[body:stop])
+
+
+def peek_route(view: memoryview, start: int, stop: int) -> tuple[str, str] | None:
+    """``(app_path, action)`` of a REQUEST payload that opens with them as str values (as
+    Gunicorn's client and ours encode it), read without decoding the rest; None otherwise
+    (the caller decodes the payload). The rest is checked where it is decoded (the worker)."""
+    try:
+        if view[start] != 0x21 or _U32.unpack_from(view, start + 1)[0] < 2:
+            return None
+        pos = start + 5
+        found = []
+        for key in (_K_APP, _K_ACTION):
+            end = pos + len(key)
+            if view[pos:end] != key or view[end] != 0x11:
+                return None
+            n = _U32.unpack_from(view, end + 1)[0]
+            pos = end + 5 + n
+            if pos > stop or n > _LIMITS.max_str:
+                return None
+            found.append(str(view[end + 5 : pos], "utf-8"))
+    except (IndexError, UnicodeDecodeError, struct.error):
+        return None
+    return found[0], found[1]
