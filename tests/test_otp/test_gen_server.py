@@ -12,6 +12,8 @@ import trio.testing
 import otp
 from otp import GenServer, NoReply, Ok, Reply, Stop
 
+from .helpers import Sleepy
+
 
 class Counter(GenServer):
     def init(self, start: int = 0) -> Ok:
@@ -422,3 +424,138 @@ async def test_start_timeout_kills_the_half_started_server(
         assert info.value.reason == "timeout"
         await trio.testing.wait_all_tasks_blocked()
         assert otp.processes() == [otp.self()]
+
+
+async def test_a_late_reply_from_the_server_itself_never_reaches_the_caller(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        with pytest.raises(otp.CallTimeout):
+            await otp.call(pid, ("sleep", 2.0), timeout=1.0)
+        # The next call gets its own reply, not the stale one.
+        assert await otp.call(pid, ("echo", 1)) == ("echo", 1)
+        await trio.sleep(5)
+        assert await otp.receive(timeout=0, default="empty") == "empty"
+
+
+async def test_a_server_dying_after_a_call_timed_out_sends_no_stray_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        with pytest.raises(otp.CallTimeout):
+            await otp.call(pid, ("sleep", 2.0), timeout=1.0)
+        otp.exit(pid, otp.KILL)
+        await trio.sleep(5)
+        assert otp.process_info(pid) is None
+        assert await otp.receive(timeout=0, default="empty") == "empty"
+
+
+async def test_a_call_to_a_server_killed_mid_call_fails_with_killed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        otp.exit_after(0.5, pid, otp.KILL)
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(pid, ("sleep", 10.0))
+        assert info.value.reason == otp.KILLED
+        assert not isinstance(info.value, otp.CallTimeout)
+
+
+async def test_a_call_stopping_the_server_without_reply_fails_with_its_reason(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(pid, ("die", otp.Shutdown("bye")))
+        assert info.value.reason == otp.Shutdown("bye")
+
+
+class Terminator(GenServer):
+    async def init(self, report_to: otp.Pid, hang: bool = False) -> Ok:
+        return Ok((report_to, hang))
+
+    async def handle_cast(self, request: Any, state: Any) -> Any:
+        return request  # whatever the test sends: a bad return unless typed
+
+    async def handle_info(self, message: Any, state: Any) -> Any:
+        if message == "bad":
+            return Reply("not allowed in handle_info", state)
+        otp.send(state[0], ("info", message))
+        return NoReply(state)
+
+    async def terminate(self, reason: Any, state: Any) -> None:
+        otp.send(state[0], ("terminate", reason))
+        if state[1]:
+            await trio.sleep_forever()
+
+
+async def test_stop_with_a_reason_runs_terminate_with_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Terminator.start(otp.self())
+        await GenServer.stop(pid, otp.Shutdown("bye"), 1.0)
+        assert await otp.receive() == ("terminate", otp.Shutdown("bye"))
+        assert otp.process_info(pid) is None
+        with pytest.raises(otp.NoProc):
+            await GenServer.stop(pid)
+
+
+async def test_stop_with_a_timeout_gives_up_on_a_hanging_terminate(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Terminator.start(otp.self(), True)
+        start = trio.current_time()
+        with pytest.raises(TimeoutError):
+            await GenServer.stop(pid, "normal", 2.0)
+        assert trio.current_time() - start == pytest.approx(2.0)
+        assert await otp.receive() == ("terminate", "normal")
+
+
+@pytest.mark.parametrize("how", ["cast", "info"])
+async def test_a_bad_return_from_cast_or_info_exits_with_bad_return_value(
+    how: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with otp.open_node():
+        pid = await Terminator.start(otp.self())
+        ref = otp.monitor(pid)
+        if how == "cast":
+            otp.cast(pid, "garbage")
+            bad: Any = "garbage"
+        else:
+            otp.send(pid, "bad")
+            bad = Reply("not allowed in handle_info", (otp.self(), False))
+        assert await otp.receive(lambda m: m[0] == "terminate") == (
+            "terminate",
+            otp.BadReturnValue(bad),
+        )
+        assert await otp.receive(otp.Down) == otp.Down(ref, pid, otp.BadReturnValue(bad))
+
+
+async def test_default_handle_info_ignores_unexpected_messages(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        otp.send(pid, ("unexpected", 1))
+        assert await otp.call(pid, ("echo", 2)) == ("echo", 2)
+
+
+async def test_cast_to_dead_names_and_unknown_nodes_is_silent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start(name="sleepy")
+        await GenServer.stop("sleepy")
+        otp.cast("sleepy", "x")
+        otp.cast(pid, "x")
+        otp.cast(("sleepy", "other@host"), "x")
+        otp.cast(("sleepy", otp.current_node().name), "x")
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(("sleepy", otp.current_node().name), "x")
+        assert info.value.reason == otp.NOPROC

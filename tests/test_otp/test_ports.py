@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import trio
+import trio.testing
 
 import otp
 
@@ -171,3 +172,12 @@ async def test_port_spec_validates_its_fields() -> None:
     with pytest.raises(ValueError, match="kill_timeout must be a number >= 0"):
         otp.PortSpec(argv=("x",), kill_timeout=-1)
     await trio.lowlevel.checkpoint()
+
+
+async def test_a_failed_open_port_leaves_no_exit_message_for_a_trapping_caller() -> None:
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        with pytest.raises(otp.StartError):
+            await otp.open_port(["/nonexistent/program"])
+        await trio.testing.wait_all_tasks_blocked()
+        assert await otp.receive(timeout=0, default="empty") == "empty"

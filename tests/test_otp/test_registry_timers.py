@@ -7,6 +7,9 @@ import trio
 import trio.testing
 
 import otp
+from otp import GenServer
+
+from .helpers import Sleepy
 
 
 async def idle() -> None:
@@ -220,3 +223,42 @@ async def test_a_failing_exit_hook_is_logged_and_the_others_still_run(
         assert ran == ["second"]
         assert any("exit hook" in r.getMessage() for r in caplog.records)
         assert ref is not None
+
+
+async def test_a_timer_to_a_process_is_cancelled_when_the_process_exits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        ref = otp.send_after(10.0, pid, "later")
+        assert otp.read_timer(ref) == pytest.approx(10.0)
+        await GenServer.stop(pid)
+        assert otp.read_timer(ref) is None
+        assert otp.cancel_timer(ref) is None
+
+
+async def test_a_timer_to_a_dead_pid_is_cancelled_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        await GenServer.stop(pid)
+        ref = otp.send_after(10.0, pid, "never")
+        assert otp.read_timer(ref) is None
+
+
+async def test_a_timer_to_a_name_is_resolved_when_it_fires(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        me = otp.self()
+
+        async def relay() -> None:
+            otp.send(me, ("relayed", await otp.receive()))
+
+        ref = otp.send_after(2.0, "relay", "hello")
+        await trio.sleep(1.0)
+        otp.register("relay", otp.spawn(relay))
+        assert otp.read_timer(ref) == pytest.approx(1.0)
+        assert await otp.receive() == ("relayed", "hello")
+        assert otp.cancel_timer(ref) is None
