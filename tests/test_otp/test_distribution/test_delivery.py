@@ -13,7 +13,7 @@ import trio.testing
 import otp
 import wire
 
-from .peer import COOKIE, PeerNode, raw_peer
+from ..peer import COOKIE, PeerNode, raw_peer
 
 
 @pytest.fixture

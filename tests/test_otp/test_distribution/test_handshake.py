@@ -1,0 +1,89 @@
+"""The handshake between nodes: cookies, names, versions, and peers that stall, lie or send too
+much before they are connected."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+import otp
+import wire
+
+from .helpers import B, X, _listening_at, _raw_peer, _still_serves
+
+
+async def _read_until_closed(stream: trio.SocketStream) -> bytes:
+    received = b""
+    try:
+        while chunk := await stream.receive_some(65536):
+            received += chunk
+    except trio.BrokenResourceError:
+        pass
+    return received
+
+
+def _hello_header(length: int) -> bytes:
+    frame = wire.Handshake(X, (2,), (wire.Codec.TLV,), 0, {"challenge": b"c" * 32})
+    encoded = wire.encode_frame(frame.to_frame())
+    return encoded[:4] + struct.pack(">I", length) + encoded[8:16]
+
+
+def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return any(text in record.getMessage() for record in caplog.records)
+
+
+async def test_a_peer_that_stalls_mid_handshake_is_dropped_and_the_node_keeps_serving(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "b.sock"
+    async with otp.open_node(B):
+        await _listening_at(f"unix:{path}", handshake_timeout=5)
+        stream = await trio.open_unix_socket(str(path))
+        frames = wire.FrameStream(stream, versions=frozenset({2}))
+        hello = wire.Handshake(X, (2,), (wire.Codec.TLV,), 1, {"challenge": b"c" * 32})
+        await frames.send_frame(hello.to_frame())
+        answer = await frames.receive_frame()
+        assert answer is not None and answer.type is wire.MessageType.HANDSHAKE
+        start = trio.current_time()
+        with trio.fail_after(60):
+            await _read_until_closed(stream)  # we never send the proof
+        assert 5 <= trio.current_time() - start <= 6
+        await stream.aclose()
+        assert otp.nodes() == []
+        await _still_serves(path)
+    assert _logged(caplog, "handshake timed out")
+
+
+async def test_an_oversized_handshake_frame_is_refused_at_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "b.sock"
+    async with otp.open_node(B):
+        await _listening_at(f"unix:{path}", handshake_timeout=30)
+        stream = await trio.open_unix_socket(str(path))
+        await stream.send_all(_hello_header(8 * 1024 * 1024) + b"\0" * 1024)
+        start = trio.current_time()
+        with trio.fail_after(60):
+            await _read_until_closed(stream)
+        await stream.aclose()
+        assert trio.current_time() - start < 1
+        await _still_serves(path)
+    assert not _logged(caplog, "handshake timed out")
+
+
+async def test_a_peer_claiming_this_nodes_own_name_is_refused(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "b.sock"
+    async with otp.open_node(B):
+        await _listening_at(f"unix:{path}")
+        with pytest.raises(Exception):  # noqa: B017 - closed during the handshake, any way
+            async with _raw_peer(path, name=B) as (_, frames):
+                await frames.receive_frame()
+        assert otp.nodes() == []
+        await _still_serves(path)
+    assert _logged(caplog, "claims this node's own name")
