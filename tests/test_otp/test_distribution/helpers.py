@@ -15,11 +15,7 @@ import wire
 from ..peer import COOKIE, raw_peer
 
 B = "b@localhost"
-
-
 C = "c@localhost"
-
-
 X = "x@localhost"
 
 
