@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import otp
 import supervisors
@@ -233,3 +234,19 @@ async def test_the_observer_view_counts_calls_errors_retries_and_breakers_per_to
         assert idle["calls"] == 0 and idle["breaker"] is None  # no breaker before a call
         assert app.view["running"] == 0
         assert d.observer_view() == app.view
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [("dispatch", "t", {}, "not options"), ("dispatch", ["t"], {})],
+    ids=["options-not-a-mapping", "unhashable-name"],
+)
+async def test_a_malformed_remote_request_is_answered_and_the_dispatcher_survives(
+    autojump_clock: trio.abc.Clock, request_: tuple[Any, ...]
+) -> None:
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        await d.start_dispatcher([d.Tool("t", Script(), idempotent=True)])
+        reply = await otp.call("dispatcher", request_, timeout=5.0)
+        assert reply[0] == "error"
+        assert (await d.dispatch("t"))["run"] == 1
