@@ -3,17 +3,32 @@ nodes and listeners that never answer."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
 import otp
+import wire
+from otp._node import current_node
 
-from ..peer import COOKIE
-from .helpers import B, _listening_at
+from ..peer import COOKIE, PeerNode, messages_to
+from .helpers import (
+    A,
+    B,
+    X,
+    _connected,
+    _HandDial,
+    _listening,
+    _listening_at,
+    _raw_peer,
+    _with_factory,
+)
 
 
 async def test_connecting_to_a_listener_that_never_answers_returns_false_and_calls_fail(
@@ -104,3 +119,289 @@ async def test_after_disconnect_returns_nodes_no_longer_lists_the_node(tmp_path:
         assert await otp.connect(B, address)
         assert otp.disconnect(B) is True
         assert otp.nodes() == []
+
+
+async def test_monitor_node_of_an_unknown_node_delivers_nodedown_at_once(sockets: Any) -> None:
+    async with otp.open_node("a@localhost"):
+        await _listening_at(sockets("a"))
+        otp.monitor_node("ghost@localhost")
+        assert await otp.receive(otp.NodeDown, timeout=1) == otp.NodeDown("ghost@localhost")
+
+
+async def test_monitor_node_stacks_and_disabling_removes_one(sockets: Any) -> None:
+    async with PeerNode(B, sockets("b")), otp.open_node("a@localhost"):
+        await _connected(sockets)
+        for _ in range(3):
+            otp.monitor_node(B)
+        otp.monitor_node(B, False)
+        assert otp.disconnect(B) is True
+        assert await otp.receive(otp.NodeDown) == otp.NodeDown(B)
+        assert await otp.receive(otp.NodeDown) == otp.NodeDown(B)
+        assert await otp.receive(otp.NodeDown, timeout=0.2, default=None) is None
+        assert otp.nodes() == []
+
+
+@contextlib.asynccontextmanager
+async def _old_incarnation(path: Path) -> AsyncIterator[tuple[trio.SocketStream, Any]]:
+    """A connection to B as a@localhost (creation 1), made by hand: it stays open and does
+    only what the test writes on it, like a node that hung or restarted unnoticed."""
+    from otp._dist_handshake import initiate
+
+    stream = await trio.open_unix_socket(str(path))
+    try:
+        frames = wire.FrameStream(stream, versions=frozenset({2}))
+        await initiate(
+            frames,
+            name="a@localhost",
+            creation=1,
+            cookie=COOKIE,
+            codecs=(wire.Codec.TLV,),
+            listen=(),
+            expected=B,
+        )
+        yield stream, frames
+    finally:
+        await stream.aclose()
+
+
+async def test_a_restarted_node_can_reconnect_while_its_old_connection_lingers(
+    tmp_path: Path,
+) -> None:
+    # OTP's handshake answers an attempt from a node it believes connected with status
+    # "alive"; the new incarnation confirms and the old connection is dropped. A node that
+    # restarted before its peer noticed the old connection die must be able to reconnect.
+    address = f"unix:{tmp_path}/b.sock"
+    async with PeerNode(B, address), _old_incarnation(tmp_path / "b.sock") as (_, frames):
+        # B's first frame (its peer list) tells it counts the connection as up.
+        with trio.fail_after(3):
+            assert await frames.receive_frame() is not None
+        async with otp.open_node("a@localhost"):
+            await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
+            with trio.fail_after(4):
+                assert await otp.connect(B, address)
+                assert await otp.call(("echo", B), "whoami") == B
+                assert otp.nodes() == [B]
+
+
+async def test_a_reconnect_replaces_the_old_connection_with_nodedown_on_the_peer(
+    tmp_path: Path,
+) -> None:
+    # What watched the old connection on the peer sees it go (NodeDown, as for any lost
+    # connection) when the new one replaces it.
+    address = f"unix:{tmp_path}/b.sock"
+    async with (
+        PeerNode(B, address, setup=_with_factory),
+        _old_incarnation(tmp_path / "b.sock") as (stream, frames),
+    ):
+        old = wire.Pid("a@localhost", 1, 1)
+        request = wire.encode_message(
+            wire.MessageType.REG_SEND,
+            {"from": old, "to": "factory", "msg": ("node_watch", old, "a@localhost")},
+            codec=wire.Codec.TLV,
+        )
+        await stream.send_all(request)
+        with trio.fail_after(3):  # B's watcher has its monitor_node in place
+            while True:
+                frame = await frames.receive_frame()
+                assert frame is not None
+                if frame.type is wire.MessageType.SEND:
+                    assert frame.payload["msg"] == ("node_watching", "a@localhost")
+                    break
+        async with otp.open_node("a@localhost"):
+            otp.register("collector", otp.self())
+            await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
+            with trio.fail_after(4):
+                assert await otp.connect(B, address)
+                assert await otp.receive() == ("node_down_seen", "a@localhost")
+
+
+async def test_dialling_an_address_where_another_node_answers_fails(sockets: Any) -> None:
+    async with PeerNode(B, sockets("b")), otp.open_node("a@localhost"):
+        await _listening_at(sockets("a"))
+        assert await otp.connect("c@localhost", sockets("b")) is False
+        assert otp.nodes() == []
+        assert await otp.connect(B, sockets("b"))
+        assert otp.nodes() == [B]
+
+
+def test_a_connection_ended_by_several_tasks_at_once_is_named_by_the_first_ordinary_cause() -> None:
+    from otp._distribution import _sole
+
+    reset, broken = ConnectionResetError("reset"), trio.BrokenResourceError("pipe")
+    assert _sole(ExceptionGroup("x", [ExceptionGroup("y", [reset])])) is reset
+    assert _sole(ExceptionGroup("x", [reset, ExceptionGroup("y", [broken])])) is reset
+    bug = ExceptionGroup("x", [reset, RuntimeError("a bug")])
+    assert _sole(bug) is bug  # a real bug is never hidden behind an ordinary ending
+
+
+@contextlib.asynccontextmanager
+async def _mute_listener(path: Path) -> AsyncIterator[list[trio.SocketStream]]:
+    """A Unix socket at ``path`` that accepts connections and never answers: a node's dial to
+    it stays pending until the test closes what was accepted."""
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await sock.bind(str(path))
+    sock.listen(8)
+    listener = trio.SocketListener(sock)
+    accepted: list[trio.SocketStream] = []
+
+    async def hold() -> None:
+        while True:
+            accepted.append(await listener.accept())
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold)
+            try:
+                yield accepted
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            for stream in accepted:
+                await stream.aclose()
+            await listener.aclose()
+
+
+async def _pending_dial(
+    nursery: trio.Nursery, accepted: list[trio.SocketStream], peer: str, path: Path
+) -> list[bool]:
+    """Start this node's dial to ``peer`` at ``path`` (a mute listener) and return once the
+    listener holds it: a pending dial. Its connect() result is appended to the list returned."""
+    results: list[bool] = []
+
+    async def dial() -> None:
+        results.append(await otp.connect(peer, f"unix:{path}"))
+
+    nursery.start_soon(dial)
+    while not accepted:
+        await trio.sleep(0.001)
+    return results
+
+
+async def test_connect_is_true_when_the_peers_own_dial_replaces_ours(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # b dials a; a dials b at the same time. b's name is the greater, so b gives up its own
+    # dial for a's (Distribution.admit): b is connected to a, and its connect() must say so.
+    async with _mute_listener(tmp_path / "a.sock") as accepted, otp.open_node(B):
+        await _listening(tmp_path / "b.sock")
+        async with trio.open_nursery() as nursery:
+            results = await _pending_dial(nursery, accepted, A, tmp_path / "a.sock")
+            async with _raw_peer(tmp_path / "b.sock", name=A, expected=B) as (_, frames):
+                assert await frames.receive_frame() is not None  # b counts a as up
+                with trio.fail_after(1):
+                    while not results:
+                        await trio.sleep(0.001)
+                assert otp.nodes() == [A]
+                assert results == [True]
+
+
+async def test_a_simultaneous_connect_keeps_what_was_queued_and_reports_no_nodedown(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The order real nodes produce: a (the smaller name, which keeps its own dial) refuses
+    # b's dial the moment b's hello arrives, a round trip before a's own dial is through on b.
+    async with _mute_listener(tmp_path / "a.sock") as accepted, otp.open_node(B):
+        await _listening(tmp_path / "b.sock")
+        async with trio.open_nursery() as nursery:
+            results = await _pending_dial(nursery, accepted, A, tmp_path / "a.sock")
+            otp.monitor_node(A)
+            otp.send(("inbox", A), "queued while connecting")
+            stream = await trio.open_unix_socket(str(tmp_path / "b.sock"))
+            async with stream:
+                dial_a = _HandDial(stream, A)
+                await dial_a.hello()
+                await accepted[0].aclose()  # a refuses b's dial (simultaneous connect)
+                proof = await dial_a.proof()
+                await trio.sleep(0.01)  # b has seen its dial refused
+                await stream.send_all(proof)
+                with trio.fail_after(1):
+                    while not results:
+                        await trio.sleep(0.001)
+                otp.send(("inbox", A), "sent once connected")
+                with trio.fail_after(5):
+                    first = await messages_to(dial_a.frames, "inbox").__anext__()
+                assert first == "queued while connecting"
+                assert otp.nodes() == [A]
+                assert await otp.receive(otp.NodeDown, timeout=0, default=None) is None
+                assert results == [True]
+
+
+async def test_monitor_node_requests_of_dead_processes_are_released(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Erlang drops a process's node monitors when it exits; here every short-lived process
+    # that called monitor_node stays in Distribution.node_watchers until the node goes down.
+    async with otp.open_node(B):
+        await _listening(tmp_path / "b.sock")
+        async with _raw_peer(tmp_path / "b.sock") as (_, frames):
+            with trio.fail_after(5):
+                assert await frames.receive_frame() is not None
+
+            async def watch_then_exit() -> None:
+                otp.monitor_node(X)
+
+            for _ in range(100):
+                otp.spawn(watch_then_exit)
+            await trio.sleep(1)
+            assert len(otp.processes()) == 3  # this one, net_kernel and the connection
+            watchers = current_node().distribution.node_watchers
+            assert len(watchers.get(X, [])) == 0
+
+
+async def test_a_simultaneous_connect_whose_other_dial_fails_too_is_a_lost_connection(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Our dial refused for the peer's, and the peer's then failing its handshake: only now is
+    # the connection lost (NodeDown, connect False), with nothing delivered.
+    async with _mute_listener(tmp_path / "a.sock") as accepted, otp.open_node(B):
+        await _listening(tmp_path / "b.sock")
+        async with trio.open_nursery() as nursery:
+            results = await _pending_dial(nursery, accepted, A, tmp_path / "a.sock")
+            otp.monitor_node(A)
+            stream = await trio.open_unix_socket(str(tmp_path / "b.sock"))
+            async with stream:
+                dial_a = _HandDial(stream, A)
+                await dial_a.hello()
+                await accepted[0].aclose()
+                await dial_a.proof()
+                await trio.sleep(0.01)
+                assert results == []  # still waiting for a's dial
+                assert await otp.receive(otp.NodeDown, timeout=0, default=None) is None
+            with trio.fail_after(1):
+                assert await otp.receive(otp.NodeDown) == otp.NodeDown(A)
+                while not results:
+                    await trio.sleep(0.001)
+            assert results == [False]
+            assert otp.nodes() == []
+
+
+async def test_a_dial_refused_by_a_peer_with_a_greater_name_is_lost_at_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Only the node with the greater name waits for the peer's own dial (the smaller keeps its
+    # own): a refusal seen by the smaller name is a lost connection at once.
+    async with _mute_listener(tmp_path / "b.sock") as accepted, otp.open_node(A):
+        await _listening(tmp_path / "a.sock")
+        async with trio.open_nursery() as nursery:
+            results = await _pending_dial(nursery, accepted, B, tmp_path / "b.sock")
+            start = trio.current_time()
+            await accepted[0].aclose()
+            with trio.fail_after(1):
+                while not results:
+                    await trio.sleep(0.001)
+            assert results == [False]
+            assert trio.current_time() - start < 0.5
+
+
+async def test_a_cancelled_monitor_node_request_leaves_nothing_behind(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with otp.open_node(B):
+        await _listening(tmp_path / "b.sock")
+        async with _raw_peer(tmp_path / "b.sock") as (_, frames):
+            with trio.fail_after(5):
+                assert await frames.receive_frame() is not None
+            otp.monitor_node(X)
+            otp.monitor_node(X, False)
+            assert current_node().distribution.node_watchers == {}

@@ -14,11 +14,7 @@ import otp
 import wire
 
 from ..peer import COOKIE, PeerNode, raw_peer
-
-
-@pytest.fixture
-def sockets(tmp_path: Path) -> Any:
-    return lambda name: f"unix:{tmp_path / name}.sock"
+from .helpers import B, X, _ask_factory, _connected, _frame, _listening, _raw_peer, _with_factory
 
 
 async def _distributed(name: str, address: str, **config: Any) -> None:
@@ -521,3 +517,208 @@ async def test_a_remote_call_whose_request_cannot_cross_records_nothing(sockets:
             assert await otp.call(remote, "after") == "after"
             info = otp.process_info(otp.self())
             assert info is not None and info.monitors == ()
+
+
+async def test_a_call_to_a_dead_remote_pid_fails_with_noproc(sockets: Any) -> None:
+    async with PeerNode(B, sockets("b"), setup=_with_factory), otp.open_node("a@localhost"):
+        await _connected(sockets)
+        worker = await _ask_factory("worker", 0, otp.NORMAL)
+        ref = otp.monitor(worker)
+        otp.send(worker, "go")
+        assert await otp.receive(otp.Down) == otp.Down(ref, worker, otp.NORMAL)
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(worker, "anything", timeout=3)
+        assert info.value.reason == otp.NOPROC
+        assert not isinstance(info.value, otp.CallTimeout)
+
+
+async def test_a_call_to_a_pid_on_an_unknown_node_fails_with_noconnection(sockets: Any) -> None:
+    async with PeerNode(B, sockets("b")), otp.open_node("a@localhost"):
+        await _connected(sockets)
+        remote = await otp.call(("echo", B), ("spawn", "unused"))
+        ghost = otp.Pid._make("ghost@localhost", remote.id, remote.creation)
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(ghost, "x", timeout=3)
+        assert info.value.reason == otp.NOCONNECTION
+        otp.send(ghost, "dropped silently")
+        otp.send(("echo", "ghost@localhost"), "dropped silently")
+        assert await otp.call(("echo", B), "still fine") == "still fine"
+
+
+async def test_send_to_an_unregistered_remote_name_is_dropped_silently(sockets: Any) -> None:
+    async with PeerNode(B, sockets("b")), otp.open_node("a@localhost"):
+        await _connected(sockets)
+        otp.send(("nobody", B), "lost")
+        otp.cast(("nobody", B), "lost")
+        assert await otp.call(("echo", B), "ok") == "ok"
+        assert otp.nodes() == [B]
+
+
+async def test_a_call_in_flight_fails_with_noconnection_when_the_connection_drops(
+    sockets: Any,
+) -> None:
+    async with PeerNode(B, sockets("b")), otp.open_node("a@localhost"):
+        await _connected(sockets)
+        me = otp.self()
+
+        async def caller() -> None:
+            try:
+                await otp.call(("echo", B), "hang", timeout=10)
+            except otp.CallError as exc:
+                otp.send(me, ("call failed", exc.reason, isinstance(exc, otp.CallTimeout)))
+
+        otp.spawn(caller)
+        # The request reached B (per-pair order) once a later call from here is answered.
+        assert await otp.call(("echo", B), "sync") == "sync"
+        otp.disconnect(B)
+        with trio.fail_after(3):
+            assert await otp.receive() == ("call failed", otp.NOCONNECTION, False)
+
+
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [
+        ("read x; exit 3", otp.ExitStatus(3)),
+        ("read x; kill -9 $$", otp.Signaled("SIGKILL")),
+    ],
+)
+async def test_a_ports_exit_reason_crosses_nodes_intact(
+    sockets: Any, script: str, reason: Any
+) -> None:
+    # A remote monitor of a port must still tell an exit status from a signal.
+    async with PeerNode(B, sockets("b"), setup=_with_factory), otp.open_node("a@localhost"):
+        await _connected(sockets)
+        port = await otp.open_port(["sh", "-c", script], link=False)
+        await _ask_factory("watch", port)  # B's MONITOR reached us before this reply
+        otp.port_command(port, b"\n")
+        with trio.fail_after(3):
+            report = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "watched_down")
+        assert report == ("watched_down", reason)
+
+
+@pytest.mark.parametrize("name", ["pg", "net_kernel"])
+async def test_a_process_registered_as_pg_or_net_kernel_gets_its_remote_messages(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, name: str
+) -> None:
+    # A user's GenServer named "pg" (a PostgreSQL pool, say) is reachable locally, but every
+    # send and call to ("pg", node) from another node is taken by the pg protocol (and
+    # ("net_kernel", node) by the mesh), so it never arrives and remote calls time out.
+    async with otp.open_node(B):
+        try:
+            otp.register(name, otp.self())
+        except otp.BadArg as exc:  # a reserved name, refused with a clear error, is fine too
+            assert name in str(exc)
+            return
+        await _listening(tmp_path / "b.sock")
+        async with _raw_peer(tmp_path / "b.sock") as (stream, _):
+            request = ("query", "select 1")
+            await stream.send_all(
+                _frame(
+                    wire.MessageType.REG_SEND,
+                    {"from": wire.Pid(X, 1, 1), "to": name, "msg": request},
+                )
+            )
+            assert await otp.receive(timeout=5, default=None) == request
+
+
+async def test_a_peers_messages_to_names_that_are_not_str_reach_nobody(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A peer naming a list (or any non-str) in REG_SEND, MONITOR or DEMONITOR: dropped, or
+    # answered noproc, as for an unregistered name; the connection stays.
+    async with otp.open_node(B):
+        otp.register("inbox", otp.self())
+        await _listening(tmp_path / "b.sock")
+        async with _raw_peer(tmp_path / "b.sock") as (stream, frames):
+            with trio.fail_after(5):
+                assert await frames.receive_frame() is not None
+            sender = wire.Pid(X, 1, 1)
+            ref = wire.Ref(X, 9, 1)
+            await stream.send_all(
+                _frame(wire.MessageType.REG_SEND, {"from": sender, "to": ["inbox"], "msg": 1})
+                + _frame(wire.MessageType.MONITOR, {"from": sender, "to": ["inbox"], "ref": ref})
+                + _frame(wire.MessageType.DEMONITOR, {"from": sender, "to": {"x": 1}, "ref": ref})
+                + _frame(wire.MessageType.REG_SEND, {"from": sender, "to": "inbox", "msg": 2})
+            )
+            assert await otp.receive(timeout=5, default=None) == 2
+            with trio.fail_after(5):
+                async for frame in frames:
+                    if frame.type is wire.MessageType.DOWN:
+                        break
+            assert frame.payload["ref"] == ref
+            assert frame.payload["from"] == ["inbox"]
+            assert frame.payload["reason"] == wire.ExitReason("noproc")
+            assert otp.nodes() == [X]
+
+
+async def test_a_send_or_monitor_of_a_name_that_is_not_str_on_another_node_is_refused(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with otp.open_node(B):
+        await _listening(tmp_path / "b.sock")
+        async with _raw_peer(tmp_path / "b.sock") as (_, frames):
+            with trio.fail_after(5):
+                assert await frames.receive_frame() is not None
+            with pytest.raises(TypeError, match=r"name: str.*\(\['x'\], 'x@localhost'\)"):
+                otp.send((["x"], X), "m")  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="name: str"):
+                otp.monitor((b"x", X))  # type: ignore[arg-type]
+            assert otp.disconnect(X)
+        # No monitor was left behind to fire with the connection.
+        assert await otp.receive(timeout=0, default=None) is None
+
+
+@pytest.mark.parametrize("name", ["$pg", "$net_kernel"])
+async def test_a_process_registered_under_the_internal_names_gets_its_remote_messages(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, name: str
+) -> None:
+    async with otp.open_node(B):
+        otp.register(name, otp.self())
+        await _listening(tmp_path / "b.sock")
+        async with _raw_peer(tmp_path / "b.sock") as (stream, _):
+            await stream.send_all(
+                _frame(wire.MessageType.REG_SEND, {"from": wire.Pid(X, 1, 1), "to": name, "msg": 1})
+            )
+            assert await otp.receive(timeout=5, default=None) == 1
+
+
+async def test_a_remote_call_that_times_out_drops_the_late_reply_and_demonitors(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with otp.open_node(B):
+        await _listening(tmp_path / "b.sock")
+        async with _raw_peer(tmp_path / "b.sock") as (stream, frames):
+            with trio.fail_after(5):
+                assert await frames.receive_frame() is not None  # b counts us as up
+            with pytest.raises(otp.CallTimeout):
+                await otp.call(("srv", X), "slow", timeout=1)
+            seen: dict[wire.MessageType, Any] = {}
+            with trio.fail_after(5):
+                while wire.MessageType.DEMONITOR not in seen:
+                    frame = await frames.receive_frame()
+                    assert frame is not None
+                    seen[frame.type] = frame.payload
+            monitor = seen[wire.MessageType.MONITOR]
+            assert monitor["to"] == "srv"
+            assert seen[wire.MessageType.DEMONITOR]["ref"] == monitor["ref"]
+            request = seen.get(wire.MessageType.REG_SEND) or seen[wire.MessageType.REG_SEND_BATCH]
+            _, (caller, tag), _ = request["msg"] if "msg" in request else request["msgs"][0]
+            # The reply and a DOWN, late: neither reaches the caller's mailbox.
+            await stream.send_all(
+                _frame(
+                    wire.MessageType.SEND,
+                    {"to": caller, "msg": (wire.Atom("$gen_reply"), tag, "late")},
+                )
+                + _frame(
+                    wire.MessageType.DOWN,
+                    {
+                        "from": wire.Atom("srv"),
+                        "to": caller,
+                        "ref": monitor["ref"],
+                        "reason": wire.ExitReason("noproc"),
+                    },
+                )
+            )
+            await trio.sleep(1)
+            assert await otp.receive(timeout=0, default=None) is None
+            assert otp.nodes() == [X]

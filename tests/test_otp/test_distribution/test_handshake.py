@@ -13,7 +13,7 @@ import trio.testing
 import otp
 import wire
 
-from .helpers import B, X, _listening_at, _raw_peer, _still_serves
+from .helpers import B, X, _frame, _HandDial, _listening, _listening_at, _raw_peer, _still_serves
 
 
 async def _read_until_closed(stream: trio.SocketStream) -> bytes:
@@ -87,3 +87,45 @@ async def test_a_peer_claiming_this_nodes_own_name_is_refused(
         assert otp.nodes() == []
         await _still_serves(path)
     assert _logged(caplog, "claims this node's own name")
+
+
+async def test_a_large_message_right_behind_the_initiators_proof_is_delivered(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The initiator may write as soon as its proof is out (a real one flushes what was queued
+    # while connecting). Bytes that arrive with the proof are decoded under the handshake's
+    # 64 KiB limit, so a larger message there drops the new connection as malformed.
+    async with otp.open_node(B):
+        otp.register("inbox", otp.self())
+        await _listening(tmp_path / "b.sock")
+        stream = await trio.open_unix_socket(str(tmp_path / "b.sock"))
+        async with stream:
+            dial = _HandDial(stream, X)
+            await dial.hello()
+            proof = await dial.proof()
+            big = b"x" * 100_000
+            message = _frame(
+                wire.MessageType.REG_SEND,
+                {"from": wire.Pid(X, 1, 1), "to": "inbox", "msg": big},
+            )
+            await stream.send_all(proof + message)
+            assert await otp.receive(timeout=5, default=None) == big
+            assert otp.nodes() == [X]
+
+
+async def test_an_exact_frame_stream_reads_nothing_past_the_frame_it_returns() -> None:
+    # Two frames in one write: the first read under a tight limit, the second (larger than
+    # that limit) under the one set after it.
+    left, right = trio.testing.memory_stream_pair()
+    frames = wire.FrameStream(right, limits=wire.Limits(max_payload=100), exact=True)
+    small = _frame(wire.MessageType.PING, None)
+    big = _frame(
+        wire.MessageType.REG_SEND, {"from": wire.Pid(X, 1, 1), "to": "x", "msg": b"y" * 500}
+    )
+    await left.send_all(small + big)
+    first = await frames.receive_frame()
+    assert first is not None and first.type is wire.MessageType.PING
+    frames.limits = wire.Limits(max_payload=1000)
+    frames.exact = False
+    (second,) = await frames.receive_frames()
+    assert second.payload["msg"] == b"y" * 500
