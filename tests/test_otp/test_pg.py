@@ -24,6 +24,7 @@ from .test_distribution.helpers import (
     X,
     _ask_factory,
     _connected,
+    _distributed,
     _listening,
     _listening_at,
     _raw_peer,
@@ -611,3 +612,31 @@ async def test_a_join_refused_for_its_group_name_says_why(
         with pytest.raises(otp.BadArg, match=r"able to cross.*max_depth"):
             otp.pg.join(deep)  # deeper than the wire carries
         assert otp.pg.which_groups() == []
+
+
+async def test_process_groups_converge_across_nodes(sockets: Any) -> None:
+    async def join_remote() -> None:
+        async def member() -> None:
+            otp.pg.join("workers")
+            await otp.receive()
+
+        otp.spawn(member)
+        otp.spawn(member)
+
+    async with PeerNode("b@localhost", sockets("b"), setup=join_remote):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            ref, _ = otp.pg.monitor_scope()
+            otp.pg.join("workers")
+            await otp.connect("b@localhost", sockets("b"))
+            joined = await otp.receive(otp.pg.PgJoin)
+            while len(otp.pg.get_members("workers")) < 3:
+                await otp.receive(otp.pg.PgJoin)
+            members = otp.pg.get_members("workers")
+            assert sorted(p.node for p in members) == ["a@localhost", "b@localhost", "b@localhost"]
+            assert otp.pg.get_local_members("workers") == [otp.self()]
+            assert joined.ref == ref
+            otp.disconnect("b@localhost")
+            leave = await otp.receive(otp.pg.PgLeave)
+            assert {p.node for p in leave.pids} == {"b@localhost"}
+            assert otp.pg.get_members("workers") == [otp.self()]

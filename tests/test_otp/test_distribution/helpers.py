@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +137,119 @@ async def _listening(path: Path, **config: Any) -> None:
 
 def _frame(mtype: wire.MessageType, payload: Any) -> bytes:
     return wire.encode_message(mtype, payload, codec=wire.Codec.TLV)
+
+
+async def _sink() -> None:
+    """Registered as "sink" on the peer: logs every message (exit signals and DOWNs as tagged
+    tuples) and hands the log over on ("report", pid)."""
+    otp.process_flag(trap_exit=True)
+    log: list[Any] = []
+    while True:
+        message = await otp.receive()
+        if isinstance(message, tuple) and message and message[0] == "report":
+            otp.send(message[1], ("log", log))
+            log = []
+        elif isinstance(message, tuple) and message and message[0] == "pid":
+            otp.send(message[1], ("sink", otp.self()))
+        elif isinstance(message, tuple) and message and message[0] == "monitor":
+            otp.monitor(message[1])
+            otp.send(message[2], "monitoring")
+        elif isinstance(message, otp.Exit):
+            log.append(("EXIT", message.reason))
+        elif isinstance(message, otp.Down):
+            log.append(("DOWN", message.reason))
+        elif isinstance(message, list) and message and isinstance(message[0], list):
+            log.append(("depth", _depth(message)))  # too deep to send back whole
+        else:
+            log.append(message)
+
+
+async def _with_sink() -> None:
+    otp.register("sink", otp.spawn(_sink))
+
+
+async def _up(sockets: Any, **config: Any) -> None:
+    await otp.start_distribution(otp.DistConfig(cookie=COOKIE, listen=(sockets("a"),), **config))
+    assert await otp.connect(B, sockets("b"))
+
+
+async def _log(within: float = 4.0) -> list[Any]:
+    otp.send(("sink", B), ("report", otp.self()))
+    with trio.fail_after(within):
+        _, log = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "log")
+    assert isinstance(log, list)
+    return log
+
+
+async def _sink_pid() -> otp.Pid:
+    otp.send(("sink", B), ("pid", otp.self()))
+    with trio.fail_after(4):
+        _, pid = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "sink")
+    assert isinstance(pid, otp.Pid)
+    return pid
+
+
+def _depth(value: Any) -> int:
+    depth = 0
+    while isinstance(value, list):
+        depth += 1
+        value = value[0] if value else None
+    return depth
+
+
+async def _distributed(name: str, address: str, **config: Any) -> None:
+    await otp.start_distribution(otp.DistConfig(cookie=COOKIE, listen=(address,), **config))
+
+
+def _exchange(path: str, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send ``data`` on a fresh connection and read until the node closes it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        try:
+            sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            return b""
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass
+        return received
+
+
+def _hello(version: int = 2) -> bytes:
+    frame = wire.Handshake(
+        "x@localhost", (version,), (wire.Codec.TLV,), 0, {"challenge": b"c" * 32}
+    )
+    return wire.encode_frame(frame.to_frame())
+
+
+async def _node_is_healthy(peer_address: str, expected_processes: int) -> None:
+    async with otp.open_node("probe@localhost"):
+        await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
+        assert await otp.connect("b@localhost", peer_address)
+        # Its main process, net_kernel, the echo server and our connection: nothing left of the
+        # bad peers.
+        assert await otp.call(("echo", "b@localhost"), "process_count") == expected_processes
+
+
+@contextlib.asynccontextmanager
+async def _b_with_x(tmp_path: Path, **config: Any) -> AsyncIterator[trio.SocketStream]:
+    """Node b (this test's node, its main process registered as "inbox") listening at
+    ``tmp_path/b.sock``, and a connection to it made by hand as node x."""
+    async with otp.open_node("b@localhost"):
+        otp.register("inbox", otp.self())
+        await otp.start_distribution(
+            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/b.sock",), **config)
+        )
+        async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
+            stream,
+            _,
+        ):
+            yield stream
+
+
+def _marker() -> dict[str, Any]:
+    return {"from": wire.Pid("x@localhost", 1, 1), "to": "inbox", "msg": "done"}

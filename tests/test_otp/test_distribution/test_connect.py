@@ -17,12 +17,15 @@ import otp
 import wire
 from otp._node import current_node
 
-from ..peer import COOKIE, PeerNode, messages_to
+from ..peer import COOKIE, PeerNode, messages_to, raw_peer
 from .helpers import (
     A,
     B,
     X,
+    _b_with_x,
     _connected,
+    _distributed,
+    _frame,
     _HandDial,
     _listening,
     _listening_at,
@@ -405,3 +408,105 @@ async def test_a_cancelled_monitor_node_request_leaves_nothing_behind(
             otp.monitor_node(X)
             otp.monitor_node(X, False)
             assert current_node().distribution.node_watchers == {}
+
+
+async def test_losing_a_connection_fires_noconnection_and_nodedown(sockets: Any) -> None:
+    peer = PeerNode("b@localhost", sockets("b"))
+    async with peer:
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            await otp.connect("b@localhost", sockets("b"))
+            otp.process_flag(trap_exit=True)
+            remote_echo_ref = otp.monitor(("echo", "b@localhost"))
+            otp.monitor_node("b@localhost")
+            peer.stop()
+            down = await otp.receive(otp.Down)
+            assert down.ref == remote_echo_ref
+            assert down.reason in (otp.NOCONNECTION, otp.KILLED)
+            assert await otp.receive(otp.NodeDown) == otp.NodeDown("b@localhost")
+            assert otp.nodes() == []
+
+
+async def test_a_node_needs_a_real_name_to_be_distributed(sockets: Any) -> None:
+    async with otp.open_node():
+        with pytest.raises(otp.DistributionError, match="needs a name like 'a@host'"):
+            await _distributed("a", sockets("a"))
+
+
+async def test_a_full_mesh_forms_through_a_common_peer(sockets: Any) -> None:
+    async with PeerNode("b@localhost", sockets("b")), PeerNode("c@localhost", sockets("c")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            await otp.connect("b@localhost", sockets("b"))
+            await otp.connect("c@localhost", sockets("c"))
+            # b and c learn of each other through a, and connect.
+            with trio.fail_after(5):
+                while "c@localhost" not in await otp.call(("echo", "b@localhost"), "nodes"):
+                    await trio.sleep(0.01)
+            assert await otp.call(("echo", "c@localhost"), "nodes") == [
+                "a@localhost",
+                "b@localhost",
+            ]
+
+
+async def test_killing_net_kernel_leaves_nothing_of_the_distribution_behind(
+    sockets: Any, tmp_path: Path
+) -> None:
+    # Every connection process, dialled or accepted, is linked to the node's net_kernel, which
+    # owns the listeners: killed, it takes them all with it.
+    async with PeerNode("b@localhost", sockets("b")), otp.open_node("a@localhost"):
+        await _distributed("a", sockets("a"))
+        assert await otp.connect("b@localhost", sockets("b"))  # dialled by a
+        async with raw_peer(tmp_path / "a.sock", COOKIE, "x@localhost", "a@localhost"):
+            with trio.fail_after(5):  # accepted by a
+                while "x@localhost" not in otp.nodes():
+                    await trio.sleep(0.01)
+            kernel = otp.whereis("otp.net_kernel")
+            assert kernel is not None
+            others = [p for p in otp.processes() if p not in (otp.self(), kernel)]
+            assert len(others) == 2
+            refs = {otp.monitor(p): p for p in [kernel, *others]}
+            echo = otp.monitor(("echo", "b@localhost"))
+            otp.exit(kernel, otp.KILL)
+            with trio.fail_after(5):
+                down = await otp.receive(lambda m: isinstance(m, otp.Down) and m.ref == echo)
+                assert down.reason == otp.NOCONNECTION
+                while refs:
+                    refs.pop((await otp.receive(otp.Down)).ref, None)
+            assert otp.processes() == [otp.self()]
+            assert otp.nodes() == []
+            assert not (tmp_path / "a.sock").exists()
+            with pytest.raises(otp.DistributionError, match="not distributed"):
+                await otp.connect("b@localhost", sockets("b"))
+        # Distribution may be started again.
+        await _distributed("a", sockets("a"))
+        assert await otp.connect("b@localhost", sockets("b"))
+
+
+async def test_a_peers_list_is_capped_and_dialled_at_a_bounded_rate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="otp.dist")
+    nodes = {f"n{i}@localhost": f"unix:{tmp_path}/n{i}.sock" for i in range(5000)}
+    nodes["evil\n@localhost"] = f"unix:{tmp_path}/evil.sock"
+    nodes["m@localhost"] = f"unix:{tmp_path}/m\n.sock"
+
+    def dials() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.getMessage().startswith("distribution connection to ")
+        ]
+
+    async with _b_with_x(tmp_path) as stream:
+        peers = {"from": wire.Pid("x@localhost", 0, 1), "to": wire.Atom("$net_kernel")}
+        await stream.send_all(_frame(wire.MessageType.REG_SEND, {**peers, "msg": ("peers", nodes)}))
+        await trio.sleep(1.0)
+        assert 1 <= len(dials()) <= 11  # mesh_dial_rate=10 a second
+        await trio.sleep(600)
+        dialled = dials()
+        assert len(dialled) == 256  # mesh_max_nodes
+        assert not any("evil" in d or "\n" in d for d in dialled)
+    assert any("mesh_max_nodes=256" in r.getMessage() for r in caplog.records)

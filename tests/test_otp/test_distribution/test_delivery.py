@@ -1,8 +1,10 @@
-"""Distribution between nodes: each peer node runs its own trio.run in a thread, so everything
-between them crosses real sockets, the handshake and the wire codec."""
+"""Message delivery across nodes: sends and name sends, per-pair order in bursts, values too big
+or too deep for a batch, every value type, sends queued while a connection is set up. Peer nodes
+run in threads (tests/test_otp/peer.py), so everything crosses real sockets and the wire codec."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +15,23 @@ import trio.testing
 import otp
 import wire
 
-from ..peer import COOKIE, PeerNode, raw_peer
-from .helpers import B, X, _ask_factory, _connected, _frame, _listening, _raw_peer, _with_factory
-
-
-async def _distributed(name: str, address: str, **config: Any) -> None:
-    await otp.start_distribution(otp.DistConfig(cookie=COOKIE, listen=(address,), **config))
+from ..peer import COOKIE, PeerNode
+from .helpers import (
+    A,
+    B,
+    X,
+    _ask_factory,
+    _connected,
+    _distributed,
+    _frame,
+    _listening,
+    _log,
+    _raw_peer,
+    _sink_pid,
+    _up,
+    _with_factory,
+    _with_sink,
+)
 
 
 async def test_call_cast_and_send_reach_a_process_on_another_node(sockets: Any) -> None:
@@ -38,113 +51,6 @@ async def test_call_cast_and_send_reach_a_process_on_another_node(sockets: Any) 
             assert await otp.receive() == ("echo", "plain")
 
 
-async def test_remote_call_errors_carry_the_remote_reason(sockets: Any) -> None:
-    async with PeerNode("b@localhost", sockets("b")):
-        async with otp.open_node("a@localhost"):
-            await _distributed("a", sockets("a"))
-            await otp.connect("b@localhost", sockets("b"))
-            with pytest.raises(otp.CallTimeout):
-                await otp.call(("echo", "b@localhost"), "hang", timeout=0.2)
-            with pytest.raises(otp.CallError) as info:
-                await otp.call(("nobody", "b@localhost"), "x")
-            assert info.value.reason == otp.NOPROC
-            with pytest.raises(otp.CallError) as info:
-                await otp.call(("echo", "b@localhost"), "crash")
-            reason = info.value.reason
-            assert isinstance(reason, otp.Crash)
-            assert isinstance(reason.exception, otp.RemoteException)
-            assert reason.exception.type_name == "RuntimeError"
-            assert "remote crash" in reason.exception.remote_traceback
-
-
-async def test_links_and_monitors_cross_nodes(sockets: Any) -> None:
-    async with PeerNode("b@localhost", sockets("b")):
-        async with otp.open_node("a@localhost"):
-            await _distributed("a", sockets("a"))
-            await otp.connect("b@localhost", sockets("b"))
-            otp.process_flag(trap_exit=True)
-            # A remote pid, learnt from a message.
-            otp.send(("echo", "b@localhost"), (otp.self(), "hello"))
-            await otp.receive()
-            echo = await otp.call(("echo", "b@localhost"), "whoami")
-            assert echo == "b@localhost"
-            ref = otp.monitor(("echo", "b@localhost"))
-            assert otp.demonitor(ref) is True
-
-            async def local_then_crash() -> None:
-                await otp.receive()
-                otp.exit_self("bye")
-
-            # A remote process links to a local one through a cast that makes it send: simpler,
-            # link from here to a process spawned remotely is what a supervisor does.
-            pid = otp.spawn(local_then_crash)
-            otp.link(pid)
-            otp.send(pid, "go")
-            assert await otp.receive(otp.Exit) == otp.Exit(pid, "bye")
-
-
-async def test_exit_signals_cross_nodes_by_otps_rules(sockets: Any) -> None:
-    async with PeerNode("b@localhost", sockets("b")):
-        async with otp.open_node("a@localhost"):
-            await _distributed("a", sockets("a"))
-            await otp.connect("b@localhost", sockets("b"))
-            otp.process_flag(trap_exit=True)
-            echo = ("echo", "b@localhost")
-            # A remote process dies with a reason: the link brings it here.
-            remote = await otp.call(echo, ("spawn", "remote_reason"))
-            assert remote.node == "b@localhost"
-            otp.link(remote)
-            otp.send(remote, "go")
-            assert await otp.receive(otp.Exit) == otp.Exit(remote, "remote_reason")
-            # exit(Pid, kill) across nodes is untrappable and becomes killed.
-            remote = await otp.call(echo, ("spawn", "unused"))
-            ref = otp.monitor(remote)
-            otp.exit(remote, otp.KILL)
-            assert await otp.receive(otp.Down) == otp.Down(ref, remote, otp.KILLED)
-            # Linking to a dead remote process while trapping gives Exit(noproc).
-            otp.link(remote)
-            assert await otp.receive(otp.Exit) == otp.Exit(remote, otp.NOPROC)
-            # A local crash reaches a linked remote process, which dies of it.
-            remote = await otp.call(echo, ("spawn", "unused"))
-            ref = otp.monitor(remote)
-
-            async def crash_linked(pid: otp.Pid) -> None:
-                otp.link(pid)
-                raise ValueError("local crash")
-
-            otp.spawn(crash_linked, remote)
-            down = await otp.receive(otp.Down)
-            assert down.ref == ref
-            assert isinstance(down.reason, otp.Crash)
-            assert down.reason.exception.type_name == "ValueError"
-
-
-async def test_losing_a_connection_fires_noconnection_and_nodedown(sockets: Any) -> None:
-    peer = PeerNode("b@localhost", sockets("b"))
-    async with peer:
-        async with otp.open_node("a@localhost"):
-            await _distributed("a", sockets("a"))
-            await otp.connect("b@localhost", sockets("b"))
-            otp.process_flag(trap_exit=True)
-            remote_echo_ref = otp.monitor(("echo", "b@localhost"))
-            otp.monitor_node("b@localhost")
-            peer.stop()
-            down = await otp.receive(otp.Down)
-            assert down.ref == remote_echo_ref
-            assert down.reason in (otp.NOCONNECTION, otp.KILLED)
-            assert await otp.receive(otp.NodeDown) == otp.NodeDown("b@localhost")
-            assert otp.nodes() == []
-
-
-async def test_a_wrong_cookie_is_refused(sockets: Any, caplog: pytest.LogCaptureFixture) -> None:
-    async with PeerNode("b@localhost", sockets("b"), cookie=b"another-cookie-entirely"):
-        async with otp.open_node("a@localhost"):
-            await _distributed("a", sockets("a"))
-            assert await otp.connect("b@localhost", sockets("b")) is False
-            assert otp.nodes() == []
-    assert any("does not know our cookie" in r.getMessage() for r in caplog.records)
-
-
 async def test_messages_to_an_unreachable_node_are_dropped(sockets: Any) -> None:
     async with otp.open_node("a@localhost"):
         await _distributed("a", sockets("a"))
@@ -153,68 +59,6 @@ async def test_messages_to_an_unreachable_node_are_dropped(sockets: Any) -> None
         with pytest.raises(otp.CallError) as info:
             await otp.call(("echo", "ghost@localhost"), "x")
         assert info.value.reason == otp.NOCONNECTION
-
-
-async def test_unix_sockets_are_created_mode_0600(sockets: Any, tmp_path: Path) -> None:
-    async with otp.open_node("a@localhost"):
-        await _distributed("a", sockets("a"))
-        assert (tmp_path / "a.sock").stat().st_mode & 0o777 == 0o600
-
-
-async def test_tcp_without_tls_needs_insecure_tcp() -> None:
-    async with otp.open_node("a@localhost"):
-        with pytest.raises(otp.DistributionError, match="needs TLS certificates"):
-            await _distributed("a", "tcp:127.0.0.1:0")
-
-
-async def test_a_node_needs_a_real_name_to_be_distributed(sockets: Any) -> None:
-    async with otp.open_node():
-        with pytest.raises(otp.DistributionError, match="needs a name like 'a@host'"):
-            await _distributed("a", sockets("a"))
-
-
-async def test_process_groups_converge_across_nodes(sockets: Any) -> None:
-    async def join_remote() -> None:
-        async def member() -> None:
-            otp.pg.join("workers")
-            await otp.receive()
-
-        otp.spawn(member)
-        otp.spawn(member)
-
-    async with PeerNode("b@localhost", sockets("b"), setup=join_remote):
-        async with otp.open_node("a@localhost"):
-            await _distributed("a", sockets("a"))
-            ref, _ = otp.pg.monitor_scope()
-            otp.pg.join("workers")
-            await otp.connect("b@localhost", sockets("b"))
-            joined = await otp.receive(otp.pg.PgJoin)
-            while len(otp.pg.get_members("workers")) < 3:
-                await otp.receive(otp.pg.PgJoin)
-            members = otp.pg.get_members("workers")
-            assert sorted(p.node for p in members) == ["a@localhost", "b@localhost", "b@localhost"]
-            assert otp.pg.get_local_members("workers") == [otp.self()]
-            assert joined.ref == ref
-            otp.disconnect("b@localhost")
-            leave = await otp.receive(otp.pg.PgLeave)
-            assert {p.node for p in leave.pids} == {"b@localhost"}
-            assert otp.pg.get_members("workers") == [otp.self()]
-
-
-async def test_a_full_mesh_forms_through_a_common_peer(sockets: Any) -> None:
-    async with PeerNode("b@localhost", sockets("b")), PeerNode("c@localhost", sockets("c")):
-        async with otp.open_node("a@localhost"):
-            await _distributed("a", sockets("a"))
-            await otp.connect("b@localhost", sockets("b"))
-            await otp.connect("c@localhost", sockets("c"))
-            # b and c learn of each other through a, and connect.
-            with trio.fail_after(5):
-                while "c@localhost" not in await otp.call(("echo", "b@localhost"), "nodes"):
-                    await trio.sleep(0.01)
-            assert await otp.call(("echo", "c@localhost"), "nodes") == [
-                "a@localhost",
-                "b@localhost",
-            ]
 
 
 async def test_a_burst_of_sends_casts_and_calls_keeps_per_pair_order(sockets: Any) -> None:
@@ -260,289 +104,7 @@ async def test_a_bad_message_in_a_burst_fails_in_its_sender_only(sockets: Any) -
             assert [await otp.receive() for _ in range(200)] == [("echo", i) for i in range(200)]
 
 
-async def test_a_clean_stop_removes_the_unix_socket_file(sockets: Any, tmp_path: Path) -> None:
-    async with otp.open_node("a@localhost"):
-        await _distributed("a", sockets("a"))
-        assert (tmp_path / "a.sock").is_socket()
-    assert not (tmp_path / "a.sock").exists()
-
-
-async def test_killing_net_kernel_leaves_nothing_of_the_distribution_behind(
-    sockets: Any, tmp_path: Path
-) -> None:
-    # Every connection process, dialled or accepted, is linked to the node's net_kernel, which
-    # owns the listeners: killed, it takes them all with it.
-    async with PeerNode("b@localhost", sockets("b")), otp.open_node("a@localhost"):
-        await _distributed("a", sockets("a"))
-        assert await otp.connect("b@localhost", sockets("b"))  # dialled by a
-        async with raw_peer(tmp_path / "a.sock", COOKIE, "x@localhost", "a@localhost"):
-            with trio.fail_after(5):  # accepted by a
-                while "x@localhost" not in otp.nodes():
-                    await trio.sleep(0.01)
-            kernel = otp.whereis("otp.net_kernel")
-            assert kernel is not None
-            others = [p for p in otp.processes() if p not in (otp.self(), kernel)]
-            assert len(others) == 2
-            refs = {otp.monitor(p): p for p in [kernel, *others]}
-            echo = otp.monitor(("echo", "b@localhost"))
-            otp.exit(kernel, otp.KILL)
-            with trio.fail_after(5):
-                down = await otp.receive(lambda m: isinstance(m, otp.Down) and m.ref == echo)
-                assert down.reason == otp.NOCONNECTION
-                while refs:
-                    refs.pop((await otp.receive(otp.Down)).ref, None)
-            assert otp.processes() == [otp.self()]
-            assert otp.nodes() == []
-            assert not (tmp_path / "a.sock").exists()
-            with pytest.raises(otp.DistributionError, match="not distributed"):
-                await otp.connect("b@localhost", sockets("b"))
-        # Distribution may be started again.
-        await _distributed("a", sockets("a"))
-        assert await otp.connect("b@localhost", sockets("b"))
-
-
-def test_the_queue_bounds_are_set_by_the_nodes_flags(tmp_path: Path) -> None:
-    from otp.node._config import load_config
-
-    cookie = tmp_path / "cookie"
-    cookie.write_bytes(COOKIE)
-    cookie.chmod(0o600)
-    base = ["--name", "a@localhost", "--cookie-file", str(cookie)]
-    default = load_config(base).distribution
-    assert default is not None
-    assert (default.config.busy_limit, default.config.queue_limit) == (1 << 20, 64 << 20)
-    flags = ["--dist-busy-limit", "4096", "--dist-queue-limit", "65536"]
-    settings = load_config(base + flags).distribution
-    assert settings is not None
-    assert (settings.config.busy_limit, settings.config.queue_limit) == (4096, 65536)
-
-
-async def test_senders_suspended_by_a_busy_connection_resume_as_the_peer_reads(
-    sockets: Any,
-) -> None:
-    # A 64 KiB busy limit, 4 MiB sent by two processes: each is suspended many times, resumed
-    # as the peer reads, and every message arrives once, in order per sender.
-    async with PeerNode("b@localhost", sockets("b")):
-        async with otp.open_node("a@localhost"):
-            await _distributed("a", sockets("a"), busy_limit=64 * 1024)
-            await otp.connect("b@localhost", sockets("b"))
-            me = otp.self()
-
-            async def sender(tag: str) -> None:
-                for i in range(2000):
-                    otp.cast(("echo", "b@localhost"), (me, (tag, i, b"x" * 1024)))
-                    await otp.receive(timeout=0, default=None)
-                otp.send(me, (tag, "done"))
-
-            otp.spawn(sender, "p")
-            otp.spawn(sender, "q")
-            got: dict[str, list[int]] = {"p": [], "q": []}
-            done = 0
-            with trio.fail_after(60):
-                while done < 2 or len(got["p"]) + len(got["q"]) < 4000:
-                    message = await otp.receive()
-                    if message[1] == "done":
-                        done += 1
-                    else:
-                        got[message[0]].append(message[1])
-            assert got == {"p": list(range(2000)), "q": list(range(2000))}
-
-
 # -- how frames are written and read: direct writes, lazy frames, the socket reader ----------
-
-
-def _connection_on(sock: Any, **config: Any) -> Any:
-    """A Connection that is up on ``sock`` (one end of a socketpair), of the current node's
-    Distribution; its writer is not started."""
-    from otp._distribution import Connection, Distribution
-
-    dist = Distribution(otp.current_node(), otp.DistConfig(cookie=COOKIE, **config))
-    conn = Connection(dist, "b@localhost")
-    conn.codec = wire.Codec.TLV
-    conn.state = "up"
-    conn.direct_fd = sock.fileno()
-    return conn
-
-
-def _frames_in(data: bytes) -> list[tuple[wire.MessageType, Any]]:
-    return [(f.type, f.payload) for f in wire.FrameDecoder().feed(data)]
-
-
-def _ping_payload(i: int) -> dict[str, Any]:
-    return {"to": wire.Pid("b@localhost", 1, 1), "msg": i}
-
-
-async def test_a_lazy_frame_waits_for_the_next_frame_and_goes_first_in_its_write() -> None:
-    import socket
-
-    SEND, DEMONITOR = wire.MessageType.SEND, wire.MessageType.DEMONITOR
-    async with otp.open_node("a@localhost"):
-        ours, theirs = socket.socketpair()
-        with ours, theirs:
-            theirs.setblocking(False)
-            conn = _connection_on(ours)
-            conn.enqueue(DEMONITOR, {"ref": 1}, lazy=True)
-            # Nothing written, nobody woken: it waits for the next frame.
-            with pytest.raises(BlockingIOError):
-                theirs.recv(65536)
-            assert not conn.idle
-            conn.enqueue(SEND, _ping_payload(1))
-            assert conn.idle  # both went out in one direct write, the lazy frame first
-            assert _frames_in(theirs.recv(65536)) == [
-                (DEMONITOR, {"ref": 1}),
-                (SEND, _ping_payload(1)),
-            ]
-
-
-async def test_a_lone_lazy_frame_is_written_by_the_writer_after_lazy_delay(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    from otp._distribution import LAZY_DELAY
-
-    async with otp.open_node("a@localhost"):
-        ours, theirs = trio.socket.socketpair()
-        with ours, theirs:
-            conn = _connection_on(ours)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(conn.write_loop, trio.SocketStream(ours))
-                await trio.testing.wait_all_tasks_blocked()
-                start = trio.current_time()
-                conn.enqueue(wire.MessageType.DEMONITOR, {"ref": 2}, lazy=True)
-                data = await theirs.recv(65536)
-                assert trio.current_time() - start >= LAZY_DELAY
-                assert _frames_in(data) == [(wire.MessageType.DEMONITOR, {"ref": 2})]
-                nursery.cancel_scope.cancel()
-
-
-async def test_a_frame_sent_while_the_writer_writes_queues_behind_it_in_order() -> None:
-    # The direct write is only for an idle connection: a frame sent while a long one is
-    # still being written (the peer reads slowly) must not cut into it.
-    SEND = wire.MessageType.SEND
-    async with otp.open_node("a@localhost"):
-        ours, theirs = trio.socket.socketpair()
-        with ours, theirs:
-            conn = _connection_on(ours)
-            big = {"to": wire.Pid("b@localhost", 1, 1), "msg": b"x" * (4 << 20)}
-            received = bytearray()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(conn.write_loop, trio.SocketStream(ours))
-                await trio.testing.wait_all_tasks_blocked()
-                conn.enqueue(SEND, big)  # the socket takes part of it: the writer has the rest
-                await trio.testing.wait_all_tasks_blocked()
-                assert not conn.idle
-                for i in range(3):
-                    conn.enqueue(SEND, _ping_payload(i))
-                conn.enqueue(wire.MessageType.DEMONITOR, {"ref": 3}, lazy=True)
-                while len(_frames_in(bytes(received))) < 5:
-                    received += await theirs.recv(1 << 20)
-                nursery.cancel_scope.cancel()
-            frames = _frames_in(bytes(received))
-            assert [payload["msg"] if t is SEND else payload for t, payload in frames] == [
-                big["msg"],
-                0,
-                1,
-                2,
-                {"ref": 3},
-            ]
-
-
-async def test_the_busy_limit_still_suspends_a_sender_of_direct_writes() -> None:
-    async with otp.open_node("a@localhost"):
-        ours, theirs = trio.socket.socketpair()
-        with ours, theirs:
-            conn = _connection_on(ours, busy_limit=64 * 1024, queue_limit=1 << 30)
-            from otp._process import current_process
-
-            me = current_process()
-            payload = {"to": wire.Pid("b@localhost", 1, 1), "msg": b"y" * 4096}
-            while not conn.busy:  # nobody reads: past what the socket takes, frames queue
-                conn.enqueue(wire.MessageType.SEND, payload)
-            assert me.suspended is not None  # its next receive waits until half is written
-
-
-async def test_the_socket_reader_returns_frames_as_they_complete_and_then_the_error() -> None:
-    from otp._distribution import _SocketFrames
-
-    SEND = wire.MessageType.SEND
-    frame = wire.encode_message(SEND, _ping_payload(7))
-    ours, theirs = trio.socket.socketpair()
-    with ours, theirs:
-        reader = _SocketFrames(ours.fileno(), wire.Limits())
-        await theirs.send(frame[:5])
-        async with trio.open_nursery() as nursery:
-            got: list[Any] = []
-
-            async def read() -> None:
-                got.append(await reader.receive_frames())
-
-            nursery.start_soon(read)
-            await trio.testing.wait_all_tasks_blocked()
-            assert got == []  # half a header: it waits for the rest
-            await theirs.send(frame[5:] + frame)
-        assert [(f.type, f.payload) for f in got[0]] == [(SEND, _ping_payload(7))] * 2
-        await theirs.send(frame + b"XX" + b"\0" * 14)
-        assert [f.payload for f in await reader.receive_frames()] == [_ping_payload(7)]
-        with pytest.raises(wire.WireError):
-            await reader.receive_frames()  # the bad header behind the good frame
-
-
-async def test_the_socket_reader_tells_a_clean_end_from_one_inside_a_frame() -> None:
-    from otp._distribution import _SocketFrames
-
-    frame = wire.encode_message(wire.MessageType.PING, None)
-    for tail, clean in ((b"", True), (frame[:3], False)):
-        ours, theirs = trio.socket.socketpair()
-        with ours:
-            reader = _SocketFrames(ours.fileno(), wire.Limits())
-            await theirs.send(frame + tail)
-            theirs.close()
-            assert [f.type for f in await reader.receive_frames()] == [wire.MessageType.PING]
-            if clean:
-                assert await reader.receive_frames() == []
-            else:
-                with pytest.raises(wire.Truncated):
-                    await reader.receive_frames()
-
-
-async def test_a_remote_call_whose_request_cannot_cross_records_nothing(sockets: Any) -> None:
-    async with PeerNode("b@localhost", sockets("b")):
-        async with otp.open_node("a@localhost"):
-            await _distributed("a", sockets("a"))
-            assert await otp.connect("b@localhost", sockets("b"))
-            remote = ("echo", "b@localhost")
-            with pytest.raises(otp.BadArg):
-                await otp.call(remote, object())
-            info = otp.process_info(otp.self())
-            assert info is not None and info.monitors == ()
-            assert await otp.call(remote, "after") == "after"
-            info = otp.process_info(otp.self())
-            assert info is not None and info.monitors == ()
-
-
-async def test_a_call_to_a_dead_remote_pid_fails_with_noproc(sockets: Any) -> None:
-    async with PeerNode(B, sockets("b"), setup=_with_factory), otp.open_node("a@localhost"):
-        await _connected(sockets)
-        worker = await _ask_factory("worker", 0, otp.NORMAL)
-        ref = otp.monitor(worker)
-        otp.send(worker, "go")
-        assert await otp.receive(otp.Down) == otp.Down(ref, worker, otp.NORMAL)
-        with pytest.raises(otp.CallError) as info:
-            await otp.call(worker, "anything", timeout=3)
-        assert info.value.reason == otp.NOPROC
-        assert not isinstance(info.value, otp.CallTimeout)
-
-
-async def test_a_call_to_a_pid_on_an_unknown_node_fails_with_noconnection(sockets: Any) -> None:
-    async with PeerNode(B, sockets("b")), otp.open_node("a@localhost"):
-        await _connected(sockets)
-        remote = await otp.call(("echo", B), ("spawn", "unused"))
-        ghost = otp.Pid._make("ghost@localhost", remote.id, remote.creation)
-        with pytest.raises(otp.CallError) as info:
-            await otp.call(ghost, "x", timeout=3)
-        assert info.value.reason == otp.NOCONNECTION
-        otp.send(ghost, "dropped silently")
-        otp.send(("echo", "ghost@localhost"), "dropped silently")
-        assert await otp.call(("echo", B), "still fine") == "still fine"
 
 
 async def test_send_to_an_unregistered_remote_name_is_dropped_silently(sockets: Any) -> None:
@@ -552,27 +114,6 @@ async def test_send_to_an_unregistered_remote_name_is_dropped_silently(sockets: 
         otp.cast(("nobody", B), "lost")
         assert await otp.call(("echo", B), "ok") == "ok"
         assert otp.nodes() == [B]
-
-
-async def test_a_call_in_flight_fails_with_noconnection_when_the_connection_drops(
-    sockets: Any,
-) -> None:
-    async with PeerNode(B, sockets("b")), otp.open_node("a@localhost"):
-        await _connected(sockets)
-        me = otp.self()
-
-        async def caller() -> None:
-            try:
-                await otp.call(("echo", B), "hang", timeout=10)
-            except otp.CallError as exc:
-                otp.send(me, ("call failed", exc.reason, isinstance(exc, otp.CallTimeout)))
-
-        otp.spawn(caller)
-        # The request reached B (per-pair order) once a later call from here is answered.
-        assert await otp.call(("echo", B), "sync") == "sync"
-        otp.disconnect(B)
-        with trio.fail_after(3):
-            assert await otp.receive() == ("call failed", otp.NOCONNECTION, False)
 
 
 @pytest.mark.parametrize(
@@ -682,43 +223,301 @@ async def test_a_process_registered_under_the_internal_names_gets_its_remote_mes
             assert await otp.receive(timeout=5, default=None) == 1
 
 
-async def test_a_remote_call_that_times_out_drops_the_late_reply_and_demonitors(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+def _nested(depth: int) -> list[Any]:
+    """A list whose containers nest ``depth`` deep (``[]`` has depth 1)."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+async def test_name_sends_and_pid_sends_from_one_process_keep_their_order(sockets: Any) -> None:
+    # Sends to ("sink", B) and to the sink's pid are signals from one sender to one receiver.
+    async with PeerNode(B, sockets("b"), setup=_with_sink), otp.open_node(A):
+        await _up(sockets)
+        sink = await _sink_pid()
+        expected = []
+        for i in range(3000):
+            dest: Any = sink if (i // 7) % 2 else ("sink", B)
+            otp.send(dest, i)
+            expected.append(i)
+            if i % 997 == 0:
+                await trio.sleep(0)  # let the writer take a partial batch now and then
+        assert await _log() == expected
+
+
+async def test_a_message_too_big_for_a_batch_keeps_its_place_in_a_burst(sockets: Any) -> None:
+    async with PeerNode(B, sockets("b"), setup=_with_sink), otp.open_node(A):
+        await _up(sockets)
+        sink = await _sink_pid()
+        big = b"x" * 300_000
+        for i in range(1000):
+            otp.send(sink, i)
+        otp.send(sink, big)
+        otp.send(("sink", B), "by name")
+        otp.send(sink, big)
+        for i in range(1000, 2000):
+            otp.send(sink, i)
+        log = await _log()
+        assert log == [*range(1000), big, "by name", big, *range(1000, 2000)]
+
+
+async def test_an_unencodable_message_fails_in_its_sender_and_spares_the_burst(
+    sockets: Any,
 ) -> None:
-    async with otp.open_node(B):
-        await _listening(tmp_path / "b.sock")
-        async with _raw_peer(tmp_path / "b.sock") as (stream, frames):
-            with trio.fail_after(5):
-                assert await frames.receive_frame() is not None  # b counts us as up
-            with pytest.raises(otp.CallTimeout):
-                await otp.call(("srv", X), "slow", timeout=1)
-            seen: dict[wire.MessageType, Any] = {}
-            with trio.fail_after(5):
-                while wire.MessageType.DEMONITOR not in seen:
-                    frame = await frames.receive_frame()
-                    assert frame is not None
-                    seen[frame.type] = frame.payload
-            monitor = seen[wire.MessageType.MONITOR]
-            assert monitor["to"] == "srv"
-            assert seen[wire.MessageType.DEMONITOR]["ref"] == monitor["ref"]
-            request = seen.get(wire.MessageType.REG_SEND) or seen[wire.MessageType.REG_SEND_BATCH]
-            _, (caller, tag), _ = request["msg"] if "msg" in request else request["msgs"][0]
-            # The reply and a DOWN, late: neither reaches the caller's mailbox.
-            await stream.send_all(
-                _frame(
-                    wire.MessageType.SEND,
-                    {"to": caller, "msg": (wire.Atom("$gen_reply"), tag, "late")},
-                )
-                + _frame(
-                    wire.MessageType.DOWN,
-                    {
-                        "from": wire.Atom("srv"),
-                        "to": caller,
-                        "ref": monitor["ref"],
-                        "reason": wire.ExitReason("noproc"),
-                    },
-                )
+    async with PeerNode(B, sockets("b"), setup=_with_sink), otp.open_node(A):
+        await _up(sockets)
+        sink = await _sink_pid()
+        huge = 1 << (8 * 2000)  # over max_bigint_bytes
+        for i in range(500):
+            otp.send(sink, i)
+        with pytest.raises(otp.BadArg):
+            otp.send(sink, huge)
+        with pytest.raises(otp.BadArg):
+            otp.send(("sink", B), [1, huge])
+        with pytest.raises(otp.BadArg):
+            otp.send(sink, object())
+        for i in range(500, 1000):
+            otp.send(sink, i)
+        assert await _log() == list(range(1000))
+        assert otp.nodes() == [B]
+
+
+async def test_a_message_over_max_payload_fails_in_its_sender_mid_burst(sockets: Any) -> None:
+    limits = wire.Limits(max_payload=100_000)
+    async with (
+        PeerNode(B, sockets("b"), setup=_with_sink, limits=limits),
+        otp.open_node(A),
+    ):
+        await _up(sockets, limits=limits)
+        sink = await _sink_pid()
+        for i in range(100):
+            otp.send(sink, i)
+        with pytest.raises(otp.BadArg):
+            otp.send(sink, b"x" * 200_000)
+        otp.send(sink, b"y" * 90_000)  # too big for a batch, fits a frame of its own
+        otp.send(sink, "after")
+        assert await _log() == [*range(100), b"y" * 90_000, "after"]
+        assert otp.nodes() == [B]
+
+
+def _lone_send_accepts(value: Any) -> bool:
+    """Whether a lone SEND frame of ``value`` passes the default limits (what the sender checks
+    when it writes a message straight to an idle socket)."""
+    try:
+        wire.encode_message(
+            wire.MessageType.SEND, {"to": wire.Pid(B, 1, 1), "msg": value}, codec=wire.Codec.TLV
+        )
+    except wire.WireError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("depth", [255, 256])
+async def test_a_deep_message_in_a_burst_is_delivered_or_refused_in_its_sender(
+    sockets: Any, depth: int
+) -> None:
+    async with PeerNode(B, sockets("b"), setup=_with_sink), otp.open_node(A):
+        await _up(sockets)
+        sink = await _sink_pid()
+        deep = _nested(depth)
+        sent: list[Any] = []
+        for i in range(50):
+            otp.send(sink, i)
+            sent.append(i)
+        try:
+            otp.send(sink, deep)
+            sent.append(("depth", depth))
+        except otp.BadArg:
+            assert not _lone_send_accepts(deep), "a value a lone send takes was refused"
+        otp.send(sink, "after")
+        sent.append("after")
+        assert await _log(2.0) == sent
+        assert otp.nodes() == [B]
+
+
+async def test_a_deep_message_sent_alone_is_delivered_or_refused_in_its_sender(
+    sockets: Any,
+) -> None:
+    async with PeerNode(B, sockets("b"), setup=_with_sink), otp.open_node(A):
+        await _up(sockets)
+        sink = await _sink_pid()
+        await _log()
+        ok = _nested(255)
+        assert _lone_send_accepts(ok)
+        otp.send(sink, ok)  # a lone message after a quiet spell: a plain SEND frame
+        await trio.sleep(0.01)
+        with pytest.raises(otp.BadArg):
+            otp.send(sink, _nested(300))
+        assert await _log() == [("depth", 255)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, type for type (a tuple is not a list, True is not 1, -0.0 is not 0.0, nan is nan)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        if math.isnan(a):
+            return math.isnan(b)
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        if len(a) != len(b):
+            return False
+        for key, value in a.items():
+            match = [k for k in b if _same(k, key)]
+            if len(match) != 1 or not _same(value, b[match[0]]):
+                return False
+        return True
+    return bool(a == b)
+
+
+def _values(me: otp.Pid, ref: otp.Ref) -> list[Any]:
+    return [
+        (),
+        [],
+        (1,),
+        [1],
+        [(1, 2), [3, (4,)]],
+        b"",
+        b"\x00\xff" * 10,
+        "hé\x00",
+        2**63 - 1,
+        -(2**63),
+        2**63,
+        -(2**63) - 1,
+        2**64,
+        -(2**64) - 1,
+        2**1000,
+        -(2**1000),
+        0.0,
+        -0.0,
+        1.5,
+        1.1,
+        5e-324,
+        1e308,
+        65504.0,
+        float("inf"),
+        float("-inf"),
+        float("nan"),
+        True,
+        False,
+        None,
+        wire.Atom("ok"),
+        me,
+        ref,
+        [me, (ref, [me, {"r": ref}])],
+        {
+            1: "int",
+            "s": "str",
+            b"b": "bytes",
+            (1, "x"): "tuple",
+            (): "empty tuple",
+            ((1, 2), (3,)): "nested tuple",
+            None: "none",
+            2.5: "float",
+            -0.0: "negative zero",
+            2**70: "bigint",
+            wire.Atom("a"): "atom",
+            me: "pid",
+            ref: "ref",
+        },
+        {"k": {"n": [(), {}]}},
+        {True: "true", False: "false", 0.5: "float"},
+        otp.Shutdown("restart"),
+        otp.ExitStatus(3),
+    ]
+
+
+@pytest.mark.parametrize("codec", [wire.Codec.CBOR, wire.Codec.TLV])
+async def test_every_value_type_crosses_unchanged_in_calls_and_bursts(
+    sockets: Any, codec: wire.Codec
+) -> None:
+    async with (
+        PeerNode(B, sockets("b"), setup=_with_sink, codecs=(codec,)),
+        otp.open_node(A),
+    ):
+        await _up(sockets, codecs=(codec,))
+        me = otp.self()
+        values = _values(me, otp.make_ref())
+        for value in values:
+            with trio.fail_after(4):
+                got = await otp.call(("echo", B), [value])
+            assert _same(got, [value]), (value, got)
+        # A burst: the values travel as batch items through the echo's handle_info.
+        for value in values:
+            otp.send(("echo", B), (me, value))
+        for value in values:
+            with trio.fail_after(4):
+                _, got = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "echo")
+            assert _same(got, value), (value, got)
+
+
+async def _dial(report_to: otp.Pid, address: str) -> None:
+    otp.send(report_to, "dialling")
+    otp.send(report_to, ("dialled", await otp.connect(B, address)))
+
+
+async def test_sends_queued_while_connecting_arrive_in_order_before_later_ones(
+    sockets: Any,
+) -> None:
+    async with PeerNode(B, sockets("b"), setup=_with_sink), otp.open_node(A):
+        await otp.start_distribution(otp.DistConfig(cookie=COOKIE, listen=(sockets("a"),)))
+        otp.spawn(_dial, otp.self(), sockets("b"))
+        with trio.fail_after(4):
+            await otp.receive(lambda m: m == "dialling")
+        # The dialler is inside connect(): the connection exists and is being set up.
+        for i in range(2000):
+            otp.send(("sink", B), i)
+        with trio.fail_after(4):
+            assert await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "dialled") == (
+                "dialled",
+                True,
             )
-            await trio.sleep(1)
-            assert await otp.receive(timeout=0, default=None) is None
-            assert otp.nodes() == [X]
+        for i in range(2000, 4000):
+            otp.send(("sink", B), i)
+        assert await _log() == list(range(4000))
+
+
+async def test_an_unencodable_send_while_connecting_fails_in_its_sender(sockets: Any) -> None:
+    async with PeerNode(B, sockets("b"), setup=_with_sink), otp.open_node(A):
+        await otp.start_distribution(otp.DistConfig(cookie=COOKIE, listen=(sockets("a"),)))
+        otp.spawn(_dial, otp.self(), sockets("b"))
+        with trio.fail_after(4):
+            await otp.receive(lambda m: m == "dialling")
+        otp.send(("sink", B), "before")
+        with pytest.raises(otp.BadArg):
+            otp.send(("sink", B), 1 << (8 * 2000))
+        otp.send(("sink", B), "after")
+        with trio.fail_after(4):
+            await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "dialled")
+        assert await _log() == ["before", "after"]
+
+
+async def test_frames_read_before_a_disconnect_are_not_acted_on_after_it() -> None:
+    # disconnect() declares the connection lost at once; frames its reader already holds
+    # (say a "peers" list, which would redial) must not be dispatched after that.
+    from otp._distribution import _read_loop
+
+    dispatched: list[Any] = []
+
+    class Conn:
+        state = "up"
+        received_since_tick = False
+
+    class Dist:
+        def dispatch(self, conn: Any, frame: Any) -> None:
+            dispatched.append(frame)
+            conn.state = "down"  # (what disconnect() does while the reader runs)
+
+    class Frames:
+        def __init__(self) -> None:
+            self.batches = [["first", "second", "third"]]
+
+        async def receive_frames(self) -> list[Any]:
+            await trio.lowlevel.checkpoint()
+            return self.batches.pop() if self.batches else []
+
+    await _read_loop(Dist(), Conn(), Frames())  # type: ignore[arg-type]
+    assert dispatched == ["first"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -13,7 +14,19 @@ import trio.testing
 import otp
 import wire
 
-from .helpers import B, X, _frame, _HandDial, _listening, _listening_at, _raw_peer, _still_serves
+from ..peer import PeerNode
+from .helpers import (
+    B,
+    X,
+    _distributed,
+    _exchange,
+    _frame,
+    _HandDial,
+    _listening,
+    _listening_at,
+    _raw_peer,
+    _still_serves,
+)
 
 
 async def _read_until_closed(stream: trio.SocketStream) -> bytes:
@@ -129,3 +142,27 @@ async def test_an_exact_frame_stream_reads_nothing_past_the_frame_it_returns() -
     frames.exact = False
     (second,) = await frames.receive_frames()
     assert second.payload["msg"] == b"y" * 500
+
+
+async def test_a_wrong_cookie_is_refused(sockets: Any, caplog: pytest.LogCaptureFixture) -> None:
+    async with PeerNode("b@localhost", sockets("b"), cookie=b"another-cookie-entirely"):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            assert await otp.connect("b@localhost", sockets("b")) is False
+            assert otp.nodes() == []
+    assert any("does not know our cookie" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "name", ["x\n2026-01-01 ERROR forged@localhost", "x@local host", "@localhost", "x" * 300]
+)
+async def test_a_peer_whose_name_is_no_node_name_is_refused_at_the_handshake(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    async with PeerNode("b@localhost", f"unix:{tmp_path}/b.sock"):
+        hello = wire.Handshake(name, (2,), (wire.Codec.TLV,), 0, {"challenge": b"c" * 32})
+        data = wire.encode_frame(hello.to_frame())
+        answer = await trio.to_thread.run_sync(_exchange, str(tmp_path / "b.sock"), data)
+        assert b"challenge" not in answer
+    [refusal] = [r.getMessage() for r in caplog.records if "no node name" in r.getMessage()]
+    assert "\n" not in refusal

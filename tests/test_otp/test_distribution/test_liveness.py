@@ -6,13 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
 import otp
 import wire
 
-from .helpers import B, X, _listening_at, _raw_peer
+from ..peer import COOKIE, PeerNode
+from .helpers import B, X, _listening_at, _node_is_healthy, _raw_peer
 
 
 async def test_a_silent_peer_is_declared_down_between_1_and_1_25_liveness_timeouts(
@@ -67,3 +69,34 @@ async def test_a_peer_that_only_answers_pings_stays_connected(
             with trio.fail_after(100):
                 assert await otp.receive(otp.NodeDown) == otp.NodeDown(X)
             assert trio.current_time() - start <= 10
+
+
+async def test_a_connected_peer_that_falls_silent_is_dropped_after_the_liveness_timeout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from otp._dist_handshake import initiate
+
+    address = f"unix:{tmp_path}/b.sock"
+    async with PeerNode("b@localhost", address, liveness_timeout=0.4):
+        stream = await trio.open_unix_socket(str(tmp_path / "b.sock"))
+        frames = wire.FrameStream(stream, versions=frozenset({2}))
+        await initiate(
+            frames,
+            name="x@localhost",
+            creation=1,
+            cookie=COOKIE,
+            codecs=(wire.Codec.TLV,),
+            listen=(),
+            expected="b@localhost",
+        )
+        start = trio.current_time()
+        pings = 0
+        with trio.fail_after(10):
+            # The node pings us (we never answer) and then gives up on us.
+            async for frame in frames:
+                pings += frame.type is wire.MessageType.PING
+        assert trio.current_time() - start >= 0.4
+        assert pings >= 2
+        await stream.aclose()
+        await _node_is_healthy(address, expected_processes=4)
+    assert any("sent nothing for 0.4 s" in record.getMessage() for record in caplog.records)

@@ -14,7 +14,19 @@ import trio.testing
 import otp
 
 from ..peer import PeerNode
-from .helpers import A, B, _ask_factory, _connected, _listening, _with_factory
+from .helpers import (
+    A,
+    B,
+    _ask_factory,
+    _connected,
+    _distributed,
+    _listening,
+    _log,
+    _sink_pid,
+    _up,
+    _with_factory,
+    _with_sink,
+)
 
 
 async def test_exit_normal_to_a_non_trapping_remote_process_is_ignored(sockets: Any) -> None:
@@ -224,3 +236,122 @@ async def test_a_remote_monitor_of_an_unhashable_name_does_not_cut_the_connectio
             await otp.receive(lambda m: getattr(m, "ref", None) == ref, timeout=0, default=None)
             is None
         )
+
+
+async def test_an_exit_signal_in_a_burst_arrives_after_exactly_the_sends_before_it(
+    sockets: Any,
+) -> None:
+    async with PeerNode(B, sockets("b"), setup=_with_sink), otp.open_node(A):
+        await _up(sockets)
+        sink = await _sink_pid()
+        for i in range(5000):
+            otp.send(sink, i)
+        otp.exit(sink, "midway")
+        for i in range(5000, 10000):
+            otp.send(sink, i)
+        log = await _log()
+        assert log == [*range(5000), ("EXIT", "midway"), *range(5000, 10000)]
+
+
+async def _linked_burst(sink: otp.Pid, count: int) -> None:
+    otp.link(sink)
+    for i in range(count):
+        otp.send(sink, i)
+    otp.exit_self("burst done")
+
+
+async def test_a_link_exit_after_a_burst_arrives_after_every_message(sockets: Any) -> None:
+    async with PeerNode(B, sockets("b"), setup=_with_sink), otp.open_node(A):
+        await _up(sockets)
+        sink = await _sink_pid()
+        ref = otp.monitor(otp.spawn(_linked_burst, sink, 8000))
+        with trio.fail_after(4):
+            await otp.receive(lambda m: isinstance(m, otp.Down) and m.ref == ref)
+        assert await _log() == [*range(8000), ("EXIT", "burst done")]
+
+
+async def _burst_on_go(sink: otp.Pid, count: int) -> None:
+    await otp.receive(lambda m: m == "go")
+    for i in range(count):
+        otp.send(sink, i)
+        otp.send(("sink", B), -i)
+    otp.exit_self("gone")
+
+
+async def test_a_remote_down_arrives_after_every_message_of_a_burst(sockets: Any) -> None:
+    async with PeerNode(B, sockets("b"), setup=_with_sink), otp.open_node(A):
+        await _up(sockets)
+        sink = await _sink_pid()
+        worker = otp.spawn(_burst_on_go, sink, 3000)
+        otp.send(("sink", B), ("monitor", worker, otp.self()))
+        with trio.fail_after(4):
+            await otp.receive(lambda m: m == "monitoring")
+        await _log()  # empty the sink's log: it holds nothing but what follows
+        ref = otp.monitor(worker)
+        otp.send(worker, "go")
+        with trio.fail_after(4):
+            await otp.receive(lambda m: isinstance(m, otp.Down) and m.ref == ref)
+        expected = [x for i in range(3000) for x in (i, -i)]
+        assert await _log() == [*expected, ("DOWN", "gone")]
+
+
+async def test_links_and_monitors_cross_nodes(sockets: Any) -> None:
+    async with PeerNode("b@localhost", sockets("b")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            await otp.connect("b@localhost", sockets("b"))
+            otp.process_flag(trap_exit=True)
+            # A remote pid, learnt from a message.
+            otp.send(("echo", "b@localhost"), (otp.self(), "hello"))
+            await otp.receive()
+            echo = await otp.call(("echo", "b@localhost"), "whoami")
+            assert echo == "b@localhost"
+            ref = otp.monitor(("echo", "b@localhost"))
+            assert otp.demonitor(ref) is True
+
+            async def local_then_crash() -> None:
+                await otp.receive()
+                otp.exit_self("bye")
+
+            # A remote process links to a local one through a cast that makes it send: simpler,
+            # link from here to a process spawned remotely is what a supervisor does.
+            pid = otp.spawn(local_then_crash)
+            otp.link(pid)
+            otp.send(pid, "go")
+            assert await otp.receive(otp.Exit) == otp.Exit(pid, "bye")
+
+
+async def test_exit_signals_cross_nodes_by_otps_rules(sockets: Any) -> None:
+    async with PeerNode("b@localhost", sockets("b")):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            await otp.connect("b@localhost", sockets("b"))
+            otp.process_flag(trap_exit=True)
+            echo = ("echo", "b@localhost")
+            # A remote process dies with a reason: the link brings it here.
+            remote = await otp.call(echo, ("spawn", "remote_reason"))
+            assert remote.node == "b@localhost"
+            otp.link(remote)
+            otp.send(remote, "go")
+            assert await otp.receive(otp.Exit) == otp.Exit(remote, "remote_reason")
+            # exit(Pid, kill) across nodes is untrappable and becomes killed.
+            remote = await otp.call(echo, ("spawn", "unused"))
+            ref = otp.monitor(remote)
+            otp.exit(remote, otp.KILL)
+            assert await otp.receive(otp.Down) == otp.Down(ref, remote, otp.KILLED)
+            # Linking to a dead remote process while trapping gives Exit(noproc).
+            otp.link(remote)
+            assert await otp.receive(otp.Exit) == otp.Exit(remote, otp.NOPROC)
+            # A local crash reaches a linked remote process, which dies of it.
+            remote = await otp.call(echo, ("spawn", "unused"))
+            ref = otp.monitor(remote)
+
+            async def crash_linked(pid: otp.Pid) -> None:
+                otp.link(pid)
+                raise ValueError("local crash")
+
+            otp.spawn(crash_linked, remote)
+            down = await otp.receive(otp.Down)
+            assert down.ref == ref
+            assert isinstance(down.reason, otp.Crash)
+            assert down.reason.exception.type_name == "ValueError"
