@@ -15,7 +15,7 @@ import trio.testing
 
 import otp
 import wire
-from otp._node import current_node
+from otp import current_node
 
 from .peer import COOKIE, PeerNode, messages_to
 from .test_distribution.helpers import (
