@@ -166,25 +166,15 @@ def link(pid: Pid) -> None:
     other = node.resolve(pid)
     if other is None:
         if pid._proc is None and pid.node != node.name and node.distribution is not None:
-            _add_link(me, pid)
+            me.add_link(pid)
             node.distribution.link(me.pid, pid)
             return
         if me.trap_exit:
             me.deliver(Exit(pid, NOPROC))
             return
         raise NoProc(f"link to {pid!r}: no such process")
-    _add_link(me, pid)
-    if other.links is None:
-        other.links = {me.pid}
-    else:
-        other.links.add(me.pid)
-
-
-def _add_link(me: Process, pid: Pid) -> None:
-    if me.links is None:
-        me.links = {pid}
-    else:
-        me.links.add(pid)
+    me.add_link(pid)
+    other.add_link(me.pid)
 
 
 def unlink(pid: Pid) -> None:
@@ -196,12 +186,10 @@ def unlink(pid: Pid) -> None:
     me = current_process()
     if pid.__class__ is not Pid:
         raise _not_a_pid(pid, "unlink")
-    if me.links is not None:
-        me.links.discard(pid)
+    me.remove_link(pid)
     other = me.node.resolve(pid)
     if other is not None:
-        if other.links is not None:
-            other.links.discard(me.pid)
+        other.remove_link(me.pid)
     elif pid._proc is None and me.node.distribution is not None and pid.node != me.node.name:
         me.node.distribution.unlink(me.pid, pid)
 
@@ -276,15 +264,8 @@ def process_flag(*, trap_exit: bool) -> bool:
 
 def _add_monitor(me: Process, target: Process, label: Any) -> Ref:
     ref = me.node.make_ref()
-    if target.monitored_by is None:
-        target.monitored_by = {ref: me.pid}
-    else:
-        target.monitored_by[ref] = me.pid
-    entry: Any = target.pid if label is target.pid else NamedMonitor(target.pid, label)
-    if me.monitors is None:
-        me.monitors = {ref: entry}
-    else:
-        me.monitors[ref] = entry
+    target.add_monitored_by(ref, me.pid)
+    me.add_monitor(ref, target.pid if label is target.pid else NamedMonitor(target.pid, label))
     return ref
 
 
@@ -302,12 +283,10 @@ def monitor(target: Dest) -> Ref:
     remote = _remote_node(node, target)
     if remote is not None and node.distribution is not None:
         ref = node.make_ref()
-        if me.monitors is None:
-            me.monitors = {}
-        if target.__class__ is Pid:
-            me.monitors[ref] = target
-        else:
-            me.monitors[ref] = NamedMonitor(Pid._make(remote, 0, 0), target)
+        me.add_monitor(
+            ref,
+            target if target.__class__ is Pid else NamedMonitor(Pid._make(remote, 0, 0), target),
+        )
         node.distribution.monitor(me.pid, target, ref)
         return ref
     try:
@@ -345,8 +324,7 @@ def demonitor(ref: Ref, *, flush: bool = False) -> bool:
             node = me.node
             proc = node.resolve(target_pid)
             if proc is not None:
-                if proc.monitored_by is not None:
-                    proc.monitored_by.pop(ref, None)
+                proc.remove_monitored_by(ref)
             elif target_pid._proc is None and node.distribution is not None:
                 node.distribution.send_demonitor(me.pid, target, ref)
     if flush:

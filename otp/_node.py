@@ -98,10 +98,7 @@ class Node:
         self.processes[proc.pid.id] = proc
         if link and parent is not None:
             proc.links = {parent.pid}
-            if parent.links is None:
-                parent.links = {proc.pid}
-            else:
-                parent.links.add(proc.pid)
+            parent.add_link(proc.pid)
         if self.closing:
             # The node is stopping (kill_all has run): a latecomer, say the connection process
             # of a peer dialling in now, goes the same way at once, or the node would wait on it.
@@ -163,6 +160,13 @@ class Node:
         else:
             target.die(reason)
 
+    def link_exit(self, target: Process, sender: Pid, reason: Any) -> None:
+        """``sender``, linked to ``target``, is gone with ``reason`` (``noconnection`` if the
+        link broke with its node): the link goes and the exit signal applies. Without a link
+        (unlinked meanwhile) nothing happens, as an unlink drops the signals it crosses."""
+        if target.remove_link(sender):
+            self.exit_signal(target, sender, reason, True)
+
     def deliver_down(self, watcher_pid: Pid, ref: Ref, pid: Pid, reason: Any) -> None:
         """Tell the watcher behind ``ref`` that ``pid`` is gone (a DOWN message or a call's
         alias)."""
@@ -214,9 +218,7 @@ class Node:
             for other_pid in links:
                 other = self.resolve(other_pid)
                 if other is not None:
-                    if other.links is not None:
-                        other.links.discard(pid)
-                    self.exit_signal(other, pid, reason, True)
+                    self.link_exit(other, pid, reason)
                 elif other_pid._proc is None and self.distribution is not None:
                     self.distribution.send_link_exit(pid, other_pid, reason)
         watched_by = proc.monitored_by
@@ -230,8 +232,8 @@ class Node:
             for ref, target in held.items():
                 target_pid = target.pid if isinstance(target, NamedMonitor) else target
                 target_proc = self.resolve(target_pid)
-                if target_proc is not None and target_proc.monitored_by is not None:
-                    target_proc.monitored_by.pop(ref, None)
+                if target_proc is not None:
+                    target_proc.remove_monitored_by(ref)
                 elif target_pid._proc is None and self.distribution is not None:
                     self.distribution.send_demonitor(pid, target, ref)
         proc.aliases = None

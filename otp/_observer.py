@@ -97,6 +97,7 @@ class NodeConnection:
         state: ``"up"``, ``"connecting"`` while the handshake runs, or ``"down"`` as it goes.
         bytes_written: Bytes written to the peer so far.
         bytes_queued: Bytes waiting to be written.
+        bytes_received: Bytes read from the peer so far.
         hidden: Whether the connection is hidden (a remote observer's: in no node list).
     """
 
@@ -104,6 +105,7 @@ class NodeConnection:
     state: str
     bytes_written: int
     bytes_queued: int
+    bytes_received: int = 0
     hidden: bool = False
 
 
@@ -245,6 +247,7 @@ def _connections(node: Node) -> list[NodeConnection]:
             state=conn.state,
             bytes_written=conn.written,
             bytes_queued=conn.queued,
+            bytes_received=conn.received,
             hidden=conn.hidden,
         )
         for name, conn in sorted(dist.connections.items())

@@ -192,6 +192,51 @@ class Process:
     def __repr__(self) -> str:
         return f"<Process {self.pid!r} alive={self.alive}>"
 
+    # -- links, monitors and aliases: one side of each, its table made on first use ---------
+    # (local and remote signals both edit them through these; OTP_SEMANTICS.md sections 1-2)
+
+    def add_link(self, pid: Pid) -> None:
+        links = self.links
+        if links is None:
+            self.links = {pid}
+        else:
+            links.add(pid)
+
+    def remove_link(self, pid: Pid) -> bool:
+        """Drop the link to ``pid``; whether there was one."""
+        links = self.links
+        if links is None or pid not in links:
+            return False
+        links.remove(pid)
+        return True
+
+    def add_monitor(self, ref: Ref, target: Any) -> None:
+        """This process monitors ``target`` (a Pid, or a NamedMonitor) by ``ref``."""
+        monitors = self.monitors
+        if monitors is None:
+            self.monitors = {ref: target}
+        else:
+            monitors[ref] = target
+
+    def add_monitored_by(self, ref: Ref, watcher: Pid) -> None:
+        monitored_by = self.monitored_by
+        if monitored_by is None:
+            self.monitored_by = {ref: watcher}
+        else:
+            monitored_by[ref] = watcher
+
+    def remove_monitored_by(self, ref: Ref) -> None:
+        if self.monitored_by is not None:
+            self.monitored_by.pop(ref, None)
+
+    def add_alias(self, ref: Ref, waiter: CallWaiter) -> None:
+        """Route what comes for ``ref`` (a reply, the callee's DOWN) to ``waiter``."""
+        aliases = self.aliases
+        if aliases is None:
+            self.aliases = {ref: waiter}
+        else:
+            aliases[ref] = waiter
+
     # -- delivery ----------------------------------------------------------------------------
 
     def deliver(self, message: Any) -> None:

@@ -15,7 +15,7 @@ import otp
 import supervisors
 
 from ._config import ConfigError, NodeConfig, load_object
-from ._observer import observer_address, observer_application
+from ._observer import observer_actions_banner, observer_address, observer_application
 from ._observer_agent import observer_agent_application
 
 logger = logging.getLogger("otp.node")
@@ -72,6 +72,9 @@ async def banner(config: NodeConfig, started: list[tuple[supervisors.Application
         lines.append(
             f"  observer on {observer} (/metrics, /healthz, /readyz, /api/snapshot, /api/tree)"
         )
+        actions = observer_actions_banner()
+        if actions is not None:
+            lines.append(f"  {actions}")
     for app, root in started:
         lines.append(f"  application {app.name}: {app.description or ''}".rstrip(": "))
         tree: list[str] = []

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 import otp
-from otp._distribution import parse_address
+from otp._dist_config import parse_address
 
 #: What ``python -m otp.node`` runs with no ``--app``: loaded by path, since nothing below
 #: ``apps`` may import it.
@@ -57,14 +57,48 @@ class DistSettings:
 @attrs.frozen
 class ObserverSettings:
     """Where the node serves its HTTP observer (``/metrics``, ``/healthz``, ``/readyz``,
-    ``/api/...``): ``host`` and ``port`` (0 picks a free one)."""
+    ``/api/...``): ``host`` and ``port`` (0 picks a free one).
+
+    ``actions`` turns on its POST actions (kill a process, restart a child, scale the dirty
+    pool), each needing ``token`` (read from ``--observer-token-file``; None: one is made at
+    boot and printed). The token is kept out of the repr (logs print settings).
+    """
 
     host: str
     port: int
+    actions: bool = False
+    token: str | None = attrs.field(default=None, repr=False)
 
 
 #: The keys of node.toml's ``[observer]`` table.
-OBSERVER_KEYS = ("listen", "public")
+OBSERVER_KEYS = ("actions", "listen", "public", "token_file")
+#: The shortest token a token file may hold.
+TOKEN_MIN_LENGTH = 16
+
+
+def read_token_file(path: Path, where: str = "--observer-token-file") -> str:
+    """The observer actions' token in ``path`` (one line; mode 0600, as a cookie file).
+
+    Raises:
+        ConfigError: it cannot be read, others may read it, or it holds fewer than
+            :data:`TOKEN_MIN_LENGTH` characters.
+    """
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where} {path}: cannot read it ({exc})") from exc
+    if mode & 0o077:
+        raise ConfigError(
+            f"{where} {path}: others may read it (mode {mode & 0o777:o}): chmod 600 {path}"
+        )
+    if len(text) < TOKEN_MIN_LENGTH or any(c.isspace() for c in text):
+        raise ConfigError(
+            f"{where} {path}: the token must be one word of at least {TOKEN_MIN_LENGTH}"
+            f" characters (got {len(text)}); e.g. python -c 'import secrets;"
+            " print(secrets.token_urlsafe(24))' > FILE"
+        )
+    return text
 
 
 def parse_observer(
@@ -126,16 +160,39 @@ def _observer(
     if args.observer is not None:
         if args.observer == OBSERVER_OFF:
             return None
-        return parse_observer(args.observer, public=args.observer_public or public)
-    if "listen" in table:
+        settings = parse_observer(args.observer, public=args.observer_public or public)
+    elif "listen" in table:
         if table["listen"] == OBSERVER_OFF:
             return None
-        return parse_observer(
+        settings = parse_observer(
             table["listen"], public=args.observer_public or public, where="observer.listen"
         )
-    if embedded:  # the embedded default node shows itself unless told otherwise
-        return parse_observer(EMBEDDED_OBSERVER)
-    return None
+    elif embedded:  # the embedded default node shows itself unless told otherwise
+        settings = parse_observer(EMBEDDED_OBSERVER)
+    else:
+        return None
+    return _actions(args, table, settings)
+
+
+def _actions(args: argparse.Namespace, table: Any, settings: ObserverSettings) -> ObserverSettings:
+    actions = table.get("actions", False)
+    if not isinstance(actions, bool):
+        raise ConfigError(f"observer.actions must be true or false (got {actions!r})")
+    token_file = table.get("token_file")
+    where = "observer.token_file"
+    if args.observer_token_file is not None:
+        token_file, where = args.observer_token_file, "--observer-token-file"
+    elif token_file is not None and not isinstance(token_file, str):
+        raise ConfigError(f"observer.token_file must be a path (got {token_file!r})")
+    if not (args.observer_actions or actions):
+        if token_file is not None:
+            raise ConfigError(
+                f"{where} is given but actions are off: add --observer-actions"
+                " (actions = true in [observer]) or drop the token file"
+            )
+        return settings
+    token = None if token_file is None else read_token_file(Path(token_file), where)
+    return attrs.evolve(settings, actions=True, token=token)
 
 
 @attrs.frozen
@@ -204,6 +261,18 @@ def parser(*, add_help: bool = True) -> argparse.ArgumentParser:
         "--observer-public",
         action="store_true",
         help="allow --observer on an address that is not loopback (it has no authentication)",
+    )
+    o.add_argument(
+        "--observer-actions",
+        action="store_true",
+        help="allow the observer's actions (kill a process, restart a child, scale the dirty"
+        " pool), each with a token: printed at boot, or from --observer-token-file",
+    )
+    o.add_argument(
+        "--observer-token-file",
+        type=Path,
+        metavar="PATH",
+        help="the actions' token (one line, mode 0600) instead of one made at boot",
     )
     d = p.add_argument_group("distribution")
     d.add_argument(

@@ -109,22 +109,28 @@ def _runtime(snap: otp.observer.NodeSnapshot) -> Iterator[Metric]:
     states = GaugeMetricFamily(
         "otp_dist_connections", "Distribution connections, by state.", labels=["state"]
     )
-    written = CounterMetricFamily(
-        "otp_dist_bytes_written_total",
+    sent = CounterMetricFamily(
+        "otp_dist_bytes_sent_total",
         "Bytes written to a peer node on its current connection.",
-        labels=["peer"],
+        labels=["node"],
+    )
+    received = CounterMetricFamily(
+        "otp_dist_bytes_received_total",
+        "Bytes read from a peer node on its current connection.",
+        labels=["node"],
     )
     queued = GaugeMetricFamily(
-        "otp_dist_bytes_queued", "Bytes waiting to be written to a peer node.", labels=["peer"]
+        "otp_dist_bytes_queued", "Bytes waiting to be written to a peer node.", labels=["node"]
     )
     counts: dict[str, int] = {"up": 0, "connecting": 0, "down": 0}
     for conn in snap.connections:
         counts[conn.state] = counts.get(conn.state, 0) + 1
-        written.add_metric([conn.node], conn.bytes_written)
+        sent.add_metric([conn.node], conn.bytes_written)
+        received.add_metric([conn.node], conn.bytes_received)
         queued.add_metric([conn.node], conn.bytes_queued)
     for state, count in counts.items():
         states.add_metric([state], count)
-    yield from (states, written, queued)
+    yield from (states, sent, received, queued)
 
 
 def _supervisors(applications: list[supervisors.ApplicationView]) -> Iterator[Metric]:

@@ -1,5 +1,5 @@
 """The ``observer`` application: the node's HTTP endpoint (``--observer HOST:PORT``), served by
-hypercorn's trio worker in one supervised process.
+hypercorn's trio worker in one supervised process, and the sampler its charts read.
 
 The process binds, then tells the supervisor starting it where it listens (OTP's
 ``proc_lib:init_ack``), so a port that cannot be bound fails the application's start with the
@@ -16,10 +16,17 @@ import trio
 import otp
 import supervisors
 
+from ._actions import ObserverActions, new_token
 from ._config import ObserverSettings
+from ._sampler import start_sampler
 from ._web import ObserverWeb
 
-__all__ = ["OBSERVER_APPLICATION", "observer_address", "observer_application"]
+__all__ = [
+    "OBSERVER_APPLICATION",
+    "observer_actions_banner",
+    "observer_address",
+    "observer_application",
+]
 
 logger = logging.getLogger("otp.node.observer")
 
@@ -29,6 +36,10 @@ OBSERVER_APPLICATION = "observer"
 BIND_TIMEOUT = 10.0
 
 _ADDRESS: trio.lowlevel.RunVar[str | None] = trio.lowlevel.RunVar("otp_node_observer", default=None)
+#: The serving observer's actions, and whether their token was made at boot (so printed).
+_ACTIONS: trio.lowlevel.RunVar[tuple[ObserverActions, bool] | None] = trio.lowlevel.RunVar(
+    "otp_node_observer_actions", default=None
+)
 
 
 def observer_address() -> str | None:
@@ -40,13 +51,21 @@ def observer_application(
     settings: ObserverSettings, expected: tuple[str, ...] = ()
 ) -> supervisors.Application:
     """The ``observer`` application serving on ``settings``'s address; ``/readyz`` waits for
-    the applications named in ``expected``."""
-    web = ObserverWeb(expected=expected)
+    the applications named in ``expected``. With ``settings.actions``, its actions take
+    ``settings.token``, or a token made now (printed by the banner) if that is None."""
+    actions = ObserverActions()
+    if settings.actions:
+        actions = ObserverActions(token=settings.token or new_token())
+    web = ObserverWeb(expected=expected, actions=actions)
+    generated = settings.actions and settings.token is None
     return supervisors.Application(
         OBSERVER_APPLICATION,
         (
             supervisors.SupFlags(strategy="one_for_one", intensity=3, period=5),
-            [supervisors.ChildSpec("http", (start_http, web, settings), shutdown=2.0)],
+            [
+                supervisors.ChildSpec("sampler", start_sampler),
+                supervisors.ChildSpec("http", (start_http, web, settings, generated), shutdown=2.0),
+            ],
         ),
         description="the node's HTTP observer (/metrics, /healthz, /readyz, /api/...)",
         version="0.1.0",
@@ -54,11 +73,26 @@ def observer_application(
     )
 
 
-async def start_http(web: ObserverWeb, settings: ObserverSettings) -> Any:
+def observer_actions_banner() -> str | None:
+    """What the boot banner says of the observer's actions: None if they are off."""
+    found = _ACTIONS.get()
+    address = _ADDRESS.get()
+    if found is None or not found[0].enabled:
+        return None
+    actions, generated = found
+    if not generated:
+        return "observer actions on (token from the token file)"
+    return (
+        f"observer actions on: token {actions.token} (send 'Authorization: Bearer TOKEN', or"
+        f" open {address}/#token={actions.token})"
+    )
+
+
+async def start_http(web: ObserverWeb, settings: ObserverSettings, generated: bool = False) -> Any:
     """Start the HTTP process linked to the caller; its pid once it listens, or
     ``("error", reason)`` if it cannot bind within :data:`BIND_TIMEOUT` seconds."""
     tag = otp.make_ref()
-    pid = otp.spawn_link(_serve, web, settings, otp.self(), tag)
+    pid = otp.spawn_link(_serve, web, settings, generated, otp.self(), tag)
     answer = await otp.receive(
         lambda m: (
             (m.__class__ is tuple and len(m) == 3 and m[0] == tag)
@@ -84,7 +118,9 @@ def _bind(settings: ObserverSettings) -> str:
     return f"{host}:{settings.port}"
 
 
-async def _serve(web: ObserverWeb, settings: ObserverSettings, parent: otp.Pid, tag: Any) -> None:
+async def _serve(
+    web: ObserverWeb, settings: ObserverSettings, generated: bool, parent: otp.Pid, tag: Any
+) -> None:
     # Imported here: every node imports otp.node (a dirty worker too), few serve HTTP.
     import hypercorn.config
     import hypercorn.trio
@@ -105,10 +141,14 @@ async def _serve(web: ObserverWeb, settings: ObserverSettings, parent: otp.Pid, 
             return
         address = binds[0]
         _ADDRESS.set(address)
-        logger.info("observer listening on %s", address)
+        _ACTIONS.set((web.actions, generated))
+        logger.info(
+            "observer listening on %s (actions %s)", address, "on" if web.actions.enabled else "off"
+        )
         otp.send(parent, (tag, "ok", address))
         try:
             await trio.sleep_forever()
         finally:
             if _ADDRESS.get() == address:
                 _ADDRESS.set(None)
+                _ACTIONS.set(None)

@@ -140,7 +140,7 @@ def processes() -> dict[str, Any]:
 
 
 #: The web observer's source methods (``otp.node.ObserverSource``) a remote source may ask.
-SOURCE_METHODS = ("node", "processes", "process", "applications", "snapshot")
+SOURCE_METHODS = ("node", "processes", "process", "applications", "snapshot", "tables", "series")
 
 
 async def _source(method: Any, args: Any) -> Any:

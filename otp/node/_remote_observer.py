@@ -14,6 +14,7 @@ import trio
 
 import otp
 
+from ._actions import ObserverActions
 from ._config import parse_observer
 from ._source import InvalidPid, UnknownPid
 from ._web import ObserverWeb
@@ -55,12 +56,26 @@ class RemoteSource:
     async def snapshot(self) -> dict[str, Any]:
         return dict(await self._ask("snapshot"))
 
+    async def tables(self) -> list[dict[str, Any]]:
+        return list(await self._ask("tables"))
+
+    async def series(self) -> dict[str, Any]:
+        return dict(await self._ask("series"))
+
 
 logger = logging.getLogger("otp.node.observer")
 
 #: What this serves itself (the rest is ObserverWeb's, through RemoteSource).
 _OWN = ("/metrics", "/healthz", "/readyz")
-_ENDPOINTS = ("/", "/api/snapshot", "/api/tree", "/api/processes", *_OWN)
+_ENDPOINTS = (
+    "/",
+    "/api/snapshot",
+    "/api/tree",
+    "/api/processes",
+    "/api/tables",
+    "/api/series",
+    *_OWN,
+)
 
 
 async def serve_remote_observer(remote: otp.observer.RemoteNode, listen: str, out: TextIO) -> None:
@@ -87,7 +102,14 @@ async def serve_remote_observer(remote: otp.observer.RemoteNode, listen: str, ou
 class _RemoteWeb:
     def __init__(self, remote: otp.observer.RemoteNode) -> None:
         self.remote = remote
-        self.web = ObserverWeb(source=RemoteSource(remote))
+        # Actions stay on the node's own observer: the agent answers questions, changes nothing.
+        self.web = ObserverWeb(
+            source=RemoteSource(remote),
+            actions=ObserverActions(
+                disabled="actions are not available through a remote attach (its agent is"
+                " read-only): use the node's own observer, started with --observer-actions"
+            ),
+        )
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] not in _OWN:

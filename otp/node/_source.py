@@ -16,7 +16,14 @@ import attrs
 import otp
 import supervisors
 
-__all__ = ["InvalidPid", "LocalSource", "ObserverSource", "UnknownPid", "parse_pid_text"]
+__all__ = [
+    "InvalidPid",
+    "LocalSource",
+    "ObserverSource",
+    "UnknownPid",
+    "local_process",
+    "parse_pid_text",
+]
 
 #: How many of a mailbox's oldest messages a process's detail shows, and how long each may be.
 MAILBOX_HEAD = 10
@@ -59,6 +66,15 @@ class ObserverSource(Protocol):
         """``plain(otp.observer.snapshot())`` (processes, tables, ports, connections)."""
         ...
 
+    async def tables(self) -> list[dict[str, Any]]:
+        """``plain(otp.observer.observe_tables())``: every ETS table."""
+        ...
+
+    async def series(self) -> dict[str, Any]:
+        """The sampler's rates over the last minutes (``"series"`` of ``otp.node``'s
+        sampler), or the same shape with no points and a ``message`` if no sampler runs."""
+        ...
+
 
 def parse_pid_text(text: str) -> tuple[str, int, int]:
     """``"<a@host.12.0>"`` (the brackets optional) -> ``("a@host", 12, 0)``.
@@ -72,6 +88,27 @@ def parse_pid_text(text: str) -> tuple[str, int, int]:
     if not node or not serial.isdigit() or not rest.isdigit():
         raise InvalidPid(f"{text!r} is not a pid: pids read <node.id.creation>, e.g. <a@h.12.0>")
     return node, int(serial), int(rest)
+
+
+def local_process(text: str) -> Any:
+    """The live process of this node that the pid's ``text`` names (the runtime's record).
+
+    Raises:
+        InvalidPid: ``text`` is malformed.
+        UnknownPid: no live process of this node has it (another node's pid included).
+    """
+    node, serial, creation = parse_pid_text(text)
+    local = otp.current_node()
+    proc = local.processes.get(serial)
+    if (
+        node != local.name
+        or creation != local.creation
+        or proc is None
+        or not proc.alive
+        or repr(proc.pid) != f"<{node}.{serial}.{creation}>"
+    ):
+        raise UnknownPid(f"no live process {text} on {local.name}")
+    return proc
 
 
 @attrs.define
@@ -89,20 +126,10 @@ class LocalSource:
     async def process(self, pid: str) -> dict[str, Any]:
         from ._web import plain
 
-        node, serial, creation = parse_pid_text(pid)
-        local = otp.current_node()
-        proc = local.processes.get(serial)
-        if (
-            node != local.name
-            or creation != local.creation
-            or proc is None
-            or not proc.alive
-            or repr(proc.pid) != f"<{node}.{serial}.{creation}>"
-        ):
-            raise UnknownPid(f"no live process {pid} on {local.name}")
+        proc = local_process(pid)
         found = otp.observer.observe_process(proc.pid)
         if found is None:
-            raise UnknownPid(f"no live process {pid} on {local.name}")
+            raise UnknownPid(f"no live process {pid} on {otp.node_name()}")
         row = plain(found)
         mailbox = list(proc._mailbox or ())[:MAILBOX_HEAD]
         row["mailbox_head"] = [repr(m)[:MESSAGE_TEXT] for m in mailbox]
@@ -117,3 +144,24 @@ class LocalSource:
         from ._web import plain
 
         return dict(plain(otp.observer.snapshot()))
+
+    async def tables(self) -> list[dict[str, Any]]:
+        from ._web import plain
+
+        return list(plain(otp.observer.observe_tables()))
+
+    async def series(self) -> dict[str, Any]:
+        from ._sampler import SAMPLER_NAME, SERIES
+
+        try:
+            return dict(await otp.call(SAMPLER_NAME, "series", timeout=5.0))
+        except (otp.CallError, otp.CallTimeout, otp.NoProc):
+            return {
+                "interval": None,
+                "window": 0,
+                "now": None,
+                "t": [],
+                "series": {name: [] for name in SERIES},
+                "message": f"no sampler runs on {otp.node_name()} (the observer application"
+                " runs it: start the node with --observer)",
+            }

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 import trio
 
-from .._distribution import DistributionError, TlsConfig, read_cookie_file
+from .._dist_config import DistributionError, TlsConfig, read_cookie_file
 from .._node import open_node
 from ._remote import (
     BAD_COOKIE,

@@ -19,10 +19,15 @@ from contextlib import contextmanager
 from typing import Any
 
 import attrs
-import trio
 
-from .._dist_handshake import BadCookie, HandshakeError, WrongNode, is_node_name
-from .._distribution import DistConfig, TlsConfig, connect, parse_address, start_distribution
+from .._dist_config import DistConfig, TlsConfig, parse_address
+from .._dist_connection import BAD_COOKIE as _BAD_COOKIE
+from .._dist_connection import REFUSED as _REFUSED
+from .._dist_connection import UNREACHABLE as _UNREACHABLE
+from .._dist_connection import WRONG_NODE as _WRONG_NODE
+from .._dist_connection import ConnectionFailure
+from .._dist_handshake import is_node_name
+from .._distribution import dial, start_distribution
 from .._errors import CallError, CallTimeout, NoProc, OtpError
 from .._gen_server import call
 
@@ -151,54 +156,46 @@ async def attach(
             handshake_timeout=timeout,
         )
     )
-    with _dial_failures() as failures:
-        connected = await connect(node, address)
-    if not connected:
-        raise _attach_error(node, address, failures)
+    with _quiet_dist_log():
+        conn = await dial(node, address)
+    if conn is None or conn.state != "up":
+        raise _attach_error(node, address, conn.failure if conn is not None else None)
     remote = RemoteNode(node, timeout)
     await remote.info()
     return remote
 
 
 @contextmanager
-def _dial_failures() -> Iterator[list[logging.LogRecord]]:
-    """The distribution's log records while dialling: a failed dial is logged, not raised
-    (connect() is Erlang's net_kernel:connect_node, which answers false), and they say why.
-    Kept from the log (and stderr) meanwhile: the attach's own error tells it once."""
-    records: list[logging.LogRecord] = []
-    handler = _Collect(records)
+def _quiet_dist_log() -> Iterator[None]:
+    """Keep the distribution's log quiet while dialling: a failed dial is logged, not raised
+    (dial() answers as Erlang's net_kernel:connect_node does), and the attach's own error
+    tells why once, from the connection's failure."""
     dist_logger = logging.getLogger("otp.dist")
+    handler = logging.NullHandler()  # (no handler at all would bring logging's last resort)
     dist_logger.addHandler(handler)
     propagate, dist_logger.propagate = dist_logger.propagate, False
     try:
-        yield records
+        yield
     finally:
         dist_logger.removeHandler(handler)
         dist_logger.propagate = propagate
 
 
-class _Collect(logging.Handler):
-    def __init__(self, records: list[logging.LogRecord]) -> None:
-        super().__init__(logging.INFO)
-        self.records = records
+#: What an attach says for each ConnectionFailure.kind it tells apart (any other: refused).
+_SAYS = {
+    _BAD_COOKIE: (BAD_COOKIE, "wrong cookie"),
+    _WRONG_NODE: (WRONG_NODE, "wrong node name"),
+    _REFUSED: (REFUSED, "refused"),
+    _UNREACHABLE: (UNREACHABLE, "unreachable"),
+}
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
-
-def _attach_error(node: str, address: str, records: list[logging.LogRecord]) -> AttachError:
+def _attach_error(node: str, address: str, failure: ConnectionFailure | None) -> AttachError:
     where = f"cannot attach to {node} at {address}"
-    for record in reversed(records):
-        args = record.args if isinstance(record.args, tuple) else ()
-        for arg in args:
-            if isinstance(arg, BadCookie):
-                return AttachError(BAD_COOKIE, f"{where}: wrong cookie ({arg})")
-            if isinstance(arg, WrongNode):
-                return AttachError(WRONG_NODE, f"{where}: wrong node name ({arg})")
-            if isinstance(arg, HandshakeError):
-                return AttachError(REFUSED, f"{where}: refused ({arg})")
-            if isinstance(arg, OSError | trio.BrokenResourceError):
-                return AttachError(UNREACHABLE, f"{where}: unreachable ({arg})")
-        if record.levelno >= logging.WARNING:
-            return AttachError(REFUSED, f"{where}: {record.getMessage()}")
-    return AttachError(UNREACHABLE, f"{where}: unreachable (nothing answered there)")
+    if failure is None:
+        return AttachError(UNREACHABLE, f"{where}: unreachable (nothing answered there)")
+    says = _SAYS.get(failure.kind)
+    if says is None:
+        return AttachError(REFUSED, f"{where}: {failure.reason}")
+    kind, what = says
+    return AttachError(kind, f"{where}: {what} ({failure.reason})")

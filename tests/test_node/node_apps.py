@@ -77,3 +77,32 @@ def _echo_start() -> Any:
 
 
 cluster = _app("cluster", supervisors.ChildSpec("echo", (_echo_start,)))
+
+
+class _CountedCalls:
+    """The dirty pool's ``calls`` view (the shape its observer view reports), counting ten
+    calls each time it is read: 9 under 10 ms, 1 under 50 ms, one error in ten reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self) -> dict[str, Any]:
+        self.reads += 1
+        n = self.reads
+        return {
+            "calls": {
+                "total": 10 * n,
+                "errors": {"DirtyTimeoutError": n // 10},
+                "latency_seconds": {
+                    "buckets": [[0.01, 9 * n], [0.05, 10 * n], [float("inf"), 10 * n]],
+                    "sum": n * (9 * 0.005 + 0.04),
+                    "count": 10 * n,
+                },
+            }
+        }
+
+
+#: An application named like the dirty pool, showing only its call counters (no OS workers).
+counted_dirty = supervisors.Application(
+    "dirty", (supervisors.SupFlags(), []), observer_view=_CountedCalls()
+)

@@ -4,9 +4,11 @@ names by Prometheus conventions, the run queue, and restarts by supervisor and b
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from test_otp.peer import COOKIE, PeerNode
 
 import otp
 import supervisors
@@ -63,3 +65,24 @@ async def test_restarts_are_counted_by_child() -> None:
         run_queue = (await _families())["otp_run_queue_processes"].samples[0].value
         assert 0 <= run_queue <= len(otp.observer.observe_processes())
         await supervisors.stop_all_applications()
+
+
+async def test_distribution_bytes_are_counted_per_peer_node(tmp_path: Path) -> None:
+    b_address = f"unix:{tmp_path / 'b'}.sock"
+    async with PeerNode("b@localhost", b_address):
+        async with otp.open_node("metrics@localhost"):
+            await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
+            assert await otp.connect("b@localhost", b_address)
+            assert await otp.call(("echo", "b@localhost"), b"x" * 10_000) == b"x" * 10_000
+            snapshot = otp.observer.snapshot()
+            body, _content_type = exposition(snapshot, [])
+            families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+            (conn,) = snapshot.connections
+            for name, counted in (
+                ("otp_dist_bytes_sent", conn.bytes_written),
+                ("otp_dist_bytes_received", conn.bytes_received),
+            ):
+                (sample,) = families[name].samples
+                assert sample.name == f"{name}_total"
+                assert sample.labels == {"node": "b@localhost"}
+                assert sample.value == counted > 10_000

@@ -337,3 +337,60 @@ async def test_python_m_otp_node_serves_the_observer_it_prints() -> None:
         assert restarts == {"observer", "demo", "dispatcher", "dirty", "matching"}
         running.signal(signal.SIGTERM)
         assert await running.exit_code() == 0
+
+
+async def test_the_ets_tables_page_reads_api_tables() -> None:
+    async with observed():
+        table = otp.ets.new("web_tables_page", named=True, access="protected")
+        otp.ets.insert(table, [(1, "a"), (2, "b")])
+        status, body = await fetch_json("/api/tables")
+        assert status == 200
+        [row] = [t for t in body["tables"] if t["name"] == "web_tables_page"]
+        assert (row["size"], row["type"], row["access"]) == (2, "set", "protected")
+        assert row["owner"] == repr(otp.self()) and row["memory"] > 0
+
+
+async def test_api_series_serves_the_samplers_ring_by_series_name() -> None:
+    async with observed():
+        status, body = await fetch_json("/api/series")
+        assert status == 200 and body["interval"] == 1.0 and body["window"] == 600
+        assert set(body["series"]) == {
+            "messages_per_second",
+            "restarts_per_second",
+            "dirty_calls_per_second",
+            "dirty_errors_per_second",
+            "dirty_latency_mean_seconds",
+            "dirty_latency_p99_seconds",
+        }
+        assert all(len(values) == len(body["t"]) for values in body["series"].values())
+
+
+async def test_api_series_without_a_sampler_says_where_it_runs() -> None:
+    async with otp.open_node("bare@localhost"):
+        series = await node.LocalSource().series()
+        assert series["t"] == [] and series["series"]["messages_per_second"] == []
+        assert "start the node with --observer" in series["message"]
+
+
+def _strict(constant: str) -> Any:
+    raise AssertionError(f"{constant} is not JSON: a browser's JSON.parse refuses it")
+
+
+async def test_a_views_infinite_bucket_bound_is_served_as_plus_inf_in_strict_json() -> None:
+    """A latency histogram's last bucket is +Inf, which JSON cannot say: the page would
+    fail to parse /api/tree. It is served as Prometheus spells it."""
+    calls = {
+        "total": 3,
+        "errors": {"DirtyTimeoutError": 1},
+        "latency_seconds": {"buckets": [[0.1, 2], [float("inf"), 3]], "sum": 0.7, "count": 3},
+    }
+    dirty = supervisors.Application(
+        "dirty", (supervisors.SupFlags(), []), observer_view=lambda: {"calls": calls}
+    )
+    async with observed():
+        await supervisors.start_application(dirty)
+        status, _headers, raw = await fetch("/api/tree")
+        tree = json.loads(raw, parse_constant=_strict)
+        [view] = [app["view"] for app in tree["applications"] if app["name"] == "dirty"]
+        assert status == 200
+        assert view["calls"]["latency_seconds"]["buckets"] == [[0.1, 2], ["+Inf", 3]]

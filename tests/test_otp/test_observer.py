@@ -9,6 +9,7 @@ import trio
 import trio.testing
 
 import otp
+import wire
 from otp import ets
 from otp.observer import (
     observe_connections,
@@ -19,7 +20,7 @@ from otp.observer import (
     snapshot,
 )
 
-from .peer import COOKIE, PeerNode
+from .peer import COOKIE, PeerNode, raw_peer
 
 
 async def _idle() -> None:
@@ -123,3 +124,34 @@ async def test_connections_show_each_connected_node(tmp_path: Path) -> None:
             assert taken.node == "a@localhost"
             assert [c.node for c in taken.connections] == ["b@localhost"]
             assert {p.pid for p in taken.processes} == set(otp.processes())
+
+
+async def test_a_connection_counts_the_bytes_it_read_and_wrote(tmp_path: Path) -> None:
+    # Counted per read and write on the socket, after the handshake: exactly what crossed.
+    async with otp.open_node("a@localhost"):
+        await otp.start_distribution(
+            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path / 'a'}.sock",))
+        )
+        async with raw_peer(tmp_path / "a.sock", COOKIE, "x@localhost", "a@localhost") as (
+            stream,
+            _,
+        ):
+            with trio.fail_after(5):
+                # A PING gets its PONG once nothing waits to be written (its peer list, ...).
+                while [(c.state, c.bytes_queued) for c in observe_connections()] != [("up", 0)]:
+                    await trio.sleep(0.01)
+            ping = wire.encode_message(wire.MessageType.PING, None, codec=wire.Codec.TLV)
+            await stream.send_all(ping)
+            decoder = wire.FrameDecoder()
+            read = 0
+            with trio.fail_after(5):
+                while True:  # what the node wrote since the handshake, its PONG last
+                    data = await stream.receive_some(65536)
+                    assert data
+                    read += len(data)
+                    frames = decoder.feed(data)
+                    if any(f.type is wire.MessageType.PONG for f in frames):
+                        break
+            (conn,) = observe_connections()
+            assert conn.node == "x@localhost"
+            assert (conn.bytes_received, conn.bytes_written) == (len(ping), read)

@@ -204,14 +204,14 @@ def test_top_sorts_by_rate_mailbox_or_memory() -> None:
         otp.observer.top(before, after, sort="cpu")
 
 
-def _get(address: str, path: str) -> tuple[int, bytes]:
+def _get(address: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
     import http.client
     from urllib.parse import urlsplit
 
     parts = urlsplit(address)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=20)
     try:
-        connection.request("GET", path)
+        connection.request("GET" if body is None else "POST", path, body=body)
         response = connection.getresponse()
         return response.status, response.read()
     finally:
@@ -264,6 +264,17 @@ async def test_without_top_it_serves_the_targets_endpoints_locally(
         assert status == 200
         status, _body = await trio.to_thread.run_sync(_get, web, "/nowhere")
         assert status == 404
+        status, body = await trio.to_thread.run_sync(_get, web, "/api/tables")
+        assert status == 200 and isinstance(json.loads(body)["tables"], list)
+        # the target serves no observer (--observer off), so no sampler: the charts say so
+        status, body = await trio.to_thread.run_sync(_get, web, "/api/series")
+        assert status == 200 and "no sampler runs on b@localhost" in json.loads(body)["message"]
+        # actions stay on the node's own observer: the agent is read-only
+        kill = json.dumps({"pid": echo["pid"]}).encode()
+        status, body = await trio.to_thread.run_sync(_get, web, "/api/actions/kill", kill)
+        assert status == 403 and "remote attach" in json.loads(body)["message"]
+        status, body = await trio.to_thread.run_sync(_get, web, f"/api/processes/{echo['pid']}")
+        assert status == 200
         otp.port_close(observer)
         otp.port_close(target)
 

@@ -228,7 +228,7 @@ async def test_dialling_an_address_where_another_node_answers_fails(sockets: Any
 
 
 def test_a_connection_ended_by_several_tasks_at_once_is_named_by_the_first_ordinary_cause() -> None:
-    from otp._distribution import _sole
+    from otp._dist_session import _sole
 
     reset, broken = ConnectionResetError("reset"), trio.BrokenResourceError("pipe")
     assert _sole(ExceptionGroup("x", [ExceptionGroup("y", [reset])])) is reset
@@ -510,3 +510,29 @@ async def test_a_peers_list_is_capped_and_dialled_at_a_bounded_rate(
         assert len(dialled) == 256  # mesh_max_nodes
         assert not any("evil" in d or "\n" in d for d in dialled)
     assert any("mesh_max_nodes=256" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("case", ["unreachable", "bad_cookie", "wrong_node"])
+async def test_a_failed_dial_says_why_in_its_connections_failure(sockets: Any, case: str) -> None:
+    from otp._distribution import dial
+
+    cookie = b"another-cookie-entirely" if case == "bad_cookie" else COOKIE
+    async with PeerNode("b@localhost", sockets("b"), cookie=cookie):
+        async with otp.open_node("a@localhost"):
+            await _distributed("a", sockets("a"))
+            peer, address = {
+                "unreachable": ("ghost@localhost", sockets("ghost")),
+                "bad_cookie": ("b@localhost", sockets("b")),
+                "wrong_node": ("c@localhost", sockets("b")),
+            }[case]
+            conn = await dial(peer, address)
+            assert conn is not None and conn.state == "down"
+            assert conn.failure is not None
+            assert conn.failure.kind == case
+            says = {
+                "unreachable": "No such file",
+                "bad_cookie": "does not know our cookie",
+                "wrong_node": "but 'b@localhost' answered",
+            }[case]
+            assert says in conn.failure.reason
+            assert otp.nodes() == []

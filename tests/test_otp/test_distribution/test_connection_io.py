@@ -61,7 +61,7 @@ async def test_a_lazy_frame_waits_for_the_next_frame_and_goes_first_in_its_write
 async def test_a_lone_lazy_frame_is_written_by_the_writer_after_lazy_delay(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from otp._distribution import LAZY_DELAY
+    from otp._dist_connection import LAZY_DELAY
 
     async with otp.open_node("a@localhost"):
         ours, theirs = trio.socket.socketpair()
@@ -125,7 +125,7 @@ async def test_the_busy_limit_still_suspends_a_sender_of_direct_writes() -> None
 
 
 async def test_the_socket_reader_returns_frames_as_they_complete_and_then_the_error() -> None:
-    from otp._distribution import _SocketFrames
+    from otp._dist_session import _SocketFrames
 
     SEND = wire.MessageType.SEND
     frame = wire.encode_message(SEND, _ping_payload(7))
@@ -151,7 +151,7 @@ async def test_the_socket_reader_returns_frames_as_they_complete_and_then_the_er
 
 
 async def test_the_socket_reader_tells_a_clean_end_from_one_inside_a_frame() -> None:
-    from otp._distribution import _SocketFrames
+    from otp._dist_session import _SocketFrames
 
     frame = wire.encode_message(wire.MessageType.PING, None)
     for tail, clean in ((b"", True), (frame[:3], False)):
@@ -166,3 +166,15 @@ async def test_the_socket_reader_tells_a_clean_end_from_one_inside_a_frame() -> 
             else:
                 with pytest.raises(wire.Truncated):
                     await reader.receive_frames()
+
+
+async def test_a_connection_lost_for_its_queue_says_so_in_its_failure(sockets: Any) -> None:
+    async with otp.open_node("a@localhost"):
+        ours, theirs = trio.socket.socketpair()
+        with ours, theirs:
+            conn = _connection_on(ours, busy_limit=1024, queue_limit=4096)
+            payload = {"to": wire.Pid("b@localhost", 1, 1), "msg": b"z" * 2048}
+            while conn.state != "down":  # nobody reads: past what the socket takes, it queues
+                assert conn.failure is None
+                conn.enqueue(wire.MessageType.SEND, payload)
+            assert conn.failure is not None and conn.failure.kind == "queue_limit"

@@ -498,7 +498,7 @@ async def test_an_unencodable_send_while_connecting_fails_in_its_sender(sockets:
 async def test_frames_read_before_a_disconnect_are_not_acted_on_after_it() -> None:
     # disconnect() declares the connection lost at once; frames its reader already holds
     # (say a "peers" list, which would redial) must not be dispatched after that.
-    from otp._distribution import _read_loop
+    from otp._dist_session import _read_loop
 
     dispatched: list[Any] = []
 

@@ -176,3 +176,15 @@ def test_a_tls_key_file_readable_by_others_is_refused(certificates: Any, tmp_pat
         otp.DistributionError, match=r"TLS key file .*b\.key has mode 0644.*chmod 600"
     ):
         otp.TlsConfig(node.certfile, node.keyfile, node.cafile)
+
+
+async def test_a_tls_connection_counts_the_bytes_it_reads(certificates: Any) -> None:
+    async with PeerNode("b@localhost", "tcp:127.0.0.1:0", tls=certificates("b")) as peer:
+        [b_address] = peer.listening
+        async with otp.open_node("a@localhost"):
+            await otp.start_distribution(otp.DistConfig(cookie=COOKIE, tls=certificates("a")))
+            assert await otp.connect("b@localhost", b_address)
+            (before,) = otp.observer.observe_connections()
+            assert await otp.call(("echo", "b@localhost"), b"y" * 5000) == b"y" * 5000
+            (after,) = otp.observer.observe_connections()
+            assert after.bytes_received - before.bytes_received > 5000

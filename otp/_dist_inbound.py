@@ -1,0 +1,234 @@
+"""What each frame from a peer node does (the receiving half of Erlang's distribution
+protocol): messages are delivered, and LINK, UNLINK, EXIT, EXIT2, MONITOR, DEMONITOR and DOWN
+apply to local processes through the same code as the local signals (``Process.add_link``,
+``Node.link_exit``, ``Node.exit_signal``, ``Node.deliver_down``, ...).
+
+A peer is trusted with what it sends once it proved the cookie, but not with malformed
+frames: a bad payload raises, and the connection is dropped (see ``_dist_session``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import wire
+
+from ._dist_kernel import NET_KERNEL_ATOM, peers_told
+from ._dist_values import pid_from_wire, reason_from_wire, ref_from_wire, value_from_wire
+from ._gen_server import _Call, _Cast, _SystemTerminate
+from ._ids import Pid, Ref
+from ._messages import From
+from ._pg import PG_NAME
+from ._reasons import NOPROC
+
+if TYPE_CHECKING:
+    from ._dist_connection import Connection
+    from ._distribution import Distribution
+    from ._node import Node
+    from ._process import Process
+
+_TERMINATE = wire.Atom("terminate")
+
+
+def dispatch(dist: Distribution, conn: Connection, frame: wire.Frame) -> None:
+    """Act on one frame from ``conn``'s peer (called by its reader, as
+    ``Distribution.dispatch``).
+
+    Raises:
+        wire.MalformedMessage: a frame no node sends to another, or a LINK or MONITOR whose
+            sender is no process of the peer.
+        KeyError, TypeError, AttributeError, ValueError: a malformed payload.
+    """
+    node = dist.node
+    t = frame.type
+    p = frame.payload
+    M = wire.MessageType
+    # The most frequent first: a remote call is a MONITOR, a SEND or REG_SEND and a
+    # DEMONITOR each way.
+    if t is M.SEND:
+        message = p["msg"]
+        proc = _local(p["to"], node)
+        if proc is not None:
+            _deliver_to(node, proc, message)
+    elif t is M.REG_SEND:
+        _reg_send(dist, conn, p["to"], p["msg"])
+    elif t is M.MONITOR:
+        _on_monitor(
+            dist, _peer_pid(conn, p["from"], node), p["to"], value_from_wire(p["ref"], node)
+        )
+    elif t is M.DEMONITOR:
+        target = _target(p["to"], node)
+        if target is not None:
+            target.remove_monitored_by(value_from_wire(p["ref"], node))
+    elif t is M.SEND_BATCH:
+        messages = _batch(p)
+        proc = node.resolve(pid_from_wire(p["to"], node))
+        if proc is not None:
+            for message in messages:
+                _deliver_to(node, proc, message)
+    elif t is M.REG_SEND_BATCH:
+        name = p["to"]
+        for message in _batch(p):
+            _reg_send(dist, conn, name, message)
+    elif t is M.LINK:
+        sender = _peer_pid(conn, p["from"], node)
+        target = node.resolve(pid_from_wire(p["to"], node))
+        if target is None:
+            dist.send_link_exit(pid_from_wire(p["to"], node), sender, NOPROC)
+        else:
+            target.add_link(sender)
+    elif t is M.UNLINK:
+        target = node.resolve(pid_from_wire(p["to"], node))
+        if target is not None:
+            target.remove_link(pid_from_wire(p["from"], node))
+    elif t is M.EXIT:
+        sender = pid_from_wire(p["from"], node)
+        target = node.resolve(pid_from_wire(p["to"], node))
+        if target is not None:
+            node.link_exit(target, sender, reason_from_wire(p["reason"], node))
+    elif t is M.EXIT2:
+        target = node.resolve(pid_from_wire(p["to"], node))
+        if target is not None:
+            node.exit_signal(
+                target,
+                pid_from_wire(p["from"], node),
+                reason_from_wire(p["reason"], node),
+                False,
+            )
+    elif t is M.DOWN:
+        sender = p["from"]
+        label = pid_from_wire(sender, node) if isinstance(sender, wire.Pid) else sender
+        ref = value_from_wire(p["ref"], node)
+        watcher = node.resolve(pid_from_wire(p["to"], node))
+        # A DOWN for a monitor the watcher already dropped (demonitor crossed it) is stale.
+        if watcher is not None and watcher.monitors is not None and ref in watcher.monitors:
+            node.deliver_down(watcher.pid, ref, label, reason_from_wire(p["reason"], node))
+    elif t is M.PING:
+        # Any frame tells the peer we are alive: none is added while some wait (a peer
+        # that floods PINGs and reads nothing would grow the queue by a PONG each).
+        if not conn.queued:
+            conn.enqueue(M.PONG, None)
+    elif t is M.PONG:
+        pass
+    else:
+        raise wire.MalformedMessage(f"{t.name} is not a message nodes send each other")
+
+
+def _reg_send(dist: Distribution, conn: Connection, name: Any, message: Any) -> None:
+    node = dist.node
+    if name.__class__ is not str:
+        if name == NET_KERNEL_ATOM:
+            peers_told(dist, conn, message)
+            return
+        if name == PG_NAME:
+            if node.pg is not None and not conn.hidden:  # hidden nodes (observer-remote)
+                node.pg.from_peer(conn.peer, message)
+            return
+        name = _registered_name(name)
+    proc = node.names.get(name)
+    if proc is not None:
+        _deliver_to(node, proc, message)
+
+
+def _on_monitor(dist: Distribution, watcher: Pid, to: Any, ref: Ref) -> None:
+    target = _target(to, dist.node)
+    if target is None:
+        dist.send_down(watcher, ref, _down_label(to, dist.node), NOPROC)
+    else:
+        target.add_monitored_by(ref, watcher)
+
+
+def _deliver_to(node: Node, proc: Process, message: Any) -> None:
+    if message.__class__ is tuple and message and message[0].__class__ is wire.Atom:
+        # Compared by name: a decoded atom is a new object, and its attrs __eq__ a call.
+        tag = message[0].name
+        if tag == "$gen_reply" and len(message) == 3:
+            ref = value_from_wire(message[1], node)
+            if proc.aliases is not None:
+                waiter = proc.aliases.get(ref)
+                if waiter is not None:
+                    waiter.resolve(value_from_wire(message[2], node), False)
+            return
+        if tag == "$gen_call" and len(message) == 3:
+            pid, ref = message[1]
+            if ref.__class__ is wire.Ref:
+                ref = ref_from_wire(ref)  # (its wire form kept for the reply)
+            else:
+                ref = value_from_wire(ref, node)
+            from_ = From(pid_from_wire(pid, node), ref)
+            proc.deliver(_Call(from_, value_from_wire(message[2], node)))
+            return
+        if tag == "$gen_cast" and len(message) == 2:
+            proc.deliver(_Cast(value_from_wire(message[1], node)))
+            return
+        if (
+            tag == "system"
+            and len(message) == 3
+            and message[1] == _TERMINATE
+            and message[2].__class__ is wire.ExitReason
+        ):
+            proc.deliver(_SystemTerminate(reason_from_wire(message[2], node)))
+            return
+    proc.deliver(value_from_wire(message, node))
+
+
+def _local(value: wire.Pid, node: Node) -> Process | None:
+    """The live local process a peer's ``to`` names, or None (``node.resolve`` of
+    ``pid_from_wire``, without making the pid)."""
+    if value.node == node.name and value.creation == node.creation:
+        proc = node.processes.get(value.id)
+        if proc is not None and proc.alive:
+            return proc
+    return None
+
+
+def _target(to: Any, node: Node) -> Process | None:
+    """The process a MONITOR or DEMONITOR names: by pid, or by registered name."""
+    if isinstance(to, wire.Pid):
+        return node.resolve(pid_from_wire(to, node))
+    return node.names.get(_registered_name(to))
+
+
+def _peer_pid(conn: Connection, value: Any, node: Node) -> Pid:
+    """The ``from`` of a LINK or MONITOR, which must be a process of the peer itself.
+
+    What a peer plants here is dropped when its connection closes (see connection_lost), which
+    finds it by the watcher's node; a link or monitor for a third node's process would outlive
+    the connection that planted it, so it is refused, as ERTS kills a connection whose
+    LINK/MONITOR_P names another node's pid (``invalid_message``).
+
+    Raises:
+        wire.MalformedMessage: ``value`` is not a pid of the peer's node.
+    """
+    if value.__class__ is not wire.Pid or value.node != conn.peer:
+        raise wire.MalformedMessage(
+            f"a LINK or MONITOR from {conn.peer!r} names {value!r} as its sender, which is no"
+            " process of that node"
+        )
+    return pid_from_wire(value, node)
+
+
+def _registered_name(name: Any) -> str:
+    """The registered name a peer's ``to`` field (a str or an atom) means; any other value
+    names no process (a name is a str), so it reaches nobody, as an unregistered one."""
+    if name.__class__ is wire.Atom:
+        name = name.name
+    return name if name.__class__ is str else ""
+
+
+def _down_label(to: Any, node: Node) -> Any:
+    """What a DOWN for a monitor of ``to`` (a peer's MONITOR field) says went down."""
+    if isinstance(to, wire.Pid):
+        return pid_from_wire(to, node)
+    if to.__class__ is str:
+        with contextlib.suppress(wire.WireError):  # a name no atom can hold goes as it came
+            return wire.Atom(to)
+    return to
+
+
+def _batch(payload: Any) -> list[Any]:
+    messages = payload["msgs"]
+    if messages.__class__ is not list:
+        raise TypeError(f"msgs must be a list (got {type(messages).__name__})")
+    return messages
