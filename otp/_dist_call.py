@@ -13,7 +13,7 @@ import wire
 
 from ._dist_values import value_to_wire, wire_id
 from ._errors import CallError, CallTimeout
-from ._gen_server import _Call, _SystemTerminate, _wait
+from ._gen_server_core import GenCall, SystemTerminate, wait_reply
 from ._ids import Pid, Ref
 from ._messages import From
 from ._node import NamedMonitor
@@ -69,7 +69,7 @@ async def call(
         else:
             with conn.corked():
                 dist.monitor(me.pid, server, ref)
-                dist.send(server, _Call(From(me.pid, ref), request))
+                dist.send(server, GenCall(From(me.pid, ref), request))
     else:
         wire_me = wire_id(me.pid)
         wire_ref = wire_id(ref)
@@ -105,7 +105,7 @@ async def stop(
     """``GenServer.stop`` of a server on another node: monitor it, send it a system
     terminate (OTP's ``proc_lib:stop``) and return its exit reason (``"noproc"`` if it was
     not alive, ``"noconnection"`` if its node is unreachable), or TIMED_OUT."""
-    waiter = await _ask(dist, me, server, lambda _ref: _SystemTerminate(reason), timeout)
+    waiter = await _ask(dist, me, server, lambda _ref: SystemTerminate(reason), timeout)
     return waiter.value
 
 
@@ -133,7 +133,7 @@ async def _ask(
         with conn.corked():
             dist.monitor(me.pid, server, ref)
             dist.send(server, message(ref))
-    await _wait(dist.node, waiter, timeout, lambda: _unwatch(dist, me, ref))
+    await wait_reply(dist.node, waiter, timeout, lambda: _unwatch(dist, me, ref))
     return waiter
 
 

@@ -16,7 +16,7 @@ import wire
 
 from ._dist_kernel import NET_KERNEL_ATOM, peers_told
 from ._dist_values import pid_from_wire, reason_from_wire, ref_from_wire, value_from_wire
-from ._gen_server import _Call, _Cast, _SystemTerminate
+from ._gen_server_core import GenCall, GenCast, SystemTerminate
 from ._ids import Pid, Ref
 from ._messages import From
 from ._pg import PG_NAME
@@ -157,10 +157,10 @@ def _deliver_to(node: Node, proc: Process, message: Any) -> None:
             else:
                 ref = value_from_wire(ref, node)
             from_ = From(pid_from_wire(pid, node), ref)
-            proc.deliver(_Call(from_, value_from_wire(message[2], node)))
+            proc.deliver(GenCall(from_, value_from_wire(message[2], node)))
             return
         if tag == "$gen_cast" and len(message) == 2:
-            proc.deliver(_Cast(value_from_wire(message[1], node)))
+            proc.deliver(GenCast(value_from_wire(message[1], node)))
             return
         if (
             tag == "system"
@@ -168,7 +168,7 @@ def _deliver_to(node: Node, proc: Process, message: Any) -> None:
             and message[1] == _TERMINATE
             and message[2].__class__ is wire.ExitReason
         ):
-            proc.deliver(_SystemTerminate(reason_from_wire(message[2], node)))
+            proc.deliver(SystemTerminate(reason_from_wire(message[2], node)))
             return
     proc.deliver(value_from_wire(message, node))
 

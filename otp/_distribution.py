@@ -44,7 +44,7 @@ from ._dist_kernel import NET_KERNEL, NET_KERNEL_ATOM, close_listeners, net_kern
 from ._dist_session import run_connection
 from ._dist_values import reason_to_wire, value_to_wire, wire_id
 from ._errors import BadArg
-from ._gen_server import _Call, _Cast, _SystemTerminate
+from ._gen_server_core import GenCall, GenCast, SystemTerminate
 from ._ids import Pid, Ref
 from ._messages import From
 from ._node import NamedMonitor, Node, current_node
@@ -292,15 +292,15 @@ class Distribution:
 
     def _message_to_wire(self, message: Any) -> Any:
         cls = message.__class__
-        if cls is _Call:
+        if cls is GenCall:
             return (
                 _GEN_CALL,
                 (value_to_wire(message.from_.pid), value_to_wire(message.from_.tag)),
                 value_to_wire(message.request),
             )
-        if cls is _Cast:
+        if cls is GenCast:
             return (_GEN_CAST, value_to_wire(message.request))
-        if cls is _SystemTerminate:
+        if cls is SystemTerminate:
             return (_SYSTEM, _TERMINATE, reason_to_wire(message.reason))
         return value_to_wire(message)
 

@@ -23,7 +23,7 @@ import trio
 from ._errors import ProcessExited
 from ._ids import Pid, Ref
 from ._messages import Down, Exit
-from ._process import _CURRENT, Process, ProcessExit, current_process_or_none
+from ._process import CURRENT_PROCESS, Process, ProcessExit, current_process_or_none
 from ._reasons import KILL, KILLED, NORMAL, Crash, format_reason
 from ._timers import TimerService
 
@@ -109,7 +109,7 @@ class Node:
     async def _run_process(
         self, proc: Process, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
     ) -> None:
-        _CURRENT.set(proc)
+        CURRENT_PROCESS.set(proc)
         reason: Any = NORMAL
         try:
             with proc.scope:
@@ -369,7 +369,7 @@ async def open_node(name: str = DEFAULT_NODE_NAME) -> AsyncIterator[Node]:
                 _NODE.set(node)
                 system.start_soon(node.timers.run)
                 main = node.adopt_current_task()
-                token = _CURRENT.set(main)
+                token = CURRENT_PROCESS.set(main)
                 reason: Any = NORMAL
                 try:
                     with main.scope:
@@ -384,7 +384,7 @@ async def open_node(name: str = DEFAULT_NODE_NAME) -> AsyncIterator[Node]:
                         body_error = exc
                         reason = Crash(exc) if isinstance(exc, Exception) else KILLED
                 finally:
-                    _CURRENT.reset(token)
+                    CURRENT_PROCESS.reset(token)
                     node.process_exited(main, main.pending_reason if main.exiting else reason)
                     if node.distribution is not None:
                         with trio.CancelScope(shield=True):

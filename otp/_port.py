@@ -27,7 +27,8 @@ import trio
 
 from ._api import demonitor, monitor, receive, send, unlink
 from ._errors import BadArg, StartError
-from ._gen_server import _Call, _kill_flush, _unwatch, _watch, call, reply
+from ._gen_server import call, reply
+from ._gen_server_core import GenCall, kill_flush, unwatch, watch
 from ._ids import Pid, Ref
 from ._messages import Down, Exit, From
 from ._node import current_node
@@ -221,14 +222,14 @@ async def open_port(
     port.behaviour = "Port " + " ".join(spec.argv)[:80]
     # Watched as a call watches its server: a port that dies before it answers (killed, say)
     # ends the wait instead of leaving the caller parked for ever.
-    _watch(me, port, ref, waiter)
+    watch(me, port, ref, waiter)
     try:
         await waiter.wait()
     except BaseException:
-        _unwatch(me, port, ref)
+        unwatch(me, port, ref)
         await _abandon(me, port, link)
         raise
-    _unwatch(me, port, ref)
+    unwatch(me, port, ref)
     if waiter.is_down or isinstance(waiter.value, BaseException):
         if link:
             # No port came to be (as Erlang's open_port raising enoent): no exit signal either,
@@ -245,7 +246,7 @@ async def _abandon(me: Process, port: Process, link: bool) -> None:
     """Kill the port of a cancelled ``open_port`` (nobody will get its pid), and wait until its
     program is reaped unless the caller is exiting (then the caller must not be held up)."""
     ref = monitor(port.pid)
-    _kill_flush(me, port, link)
+    kill_flush(me, port, link)
     if not me.exiting:
         with trio.move_on_after(ABANDON_WAIT, shield=True):
             await receive(lambda m: type(m) is Down and m.ref == ref)
@@ -486,7 +487,7 @@ async def _serve_port(
             # epipe, so its owner learns that its data was lost.
             await _stop_program(program, spec.kill_timeout)
             return EPIPE
-        elif isinstance(message, _Call) and message.request == "os_pid":
+        elif isinstance(message, GenCall) and message.request == "os_pid":
             reply(message.from_, program.pid)
         elif isinstance(message, Exit):
             if message.reason == NORMAL and message.pid != owner:

@@ -17,7 +17,8 @@ import attrs
 
 from ._api import spawn
 from ._errors import CallError
-from ._gen_server import _Call, _is_remote, _resolve_server, _unwatch, _watch, call
+from ._gen_server import call
+from ._gen_server_core import GenCall, is_remote, resolve_server, unwatch, watch
 from ._ids import Ref
 from ._messages import From
 from ._node import current_node
@@ -60,7 +61,7 @@ class _ResponseSlot:
         if self.done:
             return
         self.done = True
-        _unwatch(self.caller, self.target, self.ref)
+        unwatch(self.caller, self.target, self.ref)
         if is_down:
             self.caller.deliver(Response(self.ref, None, value))
         else:
@@ -81,9 +82,9 @@ def send_request(server: Any, request: Any) -> Ref:
     me = current_process()
     node = me.node
     ref = node.make_ref()
-    target = _resolve_server(node, server)
+    target = resolve_server(node, server)
     if target is None:
-        if node.distribution is not None and _is_remote(node, server):
+        if node.distribution is not None and is_remote(node, server):
             # A remote server: a helper process (not linked) makes the call and answers.
             spawn(_remote_request, me.pid, ref, server, request)
         else:
@@ -92,8 +93,8 @@ def send_request(server: Any, request: Any) -> Ref:
     if target is me:
         me.deliver(Response(ref, None, "calling_self"))
         return ref
-    _watch(me, target, ref, _ResponseSlot(me, target, ref))  # type: ignore[arg-type]
-    target.deliver(_Call(From(me.pid, ref), request))
+    watch(me, target, ref, _ResponseSlot(me, target, ref))  # type: ignore[arg-type]
+    target.deliver(GenCall(From(me.pid, ref), request))
     return ref
 
 

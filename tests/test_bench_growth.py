@@ -25,5 +25,9 @@ def test_an_o_log_n_row_is_measured_against_the_smallest_n_scaled_by_log_n() -> 
 
 def test_quick_mode_runs_the_in_process_rows() -> None:
     rows = bench_growth.call_backlog(True)
-    assert [r.name for r in rows] == ["growth.call_backlog.0", "growth.call_backlog.10k"]
+    assert [r.name for r in rows] == [
+        "growth.call_backlog.0",
+        "growth.call_backlog.10k",
+        "growth.call_backlog.100k",
+    ]
     assert all(r.value > 0 and r.baseline_value > 0 for r in rows)

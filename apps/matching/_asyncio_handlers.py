@@ -98,13 +98,14 @@ class AsyncioHandlerRunner:
 
     def __init__(self, loop: Callable[[], asyncio.AbstractEventLoop | None]) -> None:
         self._loop = loop
-        self._threads = HandlerThreads()
+        self.threads: HandlerThreads | None = HandlerThreads()
 
     async def __call__(
         self, handler: Callable[..., Any], ctx: StepContext | RpcContext, args: list[Any]
     ) -> Any:
         if not inspect.iscoroutinefunction(handler):
-            return await self._threads.run(functools.partial(handler, ctx, *args))
+            assert self.threads is not None
+            return await self.threads.run(functools.partial(handler, ctx, *args))
         loop = self._loop()
         if loop is None:
             raise WorkerStopped("no asyncio loop is running to run async handlers on")

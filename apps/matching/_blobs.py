@@ -23,13 +23,16 @@ import trio
 
 from ._errors import BlobCorrupted, BlobNotFound, ConfigurationError, InvalidBlobKey
 
-__all__ = ["BlobCache", "BlobCorrupted", "InvalidBlobKey", "blob_key", "is_blob_ref"]
+__all__ = ["NEEDS_IO", "BlobCache", "BlobCorrupted", "InvalidBlobKey", "blob_key", "is_blob_ref"]
 
 _KEY = re.compile(r"sha256:[0-9a-f]{64}")
 _PREFIX = "sha256:"
 _TMP = ".tmp-"
 #: The reference's marker key; a dict ``{"$blob": key, "size": n}`` in a value is a blob.
 REF_KEY = "$blob"
+#: What :meth:`BlobCache.pack_now` and :meth:`BlobCache.unpack_now` return for a value that
+#: carries blobs (files and maybe the server are needed: use the async methods).
+NEEDS_IO: Any = object()
 
 
 def blob_key(data: bytes | bytearray | memoryview) -> str:
@@ -280,13 +283,14 @@ class BlobCache:
         Raises:
             BlobCorrupted: ``upload`` answered with another key than the blob's.
         """
-        found: dict[int, tuple[bytes | bytearray, str]] = {}
-        copy = _walk(value, self._large, lambda data: found.setdefault(id(data), (data, ""))[0])
-        if not found:  # (the usual case: the walk's copy is the packed value)
+        copy = self.pack_now(value)
+        if copy is not NEEDS_IO:  # (the usual case)
             # A cancel point but no schedule point: the caller's next step is a write to the
             # server, and a pass through the scheduler here cost a wake-up per call.
             await trio.lowlevel.checkpoint_if_cancelled()
             return copy
+        found: dict[int, tuple[bytes | bytearray, str]] = {}
+        _walk(value, self._large, lambda data: found.setdefault(id(data), (data, ""))[0])
         keys: dict[int, str] = {}
         uploaded: set[str] = set()
         for ident, (data, _) in found.items():
@@ -313,11 +317,12 @@ class BlobCache:
                 reference's size is wrong.
             InvalidBlobKey: A reference's key is not valid.
         """
-        refs: dict[str, dict[str, Any]] = {}
-        copy = _walk(value, is_blob_ref, lambda ref: refs.setdefault(_check_key(ref[REF_KEY]), ref))
-        if not refs:  # (the usual case: the walk's copy is the unpacked value)
+        copy = self.unpack_now(value)
+        if copy is not NEEDS_IO:  # (the usual case)
             await trio.lowlevel.checkpoint_if_cancelled()  # (as pack_async's)
             return copy
+        refs: dict[str, dict[str, Any]] = {}
+        _walk(value, is_blob_ref, lambda ref: refs.setdefault(_check_key(ref[REF_KEY]), ref))
         loaded: dict[str, bytes] = {}
         for key in refs:
             data = await trio.to_thread.run_sync(self._get_or_none, key)
@@ -331,6 +336,33 @@ class BlobCache:
             loaded[key] = data
         await trio.lowlevel.checkpoint()
         return _walk(value, is_blob_ref, lambda ref: self._sized(ref, loaded[ref[REF_KEY]]))
+
+    def pack_now(self, value: Any) -> Any:
+        """A copy of ``value`` as :meth:`pack_async` sends it when it carries no ``bytes``
+        over ``inline_limit`` (nothing to store or upload), else :data:`NEEDS_IO`. Never
+        blocks: for the trio thread's code that must not wait."""
+        large = False
+
+        def mark(data: Any) -> Any:
+            nonlocal large
+            large = True
+            return data
+
+        copy = _walk(value, self._large, mark)
+        return NEEDS_IO if large else copy
+
+    def unpack_now(self, value: Any) -> Any:
+        """A copy of ``value`` when it carries no blob reference (nothing to read or fetch),
+        else :data:`NEEDS_IO`. Never blocks."""
+        refs = False
+
+        def mark(ref: Any) -> Any:
+            nonlocal refs
+            refs = True
+            return ref
+
+        copy = _walk(value, is_blob_ref, mark)
+        return NEEDS_IO if refs else copy
 
     def _get_or_none(self, key: str) -> bytes | None:
         try:

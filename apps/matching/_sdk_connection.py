@@ -13,10 +13,10 @@ import math
 import os
 import secrets
 import ssl
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import attrs
 import trio
 
 import wire
@@ -31,6 +31,7 @@ from ._errors import (
     error_from_code,
 )
 from ._options import ClientOptions, WorkerOptions
+from ._sdk_calls import PendingCalls
 
 __all__ = ["SdkConnection"]
 
@@ -45,23 +46,14 @@ _STREAM_MESSAGES = (
 )
 
 
-@attrs.define
-class _Pending:
-    """One call waiting for its M_REPLY or M_ERROR."""
-
-    done: trio.Event = attrs.field(factory=trio.Event)
-    value: Any = None
-    error: MatchingError | None = None
-
-
 class SdkConnection:
     """One open connection to the matching server (a worker's or a client's).
 
     Build it with :meth:`open`. Frames are sorted by one reader task:
 
     * stream frames (M_REGISTERED, M_REJECTED, M_TASK, M_CLOSE, M_PING with a stream id) go to
-      the receive channel :meth:`open_stream` returned for that id (frames for a stream id
-      that is not open are dropped);
+      the receive channel :meth:`open_stream` returned for that id, or to the function it was
+      given, called in the reader task (frames for a stream id that is not open are dropped);
     * M_REPLY / M_ERROR with a call id complete the :meth:`call` waiting for it (late replies,
       for calls that timed out or were cancelled, are dropped);
     * connection-level frames (M_RECONNECT, M_ERROR and M_PING with request id 0) go to
@@ -85,9 +77,17 @@ class SdkConnection:
         self.codec: wire.Codec = welcome.codec
         self._where = where
         self._write_lock = trio.Lock()
+        #: Encoded frames :meth:`send_nowait` could not write at once, in order; a flusher
+        #: task (or the next :meth:`send`) writes them before anything else.
+        self._backlog: deque[bytes | memoryview] = deque()
+        self._flushing = False
+        self._nursery: trio.Nursery | None = None
         self._next_id = 1
-        self._streams: dict[int, trio.MemorySendChannel[wire.MatchMessage]] = {}
-        self._calls: dict[int, _Pending] = {}
+        #: stream id -> what takes its frames (a channel's ``send_nowait``, or the owner's).
+        self._streams: dict[int, Callable[[wire.MatchMessage], None]] = {}
+        self._channels: dict[int, trio.MemorySendChannel[wire.MatchMessage]] = {}
+        self._calls = PendingCalls(where)
+        self._timer_scope = trio.CancelScope()
         control_send, control_receive = trio.open_memory_channel[wire.MatchMessage](math.inf)
         self._control_send = control_send
         self.control: trio.MemoryReceiveChannel[wire.MatchMessage] = control_receive
@@ -182,10 +182,13 @@ class SdkConnection:
         frames.codec = welcome.codec
         conn = cls(frames, welcome, where)
         conn._reader_started = True
+        conn._nursery = nursery
         if nursery is not None:
             nursery.start_soon(conn._read)
+            nursery.start_soon(conn._run_timer)
         else:
             trio.lowlevel.spawn_system_task(conn._read)
+            trio.lowlevel.spawn_system_task(conn._run_timer)
         return conn
 
     # -- streams and calls ----------------------------------------------------------------
@@ -205,13 +208,29 @@ class SdkConnection:
         self._check_open()
         rid = self._allocate()
         send, receive = trio.open_memory_channel[wire.MatchMessage](math.inf)
-        self._streams[rid] = send
+        self._streams[rid] = send.send_nowait
+        self._channels[rid] = send
         return rid, receive
+
+    def open_stream_handler(self, handler: Callable[[wire.MatchMessage], None]) -> int:
+        """A new stream id whose frames are given to ``handler`` in the reader task, as they
+        arrive (no channel and no task per stream: the worker's streams cost a wake-up less
+        per frame). ``handler`` must not block; an exception it raises loses the connection.
+        Nothing tells it that the stream ended (:attr:`closed` says when the connection did).
+
+        Raises:
+            ClientClosed: The connection is closed.
+        """
+        self._check_open()
+        rid = self._allocate()
+        self._streams[rid] = handler
+        return rid
 
     def close_stream(self, stream_id: int) -> None:
         """Forget ``stream_id``: its channel ends, later frames for it are dropped. Sends
         nothing (the caller sends M_CLOSE when the server should know)."""
-        send = self._streams.pop(stream_id, None)
+        self._streams.pop(stream_id, None)
+        send = self._channels.pop(stream_id, None)
         if send is not None:
             send.close()
 
@@ -237,40 +256,105 @@ class SdkConnection:
         data = wire.encode_frame(
             message.to_frame(self.codec), codec=self.codec, limits=self._frames.limits
         )
-        lock = self._write_lock
-        # The writer's turn without a trip through the scheduler when nobody is writing; a
-        # cancelled caller still sends nothing.
+        # A cancelled caller sends nothing; when nobody is writing, a plain socket takes the
+        # frame at once nearly always (no lock taken, no trip through the scheduler).
         await trio.lowlevel.checkpoint_if_cancelled()
-        try:
+        rest = self._write_direct(data)
+        if not rest:
+            return
+        lock = self._write_lock
+        if len(rest) < len(data):  # partly written: the rest goes before anyone else's
             lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()
+        else:
+            try:
+                lock.acquire_nowait()
+            except trio.WouldBlock:
+                await lock.acquire()
         try:
             self._check_open()
-            rest: bytes | memoryview = data
+            if self._backlog:  # frames send_nowait queued go first
+                await self._flush_backlog()
             try:
-                if self._fd is not None:
-                    # A plain socket takes the frame at once nearly always: written straight
-                    # to its (non-blocking) descriptor, with no cancel scope and no trip
-                    # through the scheduler; what it cannot take now goes the slow way.
-                    try:
-                        sent = os.write(self._fd, data)
-                    except BlockingIOError:
-                        sent = 0
-                    if sent == len(data):
-                        return
-                    rest = memoryview(data)[sent:]
                 # Shielded: a write is never cut midway by a cancellation (which would leave
                 # the peer unable to read on); only closing the connection stops a stuck one.
                 with trio.CancelScope(shield=True):
                     await self._frames.stream.send_all(rest)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
-                raise ClientClosed(
-                    f"the connection to {self._where} was lost while sending", retryable=True
-                ) from exc
+                raise self._write_failed(exc) from exc
         finally:
             lock.release()
+
+    def _write_direct(self, data: bytes) -> bytes | memoryview:
+        """Write what a plain socket takes of ``data`` now, if nobody else is writing (no
+        writer holds the turn, nothing is queued); returns the rest (empty: all written).
+
+        Raises:
+            ClientClosed: The write failed (the connection is then lost).
+        """
+        if self._fd is None or self._backlog or self._write_lock.locked():
+            return data
+        try:
+            sent = os.write(self._fd, data)
+        except BlockingIOError:
+            return data
+        except OSError as exc:
+            raise self._write_failed(exc) from exc
+        return memoryview(data)[sent:] if sent < len(data) else b""
+
+    def _write_failed(self, exc: BaseException) -> ClientClosed:
+        """Lose the connection after a failed write; the error to raise to the writer."""
+        self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
+        return ClientClosed(
+            f"the connection to {self._where} was lost while sending", retryable=True
+        )
+
+    def send_nowait(self, message: wire.MatchMessage) -> None:
+        """Write one frame without waiting: straight to a plain socket when no writer is busy
+        and it takes the frame whole (the usual case); otherwise the frame (or what the socket
+        did not take) is queued and a flusher task writes it, in order, before any later frame.
+        For the trio thread's synchronous code (the worker's stream frames and call outcomes).
+
+        Raises:
+            ClientClosed: The connection is closed, or the write failed (it is then lost).
+            WireError: ``message`` cannot be encoded (nothing was written).
+        """
+        self._check_open()
+        data = wire.encode_frame(
+            message.to_frame(self.codec), codec=self.codec, limits=self._frames.limits
+        )
+        rest = self._write_direct(data)
+        if not rest:
+            return
+        self._backlog.append(rest)
+        if not self._flushing:
+            self._flushing = True
+            if self._nursery is not None:
+                self._nursery.start_soon(self._flusher)
+            else:
+                trio.lowlevel.spawn_system_task(self._flusher)
+
+    async def _flusher(self) -> None:
+        """Write the backlog :meth:`send_nowait` left (a task; it never raises: a failed
+        write loses the connection)."""
+        try:
+            async with self._write_lock:
+                if not self._closed.is_set():
+                    await self._flush_backlog()
+        except ClientClosed:
+            pass
+        finally:
+            self._flushing = False
+
+    async def _flush_backlog(self) -> None:
+        """Write the queued frames (the write lock held). Shielded, as :meth:`send`'s."""
+        backlog = self._backlog
+        try:
+            with trio.CancelScope(shield=True):
+                while backlog:
+                    await self._frames.stream.send_all(backlog[0])
+                    backlog.popleft()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise self._write_failed(exc) from exc
 
     async def call(self, op: str, args: Mapping[str, Any], timeout: float | None = None) -> Any:
         """Send M_CALL ``op`` and wait for its M_REPLY value.
@@ -286,19 +370,13 @@ class SdkConnection:
         """
         self._check_open()
         rid = self._allocate()
-        pending = _Pending()
-        self._calls[rid] = pending
+        calls = self._calls
+        pending = calls.add(rid, op, timeout)
         try:
             await self.send(wire.MatchCall(op=op, args=dict(args), rid=rid))
-            with trio.move_on_after(math.inf if timeout is None else timeout) as scope:
-                await pending.done.wait()
-            if scope.cancelled_caught:
-                raise CallTimeout(f"call {op!r} to {self._where} got no answer within {timeout} s")
+            return await calls.wait(rid, pending)
         finally:
-            self._calls.pop(rid, None)
-        if pending.error is not None:
-            raise pending.error
-        return pending.value
+            calls.forget(rid)
 
     # -- closing --------------------------------------------------------------------------
 
@@ -340,14 +418,19 @@ class SdkConnection:
         message = f"the connection to {self._where} was closed" + (
             f": {error.message}" if error is not None else ""
         )
-        for pending in self._calls.values():
-            pending.error = ClientClosed(message, retryable=True)
-            pending.done.set()
-        self._calls.clear()
-        for send in self._streams.values():
+        self._calls.fail_all(ClientClosed(message, retryable=True))
+        self._timer_scope.cancel()
+        for send in self._channels.values():
             send.close()
+        self._channels.clear()
         self._streams.clear()
+        self._backlog.clear()
         self._control_send.close()
+
+    async def _run_timer(self) -> None:
+        """The calls' timeouts (:class:`PendingCalls`), until the connection ends."""
+        with self._timer_scope:
+            await self._calls.run_timer()
 
     # -- the reader -----------------------------------------------------------------------
 
@@ -383,29 +466,27 @@ class SdkConnection:
         if isinstance(message, _STREAM_MESSAGES) or (
             isinstance(message, wire.MatchPing) and message.rid != 0
         ):
-            send = self._streams.get(message.rid)
-            if send is None:
+            deliver = self._streams.get(message.rid)
+            if deliver is None:
                 log.debug("dropped %s for stream %d, which is not open", message, message.rid)
                 return
-            send.send_nowait(message)
+            deliver(message)
             return
         if isinstance(message, wire.MatchReply) or (
             isinstance(message, wire.MatchError) and message.rid != 0
         ):
-            pending = self._calls.get(message.rid)
-            if pending is None:
-                log.debug("dropped a late answer to call %d", message.rid)
-                return
             if isinstance(message, wire.MatchReply):
-                pending.value = message.value
+                answered = self._calls.answer(message.rid, message.value)
             else:
-                pending.error = error_from_code(
+                error = error_from_code(
                     message.code,
                     message.message,
                     retryable=message.retryable,
                     details=message.details,
                 )
-            pending.done.set()
+                answered = self._calls.answer(message.rid, error=error)
+            if not answered:
+                log.debug("dropped a late answer to call %d", message.rid)
             return
         if isinstance(message, wire.MatchReconnect | wire.MatchError | wire.MatchPing):
             self._control_send.send_nowait(message)

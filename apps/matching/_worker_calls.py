@@ -11,11 +11,13 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import attrs
+import outcome
 import trio
 
 import wire
@@ -36,10 +38,16 @@ from ._worker_threads import HandlerThreads
 __all__ = [
     "CallOutputs",
     "HandlerRunner",
+    "Returned",
     "TrioHandlerRunner",
+    "deadline_of",
     "execute",
+    "failure_of",
     "handler_of",
+    "new_context",
+    "result_of",
     "send_output",
+    "timeout_failure",
 ]
 
 log = logging.getLogger("apps.matching.worker")
@@ -51,7 +59,14 @@ class HandlerRunner(Protocol):
 
     The engine cancels the runner's task when the drain timeout passes; the runner must then
     make the handler stop (or wait for it) before returning.
+
+    Attributes:
+        threads: Where the runner runs plain (blocking) functions, or None. When set, the
+            engine submits a blocking handler's call there itself, with no trio task per call
+            (:meth:`HandlerThreads.submit`), whenever nothing around the handler has to wait.
     """
+
+    threads: HandlerThreads | None
 
     async def __call__(
         self, handler: Callable[..., Any], ctx: StepContext | RpcContext, args: list[Any]
@@ -64,14 +79,15 @@ class TrioHandlerRunner:
     cancellation the runner waits for the function to return."""
 
     def __init__(self) -> None:
-        self._threads = HandlerThreads()
+        self.threads: HandlerThreads | None = HandlerThreads()
 
     async def __call__(
         self, handler: Callable[..., Any], ctx: StepContext | RpcContext, args: list[Any]
     ) -> Any:
         if inspect.iscoroutinefunction(handler):
             return await handler(ctx, *args)
-        return await self._threads.run(functools.partial(handler, ctx, *args))
+        assert self.threads is not None
+        return await self.threads.run(functools.partial(handler, ctx, *args))
 
 
 def handler_of(
@@ -116,7 +132,11 @@ class CallOutputs:
             log.debug("an output after its call ended was dropped")
             return
         self.pending.append(value)
-        if not self.forwarding:
+        self.forward()
+
+    def forward(self) -> None:
+        """Start forwarding the queued outputs, unless it runs (in the trio thread)."""
+        if self.pending and not self.forwarding:
             try:
                 self.nursery.start_soon(self._forward)
             except RuntimeError:  # the worker is stopping: nothing is sent any more
@@ -139,14 +159,19 @@ class CallOutputs:
         """No more outputs; wait for the queued ones to be written (or dropped, the connection
         being lost). On cancellation the forwarding task goes on alone."""
         self.closed = True
+        self.forward()  # (outputs another thread queued whose wake-up has not run yet)
         if self.forwarding:
             self.done = trio.Event()
             await self.done.wait()
 
     def emitter(self, token: trio.lowlevel.TrioToken) -> Callable[[Any], None]:
         """``ctx.output``: callable from the trio thread, a worker thread or another event
-        loop's thread; outputs keep their order and come before the call's outcome."""
+        loop's thread; outputs keep their order and come before the call's outcome.
+
+        From another thread the value is queued at once (so it is queued before the handler's
+        outcome is handed back) and the trio thread is asked to forward it."""
         put = self.put
+        pending = self.pending
 
         def emit(value: Any) -> None:
             try:
@@ -155,13 +180,110 @@ class CallOutputs:
                 here = None
             if here is token:
                 put(value)
-            else:
-                try:
-                    token.run_sync_soon(put, value)
-                except trio.RunFinishedError:
-                    log.debug("an output after the worker stopped was dropped")
+                return
+            if self.closed:
+                log.debug("an output after its call ended was dropped")
+                return
+            pending.append(value)  # (a deque: appends are atomic)
+            try:
+                token.run_sync_soon(self.forward)
+            except trio.RunFinishedError:
+                log.debug("an output after the worker stopped was dropped")
 
         return emit
+
+
+def new_context(
+    task: wire.MatchTask, cache: Any, emit: Callable[[Any], None]
+) -> StepContext | RpcContext:
+    """The context ``task``'s handler gets (a deep copy of the flow's state)."""
+    if task.kind == "step":
+        return StepContext(
+            flow_id=task.flow_id,
+            flow_type=task.flow_type,
+            step=task.name,
+            execution_id=task.execution_id,
+            attempt=task.attempt,
+            state=copy_state(task.state),
+            deadline_in=task.timeout,
+            blobs=cache,
+            emit=emit,
+        )
+    return RpcContext(
+        flow_id=task.flow_id,
+        flow_type=task.flow_type,
+        rpc=task.name,
+        state=copy_state(task.state),
+        blobs=cache,
+    )
+
+
+def deadline_of(task: wire.MatchTask) -> float:
+    """When ``task``'s handler is given up on (its timeout from now, on trio's clock)."""
+    return trio.current_time() + task.timeout if task.timeout is not None else math.inf
+
+
+def result_of(
+    task: wire.MatchTask, value: Any, ctx: StepContext | RpcContext, rid: int
+) -> wire.MatchResult:
+    """M_RESULT of ``task`` (``value`` already packed), with the handler's state patch."""
+    patch = state_patch(task.state, ctx.state)
+    return wire.MatchResult(delivery=task.delivery, value=value, patch=patch, rid=rid)
+
+
+def failure_of(task: wire.MatchTask, exc: Exception, rid: int) -> wire.MatchFailure:
+    """M_FAILURE of ``task`` whose handler raised ``exc`` (logged): retryable unless ``exc``
+    is a non-retryable :class:`MatchingError`."""
+    retryable = not (isinstance(exc, MatchingError) and not exc.retryable)
+    log.info(
+        "%s %s of flow %s (attempt %d) raised %s: %s",
+        task.kind,
+        task.name,
+        task.flow_id,
+        task.attempt,
+        type(exc).__name__,
+        exc,
+    )
+    return wire.MatchFailure(
+        delivery=task.delivery,
+        type=type(exc).__name__,
+        message=str(exc),
+        retryable=retryable,
+        rid=rid,
+    )
+
+
+def timeout_failure(task: wire.MatchTask, rid: int) -> wire.MatchFailure:
+    """M_FAILURE of ``task`` whose handler outlived its timeout (logged; retryable)."""
+    log.info(
+        "%s %s of flow %s (attempt %d) was cancelled at its timeout of %ss",
+        task.kind,
+        task.name,
+        task.flow_id,
+        task.attempt,
+        task.timeout,
+    )
+    return wire.MatchFailure(
+        delivery=task.delivery,
+        type="TimeoutError",
+        message=(
+            f"{task.kind} {task.name!r} of flow {task.flow_id!r} did not finish within its"
+            f" timeout of {task.timeout}s and was cancelled; raise the {task.kind}'s timeout"
+            " if it needs longer"
+        ),
+        retryable=True,
+        rid=rid,
+    )
+
+
+@attrs.frozen
+class Returned:
+    """A handler that already ran (in a handler thread, submitted by the engine) for
+    :func:`execute` to finish: its outcome, the context it ran with, its deadline."""
+
+    outcome: outcome.Outcome[Any]
+    ctx: StepContext | RpcContext
+    deadline: float
 
 
 async def execute(
@@ -173,83 +295,36 @@ async def execute(
     cache: Any,
     runner: HandlerRunner,
     emit: Callable[[Any], None],
+    returned: Returned | None = None,
 ) -> wire.MatchMessage:
-    """Run ``task``'s handler; return its outcome for stream ``rid``: M_RESULT (value packed
-    through ``cache``, state patch) or M_FAILURE (a handler's exception; a non-retryable
-    :class:`MatchingError` stays non-retryable; a retryable ``TimeoutError`` when the task's
-    timeout passed, the handler cancelled). Cancellation propagates."""
+    """Run ``task``'s handler (or take what it ``returned``); return its outcome for stream
+    ``rid``: M_RESULT (value packed through ``cache``, state patch) or M_FAILURE (a handler's
+    exception; a non-retryable :class:`MatchingError` stays non-retryable; a retryable
+    ``TimeoutError`` when the task's timeout passed, the handler cancelled). Cancellation
+    propagates."""
     try:
-        args: Any = task.args
-        if cache is not None:
-            args = await cache.unpack_async(args, functools.partial(_fetch, conn))
-        state = task.state
-        ctx: StepContext | RpcContext
-        if task.kind == "step":
-            ctx = StepContext(
-                flow_id=task.flow_id,
-                flow_type=task.flow_type,
-                step=task.name,
-                execution_id=task.execution_id,
-                attempt=task.attempt,
-                state=copy_state(state),
-                deadline_in=task.timeout,
-                blobs=cache,
-                emit=emit,
-            )
+        if returned is None:
+            args: Any = task.args
+            if cache is not None:
+                args = await cache.unpack_async(args, functools.partial(_fetch, conn))
+            ctx = new_context(task, cache, emit)
+            deadline = deadline_of(task)
         else:
-            ctx = RpcContext(
-                flow_id=task.flow_id,
-                flow_type=task.flow_type,
-                rpc=task.name,
-                state=copy_state(state),
-                blobs=cache,
-            )
+            ctx, deadline = returned.ctx, returned.deadline
         # The server gives up on the attempt at its deadline; cancelling here frees the slot
         # instead of running on for an outcome nobody will read. (A blocking handler in a
         # thread cannot be interrupted: its runner waits for it to return.)
-        with trio.move_on_after(task.timeout if task.timeout is not None else float("inf")):
-            value = await runner(handler.handler, ctx, list(args))
+        with trio.move_on_at(deadline):
+            if returned is None:
+                value = await runner(handler.handler, ctx, list(args))
+            else:
+                value = returned.outcome.unwrap()
             if cache is not None:
                 value = await cache.pack_async(value, functools.partial(_upload, conn))
-            patch = state_patch(state, ctx.state)
-            return wire.MatchResult(delivery=task.delivery, value=value, patch=patch, rid=rid)
-        log.info(
-            "%s %s of flow %s (attempt %d) was cancelled at its timeout of %ss",
-            task.kind,
-            task.name,
-            task.flow_id,
-            task.attempt,
-            task.timeout,
-        )
-        return wire.MatchFailure(
-            delivery=task.delivery,
-            type="TimeoutError",
-            message=(
-                f"{task.kind} {task.name!r} of flow {task.flow_id!r} did not finish within its"
-                f" timeout of {task.timeout}s and was cancelled; raise the {task.kind}'s timeout"
-                " if it needs longer"
-            ),
-            retryable=True,
-            rid=rid,
-        )
+            return result_of(task, value, ctx, rid)
+        return timeout_failure(task, rid)
     except Exception as exc:
-        retryable = not (isinstance(exc, MatchingError) and not exc.retryable)
-        log.info(
-            "%s %s of flow %s (attempt %d) raised %s: %s",
-            task.kind,
-            task.name,
-            task.flow_id,
-            task.attempt,
-            type(exc).__name__,
-            exc,
-        )
-        return wire.MatchFailure(
-            delivery=task.delivery,
-            type=type(exc).__name__,
-            message=str(exc),
-            retryable=retryable,
-            rid=rid,
-        )
+        return failure_of(task, exc, rid)
 
 
 async def send_output(conn: SdkConnection, delivery: int, rid: int, value: Any) -> None:

@@ -17,6 +17,7 @@ fails the attempt of one lost after (delivery is at least once).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -42,7 +43,7 @@ from ._readiness import (
 from ._sdk_connection import SdkConnection
 from ._worker_calls import HandlerRunner as HandlerRunner
 from ._worker_calls import TrioHandlerRunner as TrioHandlerRunner
-from ._worker_streams import Link, QueueState, Stream, plan_streams
+from ._worker_streams import Link, QueueState, Stream, plan_queue, plan_streams
 from ._worker_tasks import (
     RESERVED_DECLINE_EXTRA_IDLE_SECONDS as RESERVED_DECLINE_EXTRA_IDLE_SECONDS,
 )
@@ -112,6 +113,7 @@ class WorkerEngine(WorkerTasks):
         self._options = options
         self._pull = options.pull
         self._runner: HandlerRunner = runner if runner is not None else TrioHandlerRunner()
+        self._threads = self._runner.threads
         self._app_worker_id = options.app_worker_id or generate_app_worker_id()
         self._session = secrets.token_hex(8)
         self._cap = self._pull.resolved_max_concurrent_tasks
@@ -128,7 +130,7 @@ class WorkerEngine(WorkerTasks):
         self._reserved_declines = 0
         self._busy = 0
         self._active = 0
-        self._call_scopes: set[trio.CancelScope] = set()
+        self._call_scopes: set[Any] = set()
         self._link: Link | None = None
         self._run_called = False
         self._draining = False
@@ -236,6 +238,7 @@ class WorkerEngine(WorkerTasks):
         finally:
             self._draining = True
             self._tracker.stopped()
+            await self._wait_blocking_calls()  # (only if run was cancelled: else drained)
             self._done.set()
         if self._fatal is not None:
             raise self._fatal
@@ -425,7 +428,9 @@ class WorkerEngine(WorkerTasks):
         while not link.conn.closed:
             # Taken before rebalancing, which may wait to send: a change meanwhile is not lost.
             kicked = self._kicked
+            link.manage_wake = -math.inf
             wake = await self._rebalance(link)
+            link.manage_wake = wake
             with trio.move_on_at(wake):
                 await kicked.wait()
 
@@ -436,15 +441,7 @@ class WorkerEngine(WorkerTasks):
         a stream chosen from a stale view could have taken a task meanwhile (and been closed
         under its call), or answered a frame after its own CLOSE.
         """
-        plan = plan_streams(
-            self._queues,
-            link.streams.values(),
-            now=trio.current_time(),
-            target=self._pull.idle_streams_per_queue,
-            linger=self._pull.idle_stream_linger,
-            may_open=not self._draining and not link.reconnecting,
-            slot_free=self._busy < self._cap,
-        )
+        plan = plan_streams(self._queues, link.streams.values(), **self._plan_inputs(link))
         for q in plan.opens:
             self._open_stream(link, q)
         for s in plan.closes:
@@ -454,11 +451,32 @@ class WorkerEngine(WorkerTasks):
                 break
         return plan.wake
 
+    def _plan_inputs(self, link: Link) -> dict[str, Any]:
+        return {
+            "now": trio.current_time(),
+            "target": self._pull.idle_streams_per_queue,
+            "linger": self._pull.idle_stream_linger,
+            "may_open": not self._draining and not link.reconnecting,
+            "slot_free": self._busy < self._cap,
+        }
+
+    def _stream_changed(self, s: Stream) -> None:
+        """``s`` took a call or is idle again: wake the loops only if that changes the plan of
+        its queue (a stream to open or close, or an earlier wake than the loop's), not on
+        every call: the stream-managing loop woke twice per Step before."""
+        link = s.link
+        if self._draining or link.manage_wake == -math.inf or s.state == "closed":
+            self._kick()
+            return
+        plan = plan_queue(s.queue, link.streams.values(), **self._plan_inputs(link))
+        if plan.opens or plan.closes or plan.wake < link.manage_wake:
+            self._kick()
+
     def _open_stream(self, link: Link, q: QueueState) -> None:
-        stream_id, channel = link.conn.open_stream()
-        s = Stream(stream_id, q, link)
-        link.streams[stream_id] = s
-        link.nursery.start_soon(self._stream_loop, s, channel)
+        s = Stream(0, q, link)
+        s.id = link.conn.open_stream_handler(functools.partial(self._on_stream_frame, s))
+        link.streams[s.id] = s
+        self._send_nowait(link, wire.MatchRegister(queue=q.kind, name=q.target, rid=s.id))
 
     def _forget_stream(self, s: Stream) -> None:
         """``s`` is closed (by us, by the server, by a rejection or a lost connection)."""
@@ -470,30 +488,22 @@ class WorkerEngine(WorkerTasks):
         self._tracker.stream_gone(s.queue.name, s)
         self._kick()
 
-    async def _stream_loop(
-        self, s: Stream, channel: trio.MemoryReceiveChannel[wire.MatchMessage]
-    ) -> None:
-        link = s.link
-        register = wire.MatchRegister(queue=s.queue.kind, name=s.queue.target, rid=s.id)
-        async with channel:
-            if not await self._send_quietly(link, register):
-                return
-            async for message in channel:
-                if s.state == "closed":
-                    return  # (forgotten with frames still queued: they are not answered)
-                if isinstance(message, wire.MatchRegistered):
-                    self._on_registered(s)
-                elif isinstance(message, wire.MatchRejected):
-                    self._on_rejected(s, message)
-                    return
-                elif isinstance(message, wire.MatchTask):
-                    await self._on_task(s, message)
-                elif isinstance(message, wire.MatchPing):
-                    await self._send_quietly(link, wire.MatchPong(rid=s.id))
-                elif isinstance(message, wire.MatchClose):
-                    log.debug("the server closed stream %d of %s", s.id, s.queue.name)
-                    self._forget_stream(s)
-                    return
+    def _on_stream_frame(self, s: Stream, message: wire.MatchMessage) -> None:
+        """A frame of stream ``s`` (in the connection's reader task: nothing here waits)."""
+        if s.state == "closed":
+            return  # (forgotten with frames still on their way: they are not answered)
+        kind = type(message)
+        if kind is wire.MatchTask:
+            self._on_task(s, message)  # type: ignore[arg-type]
+        elif kind is wire.MatchRegistered:
+            self._on_registered(s)
+        elif kind is wire.MatchRejected:
+            self._on_rejected(s, message)  # type: ignore[arg-type]
+        elif kind is wire.MatchPing:
+            self._send_nowait(s.link, wire.MatchPong(rid=s.id))
+        elif kind is wire.MatchClose:
+            log.debug("the server closed stream %d of %s", s.id, s.queue.name)
+            self._forget_stream(s)
 
     def _on_registered(self, s: Stream) -> None:
         if s.state != "registering":

@@ -18,7 +18,7 @@ import trio
 
 from ._sdk_connection import SdkConnection
 
-__all__ = ["Link", "Plan", "QueueState", "Stream", "plan_streams"]
+__all__ = ["Link", "Plan", "QueueState", "Stream", "plan_queue", "plan_streams"]
 
 
 @attrs.define(eq=False)
@@ -50,6 +50,9 @@ class Link:
     ending: trio.Event = attrs.field(factory=trio.Event)
     #: Set when a call starts while the keepalive loop has no busy stream to wait for.
     keepalive_wake: trio.Event = attrs.field(factory=trio.Event)
+    #: When the stream-managing loop looks again unless woken: the ``wake`` of its last plan
+    #: while it sleeps, ``-inf`` while it is planning (then every change wakes it).
+    manage_wake: float = -math.inf
 
 
 @attrs.define(eq=False)
@@ -61,8 +64,6 @@ class Stream:
     link: Link
     #: "registering", "idle", "busy" or "closed".
     state: str = "registering"
-    #: A call's outcome is being written on it (not to be closed meanwhile).
-    sending: bool = False
     #: When it last became idle (registered, or its handler returned).
     idle_since: float = 0.0
     #: While busy: when its next keepalive PONG is due.
@@ -95,8 +96,8 @@ def plan_streams(
     lasts; that extra one is opened only with a slot free, ``slot_free``). Missing ones are
     opened when ``may_open`` and the queue's ``retry_at`` has passed. Idle streams beyond what
     is kept are closed longest-idle first, but only once idle for ``linger`` seconds, and one
-    registered stream is always kept while others are still registering. Streams that are
-    sending an outcome count as busy.
+    registered stream is always kept while others are still registering. (A call's outcome
+    is written at once or queued before anything later: a stream is idle once it is sent.)
     """
     queues = list(queues)
     idle: dict[int, list[Stream]] = {id(q): [] for q in queues}
@@ -105,7 +106,7 @@ def plan_streams(
         key = id(s.queue)
         if key not in idle:
             continue
-        if s.state == "idle" and not s.sending:
+        if s.state == "idle":
             idle[key].append(s)
         elif s.state == "registering":
             registering[key] += 1
@@ -113,24 +114,73 @@ def plan_streams(
     closes: list[Stream] = []
     wake = math.inf
     for q in queues:
-        mine = idle[id(q)]
-        pending = registering[id(q)]
-        extra = 1 if q.extra_until > now else 0
-        if extra:
-            wake = min(wake, q.extra_until)
-        if q.retry_at > now:
-            wake = min(wake, q.retry_at)
-        wanted = target + (extra if slot_free else 0)
-        kept = target + extra
-        if may_open and now >= q.retry_at:
-            opens.extend([q] * (wanted - len(mine) - pending))
-        excess = min(len(mine) + pending - kept, len(mine) - 1)
-        if excess > 0:
-            mine.sort(key=lambda s: s.idle_since)
-            for s in mine[:excess]:
-                due = s.idle_since + linger
-                if due <= now:
-                    closes.append(s)
-                else:
-                    wake = min(wake, due)
+        wake = min(
+            wake,
+            _plan_one(
+                q, idle[id(q)], registering[id(q)], opens, closes, now, target, linger,
+                may_open, slot_free,
+            ),
+        )  # fmt: skip
     return Plan(tuple(opens), tuple(closes), wake)
+
+
+def plan_queue(
+    q: QueueState,
+    streams: Iterable[Stream],
+    *,
+    now: float,
+    target: int,
+    linger: float,
+    may_open: bool,
+    slot_free: bool,
+) -> Plan:
+    """:func:`plan_streams` for the one queue ``q`` (``streams`` may hold other queues'),
+    without building the others' plans: what a change to one of its streams asks for."""
+    mine: list[Stream] = []
+    registering = 0
+    for s in streams:
+        if s.queue is q:
+            if s.state == "idle":
+                mine.append(s)
+            elif s.state == "registering":
+                registering += 1
+    opens: list[QueueState] = []
+    closes: list[Stream] = []
+    wake = _plan_one(q, mine, registering, opens, closes, now, target, linger, may_open, slot_free)
+    return Plan(tuple(opens), tuple(closes), wake)
+
+
+def _plan_one(
+    q: QueueState,
+    mine: list[Stream],
+    pending: int,
+    opens: list[QueueState],
+    closes: list[Stream],
+    now: float,
+    target: int,
+    linger: float,
+    may_open: bool,
+    slot_free: bool,
+) -> float:
+    """One queue's part of the plan (its idle streams ``mine``, ``pending`` registering):
+    appends to ``opens`` and ``closes``, returns when to look again."""
+    wake = math.inf
+    extra = 1 if q.extra_until > now else 0
+    if extra:
+        wake = min(wake, q.extra_until)
+    if q.retry_at > now:
+        wake = min(wake, q.retry_at)
+    wanted = target + (extra if slot_free else 0)
+    kept = target + extra
+    if may_open and now >= q.retry_at:
+        opens.extend([q] * (wanted - len(mine) - pending))
+    excess = min(len(mine) + pending - kept, len(mine) - 1)
+    if excess > 0:
+        mine.sort(key=lambda s: s.idle_since)
+        for s in mine[:excess]:
+            due = s.idle_since + linger
+            if due <= now:
+                closes.append(s)
+            else:
+                wake = min(wake, due)
+    return wake

@@ -9,19 +9,36 @@ RPC only at the cap. :class:`WorkerTasks` is mixed into ``WorkerEngine``, which 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any
 
+import attrs
+import outcome
 import trio
 
 import wire
 
+from ._blobs import NEEDS_IO, BlobCache
 from ._errors import ClientClosed
 from ._model import Registry, RpcDefinition, StepDefinition
 from ._options import PullWorkerOptions
-from ._worker_calls import CallOutputs, HandlerRunner, execute, handler_of, send_output
-from ._worker_streams import Link, Stream
+from ._worker_calls import (
+    CallOutputs,
+    HandlerRunner,
+    Returned,
+    deadline_of,
+    execute,
+    failure_of,
+    handler_of,
+    new_context,
+    result_of,
+    send_output,
+    timeout_failure,
+)
+from ._worker_streams import Link, QueueState, Stream
+from ._worker_threads import HandlerThreads
 
 __all__ = ["RESERVED_DECLINE_EXTRA_IDLE_SECONDS", "WorkerTasks"]
 
@@ -31,12 +48,33 @@ log = logging.getLogger("apps.matching.worker")
 RESERVED_DECLINE_EXTRA_IDLE_SECONDS = 30.0
 
 
+@attrs.define(eq=False)
+class _BlockingCall:
+    """A blocking handler's call submitted to the handler threads with no task of its own
+    (the engine's fast path): what its outcome needs once the function returned."""
+
+    stream: Stream
+    task: wire.MatchTask
+    handler: StepDefinition | RpcDefinition
+    outputs: CallOutputs
+    ctx: Any
+    deadline: float
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        """The drain timeout passed (the thread cannot be interrupted: noted only)."""
+        self.cancelled = True
+
+
 class WorkerTasks:
     """Tasks and slots; the engine sets these attributes and provides :meth:`_kick`."""
 
     _registry: Registry
+    _queues: list[QueueState]
     _cache: Any
     _runner: HandlerRunner
+    #: The runner's handler threads, or None (then every call runs in a task of its own).
+    _threads: HandlerThreads | None
     _pull: PullWorkerOptions
     _app_worker_id: str
     _cap: int
@@ -46,12 +84,16 @@ class WorkerTasks:
     _busy: int
     #: Calls whose outcome is not sent yet.
     _active: int
-    _call_scopes: set[trio.CancelScope]
+    #: What the drain timeout cancels: the calls' scopes (and fast-path calls).
+    _call_scopes: set[trio.CancelScope | _BlockingCall]
     _calls_nursery: trio.Nursery
     _draining: bool
     _token: trio.lowlevel.TrioToken | None
 
     def _kick(self) -> None:
+        raise NotImplementedError
+
+    def _stream_changed(self, s: Stream) -> None:
         raise NotImplementedError
 
     async def _send_quietly(self, link: Link, message: wire.MatchMessage) -> bool:
@@ -62,23 +104,32 @@ class WorkerTasks:
             return False
         return True
 
-    async def _decline(self, s: Stream, task: wire.MatchTask, reason: str, message: str) -> None:
+    def _send_nowait(self, link: Link, message: wire.MatchMessage) -> bool:
+        """:meth:`_send_quietly` without waiting (``SdkConnection.send_nowait``)."""
+        try:
+            link.conn.send_nowait(message)
+        except ClientClosed:
+            return False
+        return True
+
+    def _decline(self, s: Stream, task: wire.MatchTask, reason: str, message: str) -> None:
         decline = wire.MatchDecline(
             delivery=task.delivery, reason=reason, message=message, rid=s.id
         )
-        await self._send_quietly(s.link, decline)
+        self._send_nowait(s.link, decline)
 
-    async def _on_task(self, s: Stream, task: wire.MatchTask) -> None:
+    def _on_task(self, s: Stream, task: wire.MatchTask) -> None:
+        """An offered task (in the reader task): decline it, or accept it and start its call."""
         link = s.link
         if s.state != "idle":
-            await self._decline(s, task, "no_capacity", "this stream runs a call already")
+            self._decline(s, task, "no_capacity", "this stream runs a call already")
             return
         if self._draining or link.reconnecting:
-            await self._decline(s, task, "draining", f"worker {self._app_worker_id} is stopping")
+            self._decline(s, task, "draining", f"worker {self._app_worker_id} is stopping")
             return
         handler = handler_of(self._registry, self._app_worker_id, task)
         if isinstance(handler, str):
-            await self._decline(s, task, "unknown_name", handler)
+            self._decline(s, task, "unknown_name", handler)
             return
         busy, cap = self._busy, self._cap
         if task.kind == "step" and busy >= cap - self._reserved:
@@ -98,10 +149,10 @@ class WorkerTasks:
                 message = f"{busy} of {cap} slots busy, {self._reserved} reserved for RPCs"
             else:
                 message = f"all {cap} slots busy"
-            await self._decline(s, task, "no_capacity", message)
+            self._decline(s, task, "no_capacity", message)
             return
         if task.kind == "rpc" and busy >= cap:
-            await self._decline(s, task, "no_capacity", f"all {cap} slots busy")
+            self._decline(s, task, "no_capacity", f"all {cap} slots busy")
             return
         s.state = "busy"
         s.pong_at = trio.current_time() + self._pull.keepalive_interval
@@ -109,14 +160,131 @@ class WorkerTasks:
         self._busy += 1
         self._active += 1
         link.calls += 1
-        self._kick()
-        if not await self._send_quietly(link, wire.MatchAccept(delivery=task.delivery, rid=s.id)):
+        self._stream_changed(s)
+        if not self._send_nowait(link, wire.MatchAccept(delivery=task.delivery, rid=s.id)):
             self._free_slot(s)
             self._call_over(s)
+            return
+        if self._submit_blocking(s, task, handler):
             return
         scope = trio.CancelScope()
         self._call_scopes.add(scope)
         self._calls_nursery.start_soon(self._run_call, s, task, handler, scope)
+
+    # -- the fast path: a blocking handler with no task of its own ---------------------------
+
+    def _submit_blocking(
+        self, s: Stream, task: wire.MatchTask, handler: StepDefinition | RpcDefinition
+    ) -> bool:
+        """Hand a plain-function handler's call straight to the handler threads when nothing
+        before it has to wait (no blob to read or fetch); its outcome is sent from
+        :meth:`_blocking_done`. Returns False (nothing done) when the call needs a task."""
+        threads = self._threads
+        if threads is None or handler.is_async:
+            return False
+        cache = self._cache
+        args = task.args
+        if cache is not None:
+            if type(cache) is not BlobCache:
+                return False
+            args = cache.unpack_now(args)
+            if args is NEEDS_IO:
+                return False
+        token = self._token
+        assert token is not None
+        outputs = CallOutputs(self._calls_nursery, functools.partial(self._output, s, task))
+        try:
+            ctx = new_context(task, cache, outputs.emitter(token))
+        except Exception:  # (a task a call in a task turns into a failure)
+            return False
+        call = _BlockingCall(s, task, handler, outputs, ctx, deadline_of(task))
+        self._call_scopes.add(call)
+        threads.submit(
+            functools.partial(handler.handler, ctx, *args),
+            functools.partial(self._blocking_done, call),
+        )
+        return True
+
+    def _blocking_done(self, call: _BlockingCall, returned: outcome.Outcome[Any]) -> None:
+        """(In the trio thread, between tasks.) A fast-path call's function returned: send its
+        outcome now, or, when its outputs or blobs must be written first (or it raised a
+        BaseException), finish it in a task as :meth:`_run_call` does."""
+        s, task = call.stream, call.task
+        message: wire.MatchMessage | None = None
+        if call.outputs.pending or call.outputs.forwarding:
+            pass  # (its outputs go first: a task waits for them)
+        elif trio.current_time() >= call.deadline:
+            message = timeout_failure(task, s.id)
+        elif type(returned) is outcome.Value:
+            value = returned.value
+            cache = self._cache
+            if cache is not None:
+                value = cache.pack_now(value)
+            if value is not NEEDS_IO:
+                try:
+                    message = result_of(task, value, call.ctx, s.id)
+                except Exception as exc:  # (a state the handler left that is no wire value)
+                    message = failure_of(task, exc, s.id)
+        elif isinstance(returned.error, Exception):  # type: ignore[attr-defined]
+            message = failure_of(task, returned.error, s.id)  # type: ignore[attr-defined]
+        self._call_scopes.discard(call)
+        if message is None:
+            scope = trio.CancelScope()
+            if call.cancelled:
+                scope.cancel()
+            finish = Returned(returned, call.ctx, call.deadline)
+            try:
+                self._calls_nursery.start_soon(
+                    self._run_call, s, task, call.handler, scope, finish, call.outputs
+                )
+            except RuntimeError:  # run() was cancelled: nothing is sent any more
+                log.warning(
+                    "the outcome of delivery %d is dropped: the worker stopped", task.delivery
+                )
+            else:
+                self._call_scopes.add(scope)
+                return
+        call.outputs.closed = True
+        try:
+            self._free_slot(s)
+            if message is not None:
+                self._send_outcome_nowait(s, task, message)
+        finally:
+            self._call_over(s)
+
+    async def _wait_blocking_calls(self) -> None:
+        """Wait (shielded) until the functions of fast-path calls have returned, as a task
+        waiting for its thread would: ``run`` never returns under a running handler."""
+        with trio.CancelScope(shield=True):
+            while any(type(c) is _BlockingCall for c in self._call_scopes):
+                await self._wait_kick()
+
+    async def _wait_kick(self, deadline: float = math.inf) -> None:
+        raise NotImplementedError
+
+    def _send_outcome_nowait(
+        self, s: Stream, task: wire.MatchTask, message: wire.MatchMessage
+    ) -> None:
+        """Send a call's outcome (unless its stream or connection is gone, with a warning);
+        one that cannot be encoded becomes a non-retryable failure."""
+        link = s.link
+        if link.conn.closed or s.state == "closed":
+            self._outcome_dropped(task, message)
+            return
+        try:
+            link.conn.send_nowait(message)
+        except wire.WireError as exc:
+            self._send_nowait(link, self._unsendable(s, task, exc))
+        except ClientClosed:
+            log.warning(
+                "the connection was lost: the outcome of delivery %d is dropped", task.delivery
+            )
+
+    # -- calls in tasks ---------------------------------------------------------------------
+
+    async def _output(self, s: Stream, task: wire.MatchTask, value: Any) -> None:
+        if s.state != "closed":  # (never a frame on a stream after its CLOSE)
+            await send_output(s.link.conn, task.delivery, s.id, value)
 
     def _free_slot(self, s: Stream) -> None:
         """The handler on ``s`` returned: its slot is free (its outcome may not be sent yet)."""
@@ -126,9 +294,12 @@ class WorkerTasks:
             s.idle_since = trio.current_time()
             s.pong_at = math.inf
         if self._busy == self._cap - 1:
-            # A slot is free again (an extra idle stream may now be opened). Otherwise the
-            # stream counts as busy until its outcome is sent: _call_over wakes the loops.
-            self._kick()
+            # A slot is free again: a queue's extra idle stream (after a reserved-capacity
+            # decline) may now be opened. Otherwise the stream counts as busy until its
+            # outcome is sent: _call_over wakes the loops if need be.
+            now = trio.current_time()
+            if any(q.extra_until > now for q in self._queues):
+                self._kick()
 
     def _call_over(self, s: Stream) -> None:
         """The call on ``s`` is over, its outcome sent (or dropped)."""
@@ -137,7 +308,7 @@ class WorkerTasks:
         link.calls -= 1
         if link.reconnecting and link.calls == 0:
             link.ending.set()
-        self._kick()
+        self._stream_changed(s)
 
     async def _run_call(
         self,
@@ -145,17 +316,15 @@ class WorkerTasks:
         task: wire.MatchTask,
         handler: StepDefinition | RpcDefinition,
         scope: trio.CancelScope,
+        returned: Returned | None = None,
+        outputs: CallOutputs | None = None,
     ) -> None:
+        """Run one call in a task (or finish a fast-path one, ``returned`` by its function,
+        with its ``outputs``) and send its outcome."""
         outcome: wire.MatchMessage | None = None
         freed = False
-        link = s.link
-        conn = link.conn
-
-        async def output(value: Any) -> None:
-            if s.state != "closed":  # (never a frame on a stream after its CLOSE)
-                await send_output(conn, task.delivery, s.id, value)
-
-        outputs = CallOutputs(self._calls_nursery, output)
+        if outputs is None:
+            outputs = CallOutputs(self._calls_nursery, functools.partial(self._output, s, task))
         token = self._token
         assert token is not None
         try:
@@ -165,10 +334,11 @@ class WorkerTasks:
                         task,
                         handler,
                         rid=s.id,
-                        conn=conn,
+                        conn=s.link.conn,
                         cache=self._cache,
                         runner=self._runner,
                         emit=outputs.emitter(token),
+                        returned=returned,
                     )
                 finally:
                     outputs.closed = True
@@ -185,11 +355,8 @@ class WorkerTasks:
             freed = True
             self._free_slot(s)
             if outcome is not None:
-                s.sending = True
-                try:
-                    await self._send_outcome(s, task, outcome)
-                finally:
-                    s.sending = False
+                # (written at once or queued in order: a CLOSE of the stream comes after it)
+                self._send_outcome_nowait(s, task, outcome)
         finally:
             self._call_scopes.discard(scope)
             if not freed:
@@ -218,33 +385,25 @@ class WorkerTasks:
             else:
                 await trio.sleep_until(due)
 
-    async def _send_outcome(
-        self, s: Stream, task: wire.MatchTask, outcome: wire.MatchMessage
-    ) -> None:
-        link = s.link
-        if link.conn.closed or s.state == "closed":
-            log.warning(
-                "the stream of delivery %d (%s %s of flow %s) is gone: its %s is dropped; the"
-                " server re-dispatches it, or fails the attempt if it sent output",
-                task.delivery,
-                task.kind,
-                task.name,
-                task.flow_id,
-                "result" if isinstance(outcome, wire.MatchResult) else "failure",
-            )
-            return
-        try:
-            await link.conn.send(outcome)
-        except wire.WireError as exc:
-            failure = wire.MatchFailure(
-                delivery=task.delivery,
-                type=type(exc).__name__,
-                message=f"the handler's result cannot be sent: {exc}",
-                retryable=False,
-                rid=s.id,
-            )
-            await self._send_quietly(link, failure)
-        except ClientClosed:
-            log.warning(
-                "the connection was lost: the outcome of delivery %d is dropped", task.delivery
-            )
+    @staticmethod
+    def _outcome_dropped(task: wire.MatchTask, outcome: wire.MatchMessage) -> None:
+        log.warning(
+            "the stream of delivery %d (%s %s of flow %s) is gone: its %s is dropped; the"
+            " server re-dispatches it, or fails the attempt if it sent output",
+            task.delivery,
+            task.kind,
+            task.name,
+            task.flow_id,
+            "result" if isinstance(outcome, wire.MatchResult) else "failure",
+        )
+
+    @staticmethod
+    def _unsendable(s: Stream, task: wire.MatchTask, exc: wire.WireError) -> wire.MatchFailure:
+        """The failure sent instead of an outcome that cannot be encoded."""
+        return wire.MatchFailure(
+            delivery=task.delivery,
+            type=type(exc).__name__,
+            message=f"the handler's result cannot be sent: {exc}",
+            retryable=False,
+            rid=s.id,
+        )

@@ -7,6 +7,10 @@ for one trio run with less: jobs go through one ``queue.SimpleQueue`` (C code), 
 outcomes of calls that finish while the trio loop is busy are handed back in one
 ``run_sync_soon`` between them.
 
+The engine hands a call to :meth:`HandlerThreads.submit` with a function to call with its
+outcome (in the trio thread, between tasks), so a blocking Step costs no trio task of its own;
+:meth:`HandlerThreads.run` is the same for a task that waits.
+
 A blocking handler never waits behind another one: the pool starts a thread whenever the calls
 in flight outnumber its threads, so every queued job has an idle thread to take it (a
 ``max_concurrent_tasks`` worker holds at most that many threads). A thread idle for
@@ -17,6 +21,7 @@ a thread cannot be interrupted: a cancelled call waits for its function to retur
 from __future__ import annotations
 
 import contextvars
+import logging
 import queue
 import threading
 from collections import deque
@@ -28,10 +33,14 @@ import trio
 
 __all__ = ["IDLE_SECONDS", "HandlerThreads"]
 
+log = logging.getLogger("apps.matching.worker")
+
 #: Seconds an idle handler thread waits for a job before it exits.
 IDLE_SECONDS = 10.0
 
-_Job = tuple[Callable[[], Any], trio.lowlevel.Task, contextvars.Context]
+#: Who takes a job's outcome: a task waiting in :meth:`HandlerThreads.run`, or a function.
+_Taker = trio.lowlevel.Task | Callable[[outcome.Outcome[Any]], None]
+_Job = tuple[Callable[[], Any], _Taker, contextvars.Context]
 
 
 class HandlerThreads:
@@ -51,7 +60,7 @@ class HandlerThreads:
         self.started = 0
         #: Calls submitted whose outcome the trio side has not taken yet (trio thread only).
         self._in_flight = 0
-        self._done: deque[tuple[trio.lowlevel.Task, outcome.Outcome[Any]]] = deque()
+        self._done: deque[tuple[_Taker, outcome.Outcome[Any]]] = deque()
         self._wake_pending = False
         self._token: trio.lowlevel.TrioToken | None = None
 
@@ -60,9 +69,19 @@ class HandlerThreads:
         what it returns, or raise what it raises. Cancellation waits for ``fn`` to return
         and is then raised at the caller's next checkpoint."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        self._start((fn, trio.lowlevel.current_task(), contextvars.copy_context()))
+        result: Any = await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
+        return result
+
+    def submit(self, fn: Callable[[], Any], done: Callable[[outcome.Outcome[Any]], None]) -> None:
+        """Call ``fn()`` in a handler thread (in a copy of the current context); ``done`` gets
+        its outcome in the trio thread, outside any task's code (between tasks, as a
+        ``run_sync_soon`` callback: it must not block, and what it raises is logged)."""
+        self._start((fn, done, contextvars.copy_context()))
+
+    def _start(self, job: _Job) -> None:
         if self._token is None:
             self._token = trio.lowlevel.current_trio_token()
-        job: _Job = (fn, trio.lowlevel.current_task(), contextvars.copy_context())
         self._in_flight += 1
         with self._lock:
             if self._in_flight > self.threads:
@@ -74,8 +93,6 @@ class HandlerThreads:
                 thread.start()
             else:
                 self._jobs.put(job)
-        result: Any = await trio.lowlevel.wait_task_rescheduled(_cannot_abort)
-        return result
 
     def _work(self, job: _Job | None) -> None:
         """A handler thread: run jobs until idle for IDLE_SECONDS."""
@@ -111,10 +128,17 @@ class HandlerThreads:
         """(In the trio thread.) Resume the tasks whose functions returned."""
         self._wake_pending = False
         done = self._done
+        Task = trio.lowlevel.Task
         while done:
-            task, result = done.popleft()
+            taker, result = done.popleft()
             self._in_flight -= 1
-            trio.lowlevel.reschedule(task, result)
+            if type(taker) is Task:
+                trio.lowlevel.reschedule(taker, result)
+                continue
+            try:
+                taker(result)  # type: ignore[operator]
+            except Exception:  # (an exception here would end the trio run)
+                log.exception("handing back the outcome of a blocking handler failed")
 
 
 def _cannot_abort(_: Any) -> trio.lowlevel.Abort:

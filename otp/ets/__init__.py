@@ -56,38 +56,6 @@ on trio's clock, ``insert(..., expire_after=s)`` overrides it per insert. An exp
 gone for every operation at once; the table actor then frees its memory.
 """
 
-from ._api import DEFAULT as DEFAULT
-from ._api import all as all
-from ._api import delete as delete
-from ._api import delete_all_objects as delete_all_objects
-from ._api import delete_object as delete_object
-from ._api import first as first
-from ._api import give_away as give_away
-from ._api import info as info
-from ._api import insert as insert
-from ._api import insert_new as insert_new
-from ._api import last as last
-from ._api import lookup as lookup
-from ._api import lookup_element as lookup_element
-from ._api import match as match
-from ._api import match_delete as match_delete
-from ._api import match_object as match_object
-from ._api import member as member
-from ._api import new as new
-from ._api import next as next
-from ._api import prev as prev
-from ._api import rename as rename
-from ._api import rpc as rpc
-from ._api import select as select
-from ._api import select_count as select_count
-from ._api import select_delete as select_delete
-from ._api import select_reverse as select_reverse
-from ._api import setopts as setopts
-from ._api import tab2list as tab2list
-from ._api import take as take
-from ._api import update_counter as update_counter
-from ._api import update_element as update_element
-from ._api import whereis as whereis
 from ._continuation import Continuation as Continuation
 from ._errors import AccessDenied as AccessDenied
 from ._errors import EtsError as EtsError
@@ -96,10 +64,35 @@ from ._errors import NameTaken as NameTaken
 from ._errors import NoSuchTable as NoSuchTable
 from ._fixtable import safe_fixtable as safe_fixtable
 from ._fun2ms import fun2ms as fun2ms
+from ._lifecycle import delete as delete
+from ._lifecycle import delete_all_objects as delete_all_objects
+from ._lifecycle import give_away as give_away
+from ._lifecycle import rename as rename
+from ._lifecycle import setopts as setopts
 from ._match import ANY as ANY
 from ._match import BINDINGS as BINDINGS
 from ._match import OBJECT as OBJECT
 from ._match import Var as Var
+from ._new import new as new
+from ._read import all as all
+from ._read import first as first
+from ._read import info as info
+from ._read import last as last
+from ._read import lookup as lookup
+from ._read import lookup_element as lookup_element
+from ._read import member as member
+from ._read import next as next
+from ._read import prev as prev
+from ._read import tab2list as tab2list
+from ._read import whereis as whereis
+from ._rpc import rpc as rpc
+from ._select import match as match
+from ._select import match_delete as match_delete
+from ._select import match_object as match_object
+from ._select import select as select
+from ._select import select_count as select_count
+from ._select import select_delete as select_delete
+from ._select import select_reverse as select_reverse
 from ._tabfile import TableFileError as TableFileError
 from ._tabfile import file2tab as file2tab
 from ._tabfile import tab2file as tab2file
@@ -121,6 +114,13 @@ from ._types import Table as Table
 from ._types import TableInfo as TableInfo
 from ._types import TableRef as TableRef
 from ._types import TableType as TableType
+from ._write import DEFAULT as DEFAULT
+from ._write import delete_object as delete_object
+from ._write import insert as insert
+from ._write import insert_new as insert_new
+from ._write import take as take
+from ._write import update_counter as update_counter
+from ._write import update_element as update_element
 
 __all__ = [
     "ANY",

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._process import _CURRENT
+from .._process import CURRENT_PROCESS
 from ._errors import EtsError, NoSuchTable, brief
-from ._table import Tab, describe, registry
+from ._registry import registry
+from ._table import Tab, describe
 
 
 def resolve(table: Any, operation: str) -> Tab:
@@ -34,7 +35,7 @@ def reader(table: Any, operation: str) -> Tab:
         tab: Tab = table._tab
     except AttributeError:
         tab = resolve(table, operation)
-    if tab.rguard and _CURRENT.get(None) is not tab.owner_proc:
+    if tab.rguard and CURRENT_PROCESS.get(None) is not tab.owner_proc:
         tab.check_read(operation, table)
     if tab.heap:
         tab.expire_due()
@@ -46,7 +47,7 @@ def writer(table: Any, operation: str) -> Tab:
         tab: Tab = table._tab
     except AttributeError:
         tab = resolve(table, operation)
-    if tab.wguard and _CURRENT.get(None) is not tab.owner_proc:
+    if tab.wguard and CURRENT_PROCESS.get(None) is not tab.owner_proc:
         tab.check_write(operation, table)
     if tab.heap:
         tab.expire_due()

@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._gen_server import GenServer, NoReply, Ok, Reply, Stop, _serve
+from .._gen_server import GenServer, NoReply, Ok, Reply, Stop
+from .._gen_server_core import serve
 from .._messages import From
 from .._process import Process
 from .._reasons import NORMAL
 from ._errors import EtsError, brief
-from ._table import ON_BEHALF_OF, STOP, SWEEP, Tab, add_hook
+from ._expiry import SWEEP
+from ._registry import ON_BEHALF_OF
+from ._table import STOP, Tab, add_hook
 
 Operations = Mapping[str, Callable[..., Any]]
 
@@ -94,7 +97,7 @@ def spawn_actor(tab: Tab, operations: Operations) -> Process:
     node = tab.node
     # The start acknowledgement goes to a tag nobody waits for, so it is dropped.
     starter = From(owner.pid, node.make_ref())
-    proc = node.spawn(_serve, (TableActor, (tab, operations), None, starter, False), owner)
+    proc = node.spawn(serve, (TableActor, (tab, operations), None, starter, False), owner)
     tab.actor_proc = proc
     add_hook(proc, tab.actor_exited)
     return proc

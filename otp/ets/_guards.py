@@ -18,7 +18,7 @@ from wire import Atom
 from .._ids import Pid, Ref
 from .._node import current_node
 from ._order import compare, exact_eq, is_number
-from ._table import caller_pid
+from ._registry import caller_pid
 
 #: The largest integer (in bits) a guard computes: past it the guard fails, as Erlang's
 #: ``system_limit`` does, so a hostile spec cannot make one object cost unbounded memory.

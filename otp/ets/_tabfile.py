@@ -33,10 +33,12 @@ from .._dist_values import value_from_wire, value_to_wire
 from .._errors import BadArg
 from .._process import current_process
 from ._access import reader
-from ._api import delete, insert, new
 from ._errors import EtsError, brief
+from ._lifecycle import delete
+from ._new import new
 from ._table import describe
 from ._types import TableRef
+from ._write import insert
 
 MAGIC = b"\x89ETS\r\n\x1a\n"
 VERSION = 1

@@ -1,5 +1,6 @@
-"""The runtime state of one table: its objects (with the ``ordered_set`` index and TTL
-deadlines), its owner, heir and access mode, and the per-node table registry.
+"""The runtime state of one table: its objects, its owner, heir and access mode, and what
+happens when its owner dies (the ``ordered_set`` index is ``_ordered_index``, time to live
+``_expiry``, the node's table registry ``_registry``).
 
 This mirrors ERTS's ``DbTable``: the data lives here, on the node, so reads and writes by local
 processes are plain function calls (atomic and isolated because every local process runs in one
@@ -9,22 +10,20 @@ which runs before its links and monitors fire, as OTP releases "directly visible
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import sys
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
 from typing import Any
-
-import trio
 
 from .._ids import Pid, Ref
 from .._node import Node
-from .._process import Process, current_process_or_none
+from .._process import Process
 from ._errors import AccessDenied, EtsError, KeyNotFound, NoSuchTable, brief
+from ._expiry import ActorSignal, Expiry
 from ._order import UnorderableKey, exact_index, order_key
+from ._ordered_index import ABSENT, OrderedIndex
+from ._registry import Registry, caller_pid
 from ._types import (
     DUPLICATE_BAG,
     END_OF_TABLE,
@@ -38,11 +37,6 @@ from ._types import (
     TableType,
 )
 
-#: The process an operation runs for when it is not the current one: the table actor sets it
-#: while it serves a request from another node (or from ``rpc``), so access is checked against
-#: the requester, not the actor.
-ON_BEHALF_OF: ContextVar[Pid | None] = ContextVar("otp_ets_on_behalf_of", default=None)
-
 
 class _Nobody:
     """Stands in for the owner of a deleted table, so the fast access test always fails."""
@@ -53,50 +47,11 @@ class _Nobody:
 NOBODY: Any = _Nobody()
 
 
-def caller_pid() -> Pid | None:
-    """The process an operation is done for: the requester when the table actor serves a
-    request, else the current process (None for a task that is not a process)."""
-    pid = ON_BEHALF_OF.get()
-    if pid is not None:
-        return pid
-    proc = current_process_or_none()
-    return proc.pid if proc is not None else None
-
-
 def describe(table: Any) -> str:
     return f"table {brief(table)}"
 
 
-class Registry:
-    """The tables of one node: by id and by name (named tables only)."""
-
-    __slots__ = ("by_id", "ids", "names")
-
-    def __init__(self) -> None:
-        self.by_id: dict[int, Tab] = {}
-        self.names: dict[str, Tab] = {}
-        self.ids = itertools.count(1)
-
-
-_REGISTRY: trio.lowlevel.RunVar[Registry] = trio.lowlevel.RunVar("otp_ets_registry")
-
-
-def registry() -> Registry:
-    """The table registry of the running node (one per ``trio.run``, created on first use)."""
-    try:
-        return _REGISTRY.get()
-    except LookupError:
-        reg = Registry()
-        _REGISTRY.set(reg)
-        return reg
-    except RuntimeError:
-        raise RuntimeError(
-            "otp.ets needs a running node: wrap the code in 'async with otp.open_node():' or"
-            " start it with otp.run(main)"
-        ) from None
-
-
-class Tab:
+class Tab(Expiry):
     """One table: data structure, metadata and lifecycle."""
 
     __slots__ = (
@@ -115,22 +70,20 @@ class Tab:
         "heir",
         "heir_data",
         "hints",
+        "index",
         "kind",
         "kp",
         "name",
         "named",
         "node",
         "ordered",
-        "ords",
         "owner",
         "owner_proc",
-        "raws",
         "registry",
         "removed",
         "rfast",
         "rguard",
         "seq",
-        "sks",
         "snap",
         "sweep_at",
         "sweep_timer",
@@ -164,12 +117,8 @@ class Tab:
         self.ordered = kind is ORDERED_SET
         self.dup = kind is DUPLICATE_BAG
         self.data: dict[Any, Any] = {}
-        self.sks: list[Any] = []
-        self.raws: list[Any] = []
-        #: Each indexed key's sort key, as computed when it was indexed: a key == to it may sort
-        #: elsewhere (``frozenset({1.0})`` and ``frozenset({1})`` have different reprs), so the
-        #: index is searched with this one, never with the caller's key.
-        self.ords: dict[Any, Any] = {}
+        #: The ordered_set's keys in term order (empty for the other types).
+        self.index = OrderedIndex()
         self.count = 0
         self.dl: dict[Any, Any] = {}
         self.heap: list[tuple[float, int, Any]] = []
@@ -410,13 +359,13 @@ class Tab:
         """Every object, in key order for ``ordered_set``, else in insertion order of keys."""
         data = self.data
         if self.ordered:
-            return (data[raw] for raw in list(self.raws))
+            return (data[raw] for raw in self.index.keys())
         if self.unique:
             return iter(list(data.values()))
         return (obj for objs in list(data.values()) for obj in objs)
 
     def keys(self) -> list[Any]:
-        return list(self.raws) if self.ordered else list(self.data)
+        return self.index.keys() if self.ordered else list(self.data)
 
     def size(self) -> int:
         return len(self.data) if self.unique else self.count
@@ -424,9 +373,7 @@ class Tab:
     def clear(self) -> None:
         self.removed += len(self.data)
         self.data.clear()
-        self.sks.clear()
-        self.raws.clear()
-        self.ords.clear()
+        self.index.clear()
         self.dl.clear()
         self.heap.clear()
         self.count = 0
@@ -434,8 +381,7 @@ class Tab:
         self.refresh()
 
     def memory(self) -> int:
-        size = sys.getsizeof(self.data) + sys.getsizeof(self.sks) + sys.getsizeof(self.raws)
-        size += sys.getsizeof(self.ords) + sys.getsizeof(self.dl)
+        size = sys.getsizeof(self.data) + self.index.memory() + sys.getsizeof(self.dl)
         if self.unique:
             size += sum(sys.getsizeof(obj) for obj in self.data.values())
         else:
@@ -446,20 +392,12 @@ class Tab:
     # -- ordered_set index -------------------------------------------------------------------
 
     def _index_add(self, key: Any, operation: str) -> None:
-        sk = self._order_probe(key, operation)
-        sks = self.sks
-        index = bisect_left(sks, sk)
-        if index < len(sks) and sks[index] == sk:
-            raise self._sort_collision(key, self.raws[index], operation)
-        sks.insert(index, sk)
-        self.raws.insert(index, key)
-        self.ords[key] = sk
+        holder = self.index.add(key, self._order_probe(key, operation))
+        if holder is not ABSENT:
+            raise self._sort_collision(key, holder, operation)
 
     def _index_remove(self, key: Any) -> None:
-        sk = self.ords.pop(key)
-        index = bisect_left(self.sks, sk)
-        del self.sks[index]
-        del self.raws[index]
+        self.index.remove(key)
 
     def check_new_keys(self, keys: list[Any], operation: str) -> None:
         """Check that the keys of a list insert not in the table yet can all be indexed, before
@@ -470,7 +408,7 @@ class Tab:
                 ``keys``) without being == to it.
         """
         data = self.data
-        sks = self.sks
+        index = self.index
         fresh: dict[Any, Any] = {}
         for key in keys:
             if key in data:
@@ -479,9 +417,9 @@ class Tab:
             other = fresh.setdefault(sk, key)
             if other is not key and other != key:
                 raise self._sort_collision(key, other, operation)
-            index = bisect_left(sks, sk)
-            if index < len(sks) and sks[index] == sk:
-                raise self._sort_collision(key, self.raws[index], operation)
+            holder = index.holder(sk)
+            if holder is not ABSENT:
+                raise self._sort_collision(key, holder, operation)
 
     def _sort_collision(self, key: Any, other: Any, operation: str) -> EtsError:
         return EtsError(
@@ -504,31 +442,29 @@ class Tab:
             ) from None
 
     def _sort_key_of(self, key: Any, operation: str) -> Any:
-        """Where ``key`` sits in the order: a stored key's own sort key (see ``ords``)."""
-        try:
-            sk = self.ords.get(key)
-        except TypeError:
-            sk = None  # unhashable, so not stored: placed by its own order
+        """Where ``key`` sits in the order: a stored key's own sort key (see
+        ``OrderedIndex.ords``); an unhashable key, never stored, is placed by its own order."""
+        sk = self.index.sort_key(key)
         return sk if sk is not None else self._order_probe(key, operation)
 
     # -- traversal ---------------------------------------------------------------------------
 
     def first(self) -> Any:
         if self.ordered:
-            return self._key_at(0) if self.raws else END_OF_TABLE
+            return self._stored_key(self.index.first()) if self.index else END_OF_TABLE
         for key in self.data:
             return key
         return END_OF_TABLE
 
     def last(self) -> Any:
         if self.ordered:
-            return self._key_at(-1) if self.raws else END_OF_TABLE
+            return self._stored_key(self.index.last()) if self.index else END_OF_TABLE
         return self.first()
 
     def next(self, key: Any, operation: str) -> Any:
         if self.ordered:
-            index = bisect_right(self.sks, self._sort_key_of(key, operation))
-            return self._key_at(index) if index < len(self.raws) else END_OF_TABLE
+            raw = self.index.after(self._sort_key_of(key, operation))
+            return END_OF_TABLE if raw is ABSENT else self._stored_key(raw)
         data = self.data
         snap = self.snap
         if snap is None or len(data) - snap[2] + self.removed - snap[3] > 0:
@@ -552,24 +488,19 @@ class Tab:
 
     def prev(self, key: Any, operation: str) -> Any:
         if self.ordered:
-            index = bisect_left(self.sks, self._sort_key_of(key, operation)) - 1
-            return self._key_at(index) if index >= 0 else END_OF_TABLE
+            raw = self.index.before(self._sort_key_of(key, operation))
+            return END_OF_TABLE if raw is ABSENT else self._stored_key(raw)
         return self.next(key, operation)
 
     def keys_from(self, key: Any, count: int, reverse: bool, *, start: bool = False) -> list[Any]:
         """Up to ``count`` ordered_set keys (as indexed) after ``key`` in the order, or before
         it if ``reverse``; from the first (last) key if ``start``. ``key`` need not be stored."""
-        raws = self.raws
-        if reverse:
-            end = len(raws) if start else bisect_left(self.sks, self._sort_key_of(key, "select"))
-            return raws[max(0, end - count) : end][::-1]
-        begin = 0 if start else bisect_right(self.sks, self._sort_key_of(key, "select"))
-        return raws[begin : begin + count]
+        return self.index.run(None if start else self._sort_key_of(key, "select"), count, reverse)
 
-    def _key_at(self, index: int) -> Any:
+    def _stored_key(self, raw: Any) -> Any:
         # The stored object's key, as OTP reports it: an insert replaces the object under an ==
         # key (1.0 replacing 1) but the index keeps the key it was first indexed by.
-        return self.data[self.raws[index]][self.kp]
+        return self.data[raw][self.kp]
 
     def key_snapshot(self) -> tuple[list[Any], dict[Any, int]]:
         """The keys of a set or bag in table order and each one's index there, shared until a
@@ -585,81 +516,6 @@ class Tab:
         snap = (keys, {key: at for at, key in enumerate(keys)}, len(keys), self.removed)
         self.snap = snap
         return snap
-
-    # -- expiry ------------------------------------------------------------------------------
-
-    def deadline_after(self, expire_after: float | None) -> float | None:
-        return None if expire_after is None else trio.current_time() + expire_after
-
-    def _push_deadline(self, deadline: float, key: Any) -> None:
-        heap = self.heap
-        heapq.heappush(heap, (deadline, next(self.seq), key))
-        if len(heap) == 1:
-            self.refresh()
-        if len(heap) > 1024 and len(heap) > 4 * len(self.dl):
-            self._compact_heap()
-        if deadline < self.sweep_at:
-            self._schedule_sweep(deadline)
-
-    def _compact_heap(self) -> None:
-        entries = []
-        seq = self.seq
-        for key, deadline in self.dl.items():
-            when = deadline if self.unique else min(deadline)
-            if when != math.inf:
-                entries.append((when, next(seq), key))
-        heapq.heapify(entries)
-        self.heap = entries
-        self.refresh()
-
-    def expire_due(self) -> None:
-        """Remove every object whose deadline has passed (expired objects are never seen)."""
-        heap = self.heap
-        if not heap:
-            return
-        now = trio.current_time()
-        while heap and heap[0][0] <= now:
-            _, _, key = heapq.heappop(heap)
-            if self.unique:
-                deadline = self.dl.get(key)
-                if deadline is not None and deadline <= now:
-                    self.remove_key(key)
-            else:
-                deadlines = self.dl.get(key)
-                if deadlines is not None and min(deadlines) <= now:
-                    self.keep(key, lambda _obj, when: when > now)
-                    deadlines = self.dl.get(key)
-                    if deadlines is not None:
-                        soonest = min(deadlines)
-                        if soonest != math.inf:
-                            heapq.heappush(heap, (soonest, next(self.seq), key))
-            heap = self.heap
-        if not heap:
-            self.refresh()
-
-    def _schedule_sweep(self, deadline: float) -> None:
-        timers = self.node.timers
-        if self.sweep_timer is not None:
-            timers.cancel(self.sweep_timer)
-        self.sweep_at = deadline
-        self.sweep_timer = timers.start(deadline - trio.current_time(), self._sweep_due)
-
-    def _sweep_due(self) -> None:
-        self.sweep_timer = None
-        self.sweep_at = math.inf
-        actor = self.actor_proc
-        if actor is not None and actor.alive:
-            actor.deliver(SWEEP)
-        else:
-            self.sweep()
-
-    def sweep(self) -> None:
-        """Physically drop expired objects and schedule the next sweep (run by the actor)."""
-        if not self.alive:
-            return
-        self.expire_due()
-        if self.heap and self.sweep_timer is None:
-            self._schedule_sweep(self.heap[0][0])
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -727,16 +583,5 @@ def add_hook(proc: Process, hook: Callable[[Process, Any], None]) -> None:
         proc.exit_hooks.append(hook)
 
 
-class _Signal:
-    __slots__ = ("_label",)
-
-    def __init__(self, label: str) -> None:
-        self._label = label
-
-    def __repr__(self) -> str:
-        return self._label
-
-
-#: Messages to the table actor from the table itself.
-SWEEP: Any = _Signal("ets_sweep")
-STOP: Any = _Signal("ets_stop")
+#: Tells the table actor that its table was deleted.
+STOP: Any = ActorSignal("ets_stop")

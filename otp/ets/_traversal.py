@@ -75,7 +75,7 @@ def slot(table: TableRef, i: int) -> Any:
         )
     if i == count:
         return END_OF_TABLE
-    return tab.get(tab.raws[i] if keys is None else keys[i])
+    return tab.get(tab.index.at(i) if keys is None else keys[i])
 
 
 def select_replace(table: TableRef, spec: list[tuple[Any, list[Any], Any]]) -> int:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import otp
 import wire
 from otp import ets
-from otp.ets import ANY, Var
+from otp.ets import ANY, Var, _ordered_index
 
 
 def _keys(table):
@@ -214,3 +214,52 @@ async def test_ordered_set_next_of_an_unhashable_key_places_it_by_its_order():
         ets.insert(t, [((1,), "a"), (b"x", "b")])
         assert ets.next(t, [0]) == b"x"  # tuples < lists < bytes
         assert ets.prev(t, [0]) == (1,)
+
+
+# The index keeps its keys in chunks that split and merge as the table grows and shrinks; with
+# chunks of a handful of keys, a few dozen operations cross every boundary case.
+_ops = st.lists(
+    st.tuples(st.sampled_from(["insert", "delete"]), st.integers(0, 60)), min_size=1, max_size=150
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_ops, probes=st.lists(st.integers(-1, 61).map(lambda k: k + 0.5), max_size=6))
+def test_order_holds_while_the_index_splits_and_merges_its_chunks(ops, probes):
+    async def main():
+        async with otp.open_node():
+            t = ets.new("t", type=ets.ORDERED_SET)
+            model: set[int] = set()
+            for op, key in ops:
+                if op == "insert":
+                    ets.insert(t, (key, -key))
+                    model.add(key)
+                else:
+                    ets.delete(t, key)
+                    model.discard(key)
+            ordered = sorted(model)
+            assert _keys(t) == ordered
+            assert ets.tab2list(t) == [(k, -k) for k in ordered]
+            backwards, key = [], ets.last(t)
+            while key is not ets.END_OF_TABLE:
+                backwards.append(key)
+                key = ets.prev(t, key)
+            assert backwards == ordered[::-1]
+            assert [ets.slot(t, i)[0][0] for i in range(len(ordered))] == ordered
+            for probe in probes:
+                above = [k for k in ordered if k > probe]
+                below = [k for k in ordered if k < probe]
+                assert ets.next(t, probe) == (above[0] if above else ets.END_OF_TABLE)
+                assert ets.prev(t, probe) == (below[-1] if below else ets.END_OF_TABLE)
+            for reverse in (False, True):
+                spec = [((Var(1), ANY), [], Var(1))]
+                chunks, step = [], (ets.select_reverse if reverse else ets.select)(t, spec, 3)
+                while step is not ets.END_OF_TABLE:
+                    found, cont = step
+                    chunks += found
+                    step = ets.END_OF_TABLE if cont is ets.END_OF_TABLE else ets.select(cont)
+                assert chunks == (ordered[::-1] if reverse else ordered)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_ordered_index, "CHUNK", 4)
+        trio.run(main)

@@ -9,6 +9,7 @@ import tempfile
 
 import pytest
 import trio
+import trio.testing
 
 import wire
 from apps.matching import (
@@ -132,6 +133,69 @@ async def test_call_timeout_raises_call_timeout(server, autojump_clock):
     await conn.aclose()
 
 
+async def test_calls_in_flight_time_out_each_at_its_own_deadline(server, autojump_clock, nursery):
+    # One timer serves every call of the connection: each still fails at its own deadline,
+    # an answered call never does, and a late answer is dropped.
+    conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
+    start = trio.current_time()
+    ended: dict[str, float] = {}
+
+    async def call(name: str, timeout: float, delay: float = 0) -> None:
+        await trio.sleep(delay)
+        try:
+            await conn.call("result", {"flow_id": name}, timeout=timeout)
+        except CallTimeout as exc:
+            assert f"within {timeout} s" in str(exc)
+            ended[name] = trio.current_time() - start
+        else:
+            ended[name] = -1
+
+    async def answer_b() -> None:
+        def calls_to(name: str) -> list[wire.MatchCall]:
+            return [c for c in server.conn.of_type(wire.MatchCall) if c.args["flow_id"] == name]
+
+        await server.wait_for(lambda: bool(calls_to("b")))
+        await trio.sleep(2)
+        await server.conn.send(wire.MatchReply(value=1, rid=calls_to("b")[0].rid))
+        await trio.sleep(6)  # after a's timeout: its answer is dropped
+        await server.conn.send(wire.MatchReply(value=1, rid=calls_to("a")[0].rid))
+
+    async with trio.open_nursery() as calls:
+        calls.start_soon(call, "a", 5)
+        calls.start_soon(call, "b", 4)
+        calls.start_soon(call, "c", 3)
+        calls.start_soon(call, "d", 5, 1)
+        calls.start_soon(answer_b)
+    assert ended == pytest.approx({"a": 5, "b": -1, "c": 3, "d": 6})
+    assert waiting_calls(conn) == 0
+    await conn.aclose()
+
+
+async def test_a_cancelled_call_drops_its_late_answer(server, autojump_clock):
+    conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
+    with trio.move_on_after(1):
+        await conn.call("result", {"flow_id": "f"})
+    call = server.conn.of_type(wire.MatchCall)[0]
+    await server.conn.send(wire.MatchReply(value="late", rid=call.rid))
+    assert waiting_calls(conn) == 0
+
+    async def answer() -> None:
+        await server.wait_for(lambda: len(server.conn.of_type(wire.MatchCall)) == 2)
+        await server.conn.send(
+            wire.MatchReply(value="ok", rid=server.conn.of_type(wire.MatchCall)[1].rid)
+        )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(answer)
+        assert await conn.call("result", {"flow_id": "g"}) == "ok"
+    await conn.aclose()
+
+
+def waiting_calls(conn: SdkConnection) -> int:
+    """The calls still waiting for an answer."""
+    return len(conn._calls)
+
+
 async def test_stream_frames_reach_their_own_stream_channel(server, autojump_clock):
     conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
     a, a_frames = conn.open_stream()
@@ -146,6 +210,46 @@ async def test_stream_frames_reach_their_own_stream_channel(server, autojump_clo
     with pytest.raises(trio.EndOfChannel):
         await a_frames.receive()
     await conn.aclose()
+
+
+async def test_stream_handler_gets_its_frames_in_the_reader(server, autojump_clock):
+    conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
+    got: list[wire.MatchMessage] = []
+    a = conn.open_stream_handler(got.append)
+    _, b_frames = conn.open_stream()
+    await server.conn.send(wire.MatchRegistered(queue="flow", name="X", rid=a))
+    await server.conn.send(wire.MatchPing(rid=a))
+    await server.conn.send(wire.MatchPing(rid=a + 1))
+    assert await b_frames.receive() == wire.MatchPing(rid=a + 1)  # (sent after a's frames)
+    assert got == [wire.MatchRegistered(queue="flow", name="X", rid=a), wire.MatchPing(rid=a)]
+    conn.close_stream(a)
+    await server.conn.send(wire.MatchPing(rid=a))  # no longer open: dropped
+    await server.conn.send(wire.MatchPing(rid=a + 1))
+    assert await b_frames.receive() == wire.MatchPing(rid=a + 1)
+    assert len(got) == 2
+    await conn.aclose()
+
+
+async def test_send_nowait_writes_at_once_or_queues_in_order_behind_a_writer(
+    server, autojump_clock
+):
+    conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
+    fake = server.conn
+    conn.send_nowait(wire.MatchPong(rid=1))  # written before this task yields
+    await server.wait_for(lambda: fake.of_type(wire.MatchPong) == [wire.MatchPong(rid=1)])
+    # A writer holds the turn: frames sent meanwhile wait, then go in the order sent, before
+    # the next send's.
+    async with conn._write_lock:
+        conn.send_nowait(wire.MatchPong(rid=2))
+        conn.send_nowait(wire.MatchPong(rid=3))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(fake.of_type(wire.MatchPong)) == 1
+    await conn.send(wire.MatchPong(rid=4))
+    await server.wait_for(lambda: len(fake.of_type(wire.MatchPong)) == 4)
+    assert [m.rid for m in fake.of_type(wire.MatchPong)] == [1, 2, 3, 4]
+    await conn.aclose()
+    with pytest.raises(ClientClosed):
+        conn.send_nowait(wire.MatchPong(rid=5))
 
 
 async def test_connection_level_frames_go_to_control(server, autojump_clock):

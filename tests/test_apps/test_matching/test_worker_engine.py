@@ -19,6 +19,7 @@ import trio.testing
 import wire
 from apps.matching import (
     AuthenticationError,
+    BlobCache,
     CallTimeout,
     Flow,
     MatchingError,
@@ -30,6 +31,7 @@ from apps.matching import (
     rpc,
     step,
 )
+from apps.matching._blobs import blob_key
 from apps.matching._readiness import PullRegistrationState, QueueRegistrationState
 from apps.matching._worker_engine import WorkerEngine
 
@@ -566,6 +568,138 @@ async def test_sync_handlers_run_in_threads(server, nursery):
         await engine.close()
 
 
+class _Spawns(trio.abc.Instrument):
+    """Counts the trio tasks spawned while installed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.count += 1
+
+
+def _sync_engine(server: FakeServer, flows: tuple[type[Flow], ...], **kw: Any) -> WorkerEngine:
+    options = WorkerOptions(
+        server_address=server.address,
+        app_worker_id="w1",
+        pull=PullWorkerOptions(max_concurrent_tasks=2),
+    )
+    return WorkerEngine(Registry(flows), kw.pop("cache", None), options)
+
+
+async def test_a_blocking_call_runs_with_no_task_of_its_own(server, nursery):
+    class Sync(Flow):
+        @step
+        def work(self, ctx, n):
+            ctx.state["n"] = n
+            return n + 1
+
+        @rpc
+        def fail(self, ctx):
+            raise ValueError("no")
+
+    engine = _sync_engine(server, (Sync,))
+    with trio.fail_after(10):
+        nursery.start_soon(engine.run)
+        await engine.wait_pull_registered()
+        conn = server.conn
+        spawns = _Spawns()
+        trio.lowlevel.add_instrument(spawns)
+        try:
+            _, delivery, _ = await conn.offer("flow:Sync", flow_type="Sync", name="work", args=[1])
+            result = await conn.wait_outcome(delivery)
+            _, delivery, _ = await conn.offer(WORKER, flow_type="Sync", name="fail", kind="rpc")
+            failure = await conn.wait_outcome(delivery)
+        finally:
+            trio.lowlevel.remove_instrument(spawns)
+        assert (result.value, result.patch) == (2, {"set": {"n": 1}, "delete": []})
+        assert (failure.type, failure.message, failure.retryable) == ("ValueError", "no", True)
+        assert spawns.count == 0
+        await engine.close()
+
+
+async def test_blocking_outputs_come_in_order_before_the_outcome(server, nursery):
+    class Sync(Flow):
+        @step
+        def work(self, ctx):
+            for i in range(3):
+                ctx.output(i)
+            return "done"
+
+    engine = _sync_engine(server, (Sync,))
+    with trio.fail_after(10):
+        nursery.start_soon(engine.run)
+        await engine.wait_pull_registered()
+        conn = server.conn
+        stream, delivery, _ = await conn.offer("flow:Sync", flow_type="Sync", name="work")
+        result = await conn.wait_outcome(delivery)
+        frames = [m for m in conn.received if getattr(m, "rid", None) == stream]
+        outputs = [m.value for m in frames if isinstance(m, wire.MatchOutput)]
+        assert outputs == [0, 1, 2]
+        assert frames.index(result) > max(
+            i for i, m in enumerate(frames) if isinstance(m, wire.MatchOutput)
+        )
+        await engine.close()
+
+
+async def test_a_blocking_handler_past_its_timeout_fails_with_timeout_error(server, nursery):
+    class Sync(Flow):
+        @step
+        def work(self, ctx):
+            threading.Event().wait(0.3)
+            return "late"
+
+    engine = _sync_engine(server, (Sync,))
+    with trio.fail_after(10):
+        nursery.start_soon(engine.run)
+        await engine.wait_pull_registered()
+        conn = server.conn
+        _, delivery, _ = await conn.offer("flow:Sync", flow_type="Sync", name="work", timeout=0.05)
+        failure = await conn.wait_outcome(delivery)
+        assert (failure.type, failure.retryable) == ("TimeoutError", True)
+        assert "timeout of 0.05s" in failure.message
+        assert engine.statistics().busy == 0
+        await engine.close()
+
+
+async def test_a_blocking_handler_with_blobs_fetches_and_uploads_them(server, nursery, tmp_path):
+    class Sync(Flow):
+        @step
+        def echo(self, ctx, data):
+            return data + b"!"
+
+    cache = BlobCache(tmp_path / "blobs", inline_limit=4)
+    engine = _sync_engine(server, (Sync,), cache=cache)
+    stored: dict[str, bytes] = {}
+    sent = b"0123456789"
+    stored[blob_key(sent)] = sent
+
+    async def blob_service(conn):
+        answered = 0
+        while True:
+            await server.wait_for(lambda n=answered: len(conn.of_type(wire.MatchCall)) > n)
+            call = conn.of_type(wire.MatchCall)[answered]
+            answered += 1
+            if call.op == "get_blob":
+                await conn.send(wire.MatchReply(value=stored[call.args["key"]], rid=call.rid))
+            elif call.op == "put_blob":
+                key = blob_key(call.args["data"])
+                stored[key] = call.args["data"]
+                await conn.send(wire.MatchReply(value=key, rid=call.rid))
+
+    with trio.fail_after(10):
+        nursery.start_soon(engine.run)
+        await engine.wait_pull_registered()
+        conn = server.conn
+        nursery.start_soon(blob_service, conn)
+        ref = {"$blob": blob_key(sent), "size": len(sent)}
+        _, delivery, _ = await conn.offer("flow:Sync", flow_type="Sync", name="echo", args=[ref])
+        result = await conn.wait_outcome(delivery)
+        assert stored[result.value["$blob"]] == sent + b"!"
+        assert [c.op for c in conn.of_type(wire.MatchCall)][-2:] == ["get_blob", "put_blob"]
+        await engine.close()
+
+
 async def test_blocking_handlers_run_at_once_up_to_the_cap_and_never_stall_pings(server, nursery):
     # Each Step blocks its thread until all three run: they finish only if no blocking
     # handler waits behind another one. Meanwhile the engine still answers pings.
@@ -633,6 +767,38 @@ async def test_a_cancelled_blocking_handler_is_waited_for_before_its_slot_frees(
         await trio.to_thread.run_sync(entered.wait)
         await engine.close()
         assert returned.is_set()
+        assert engine.statistics().busy == 0
+
+
+async def test_cancelling_run_waits_for_a_running_blocking_handler(server, nursery):
+    release = threading.Event()
+    entered = threading.Event()
+
+    class Stuck(Flow):
+        @step
+        def work(self, ctx):
+            entered.set()
+            release.wait(10)
+
+    engine = _sync_engine(server, (Stuck,))
+    returned = trio.Event()
+
+    async def run(task_status=trio.TASK_STATUS_IGNORED):
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            await engine.run()
+        returned.set()
+
+    with trio.fail_after(20):
+        scope = await nursery.start(run)
+        await engine.wait_pull_registered()
+        await server.conn.offer("flow:Stuck", flow_type="Stuck", name="work")
+        await trio.to_thread.run_sync(entered.wait)
+        scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not returned.is_set()  # the function still runs in its thread
+        release.set()
+        await returned.wait()
         assert engine.statistics().busy == 0
 
 
@@ -795,6 +961,43 @@ async def test_streams_fall_back_to_the_idle_target_after_load(server, nursery, 
     assert len(conn.of_type(wire.MatchClose)) == 3
     assert engine.is_ready()
     assert engine.statistics().idle_streams == {FLOW: 1, WORKER: 1}
+    await engine.close()
+
+
+class _ManageWakes(trio.abc.Instrument):
+    """Counts the wake-ups of the worker's stream-managing loop."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("._manage_loop"):
+            self.count += 1
+
+
+async def test_a_call_wakes_the_stream_loop_only_when_its_queue_needs_a_stream(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, idle_stream_linger=1000), nursery)
+    conn = server.conn
+    wakes = _ManageWakes()
+    trio.lowlevel.add_instrument(wakes)
+    # The first call takes the queue's only idle stream: one more is opened.
+    _, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[0])
+    await conn.wait_outcome(delivery)
+    await server.wait_for(lambda: len(conn.idle_of(FLOW)) == 2)
+    assert wakes.count >= 1
+    # Later calls find an idle stream to spare and give it back: nothing to open or close.
+    wakes.count = 0
+    for _ in range(3):
+        _, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[0])
+        await conn.wait_outcome(delivery)
+    await trio.testing.wait_all_tasks_blocked()
+    trio.lowlevel.remove_instrument(wakes)
+    assert wakes.count == 0
+    assert len(conn.idle_of(FLOW)) == 2 and engine.statistics().idle_streams[FLOW] == 2
+    # ... and the extra one still closes after the linger.
+    await server.wait_for(lambda: len(conn.idle_of(FLOW)) == 1)
     await engine.close()
 
 
