@@ -373,3 +373,29 @@ async def test_namedtuples_are_objects_and_keep_their_class():
         [hit] = ets.lookup(t, "/")
         assert hit == Hit("/", 2) and isinstance(hit, Hit)
         assert ets.match(t, (ets.Var(1), ets.ANY)) == [["/"]]
+
+
+async def test_update_counter_threshold_applies_to_a_zero_increment():
+    # OTP: "Incr is not negative (>= 0) and the result would be greater than (>) Threshold".
+    async with otp.open_node():
+        t = ets.new("t")
+        ets.insert(t, ("c", 10))
+        assert ets.update_counter(t, "c", (1, 0, 5, 0)) == 0
+        assert ets.lookup(t, "c") == [("c", 0)]
+
+
+async def test_update_counter_ops_on_one_position_chain_and_each_checks_its_threshold():
+    async with otp.open_node():
+        t = ets.new("t")
+        ets.insert(t, ("c", 0))
+        # 0 + 5 = 5; then 5 + 5 = 10 > 8 -> 1. Each op sees the previous result.
+        assert ets.update_counter(t, "c", [(1, 5), (1, 5, 8, 1)]) == [5, 1]
+        assert ets.lookup(t, "c") == [("c", 1)]
+
+
+async def test_update_counter_default_takes_the_key_at_keypos_and_counts_after_it():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET, keypos=1)
+        assert ets.update_counter(t, "key", 1, default=("x", "ignored", 0)) == 1
+        assert ets.lookup(t, "key") == [("x", "key", 1)]
+        assert ets.first(t) == "key"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import trio
 
 import otp
 from otp import ets
+from otp._ids import Pid
 
 from .helpers import start_idle
 
@@ -202,3 +204,75 @@ async def test_table_survives_a_crash_of_a_writer():
         otp.spawn_monitor(writer)
         await otp.receive(match=otp.Down)
         assert sorted(ets.tab2list(t)) == [("a", 1), ("b", 2)]
+
+
+def _remote_pid() -> Pid:
+    # A pid of another node, as one arrives in a message from it.
+    return Pid._make("other@host", 7, 1)
+
+
+async def test_a_remote_heir_is_refused():
+    async with otp.open_node():
+        with pytest.raises(ets.EtsError, match="heir"):
+            ets.new("t", heir=_remote_pid())
+        t = ets.new("t2")
+        with pytest.raises(ets.EtsError, match="heir"):
+            ets.setopts(t, heir=_remote_pid())
+
+
+async def test_a_pid_of_an_earlier_incarnation_of_this_node_is_no_heir():
+    async with otp.open_node():
+        me = otp.self()
+        stale = Pid._make(me.node, me.id, me.creation + 1)
+        with pytest.raises(ets.EtsError, match="heir must be a process of this node"):
+            ets.new("t", heir=stale)
+        assert ets.all() == []
+
+
+async def test_transfer_of_a_renamed_named_table_carries_its_current_name():
+    async with otp.open_node():
+        me = otp.self()
+
+        async def receiver():
+            transfer = await otp.receive(match=ets.EtsTransfer)
+            otp.send(me, ("got", transfer.table, ets.lookup(transfer.table, "k")))
+            await otp.receive(match=str)
+
+        t = ets.new("old", named=True)
+        ets.insert(t, ("k", 1))
+        ets.rename(t, "new")
+        other = otp.spawn(receiver)
+        ets.give_away("new", other, None)
+        got = await otp.receive(match=lambda m: isinstance(m, tuple) and m[0] == "got")
+        assert got == ("got", "new", [("k", 1)])
+        with pytest.raises(ets.NoSuchTable):
+            ets.lookup("old", "k")
+        otp.send(other, "stop")
+
+
+async def test_a_table_cannot_be_owned_by_a_process_that_already_exited():
+    async with otp.open_node():
+        outcome = {}
+        async with trio.open_nursery() as nursery:
+            owner_gone = trio.Event()
+
+            async def late_task():
+                # Started by the process into an outside nursery: it inherits the process's
+                # context, so it still "is" that process after the process exited.
+                await owner_gone.wait()
+                try:
+                    outcome["table"] = ets.new("orphan")
+                except (otp.NotAProcess, ets.EtsError) as exc:
+                    outcome["refused"] = exc
+
+            async def short_lived():
+                nursery.start_soon(late_task)
+
+            pid = otp.spawn(short_lived)
+            ref = otp.monitor(pid)
+            await otp.receive(match=lambda m: isinstance(m, otp.Down) and m.ref == ref)
+            owner_gone.set()
+        if "table" in outcome:
+            # Today: the table lives on, owned by the dead pid, for the rest of the node's life.
+            assert ets.info(outcome["table"]) is None
+            assert ets.all() == []

@@ -9,6 +9,8 @@ import otp
 from otp import ets
 from otp.ets import ANY, BINDINGS, OBJECT, Var
 
+from .helpers import in_process
+
 
 async def _people():
     t = ets.new("people", type=ets.BAG)
@@ -413,3 +415,102 @@ def test_fun2ms_refuses_what_a_match_spec_cannot_say():
         ets.fun2ms(calls)
     with pytest.raises(ets.EtsError, match="defined with def"):
         ets.fun2ms(lambda key: key)
+
+
+async def test_select_with_several_heads_and_a_nan_key_gives_results_or_an_ets_error():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, (1, "a"))
+        # One head with a NaN key simply matches nothing:
+        assert ets.select(t, [((float("nan"), ANY), [], OBJECT)]) == []
+        spec = [((1, ANY), [], OBJECT), ((float("nan"), ANY), [], OBJECT)]
+        try:
+            got = ets.select(t, spec)
+        except ets.EtsError:
+            pass  # a typed, explained refusal would do too
+        else:
+            assert got == [(1, "a")]
+
+
+async def test_guards_given_as_a_single_tuple_are_refused_or_applied():
+    async with otp.open_node():
+        t = ets.new("t")
+        ets.insert(t, [("a", 1), ("b", 3)])
+        spec = [((Var(1), Var(2)), (">", Var(2), 2), Var(1))]  # forgot the [ ]
+        try:
+            got = ets.select(t, spec)
+        except ets.EtsError:
+            pass
+        else:
+            assert got == ["b"]  # today: [] -- ">" , Var(2) and 2 each "fail" as guards
+
+
+async def test_an_unbound_variable_in_a_spec_is_an_error():
+    async with otp.open_node():
+        t = ets.new("t")
+        ets.insert(t, ("a", 1, 2))
+        with pytest.raises(ets.EtsError):
+            ets.select(t, [((Var(1), Var(2), ANY), [(">", Var(3), 0)], Var(1))])
+        with pytest.raises(ets.EtsError):
+            ets.select(t, [((Var(1), ANY, ANY), [], Var(2))])
+
+
+async def test_element_guard_with_a_negative_position_fails_the_guard():
+    async with otp.open_node():
+        t = ets.new("t")
+        ets.insert(t, ("a", 1, 2))
+        spec = [((Var(1), ANY, ANY), [("==", ("element", -1, OBJECT), 2)], Var(1))]
+        assert ets.select(t, spec) == []  # today: ["a"]
+
+
+async def test_a_guard_tuple_instead_of_a_list_is_refused_with_what_to_write():
+    async with otp.open_node():
+        t = ets.new("t")
+        with pytest.raises(ets.EtsError, match=r"write one guard as \[guard\]"):
+            ets.select(t, [((Var(1), Var(2)), (">", Var(2), 2), Var(1))])
+        with pytest.raises(ets.EtsError, match="list of guard"):
+            ets.select(t, [((Var(1), Var(2)), (), Var(1))])
+
+
+async def test_unbound_variable_error_names_it_and_const_args_are_literals():
+    async with otp.open_node():
+        t = ets.new("t")
+        ets.insert(t, ("a", 1))
+        with pytest.raises(ets.EtsError, match=r"Var\(3\) unbound"):
+            ets.select(t, [((Var(1), ANY), [], (Var(1), [Var(3)]))])
+        # A const's argument is a literal, not a use; a variable bound inside a list head counts.
+        assert ets.select(t, [((Var(1), ANY), [("!=", ("const", Var(9)), 0)], Var(1))]) == ["a"]
+        ets.insert(t, ("b", [2]))
+        assert ets.select(t, [((ANY, [Var(2)]), [], Var(2))]) == [2]
+
+
+async def test_element_guard_takes_positions_inside_a_tuple_only():
+    async with otp.open_node():
+        t = ets.new("t")
+        ets.insert(t, ("a", [1, 2], (3, 4)))
+        spec = [((Var(1), Var(2), Var(3)), [("==", ("element", 1, Var(3)), 4)], Var(1))]
+        assert ets.select(t, spec) == ["a"]
+        on_a_list = [((Var(1), Var(2), ANY), [("==", ("element", 0, Var(2)), 1)], Var(1))]
+        assert ets.select(t, on_a_list) == []
+        past_the_end = [((Var(1), ANY, Var(3)), [("==", ("element", 2, Var(3)), 4)], Var(1))]
+        assert ets.select(t, past_the_end) == []
+
+
+async def test_match_delete_errors_name_match_delete():
+    async with otp.open_node():
+        t = ets.new("t")
+        ets.insert(t, ("a", 1))
+        with pytest.raises(ets.AccessDenied) as info:
+            await in_process(ets.match_delete, t, (ANY, ANY))
+        assert info.value.operation == "match_delete"
+        assert "ets.match_delete(" in str(info.value)
+
+
+async def test_select_delete_tells_equal_copies_apart_by_their_guard():
+    # In a duplicate_bag (k, 1) == (k, 1.0); a guard on the float removes that copy only.
+    async with otp.open_node():
+        t = ets.new("t", type=ets.DUPLICATE_BAG)
+        ets.insert(t, [("k", 1), ("k", 1.0), ("k", 1)])
+        spec = [((ANY, Var(1)), [("is_float", Var(1))], True)]
+        assert ets.select_delete(t, spec) == 1
+        assert [type(obj[1]) for obj in ets.lookup(t, "k")] == [int, int]

@@ -155,6 +155,67 @@ def test_guards_agree_with_the_ordered_set_order(keys, probe):
     trio.run(main)
 
 
+async def test_ordered_set_delete_by_an_equal_key_keeps_the_index_consistent():
+    # frozenset({1}) == frozenset({1.0}) (same hash, lookup finds it), but their reprs differ,
+    # and _index_remove recomputes the order key from the caller's key, not the stored one.
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, [(frozenset({1}), "a"), ("z", 1)])
+        assert ets.lookup(t, frozenset({1.0})) == [(frozenset({1}), "a")]
+        # next() of a key in the table is the key after it, never the key itself (a walk with
+        # such keys would loop forever); today it places the probe by its own repr.
+        assert ets.next(t, frozenset({1.0})) is ets.END_OF_TABLE
+        ets.delete(t, frozenset({1.0}))
+        assert ets.lookup(t, frozenset({1})) == []
+        assert ets.last(t) == "z"  # today: the deleted frozenset({1})
+        assert ets.tab2list(t) == [("z", 1)]  # today: KeyError from Tab.objects
+
+
+async def test_ordered_set_list_insert_is_all_or_nothing_on_a_sort_collision():
+    class Tag:
+        # Identity equality, but every instance sorts the same (its repr): two are not one key
+        # and cannot be ordered, so the insert must fail, and fail as a whole.
+        def __repr__(self) -> str:
+            return "Tag"
+
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        with pytest.raises(ets.EtsError, match="sorts equal"):
+            ets.insert(t, [("a", 1), (Tag(), 2), (Tag(), 3)])
+        assert ets.tab2list(t) == []  # today: [("a", 1), (Tag, 2)]
+        with pytest.raises(ets.EtsError):
+            ets.insert_new(t, [("b", 1), (Tag(), 2), (Tag(), 3)])
+        assert ets.tab2list(t) == []
+
+
+async def test_ordered_set_traversal_reports_the_key_of_the_object_that_replaced_it():
+    # OTP replaces the whole object, key included: 1.0 replacing 1 is what first() returns.
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, [(1, "a"), (2, "b")])
+        ets.insert(t, (1.0, "c"))
+        assert [ets.first(t), ets.prev(t, 2), ets.next(t, 1)] == [1.0, 1.0, 2]
+        assert type(ets.first(t)) is float
+        assert ets.tab2list(t) == [(1.0, "c"), (2, "b")]
+
+
+async def test_ordered_set_list_insert_of_two_equal_new_keys_keeps_the_last():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, [(1, "a"), (1.0, "b"), (frozenset({2}), 1), (frozenset({2.0}), 2)])
+        assert ets.tab2list(t) == [(1, "b"), (frozenset({2}), 2)]
+        assert ets.insert_new(t, [(3, 1), (3.0, 2)]) is True
+        assert ets.lookup(t, 3) == [(3.0, 2)]
+
+
+async def test_ordered_set_next_of_an_unhashable_key_places_it_by_its_order():
+    async with otp.open_node():
+        t = ets.new("t", type=ets.ORDERED_SET)
+        ets.insert(t, [((1,), "a"), (b"x", "b")])
+        assert ets.next(t, [0]) == b"x"  # tuples < lists < bytes
+        assert ets.prev(t, [0]) == (1,)
+
+
 # The index keeps its keys in chunks that split and merge as the table grows and shrinks; with
 # chunks of a handful of keys, a few dozen operations cross every boundary case.
 _ops = st.lists(

@@ -105,3 +105,15 @@ async def test_deleting_a_table_cancels_its_sweep_timer(autojump_clock):
         assert len(node.timers) == before + 1
         ets.delete(t)
         assert len(node.timers) == before
+
+
+async def test_bag_reinsert_of_an_equal_object_without_ttl_clears_only_its_deadline(
+    autojump_clock,
+):
+    async with otp.open_node():
+        t = ets.new("t", type=ets.BAG)
+        ets.insert(t, [("k", 1), ("k", 2)], expire_after=2)
+        ets.insert(t, ("k", 1), expire_after=None)  # stored once; now never expires
+        await trio.sleep(5)
+        assert ets.lookup(t, "k") == [("k", 1)]
+        assert ets.info(t).size == 1

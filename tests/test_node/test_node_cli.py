@@ -7,9 +7,12 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
+from test_otp.peer import COOKIE
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
@@ -181,3 +184,158 @@ def test_a_cookie_file_readable_by_others_is_refused(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "must be readable by its owner only" in result.stderr
     assert f"chmod 600 {cookie}" in result.stderr
+
+
+#: A node with a small app, quiet unless something goes wrong.
+_NODE = (
+    sys.executable, "-m", "otp.node", "--log-level", "warning",
+    "--app", "test_node.node_apps:second",
+)  # fmt: skip
+
+
+def _node_cli(*args: str, timeout: float = 4.0) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m otp.node`` with a small app; a node that should refuse its flags but
+    boots instead is killed after ``timeout`` (and the test fails)."""
+    argv = [*_NODE, *args]
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(
+            f"the node booted instead of refusing {args}: {exc.stdout!r}"
+        ) from None
+
+
+@pytest.fixture
+def cookie_file(tmp_path: Path) -> Path:
+    path = tmp_path / "cookie"
+    path.write_bytes(COOKIE)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("case", "args", "error"),
+    [
+        ("missing cookie file", ["--cookie-file", "{tmp}/nope"], "cannot read it"),
+        ("empty cookie file", ["--cookie-file", "{tmp}/empty"], "is empty"),
+        ("short cookie", ["--cookie-file", "{tmp}/short"], "at least 8 bytes"),
+        ("connect without an address", ["--connect", "b@localhost"], "--connect takes"),
+        ("connect without a host", ["--connect", "b@unix:/tmp/b.sock"], "--connect takes"),
+        ("partial TLS flags", ["--tls-cert", "x.pem"], "needs all of"),
+        ("no cookie file", ["--cookie-file", None], "needs --cookie-file"),
+        pytest.param(
+            "bad --listen syntax",
+            ["--listen", "nonsense"],
+            "an address is",
+        ),
+        pytest.param(
+            "plain tcp without --insecure-tcp",
+            ["--listen", "tcp:127.0.0.1:0"],
+            "needs TLS certificates",
+        ),
+        pytest.param(
+            "bad --connect address",
+            ["--connect", "b@localhost@tcp:127.0.0.1:notaport"],
+            "an address is",
+        ),
+        pytest.param(
+            "a cookie file that is a directory",
+            ["--cookie-file", "{tmp}/cookiedir"],
+            "cookie file",
+        ),
+        pytest.param(
+            "a negative liveness timeout",
+            ["--liveness-timeout", "-1"],
+            "liveness",
+        ),
+        pytest.param(
+            "a TLS key file readable by others",
+            ["--tls-cert", "{tmp}/c.pem", "--tls-key", "{tmp}/open.key", "--tls-ca", "{tmp}/c.pem"],
+            "open.key has mode 0644",
+        ),
+        pytest.param(
+            "a queue limit below the busy limit",
+            ["--dist-busy-limit", "4096", "--dist-queue-limit", "1024"],
+            "queue_limit",
+        ),
+    ],
+)
+def test_bad_distribution_flags_are_a_clear_error_with_exit_code_2(
+    tmp_path: Path, cookie_file: Path, case: str, args: list[Any], error: str
+) -> None:
+    (tmp_path / "empty").write_bytes(b"\n")
+    (tmp_path / "empty").chmod(0o600)
+    (tmp_path / "short").write_bytes(b"abc")
+    (tmp_path / "short").chmod(0o600)
+    (tmp_path / "open.key").write_bytes(b"a key")
+    (tmp_path / "open.key").chmod(0o644)
+    (tmp_path / "cookiedir").mkdir(mode=0o700)
+    (tmp_path / "cookiedir").chmod(0o700)
+    flags = {
+        "--name": "a@localhost",
+        "--listen": f"unix:{tmp_path}/a.sock",
+        "--cookie-file": str(cookie_file),
+    }
+    extra: list[str] = []
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        if flag in flags:
+            if value is None:
+                del flags[flag]
+            else:
+                flags[flag] = value.format(tmp=tmp_path)
+        else:
+            extra += [flag, value.format(tmp=tmp_path)]
+    argv = [item for pair in flags.items() for item in pair] + extra
+    result = _node_cli(*argv)
+    assert result.returncode == 2, (case, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("python -m otp.node: ")
+    assert error in result.stderr
+
+
+def test_listening_without_a_node_name_is_a_clear_error(tmp_path: Path, cookie_file: Path) -> None:
+    result = _node_cli("--listen", f"unix:{tmp_path}/a.sock", "--cookie-file", str(cookie_file))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "name like 'a@host'" in result.stderr
+
+
+async def test_the_cli_node_on_insecure_tcp_warns_and_prints_its_real_port(
+    cookie_file: Path,
+) -> None:
+    argv = [
+        *_NODE,
+        "--name",
+        "a@localhost",
+        "--listen",
+        "tcp:127.0.0.1:0",
+        "--insecure-tcp",
+        "--cookie-file",
+        str(cookie_file),
+    ]
+    process = await trio.lowlevel.open_process(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT
+    )
+    assert process.stdout is not None
+    output = b""
+    try:
+        with trio.fail_after(20):
+            while b"stop with Ctrl-C" not in output:
+                chunk = await process.stdout.receive_some(65536)
+                assert chunk, output
+                output += chunk
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(20):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await process.stdout.aclose()
+    text = output.decode()
+    assert "WARNING" in text and "plain TCP" in text
+    [listening] = [line for line in text.splitlines() if "listening on" in line]
+    port = int(listening.rsplit(":", 1)[1])
+    assert port > 0

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +14,9 @@ import trio.testing
 
 import otp
 from otp import GenServer, NoReply, Ok, Reply, Stop
+
+from .helpers import Sleepy, _Recorder
+from .peer import COOKIE, PeerNode
 
 
 class Counter(GenServer):
@@ -422,3 +428,562 @@ async def test_start_timeout_kills_the_half_started_server(
         assert info.value.reason == "timeout"
         await trio.testing.wait_all_tasks_blocked()
         assert otp.processes() == [otp.self()]
+
+
+async def test_a_late_reply_from_the_server_itself_never_reaches_the_caller(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        with pytest.raises(otp.CallTimeout):
+            await otp.call(pid, ("sleep", 2.0), timeout=1.0)
+        # The next call gets its own reply, not the stale one.
+        assert await otp.call(pid, ("echo", 1)) == ("echo", 1)
+        await trio.sleep(5)
+        assert await otp.receive(timeout=0, default="empty") == "empty"
+
+
+async def test_a_server_dying_after_a_call_timed_out_sends_no_stray_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        with pytest.raises(otp.CallTimeout):
+            await otp.call(pid, ("sleep", 2.0), timeout=1.0)
+        otp.exit(pid, otp.KILL)
+        await trio.sleep(5)
+        assert otp.process_info(pid) is None
+        assert await otp.receive(timeout=0, default="empty") == "empty"
+
+
+async def test_a_call_to_a_server_killed_mid_call_fails_with_killed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        otp.exit_after(0.5, pid, otp.KILL)
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(pid, ("sleep", 10.0))
+        assert info.value.reason == otp.KILLED
+        assert not isinstance(info.value, otp.CallTimeout)
+
+
+async def test_a_call_stopping_the_server_without_reply_fails_with_its_reason(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(pid, ("die", otp.Shutdown("bye")))
+        assert info.value.reason == otp.Shutdown("bye")
+
+
+class Terminator(GenServer):
+    async def init(self, report_to: otp.Pid, hang: bool = False) -> Ok:
+        return Ok((report_to, hang))
+
+    async def handle_cast(self, request: Any, state: Any) -> Any:
+        return request  # whatever the test sends: a bad return unless typed
+
+    async def handle_info(self, message: Any, state: Any) -> Any:
+        if message == "bad":
+            return Reply("not allowed in handle_info", state)
+        otp.send(state[0], ("info", message))
+        return NoReply(state)
+
+    async def terminate(self, reason: Any, state: Any) -> None:
+        otp.send(state[0], ("terminate", reason))
+        if state[1]:
+            await trio.sleep_forever()
+
+
+async def test_stop_with_a_reason_runs_terminate_with_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Terminator.start(otp.self())
+        await GenServer.stop(pid, otp.Shutdown("bye"), 1.0)
+        assert await otp.receive() == ("terminate", otp.Shutdown("bye"))
+        assert otp.process_info(pid) is None
+        with pytest.raises(otp.NoProc):
+            await GenServer.stop(pid)
+
+
+async def test_stop_with_a_timeout_gives_up_on_a_hanging_terminate(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Terminator.start(otp.self(), True)
+        start = trio.current_time()
+        with pytest.raises(TimeoutError):
+            await GenServer.stop(pid, "normal", 2.0)
+        assert trio.current_time() - start == pytest.approx(2.0)
+        assert await otp.receive() == ("terminate", "normal")
+
+
+@pytest.mark.parametrize("how", ["cast", "info"])
+async def test_a_bad_return_from_cast_or_info_exits_with_bad_return_value(
+    how: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with otp.open_node():
+        pid = await Terminator.start(otp.self())
+        ref = otp.monitor(pid)
+        if how == "cast":
+            otp.cast(pid, "garbage")
+            bad: Any = "garbage"
+        else:
+            otp.send(pid, "bad")
+            bad = Reply("not allowed in handle_info", (otp.self(), False))
+        assert await otp.receive(lambda m: m[0] == "terminate") == (
+            "terminate",
+            otp.BadReturnValue(bad),
+        )
+        assert await otp.receive(otp.Down) == otp.Down(ref, pid, otp.BadReturnValue(bad))
+
+
+async def test_default_handle_info_ignores_unexpected_messages(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        otp.send(pid, ("unexpected", 1))
+        assert await otp.call(pid, ("echo", 2)) == ("echo", 2)
+
+
+async def test_cast_to_dead_names_and_unknown_nodes_is_silent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start(name="sleepy")
+        await GenServer.stop("sleepy")
+        otp.cast("sleepy", "x")
+        otp.cast(pid, "x")
+        otp.cast(("sleepy", "other@host"), "x")
+        otp.cast(("sleepy", otp.current_node().name), "x")
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(("sleepy", otp.current_node().name), "x")
+        assert info.value.reason == otp.NOPROC
+
+
+class _Plain(GenServer):
+    def handle_call(self, request: Any, from_: otp.From, state: Any) -> Any:
+        if request == "hang":
+            return NoReply(state)
+        if request == "stop_normal":
+            return Stop(otp.NORMAL, state)
+        return otp.Reply(request, state)
+
+    def handle_cast(self, request: Any, state: Any) -> Any:
+        return Stop(request, state)
+
+
+class _SlowInit(GenServer):
+    async def init(self) -> Ok:
+        await trio.sleep(10)
+        return Ok(None)
+
+
+class _ExitsInCallbacks(GenServer):
+    """Ends itself with ``otp.exit_self`` (Erlang's ``exit/1``) from a callback."""
+
+    def init(self, report_to: otp.Pid) -> Ok:
+        return Ok(report_to)
+
+    def handle_call(self, reason: Any, from_: otp.From, state: otp.Pid) -> Any:
+        otp.exit_self(reason)
+
+    def handle_cast(self, reason: Any, state: otp.Pid) -> Any:
+        otp.exit_self(reason)
+
+    def terminate(self, reason: Any, state: otp.Pid) -> None:
+        otp.send(state, ("terminate", reason))
+
+
+@pytest.mark.parametrize("trap", [False, True], ids=["not_trapping", "trapping"])
+async def test_a_start_link_timeout_leaves_the_caller_alive_and_its_mailbox_clean(
+    autojump_clock: trio.testing.MockClock, trap: bool
+) -> None:
+    async with otp.open_node():
+        me = otp.self()
+
+        async def caller() -> None:
+            otp.process_flag(trap_exit=trap)
+            try:
+                await _SlowInit.start_link(timeout=1)
+            except otp.StartError as exc:
+                reason = exc.reason
+            await trio.sleep(1)
+            otp.send(me, (reason, await otp.receive(timeout=0, default="empty")))
+
+        otp.spawn_monitor(caller)
+        assert await otp.receive() == ("timeout", "empty")
+
+
+async def test_exit_self_in_a_callback_runs_terminate_with_that_reason() -> None:
+    async with otp.open_node():
+        me = otp.self()
+        pid = await _ExitsInCallbacks.start(me)
+        ref = otp.monitor(pid)
+        otp.cast(pid, "boom")
+        assert await otp.receive() == ("terminate", "boom")
+        assert await otp.receive() == otp.Down(ref, pid, "boom")
+
+        pid = await _ExitsInCallbacks.start(me)
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(pid, otp.NORMAL)
+        assert info.value.reason == otp.NORMAL
+        assert await otp.receive(timeout=0, default=None) == ("terminate", otp.NORMAL)
+
+
+@pytest.mark.parametrize("name", ["", 5], ids=["empty", "int"])
+async def test_starting_a_server_under_an_invalid_name_says_the_name_is_invalid(
+    name: Any,
+) -> None:
+    async with otp.open_node():
+        with pytest.raises((otp.BadArg, TypeError), match="name"):
+            await _Plain.start(name=name)
+        await trio.testing.wait_all_tasks_blocked()
+        assert otp.processes() == [otp.self()]
+
+
+class _ExitsInTerminate(GenServer):
+    def init(self, report_to: otp.Pid) -> Ok:
+        return Ok(report_to)
+
+    def handle_cast(self, request: Any, state: otp.Pid) -> Any:
+        return Stop(otp.NORMAL, state)
+
+    def terminate(self, reason: Any, state: otp.Pid) -> None:
+        otp.send(state, ("terminate", reason))
+        otp.exit_self("from_terminate")
+
+
+async def test_exit_self_in_terminate_ends_the_server_with_that_reason_after_one_terminate() -> (
+    None
+):
+    async with otp.open_node():
+        pid = await _ExitsInTerminate.start(otp.self())
+        ref = otp.monitor(pid)
+        otp.cast(pid, "stop")
+        assert await otp.receive() == ("terminate", otp.NORMAL)
+        assert await otp.receive() == otp.Down(ref, pid, "from_terminate")
+
+
+async def test_an_invalid_server_name_or_pid_is_named_in_the_error() -> None:
+    async with otp.open_node():
+        with pytest.raises(
+            otp.BadArg, match=r"_Plain\.start\(name=''\): a name is a non-empty str"
+        ):
+            await _Plain.start(name="")
+        with pytest.raises(TypeError, match=r"link: pid must be a Pid \(got 'worker'\); for a"):
+            otp.link("worker")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="a destination is a Pid"):
+            otp.send_after(1, 5, "m")  # type: ignore[arg-type]
+
+
+async def test_a_call_queued_behind_a_normal_stop_fails_with_normal_and_the_caller_lives() -> None:
+    async with otp.open_node():
+        pid = await _Plain.start()
+        otp.cast(pid, otp.NORMAL)  # handle_cast stops with that reason before the call is read
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(pid, "get")
+        assert info.value.reason == otp.NORMAL
+        assert not isinstance(info.value, otp.CallTimeout)
+        pid = await _Plain.start()
+        with pytest.raises(otp.CallError) as info:
+            await otp.call(pid, "stop_normal")
+        assert info.value.reason == otp.NORMAL
+        assert await otp.receive(timeout=0, default="empty") == "empty"
+
+
+async def test_after_a_call_timeout_the_servers_death_leaves_no_down_and_no_monitor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await _Plain.start()
+        with pytest.raises(otp.CallTimeout):
+            await otp.call(pid, "hang", timeout=1)
+        info = otp.process_info(pid)
+        assert info is not None and info.monitored_by == ()
+        mine = otp.process_info(otp.self())
+        assert mine is not None and mine.monitors == ()
+        watcher = otp.monitor(pid)
+        otp.exit(pid, otp.KILL)
+        assert await otp.receive() == otp.Down(watcher, pid, otp.KILLED)
+        assert await otp.receive(timeout=0, default="empty") == "empty"
+
+
+async def test_a_process_blocked_in_a_call_is_waiting() -> None:
+    async with otp.open_node():
+        server = await _Plain.start()
+
+        async def caller() -> None:
+            await otp.call(server, "hang", timeout=None)
+
+        pid = otp.spawn(caller)
+        await trio.testing.wait_all_tasks_blocked()
+        info = otp.process_info(pid)
+        assert info is not None and info.status == "waiting"
+
+
+def _monitors(pid: otp.Pid) -> tuple[Any, Any]:
+    """(who monitors ``pid``, what ``pid`` monitors)."""
+    info = otp.process_info(pid)
+    assert info is not None
+    return info.monitored_by, info.monitors
+
+
+async def test_a_call_timeout_that_is_not_a_number_is_refused_before_the_request_is_sent() -> None:
+    async with otp.open_node():
+        me = otp.self()
+        pid = await _Recorder.start(me)
+        with pytest.raises(TypeError, match="timeout"):
+            await otp.call(pid, "x", timeout="5")  # type: ignore[arg-type]
+        await trio.testing.wait_all_tasks_blocked()
+        assert await otp.receive(timeout=0, default="nothing") == "nothing"
+        assert _monitors(pid) == ((), ())
+        assert _monitors(me) == ((), ())
+
+
+async def test_a_nan_call_timeout_is_refused_before_the_request_is_sent() -> None:
+    async with otp.open_node():
+        pid = await _Recorder.start(otp.self())
+        with pytest.raises(ValueError, match="timeout"):
+            await otp.call(pid, "x", timeout=math.nan)
+        await trio.testing.wait_all_tasks_blocked()
+        assert await otp.receive(timeout=0, default="nothing") == "nothing"
+
+
+@pytest.mark.parametrize("link", [False, True], ids=["start", "start_link"])
+async def test_a_start_timeout_that_is_not_a_number_starts_nothing(link: bool) -> None:
+    async with otp.open_node():
+        start = _Recorder.start_link if link else _Recorder.start
+        with pytest.raises(TypeError, match="timeout"):
+            await start(otp.self(), timeout="1")  # type: ignore[arg-type]
+        await trio.testing.wait_all_tasks_blocked()
+        assert otp.processes() == [otp.self()]
+
+
+async def test_a_stop_timeout_that_is_not_a_number_leaves_the_server_running() -> None:
+    async with otp.open_node():
+        pid = await _Recorder.start(otp.self())
+        with pytest.raises(TypeError, match="timeout"):
+            await GenServer.stop(pid, timeout="1")  # type: ignore[arg-type]
+        await trio.testing.wait_all_tasks_blocked()
+        assert otp.process_info(pid) is not None
+        assert await otp.receive(timeout=0, default="nothing") == "nothing"
+
+
+@pytest.mark.parametrize("link", [False, True], ids=["start", "start_link"])
+async def test_a_cancelled_start_leaves_no_server_behind(
+    autojump_clock: trio.testing.MockClock, link: bool
+) -> None:
+    async with otp.open_node():
+        with trio.move_on_after(1):
+            await (_SlowInit.start_link() if link else _SlowInit.start())
+        await trio.sleep(20)  # long after init would have returned
+        assert otp.processes() == [otp.self()]
+        assert await otp.receive(timeout=0, default="nothing") == "nothing"
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: Ok(None, timeout="hibernate"),  # type: ignore[arg-type]
+        lambda: Reply(1, None, timeout="hibernate"),  # type: ignore[arg-type]
+        lambda: NoReply(None, timeout="hibernate"),  # type: ignore[arg-type]
+        lambda: NoReply(None, timeout=math.nan),
+    ],
+    ids=["Ok", "Reply", "NoReply", "NoReply_nan"],
+)
+def test_a_callback_return_with_a_bad_timeout_is_refused_when_built(
+    build: Callable[[], object],
+) -> None:
+    with pytest.raises((TypeError, ValueError), match="timeout"):
+        build()
+
+
+async def test_stop_reaches_a_server_on_another_node(tmp_path: Path) -> None:
+    b_address = f"unix:{tmp_path / 'b'}.sock"
+    async with PeerNode("b@localhost", b_address):
+        async with otp.open_node("a@localhost"):
+            config = otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path / 'a'}.sock",))
+            await otp.start_distribution(config)
+            assert await otp.connect("b@localhost", b_address)
+            remote = ("echo", "b@localhost")
+            await GenServer.stop(remote, otp.NORMAL, timeout=5)
+            with pytest.raises(otp.CallError) as info:
+                await otp.call(remote, "x")
+            assert info.value.reason == otp.NOPROC
+
+
+async def test_a_start_whose_caller_is_killed_leaves_the_server_to_the_link(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Only a cancel scope of the caller kills the half-started server; a caller that dies
+    # leaves it to OTP's rules: unlinked, it lives on; linked, the caller's exit kills it.
+    async with otp.open_node():
+        me = otp.self()
+        starters = {
+            link: otp.spawn(_SlowInit.start_link if link else _SlowInit.start)
+            for link in (False, True)
+        }
+        await trio.testing.wait_all_tasks_blocked()
+        info = otp.process_info(starters[True])
+        assert info is not None
+        (linked,) = info.links
+        (unlinked,) = [p for p in otp.processes() if p not in (me, linked, *starters.values())]
+        refs = {otp.monitor(linked): "linked", otp.monitor(unlinked): "unlinked"}
+        for starter in starters.values():
+            otp.exit(starter, otp.KILL)
+        down = await otp.receive(otp.Down)
+        assert (refs[down.ref], down.reason) == ("linked", otp.KILLED)
+        await trio.sleep(20)  # long after init returned
+        assert otp.process_info(unlinked) is not None
+
+
+async def test_stop_of_a_name_nobody_holds_on_another_node_is_noproc(tmp_path: Path) -> None:
+    b_address = f"unix:{tmp_path / 'b'}.sock"
+    async with PeerNode("b@localhost", b_address):
+        async with otp.open_node("a@localhost"):
+            config = otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path / 'a'}.sock",))
+            await otp.start_distribution(config)
+            assert await otp.connect("b@localhost", b_address)
+            me = otp.self()
+            with pytest.raises(otp.NoProc, match="nobody"):
+                await GenServer.stop(("nobody", "b@localhost"), timeout=5)
+            assert _monitors(me) == ((), ())
+            assert await otp.call(("echo", "b@localhost"), "still here") == "still here"
+
+
+async def test_a_bad_call_timeout_to_another_node_is_refused_before_anything_is_sent() -> None:
+    async with otp.open_node("a@localhost"):
+        await otp.start_distribution(otp.DistConfig(cookie=COOKIE, listen=()))
+        me = otp.self()
+        with pytest.raises(TypeError, match=r"GenServer\.call\(timeout=\.\.\.\) must be a number"):
+            await otp.call(("echo", "b@localhost"), "x", timeout="5")  # type: ignore[arg-type]
+        assert _monitors(me) == ((), ())
+        assert otp.nodes() == []
+
+
+async def test_timeouts_and_delays_may_be_int_or_float_subclasses(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class Seconds(float):
+        pass
+
+    async with otp.open_node():
+        me = otp.self()
+        pid = await _Recorder.start(me, timeout=Seconds(1))
+        assert await otp.call(pid, "x", timeout=Seconds(1)) == "x"
+        otp.send_after(Seconds(1), me, "fired")
+        assert await otp.receive(lambda m: m == "fired") == "fired"
+        await GenServer.stop(pid, timeout=Seconds(1))
+
+
+def test_a_bad_timeout_error_names_the_class_the_field_and_the_value() -> None:
+    with pytest.raises(
+        TypeError,
+        match=r"^NoReply\.timeout must be a number of seconds or None \(got 'hibernate'\)$",
+    ):
+        NoReply(None, timeout="hibernate")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^Ok\.timeout .*\(got True\)$"):
+        Ok(None, timeout=True)
+    assert Reply(1, None, timeout=0).timeout == 0
+
+
+async def test_a_call_cancelled_by_the_caller_leaves_no_monitor_and_drops_the_late_reply(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    captured: list[otp.From] = []
+
+    class Holds(GenServer):
+        def handle_call(self, request: Any, from_: otp.From, state: Any) -> NoReply:
+            captured.append(from_)
+            return NoReply(state)
+
+    async with otp.open_node():
+        me = otp.self()
+        pid = await Holds.start()
+        with trio.move_on_after(1):
+            await otp.call(pid, "x", timeout=None)
+        assert _monitors(pid) == ((), ())
+        assert _monitors(me) == ((), ())
+        otp.reply(captured[0], "too late")
+        otp.exit(pid, otp.KILL)
+        await trio.testing.wait_all_tasks_blocked()
+        assert await otp.receive(timeout=0, default="empty") == "empty"
+
+
+async def test_a_noreply_timeout_is_cancelled_by_any_message_and_rearmed_only_by_the_return(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class Idle(GenServer):
+        def init(self, report_to: otp.Pid) -> Ok:
+            return Ok(report_to, timeout=5)
+
+        def handle_cast(self, timeout: float | None, state: otp.Pid) -> NoReply:
+            return NoReply(state, timeout=timeout)
+
+        def handle_info(self, message: Any, state: otp.Pid) -> NoReply:
+            otp.send(state, (message, trio.current_time()))
+            return NoReply(state)
+
+    async with otp.open_node():
+        t0 = trio.current_time()
+        pid = await Idle.start(otp.self())
+        await trio.sleep(3)
+        otp.cast(pid, None)  # cancels the 5 s timeout and arms none
+        assert await otp.receive(timeout=60, default="none") == "none"
+        otp.cast(pid, 2)
+        assert await otp.receive() == ("timeout", pytest.approx(t0 + 63 + 2))
+
+
+async def test_a_stop_that_times_out_leaves_the_server_running_and_no_monitor(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class SlowTerminate(GenServer):
+        async def terminate(self, reason: Any, state: Any) -> None:
+            await trio.sleep(100)
+
+    async with otp.open_node():
+        me = otp.self()
+        pid = await SlowTerminate.start()
+        with pytest.raises(TimeoutError):
+            await GenServer.stop(pid, timeout=1)
+        assert otp.process_info(pid) is not None
+        assert _monitors(pid) == ((), ())
+        assert _monitors(me) == ((), ())
+        ref = otp.monitor(pid)
+        assert await otp.receive() == otp.Down(ref, pid, otp.NORMAL)  # terminate goes on
+        assert await otp.receive(timeout=0, default="empty") == "empty"
+
+
+async def test_a_trapping_server_runs_terminate_when_its_parent_exits_normal() -> None:
+    async with otp.open_node():
+        me = otp.self()
+
+        async def parent() -> None:
+            await _Recorder.start_link(me, True)
+            otp.send(me, "started")
+
+        otp.spawn(parent)
+        assert await otp.receive() == "started"
+        assert await otp.receive() == ("terminate", otp.NORMAL)
+
+
+async def test_a_stop_with_reply_still_replies_when_terminate_raises() -> None:
+    class Bye(GenServer):
+        def handle_call(self, request: Any, from_: otp.From, state: Any) -> Stop:
+            return Stop(otp.NORMAL, state, reply="bye")
+
+        def terminate(self, reason: Any, state: Any) -> None:
+            raise RuntimeError("terminate failed")
+
+    async with otp.open_node():
+        pid = await Bye.start()
+        ref = otp.monitor(pid)
+        assert await otp.call(pid, "stop") == "bye"
+        down = await otp.receive()
+        assert down.ref == ref and isinstance(down.reason, otp.Crash)
+        assert await otp.receive(timeout=0, default="empty") == "empty"

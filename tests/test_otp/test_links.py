@@ -331,3 +331,28 @@ async def test_open_node_raises_when_its_own_process_is_killed() -> None:
             otp.spawn_link(crash)
             await trio.sleep_forever()
     assert isinstance(info.value.reason, otp.Crash)
+
+
+async def _fails_while_unwinding() -> None:
+    async def helper() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            raise ValueError("cleanup failed")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(helper)
+        await trio.sleep_forever()
+
+
+async def test_a_killed_process_whose_task_fails_while_unwinding_does_not_crash_the_node() -> None:
+    async with otp.open_node():
+        pid, ref = otp.spawn_monitor(_fails_while_unwinding)
+        await trio.testing.wait_all_tasks_blocked()
+        otp.exit(pid, otp.SHUTDOWN)
+        assert await otp.receive(otp.Down) == otp.Down(ref, pid, otp.SHUTDOWN)
+        survivor, survivor_ref = otp.spawn_monitor(idle)
+        await trio.testing.wait_all_tasks_blocked()
+        assert otp.process_info(survivor) is not None
+        otp.exit(survivor, otp.KILL)
+        assert await otp.receive(otp.Down) == otp.Down(survivor_ref, survivor, otp.KILLED)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
 
 import otp
+
+from .helpers import idle
 
 
 async def test_message_sent_before_death_arrives_before_the_down() -> None:
@@ -147,3 +152,98 @@ async def test_two_tasks_receiving_on_one_mailbox_is_a_clear_error() -> None:
 async def test_receive_outside_a_process_is_a_clear_error() -> None:
     with pytest.raises(otp.NotAProcess, match="needs a current process"):
         await otp.receive()
+
+
+async def test_a_nan_receive_timeout_is_refused_and_leaves_the_mailbox_usable() -> None:
+    async with otp.open_node():
+        me = otp.self()
+
+        async def child() -> None:
+            with pytest.raises(ValueError):
+                await otp.receive(timeout=math.nan)
+            otp.send(me, "ready")
+            otp.send(me, ("got", await otp.receive()))
+
+        pid, _ref = otp.spawn_monitor(child)
+        assert await otp.receive() == "ready"
+        otp.send(pid, "hello")
+        assert await otp.receive() == ("got", "hello")
+
+
+async def test_a_second_reader_never_makes_the_woken_reader_crash() -> None:
+    async with otp.open_node():
+        got: list[Any] = []
+
+        async def first_reader() -> None:
+            got.append(await otp.receive())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first_reader)
+            await trio.testing.wait_all_tasks_blocked()
+            otp.send(otp.self(), "m")
+            try:
+                stolen = await otp.receive(timeout=0)
+            except otp.OtpError:
+                stolen = None
+            await trio.testing.wait_all_tasks_blocked()  # the woken reader runs now
+            otp.send(otp.self(), "n")
+        assert got == (["m"] if stolen is None else ["n"])
+
+
+async def test_a_take_by_another_task_never_hides_a_message_from_a_parked_selective_receive(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        otp.send(otp.self(), "older")
+        got: list[Any] = []
+
+        async def selective_reader() -> None:
+            got.append(await otp.receive(lambda m: m == "wanted"))
+
+        with trio.move_on_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(selective_reader)
+                await trio.testing.wait_all_tasks_blocked()
+                assert await otp.receive(timeout=0) == "older"
+                otp.send(otp.self(), "wanted")
+        assert got == ["wanted"]
+
+
+async def test_a_receive_woken_for_a_message_another_task_took_keeps_its_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        ended: list[float] = []
+
+        async def reader() -> None:
+            await otp.receive(timeout=5, default=None)
+            ended.append(trio.current_time())
+
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await trio.sleep(3)
+            otp.send(otp.self(), "m")
+            assert await otp.receive(timeout=0) == "m"
+        assert ended == [pytest.approx(start + 5)]
+
+
+async def test_a_flush_by_another_task_never_hides_a_message_from_a_parked_selective_receive(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid, ref = otp.spawn_monitor(idle)
+        otp.exit(pid, otp.KILL)
+        await trio.testing.wait_all_tasks_blocked()  # the Down is queued, unmatched below
+        got: list[Any] = []
+
+        async def selective_reader() -> None:
+            got.append(await otp.receive(lambda m: m == "wanted"))
+
+        with trio.move_on_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(selective_reader)
+                await trio.testing.wait_all_tasks_blocked()
+                assert otp.demonitor(ref, flush=True) is False
+                otp.send(otp.self(), "wanted")
+        assert got == ["wanted"]

@@ -117,3 +117,17 @@ def test_exit_self_in_main_makes_run_raise_process_exited() -> None:
     with pytest.raises(otp.ProcessExited) as info:
         otp.run(main)
     assert info.value.reason == "done"
+
+
+async def test_a_process_spawned_while_the_node_stops_dies_at_once() -> None:
+    # A peer may dial in after kill_all ran: its connection process must not keep the
+    # stopping node waiting (the node waited on it for ever).
+    async with otp.open_node() as node:
+        node.closing = True  # (what kill_all sets)
+        try:
+            pid = otp.spawn(trio.sleep_forever)
+        finally:
+            node.closing = False
+        ref = otp.monitor(pid)
+        with trio.fail_after(1):
+            assert await otp.receive(otp.Down) == otp.Down(ref, pid, otp.KILLED)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
 
 import otp
+from otp import GenServer, Ok, Stop
+
+from .helpers import Sleepy, _Recorder
 
 
 async def idle() -> None:
@@ -220,3 +228,220 @@ async def test_a_failing_exit_hook_is_logged_and_the_others_still_run(
         assert ran == ["second"]
         assert any("exit hook" in r.getMessage() for r in caplog.records)
         assert ref is not None
+
+
+async def test_a_timer_to_a_process_is_cancelled_when_the_process_exits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        ref = otp.send_after(10.0, pid, "later")
+        assert otp.read_timer(ref) == pytest.approx(10.0)
+        await GenServer.stop(pid)
+        assert otp.read_timer(ref) is None
+        assert otp.cancel_timer(ref) is None
+
+
+async def test_a_timer_to_a_dead_pid_is_cancelled_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        pid = await Sleepy.start()
+        await GenServer.stop(pid)
+        ref = otp.send_after(10.0, pid, "never")
+        assert otp.read_timer(ref) is None
+
+
+async def test_a_timer_to_a_name_is_resolved_when_it_fires(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        me = otp.self()
+
+        async def relay() -> None:
+            otp.send(me, ("relayed", await otp.receive()))
+
+        ref = otp.send_after(2.0, "relay", "hello")
+        await trio.sleep(1.0)
+        otp.register("relay", otp.spawn(relay))
+        assert otp.read_timer(ref) == pytest.approx(1.0)
+        assert await otp.receive() == ("relayed", "hello")
+        assert otp.cancel_timer(ref) is None
+
+
+async def test_send_to_an_unregistered_name_at_this_node_is_dropped() -> None:
+    async with otp.open_node() as node:
+        otp.send(("nobody", node.name), "lost")
+        otp.send(otp.self(), "after")
+        assert await otp.receive(timeout=0) == "after"
+
+
+@pytest.mark.parametrize(
+    "arm",
+    [lambda: otp.send_after(1, 5, "m"), lambda: otp.exit_after(1, 5, "boom")],  # type: ignore[arg-type]
+    ids=["send_after", "exit_after"],
+)
+async def test_a_timer_with_a_bad_destination_never_takes_the_node_down(
+    autojump_clock: trio.testing.MockClock, arm: Callable[[], object]
+) -> None:
+    async with otp.open_node():
+        with contextlib.suppress(TypeError):  # refusing it at the call is the better fix
+            arm()
+        await trio.sleep(2)
+        otp.send_after(1, otp.self(), "still ticking")
+        assert await otp.receive(timeout=5) == "still ticking"
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda: otp.exit("worker", "boom"),  # type: ignore[arg-type]
+        lambda: otp.link("worker"),  # type: ignore[arg-type]
+        lambda: otp.unlink("worker"),  # type: ignore[arg-type]
+        lambda: otp.register("alias", "worker"),  # type: ignore[arg-type]
+    ],
+    ids=["exit", "link", "unlink", "register"],
+)
+async def test_a_name_where_a_pid_is_needed_is_a_typed_error(use: Callable[[], object]) -> None:
+    async with otp.open_node():
+        otp.register("worker", otp.spawn(idle))
+        with pytest.raises((TypeError, otp.BadArg)):
+            use()
+
+
+async def test_a_timer_action_that_fails_when_it_fires_is_logged_and_the_others_still_fire(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Unhashable(str):
+        __hash__ = None  # type: ignore[assignment]
+
+    async with otp.open_node() as node:
+        # A name that passes every check when armed, and fails only when looked up.
+        otp.send_after(1, (Unhashable("worker"), node.name), "m")
+        otp.send_after(1, otp.self(), "same deadline")
+        assert await otp.receive(timeout=5) == "same deadline"
+        otp.send_after(1, otp.self(), "later")
+        assert await otp.receive(timeout=5) == "later"
+    assert any("failed when it fired" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_timer_to_a_pid_dies_with_it_but_a_timer_to_a_name_outlives_the_holder(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        me = otp.self()
+        first = otp.spawn(idle)
+        otp.register("slot", first)
+        by_pid = otp.send_after(5, first, "to pid")
+        by_name = otp.send_after(5, "slot", "to name")
+        otp.monitor(first)
+        otp.exit(first, otp.KILL)
+        await otp.receive(otp.Down)
+        assert otp.cancel_timer(by_pid) is None
+        assert otp.read_timer(by_name) == pytest.approx(5)
+
+        async def holder() -> None:
+            otp.send(me, await otp.receive())
+
+        otp.register("slot", otp.spawn(holder))
+        assert await otp.receive() == "to name"
+        assert otp.cancel_timer(by_name) is None
+
+
+def _not_async(log: list[str]) -> None:
+    log.append("ran")
+
+
+async def test_spawning_a_plain_function_is_a_clear_error_naming_it() -> None:
+    async with otp.open_node():
+        log: list[str] = []
+        try:
+            otp.spawn_monitor(_not_async, log)  # type: ignore[arg-type]
+        except TypeError as exc:
+            message = str(exc)
+        else:
+            down = await otp.receive(otp.Down)
+            assert isinstance(down.reason, otp.Crash)
+            message = str(down.reason.exception)
+        assert "_not_async" in message
+
+
+async def test_a_name_whose_init_refused_is_free_when_the_start_returns() -> None:
+    # OTP's init_it unregisters the name before init_ack: an immediate retry must not see it.
+    attempts: list[str] = []
+
+    class RefusesOnce(GenServer):
+        def init(self) -> Any:
+            attempts.append("init")
+            return Stop("not_yet") if len(attempts) == 1 else Ok(None)
+
+    async with otp.open_node():
+        with pytest.raises(otp.StartError) as info:
+            await RefusesOnce.start(name="svc")
+        assert info.value.reason == "not_yet"
+        assert otp.whereis("svc") is None
+        pid = await RefusesOnce.start(name="svc")
+        assert otp.whereis("svc") == pid
+
+
+@pytest.mark.parametrize("how", ["send", "monitor", "send_after"])
+async def test_a_name_that_is_not_a_str_is_refused_at_once(
+    autojump_clock: trio.abc.Clock, how: str
+) -> None:
+    async with otp.open_node():
+        for node in (otp.current_node().name, "other@host"):
+            dest = (["worker"], node)
+            with pytest.raises(TypeError, match=r"\(name: str, node\)"):
+                if how == "send":
+                    otp.send(dest, "hi")
+                elif how == "monitor":
+                    otp.monitor(dest)
+                else:
+                    otp.send_after(1.0, dest, "hi")
+
+
+@pytest.mark.parametrize(
+    ("arm", "delay", "error"),
+    [
+        ("send_after", math.nan, ValueError),
+        ("send_after", "1", TypeError),
+        ("exit_after", math.nan, ValueError),
+    ],
+    ids=["send_after_nan", "send_after_str", "exit_after_nan"],
+)
+async def test_a_timer_delay_that_is_not_a_number_of_seconds_is_refused(
+    autojump_clock: trio.testing.MockClock, arm: str, delay: Any, error: type[Exception]
+) -> None:
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        with pytest.raises(error, match="delay"):
+            if arm == "send_after":
+                otp.send_after(delay, otp.self(), "fired")
+            else:
+                otp.exit_after(delay, otp.self(), "fired")
+        assert await otp.receive(timeout=10, default="nothing") == "nothing"
+
+
+@pytest.mark.parametrize("use", [otp.cancel_timer, otp.read_timer], ids=["cancel", "read"])
+async def test_a_timer_function_given_something_other_than_a_ref_is_a_typed_error(
+    use: Callable[[Any], object],
+) -> None:
+    async with otp.open_node():
+        with pytest.raises(TypeError, match="Ref"):
+            use(otp.self())
+
+
+async def test_a_timer_to_a_pid_that_is_already_dead_never_fires_and_reads_none(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        me = otp.self()
+        pid = await _Recorder.start(me)
+        await GenServer.stop(pid)
+        assert await otp.receive() == ("terminate", otp.NORMAL)
+        ref = otp.send_after(1, pid, "never")
+        assert isinstance(ref, otp.Ref)
+        assert otp.read_timer(ref) is None
+        assert otp.cancel_timer(ref) is None
+        await trio.sleep(2)
+        assert await otp.receive(timeout=0, default="empty") == "empty"

@@ -7,6 +7,7 @@ from typing import Any
 import trio.testing
 
 import otp
+from supervisors import ChildSpec
 
 
 class Worker(otp.GenServer):
@@ -51,3 +52,11 @@ def pid_of(rows: list[Any], child_id: Any) -> otp.Pid:
             assert isinstance(row[1], otp.Pid), row
             return row[1]
     raise AssertionError(f"no child {child_id!r} in {rows!r}")
+
+
+def worker(name: str, log: list[Any] | None = None, **kwargs: Any) -> ChildSpec:
+    return ChildSpec(name, (Worker.start_link, name, log), **kwargs)
+
+
+def alive(pid: otp.Pid) -> bool:
+    return otp.process_info(pid) is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -9,9 +10,17 @@ import trio
 
 import otp
 import supervisors
-from supervisors import Application, ApplicationError, ChildSpec, SupFlags
+from supervisors import (
+    Application,
+    ApplicationError,
+    ChildSpec,
+    Restart,
+    Supervisor,
+    SupFlags,
+    which_children,
+)
 
-from .helpers import Worker, pid_of, settle
+from .helpers import Worker, alive, pid_of, settle, worker
 
 
 def app(name: str, log: list[Any] | None = None, **kwargs: Any) -> Application:
@@ -141,3 +150,105 @@ def test_application_validation() -> None:
         Application("", (SupFlags(), []))
     with pytest.raises(ApplicationError, match=r"Application\.root must be"):
         Application("x", 42)
+
+
+async def test_transient_application_root_giving_up_stops_the_node(autojump_clock: Any) -> None:
+    log: list[Any] = []
+    async with otp.open_node():
+        await supervisors.start_application(
+            Application("other", (SupFlags(), [worker("o", log)])), "temporary"
+        )
+        await supervisors.start_application(
+            Application("core", (SupFlags(intensity=0), [worker("w", log)])), "transient"
+        )
+        root = supervisors.application_supervisor("core")
+        assert root is not None
+        otp.cast(pid_of(await which_children(root), "w"), ("stop", "boom"))
+        result = None
+        with trio.move_on_after(30):
+            result = await supervisors.wait_node_stop()
+        assert not alive(root)  # the root did give up (exit shutdown)
+        assert result == supervisors.ApplicationExit("core", "shutdown", Restart.TRANSIENT)
+        assert await supervisors.which_applications() == []
+
+
+async def test_failed_application_start_leaves_no_running_root(autojump_clock: Any) -> None:
+    started: list[otp.Pid] = []
+
+    async def start_root() -> Any:
+        pid = await Supervisor.start_link(SupFlags(), [worker("w")])
+        started.append(pid)
+        return ("ok", pid)
+
+    async with otp.open_node():
+        with contextlib.suppress(ApplicationError):
+            await supervisors.start_application(Application("app", (start_root,)))
+        await settle()
+        running = [row[0] for row in await supervisors.which_applications()]
+        # Either the application runs, or nothing of it is left behind.
+        assert "app" in running or not alive(started[0])
+
+
+def test_application_dependencies_given_as_a_str_are_rejected() -> None:
+    with pytest.raises(ApplicationError, match="applications"):
+        Application("web", (SupFlags(), []), applications="db")
+
+
+async def test_bad_application_restart_type_is_an_application_error(autojump_clock: Any) -> None:
+    async with otp.open_node():
+        with pytest.raises(ApplicationError, match="restart_type"):
+            await supervisors.start_application(
+                Application("a", (SupFlags(), [worker("w")])), "perm"
+            )
+
+
+async def test_root_start_returning_its_pid_in_an_unknown_form_is_stopped(
+    autojump_clock: Any,
+) -> None:
+    started: list[otp.Pid] = []
+
+    async def start_root() -> Any:
+        pid = await Supervisor.start_link(SupFlags(), [worker("w")])
+        started.append(pid)
+        return ("started", pid)
+
+    async with otp.open_node():
+        with pytest.raises(ApplicationError) as info:
+            await supervisors.start_application(Application("app", (start_root,)))
+        assert info.value.reason == ("bad_return", ("started", started[0]))
+        assert not alive(started[0])
+        assert await supervisors.which_applications() == []
+
+
+async def test_root_start_returning_an_error_tuple_fails_with_its_reason(
+    autojump_clock: Any,
+) -> None:
+    async def start_root() -> Any:
+        return ("error", "no_db")
+
+    async with otp.open_node():
+        with pytest.raises(ApplicationError) as info:
+            await supervisors.start_application(Application("app", (start_root,)))
+        assert info.value.reason == "no_db"
+
+
+def test_application_dependencies_must_be_names() -> None:
+    with pytest.raises(ApplicationError, match=r"Application\.applications must be") as info:
+        Application("web", (SupFlags(), []), applications=["db", 5])
+    assert info.value.reason == ("bad_applications", ["db", 5])
+    assert Application("web", (SupFlags(), []), applications=["db"]).applications == ("db",)
+
+
+async def test_stop_all_applications_stops_them_in_reverse_start_order(
+    autojump_clock: Any,
+) -> None:
+    log: list[Any] = []
+    async with otp.open_node():
+        for name in ("a", "b", "c"):
+            await supervisors.start_application(
+                Application(name, (SupFlags(), [worker(name + "1", log), worker(name + "2", log)]))
+            )
+        log.clear()
+        await supervisors.stop_all_applications()
+        assert [entry[1] for entry in log] == ["c2", "c1", "b2", "b1", "a2", "a1"]
+        assert otp.processes() == [otp.self(), otp.whereis(supervisors.CONTROLLER_NAME)]

@@ -10,9 +10,11 @@ from supervisors import (
     ChildSpec,
     ChildSpecError,
     ChildType,
+    DynamicSupFlags,
     Restart,
     Strategy,
     Supervisor,
+    SupervisorError,
     SupFlags,
     SupFlagsError,
     check_childspecs,
@@ -137,3 +139,32 @@ def test_errors_share_one_root() -> None:
     assert issubclass(ChildSpecError, supervisors.SupervisorError)
     assert issubclass(ChildSpecError, ValueError)
     assert issubclass(SupFlagsError, ValueError)
+
+
+def test_dynamic_extra_arguments_given_as_a_str_are_rejected() -> None:
+    with pytest.raises(SupervisorError, match="extra_arguments"):
+        DynamicSupFlags(extra_arguments="cfg")
+
+
+def test_bad_module_names_are_child_spec_errors() -> None:
+    with pytest.raises(ChildSpecError, match=r"ChildSpec\.modules must hold module names") as info:
+        ChildSpec("b", Worker, modules=["ok", 5])
+    assert info.value.reason == ("invalid_module", 5)
+    assert ChildSpec("b", Worker, modules=["m1", "m2"]).modules == ("m1", "m2")
+    assert check_childspecs([{"id": "b", "start": Worker, "modules": 5}]) == (
+        "error",
+        ("invalid_modules", 5),
+    )
+
+
+def test_dynamic_sup_flags_errors_name_dynamic_sup_flags() -> None:
+    with pytest.raises(SupervisorError, match=r"^DynamicSupFlags\.intensity must be"):
+        DynamicSupFlags(intensity=-1)
+    with pytest.raises(SupervisorError, match=r"^DynamicSupFlags\.period must be"):
+        DynamicSupFlags(period=0)
+    with pytest.raises(SupervisorError, match=r"^DynamicSupFlags\.extra_arguments") as info:
+        DynamicSupFlags(extra_arguments=None)  # type: ignore[arg-type]
+    assert info.value.reason == ("invalid_extra_arguments", None)
+    with pytest.raises(SupervisorError, match=r"^SupFlags\.intensity must be"):
+        SupFlags(intensity=-1)
+    assert DynamicSupFlags(extra_arguments=["cfg"]).extra_arguments == ("cfg",)

@@ -12,8 +12,10 @@ import trio.testing
 import otp
 from supervisors import (
     ChildSpec,
+    ChildSpecError,
     Supervisor,
     SupFlags,
+    check_childspecs,
     count_children,
     delete_child,
     get_childspec,
@@ -23,7 +25,7 @@ from supervisors import (
     which_children,
 )
 
-from .helpers import Failing, Worker, pid_of, settle
+from .helpers import Failing, Worker, alive, pid_of, settle, worker
 
 
 def specs(log: list[Any], *names: str, **kwargs: Any) -> list[ChildSpec]:
@@ -297,3 +299,147 @@ async def test_cancelled_waiter_does_not_break_the_supervisor(autojump_clock: An
             await which_children(sup)
         assert await which_children(sup) == []
         await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_bad_modules_in_start_child_is_an_error_value_not_a_supervisor_crash(
+    autojump_clock: Any,
+) -> None:
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        sup = await Supervisor.start_link(SupFlags(), [worker("a")])
+        a = pid_of(await which_children(sup), "a")
+        result = await start_child(sup, {"id": "b", "start": Worker, "modules": 5})
+        assert result[0] == "error"
+        assert alive(sup) and alive(a)
+        assert check_childspecs([{"id": "b", "start": Worker, "modules": 5}])[0] == "error"
+        with pytest.raises(ChildSpecError, match="modules"):
+            ChildSpec("b", Worker, modules=5)  # type: ignore[arg-type]
+
+
+async def test_one_for_all_restarts_a_transient_sibling_that_had_ended_normally(
+    autojump_clock: Any,
+) -> None:
+    # OTP's start_children starts every remaining spec, stopped ones included.
+    log: list[Any] = []
+    async with otp.open_node():
+        sup = await Supervisor.start_link(
+            SupFlags(strategy="one_for_all", intensity=5),
+            [worker("a", log), worker("t", log, restart="transient"), worker("c", log)],
+        )
+        otp.cast(pid_of(await which_children(sup), "t"), ("stop", "normal"))
+        await settle()
+        assert [row[:2] for row in await which_children(sup)][1] == ("t", None)
+        log.clear()
+        otp.cast(pid_of(await which_children(sup), "a"), ("stop", "boom"))
+        await settle()
+        assert log == [
+            ("terminate", "a", "boom"),
+            ("terminate", "c", "shutdown"),
+            ("start", "a"),
+            ("start", "t"),
+            ("start", "c"),
+        ]
+        assert all(isinstance(row[1], otp.Pid) for row in await which_children(sup))
+
+
+async def test_terminate_child_of_a_restarting_child_cancels_the_retry(
+    autojump_clock: Any,
+) -> None:
+    attempts: list[int] = []
+    gate = trio.Event()
+
+    async def flaky() -> Any:
+        attempts.append(len(attempts))
+        if len(attempts) == 1:
+            return await Worker.start_link("f")
+        await gate.wait()
+        raise otp.StartError("down")
+
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        sup = await Supervisor.start_link(SupFlags(intensity=3), [ChildSpec("f", flaky)])
+        otp.cast(pid_of(await which_children(sup), "f"), ("stop", "boom"))
+        await settle()
+        gate.set()  # the first restart fails: a retry is now queued behind our call
+        assert await terminate_child(sup, "f") == "ok"
+        await settle()
+        assert [row[:2] for row in await which_children(sup)] == [("f", None)]
+        assert len(attempts) == 2  # the queued retry found the child stopped and did nothing
+        assert await restart_child(sup, "f") == ("error", "down")
+        assert alive(sup)
+
+
+async def test_all_significant_counts_an_ignored_significant_child_as_stopped(
+    autojump_clock: Any,
+) -> None:
+    class Nope(otp.GenServer):
+        async def init(self) -> Any:
+            return otp.Ignore()
+
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        sup = await Supervisor.start_link(
+            SupFlags(auto_shutdown="all_significant"),
+            [
+                ChildSpec("i", Nope, restart="transient", significant=True),
+                worker("s", restart="transient", significant=True),
+            ],
+        )
+        assert [row[:2] for row in await which_children(sup)][1] == ("i", None)
+        otp.cast(pid_of(await which_children(sup), "s"), ("stop", otp.Shutdown("done")))
+        assert await otp.receive(otp.Exit, timeout=30, default=None) == otp.Exit(sup, otp.SHUTDOWN)
+
+
+@pytest.mark.parametrize(("second_crash_at", "survives"), [(5.99, False), (6.0, True)])
+async def test_intensity_window_is_inclusive_in_whole_seconds_on_the_clock(
+    autojump_clock: Any, second_crash_at: float, survives: bool
+) -> None:
+    # intensity 1, period 5: a restart in second 0 still counts in second 5 (Now - Period <= 0),
+    # not in second 6 (OTP's add_restart on erlang:monotonic_time(second)).
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        sup = await Supervisor.start_link(SupFlags(intensity=1, period=5), [worker("w")])
+        await trio.sleep_until(0.5)
+        otp.cast(pid_of(await which_children(sup), "w"), ("stop", "boom"))
+        await settle()
+        await trio.sleep_until(second_crash_at)
+        otp.cast(pid_of(await which_children(sup), "w"), ("stop", "boom"))
+        await settle()
+        assert alive(sup) is survives
+
+
+@pytest.mark.parametrize(("intensity", "survives"), [(1, False), (2, True)])
+async def test_rest_for_one_failed_restart_is_retried_from_the_failed_child_and_counted(
+    autojump_clock: Any, intensity: int, survives: bool
+) -> None:
+    # a crashes; c and b are stopped (newest first); a starts, b fails: b is "restarting" and c
+    # unstarted. The retry (a second restart in the count) starts b then c, or gives up.
+    log: list[Any] = []
+    b_starts: list[int] = []
+
+    async def start_b() -> Any:
+        b_starts.append(len(b_starts))
+        if len(b_starts) == 2:
+            raise otp.StartError("not_yet")
+        return await Worker.start_link("b", log)
+
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        sup = await Supervisor.start_link(
+            SupFlags("rest_for_one", intensity, 5),
+            [worker("a", log), ChildSpec("b", start_b), worker("c", log)],
+        )
+        log.clear()
+        otp.cast(pid_of(await which_children(sup), "a"), ("stop", "boom"))
+        await settle()
+        stopped = [("terminate", "a", "boom"), ("terminate", "c", "shutdown")]
+        stopped.append(("terminate", "b", "shutdown"))
+        if survives:
+            assert log == [*stopped, ("start", "a"), ("start", "b"), ("start", "c")]
+            assert all(isinstance(row[1], otp.Pid) for row in await which_children(sup))
+        else:
+            assert log == [*stopped, ("start", "a"), ("terminate", "a", "shutdown")]
+            assert await otp.receive(otp.Exit, timeout=30, default=None) == otp.Exit(
+                sup, otp.SHUTDOWN
+            )
+        assert len(b_starts) == (3 if survives else 2)

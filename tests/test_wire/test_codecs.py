@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import enum
 import math
+import random
+import struct
 from collections import OrderedDict, namedtuple
+from collections.abc import Callable
 from typing import Any
 
 import cbor2
@@ -245,3 +248,117 @@ def test_cbor_scan_agrees_with_cbor2_on_depth(value: Any, depth: int) -> None:
     except wire.LimitExceeded:
         decoded = False
     assert scanned == decoded
+
+
+def test_bignum_leading_zeros_do_not_depend_on_the_payload_size() -> None:
+    limits = wire.Limits(max_bigint_bytes=9, max_items=64, max_str=64, max_total_items=64)
+    bignum = bytes.fromhex("c24a000100000000000000ff")  # 2**64 + 255 with one leading zero
+    assert wire.cbor_decode(bignum, limits=limits) == 2**64 + 255  # a short payload: fine
+    text = b"\x78\x40" + b"x" * 64
+    payload = b"\x82" + bignum + text  # over 64 bytes: scanned first
+    assert wire.cbor_decode(payload, limits=limits) == [2**64 + 255, "x" * 64]
+
+
+@pytest.mark.parametrize(
+    ("decode", "hex_payload"),
+    [
+        (wire.cbor_decode, "a2f97e006161f97e006162"),
+        (
+            wire.tlv_decode,
+            "2100000002067ff8000000000000110000000161067ff8000000000000110000000162",
+        ),
+    ],
+)
+def test_byte_identical_nan_keys_are_duplicate_keys(
+    decode: Callable[[bytes], Any], hex_payload: str
+) -> None:
+    with pytest.raises(wire.InvalidValue, match=r"(?i)duplicate"):
+        decode(bytes.fromhex(hex_payload))
+
+
+def test_encoders_refuse_two_nan_keys_of_one_encoding() -> None:
+    a, b = float("nan"), float("nan")  # two objects: a dict holds both
+    with pytest.raises(wire.InvalidValue, match="duplicate dict key nan"):
+        wire.cbor_encode({a: 1, b: 2})  # every NaN is f9 7e 00
+    with pytest.raises(wire.InvalidValue, match="duplicate dict key nan"):
+        wire.tlv_encode({"x": [{a: 1, b: 2}]})
+    with pytest.raises(wire.InvalidValue, match="duplicate dict key nan"):
+        wire.encode_message(wire.MessageType.SEND, {"msg": {a: 1, b: 2}})
+
+
+def test_nan_keys_of_different_bits_and_nan_values_are_not_duplicates() -> None:
+    other = struct.unpack(">d", bytes.fromhex("7ff8000000000001"))[0]
+    nan = float("nan")
+    value = {nan: [nan, nan], other: nan}
+    data = wire.tlv_encode(value)  # TLV keeps NaN bits: two keys
+    back = wire.tlv_decode(data)
+    assert [struct.pack(">d", k) for k in back] == [struct.pack(">d", k) for k in value]
+    one = wire.cbor_decode(wire.cbor_encode({nan: [nan, nan]}))
+    assert len(one) == 1 and all(math.isnan(x) for x in next(iter(one.values())))
+
+
+def test_two_nan_keys_are_refused_on_the_slow_paths_too() -> None:
+    filler = "x" * 5000  # a payload over the fast decoders' size
+    nan_key = "067ff8000000000000"
+    tlv = bytes.fromhex("2100000003" + nan_key + "00" + nan_key + "00" + "1100000003616263")
+    tlv += bytes.fromhex("11") + struct.pack(">I", len(filler)) + filler.encode()
+    with pytest.raises(wire.InvalidValue, match="duplicate dict key nan"):
+        wire.tlv_decode(tlv, limits=wire.Limits(max_str=10_000, max_total_items=8))
+    cbor = wire.cbor_encode([filler, 1])[:-1] + bytes.fromhex("a2fb7ff8000000000000f6f97e00f6")
+    with pytest.raises(wire.InvalidValue, match=r"(?i)duplicate map key nan"):
+        wire.cbor_decode(cbor)
+
+
+def _may_hold_a_nan_or_a_tag(data: bytes) -> bool:
+    """A wire tag's first byte, or a float head and the first byte of a NaN/infinity after it."""
+    for i, b in enumerate(data):
+        e = data[i + 1] & 0x7F if i + 1 < len(data) else 0
+        if b == 0xD9 or (b == 0xF9 and e >= 0x7C) or (b in (0xFA, 0xFB) and e == 0x7F):
+            return True
+    return False
+
+
+def test_the_cbor_nan_checks_never_call_a_payload_with_a_nan_plain() -> None:
+    from wire import _accel, _cbor
+
+    checks = [_cbor._plain_py] + ([_accel.C.cbor_plain] if _accel.C is not None else [])
+    rng = random.Random(5)
+    alphabet = bytes([0x00, 0x41, 0x7C, 0x7E, 0x7F, 0x80, 0xD9, 0xF9, 0xFA, 0xFB, 0xFC, 0xFF])
+    for _ in range(3000):
+        data = bytes(rng.choice(alphabet) for _ in range(rng.randrange(6)))
+        suspect = _may_hold_a_nan_or_a_tag(data)
+        for plain in checks:
+            assert not (plain(data) and suspect), (plain, data.hex())
+        if _accel.C is not None:  # the C check is exact
+            assert _accel.C.cbor_plain(data) is not suspect, data.hex()
+
+
+@pytest.mark.parametrize(
+    "hex_payload",
+    [
+        "a201610af93c006162",  # 1 and 1.0
+        "a2016161f56162",  # 1 and true
+        "a2f900006161f980006162",  # 0.0 and -0.0
+    ],
+)
+def test_cbor_keys_equal_as_values_but_encoded_differently_are_duplicates(
+    hex_payload: str,
+) -> None:
+    with pytest.raises(wire.InvalidValue, match=r"(?i)duplicate"):
+        wire.cbor_decode(bytes.fromhex(hex_payload))
+
+
+@pytest.mark.parametrize(
+    ("hex_payload", "value"),
+    [
+        ("1801", 1),  # non-preferred heads are accepted (SPEC 5 SHOULD)
+        ("1b0000000000000001", 1),
+        ("3bffffffffffffffff", -(2**64)),
+        ("fb3ff0000000000000", 1.0),
+        ("c240", 0),  # an empty bignum
+        ("c34101", -2),
+    ],
+)
+def test_cbor_accepts_well_formed_non_preferred_encodings(hex_payload: str, value: Any) -> None:
+    got = wire.cbor_decode(bytes.fromhex(hex_payload))
+    assert got == value and type(got) is type(value)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import enum
 import socket
+from collections import OrderedDict, namedtuple
 from typing import Any
 
 import pytest
@@ -180,3 +182,33 @@ def test_gunicorns_socket_reader_reads_our_frames_and_we_read_its_writes() -> No
         (reply,) = frames
         wire.check_reply(7, reply)
         assert wire.parse_dirty(reply) == wire.Response(7, {"ok": [1, 2.5, None]})
+
+
+class _Int(enum.IntEnum):
+    A = 3
+    B = 2**40
+
+
+class _Str(enum.StrEnum):
+    X = "x"
+
+
+_Pair = namedtuple("_Pair", "a b")
+
+
+def test_subclasses_and_coerced_keys_are_byte_identical_to_gunicorn() -> None:
+    value = {
+        "ints": [_Int.A, _Int.B, True, -(2**63)],
+        "s": _Str.X,
+        "pair": _Pair(1.5, -0.0),
+        "od": OrderedDict([("b", None), ("a", b"\x00")]),
+        1: "one",
+        "1": "str one",  # coerced, key 1 becomes a second "1"
+        _Int.A: float("inf"),
+    }
+    ours = wire.tlv_encode(value, version=1, coerce_keys=True)
+    assert ours == tlv.TLVEncoder.encode(value)
+    # Gunicorn's decoder keeps the last "1"; ours refuses the duplicate, as SPEC 3.3 says.
+    assert tlv.TLVEncoder.decode_full(ours)["1"] == "str one"
+    with pytest.raises(wire.InvalidValue, match="duplicate dict key '1'"):
+        wire.tlv_decode(ours, version=1)

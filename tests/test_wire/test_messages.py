@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -172,3 +174,23 @@ def test_malformed_dist_payload_names_the_field() -> None:
 
 def test_request_id_from_str_is_gunicorns_hash() -> None:
     assert wire.request_id_from_str("x") == hash("x") & (2**64 - 1)
+
+
+@pytest.mark.parametrize("request_id", [-1, 2**64])
+@pytest.mark.parametrize("payload", [None, {"a": 1}])
+def test_encode_message_refuses_a_request_id_outside_u64_with_a_wire_error(
+    request_id: int, payload: Any
+) -> None:
+    with pytest.raises(wire.ValueOutOfRange, match="request_id"):
+        wire.encode_message(wire.MessageType.PING, payload, request_id=request_id)
+
+
+@pytest.mark.parametrize("encode", ["frame", "message"])
+def test_a_codec_given_as_a_str_is_refused_not_written_as_cbor(encode: str) -> None:
+    frame = wire.Frame(wire.MessageType.RESPONSE, 1, {"result": 1}, version=2)
+    codec: Any = "tlv"
+    with pytest.raises(wire.WireError, match="codec"):  # was: a frame with the CBOR flag
+        if encode == "frame":
+            wire.encode_frame(frame, codec=codec)
+        else:
+            wire.encode_message(frame.type, frame.payload, codec=codec)

@@ -104,3 +104,24 @@ async def test_limits_changed_between_frames_apply_to_the_next_frame() -> None:
         await right.receive_frame()
     await left.aclose()
     await right.aclose()
+
+
+async def test_a_receive_cancelled_mid_frame_loses_no_bytes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    stream = wire.FrameStream(trio.StapledStream(trio.testing.MemorySendStream(), receive))
+    first = wire.make_response(7, "x" * 100)
+    data = wire.encode_frame(first) + wire.encode_frame(wire.make_end(7))
+    await send.send_all(data[:10])  # a partial header
+    with trio.move_on_after(1):
+        await stream.receive_frame()
+    assert stream._decoder.buffered == 10
+    await send.send_all(data[10:60])  # the header and part of the payload
+    with trio.move_on_after(1):
+        await stream.receive_frame()
+    await send.send_all(data[60:])
+    await send.aclose()
+    assert await stream.receive_frame() == first
+    assert await stream.receive_frame() == wire.make_end(7)
+    assert await stream.receive_frame() is None

@@ -4,7 +4,7 @@ processes, on a socket in a temporary directory."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +14,14 @@ import otp
 import supervisors
 from apps import dirty
 
-ECHO = "tests.test_apps.test_dirty.dirty_apps:EchoApp"
-LIMITED = "tests.test_apps.test_dirty.dirty_apps:LimitedApp"
+from .helpers import EchoPool, FakePool, StallingPool
+
+#: Where the test apps live (the workers import them by path) and what they are.
+APPS = "tests.test_apps.test_dirty.dirty_apps"
+HOOKS = "tests.test_apps.test_dirty.dirty_hooks"
+ECHO = f"{APPS}:EchoApp"
+LIMITED = f"{APPS}:LimitedApp"
+AUDIT = f"{APPS}:AuditApp"
 
 
 async def calls_in_flight() -> int:
@@ -55,3 +61,55 @@ async def start_pool(socket_path: str) -> AsyncIterator[Callable[..., Any]]:
         if started:
             with contextlib.suppress(supervisors.ApplicationError):  # the test stopped it
                 await supervisors.stop_application("dirty")
+
+
+@pytest.fixture
+def fake_pool(tmp_path: Path) -> Any:
+    pools: list[FakePool] = []
+
+    def make(**kw: Any) -> FakePool:
+        pool = FakePool(str(tmp_path / f"fake{len(pools)}.sock"), **kw)
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.close()
+
+
+@pytest.fixture
+def stalling_pool(tmp_path: Path) -> Iterator[Callable[..., StallingPool]]:
+    pools: list[StallingPool] = []
+
+    def make(first: int = 0) -> StallingPool:
+        pool = StallingPool(str(tmp_path / f"stall{len(pools)}.sock"), first)
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.close()
+
+
+@pytest.fixture
+def echo_pool(tmp_path: Path) -> Iterator[EchoPool]:
+    pool = EchoPool(str(tmp_path / "echo.sock"))
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def echo_env(monkeypatch: pytest.MonkeyPatch, echo_pool: EchoPool) -> Iterator[EchoPool]:
+    """GUNICORN_DIRTY_SOCKET set to an echo pool; the process's shared clients let go after."""
+    monkeypatch.setenv("GUNICORN_DIRTY_SOCKET", echo_pool.path)
+    yield echo_pool
+    dirty.close_dirty_client()
+
+
+@pytest.fixture
+def shared_env(monkeypatch: pytest.MonkeyPatch, socket_path: str) -> Iterator[str]:
+    """GUNICORN_DIRTY_SOCKET set to the test's pool; the process's shared clients let go after."""
+    monkeypatch.setenv("GUNICORN_DIRTY_SOCKET", socket_path)
+    yield socket_path
+    dirty.set_dirty_socket_path(None)
+    dirty.close_dirty_client()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
 import logging
 import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
+from apps import dirty
 from apps.dirty import DirtyApp
 
 
@@ -210,3 +214,257 @@ class FlakyLoadApp(DirtyApp):
 
     def pid(self) -> int:
         return os.getpid()
+
+
+class CallOnly:
+    """Callable, but not a DirtyApp: no init() or close() (the worker calls both)."""
+
+    def __call__(self, action: str, *args: Any, **kwargs: Any) -> Any:
+        return action
+
+
+class RaisesInInit(dirty.DirtyApp):
+    def __init__(self) -> None:
+        raise RuntimeError("constructor boom")
+
+
+class BadStashes(dirty.DirtyApp):
+    stashes = 5  # type: ignore[assignment]
+
+
+def two_arg_worker_init(worker: Any, extra: Any) -> None:
+    """A dirty_worker_init of the wrong arity (the worker calls it with one argument)."""
+
+
+class BadWorkers(dirty.DirtyApp):
+    workers = 0
+
+
+class ProbeApp(dirty.DirtyApp):
+    """Actions for the edges probed here."""
+
+    def init(self) -> None:
+        self._model: Any = None
+
+    @property
+    def model(self) -> Any:
+        """A lazily checked attribute, as apps write them: raises until a model is loaded."""
+        if self._model is None:
+            raise RuntimeError("no model loaded yet")
+        return self._model
+
+    def echo(self, value: Any) -> Any:
+        return value
+
+    def bad_file(self) -> None:
+        # A file name from the OS (os.listdir, sys.argv, environ) that is not UTF-8.
+        name = os.fsdecode(b"photo-\xff.png")
+        raise ValueError(f"cannot open {name}")
+
+    def cli(self) -> None:
+        raise SystemExit(2)  # what argparse does on a bad option
+
+    def missing_table(self) -> Any:
+        raise dirty.StashTableNotFoundError("sessions")  # as stash.info() raises it in an app
+
+    def count(self, n: int) -> Iterator[int]:
+        yield from range(n)
+
+    def exit_mid_stream(self) -> Iterator[int]:
+        yield 1
+        raise SystemExit(2)
+
+    async def async_exit(self) -> None:
+        raise SystemExit(2)
+
+
+class BigStreamApp(dirty.DirtyApp):
+    """A stream of large chunks, and how far it got."""
+
+    def init(self) -> None:
+        self.made = 0
+
+    def big(self, n: int, size: int) -> Iterator[bytes]:
+        for _ in range(n):
+            self.made += 1
+            yield b"x" * size
+
+    def numbered(self, n: int, size: int) -> Iterator[bytes]:
+        for i in range(n):
+            self.made += 1
+            yield i.to_bytes(4, "big") * (size // 4)
+
+    def produced(self) -> int:
+        return self.made
+
+    def blob(self, size: int) -> bytes:
+        return b"b" * size
+
+    def echo(self, value: Any) -> Any:
+        return value
+
+
+class AuditApp(dirty.DirtyApp):
+    """Actions for the edges the tests probe."""
+
+    stashes = ("audit_declared",)
+
+    def bad_result(self) -> Any:
+        return {1, 2}  # a set: not TLV-encodable
+
+    def bad_chunk(self) -> Iterator[Any]:
+        yield 1
+        yield object()  # not TLV-encodable
+        yield 3
+
+    async def abad_chunk(self) -> AsyncIterator[Any]:
+        yield 1
+        await asyncio.sleep(0)
+        yield object()
+
+    async def afail_midway(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
+        raise KeyError("async broke")
+
+    async def araise(self) -> None:
+        await asyncio.sleep(0)
+        raise ZeroDivisionError("async boom")
+
+    def stall_stream(self, seconds: float) -> Iterator[int]:
+        yield 1
+        time.sleep(seconds)
+        yield 2
+
+    def nothing(self) -> None:
+        return None
+
+    def echo(self, value: Any) -> Any:
+        return value
+
+    def gen_none(self) -> Iterator[Any]:
+        yield None
+        yield 0
+        yield ""
+
+
+class StashUserApp(dirty.DirtyApp):
+    """Uses the stash from inside a dirty worker (sync and async actions)."""
+
+    def use(self, table: str) -> dict[str, Any]:
+        from apps.dirty import stash
+
+        stash.put(table, "user:1", {"n": 1})
+        stash.put(table, "user:2", None)
+        stash.put(table, "other", 3)
+        t = stash.table(table)
+        t["k"] = "v"
+        out: dict[str, Any] = {
+            "get": stash.get(table, "user:1"),
+            "none_value": stash.get(table, "user:2", "dflt"),
+            "default": stash.get(table, "missing", "dflt"),
+            "keys": sorted(stash.keys(table, "user:*")),
+            "info": stash.info(table),
+            "exists": [stash.exists(table), stash.exists(table, "other"), stash.exists(table, "x")],
+            "counter": [stash.update_counter(table, "c"), stash.update_counter(table, "c", 4)],
+            "insert_new": [stash.insert_new(table, "once", 1), stash.insert_new(table, "once", 2)],
+            "cas": [
+                stash.compare_and_set(table, "once", 1, 10),
+                stash.compare_and_set(table, "once", 1, 11),
+                stash.compare_and_set(table, "fresh", stash.ABSENT, "x"),
+            ],
+            "len": len(t),
+            "contains": ["k" in t, "nope" in t],
+            "table_get": t.get("nope", "d"),
+        }
+        try:
+            t["nope"]
+        except KeyError:
+            out["missing_item"] = "KeyError"
+        return out
+
+    async def ause(self, table: str) -> list[Any]:
+        from apps.dirty import stash
+
+        stash.ensure(table)
+        stash.put(table, "a", 1)
+        return [stash.get(table, "a"), stash.get(table, "zz", "dflt"), stash.tables()]
+
+
+try:
+    _GunicornDirtyApp: Any = importlib.import_module("gunicorn.dirty.app").DirtyApp
+except ImportError:  # pragma: no cover - gunicorn is a test extra
+    _GunicornDirtyApp = dirty.DirtyApp
+
+
+class GunicornStyleApp(_GunicornDirtyApp):
+    """An app written for Gunicorn (subclassing gunicorn.dirty.app.DirtyApp)."""
+
+    def init(self) -> None:
+        self.base = 10
+
+    def add(self, a: int) -> int:
+        return self.base + a
+
+    async def aadd(self, a: int) -> int:
+        await asyncio.sleep(0)
+        return self.base + a
+
+    def gen(self, n: int) -> Iterator[int]:
+        yield from range(n)
+
+    async def agen(self, n: int) -> AsyncIterator[int]:
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i
+
+    def _hidden(self) -> str:
+        return "no"
+
+
+class MarkApp(dirty.DirtyApp):
+    """A call that tells the test it has started running (it creates the file ``mark``)."""
+
+    def hold(self, mark: str, seconds: float) -> float:
+        Path(mark).touch()
+        time.sleep(seconds)
+        return seconds
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class ContendApp(dirty.DirtyApp):
+    """Stash work done from inside dirty workers, to race with web clients."""
+
+    def bump(self, table: str, key: str, n: int) -> int:
+        from apps.dirty import stash
+
+        last = 0
+        for _ in range(n):
+            last = stash.update_counter(table, key)
+        return last
+
+    def cas_bump(self, table: str, key: str, n: int) -> int:
+        from apps.dirty import stash
+
+        retries = 0
+        for _ in range(n):
+            while True:
+                current = stash.get(table, key, 0)
+                if stash.compare_and_set(table, key, current, current + 1):
+                    break
+                retries += 1
+        return retries
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def put_then_hang(self, table: str, wait: float) -> None:
+        import time
+
+        from apps.dirty import stash
+
+        stash.put(table, "before", 1)
+        time.sleep(wait)

@@ -4,6 +4,7 @@ called by Gunicorn 27's own client, driven by real signals."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 import trio
 
 from apps import dirty
+from apps.dirty.examples import EXAMPLE_APP
 
 from .conftest import ECHO, LIMITED
 
@@ -200,3 +202,49 @@ async def test_workers_exit_when_the_node_dies(tmp_path: Path) -> None:
             while not all(_state(pid) == "Z" for pid in pids):
                 await trio.sleep(0.05)
         await client.close_async()
+
+
+async def test_readme_node_command_serves_the_example_app_on_the_printed_socket(
+    tmp_path: Path,
+) -> None:
+    """``python -m otp.node`` (no arguments): the banner's GUNICORN_DIRTY_SOCKET line names a
+    socket that answers the bundled example app's actions, and its declared stash exists."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
+    env.pop("GUNICORN_DIRTY_SOCKET", None)
+    log = tmp_path / "node.log"
+    with open(log, "wb") as out:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "otp.node"], stdout=out, stderr=subprocess.STDOUT, env=env,
+            cwd=ROOT,
+        )  # fmt: skip
+        try:
+            with trio.fail_after(30):
+                while (
+                    m := re.search(r"export GUNICORN_DIRTY_SOCKET=(\S+)", log.read_text())
+                ) is None:
+                    assert proc.poll() is None, log.read_text()
+                    await trio.sleep(0.05)
+                while "is running" not in log.read_text():
+                    assert proc.poll() is None, log.read_text()
+                    await trio.sleep(0.05)
+            sock = m.group(1)
+            assert sock.startswith(str(tmp_path)) and Path(sock).exists()
+
+            def use() -> None:
+                with dirty.DirtyClient(sock, timeout=20) as client:
+                    assert client.execute(EXAMPLE_APP, "upper", "hi") == "HI"
+                    got = client.execute(EXAMPLE_APP, "predict", "a great, lovely day")
+                    assert got["label"] == "positive"
+                    assert list(client.stream(EXAMPLE_APP, "count", 3)) == [0, 1, 2]
+                    info = client.execute(EXAMPLE_APP, "info")
+                    assert info["pid"] != proc.pid and info["app"] == EXAMPLE_APP
+                    assert "examples" in dirty.stash.StashClient(client).tables()
+
+            await trio.to_thread.run_sync(use)
+        finally:
+            proc.terminate()
+            with trio.move_on_after(15):
+                await proc.wait()
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

@@ -3,6 +3,7 @@ OS processes, driven by real HTTP requests."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 
+from apps import dirty
 from apps.dirty.examples import EXAMPLE_APP
 
 pytest.importorskip("flask")
@@ -125,3 +127,83 @@ async def test_flask_under_gunicorn_offloads_thumbnails_and_the_model(tmp_path: 
                 assert status == 200 and body == b"0\n1\n2\n3\n4\n"
 
             await trio.to_thread.run_sync(requests)
+
+
+def _flask_app() -> Any:
+    pytest.importorskip("flask")
+    spec = importlib.util.spec_from_file_location(
+        "flask_dirty_app_under_test", ROOT / "examples" / "flask_dirty" / "app.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.app
+
+
+@pytest.fixture
+async def web(start_pool: Any, socket_path: str) -> Any:
+    """The example Flask app's test client, against a pool hosting the example app."""
+    pytest.importorskip("PIL")
+    app = _flask_app()
+    await start_pool(dirty_apps=[EXAMPLE_APP], dirty_workers=1)
+    assert dirty.get_dirty_socket_path() == socket_path
+    try:
+        yield app.test_client()
+    finally:
+        dirty.close_dirty_client()
+
+
+async def _req(client: Any, method: str, url: str, **kw: Any) -> Any:
+    def go() -> Any:
+        resp = client.open(url, method=method, **kw)
+        return resp.status_code, resp.get_data()
+
+    with trio.fail_after(20):
+        return await trio.to_thread.run_sync(go)
+
+
+async def test_web_thumbnail_bad_inputs_are_client_errors(web: Any) -> None:
+    status, body = await _req(web, "POST", "/thumbnail", data=b"")
+    assert status == 422 and "not an image" in json.loads(body)["error"]
+    status, body = await _req(web, "POST", "/thumbnail?size=0", data=_png(10, 10))
+    assert status == 422 and "size" in json.loads(body)["error"]
+    status, body = await _req(web, "POST", "/thumbnail?size=-3", data=_png(10, 10))
+    assert status == 422
+    # a huge size does not enlarge: the image already fits
+    status, body = await _req(web, "POST", "/thumbnail?size=100000", data=_png(30, 20))
+    assert status == 200 and body.startswith(b"\x89PNG")
+
+
+async def test_web_thumbnail_absurd_size_is_a_client_error_not_a_500(web: Any) -> None:
+    """``size`` is a query parameter: a 30-digit number is bad input, so a 4xx."""
+    status, _ = await _req(web, "POST", "/thumbnail?size=" + "9" * 30, data=_png(10, 10))
+    assert 400 <= status < 500
+
+
+async def test_web_predict_with_non_object_json_is_a_400(web: Any) -> None:
+    """A JSON body that is not an object (a list, a string) is bad input: 400, not a 500."""
+    for body in (b'["a great day"]', b'"a great day"', b"42"):
+        status, _ = await _req(web, "POST", "/predict", data=body, content_type="application/json")
+        assert status == 400, body
+
+
+async def test_web_predict_empty_and_wrong_bodies_are_400(web: Any) -> None:
+    for kw in (
+        {"data": b""},
+        {"data": b"{not json", "content_type": "application/json"},
+        {"data": b'{"text": 5}', "content_type": "application/json"},
+    ):
+        status, body = await _req(web, "POST", "/predict", **kw)
+        assert status == 400 and "text" in json.loads(body)["error"]
+
+
+async def test_web_count_negative_and_bad_n(web: Any) -> None:
+    status, body = await _req(web, "GET", "/count?n=-4")
+    assert status == 200 and body == b""
+    status, body = await _req(web, "GET", "/count?n=abc")  # Flask: the default, 10
+    assert status == 200 and body == b"".join(f"{i}\n".encode() for i in range(10))
+
+
+async def test_web_count_absurd_n_is_a_client_error(web: Any) -> None:
+    status, _ = await _req(web, "GET", "/count?n=" + "9" * 30)
+    assert 400 <= status < 500

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 import otp
@@ -298,3 +299,19 @@ async def test_metrics_show_each_tools_call_duration_histogram(
     assert samples[("otp_dispatcher_call_duration_seconds_bucket", "+Inf")] == 3
     assert samples[("otp_dispatcher_call_duration_seconds_count", None)] == 3
     assert samples[("otp_dispatcher_call_duration_seconds_sum", None)] == pytest.approx(4.6)
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [("dispatch", "t", {}, "not options"), ("dispatch", ["t"], {})],
+    ids=["options-not-a-mapping", "unhashable-name"],
+)
+async def test_a_malformed_remote_request_is_answered_and_the_dispatcher_survives(
+    autojump_clock: trio.abc.Clock, request_: tuple[Any, ...]
+) -> None:
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        await d.start_dispatcher([d.Tool("t", Script(), idempotent=True)])
+        reply = await otp.call("dispatcher", request_, timeout=5.0)
+        assert reply[0] == "error"
+        assert (await d.dispatch("t"))["run"] == 1

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from apps import dispatcher as d
 
-from .helpers import ADD_SCHEMA, add
+from .helpers import ADD_SCHEMA, Script, add
 
 
 def test_a_tool_compiles_its_schema_and_describes_itself_for_mcp() -> None:
@@ -148,3 +148,24 @@ def test_schema_patterns_match_exactly_as_re_search_does(
     for text in texts:  # one tool, several texts: what a pattern remembers must not leak
         assert tool.validator.is_valid({"s": text}) == (re.search(pattern, text) is not None)
         assert keyed.validator.is_valid({text: "x"}) == (re.search(pattern, text) is None)
+
+
+def test_a_schema_with_an_unresolvable_ref_is_rejected_when_the_tool_is_built() -> None:
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+    with pytest.raises(d.ConfigurationError, match="schema"):
+        d.Tool("t", Script(), schema, idempotent=True)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"type": "array"}, {"properties": {"a": {"type": "integer"}}}],
+    ids=["array", "no-type"],
+)
+def test_a_tools_input_schema_is_an_mcp_object_schema(schema: dict[str, Any]) -> None:
+    try:
+        tool = d.Tool("t", Script(), schema, idempotent=True)
+    except d.ConfigurationError as error:
+        assert "object" in str(error)
+        return
+    assert schema.get("type", "object") == "object", "a non-object schema must be rejected"
+    assert tool.to_mcp()["inputSchema"]["type"] == "object"

@@ -9,9 +9,11 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import otp
 from apps import dispatcher as d
@@ -405,3 +407,66 @@ async def test_tools_can_be_registered_while_the_dispatcher_runs(
         assert d.unregister_tool("add") is not None
         with pytest.raises(d.ToolNotFound):
             await d.dispatch("add", {"a": 1, "b": 1})
+
+
+@pytest.mark.parametrize("retry_after", [-5.0, math.nan])
+async def test_a_bad_retry_after_from_a_handler_still_retries(
+    autojump_clock: trio.abc.Clock, retry_after: float
+) -> None:
+    starts: list[float] = []
+
+    async def limited() -> str:
+        starts.append(trio.current_time())
+        await trio.lowlevel.checkpoint()
+        if len(starts) == 1:  # e.g. a Retry-After date already in the past
+            raise d.TransientError("rate limited", retry_after=retry_after)
+        return "done"
+
+    async with running(d.Tool("limited", limited, idempotent=True)):
+        assert await d.dispatch("limited") == "done"
+    assert len(starts) == 2
+
+
+@pytest.mark.parametrize("timeout", [-1.0, math.nan, "1"])
+async def test_a_bad_per_call_timeout_is_a_configuration_error(
+    autojump_clock: trio.abc.Clock, timeout: Any
+) -> None:
+    handler = Script([100.0])
+    async with running(d.Tool("t", handler, timeout=1.0, idempotent=False)):
+        with pytest.raises(d.ConfigurationError, match="timeout"):
+            await d.dispatch("t", timeout=timeout)
+    assert handler.runs == 0
+    assert trio.current_time() == 0.0
+
+
+async def test_a_retry_refused_for_the_deadline_spends_no_shared_token(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    flaky = Script(["transient", "transient", "ok"])
+    policy = d.RetryPolicy(budget=d.RetryBudget(capacity=1.0, refill_per_second=0.0))
+    async with running(d.Tool("t", flaky, idempotent=True, retry=policy, breaker=None)):
+        with pytest.raises(d.TransientFailure, match="deadline would pass"):
+            await d.dispatch("t", budget=d.Budget.within(0.05))
+        # The bucket's one token was never used for a retry: this call may retry once.
+        assert (await d.dispatch("t"))["run"] == 3
+
+
+async def test_handler_data_cannot_override_the_envelopes_kind(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async def limited() -> None:
+        await trio.lowlevel.checkpoint()
+        raise d.TransientError("slow down", data={"kind": "rate_limit", "attempts": 99})
+
+    async with running(d.Tool("t", limited, idempotent=True, retry=d.NO_RETRY)):
+        with pytest.raises(d.TransientFailure) as caught:
+            await d.dispatch("t")
+    error = caught.value
+    for data in (error.to_jsonrpc()["data"], error.to_mcp_result()["structuredContent"]["error"]):
+        assert data["kind"] == "transient"
+        assert data["attempts"] == 1
+
+
+def test_a_retry_budget_that_can_never_grant_a_retry_is_rejected() -> None:
+    with pytest.raises(d.ConfigurationError, match="capacity"):
+        d.RetryBudget(capacity=0.5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from apps import dispatcher as d
 
@@ -207,3 +208,64 @@ async def test_a_cancelled_probe_frees_the_probe_slot(autojump_clock: trio.abc.C
             await d.dispatch("t")
         assert (await d.dispatch("t"))["run"] == 5
         assert d.statistics().breakers == {"t": "closed"}
+
+
+async def _open_breaker() -> None:
+    for _ in range(3):
+        with pytest.raises(d.InternalError):
+            await d.dispatch("t")
+    await trio.sleep(BREAKER.cooldown)
+
+
+async def test_gather_rejects_a_bad_key_with_a_configuration_error(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script()
+    async with running(d.Tool("t", handler, idempotent=True)):
+        with pytest.raises(d.ConfigurationError, match="idempotency_key"):
+            await d.gather_bounded([d.Call("t", {}), d.Call("t", {}, idempotency_key="")])
+
+
+async def test_half_open_admits_exactly_one_probe_among_concurrent_callers(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script(["internal"] * 3 + [1.0] * 10)
+    tool = d.Tool("t", handler, idempotent=True, retry=d.NO_RETRY, breaker=BREAKER)
+    outcomes: list[str] = []
+
+    async def call() -> None:
+        try:
+            await d.dispatch("t")
+            outcomes.append("ok")
+        except d.CircuitOpen:
+            outcomes.append("open")
+
+    async with running(tool):
+        await _open_breaker()
+        async with trio.open_nursery() as nursery:
+            for _ in range(10):
+                nursery.start_soon(call)
+        assert d.statistics().breakers == {"t": "closed"}
+    assert sorted(outcomes) == ["ok"] + ["open"] * 9
+    assert handler.runs == 4
+
+
+async def test_a_probe_cancelled_while_queued_for_a_slot_frees_the_probe(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script(["internal"] * 3 + [10.0, "ok"])
+    tool = d.Tool(
+        "t", handler, idempotent=True, retry=d.NO_RETRY, breaker=BREAKER, max_concurrency=1
+    )
+    async with running(tool, max_concurrency=1):
+        await _open_breaker()
+        async with trio.open_nursery() as nursery:
+            hold = Gauge(seconds=3.0)
+            d.register_tool(d.Tool("hold", hold, idempotent=True))
+            nursery.start_soon(d.dispatch, "hold", {})  # takes the dispatcher's only slot
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.move_on_after(1.0):
+                await d.dispatch("t")  # the probe, queued behind "hold", then cancelled
+        assert handler.runs == 3
+        assert (await d.dispatch("t"))["run"] == 4  # admitted as the new probe
+        assert d.statistics().breakers["t"] == "closed"

@@ -4,8 +4,11 @@ other arguments is a conflict, and a cancelled first caller strands nobody."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
+import trio.testing
 
 import otp
 from apps import dispatcher as d
@@ -208,3 +211,87 @@ async def test_waiters_get_an_error_when_the_dispatcher_dies(
         assert trio.current_time() == 1.0
         with pytest.raises(d.DispatcherNotRunning):
             await d.dispatch("slow")
+
+
+async def test_a_joining_caller_keeps_its_own_timeout(autojump_clock: trio.abc.Clock) -> None:
+    slow = Script([50.0])
+    async with running(d.Tool("t", slow, timeout=100.0, idempotent=False)):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: d.dispatch("t", idempotency_key="k"))
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(d.DispatchTimeout):
+                await d.dispatch("t", idempotency_key="k", timeout=1.0)
+            assert trio.current_time() == 1.0
+
+
+async def test_the_first_callers_budget_does_not_cut_the_shared_run(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script([5.0])
+    got: list[Any] = []
+    async with running(d.Tool("t", slow, idempotent=False)):
+        async with trio.open_nursery() as nursery:
+
+            async def first() -> None:
+                # wait_run's own message says "the call goes on; its result is cached"
+                with pytest.raises(d.BudgetExceeded):
+                    await d.dispatch("t", idempotency_key="k", budget=d.Budget.within(1.0))
+
+            async def joiner() -> None:
+                got.append(await d.dispatch("t", idempotency_key="k"))
+
+            nursery.start_soon(first)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(joiner)
+        assert got == [{"run": 1, "args": {}}]
+        assert trio.current_time() == 5.0
+
+
+async def test_keyed_args_that_cannot_be_fingerprinted_get_a_typed_error(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async def anything(**args: Any) -> int:
+        await trio.lowlevel.checkpoint()
+        return len(args)
+
+    async with running(d.Tool("t", anything, idempotent=True)):
+        assert await d.dispatch("t", {"x": {1: "a", "b": 2}}) == 1  # fine without a key
+        with pytest.raises(d.DispatchError):
+            await d.dispatch("t", {"x": {1: "a", "b": 2}}, idempotency_key="k")
+
+
+async def test_a_cached_result_expires_at_exactly_60_seconds(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    handler = Script()
+    async with running(d.Tool("t", handler, idempotent=False)):
+        await d.dispatch("t", idempotency_key="k")
+        await trio.sleep(60.0 - 1 / 1024)
+        assert (await d.dispatch("t", idempotency_key="k"))["run"] == 1
+        await trio.sleep(1 / 1024)
+        assert (await d.dispatch("t", idempotency_key="k"))["run"] == 2
+        assert d.statistics().cached_results == 1
+
+
+async def test_joiners_of_a_timed_out_non_idempotent_run_get_the_typed_timeout(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    slow = Script(["timeout", "ok"])
+    errors: list[d.DispatchError] = []
+
+    async def call() -> None:
+        try:
+            await d.dispatch("pay", idempotency_key="k")
+        except d.DispatchError as error:
+            errors.append(error)
+
+    async with running(d.Tool("pay", slow, timeout=1.0, idempotent=False)):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(call)
+        assert d.statistics().in_flight_keys == 0
+    assert slow.runs == 1
+    assert trio.current_time() == 1.0
+    assert [type(e) for e in errors] == [d.DispatchTimeout] * 3
+    assert all("not retried: the tool is not idempotent" in e.message for e in errors)
+    assert len({id(e) for e in errors}) == 3  # each caller gets its own envelope

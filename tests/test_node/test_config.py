@@ -1,12 +1,9 @@
-"""Audit of the node's boot, command line and configuration (otp/node/): what a user of
+"""The node's configuration: node.toml, command-line flags and ``--app`` paths. What a user of
 ``python -m otp.node`` expects of a bad node.toml, a bad ``--app`` and a bad ``--listen`` (a
-typed :class:`ConfigError` naming the setting, exit code 2, no traceback), and edges of the boot
-checked in process (no subprocess: every test here runs in a few milliseconds)."""
+typed :class:`ConfigError` naming the setting, exit code 2, no traceback), checked in process."""
 
 from __future__ import annotations
 
-import io
-import signal
 import sys
 import types
 from collections.abc import Iterator
@@ -14,49 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
-import otp
 import supervisors
-from otp.node import (
-    ConfigError,
-    NodeConfig,
-    load_config,
-    load_object,
-    main,
-    resolve_application,
-    serve,
-)
+from otp.node import ConfigError, NodeConfig, load_config, load_object, main, resolve_application
+
+from .helpers import _app
 
 FAKE = "audit_node_fake_apps"
-
-
-class _Recorder(otp.GenServer):
-    """Appends ``init``/``terminate`` events to a shared list; fails its init if asked."""
-
-    def init(self, label: str, events: list[str], fail: bool = False) -> otp.Ok:
-        if fail:
-            raise RuntimeError(f"{label} cannot start")
-        otp.process_flag(trap_exit=True)
-        events.append(f"init {label}")
-        return otp.Ok((label, events))
-
-    def terminate(self, reason: Any, state: tuple[str, list[str]]) -> None:
-        label, events = state
-        events.append(f"terminate {label} {otp.format_reason(reason)}")
-
-
-def _app(name: str, events: list[str], *labels: str, fail: str = "") -> supervisors.Application:
-    return supervisors.Application(
-        name,
-        (
-            supervisors.SupFlags(strategy="one_for_one"),
-            [
-                supervisors.ChildSpec(label, (_Recorder.start_link, label, events, label == fail))
-                for label in labels
-            ],
-        ),
-    )
 
 
 @pytest.fixture
@@ -224,32 +185,6 @@ def test_flags_of_applications_named_in_node_toml_are_accepted(
 # -- boot ------------------------------------------------------------------------------------------
 
 
-async def test_a_failed_start_stops_the_applications_already_started_in_reverse(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    events: list[str] = []
-    apps = [
-        _app("one", events, "a", "b"),
-        _app("two", events, "c"),
-        _app("three", events, "d", "e", fail="e"),
-    ]
-    out = io.StringIO()
-    code = await serve(NodeConfig(name="boot@audit"), apps, out=out)
-    assert code == 1
-    assert "application three failed to start" in out.getvalue()
-    assert "is running" not in out.getvalue()
-    assert events == [
-        "init a",
-        "init b",
-        "init c",
-        "init d",
-        "terminate d shutdown",  # three's own tree, stopped as its start fails
-        "terminate c shutdown",
-        "terminate b shutdown",
-        "terminate a shutdown",
-    ]
-
-
 def test_a_listen_address_that_cannot_be_bound_is_a_clear_error(
     tmp_path: Path, fake_apps: types.ModuleType, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -261,50 +196,3 @@ def test_a_listen_address_that_cannot_be_bound_is_a_clear_error(
     assert "Traceback" not in err
     assert err.startswith("python -m otp.node: ") and address in err
     assert fake_apps.events == []
-
-
-class _StuckInInit(otp.GenServer):
-    """An init that never returns (waiting on a database that is down, say)."""
-
-    async def init(self, entered: trio.Event) -> otp.Ok:
-        entered.set()
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
-
-
-async def test_sigterm_while_an_application_is_starting_stops_the_node(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    events: list[str] = []
-    entered = trio.Event()
-    stuck = supervisors.Application(
-        "stuck",
-        (
-            supervisors.SupFlags(strategy="one_for_one"),
-            [supervisors.ChildSpec("s", (_StuckInInit.start_link, entered))],
-        ),
-    )
-    out = io.StringIO()
-    codes: list[int] = []
-
-    async def run() -> None:
-        codes.append(
-            await serve(NodeConfig(name="boot@audit"), [_app("one", events, "a"), stuck], out=out)
-        )
-
-    def ours(signum: int, frame: Any) -> None:
-        raise AssertionError("SIGTERM arrived while the node's receiver was not installed")
-
-    previous = signal.signal(signal.SIGTERM, ours)
-    try:
-        with trio.move_on_after(600):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(run)
-                await entered.wait()
-                assert signal.getsignal(signal.SIGTERM) is not ours
-                signal.raise_signal(signal.SIGTERM)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert "SIGTERM: stopping gracefully" in out.getvalue()
-    assert codes == [0], out.getvalue()
-    assert events == ["init a", "terminate a shutdown"]

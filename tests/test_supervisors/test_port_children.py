@@ -1,4 +1,5 @@
-"""Edges where supervisors meet OS-process ports, GenServer and timers (OTP 25 as the oracle).
+"""Supervised OS-process ports: port children restarted by their exit status, killed by
+terminate_child and shutdown, and gen_servers that own a port (OTP 25 as the oracle).
 
 Port tests run real OS programs on trio's real clock and wait on messages (never on sleeps);
 tests that stay inside the runtime use the autojump clock.
@@ -15,12 +16,11 @@ import trio
 import trio.testing
 
 import otp
-from otp import GenServer, NoReply, Ok, Reply, Stop
+from otp import GenServer, NoReply, Ok, Reply
 from supervisors import (
     BRUTAL_KILL,
     INFINITY,
     ChildSpec,
-    DynamicSupervisor,
     Supervisor,
     SupFlags,
     count_children,
@@ -406,15 +406,6 @@ async def test_a_brutally_killed_port_owner_takes_the_program_with_it() -> None:
 # -- open_port failure --------------------------------------------------------------------------
 
 
-async def test_a_failed_open_port_leaves_no_exit_message_for_a_trapping_caller() -> None:
-    async with otp.open_node():
-        otp.process_flag(trap_exit=True)
-        with pytest.raises(otp.StartError):
-            await otp.open_port(["/nonexistent/program"])
-        await trio.testing.wait_all_tasks_blocked()
-        assert await otp.receive(timeout=0, default="empty") == "empty"
-
-
 async def test_a_port_child_whose_program_is_missing_fails_the_supervisor_start() -> None:
     async with otp.open_node():
         otp.process_flag(trap_exit=True)
@@ -437,235 +428,7 @@ async def test_a_port_child_whose_program_is_missing_fails_the_supervisor_start(
 # -- DynamicSupervisor: each child's own shutdown -----------------------------------------------
 
 
-class SlowStop(GenServer):
-    """Traps exits; its terminate never finishes (only a kill stops it)."""
-
-    async def init(self) -> Ok:
-        otp.process_flag(trap_exit=True)
-        return Ok(None)
-
-    async def terminate(self, reason: Any, state: Any) -> None:
-        await trio.sleep_forever()
-
-
-async def test_dynamic_supervisor_shutdown_honours_each_childs_shutdown(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        otp.process_flag(trap_exit=True)
-        sup = await DynamicSupervisor.start_link()
-        first = await start_child(sup, ChildSpec("a", SlowStop, shutdown=BRUTAL_KILL))
-        second = await start_child(sup, ChildSpec("b", SlowStop, shutdown=1.0))
-        assert first[0] == "ok" and second[0] == "ok"
-        start = trio.current_time()
-        otp.exit(sup, otp.SHUTDOWN)
-        exit_ = await otp.receive(otp.Exit, timeout=30, default=None)
-        assert exit_ == otp.Exit(sup, otp.SHUTDOWN)
-        assert trio.current_time() - start == pytest.approx(1.0)
-
-
-async def test_dynamic_supervisor_shutdown_with_one_shutdown_time_kills_after_it(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        otp.process_flag(trap_exit=True)
-        sup = await DynamicSupervisor.start_link()
-        for name in ("a", "b"):
-            assert (await start_child(sup, ChildSpec(name, SlowStop, shutdown=2.0)))[0] == "ok"
-        start = trio.current_time()
-        otp.exit(sup, otp.SHUTDOWN)
-        assert await otp.receive(otp.Exit, timeout=30) == otp.Exit(sup, otp.SHUTDOWN)
-        assert trio.current_time() - start == pytest.approx(2.0)
-        assert otp.processes() == [otp.self()]
-
-
 # -- GenServer edges ----------------------------------------------------------------------------
 
 
-class Sleepy(GenServer):
-    """Answers ``("sleep", s)`` after sleeping ``s`` seconds inside handle_call."""
-
-    async def handle_call(self, request: Any, from_: otp.From, state: Any) -> Any:
-        if request[0] == "sleep":
-            await trio.sleep(request[1])
-            return Reply(("slept", request[1]), state)
-        if request[0] == "die":
-            return Stop(request[1], state)
-        return Reply(request, state)
-
-
-async def test_a_late_reply_from_the_server_itself_never_reaches_the_caller(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        pid = await Sleepy.start()
-        with pytest.raises(otp.CallTimeout):
-            await otp.call(pid, ("sleep", 2.0), timeout=1.0)
-        # The next call gets its own reply, not the stale one.
-        assert await otp.call(pid, ("echo", 1)) == ("echo", 1)
-        await trio.sleep(5)
-        assert await otp.receive(timeout=0, default="empty") == "empty"
-
-
-async def test_a_server_dying_after_a_call_timed_out_sends_no_stray_down(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        pid = await Sleepy.start()
-        with pytest.raises(otp.CallTimeout):
-            await otp.call(pid, ("sleep", 2.0), timeout=1.0)
-        otp.exit(pid, otp.KILL)
-        await trio.sleep(5)
-        assert otp.process_info(pid) is None
-        assert await otp.receive(timeout=0, default="empty") == "empty"
-
-
-async def test_a_call_to_a_server_killed_mid_call_fails_with_killed(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        pid = await Sleepy.start()
-        otp.exit_after(0.5, pid, otp.KILL)
-        with pytest.raises(otp.CallError) as info:
-            await otp.call(pid, ("sleep", 10.0))
-        assert info.value.reason == otp.KILLED
-        assert not isinstance(info.value, otp.CallTimeout)
-
-
-async def test_a_call_stopping_the_server_without_reply_fails_with_its_reason(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        pid = await Sleepy.start()
-        with pytest.raises(otp.CallError) as info:
-            await otp.call(pid, ("die", otp.Shutdown("bye")))
-        assert info.value.reason == otp.Shutdown("bye")
-
-
-class Terminator(GenServer):
-    async def init(self, report_to: otp.Pid, hang: bool = False) -> Ok:
-        return Ok((report_to, hang))
-
-    async def handle_cast(self, request: Any, state: Any) -> Any:
-        return request  # whatever the test sends: a bad return unless typed
-
-    async def handle_info(self, message: Any, state: Any) -> Any:
-        if message == "bad":
-            return Reply("not allowed in handle_info", state)
-        otp.send(state[0], ("info", message))
-        return NoReply(state)
-
-    async def terminate(self, reason: Any, state: Any) -> None:
-        otp.send(state[0], ("terminate", reason))
-        if state[1]:
-            await trio.sleep_forever()
-
-
-async def test_stop_with_a_reason_runs_terminate_with_it(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        pid = await Terminator.start(otp.self())
-        await GenServer.stop(pid, otp.Shutdown("bye"), 1.0)
-        assert await otp.receive() == ("terminate", otp.Shutdown("bye"))
-        assert otp.process_info(pid) is None
-        with pytest.raises(otp.NoProc):
-            await GenServer.stop(pid)
-
-
-async def test_stop_with_a_timeout_gives_up_on_a_hanging_terminate(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        pid = await Terminator.start(otp.self(), True)
-        start = trio.current_time()
-        with pytest.raises(TimeoutError):
-            await GenServer.stop(pid, "normal", 2.0)
-        assert trio.current_time() - start == pytest.approx(2.0)
-        assert await otp.receive() == ("terminate", "normal")
-
-
-@pytest.mark.parametrize("how", ["cast", "info"])
-async def test_a_bad_return_from_cast_or_info_exits_with_bad_return_value(
-    how: str, autojump_clock: trio.testing.MockClock
-) -> None:
-    async with otp.open_node():
-        pid = await Terminator.start(otp.self())
-        ref = otp.monitor(pid)
-        if how == "cast":
-            otp.cast(pid, "garbage")
-            bad: Any = "garbage"
-        else:
-            otp.send(pid, "bad")
-            bad = Reply("not allowed in handle_info", (otp.self(), False))
-        assert await otp.receive(lambda m: m[0] == "terminate") == (
-            "terminate",
-            otp.BadReturnValue(bad),
-        )
-        assert await otp.receive(otp.Down) == otp.Down(ref, pid, otp.BadReturnValue(bad))
-
-
-async def test_default_handle_info_ignores_unexpected_messages(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        pid = await Sleepy.start()
-        otp.send(pid, ("unexpected", 1))
-        assert await otp.call(pid, ("echo", 2)) == ("echo", 2)
-
-
-async def test_cast_to_dead_names_and_unknown_nodes_is_silent(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        pid = await Sleepy.start(name="sleepy")
-        await GenServer.stop("sleepy")
-        otp.cast("sleepy", "x")
-        otp.cast(pid, "x")
-        otp.cast(("sleepy", "other@host"), "x")
-        otp.cast(("sleepy", otp.current_node().name), "x")
-        with pytest.raises(otp.CallError) as info:
-            await otp.call(("sleepy", otp.current_node().name), "x")
-        assert info.value.reason == otp.NOPROC
-
-
 # -- timers -------------------------------------------------------------------------------------
-
-
-async def test_a_timer_to_a_process_is_cancelled_when_the_process_exits(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        pid = await Sleepy.start()
-        ref = otp.send_after(10.0, pid, "later")
-        assert otp.read_timer(ref) == pytest.approx(10.0)
-        await GenServer.stop(pid)
-        assert otp.read_timer(ref) is None
-        assert otp.cancel_timer(ref) is None
-
-
-async def test_a_timer_to_a_dead_pid_is_cancelled_at_once(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        pid = await Sleepy.start()
-        await GenServer.stop(pid)
-        ref = otp.send_after(10.0, pid, "never")
-        assert otp.read_timer(ref) is None
-
-
-async def test_a_timer_to_a_name_is_resolved_when_it_fires(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with otp.open_node():
-        me = otp.self()
-
-        async def relay() -> None:
-            otp.send(me, ("relayed", await otp.receive()))
-
-        ref = otp.send_after(2.0, "relay", "hello")
-        await trio.sleep(1.0)
-        otp.register("relay", otp.spawn(relay))
-        assert otp.read_timer(ref) == pytest.approx(1.0)
-        assert await otp.receive() == ("relayed", "hello")
-        assert otp.cancel_timer(ref) is None

@@ -1,9 +1,5 @@
-"""Audit of the dirty pool's node side (connections, routing, control plane) against Gunicorn 27's
-dirty arbiter and what a production client expects.
-
-Real worker processes (the ``start_pool`` fixture); the app below is loaded by the workers from
-this module.
-"""
+"""Streaming actions: chunks in order to a slow reader, clients that read nothing or close
+mid-stream, timeouts mid-stream, abandoned streams, execute of a streaming action."""
 
 from __future__ import annotations
 
@@ -11,64 +7,95 @@ import asyncio
 import gc
 import os
 import socket
-from collections.abc import Iterator
+import threading
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
+import trio.testing
 
 import wire
 from apps import dirty
 from apps.dirty import _connection, _protocol
+from apps.dirty._protocol import CHUNK, END, RESPONSE
 from apps.dirty._proxy import WorkerProxy
 from apps.dirty.worker._output import Output
 from apps.dirty.worker._server import Worker
 
-from .conftest import ECHO
+from .conftest import APPS, AUDIT, ECHO
+from .helpers import _raw
 
-HERE = "tests.test_apps.test_dirty.test_audit_node"
-BIG = f"{HERE}:BigStreamApp"
+
+class ScriptedPool:
+    """One-connection GD v1 server: answers a REQUEST for ``count`` with CHUNK 0, CHUNK 1,
+    END (what a pool sends for a streaming action) and any other with a RESPONSE echoing its
+    first argument; records every frame it gets."""
+
+    def __init__(self, path: str) -> None:
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        self.server.listen(1)
+        self.got: list[tuple[int, int]] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.server.accept()
+        splitter = wire.FrameSplitter()
+        with conn:
+            while data := conn.recv(65536):
+                for mtype, rid, payload in splitter.feed(data):
+                    self.got.append((mtype, rid))
+                    if mtype != _protocol.REQUEST:
+                        continue
+                    body = _protocol.decode_payload(payload)
+                    if body["action"] == "count":
+                        out = wire.encode_dirty(CHUNK, rid, {"data": 0})
+                        out += wire.encode_dirty(CHUNK, rid, {"data": 1})
+                        out += wire.encode_header(END, 0, rid)
+                    else:
+                        out = wire.encode_dirty(RESPONSE, rid, {"result": body["args"][0]})
+                    conn.sendall(out)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_execute_of_a_streaming_action_is_an_error_not_its_first_chunk(tmp_path: Path) -> None:
+    pool = ScriptedPool(str(tmp_path / "s.sock"))
+    client = dirty.DirtyClient(str(tmp_path / "s.sock"), timeout=5)
+    try:
+        try:
+            got = client.execute(ECHO, "count", 2)
+        except dirty.DirtyError:
+            got = "raised"
+        assert client.execute(ECHO, "echo", "next") == "next"  # the connection is in step
+        assert got == "raised", f"execute() of a stream returned {got!r}"
+    finally:
+        client.close()
+        pool.close()
+
+
+async def test_execute_async_of_a_streaming_action_is_an_error_and_abandons_it(
+    tmp_path: Path,
+) -> None:
+    pool = ScriptedPool(str(tmp_path / "s.sock"))
+    client = dirty.DirtyClient(str(tmp_path / "s.sock"), timeout=5)
+    try:
+        with pytest.raises(dirty.DirtyError, match="streaming action") as raised:
+            await client.execute_async(ECHO, "count", 2)
+        assert not isinstance(raised.value, dirty.DirtyAppError)
+        assert await client.execute_async(ECHO, "echo", "next") == "next"
+        [(_, stream_id), *_] = pool.got
+        assert (END, stream_id) in pool.got  # the worker is told to stop the generator
+    finally:
+        await client.close_async()
+        pool.close()
+
+
+BIG = f"{APPS}:BigStreamApp"
 MIB = 1 << 20
-
-
-class BigStreamApp(dirty.DirtyApp):
-    """A stream of large chunks, and how far it got."""
-
-    def init(self) -> None:
-        self.made = 0
-
-    def big(self, n: int, size: int) -> Iterator[bytes]:
-        for _ in range(n):
-            self.made += 1
-            yield b"x" * size
-
-    def numbered(self, n: int, size: int) -> Iterator[bytes]:
-        for i in range(n):
-            self.made += 1
-            yield i.to_bytes(4, "big") * (size // 4)
-
-    def produced(self) -> int:
-        return self.made
-
-    def blob(self, size: int) -> bytes:
-        return b"b" * size
-
-    def echo(self, value: Any) -> Any:
-        return value
-
-
-async def _raw(socket_path: str) -> trio.socket.SocketType:
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    await sock.connect(socket_path)
-    return sock
-
-
-async def _read_until_closed(sock: Any) -> list[tuple[int, int, bytes]]:
-    splitter = wire.FrameSplitter()
-    frames: list[tuple[int, int, bytes]] = []
-    with trio.fail_after(5):
-        while chunk := await sock.recv(65536):
-            frames += splitter.feed(chunk)
-    return frames
 
 
 def _node_queued_for_clients() -> int:
@@ -78,56 +105,6 @@ def _node_queued_for_clients() -> int:
         if type(obj) is _connection.ClientConnection:
             total += sum(len(part) for part in obj.outbox.buf)
     return total
-
-
-# ------------------------------------------------------------------ a client that half-closes
-
-
-async def test_requests_sent_before_a_half_close_are_still_answered(
-    start_pool: Any, socket_path: str
-) -> None:
-    await start_pool(dirty_workers=1, dirty_threads=2)
-    sock = await _raw(socket_path)
-    data = wire.request_parts(1, ECHO, "sleep", (0.05,))[0]
-    data += wire.request_parts(2, ECHO, "echo", ("two",))[0]
-    await sock.send(data)
-    sock.shutdown(socket.SHUT_WR)  # nothing more to send; the replies are still wanted
-    frames = await _read_until_closed(sock)
-    sock.close()
-    replies = {rid: (mtype, _protocol.decode_payload(p)) for mtype, rid, p in frames}
-    assert replies == {1: (0x02, {"result": 0.05}), 2: (0x02, {"result": "two"})}
-
-
-async def test_a_control_request_sent_before_a_half_close_is_still_answered(
-    start_pool: Any, socket_path: str
-) -> None:
-    await start_pool(dirty_workers=1)
-    sock = await _raw(socket_path)
-    await sock.send(wire.encode_header(_protocol.STATUS, 0, 3))
-    sock.shutdown(socket.SHUT_WR)
-    frames = await _read_until_closed(sock)
-    sock.close()
-    assert [(mtype, rid) for mtype, rid, _ in frames] == [(0x02, 3)]
-    assert _protocol.decode_payload(frames[0][2])["result"]["worker_count"] == 1
-
-
-async def test_a_half_closed_client_is_closed_once_its_last_reply_is_written(
-    start_pool: Any, socket_path: str
-) -> None:
-    # Nothing in flight: the node closes at once (the replies already went out).
-    await start_pool(dirty_workers=1)
-    sock = await _raw(socket_path)
-    await sock.send(wire.request_parts(1, ECHO, "echo", ("one",))[0])
-    splitter = wire.FrameSplitter()
-    with trio.fail_after(5):
-        got = splitter.feed(await sock.recv(65536))
-    sock.shutdown(socket.SHUT_WR)
-    assert await _read_until_closed(sock) == []
-    sock.close()
-    assert [(mtype, rid) for mtype, rid, _ in got] == [(0x02, 1)]
-
-
-# ------------------------------------------------------------------ a client that reads nothing
 
 
 def _held() -> bool:
@@ -314,9 +291,6 @@ def test_an_end_read_after_the_workers_loop_closed_is_dropped_quietly() -> None:
         theirs.close()
 
 
-# ------------------------------------------------------------------ a client that reads nothing
-
-
 async def test_the_node_does_not_buffer_a_whole_stream_for_a_client_that_reads_nothing(
     start_pool: Any, socket_path: str
 ) -> None:
@@ -347,9 +321,6 @@ async def test_the_node_does_not_buffer_a_whole_stream_for_a_client_that_reads_n
     assert most <= 16 * MIB, f"the node held {most / MIB:.0f} MiB for a client reading nothing"
 
 
-# ------------------------------------------------------------------ checked and right
-
-
 async def test_a_raw_client_closing_mid_stream_ends_the_generator_in_the_worker(
     start_pool: Any, socket_path: str
 ) -> None:
@@ -373,3 +344,68 @@ async def test_a_raw_client_closing_mid_stream_ends_the_generator_in_the_worker(
             assert await client.execute_async(ECHO, "echo", "after") == "after"
     finally:
         await client.close_async()
+
+
+async def test_client_timeout_mid_stream_is_a_dirty_timeout_error(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_apps=[AUDIT], dirty_workers=1, dirty_threads=4)
+    client = dirty.DirtyClient(socket_path, timeout=0.3)
+    got: list[Any] = []
+    with pytest.raises(dirty.DirtyTimeoutError) as info:
+        async for x in client.stream_async(AUDIT, "stall_stream", 1.5):
+            got.append(x)
+    assert got == [1] and info.value.timeout == 0.3
+    sync_got: list[Any] = []
+
+    def sync() -> None:
+        with pytest.raises(dirty.DirtyTimeoutError):
+            for x in client.stream(AUDIT, "stall_stream", 1.5):
+                sync_got.append(x)
+
+    await trio.to_thread.run_sync(sync)
+    assert sync_got == [1]
+    assert await client.execute_async(AUDIT, "echo", "a") == "a"
+    assert await trio.to_thread.run_sync(client.execute, AUDIT, "echo", "s") == "s"
+    await client.close_async()
+    client.close()
+
+
+async def test_dirty_timeout_mid_stream_is_a_dirty_timeout_error(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_apps=[AUDIT], dirty_workers=1, dirty_timeout=0.5)
+    client = dirty.DirtyClient(socket_path, timeout=10)
+    got: list[Any] = []
+    with trio.fail_after(5):
+        with pytest.raises(dirty.DirtyTimeoutError) as info:
+            async for x in client.stream_async(AUDIT, "stall_stream", 10):
+                got.append(x)
+    assert got == [1] and info.value.timeout == 0.5
+    await client.close_async()
+
+
+async def test_abandoned_streams_then_the_same_stream_again(
+    start_pool: Any, socket_path: str
+) -> None:
+    await start_pool(dirty_workers=1, dirty_threads=1)
+    client = dirty.DirtyClient(socket_path, timeout=10)
+    for round_ in range(3):
+        it = client.stream_async(ECHO, "endless", f"a{round_}")
+        assert await it.__anext__() == 0
+        await it.aclose()  # type: ignore[attr-defined]
+        assert [x async for x in client.stream_async(ECHO, "count", 5)] == list(range(5))
+
+    def sync() -> list[Any]:
+        it = client.stream(ECHO, "endless", "s")
+        first = next(it)
+        it.close()  # type: ignore[attr-defined]
+        return [first, list(client.stream(ECHO, "count", 4))]
+
+    assert await trio.to_thread.run_sync(sync) == [0, [0, 1, 2, 3]]
+    with trio.fail_after(5):  # every abandoned generator was stopped in the worker
+        for tag in ("a0", "a1", "a2", "s"):
+            while not await client.execute_async(ECHO, "was_stopped", tag):
+                await trio.sleep(0.01)
+    await client.close_async()
+    client.close()
