@@ -25,7 +25,6 @@ given up: a worker's calls are lost, a client's get ``draining``).
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 from collections import deque
@@ -40,7 +39,9 @@ import wire
 from . import _matcher, _stream
 from ._call_ops import answer_request, cancel_calls, start_call
 from ._config import MatchingConfig
-from ._dispatch import Capabilities, StreamRejection, WorkerDraining
+from ._connection_handshake import handshake
+from ._connection_streams import close_stream, register_stream
+from ._dispatch import Capabilities, WorkerDraining
 from ._engine import ENGINE
 
 __all__ = [
@@ -62,8 +63,6 @@ HELLO_LIMITS = wire.Limits(
     max_total_items=16384,
     max_str=16 * 1024,
 )
-#: Frames a peer may send before a good HELLO (each answered by an M_ERROR) before it is dropped.
-MAX_FRAMES_BEFORE_HELLO = 8
 #: Bytes handed to the socket at once: each write must drain within ``peer_timeout``.
 WRITE_CHUNK = 256 * 1024
 #: What the server sends: the peers' decoders enforce the protocol's own limits.
@@ -74,7 +73,6 @@ DRAIN_GRACE = 1.0
 #: Why a draining worker is asked to reconnect (M_RECONNECT's ``reason``).
 STOPPING = "server stopping"
 #: The codecs the server speaks.
-_CODECS = (wire.Codec.TLV, wire.Codec.CBOR)
 #: The frames a worker may send after HELLO on a stream (non-zero request id).
 _STREAM_FRAMES = (
     wire.MatchPong,
@@ -275,7 +273,7 @@ async def _connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) ->
     )
     try:
         with conn.scope:
-            if not await _handshake(conn, frames):
+            if not await handshake(conn, frames):
                 return
             frames.limits = wire.Limits(max_payload=ctx.config.max_payload)
             frames.exact = False
@@ -295,109 +293,6 @@ async def _connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) ->
             # A message, not an exit signal: a RESULT the stream has not read yet comes first.
             otp.send(pid, wire.MatchClose(rid=rid))
         await trio.aclose_forcefully(stream)
-
-
-# ==================================================================== handshake
-
-
-async def _handshake(conn: Connection, frames: wire.FrameStream) -> bool:
-    """Read HELLO (answering anything else with an M_ERROR), authenticate, send WELCOME.
-    False if the connection is to close."""
-    config = conn.ctx.config
-    with trio.move_on_after(config.peer_timeout) as timer:
-        hello = await _read_hello(conn, frames)
-        if hello is None:
-            return False
-        conn.role = hello.role
-        tokens = config.tokens(hello.role)
-        if tokens and not _token_ok(hello.token, tokens):
-            logger.warning(
-                "matching: refused a %s connection from %s: %s token",
-                hello.role,
-                conn.peer,
-                "wrong" if hello.token else "missing",
-            )
-            await _send_now(
-                frames,
-                wire.MatchError(
-                    "unauthenticated",
-                    f"the {hello.role} token is {'wrong' if hello.token else 'missing'}; pass"
-                    f" the {hello.role} credentials the server is configured with",
-                ),
-            )
-            return False
-        codec = next((c for c in hello.codecs if c in _CODECS), None)
-        if codec is None:
-            await _send_now(
-                frames,
-                wire.MatchError(
-                    "unsupported", "HELLO offers no codec the server speaks (tlv, cbor)"
-                ),
-            )
-            return False
-        if hello.role == "worker":
-            assert hello.worker_id is not None
-            conn.worker_id = hello.worker_id
-            conn.caps = Capabilities.from_wire(hello.flows)
-        conn.session = hello.session
-        conn.codec = codec
-        await _send_now(
-            frames,
-            wire.MatchWelcome(
-                config.server_name, codec, float(config.ping_interval), float(config.peer_timeout)
-            ),
-        )
-        logger.debug("matching: %s connected (codec %s)", conn.label, codec.value)
-        return True
-    if timer.cancelled_caught:
-        logger.info("matching: %s sent no HELLO within %ss", conn.peer, config.peer_timeout)
-    return False
-
-
-async def _read_hello(conn: Connection, frames: wire.FrameStream) -> wire.MatchHello | None:
-    for _ in range(MAX_FRAMES_BEFORE_HELLO):
-        try:
-            frame = await frames.receive_frame()
-        except wire.WireError as exc:
-            logger.warning("matching: undecodable input from %s before HELLO: %s", conn.peer, exc)
-            await _send_now(frames, wire.MatchError("bad_frame", exc.message))
-            return None
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            logger.info("matching: %s went away before HELLO (%s)", conn.peer, exc)
-            return None
-        if frame is None:
-            return None
-        problem: str
-        if frame.type is not wire.MessageType.M_HELLO:
-            problem = f"the first frame must be M_HELLO (got {frame.type.name})"
-        else:
-            try:
-                hello = wire.parse_matching(frame)
-            except wire.WireError as exc:
-                problem = exc.message
-            else:
-                assert isinstance(hello, wire.MatchHello)
-                return hello
-        logger.warning("matching: bad frame from %s before HELLO: %s", conn.peer, problem)
-        await _send_now(frames, wire.MatchError("bad_frame", problem))
-    logger.warning("matching: %s sent %d frames but no HELLO", conn.peer, MAX_FRAMES_BEFORE_HELLO)
-    return None
-
-
-def _token_ok(given: str, tokens: tuple[str, ...]) -> bool:
-    """Constant-time: every configured token is compared, whichever matches."""
-    data = given.encode()
-    ok = False
-    for token in tokens:
-        ok |= hmac.compare_digest(data, token.encode())
-    return ok
-
-
-async def _send_now(frames: wire.FrameStream, msg: Any) -> None:
-    try:
-        await frames.send_frame(msg.to_frame(wire.Codec.TLV))
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
 
 
 # ==================================================================== the running connection
@@ -542,7 +437,7 @@ def _handle(conn: Connection, frame: wire.Frame) -> None:
             return
         if kind is wire.MatchRegister:
             assert isinstance(msg, wire.MatchRegister)
-            _register(conn, msg)
+            register_stream(conn, msg)
             return
         if kind is wire.MatchDraining:
             logger.info("matching: %s is draining", conn.label)
@@ -576,82 +471,13 @@ def _to_stream(conn: Connection, msg: Any) -> None:
         ) and conn.tasks.get(rid) == msg.delivery:
             del conn.tasks[rid]
             if conn.draining:
-                _close_stream(conn, rid, pid)  # (after the outcome: the stream reads it first)
+                close_stream(conn, rid, pid)  # (after the outcome: the stream reads it first)
     elif rid in conn.registering:
         conn.registering[rid].append(msg)
     elif type(msg) is wire.MatchPong or type(msg) is wire.MatchClose:
         pass  # (crossed the stream's own close)
     else:
         _bad(conn, rid, f"unknown stream id {rid}: register it first (M_REGISTER)")
-
-
-def _register(conn: Connection, msg: wire.MatchRegister) -> None:
-    rid = msg.rid
-    if conn.draining:
-        conn.send_message(
-            wire.MatchRejected(
-                "draining", "the server is stopping: reconnect (with backoff)", False, rid=rid
-            )
-        )
-        return
-    if rid in conn.streams or rid in conn.registering:
-        conn.send_message(
-            wire.MatchRejected(
-                "bad_frame", f"stream id {rid} is in use on this connection", True, rid=rid
-            )
-        )
-        return
-    conn.registering[rid] = []
-    assert conn.nursery is not None
-    conn.nursery.start_soon(_open_stream, conn, msg)
-
-
-async def _open_stream(conn: Connection, msg: wire.MatchRegister) -> None:
-    """Register with the matcher, start the stream process (linked to this process), then
-    answer; the frames that came for the stream meanwhile follow."""
-    rid = msg.rid
-    ctx = conn.ctx
-    try:
-        try:
-            result = await _matcher.register_stream(
-                conn.session, conn.worker_id, msg.queue, msg.name, conn.caps, matcher=ctx.matcher
-            )
-        except (otp.CallError, otp.CallTimeout) as exc:
-            result = StreamRejection("unavailable", f"the matcher did not answer: {exc}", False)
-        if isinstance(result, StreamRejection):
-            logger.info(
-                "matching: refused stream %d (%s:%s) of %s: %s %s",
-                rid,
-                msg.queue,
-                msg.name,
-                conn.label,
-                result.code,
-                result.message,
-            )
-            conn.send_message(
-                wire.MatchRejected(result.code, result.message, result.permanent, rid=rid)
-            )
-            return
-        # No checkpoint from here on: REGISTERED is queued before the stream's first TASK.
-        pid = _stream.start_stream(
-            conn,
-            rid,
-            conn.worker_id,
-            conn.caps,
-            result,
-            limits=ctx.config.limits,
-            matcher=ctx.matcher,
-            notices=conn.notices,
-        )
-        conn.streams[rid] = pid
-        conn.send_message(wire.MatchRegistered(msg.queue, msg.name, rid=rid))
-        for held in conn.registering.get(rid, ()):
-            otp.send(pid, held)
-        if conn.draining:
-            _close_stream(conn, rid, pid)
-    finally:
-        conn.registering.pop(rid, None)
-        conn.settle()
 
 
 # ==================================================================== a graceful stop
@@ -678,23 +504,13 @@ def _drain(conn: Connection) -> None:
         _matcher.notify_worker(WorkerDraining(conn.worker_id), matcher=ctx.matcher)
         for rid, pid in list(conn.streams.items()):
             if rid not in conn.tasks:
-                _close_stream(conn, rid, pid)
+                close_stream(conn, rid, pid)
     else:
         cancel_calls(conn, ops=("result",))  # (they wait for a flow to end: asked again later)
     assert conn.nursery is not None
     deadline = trio.current_time() + ctx.config.stop_drain_timeout
     conn.nursery.start_soon(_drain_deadline, conn, deadline)
     conn.settle()
-
-
-def _close_stream(conn: Connection, rid: int, pid: otp.Pid) -> None:
-    """Close an idle stream of a draining worker: M_CLOSE to the worker, and to the stream
-    process as if the worker had sent it (it tells its queue it is gone, and ends)."""
-    if rid in conn.closing:
-        return
-    conn.closing.add(rid)
-    conn.send_message(wire.MatchClose(rid=rid))
-    otp.send(pid, wire.MatchClose(rid=rid))
 
 
 async def _drain_deadline(conn: Connection, deadline: float) -> None:
