@@ -295,10 +295,15 @@ class Connection:
         outbox = self._outbox
         if not outbox and self._open_batch is None:
             self._lazy_only = True
-            self._lazy_at = trio.current_time()
             scope = self._park_scope
-            if scope is not None and scope.deadline == math.inf:
+            if scope is None:
+                self._lazy_at = trio.current_time()
+            elif scope.deadline == math.inf:
+                self._lazy_at = trio.current_time()
                 scope.deadline = self._lazy_at + LAZY_DELAY
+            # (Else the writer wakes at the deadline an earlier lazy frame set, and writes
+            # this one then: sooner than LAZY_DELAY, without a clock read and a new deadline
+            # for each of a stream of calls' DEMONITORs.)
         elif self._open_batch is not None:
             self._close_batch()
         outbox.append(data)

@@ -380,12 +380,12 @@ class Distribution:
         if isinstance(target, NamedMonitor):
             peer, to = target.pid.node, target.label[0]
         else:
-            peer, to = target.node, value_to_wire(target)
+            peer, to = target.node, wire_id(target)
         conn = self.connections.get(peer)
         if conn is not None:
             conn.enqueue(
                 wire.MessageType.DEMONITOR,
-                {"from": value_to_wire(me), "to": to, "ref": value_to_wire(ref)},
+                {"from": wire_id(me), "to": to, "ref": wire_id(ref)},
                 lazy=True,
             )
 
@@ -410,7 +410,11 @@ class Distribution:
                 _SEND,
                 {
                     "to": wire_id(pid),
-                    "msg": (_GEN_REPLY, value_to_wire(from_.tag), value_to_wire(value)),
+                    "msg": (
+                        _GEN_REPLY,
+                        wire_id(tag) if (tag := from_.tag).__class__ is Ref else value_to_wire(tag),
+                        value_to_wire(value),
+                    ),
                 },
             )
 
