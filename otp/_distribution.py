@@ -140,6 +140,7 @@ class Distribution:
             for conn in list(self.connections.values()):
                 if conn.state == "up" and not conn.idle:
                     conn.drained = trio.Event()
+                    conn.write_lazy_now()
                     await conn.drained.wait()
 
     # -- connections -------------------------------------------------------------------------
