@@ -142,10 +142,20 @@ def _watch(me: Process, server: Any, ref: Ref) -> CallWaiter:
     (and a reply) to the returned waiter; the caller sends the MONITOR."""
     waiter = CallWaiter()
     me.add_alias(ref, waiter)
-    me.add_monitor(
-        ref, server if server.__class__ is Pid else NamedMonitor(Pid._make(server[1], 0, 0), server)
-    )
+    if server.__class__ is Pid:
+        me.add_monitor(ref, server)
+        return waiter
+    # One record per server name, shared by its calls (a NamedMonitor is never changed).
+    named = _NAMED.get(server)
+    if named is None:
+        if len(_NAMED) >= 1024:
+            _NAMED.clear()
+        named = _NAMED[server] = NamedMonitor(Pid._make(server[1], 0, 0), server)
+    me.add_monitor(ref, named)
     return waiter
+
+
+_NAMED: dict[tuple[str, str], NamedMonitor] = {}
 
 
 def _unwatch(dist: Distribution, me: Process, ref: Ref) -> None:

@@ -39,8 +39,10 @@ logger = logging.getLogger("otp.dist")
 DIRECT_WRITE_GAP = 0.0001
 
 #: The longest a lazy frame (bookkeeping such as DEMONITOR) waits for another frame to go out
-#: with (seconds): then the writer writes it.
-LAZY_DELAY = 0.005
+#: with (seconds): then the writer writes it. Long enough that a stream of calls slower than
+#: a loaded machine's round trip still takes its DEMONITORs along instead of waking the writer;
+#: a stopping node's flush does not wait for it (see write_lazy_now).
+LAZY_DELAY = 0.05
 
 #: About the most bytes the writer hands the socket in one write.
 WRITE_BYTES = 256 * 1024
@@ -295,14 +297,28 @@ class Connection:
         outbox = self._outbox
         if not outbox and self._open_batch is None:
             self._lazy_only = True
-            self._lazy_at = trio.current_time()
             scope = self._park_scope
-            if scope is not None and scope.deadline == math.inf:
+            if scope is None:
+                self._lazy_at = trio.current_time()
+            elif scope.deadline == math.inf:
+                self._lazy_at = trio.current_time()
                 scope.deadline = self._lazy_at + LAZY_DELAY
+            # (Else the writer wakes at the deadline an earlier lazy frame set, and writes
+            # this one then: sooner than LAZY_DELAY, without a clock read and a new deadline
+            # for each of a stream of calls' DEMONITORs.)
         elif self._open_batch is not None:
             self._close_batch()
         outbox.append(data)
         self._queue_grew(len(data))
+
+    def write_lazy_now(self) -> None:
+        """Lazy frames waiting go out now, not LAZY_DELAY after they were queued (a stopping
+        node's flush)."""
+        if self._lazy_only:
+            self._lazy_at = -math.inf
+            scope = self._park_scope
+            if scope is not None:
+                scope.deadline = -math.inf
 
     def _queue_grew(self, added: int) -> None:
         self.queued += added

@@ -54,13 +54,11 @@ def dispatch(dist: Distribution, conn: Connection, frame: wire.Frame) -> None:
     elif t is M.REG_SEND:
         _reg_send(dist, conn, p["to"], p["msg"])
     elif t is M.MONITOR:
-        _on_monitor(
-            dist, _peer_pid(conn, p["from"], node), p["to"], value_from_wire(p["ref"], node)
-        )
+        _on_monitor(dist, _peer_pid(conn, p["from"], node), p["to"], _monitor_ref(p["ref"], node))
     elif t is M.DEMONITOR:
         target = _target(p["to"], node)
         if target is not None:
-            target.remove_monitored_by(value_from_wire(p["ref"], node))
+            target.remove_monitored_by(_monitor_ref(p["ref"], node))
     elif t is M.SEND_BATCH:
         messages = _batch(p)
         proc = node.resolve(pid_from_wire(p["to"], node))
@@ -171,6 +169,13 @@ def _deliver_to(node: Node, proc: Process, message: Any) -> None:
             proc.deliver(SystemTerminate(reason_from_wire(message[2], node)))
             return
     proc.deliver(value_from_wire(message, node))
+
+
+def _monitor_ref(value: Any, node: Node) -> Any:
+    """A MONITOR or DEMONITOR's ref (a wire ref, the common case first)."""
+    if value.__class__ is wire.Ref:
+        return Ref._make(value.node, value.id, value.creation)
+    return value_from_wire(value, node)
 
 
 def _local(value: wire.Pid, node: Node) -> Process | None:

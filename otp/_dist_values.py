@@ -53,9 +53,17 @@ def wire_id(value: Pid | Ref) -> Any:
     if made is None:
         if len(_WIRE_IDS) >= 4096:
             _WIRE_IDS.clear()
-        kind = wire.Pid if value.__class__ is Pid else wire.Ref
-        made = _WIRE_IDS[value] = kind(value.node, value.id, value.creation)
+        # Made without the wire classes' validators: a Pid or Ref's fields were checked where
+        # it was made (our node's name and counters, or a peer's decoded frame).
+        made = object.__new__(wire.Pid if value.__class__ is Pid else wire.Ref)
+        _set_field(made, "node", value.node)
+        _set_field(made, "id", value.id)
+        _set_field(made, "creation", value.creation)
+        _WIRE_IDS[value] = made
     return made
+
+
+_set_field = object.__setattr__
 
 
 def ref_from_wire(value: wire.Ref) -> Ref:

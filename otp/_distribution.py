@@ -140,6 +140,7 @@ class Distribution:
             for conn in list(self.connections.values()):
                 if conn.state == "up" and not conn.idle:
                     conn.drained = trio.Event()
+                    conn.write_lazy_now()
                     await conn.drained.wait()
 
     # -- connections -------------------------------------------------------------------------
@@ -380,12 +381,12 @@ class Distribution:
         if isinstance(target, NamedMonitor):
             peer, to = target.pid.node, target.label[0]
         else:
-            peer, to = target.node, value_to_wire(target)
+            peer, to = target.node, wire_id(target)
         conn = self.connections.get(peer)
         if conn is not None:
             conn.enqueue(
                 wire.MessageType.DEMONITOR,
-                {"from": value_to_wire(me), "to": to, "ref": value_to_wire(ref)},
+                {"from": wire_id(me), "to": to, "ref": wire_id(ref)},
                 lazy=True,
             )
 
@@ -410,7 +411,11 @@ class Distribution:
                 _SEND,
                 {
                     "to": wire_id(pid),
-                    "msg": (_GEN_REPLY, value_to_wire(from_.tag), value_to_wire(value)),
+                    "msg": (
+                        _GEN_REPLY,
+                        wire_id(tag) if (tag := from_.tag).__class__ is Ref else value_to_wire(tag),
+                        value_to_wire(value),
+                    ),
                 },
             )
 

@@ -78,6 +78,27 @@ async def test_a_lone_lazy_frame_is_written_by_the_writer_after_lazy_delay(
                 nursery.cancel_scope.cancel()
 
 
+async def test_lazy_frames_go_out_at_once_when_a_stopping_node_flushes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from otp._dist_connection import LAZY_DELAY
+
+    async with otp.open_node("a@localhost"):
+        ours, theirs = trio.socket.socketpair()
+        with ours, theirs:
+            conn = _connection_on(ours)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(conn.write_loop, trio.SocketStream(ours))
+                await trio.testing.wait_all_tasks_blocked()
+                start = trio.current_time()
+                conn.enqueue(wire.MessageType.DEMONITOR, {"ref": 4}, lazy=True)
+                conn.write_lazy_now()
+                data = await theirs.recv(65536)
+                assert trio.current_time() - start < LAZY_DELAY
+                assert _frames_in(data) == [(wire.MessageType.DEMONITOR, {"ref": 4})]
+                nursery.cancel_scope.cancel()
+
+
 async def test_a_frame_sent_while_the_writer_writes_queues_behind_it_in_order() -> None:
     # The direct write is only for an idle connection: a frame sent while a long one is
     # still being written (the peer reads slowly) must not cut into it.
