@@ -88,6 +88,7 @@ class EngineReads(EngineCommits):
             largest_batch=state.largest_batch,
             building=state.building.size,
             commit_in_flight=state.committing is not None,
+            dispatch_reasons=dict(sorted(state.routed.items())),
         )
 
 

@@ -139,6 +139,8 @@ class EngineStatistics:
         largest_batch: The most records one batch carried.
         building: Records collected for the next batch.
         commit_in_flight: Whether a batch is being committed now.
+        dispatch_reasons: Routing decisions since the engine started, by reason (one of
+            ``ROUTED_REASONS``: a sticky hit, a fallback, a re-route, a delivery, ...).
     """
 
     flows_running: int
@@ -152,6 +154,7 @@ class EngineStatistics:
     largest_batch: int
     building: int
     commit_in_flight: bool
+    dispatch_reasons: dict[str, int] = attrs.field(factory=dict)
 
 
 # -- runtime state --------------------------------------------------------------------------------
@@ -328,6 +331,8 @@ class _State:
     commits: int = 0
     records_committed: int = 0
     largest_batch: int = 0
+    #: Routing decisions by reason (``Routed.reason``), for the observer.
+    routed: dict[str, int] = attrs.field(factory=dict)
     record_timer: bool = False
     #: ``NoReply(self)`` and ``NoReply(self, timeout=0)``, built once (frozen values, returned
     #: by every callback: see ``EngineCommits._next``).

@@ -343,6 +343,8 @@ class EngineSteps(EngineReads):
             self._finish(state, flow, "failed", None, error)
 
     def _routed(self, state: _State, routed: Routed) -> None:
+        reasons = state.routed
+        reasons[routed.reason] = reasons.get(routed.reason, 0) + 1
         target = state.deliveries.get(routed.delivery)
         if target is None:
             return

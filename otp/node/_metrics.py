@@ -330,6 +330,14 @@ def _matching(view: Mapping[str, Any]) -> Iterator[Metric]:
             streams.add_metric([queue, kind, state], row.get(state, 0))
         backlog.add_metric([queue, kind], row.get("waiting", 0))
     yield from (streams, backlog)
+    reasons = CounterMetricFamily(
+        "otp_matching_dispatches",
+        "Routing decisions of the matching server, by reason (sticky, fallback_no_stream, ...).",
+        labels=["reason"],
+    )
+    for reason, count in sorted((view.get("dispatch_reasons") or {}).items()):
+        reasons.add_metric([str(reason)], count)
+    yield reasons
 
 
 #: The application views this node turns into metrics, by application name.

@@ -118,3 +118,27 @@ async def test_dirty_calls_errors_and_latency_are_a_counter_and_a_histogram() ->
     assert {s.labels["table"]: s.value for s in families["otp_dirty_stash_keys"].samples} == {
         "t": 3
     }
+
+
+async def test_matching_dispatches_are_counted_by_their_routing_reason() -> None:
+    view = {
+        "streams": 2,
+        "queues": [],
+        "dispatch_reasons": {"sticky": 3, "fallback_timeout": 1, "delivered": 4},
+    }
+    silent = {"streams": 0}  # the engine did not answer in time: no reasons
+    async with otp.open_node("metrics@localhost"):
+        matching = supervisors.ApplicationView("matching", "", "", None, view)
+        body, _ = exposition(otp.observer.snapshot(), [matching])
+        without = supervisors.ApplicationView("matching", "", "", None, silent)
+        body_without, _ = exposition(otp.observer.snapshot(), [without])
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    family = families["otp_matching_dispatches"]
+    assert family.type == "counter"
+    assert {s.labels["reason"]: s.value for s in family.samples} == {
+        "delivered": 4,
+        "fallback_timeout": 1,
+        "sticky": 3,
+    }
+    families = {f.name: f for f in text_string_to_metric_families(body_without.decode())}
+    assert families["otp_matching_dispatches"].samples == []

@@ -288,5 +288,17 @@ async def test_the_observer_view_shows_streams_and_queues_with_their_backlog(
     client = await Peer.unix(sock)
     await client.hello()
     assert (await client.call(1, "queues")).value == app.view["queues"]
+    assert app.view["dispatch_reasons"] == {}
+    # Each routing decision is counted by its reason: to the flow-type queue, then delivered.
+    await client.call(
+        2, "start_flow", flow_type="greeting", flow_id="f1", args=["Ada"], definition=DEFINITION
+    )
+    task = await peer.receive_not_ping()
+    await peer.send(wire.MatchAccept(task.delivery, rid=1))
+    await peer.send(wire.MatchResult(task.delivery, "hi", {"set": {}, "delete": []}, rid=1))
+    assert (await client.call(3, "result", flow_id="f1", timeout=None)).value == "hi"
+    [app] = [a for a in await supervisors.observe() if a.name == "matching"]
+    assert app.view is not None
+    assert app.view["dispatch_reasons"] == {"delivered": 1, "flow_queue": 1}
     await client.aclose()
     await peer.aclose()
