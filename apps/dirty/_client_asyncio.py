@@ -137,15 +137,15 @@ class _Protocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn.fail(self.lost(exc or "the connection was closed"))
-        self._resume(exc)
+        self._wake_drainers()
 
     def pause_writing(self) -> None:
         self.paused = True
 
     def resume_writing(self) -> None:
-        self._resume(None)
+        self._wake_drainers()
 
-    def _resume(self, exc: Exception | None) -> None:
+    def _wake_drainers(self) -> None:
         self.paused = False
         for waiter in self.drained:
             if not waiter.done():
