@@ -4,11 +4,12 @@
   a call (median over the kills). Baseline: a task re-started in a nursery after it raises, until
   it answers a request.
 - ``supervisor.restart_crash``: the same, but the child *raises* (in a cast), with the node's
-  default logging on (``otp.node.configure_logging("info", "text", ...)``, to ``/dev/null``),
-  so each restart writes a crash report with its traceback, a supervisor report and a progress
-  report through the handler a node installs. The burst limit is off here so every report is
-  formatted and written (with it on, a storm this fast would drop most of them). Baseline: the
-  raw trio restart loop above.
+  default logging on (``otp.node.configure_logging("info", "text", ...)``, to ``/dev/null``
+  line-buffered as stderr is), so each restart writes a crash report with its traceback and a
+  supervisor report through the handler a node installs (a progress report is written only at
+  ``--log-level debug``, as OTP's default level ``notice`` leaves them out). The burst limit is
+  off here so every report is formatted and written (with it on, a storm this fast would drop
+  most of them). Baseline: the raw trio restart loop above.
 - ``supervisor.start_tree``: start and stop a tree of 1,000 workers under 10 supervisors.
   Baseline: 1,000 tasks started with ``nursery.start`` under 10 nested nurseries, then cancelled.
 """
@@ -29,6 +30,7 @@ import trio
 import otp
 from benchmarks._harness import Benchmark, Result, best_of
 from otp.node import configure_logging
+from otp.node._logs import PROGRESS_LOGGER
 from supervisors import ChildSpec, Supervisor, SupFlags
 
 # -- supervisor.restart -------------------------------------------------------------------------
@@ -157,15 +159,17 @@ def _node_logging() -> Iterator[None]:
     """The root logger as ``python -m otp.node`` sets it up (text, level info), writing to
     /dev/null, without the burst limit; the benchmark process's own logging is put back after."""
     root = logging.getLogger()
-    saved = root.handlers[:], root.level
+    progress = logging.getLogger(PROGRESS_LOGGER)
+    saved = root.handlers[:], root.level, progress.level
     root.handlers.clear()
-    with open(os.devnull, "w") as sink:
+    with open(os.devnull, "w", buffering=1) as sink:
         configure_logging("info", "text", "bench@localhost", sink, burst_limit=False)
         try:
             yield
         finally:
             root.handlers[:] = saved[0]
             root.setLevel(saved[1])
+            progress.setLevel(saved[2])
 
 
 def _restart_crash(quick: bool) -> list[Result]:
@@ -177,7 +181,7 @@ def _restart_crash(quick: bool) -> list[Result]:
         ours,
         trio.run(_raw_restart, kills),
         f"median of {kills} crashes (the child raises); the node's text logging on, every"
-        " crash, supervisor and progress report written (to /dev/null)",
+        " crash and supervisor report written (to /dev/null, line-buffered)",
     )
 
 

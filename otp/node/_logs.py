@@ -11,6 +11,11 @@ The handler carries OTP's burst limit (:class:`otp.BurstLimit`: at most 500 reco
 then it drops them and logs how many once the second is over, so a restart storm cannot make
 logging the node's bottleneck); :func:`report_dropped_records` writes that count when a
 dropping window ends even if nothing else is logged after it.
+
+Progress reports (``supervisors.progress``: a child started) are written only at ``--log-level
+debug``: OTP's logger makes them at ``info`` under a default primary level of ``notice``, so an
+OTP node does not print them unless asked; Python has no ``notice``, and the node's default,
+``info``, plays it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import supervisors
 __all__ = ["LOG_FORMATS", "JsonFormatter", "configure_logging", "report_dropped_records"]
 
 LOG_FORMATS = ("text", "json")
+#: The logger of OTP's progress reports (supervisors/_reports.py).
+PROGRESS_LOGGER = "supervisors.progress"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 #: What every LogRecord has; anything else on a record came from ``extra=``.
@@ -96,8 +103,9 @@ def configure_logging(
 ) -> logging.Handler:
     """Set the root logger up as the node runs it: ``level``, and ``log_format`` ``"text"`` or
     ``"json"`` on ``stream`` (stderr by default), behind OTP's burst limit unless
-    ``burst_limit`` is False. Returns the handler."""
-    handler = logging.StreamHandler(stream)
+    ``burst_limit`` is False; progress reports only when ``level`` is ``"debug"``. Returns the
+    handler."""
+    handler = _RecordStreamHandler(stream)
     if log_format == "json":
         handler.setFormatter(JsonFormatter(node))
     else:
@@ -105,7 +113,27 @@ def configure_logging(
     if burst_limit:
         handler.addFilter(otp.BurstLimit(handler))
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    # Set on the logger, not filtered in the handler: a supervisor then skips making the record.
+    progress = logging.getLogger(PROGRESS_LOGGER)
+    progress.setLevel(logging.NOTSET if level.upper() == "DEBUG" else logging.WARNING)
     return handler
+
+
+class _RecordStreamHandler(logging.StreamHandler):
+    """``logging.StreamHandler`` that writes a record with one ``write``, and flushes only a
+    stream that does not flush its own lines (stderr is line-buffered: a second flush per
+    record is a system call's worth of nothing)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = self.stream
+            stream.write(self.format(record) + self.terminator)
+            if not getattr(stream, "line_buffering", False):
+                self.flush()
+        except RecursionError:  # as StreamHandler.emit: never swallowed
+            raise
+        except Exception:
+            self.handleError(record)
 
 
 async def report_dropped_records() -> None:

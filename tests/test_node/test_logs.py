@@ -21,7 +21,7 @@ import otp
 import supervisors
 from otp.node import NodeConfig, configure_logging, load_config
 from otp.node._config import ConfigError
-from otp.node._logs import JsonFormatter, report_dropped_records
+from otp.node._logs import PROGRESS_LOGGER, JsonFormatter, report_dropped_records
 
 from .test_node_cli import ROOT, _env
 
@@ -97,6 +97,7 @@ def test_the_log_format_is_a_flag_and_a_node_toml_key(tmp_path: Any) -> None:
 async def test_the_node_writes_json_lines_with_its_name() -> None:
     args = [
         sys.executable, "-m", "otp.node", "--name", "logs@localhost", "--log-format", "json",
+        "--log-level", "debug",  # the progress report of 'listener' is the line waited for
         "--app", "apps.matching", "--matching-listen",
         f"unix:/tmp/otp-logs-{os.getpid()}.sock", "--matching-store", ":memory:",
     ]  # fmt: skip
@@ -123,18 +124,22 @@ async def test_the_node_writes_json_lines_with_its_name() -> None:
 
 
 @contextmanager
-def _node_root_logging(log_format: str) -> Iterator[tuple[logging.Handler, io.StringIO]]:
+def _node_root_logging(
+    log_format: str, level: str = "info"
+) -> Iterator[tuple[logging.Handler, io.StringIO]]:
     """The root logger as the node sets it up, writing to a StringIO (pytest's own handlers
     are put back after)."""
     root = logging.getLogger()
-    saved = root.handlers[:], root.level
+    progress = logging.getLogger(PROGRESS_LOGGER)
+    saved = root.handlers[:], root.level, progress.level
     root.handlers.clear()
     out = io.StringIO()
     try:
-        yield configure_logging("info", log_format, "n1@host", out), out
+        yield configure_logging(level, log_format, "n1@host", out), out
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+        progress.setLevel(saved[2])
 
 
 def test_the_node_text_log_is_one_line_a_record_with_its_traceback() -> None:
@@ -168,3 +173,80 @@ async def test_the_node_writes_the_dropped_count_when_a_storm_ends_in_silence(
     assert lines[500].endswith(
         "WARNING otp.logger: burst limit: dropped 7 log records (more than 500 in 1 s)"
     )
+
+
+class _Child(otp.GenServer):
+    async def init(self) -> otp.Ok:
+        return otp.Ok(None)
+
+    async def handle_cast(self, request: Any, state: Any) -> Any:
+        raise RuntimeError(f"asked to {request}")
+
+
+async def _restart_once() -> None:
+    otp.process_flag(trap_exit=True)
+    spec = supervisors.ChildSpec("child", (_Child.start_link,))
+    sup = await supervisors.Supervisor.start_link(supervisors.SupFlags(), [spec])
+    ((_, pid, _, _),) = await supervisors.Supervisor.which_children(sup)
+    otp.cast(pid, "crash")
+    while True:  # until the supervisor has started the child again
+        new = (await supervisors.Supervisor.which_children(sup))[0][1]
+        if isinstance(new, otp.Pid) and new != pid:
+            break
+    otp.exit(sup, otp.SHUTDOWN)
+    await otp.receive(otp.Exit)
+
+
+@pytest.mark.parametrize(("level", "progress"), [("info", False), ("debug", True)])
+def test_the_node_writes_progress_reports_only_at_debug(level: str, progress: bool) -> None:
+    # OTP's progress reports are at info under a default primary level of notice: a node does
+    # not print them unless asked. Crash and supervisor reports are written at any level.
+    with _node_root_logging("text", level) as (_, out):
+        otp.run(_restart_once)
+    text = out.getvalue()
+    assert "RuntimeError: asked to crash" in text
+    assert "ERROR supervisors: supervisor " in text and "child_terminated" in text
+    assert ("started child 'child'" in text) is progress
+    assert logging.getLogger(PROGRESS_LOGGER).level == logging.NOTSET  # put back
+
+
+class _CountingStream(io.StringIO):
+    def __init__(self, line_buffering: bool) -> None:
+        super().__init__()
+        self.lines_flushed = line_buffering
+        self.calls: list[str] = []
+
+    @property
+    def line_buffering(self) -> bool:  # type: ignore[override]
+        return self.lines_flushed
+
+    def write(self, text: str) -> int:
+        self.calls.append("write")
+        return super().write(text)
+
+    def flush(self) -> None:
+        self.calls.append("flush")
+
+
+@pytest.mark.parametrize(
+    ("line_buffering", "calls"), [(True, ["write"]), (False, ["write", "flush"])]
+)
+def test_the_node_writes_a_record_in_one_write_and_flushes_only_unbuffered_streams(
+    line_buffering: bool, calls: list[str]
+) -> None:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, logging.getLogger(PROGRESS_LOGGER).level
+    root.handlers.clear()
+    stream = _CountingStream(line_buffering)
+    try:
+        configure_logging("info", "text", "n1@host", stream)
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("it failed")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        logging.getLogger(PROGRESS_LOGGER).setLevel(saved[2])
+    assert stream.calls == calls
+    assert stream.getvalue().endswith("ValueError: boom\n")
