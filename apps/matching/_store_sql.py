@@ -13,6 +13,8 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any, Protocol
 
+import attrs
+
 import wire
 
 from ._store_records import (
@@ -136,6 +138,28 @@ def pending_from_row(row: tuple[Any, ...]) -> PendingStep:
     return PendingStep(*row)
 
 
+def _row(r: DispatchRecord | PendingStep) -> tuple[Any, ...]:
+    # Their columns are their fields, in order (as ``dispatch_from_row`` and
+    # ``pending_from_row`` read them back).
+    return attrs.astuple(r, recurse=False)
+
+
+def _attempt_row(a: AttemptRecord) -> tuple[Any, ...]:
+    return (
+        a.flow_id,
+        a.step_index,
+        a.step,
+        a.execution_id,
+        a.attempt,
+        a.delivery,
+        a.worker_id,
+        a.status,
+        _encode(a.error, f"AttemptRecord of {a.flow_id!r}: error"),
+        a.started_at,
+        a.finished_at,
+    )
+
+
 def attempt_from_row(row: tuple[Any, ...]) -> AttemptRecord:
     return AttemptRecord(
         flow_id=row[0],
@@ -218,60 +242,11 @@ def _apply(
                 },
             )
         if batch.attempts:
-            conn.executemany(
-                _INSERT_ATTEMPT,
-                [
-                    (
-                        a.flow_id,
-                        a.step_index,
-                        a.step,
-                        a.execution_id,
-                        a.attempt,
-                        a.delivery,
-                        a.worker_id,
-                        a.status,
-                        _encode(a.error, f"AttemptRecord of {a.flow_id!r}: error"),
-                        a.started_at,
-                        a.finished_at,
-                    )
-                    for a in batch.attempts
-                ],
-            )
+            conn.executemany(_INSERT_ATTEMPT, [_attempt_row(a) for a in batch.attempts])
         if batch.dispatches:
-            conn.executemany(
-                _INSERT_DISPATCH,
-                [
-                    (
-                        d.flow_id,
-                        d.delivery,
-                        d.kind,
-                        d.name,
-                        d.attempt,
-                        d.queue,
-                        d.reason,
-                        d.worker_id,
-                        d.at,
-                    )
-                    for d in batch.dispatches
-                ],
-            )
+            conn.executemany(_INSERT_DISPATCH, [_row(d) for d in batch.dispatches])
         if batch.pending_put:
-            conn.executemany(
-                _PUT_PENDING,
-                [
-                    (
-                        p.flow_id,
-                        p.step_index,
-                        p.step,
-                        p.execution_id,
-                        p.attempt,
-                        p.lease_owner,
-                        p.lease_expires,
-                        p.not_before,
-                    )
-                    for p in batch.pending_put
-                ],
-            )
+            conn.executemany(_PUT_PENDING, [_row(p) for p in batch.pending_put])
         if batch.pending_done:
             conn.executemany(
                 "DELETE FROM pending WHERE flow_id = ? AND step_index = ?",
