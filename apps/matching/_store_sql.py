@@ -10,6 +10,7 @@ and ``executemany(sql, rows)``.
 
 from __future__ import annotations
 
+import operator
 import urllib.parse
 from typing import Any, Protocol
 
@@ -138,10 +139,10 @@ def pending_from_row(row: tuple[Any, ...]) -> PendingStep:
     return PendingStep(*row)
 
 
-def _row(r: DispatchRecord | PendingStep) -> tuple[Any, ...]:
-    # Their columns are their fields, in order (as ``dispatch_from_row`` and
-    # ``pending_from_row`` read them back).
-    return attrs.astuple(r, recurse=False)
+# Their columns are their fields, in order (as ``dispatch_from_row`` and ``pending_from_row``
+# read them back); one C call builds a row.
+_dispatch_row = operator.attrgetter(*(field.name for field in attrs.fields(DispatchRecord)))
+_pending_row = operator.attrgetter(*(field.name for field in attrs.fields(PendingStep)))
 
 
 def _attempt_row(a: AttemptRecord) -> tuple[Any, ...]:
@@ -244,9 +245,9 @@ def _apply(
         if batch.attempts:
             conn.executemany(_INSERT_ATTEMPT, [_attempt_row(a) for a in batch.attempts])
         if batch.dispatches:
-            conn.executemany(_INSERT_DISPATCH, [_row(d) for d in batch.dispatches])
+            conn.executemany(_INSERT_DISPATCH, [_dispatch_row(d) for d in batch.dispatches])
         if batch.pending_put:
-            conn.executemany(_PUT_PENDING, [_row(p) for p in batch.pending_put])
+            conn.executemany(_PUT_PENDING, [_pending_row(p) for p in batch.pending_put])
         if batch.pending_done:
             conn.executemany(
                 "DELETE FROM pending WHERE flow_id = ? AND step_index = ?",
