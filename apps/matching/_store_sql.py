@@ -10,8 +10,11 @@ and ``executemany(sql, rows)``.
 
 from __future__ import annotations
 
+import operator
 import urllib.parse
 from typing import Any, Protocol
+
+import attrs
 
 import wire
 
@@ -136,6 +139,28 @@ def pending_from_row(row: tuple[Any, ...]) -> PendingStep:
     return PendingStep(*row)
 
 
+# Their columns are their fields, in order (as ``dispatch_from_row`` and ``pending_from_row``
+# read them back); one C call builds a row.
+_dispatch_row = operator.attrgetter(*(field.name for field in attrs.fields(DispatchRecord)))
+_pending_row = operator.attrgetter(*(field.name for field in attrs.fields(PendingStep)))
+
+
+def _attempt_row(a: AttemptRecord) -> tuple[Any, ...]:
+    return (
+        a.flow_id,
+        a.step_index,
+        a.step,
+        a.execution_id,
+        a.attempt,
+        a.delivery,
+        a.worker_id,
+        a.status,
+        _encode(a.error, f"AttemptRecord of {a.flow_id!r}: error"),
+        a.started_at,
+        a.finished_at,
+    )
+
+
 def attempt_from_row(row: tuple[Any, ...]) -> AttemptRecord:
     return AttemptRecord(
         flow_id=row[0],
@@ -218,60 +243,11 @@ def _apply(
                 },
             )
         if batch.attempts:
-            conn.executemany(
-                _INSERT_ATTEMPT,
-                [
-                    (
-                        a.flow_id,
-                        a.step_index,
-                        a.step,
-                        a.execution_id,
-                        a.attempt,
-                        a.delivery,
-                        a.worker_id,
-                        a.status,
-                        _encode(a.error, f"AttemptRecord of {a.flow_id!r}: error"),
-                        a.started_at,
-                        a.finished_at,
-                    )
-                    for a in batch.attempts
-                ],
-            )
+            conn.executemany(_INSERT_ATTEMPT, [_attempt_row(a) for a in batch.attempts])
         if batch.dispatches:
-            conn.executemany(
-                _INSERT_DISPATCH,
-                [
-                    (
-                        d.flow_id,
-                        d.delivery,
-                        d.kind,
-                        d.name,
-                        d.attempt,
-                        d.queue,
-                        d.reason,
-                        d.worker_id,
-                        d.at,
-                    )
-                    for d in batch.dispatches
-                ],
-            )
+            conn.executemany(_INSERT_DISPATCH, [_dispatch_row(d) for d in batch.dispatches])
         if batch.pending_put:
-            conn.executemany(
-                _PUT_PENDING,
-                [
-                    (
-                        p.flow_id,
-                        p.step_index,
-                        p.step,
-                        p.execution_id,
-                        p.attempt,
-                        p.lease_owner,
-                        p.lease_expires,
-                        p.not_before,
-                    )
-                    for p in batch.pending_put
-                ],
-            )
+            conn.executemany(_PUT_PENDING, [_pending_row(p) for p in batch.pending_put])
         if batch.pending_done:
             conn.executemany(
                 "DELETE FROM pending WHERE flow_id = ? AND step_index = ?",
