@@ -462,8 +462,13 @@ def _to_stream(conn: Connection, msg: Any) -> None:
     rid = msg.rid
     pid = conn.streams.get(rid)
     if pid is not None:
-        otp.send(pid, msg)
         kind = type(msg)
+        if kind is wire.MatchDecline:
+            # Noted here, in the order the worker wrote it: the RESULT that frees its slot
+            # comes after it on this connection, but may reach its own stream process before
+            # this DECLINE reaches its stream; that call's end must still send WorkerFreed.
+            conn.notices.note_decline(msg)
+        otp.send(pid, msg)
         if kind is wire.MatchClose:
             conn.tasks.pop(rid, None)
         elif (

@@ -64,10 +64,17 @@ class FreedNotices:
     A queue holds a worker's capacity decline until its ``WorkerFreed``; a worker declines for
     capacity only while calls of it run, and each of them ends on this connection after the
     DECLINE was read (the worker frees a slot before it writes the call's outcome). So one
-    ``WorkerFreed`` after each run of declines is all the queues need, not one per call."""
+    ``WorkerFreed`` after each run of declines is all the queues need, not one per call. The
+    connection sets ``declined`` as it reads the DECLINE, not the stream that gets it: the
+    outcome that follows goes to another stream process, which may run first."""
 
     #: True at first: a reconnected worker's queues may hold declines of its old connection.
     declined: bool = True
+
+    def note_decline(self, decline: wire.MatchDecline) -> None:
+        """The connection read ``decline`` for one of its streams (before handing it on)."""
+        if decline.reason != "unknown_name" and decline.reason != "draining":
+            self.declined = True  # (the queue takes any other reason as no_capacity)
 
 
 @attrs.define(eq=False)
@@ -291,11 +298,8 @@ def _handle(state: _Stream, message: Any) -> None:
             _accepted(state, offered)
         elif kind is wire.MatchDecline and message.delivery == offered.task.delivery:
             state.offered = None
-            reason = message.reason
-            notices = state.notices
-            if notices is not None and reason != "unknown_name" and reason != "draining":
-                notices.declined = True  # (the queue takes any other reason as no_capacity)
-            otp.send(state.queue, Declined(state.me, offered.task.delivery, reason))
+            # (its connection noted a capacity decline in its FreedNotices as it read it)
+            otp.send(state.queue, Declined(state.me, offered.task.delivery, message.reason))
             _to_idle(state)
         elif kind is wire.MatchClose:
             otp.send(state.queue, StreamGone(state.me))

@@ -397,8 +397,11 @@ async def test_a_call_end_frees_the_worker_for_its_queues_only_after_a_capacity_
             d = dispatch()
             otp.send(conn.stream, Offer(d, "flow:Greet"))
             await trio.testing.wait_all_tasks_blocked()
-            otp.send(conn.stream, answer(d.task.delivery))
-            if not isinstance(answer(0), wire.MatchDecline):
+            reply = answer(d.task.delivery)
+            if isinstance(reply, wire.MatchDecline):
+                notices.note_decline(reply)  # (what the connection does as it reads one)
+            otp.send(conn.stream, reply)
+            if not isinstance(reply, wire.MatchDecline):
                 otp.send(conn.stream, wire.MatchResult(d.task.delivery, None, rid=1))
             await trio.testing.wait_all_tasks_blocked()
             while (m := await otp.receive(timeout=0, default=None)) is not None:
@@ -426,6 +429,48 @@ async def test_a_call_end_frees_the_worker_for_its_queues_only_after_a_capacity_
         assert len(frees) == 2 and not notices.declined
         await call(accept)
         assert len(frees) == 2
+
+
+async def test_a_call_ending_before_its_streams_decline_is_handled_still_frees_the_worker(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The worker writes a capacity DECLINE (stream 2) before the RESULT that frees its slot
+    (stream 1), and the connection reads them in that order; stream 1 may handle its RESULT
+    before stream 2 handles the DECLINE. The call's end must still send WorkerFreed, or the
+    queue holds the declined dispatch until its dispatch wait runs out."""
+    async with otp.open_node():
+        me = otp.self()
+        notices = FreedNotices()
+        one, two = FakeConn("w1", silent), FakeConn("w1", silent)
+        one.stream = start_stream(one, 1, "w1", CAPS, me, matcher=me, notices=notices)
+        two.stream = start_stream(two, 2, "w1", CAPS, me, matcher=me, notices=notices)
+        first, second = dispatch(), dispatch()
+
+        async def frees() -> list[WorkerFreed]:
+            await trio.testing.wait_all_tasks_blocked()
+            found = []
+            while (m := await otp.receive(timeout=0, default=None)) is not None:
+                request = getattr(m, "request", None)  # (a cast to the matcher)
+                if isinstance(request, WorkerFreed):
+                    found.append(request)
+            return found
+
+        otp.send(one.stream, Offer(first, "flow:Greet"))
+        await trio.testing.wait_all_tasks_blocked()
+        otp.send(one.stream, wire.MatchAccept(delivery=first.task.delivery, rid=1))
+        otp.send(one.stream, wire.MatchResult(first.task.delivery, None, rid=1))
+        assert await frees() == [WorkerFreed("w1")]  # (the first call's end: notices reset)
+        second_call = dispatch()
+        otp.send(one.stream, Offer(second_call, "flow:Greet"))
+        otp.send(two.stream, Offer(second, "flow:Greet"))
+        await trio.testing.wait_all_tasks_blocked()
+        otp.send(one.stream, wire.MatchAccept(delivery=second_call.task.delivery, rid=1))
+        decline = wire.MatchDecline(delivery=second.task.delivery, reason="no_capacity", rid=2)
+        notices.note_decline(decline)  # the connection reads the DECLINE first ...
+        otp.send(one.stream, wire.MatchResult(second_call.task.delivery, None, rid=1))
+        assert await frees() == [WorkerFreed("w1")]  # ... stream 1's call ends first ...
+        otp.send(two.stream, decline)  # ... and stream 2 handles the DECLINE last
+        assert await frees() == []
 
 
 # -- losing streams -------------------------------------------------------------------------
