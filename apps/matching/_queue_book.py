@@ -97,6 +97,8 @@ class _Stream:
     #: ``idle``, ``offered`` (the dispatch is out for its answer) or ``busy`` (owns a call).
     state: str = "idle"
     offered: _Waiting | None = None
+    #: The worker's ``worker_freed`` count when the dispatch was offered (see ``declined``).
+    freed_mark: int = 0
 
 
 @attrs.frozen
@@ -150,6 +152,8 @@ class QueueBook:
         self._workers: dict[str, int] = {}
         self._caps: dict[str, Capabilities] = {}
         self._draining: set[str] = set()
+        #: ``worker_freed`` notices per worker with streams here (a count).
+        self._freed: dict[str, int] = {}
         self._heap: list[tuple[float, int]] = []
         self._seq = 0
         self._declines = 0
@@ -250,6 +254,7 @@ class QueueBook:
         else:
             del self._workers[worker]
             self._caps.pop(worker, None)
+            self._freed.pop(worker, None)
             # (a draining worker stays draining: its next stream may come before the news)
         if entry.state == "offered":
             waiting = self._take_back(entry, actions)
@@ -354,7 +359,11 @@ class QueueBook:
             self._requeue(waiting)
             actions.extend(self.worker_draining(worker))
         else:
-            waiting.busy.add(worker)
+            # A worker freed after this offer went out may have read it while still full: its
+            # WorkerFreed (through the matcher) can overtake its DECLINE (from its stream), and
+            # then nothing would offer it this dispatch again. So it stays eligible.
+            if self._freed.get(worker, 0) == entry.freed_mark:
+                waiting.busy.add(worker)
             waiting.capacity = True
             actions.append(Route(waiting.dispatch, "declined_no_capacity", worker))
             self._requeue(waiting)
@@ -367,6 +376,8 @@ class QueueBook:
         """A call of ``worker_id`` ended: the dispatches it declined for capacity may go to it
         again."""
         actions: list[Action] = []
+        if worker_id in self._workers:
+            self._freed[worker_id] = self._freed.get(worker_id, 0) + 1
         freed = [w for w in self._waiting.values() if worker_id in w.busy]
         for waiting in freed:
             waiting.busy.discard(worker_id)
@@ -426,6 +437,7 @@ class QueueBook:
         del self._idle[entry.key]
         entry.state = "offered"
         entry.offered = waiting
+        entry.freed_mark = self._freed.get(entry.worker_id, 0)
         self._offered += 1
         actions.append(OfferStream(entry.key, waiting.dispatch))
 

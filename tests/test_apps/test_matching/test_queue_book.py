@@ -159,6 +159,21 @@ def test_no_capacity_dispatch_waits_until_the_worker_is_freed() -> None:
     assert offers(b.worker_freed("w1")) == [("s1", 1)]
 
 
+def test_a_worker_freed_while_its_decline_was_on_the_way_is_offered_the_dispatch_again() -> None:
+    # The worker's WorkerFreed (through the matcher) overtook its DECLINE (from its stream):
+    # the decline may have been read while it was still full, so it is not held for a
+    # WorkerFreed that already came.
+    b, _ = book()
+    b.stream_idle("s1", "w1", CAPS)
+    b.stream_idle("s1b", "w1", CAPS)
+    b.dispatch(dispatch(1))
+    assert b.worker_freed("w1") == []  # (the offer to s1 is out: nothing to offer)
+    assert offers(b.declined("s1", 1, "no_capacity")) == [("s1b", 1)]
+    # A decline with no WorkerFreed since its offer holds the worker as before.
+    assert offers(b.declined("s1b", 1, "no_capacity")) == []
+    assert offers(b.worker_freed("w1")) == [("s1", 1)]
+
+
 def test_no_capacity_dispatch_goes_to_a_new_worker_stream() -> None:
     b, _ = book()
     b.stream_idle("s1", "w1", CAPS)
