@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 import trio.testing
 
@@ -13,3 +16,14 @@ def autojump_clock() -> trio.testing.MockClock:
     pytest-trio runs a test that requests it on this clock, so timeouts cost no wall time.
     """
     return trio.testing.MockClock(autojump_threshold=0)
+
+
+@pytest.fixture(autouse=True)
+def _progress_logger_level_put_back() -> Iterator[None]:
+    """``otp.node.configure_logging`` sets the level of the supervisors' progress logger, a
+    process-wide setting (a node started in-process, or a benchmark, leaves it): each test
+    starts with the level it found, so no test depends on which ran before it."""
+    progress = logging.getLogger("supervisors.progress")
+    level = progress.level
+    yield
+    progress.setLevel(level)
