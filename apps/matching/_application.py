@@ -1,8 +1,9 @@
 """The matching server as an OTP application: ``matching_sup`` and its configuration.
 
 ``matching_sup`` (rest_for_one) starts, in order: the store (``StoreServer`` over SQLite), the
-queues' DynamicSupervisor (``matching_queues``), the matcher, the engine, the connections'
-DynamicSupervisor (``matching_connections``) and the listener. Each depends on the ones before
+queues' DynamicSupervisor (``matching_queues``), the matcher, the engine, its lease keeper
+(``matching_leases``), the connections' DynamicSupervisor (``matching_connections``) and the
+listener. Each depends on the ones before
 it, so a crash restarts it and everything after it (a new matcher drops the old queues, and
 the listener's restart binds the sockets anew). Stopping runs in reverse: the listener stops
 accepting and removes its Unix sockets; the connections drain, all at once, each for at most
@@ -27,10 +28,12 @@ from ._config import MatchingConfig
 from ._config import add_arguments as add_arguments  # (for --app apps.matching._application)
 from ._connection import ServerContext
 from ._engine import ENGINE, EngineOptions, FlowEngine
+from ._leases import start_leases
 from ._listener import CONNECTIONS, start_listener
 from ._matcher import MATCHER, QUEUES, start_matcher
 from ._observer import observer_view
 from ._scratch import ScratchDirectory
+from ._server_id import server_id
 from ._sqlite_store import SqliteStore
 from ._store import SERVER_NAME, StoreServer
 
@@ -52,6 +55,7 @@ def matching_supervisor_spec(
         supervisors.ChildSpec("queues", (_start_dynamic, QUEUES, 1000, 5), type="supervisor"),
         supervisors.ChildSpec("matcher", (start_matcher, config.limits, QUEUES, MATCHER)),
         supervisors.ChildSpec("engine", (_start_engine, config), shutdown=10.0),
+        supervisors.ChildSpec("leases", (_start_leases, config), shutdown=10.0),
         supervisors.ChildSpec(
             "connections", (_start_dynamic, CONNECTIONS, 1000, 5), type="supervisor"
         ),
@@ -74,14 +78,23 @@ async def _start_store(config: MatchingConfig) -> Any:
     return await StoreServer.start_link(store, name=SERVER_NAME)
 
 
-async def _start_engine(config: MatchingConfig) -> Any:
-    options = EngineOptions(
+def _engine_options(config: MatchingConfig) -> EngineOptions:
+    """(In the node.) The engine's options; the server's id is the node's (``_server_id``)."""
+    return EngineOptions(
         store=SERVER_NAME,
         matcher=MATCHER,
         dispatch_wait=config.limits.dispatch_wait,
         max_flow_type_length=config.limits.max_flow_type_length,
+        server_id=server_id(),
     )
-    return await FlowEngine.start_link(options, name=ENGINE)
+
+
+async def _start_engine(config: MatchingConfig) -> Any:
+    return await FlowEngine.start_link(_engine_options(config), name=ENGINE)
+
+
+async def _start_leases(config: MatchingConfig) -> Any:
+    return await start_leases(_engine_options(config), ENGINE)
 
 
 async def _start_dynamic(name: str, intensity: int, period: int) -> Any:

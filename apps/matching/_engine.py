@@ -22,8 +22,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import trio
-
 import otp
 
 from ._dispatch import Completed, Failed, Lost, NotDispatched, Routed
@@ -31,15 +29,14 @@ from ._engine_definitions import Advertised, DefinitionLoaded, remember
 from ._engine_reads import _describe
 from ._engine_rpcs import EngineRpcs
 from ._engine_state import (
-    _RUNNING,
     DEFAULT_TIMEOUT,
     ENGINE,
+    Claimed,
     EngineOptions,
     EngineStatistics,
     _call_timeout,
     _check_id,
     _err,
-    _Flow,
     _FlushRecords,
     _Loaded,
     _RetryDue,
@@ -53,9 +50,9 @@ from ._engine_state import (
 from ._engine_steps import EngineSteps
 from ._engine_waiters import caller_down, expired_waiters
 from ._errors import CallTimeout as MatchingCallTimeout
-from ._errors import ConfigurationError, MatchingError, ProtocolError
+from ._errors import MatchingError, ProtocolError
 from ._flow_spec import FlowSpec, StepSpec, parse_definition
-from ._store import BatchCommitted, StoreServer
+from ._store import BatchCommitted
 
 __all__ = [
     "ENGINE",
@@ -229,30 +226,7 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         if first is None:
             first = time.time_ns() // 1000
         state = _State(options=options, me=me, store_monitor=store_monitor, next_delivery=first)
-        records = await StoreServer.list_flows(
-            status=_RUNNING, limit=2**62, server=options.store, timeout=None
-        )
-        now, wall = trio.current_time(), time.time()
-        for record in reversed(records):  # oldest first
-            try:
-                flow = _Flow.from_record(record)
-            except ConfigurationError:
-                logger.exception("matching engine: flow %r has a bad definition", record.flow_id)
-                continue
-            state.flows[flow.flow_id] = flow
-            remember(state, flow.flow_type, flow.spec)
-            if flow.step_index >= len(flow.spec.steps):
-                continue  # (cannot be: such a flow is stored completed)
-            for pending in await StoreServer.pending(
-                flow.flow_id, server=options.store, timeout=None
-            ):
-                if pending.step_index == flow.step_index:
-                    flow.attempt = pending.attempt
-                    if pending.not_before > wall:
-                        flow.retry_at = now + (pending.not_before - wall)
-            self._advance(state, flow)
-        if records:
-            logger.info("matching engine: recovered %d running flows", len(records))
+        await self._recover(state)
         return otp.Ok(state)
 
     def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
@@ -307,8 +281,10 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                 state.record_timer = False
                 if state.building.size:
                     self._flush(state)
-            case _Loaded(flow_id=flow_id, record=record):
-                self._loaded(state, flow_id, record)
+            case _Loaded():
+                self._loaded(state, message)
+            case Claimed():
+                self._claimed(state, message)
             case _RetryDue(flow_id=flow_id, token=token):
                 flow = state.flows.get(flow_id)
                 if flow is not None and flow.retry_timer is not None and flow.retry_token == token:

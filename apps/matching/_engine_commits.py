@@ -132,9 +132,12 @@ class EngineCommits:
 
     def _pending_put(self, state: _State, flow: _Flow, not_before: float = 0.0) -> None:
         step = flow.spec.steps[flow.step_index]
+        options = state.options
+        # (leased to this server: the flow is ours, and no other server may claim the step
+        # while ``matching_leases`` renews the lease)
         pending = trusted(
             PendingStep, flow.flow_id, flow.step_index, step.name, flow.execution_id(),
-            flow.attempt, None, None, not_before,
+            flow.attempt, options.server_id, time.time() + options.lease_seconds, not_before,
         )  # fmt: skip
         state.building.pending_put[pending.key] = pending
         state.building.size += 1

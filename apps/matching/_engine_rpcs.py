@@ -74,7 +74,7 @@ class EngineRpcs(EngineReads):
                     call.deadline_timer = otp.send_after(timeout, state.me, _RpcDeadline(delivery))
                 self._submit_rpc(state, call)
 
-        self._with_flow(state, flow_id, then)
+        self._with_flow(state, flow_id, then, (from_, ("call_rpc", flow_id, name, args, timeout)))
 
     def _submit_rpc(self, state: _State, call: _Rpc) -> None:
         task = call.task

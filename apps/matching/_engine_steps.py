@@ -203,7 +203,7 @@ class EngineSteps(EngineReads):
             else:
                 watch_waiter(state, flow, from_, timeout)
 
-        self._with_flow(state, flow_id, then)
+        self._with_flow(state, flow_id, then, (from_, ("result", flow_id, timeout)))
 
     def _cancel(self, state: _State, from_: otp.From, flow_id: Any) -> None:
         _check_id("cancel", flow_id)
@@ -219,7 +219,7 @@ class EngineSteps(EngineReads):
                 })  # fmt: skip
             self._after_flow(state, flow, lambda: otp.reply(from_, _ok(None)))
 
-        self._with_flow(state, flow_id, then)
+        self._with_flow(state, flow_id, then, (from_, ("cancel", flow_id)))
 
     def _finish(
         self, state: _State, flow: _Flow, status: str, result: Any, error: dict[str, Any] | None

@@ -83,6 +83,7 @@ async def test_the_tree_is_architectures_and_the_socket_is_private(start: Any, s
     assert [c[0] for c in children] == [
         "listener",
         "connections",
+        "leases",
         "engine",
         "matcher",
         "queues",
