@@ -86,6 +86,7 @@ def _engine_options(config: MatchingConfig) -> EngineOptions:
         dispatch_wait=config.limits.dispatch_wait,
         max_flow_type_length=config.limits.max_flow_type_length,
         server_id=server_id(),
+        lease_seconds=config.lease_seconds,
     )
 
 
@@ -94,7 +95,7 @@ async def _start_engine(config: MatchingConfig) -> Any:
 
 
 async def _start_leases(config: MatchingConfig) -> Any:
-    return await start_leases(_engine_options(config), ENGINE)
+    return await start_leases(_engine_options(config), ENGINE, shared=config.store_is_postgres)
 
 
 async def _start_dynamic(name: str, intensity: int, period: int) -> Any:
