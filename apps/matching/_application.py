@@ -1,16 +1,21 @@
 """The matching server as an OTP application: ``matching_sup`` and its configuration.
 
-``matching_sup`` (rest_for_one) starts, in order: the store (``StoreServer`` over SQLite), the
-queues' DynamicSupervisor (``matching_queues``), the matcher, the engine, its lease keeper
-(``matching_leases``), the connections' DynamicSupervisor (``matching_connections``) and the
-listener. Each depends on the ones before
-it, so a crash restarts it and everything after it (a new matcher drops the old queues, and
-the listener's restart binds the sockets anew). Stopping runs in reverse: the listener stops
-accepting and removes its Unix sockets; the connections drain, all at once, each for at most
+``matching_sup`` (rest_for_one) starts, in order: the store (``StoreServer`` over SQLite or
+PostgreSQL), the queues' DynamicSupervisor (``matching_queues``), the matcher, the engine, its
+lease keeper (``matching_leases``), the connections' DynamicSupervisor
+(``matching_connections``) and the listener. Each depends on the ones before it, so a crash
+restarts it and everything after it (a new matcher drops the old queues, and the listener's
+restart binds the sockets anew). Stopping runs in reverse: the listener stops accepting and
+removes its Unix sockets; the connections drain, all at once, each for at most
 ``stop_drain_timeout`` (workers are sent M_RECONNECT and their running calls send their outcomes
 to the engine, still alive; clients' calls in flight are answered, or get a retryable
-``draining`` error), then close; then the engine stops, the matcher, the queues and, last, the
-store, which commits what it was given (the outcomes the drain brought in with it).
+``draining`` error), then close; then the lease keeper releases this server's leases (on
+PostgreSQL: the other servers take its flows at once), the engine stops, the matcher, the
+queues and, last, the store, which commits what it was given (the outcomes the drain brought in
+with it).
+
+The server's id (who holds a flow's lease) is the node's name when it is distributed, else
+``hostname/pid/random`` (``_server_id``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ for nobody: they ride in the next batch, or go alone after ``dispatch_record_del
 
 This module holds the client functions and the callbacks; their helpers are mixins, one job
 each: ``_engine_steps`` (flows and steps), ``_engine_rpcs`` (RPC calls), ``_engine_reads``
-(loads, describe, list), ``_engine_commits`` (batches and what waits for them); the values are
-in ``_engine_state`` and the pinned definitions in ``_flow_spec``.
+(describe, list), ``_engine_leases`` (which flows it holds: claims, takeovers, loads),
+``_engine_commits`` (batches and what waits for them); the values are in ``_engine_state`` and
+the pinned definitions in ``_flow_spec``.
 """
 
 from __future__ import annotations
@@ -71,14 +72,18 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
     """The ``matching_engine`` GenServer (registered as :data:`ENGINE` by the application).
 
     Start it with ``FlowEngine.start_link(EngineOptions(...), name=ENGINE)`` after the
-    ``StoreServer`` and the matcher. ``init`` recovers: every running flow's current step is
-    dispatched again (at least once), with the state, attempt and sticky worker stored; a retry
-    still backing off waits for the rest of its backoff.
+    ``StoreServer`` and the matcher. ``init`` recovers through claims (``_engine_leases``): it
+    takes back the steps its server id leased (on SQLite every step: one server per file), then
+    claims every free or expired one, and dispatches each flow's current step again (at least
+    once), with the state, attempt and sticky worker stored; a retry still backing off waits
+    for the rest of its backoff. Every pending step it writes is leased to its server id.
 
     Its callbacks never wait: callers are answered later (``otp.reply``), once what their answer
-    depends on is committed. If a commit is refused the engine crashes; if the ``StoreServer``
-    goes away (the engine monitors it) the engine stops with ``Shutdown(("store_down",
-    reason))``; either way its supervisor's restart recovers from the store.
+    depends on is committed. A commit refused for a conflict on one flow (another server wrote
+    it: this one lost its lease) drops that flow and commits the rest; any other refusal
+    crashes the engine; if the ``StoreServer`` goes away (the engine monitors it) the engine
+    stops with ``Shutdown(("store_down", reason))``; either way its supervisor's restart
+    recovers from the store.
     """
 
     # ======================================== client side ====================================
@@ -275,8 +280,9 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                 self._outcome(state, message)
             case BatchCommitted(tag=size, error=refused):
                 if refused is not None:
-                    raise refused  # crash, and recover from the store
-                self._committed(state, size)
+                    self._refused(state, refused)  # (or crash, and recover from the store)
+                else:
+                    self._committed(state, size)
             case _FlushRecords():
                 state.record_timer = False
                 if state.building.size:

@@ -25,6 +25,7 @@ from ._engine_commits import EngineCommits
 from ._engine_definitions import remember
 from ._engine_forward import forward
 from ._engine_state import _RUNNING, Claimed, _Flow, _Loaded, _State
+from ._engine_waiters import forget_waiter
 from ._errors import ConfigurationError
 from ._store import Claim, FlowRecord, StoreServer
 
@@ -111,6 +112,43 @@ class EngineLeases(EngineCommits):
                 )  # fmt: skip
         self._advance(state, flow)
         return flow
+
+    def _moved(self, state: _State, flow_id: str) -> None:
+        """Another server wrote the flow (a commit of it conflicted): it holds the flow now.
+        Drop it here; its callers are told where it went (``forward``), and what this
+        engine still had scheduled for it does nothing (``_Flow.moved``)."""
+        state.moved += 1
+        flow = state.flows.get(flow_id)
+        logger.warning(
+            "matching engine: flow %s was written by another server (this one lost its lease);"
+            " dropped here",
+            flow_id,
+        )
+        if flow is None:
+            return
+        del state.flows[flow_id]
+        flow.moved = True
+        self._end_attempt(state, flow)
+        if flow.retry_timer is not None:
+            otp.cancel_timer(flow.retry_timer)
+            flow.retry_timer = None
+        waiters, flow.waiters = flow.waiters, {}
+        for key, waiter in waiters.items():
+            forget_waiter(state, key, waiter)
+            forward(state, waiter.from_, ("result", flow_id, None), flow_id, None)
+
+    def _answer(
+        self, state: _State, flow: _Flow, from_: otp.From, answer: Any, request: tuple[Any, ...]
+    ) -> None:
+        """Answer ``from_`` (once what ``flow`` decided for it is committed), or, if the flow
+        moved to another server meanwhile (that commit was refused), forward ``request``."""
+        if flow.moved:
+            forward(state, from_, request, flow.flow_id, None)
+        else:
+            otp.reply(from_, answer)
+
+    def _end_attempt(self, state: _State, flow: _Flow) -> None:
+        raise NotImplementedError  # (EngineSteps)
 
     def _with_flow(
         self,

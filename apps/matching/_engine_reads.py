@@ -1,5 +1,5 @@
-"""The engine's reads: flows loaded from the store on demand, ``describe`` and ``list_flows``
-answered by helper processes straight from the store, and the engine's statistics.
+"""The engine's reads: ``describe`` and ``list_flows`` answered by helper processes straight
+from the store, and the engine's statistics (flows loaded on demand: ``_engine_leases``).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class EngineReads(EngineLeases):
             dispatch_reasons=dict(sorted(state.routed.items())),
             takeovers=state.takeovers,
             redeliveries=state.redeliveries,
+            moved=state.moved,
         )
 
 

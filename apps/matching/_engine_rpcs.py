@@ -148,6 +148,8 @@ class EngineRpcs(EngineReads):
 
         def answered() -> None:
             flow.rpcs -= 1
-            otp.reply(call.from_, answer)
+            task = call.task
+            request = ("call_rpc", flow.flow_id, task.name, task.args, call.timeout)
+            self._answer(state, flow, call.from_, answer, request)
 
         self._after_flow(state, flow, answered)

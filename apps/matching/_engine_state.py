@@ -162,6 +162,8 @@ class EngineStatistics:
             expired, or one released by a server that stopped).
         redeliveries: Of those, the ones whose lease expired: their current step may have run
             on the other server, and is dispatched again (at least once).
+        moved: Flows this engine held that another server wrote meanwhile (this server was
+            silent past its lease, and that server took them): dropped here, theirs now.
     """
 
     flows_running: int
@@ -178,6 +180,7 @@ class EngineStatistics:
     dispatch_reasons: dict[str, int] = attrs.field(factory=dict)
     takeovers: int = 0
     redeliveries: int = 0
+    moved: int = 0
 
 
 # -- runtime state --------------------------------------------------------------------------------
@@ -240,10 +243,13 @@ class _Flow:
     #: The pass (being built or committed) holding the flow's latest records, or None when
     #: everything it decided is committed: what it does next waits for that pass.
     unsaved: _Pass | None = None
+    #: Another server wrote the flow since this engine took it (a commit of it conflicted):
+    #: it is that server's now, and nothing this engine still holds of it may run or answer.
+    moved: bool = False
 
     @property
     def running(self) -> bool:
-        return self.status == _RUNNING
+        return self.status == _RUNNING and not self.moved
 
     def record(self) -> FlowRecord:
         # (trusted: the engine's own values, checked as they came in; two per Step)
@@ -305,6 +311,8 @@ class _Pass:
     #: Records something waits for (all but dispatch records): they are committed as soon as
     #: the mailbox is empty; dispatch records alone wait ``dispatch_record_delay``.
     urgent: int = 0
+    #: The batch sent to the store for it (sent again without a flow that moved).
+    sent: WriteBatch | None = None
 
     def batch(self) -> WriteBatch:
         batch = WriteBatch(
@@ -359,9 +367,10 @@ class _State:
     #: Routing decisions by reason (``Routed.reason``), for the observer.
     routed: dict[str, int] = attrs.field(factory=dict)
     record_timer: bool = False
-    #: ``EngineStatistics.takeovers`` and ``redeliveries``.
+    #: ``EngineStatistics.takeovers``, ``redeliveries`` and ``moved``.
     takeovers: int = 0
     redeliveries: int = 0
+    moved: int = 0
     #: ``NoReply(self)`` and ``NoReply(self, timeout=0)``, built once (frozen values, returned
     #: by every callback: see ``EngineCommits._next``).
     carry_on: Any = None

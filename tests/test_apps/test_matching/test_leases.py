@@ -18,6 +18,7 @@ import signal
 import time
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -28,7 +29,7 @@ import supervisors
 from apps.matching import Client, ClientOptions, FlowStatus, Registry
 from apps.matching._application import application
 from apps.matching._config import MatchingConfig
-from apps.matching._dispatch import Dispatch, Routed
+from apps.matching._dispatch import Completed, Dispatch, Routed
 from apps.matching._engine import ENGINE, EngineOptions, FlowEngine
 from apps.matching._errors import Unavailable
 from apps.matching._leases import LEASES, LeaseKeeper
@@ -50,8 +51,10 @@ from .test_engine import (
     dispatches,
     hang,
     ok,
+    outcome,
     server,
     set_script,
+    spawn_call,
     step,
 )
 from .test_real_processes import _WorkerProcess
@@ -239,6 +242,48 @@ async def test_a_running_flow_no_server_holds_is_claimed_by_the_call_that_names_
     assert (sent.task.name, sent.task.attempt) == ("b", 2)
 
 
+# -- fencing: a flow another server wrote meanwhile
+
+
+async def test_a_flow_another_server_wrote_meanwhile_is_dropped_and_the_rest_committed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    spec = definition(step("a"), step("b"))
+    async with otp.open_node(), server(hang_all, server_id="me", lease_seconds=LEASE):
+        engine = otp.whereis(ENGINE)
+        assert engine is not None
+        await FlowEngine.start_flow("T", [], spec, "f")
+        await FlowEngine.start_flow("T", [], spec, "g")
+        waiting = await spawn_call(FlowEngine.result, "f", 60)
+        await trio.testing.wait_all_tasks_blocked()
+        delivery = {d.task.flow_id: d.task.delivery for _, d in await dispatches()}
+        await set_script(hang_all)  # (and forget those dispatches)
+        # this server was silent past its lease: another one took f and ran its step a
+        stored = await StoreServer.get_flow("f")
+        assert stored is not None
+        theirs = attrs.evolve(stored, step_index=1, step_input=["theirs"], version=2)
+        row = PendingStep("f", 1, "b", "f/1/b", 1, "other", time.time() + 3600)
+        await StoreServer.commit(
+            WriteBatch(flows_upserted=[theirs], pending_put=[row], pending_done=[("f", 0)])
+        )
+        # f's and g's outcomes reach this engine in one pass: one batch, which f's conflict
+        # refuses
+        patch = {"set": {}, "delete": []}
+        otp.send(engine, Completed(delivery["f"], "w1", "mine", patch))
+        otp.send(engine, Completed(delivery["g"], "w1", "G", patch))
+        with pytest.raises(Unavailable):
+            await outcome(waiting)  # f's waiter is told it moved
+        await trio.testing.wait_all_tasks_blocked()
+        after = [(d.task.flow_id, d.task.name) for _, d in await dispatches()]
+        stats = await FlowEngine.statistics()
+        assert otp.whereis(ENGINE) == engine  # not crashed
+        assert await StoreServer.get_flow("f") == theirs
+        assert (await StoreServer.get_flow("g")).step_input == ["G"]  # type: ignore[union-attr]
+    assert after == [("g", "b")]  # g went on; f is the other server's
+    assert (stats.moved, stats.flows_resident) == (1, 1)
+    assert any("flow f was written by another server" in r.getMessage() for r in caplog.records)
+
+
 # -- several servers on one PostgreSQL database ---------------------------------------------------
 
 
@@ -283,7 +328,7 @@ async def test_two_engines_on_one_postgres_share_the_flows_and_take_over_a_dead_
         async def start(n: int) -> None:
             store = await StoreServer.start(PostgresStore(url), name=f"store{n}")
             options = EngineOptions(
-                store=f"store{n}", server_id=f"server{n}", lease_seconds=1.0, first_delivery=n
+                store=f"store{n}", server_id=f"server{n}", lease_seconds=3.0, first_delivery=n
             )
             engines[f"engine{n}"] = await FlowEngine.start(options, name=f"engine{n}")
             await LeaseKeeper.start(options, f"engine{n}", True, name=f"leases{n}")
@@ -297,16 +342,17 @@ async def test_two_engines_on_one_postgres_share_the_flows_and_take_over_a_dead_
         assert sorted(flow_id for _, flow_id in first) == ids
         held = {n: sorted(f for e, f in first if e == engines[f"engine{n}"]) for n in (1, 2)}
         assert sorted(held[1] + held[2]) == ids
-        # server 1 dies without a word (no release): server 2 takes its flows when their
-        # leases expire, and dispatches their current steps again
-        otp.exit(otp.whereis("leases1"), otp.KILL)  # type: ignore[arg-type]
-        otp.exit(engines["engine1"], otp.KILL)
-        again = await _dispatched(len(held[1]))
-        assert {e for e, _ in again} == {engines["engine2"]}
-        assert sorted(f for _, f in again) == held[1]
-        stats = await FlowEngine.statistics(server="engine2")
+        # one of them (the one that claimed more) dies without a word (no release): the other
+        # takes its flows when their leases expire, and dispatches their current steps again
+        dead, alive = (1, 2) if len(held[1]) >= len(held[2]) else (2, 1)
+        otp.exit(otp.whereis(f"leases{dead}"), otp.KILL)  # type: ignore[arg-type]
+        otp.exit(engines[f"engine{dead}"], otp.KILL)
+        again = await _dispatched(len(held[dead]))
+        assert {e for e, _ in again} == {engines[f"engine{alive}"]}
+        assert sorted(f for _, f in again) == held[dead]
+        stats = await FlowEngine.statistics(server=f"engine{alive}")
         assert stats.flows_running == len(ids)
-        assert (stats.takeovers, stats.redeliveries) == (len(held[1]), len(held[1]))
+        assert (stats.takeovers, stats.redeliveries) == (len(held[dead]), len(held[dead]))
 
 
 def _pg_server(tmp_path: Any, name: str, url: str, *flags: str) -> tuple[Node, str]:
@@ -321,8 +367,8 @@ async def test_a_killed_servers_flows_are_taken_over_by_another_server(
     tmp_path: Any, postgres: Any
 ) -> None:
     url = postgres.url()
-    a, address_a = _pg_server(tmp_path, "a", url, "--matching-lease-seconds", "2")
-    b, address_b = _pg_server(tmp_path, "b", url, "--matching-lease-seconds", "2")
+    a, address_a = _pg_server(tmp_path, "a", url, "--matching-lease-seconds", "4")
+    b, address_b = _pg_server(tmp_path, "b", url, "--matching-lease-seconds", "4")
     log = tmp_path / "handler.log"
     client_a = Client(Registry((Crashy,)), None, ClientOptions(server_address=address_a))
     client_b = Client(Registry((Crashy,)), None, ClientOptions(server_address=address_b))
