@@ -60,6 +60,7 @@ class EngineReads(EngineLeases):
             takeovers=state.takeovers,
             redeliveries=state.redeliveries,
             moved=state.moved,
+            server_id=state.options.server_id,
         )
 
 

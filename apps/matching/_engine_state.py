@@ -164,6 +164,7 @@ class EngineStatistics:
             on the other server, and is dispatched again (at least once).
         moved: Flows this engine held that another server wrote meanwhile (this server was
             silent past its lease, and that server took them): dropped here, theirs now.
+        server_id: The server id its leases carry (``EngineOptions.server_id``).
     """
 
     flows_running: int
@@ -181,6 +182,7 @@ class EngineStatistics:
     takeovers: int = 0
     redeliveries: int = 0
     moved: int = 0
+    server_id: str = ""
 
 
 # -- runtime state --------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ stopped.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import time
 from typing import Any
 
@@ -31,10 +33,11 @@ from apps.matching._application import application
 from apps.matching._config import MatchingConfig
 from apps.matching._dispatch import Completed, Dispatch, Routed
 from apps.matching._engine import ENGINE, EngineOptions, FlowEngine
-from apps.matching._errors import Unavailable
+from apps.matching._errors import ConfigurationError, Unavailable
 from apps.matching._leases import LEASES, LeaseKeeper
 from apps.matching._matcher import MATCHER
 from apps.matching._postgres_store import PostgresStore
+from apps.matching._server_id import local_server_id, server_id
 from apps.matching._store import (
     SERVER_NAME,
     FlowRecord,
@@ -81,6 +84,25 @@ def foreign_flow(flow_id: str, owner: str | None, expires: float | None, **kw: A
 async def keeper(**options: Any) -> None:
     """``matching_leases`` of the engine the test started, as on a shared store."""
     await LeaseKeeper.start(EngineOptions(**options), ENGINE, True, name=LEASES)
+
+
+# -- the server's id
+
+
+def test_the_server_id_is_the_nodes_name_when_distributed_else_this_processs() -> None:
+    async def in_node(*name: str) -> str:
+        async with otp.open_node(*name):
+            return server_id()
+
+    unnamed = trio.run(in_node)
+    named = trio.run(in_node, "m1@host")
+    host, pid, tail = unnamed.split("/")
+    assert (host, pid) == (socket.gethostname(), str(os.getpid()))
+    assert len(tail) == 8 and int(tail, 16) >= 0
+    assert unnamed == local_server_id() == EngineOptions().server_id  # made once per process
+    assert named == "m1@host"
+    with pytest.raises(ConfigurationError, match=r"EngineOptions\.server_id must be a non-empty"):
+        EngineOptions(server_id="")
 
 
 # -- one engine: what it writes, what it recovers --------------------------------------------------
