@@ -18,6 +18,8 @@ import os
 import signal
 import socket
 import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -385,12 +387,23 @@ def _pg_server(tmp_path: Any, name: str, url: str, *flags: str) -> tuple[Node, s
     return node, address
 
 
-async def test_a_killed_servers_flows_are_taken_over_by_another_server(
-    tmp_path: Any, postgres: Any
-) -> None:
-    url = postgres.url()
-    a, address_a = _pg_server(tmp_path, "a", url, "--matching-lease-seconds", "4")
-    b, address_b = _pg_server(tmp_path, "b", url, "--matching-lease-seconds", "4")
+@attrs.frozen
+class _TwoServers:
+    a: Node
+    b: Node
+    client_b: Client
+    flow_ids: list[str]
+    hanging: _WorkerProcess
+
+
+@asynccontextmanager
+async def _flows_hanging_on_a(
+    tmp_path: Any, url: str, n: int, flags_a: Sequence[str], flags_b: Sequence[str]
+) -> AsyncIterator[_TwoServers]:
+    """Servers a and b on one database; ``n`` flows started on a, their first steps hanging
+    in a worker of a; a fast worker connected to b."""
+    a, address_a = _pg_server(tmp_path, "a", url, *flags_a)
+    b, address_b = _pg_server(tmp_path, "b", url, *flags_b)
     log = tmp_path / "handler.log"
     client_a = Client(Registry((Crashy,)), None, ClientOptions(server_address=address_a))
     client_b = Client(Registry((Crashy,)), None, ClientOptions(server_address=address_b))
@@ -400,25 +413,39 @@ async def test_a_killed_servers_flows_are_taken_over_by_another_server(
             await b.line_with("application matching")
             async with _WorkerProcess(address_a, log, "hang") as hanging:
                 flow_ids = [
-                    await trio.to_thread.run_sync(client_a.start_flow, Crashy, n) for n in range(3)
+                    await trio.to_thread.run_sync(client_a.start_flow, Crashy, i) for i in range(n)
                 ]
                 started = {await hanging.line() for _ in flow_ids}
                 assert started == {f"started {f}/0/work" for f in flow_ids}
                 async with _WorkerProcess(address_b, log, "fast"):
-                    a.signal(signal.SIGKILL)  # the server dies mid-step, its leases held
-                    await a.exit_code()
-                    hanging.kill()
-                    took = [await b.line_with("took over flow", timeout=30) for _ in flow_ids]
-                    results = [
-                        await trio.to_thread.run_sync(lambda f=f: client_b.result(f, timeout=60))
-                        for f in flow_ids
-                    ]
-                    described = [
-                        await trio.to_thread.run_sync(client_b.describe_flow, f) for f in flow_ids
-                    ]
+                    yield _TwoServers(a, b, client_b, flow_ids, hanging)
     finally:
         await trio.to_thread.run_sync(client_a.close)
         await trio.to_thread.run_sync(client_b.close)
+
+
+async def _results(servers: _TwoServers) -> list[Any]:
+    client = servers.client_b
+    return [
+        await trio.to_thread.run_sync(lambda f=f: client.result(f, timeout=60))
+        for f in servers.flow_ids
+    ]
+
+
+async def test_a_killed_servers_flows_are_taken_over_by_another_server(
+    tmp_path: Any, postgres: Any
+) -> None:
+    lease = ["--matching-lease-seconds", "4"]
+    async with _flows_hanging_on_a(tmp_path, postgres.url(), 3, lease, lease) as servers:
+        servers.a.signal(signal.SIGKILL)  # the server dies mid-step, its leases held
+        await servers.a.exit_code()
+        servers.hanging.kill()
+        flow_ids = servers.flow_ids
+        took = [await servers.b.line_with("took over flow", timeout=30) for _ in flow_ids]
+        results = await _results(servers)
+        described = [
+            await trio.to_thread.run_sync(servers.client_b.describe_flow, f) for f in flow_ids
+        ]
     assert sorted(line.split("took over flow ")[1].split()[0] for line in took) == sorted(flow_ids)
     assert all("(redelivery of step 0 attempt 1)" in line for line in took)
     assert results == [1, 3, 5]
@@ -427,46 +454,20 @@ async def test_a_killed_servers_flows_are_taken_over_by_another_server(
         completed = [x["step"] for x in description.attempts if x["status"] == "completed"]
         assert sorted(completed) == ["finish", "work"]  # each step's outcome recorded once
     runs: dict[str, int] = {}
-    for line in log.read_text().splitlines():
+    for line in (tmp_path / "handler.log").read_text().splitlines():
         runs[line.split()[0]] = runs.get(line.split()[0], 0) + 1
     # at least once: each step the dead server had dispatched ran again, on the other server
     assert runs == {f"{f}/0/work": 2 for f in flow_ids}
 
 
 async def test_a_stopping_server_hands_its_flows_over_at_once(tmp_path: Any, postgres: Any) -> None:
-    url = postgres.url()
-    lease = "600"  # so only the release can explain a takeover within the test's bounds
-    a, address_a = _pg_server(
-        tmp_path, "a", url, "--matching-lease-seconds", lease,
-        "--matching-stop-drain-timeout", "1",
-    )  # fmt: skip
-    b, address_b = _pg_server(
-        tmp_path, "b", url, "--matching-lease-seconds", lease, "--log-level", "info"
-    )
-    log = tmp_path / "handler.log"
-    client_a = Client(Registry((Crashy,)), None, ClientOptions(server_address=address_a))
-    client_b = Client(Registry((Crashy,)), None, ClientOptions(server_address=address_b))
-    try:
-        async with a, b:
-            await a.line_with("application matching")
-            await b.line_with("application matching")
-            async with _WorkerProcess(address_a, log, "hang") as hanging:
-                flow_ids = [
-                    await trio.to_thread.run_sync(client_a.start_flow, Crashy, n) for n in range(2)
-                ]
-                assert {await hanging.line() for _ in flow_ids} == {
-                    f"started {f}/0/work" for f in flow_ids
-                }
-                async with _WorkerProcess(address_b, log, "fast"):
-                    a.signal(signal.SIGTERM)
-                    assert await a.exit_code() == 0
-                    took = [await b.line_with("took over flow", timeout=30) for _ in flow_ids]
-                    results = [
-                        await trio.to_thread.run_sync(lambda f=f: client_b.result(f, timeout=60))
-                        for f in flow_ids
-                    ]
-    finally:
-        await trio.to_thread.run_sync(client_a.close)
-        await trio.to_thread.run_sync(client_b.close)
+    lease = ["--matching-lease-seconds", "600"]  # only the release can explain a takeover
+    flags_a = [*lease, "--matching-stop-drain-timeout", "1"]
+    flags_b = [*lease, "--log-level", "info"]
+    async with _flows_hanging_on_a(tmp_path, postgres.url(), 2, flags_a, flags_b) as servers:
+        servers.a.signal(signal.SIGTERM)
+        assert await servers.a.exit_code() == 0
+        took = [await servers.b.line_with("took over flow", timeout=30) for _ in servers.flow_ids]
+        results = await _results(servers)
     assert all("released by a server that stopped" in line for line in took)
     assert results == [1, 3]

@@ -624,25 +624,7 @@ async def test_adopt_leases_takes_every_step_of_sqlite_and_its_own_of_postgresql
         assert adopted == [Claim(mine("a"), "old"), Claim(mine("b"), "me"), Claim(mine("c"), None)]
 
 
-async def test_a_commit_of_leased_steps_wakes_nobody(store: SqliteStore) -> None:
-    await store.create_flow(flow())
-    woke: list[int] = []
-
-    async def waiter() -> None:
-        woke.append(await store.wait_pending(0))
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(waiter)
-        await trio.testing.wait_all_tasks_blocked()
-        # the engine's steps are leased to it: nobody else could claim them
-        await store.commit(WriteBatch(pending_put=[pending(lease_owner="n1", lease_expires=9.0)]))
-        await trio.testing.wait_all_tasks_blocked()
-        assert woke == []
-        await store.release_leases("n1")  # a free step now
-    assert woke == [1]
-
-
-async def test_wait_pending_wakes_when_a_commit_puts_steps(store: SqliteStore) -> None:
+async def test_wait_pending_wakes_when_a_commit_puts_free_steps(store: SqliteStore) -> None:
     await store.create_flow(flow())
     woke: list[int] = []
 
@@ -653,6 +635,9 @@ async def test_wait_pending_wakes_when_a_commit_puts_steps(store: SqliteStore) -
         nursery.start_soon(waiter)
         await trio.testing.wait_all_tasks_blocked()
         await store.commit(WriteBatch(attempts=[attempt()]))  # no pending step: no wake-up
+        # a leased step (the engine's are leased to it): nobody else could claim it
+        leased = pending(index=1, lease_owner="n1", lease_expires=9.0)
+        await store.commit(WriteBatch(pending_put=[leased]))
         await trio.testing.wait_all_tasks_blocked()
         assert woke == []
         await store.commit(WriteBatch(pending_put=[pending()]))
