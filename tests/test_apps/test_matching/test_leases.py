@@ -272,15 +272,16 @@ async def test_a_running_flow_no_server_holds_is_claimed_by_the_call_that_names_
 async def test_a_flow_another_server_wrote_meanwhile_is_dropped_and_the_rest_committed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    spec = definition(step("a"), step("b"))
+    spec = definition(step("a"), step("b"), rpcs=["r"])
     async with otp.open_node(), server(hang_all, server_id="me", lease_seconds=LEASE):
         engine = otp.whereis(ENGINE)
         assert engine is not None
         await FlowEngine.start_flow("T", [], spec, "f")
         await FlowEngine.start_flow("T", [], spec, "g")
         waiting = await spawn_call(FlowEngine.result, "f", 60)
+        calling = await spawn_call(FlowEngine.call_rpc, "f", "r")
         await trio.testing.wait_all_tasks_blocked()
-        delivery = {d.task.flow_id: d.task.delivery for _, d in await dispatches()}
+        delivery = {(d.task.flow_id, d.task.kind): d.task.delivery for _, d in await dispatches()}
         await set_script(hang_all)  # (and forget those dispatches)
         # this server was silent past its lease: another one took f and ran its step a
         stored = await StoreServer.get_flow("f")
@@ -293,10 +294,15 @@ async def test_a_flow_another_server_wrote_meanwhile_is_dropped_and_the_rest_com
         # f's and g's outcomes reach this engine in one pass: one batch, which f's conflict
         # refuses
         patch = {"set": {}, "delete": []}
-        otp.send(engine, Completed(delivery["f"], "w1", "mine", patch))
-        otp.send(engine, Completed(delivery["g"], "w1", "G", patch))
+        otp.send(engine, Completed(delivery["f", "step"], "w1", "mine", patch))
+        otp.send(engine, Completed(delivery["g", "step"], "w1", "G", patch))
         with pytest.raises(Unavailable):
             await outcome(waiting)  # f's waiter is told it moved
+        # an RPC of f that was running: its patch is not kept, and its caller told so
+        changed = {"set": {"x": 1}, "delete": []}
+        otp.send(engine, Completed(delivery["f", "rpc"], "w1", "value", changed))
+        with pytest.raises(Unavailable):
+            await outcome(calling)
         await trio.testing.wait_all_tasks_blocked()
         after = [(d.task.flow_id, d.task.name) for _, d in await dispatches()]
         stats = await FlowEngine.statistics()
@@ -377,6 +383,29 @@ async def test_two_engines_on_one_postgres_share_the_flows_and_take_over_a_dead_
         stats = await FlowEngine.statistics(server=f"engine{alive}")
         assert stats.flows_running == len(ids)
         assert (stats.takeovers, stats.redeliveries) == (len(held[dead]), len(held[dead]))
+
+
+async def test_a_server_restarted_under_its_name_takes_back_its_flows_at_once(
+    postgres: Any,
+) -> None:
+    url = postgres.url()
+    async with otp.open_node():
+        await Recorder.start(otp.self(), name=MATCHER)
+        await StoreServer.start(PostgresStore(url), name=SERVER_NAME)
+        first = await FlowEngine.start(EngineOptions(server_id="m1@host", lease_seconds=600))
+        for flow_id in ("f", "g"):
+            await FlowEngine.start_flow("T", [], definition(step("a")), flow_id, server=first)
+        assert sorted(f for _, f in await _dispatched(2)) == ["f", "g"]
+        otp.exit(first, otp.KILL)  # no release: its leases have ten minutes to run
+        # another server does not take them: their leases are alive
+        other = await FlowEngine.start(EngineOptions(server_id="m2@host", lease_seconds=600))
+        assert (await FlowEngine.statistics(server=other)).flows_running == 0
+        # the same server, restarted under its node's name, owns them again at once
+        again = await FlowEngine.start(EngineOptions(server_id="m1@host", lease_seconds=600))
+        redispatched = await _dispatched(2)
+        stats = await FlowEngine.statistics(server=again)
+    assert sorted(redispatched) == [(again, "f"), (again, "g")]
+    assert (stats.flows_running, stats.takeovers) == (2, 0)  # its own: not a takeover
 
 
 def _pg_server(tmp_path: Any, name: str, url: str, *flags: str) -> tuple[Node, str]:
