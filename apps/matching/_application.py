@@ -1,15 +1,21 @@
 """The matching server as an OTP application: ``matching_sup`` and its configuration.
 
-``matching_sup`` (rest_for_one) starts, in order: the store (``StoreServer`` over SQLite), the
-queues' DynamicSupervisor (``matching_queues``), the matcher, the engine, the connections'
-DynamicSupervisor (``matching_connections``) and the listener. Each depends on the ones before
-it, so a crash restarts it and everything after it (a new matcher drops the old queues, and
-the listener's restart binds the sockets anew). Stopping runs in reverse: the listener stops
-accepting and removes its Unix sockets; the connections drain, all at once, each for at most
+``matching_sup`` (rest_for_one) starts, in order: the store (``StoreServer`` over SQLite or
+PostgreSQL), the queues' DynamicSupervisor (``matching_queues``), the matcher, the engine, its
+lease keeper (``matching_leases``), the connections' DynamicSupervisor
+(``matching_connections``) and the listener. Each depends on the ones before it, so a crash
+restarts it and everything after it (a new matcher drops the old queues, and the listener's
+restart binds the sockets anew). Stopping runs in reverse: the listener stops accepting and
+removes its Unix sockets; the connections drain, all at once, each for at most
 ``stop_drain_timeout`` (workers are sent M_RECONNECT and their running calls send their outcomes
 to the engine, still alive; clients' calls in flight are answered, or get a retryable
-``draining`` error), then close; then the engine stops, the matcher, the queues and, last, the
-store, which commits what it was given (the outcomes the drain brought in with it).
+``draining`` error), then close; then the lease keeper releases this server's leases (on
+PostgreSQL: the other servers take its flows at once), the engine stops, the matcher, the
+queues and, last, the store, which commits what it was given (the outcomes the drain brought in
+with it).
+
+The server's id (who holds a flow's lease) is the node's name when it is distributed, else
+``hostname/pid/random`` (``_server_id``).
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from ._config import MatchingConfig
 from ._config import add_arguments as add_arguments  # (for --app apps.matching._application)
 from ._connection import ServerContext
 from ._engine import ENGINE, EngineOptions, FlowEngine
+from ._leases import start_leases
 from ._listener import CONNECTIONS, start_listener
 from ._matcher import MATCHER, QUEUES, start_matcher
 from ._observer import observer_view
 from ._scratch import ScratchDirectory
+from ._server_id import server_id
 from ._sqlite_store import SqliteStore
 from ._store import SERVER_NAME, StoreServer
 
@@ -52,6 +60,7 @@ def matching_supervisor_spec(
         supervisors.ChildSpec("queues", (_start_dynamic, QUEUES, 1000, 5), type="supervisor"),
         supervisors.ChildSpec("matcher", (start_matcher, config.limits, QUEUES, MATCHER)),
         supervisors.ChildSpec("engine", (_start_engine, config), shutdown=10.0),
+        supervisors.ChildSpec("leases", (_start_leases, config), shutdown=10.0),
         supervisors.ChildSpec(
             "connections", (_start_dynamic, CONNECTIONS, 1000, 5), type="supervisor"
         ),
@@ -74,14 +83,24 @@ async def _start_store(config: MatchingConfig) -> Any:
     return await StoreServer.start_link(store, name=SERVER_NAME)
 
 
-async def _start_engine(config: MatchingConfig) -> Any:
-    options = EngineOptions(
+def _engine_options(config: MatchingConfig) -> EngineOptions:
+    """(In the node.) The engine's options; the server's id is the node's (``_server_id``)."""
+    return EngineOptions(
         store=SERVER_NAME,
         matcher=MATCHER,
         dispatch_wait=config.limits.dispatch_wait,
         max_flow_type_length=config.limits.max_flow_type_length,
+        server_id=server_id(),
+        lease_seconds=config.lease_seconds,
     )
-    return await FlowEngine.start_link(options, name=ENGINE)
+
+
+async def _start_engine(config: MatchingConfig) -> Any:
+    return await FlowEngine.start_link(_engine_options(config), name=ENGINE)
+
+
+async def _start_leases(config: MatchingConfig) -> Any:
+    return await start_leases(_engine_options(config), ENGINE, shared=config.store_is_postgres)
 
 
 async def _start_dynamic(name: str, intensity: int, period: int) -> Any:

@@ -237,6 +237,10 @@ class MatchingConfig:
             connection's calls in flight may still be answered. Past it the calls still
             running are given up (a worker's are re-dispatched after the restart; a client's
             get a retryable ``draining`` error) and the connection closes.
+        lease_seconds: How long this server's lease on a flow lasts without renewal (renewed
+            every third of it): on a shared store (PostgreSQL) a server dead or silent this
+            long loses its running flows to the others. Shorter hands flows over sooner,
+            longer tolerates longer stalls.
 
     Raises:
         ConfigurationError: A setting is invalid; the message names it and says what to do.
@@ -262,6 +266,7 @@ class MatchingConfig:
     stop_drain_timeout: float = attrs.field(
         default=DEFAULT_STOP_DRAIN_TIMEOUT, validator=_positive_seconds
     )
+    lease_seconds: float = attrs.field(default=15.0, validator=_positive_seconds)
     #: Tokens read from ``token_file`` when the config was built.
     _file_tokens: Mapping[str, tuple[str, ...]] = attrs.field(
         init=False, factory=dict, eq=False, repr=False
@@ -397,6 +402,7 @@ _FLAGS = {
     "peer_timeout": "matching_peer_timeout",
     "max_streams": "matching_max_streams",
     "stop_drain_timeout": "matching_stop_drain_timeout",
+    "lease_seconds": "matching_lease_seconds",
 }
 
 
@@ -479,4 +485,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SECONDS",
         help="how long a graceful stop waits for running calls (default 10)",
+    )
+    g.add_argument(
+        "--matching-lease-seconds",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long a flow stays this server's without a renewal (default 15)",
     )

@@ -11,8 +11,9 @@ for nobody: they ride in the next batch, or go alone after ``dispatch_record_del
 
 This module holds the client functions and the callbacks; their helpers are mixins, one job
 each: ``_engine_steps`` (flows and steps), ``_engine_rpcs`` (RPC calls), ``_engine_reads``
-(loads, describe, list), ``_engine_commits`` (batches and what waits for them); the values are
-in ``_engine_state`` and the pinned definitions in ``_flow_spec``.
+(describe, list), ``_engine_leases`` (which flows it holds: claims, takeovers, loads),
+``_engine_commits`` (batches and what waits for them); the values are in ``_engine_state`` and
+the pinned definitions in ``_flow_spec``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import trio
-
 import otp
 
 from ._dispatch import Completed, Failed, Lost, NotDispatched, Routed
@@ -31,15 +30,14 @@ from ._engine_definitions import Advertised, DefinitionLoaded, remember
 from ._engine_reads import _describe
 from ._engine_rpcs import EngineRpcs
 from ._engine_state import (
-    _RUNNING,
     DEFAULT_TIMEOUT,
     ENGINE,
+    Claimed,
     EngineOptions,
     EngineStatistics,
     _call_timeout,
     _check_id,
     _err,
-    _Flow,
     _FlushRecords,
     _Loaded,
     _RetryDue,
@@ -53,9 +51,9 @@ from ._engine_state import (
 from ._engine_steps import EngineSteps
 from ._engine_waiters import caller_down, expired_waiters
 from ._errors import CallTimeout as MatchingCallTimeout
-from ._errors import ConfigurationError, MatchingError, ProtocolError
+from ._errors import MatchingError, ProtocolError
 from ._flow_spec import FlowSpec, StepSpec, parse_definition
-from ._store import BatchCommitted, StoreServer
+from ._store import BatchCommitted
 
 __all__ = [
     "ENGINE",
@@ -74,14 +72,18 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
     """The ``matching_engine`` GenServer (registered as :data:`ENGINE` by the application).
 
     Start it with ``FlowEngine.start_link(EngineOptions(...), name=ENGINE)`` after the
-    ``StoreServer`` and the matcher. ``init`` recovers: every running flow's current step is
-    dispatched again (at least once), with the state, attempt and sticky worker stored; a retry
-    still backing off waits for the rest of its backoff.
+    ``StoreServer`` and the matcher. ``init`` recovers through claims (``_engine_leases``): it
+    takes back the steps its server id leased (on SQLite every step: one server per file), then
+    claims every free or expired one, and dispatches each flow's current step again (at least
+    once), with the state, attempt and sticky worker stored; a retry still backing off waits
+    for the rest of its backoff. Every pending step it writes is leased to its server id.
 
     Its callbacks never wait: callers are answered later (``otp.reply``), once what their answer
-    depends on is committed. If a commit is refused the engine crashes; if the ``StoreServer``
-    goes away (the engine monitors it) the engine stops with ``Shutdown(("store_down",
-    reason))``; either way its supervisor's restart recovers from the store.
+    depends on is committed. A commit refused for a conflict on one flow (another server wrote
+    it: this one lost its lease) drops that flow and commits the rest; any other refusal
+    crashes the engine; if the ``StoreServer`` goes away (the engine monitors it) the engine
+    stops with ``Shutdown(("store_down", reason))``; either way its supervisor's restart
+    recovers from the store.
     """
 
     # ======================================== client side ====================================
@@ -229,30 +231,7 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         if first is None:
             first = time.time_ns() // 1000
         state = _State(options=options, me=me, store_monitor=store_monitor, next_delivery=first)
-        records = await StoreServer.list_flows(
-            status=_RUNNING, limit=2**62, server=options.store, timeout=None
-        )
-        now, wall = trio.current_time(), time.time()
-        for record in reversed(records):  # oldest first
-            try:
-                flow = _Flow.from_record(record)
-            except ConfigurationError:
-                logger.exception("matching engine: flow %r has a bad definition", record.flow_id)
-                continue
-            state.flows[flow.flow_id] = flow
-            remember(state, flow.flow_type, flow.spec)
-            if flow.step_index >= len(flow.spec.steps):
-                continue  # (cannot be: such a flow is stored completed)
-            for pending in await StoreServer.pending(
-                flow.flow_id, server=options.store, timeout=None
-            ):
-                if pending.step_index == flow.step_index:
-                    flow.attempt = pending.attempt
-                    if pending.not_before > wall:
-                        flow.retry_at = now + (pending.not_before - wall)
-            self._advance(state, flow)
-        if records:
-            logger.info("matching engine: recovered %d running flows", len(records))
+        await self._recover(state)
         return otp.Ok(state)
 
     def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
@@ -301,14 +280,17 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                 self._outcome(state, message)
             case BatchCommitted(tag=size, error=refused):
                 if refused is not None:
-                    raise refused  # crash, and recover from the store
-                self._committed(state, size)
+                    self._refused(state, refused)  # (or crash, and recover from the store)
+                else:
+                    self._committed(state, size)
             case _FlushRecords():
                 state.record_timer = False
                 if state.building.size:
                     self._flush(state)
-            case _Loaded(flow_id=flow_id, record=record):
-                self._loaded(state, flow_id, record)
+            case _Loaded():
+                self._loaded(state, message)
+            case Claimed():
+                self._claimed(state, message)
             case _RetryDue(flow_id=flow_id, token=token):
                 flow = state.flows.get(flow_id)
                 if flow is not None and flow.retry_timer is not None and flow.retry_token == token:

@@ -13,7 +13,15 @@ import otp
 
 from ._dispatch import Completed, Failed, Lost, NotDispatched, Task
 from ._engine_state import _Flow, _FlushRecords, _Pass, _Rpc, _State
-from ._store import AttemptRecord, DispatchRecord, PendingStep, StoreServer
+from ._store import (
+    AttemptRecord,
+    DispatchRecord,
+    PendingStep,
+    StoreConflict,
+    StoreError,
+    StoreServer,
+    WriteBatch,
+)
 from ._store_records import trusted
 
 __all__ = ["EngineCommits"]
@@ -61,8 +69,27 @@ class EngineCommits:
             return
         state.building = _Pass()
         state.committing = done
-        batch = done.batch()
+        batch = done.sent = done.batch()
         StoreServer.commit_nowait(batch, state.me, len(batch), server=state.options.store)
+
+    def _refused(self, state: _State, error: StoreError) -> None:
+        """The store refused the batch being committed. A conflict on one flow means another
+        server wrote it (this one lost its lease): drop that flow and send the batch again
+        without it. Anything else crashes the engine (its restart recovers from the store).
+        """
+        done = state.committing
+        flow_id = error.details.get("flow_id") if isinstance(error, StoreConflict) else None
+        if done is None or done.sent is None or not isinstance(flow_id, str):
+            raise error
+        batch = _without(done.sent, flow_id)
+        if len(batch) == len(done.sent):
+            raise error  # (nothing of that flow in it: not a conflict this engine can settle)
+        done.sent = batch
+        self._moved(state, flow_id)
+        StoreServer.commit_nowait(batch, state.me, len(batch), server=state.options.store)
+
+    def _moved(self, state: _State, flow_id: str) -> None:
+        raise NotImplementedError  # (EngineLeases)
 
     def _committed(self, state: _State, size: int) -> None:
         done = state.committing
@@ -117,6 +144,8 @@ class EngineCommits:
         target.actions.append(run)
 
     def _dirty(self, state: _State, flow: _Flow) -> None:
+        if flow.moved:
+            return  # (another server's now: what this engine still learns of it is not kept)
         flow.updated_at = time.time()
         building = state.building
         flow.unsaved = building
@@ -132,9 +161,12 @@ class EngineCommits:
 
     def _pending_put(self, state: _State, flow: _Flow, not_before: float = 0.0) -> None:
         step = flow.spec.steps[flow.step_index]
+        options = state.options
+        # (leased to this server: the flow is ours, and no other server may claim the step
+        # while ``matching_leases`` renews the lease)
         pending = trusted(
             PendingStep, flow.flow_id, flow.step_index, step.name, flow.execution_id(),
-            flow.attempt, None, None, not_before,
+            flow.attempt, options.server_id, time.time() + options.lease_seconds, not_before,
         )  # fmt: skip
         state.building.pending_put[pending.key] = pending
         state.building.size += 1
@@ -177,3 +209,15 @@ class EngineCommits:
         )
         state.building.dispatches.append(record)
         state.building.size += 1
+
+
+def _without(batch: WriteBatch, flow_id: str) -> WriteBatch:
+    """``batch`` without the records of flow ``flow_id``."""
+    return WriteBatch(
+        flows_upserted=[r for r in batch.flows_upserted if r.flow_id != flow_id],
+        attempts=[r for r in batch.attempts if r.flow_id != flow_id],
+        dispatches=[r for r in batch.dispatches if r.flow_id != flow_id],
+        pending_put=[r for r in batch.pending_put if r.flow_id != flow_id],
+        pending_done=[k for k in batch.pending_done if k[0] != flow_id],
+        flows_created=[r for r in batch.flows_created if r.flow_id != flow_id],
+    )

@@ -1,5 +1,5 @@
-"""The engine's reads: flows loaded from the store on demand, ``describe`` and ``list_flows``
-answered by helper processes straight from the store, and the engine's statistics.
+"""The engine's reads: ``describe`` and ``list_flows`` answered by helper processes straight
+from the store, and the engine's statistics (flows loaded on demand: ``_engine_leases``).
 """
 
 from __future__ import annotations
@@ -9,48 +9,16 @@ from typing import Any
 
 import otp
 
-from ._engine_commits import EngineCommits
-from ._engine_state import MAX_LIST_LIMIT, EngineStatistics, _err, _Flow, _Loaded, _ok, _Rpc, _State
+from ._engine_leases import EngineLeases
+from ._engine_state import MAX_LIST_LIMIT, EngineStatistics, _err, _ok, _Rpc, _State
 from ._errors import ConfigurationError, FlowNotFound, MatchingError
 from ._store import FLOW_STATUSES, FlowRecord, StoreError, StoreServer
 
 __all__ = ["EngineReads"]
 
 
-class EngineReads(EngineCommits):
+class EngineReads(EngineLeases):
     """The ``FlowEngine``'s reads (a mixin of its callbacks' helpers)."""
-
-    def _with_flow(self, state: _State, flow_id: str, then: Callable[[_Flow | None], None]) -> None:
-        """Call ``then`` with the flow, loaded from the store if it is not in memory (None if
-        it is not stored either)."""
-        flow = state.flows.get(flow_id)
-        if flow is not None:
-            then(flow)
-            return
-        waiting = state.loading.get(flow_id)
-        if waiting is not None:
-            waiting.append(then)
-            return
-        state.loading[flow_id] = [then]
-        store, me = state.options.store, state.me
-
-        def load() -> None:
-            otp.spawn_link(_load, store, flow_id, me)
-
-        self._after_commit(state, load)
-
-    def _loaded(self, state: _State, flow_id: str, record: FlowRecord | None) -> None:
-        waiting = state.loading.pop(flow_id, [])
-        if record is not None and flow_id not in state.flows:
-            flow = _Flow.from_record(record)
-            state.flows[flow_id] = flow
-            if flow.running:  # (only when it was started by another engine: adopt it)
-                self._advance(state, flow)
-        for then in waiting:
-            then(state.flows.get(flow_id))
-        flow_or_none = state.flows.get(flow_id)
-        if flow_or_none is not None:
-            self._maybe_evict(state, flow_or_none)
 
     def _read(self, state: _State, fn: Callable[..., Any], from_: otp.From, *args: Any) -> None:
         otp.spawn_link(_reader, fn, state.options.store, from_, args)
@@ -89,12 +57,11 @@ class EngineReads(EngineCommits):
             building=state.building.size,
             commit_in_flight=state.committing is not None,
             dispatch_reasons=dict(sorted(state.routed.items())),
+            takeovers=state.takeovers,
+            redeliveries=state.redeliveries,
+            moved=state.moved,
+            server_id=state.options.server_id,
         )
-
-
-async def _load(store: Any, flow_id: str, engine: otp.Pid) -> None:
-    record = await StoreServer.get_flow(flow_id, server=store, timeout=None)
-    otp.send(engine, _Loaded(flow_id, record))
 
 
 async def _reader(

@@ -74,7 +74,7 @@ class EngineRpcs(EngineReads):
                     call.deadline_timer = otp.send_after(timeout, state.me, _RpcDeadline(delivery))
                 self._submit_rpc(state, call)
 
-        self._with_flow(state, flow_id, then)
+        self._with_flow(state, flow_id, then, (from_, ("call_rpc", flow_id, name, args, timeout)))
 
     def _submit_rpc(self, state: _State, call: _Rpc) -> None:
         task = call.task
@@ -148,6 +148,8 @@ class EngineRpcs(EngineReads):
 
         def answered() -> None:
             flow.rpcs -= 1
-            otp.reply(call.from_, answer)
+            task = call.task
+            request = ("call_rpc", flow.flow_id, task.name, task.args, call.timeout)
+            self._answer(state, flow, call.from_, answer, request)
 
         self._after_flow(state, flow, answered)

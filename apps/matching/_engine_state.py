@@ -19,9 +19,11 @@ from ._errors import Cancelled, ConfigurationError, FlowFailed, MatchingError, e
 from ._flow_spec import FlowSpec, parse_definition
 from ._matcher import MATCHER
 from ._model import MAX_NAME_LENGTH
+from ._server_id import local_server_id
 from ._store import (
     SERVER_NAME,
     AttemptRecord,
+    Claim,
     DispatchRecord,
     FlowRecord,
     PendingStep,
@@ -43,6 +45,7 @@ __all__ = [
     "_Pass",
     "_State",
     "_Loaded",
+    "Claimed",
     "_FlushRecords",
     "_RetryDue",
     "_StepDeadline",
@@ -94,6 +97,14 @@ def _delivery_or_none(inst: Any, attribute: attrs.Attribute[Any], value: Any) ->
         )
 
 
+def _server_name(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not str or not value or len(value) > MAX_NAME_LENGTH:
+        raise ConfigurationError(
+            f"EngineOptions.server_id must be a non-empty str of at most {MAX_NAME_LENGTH}"
+            f" characters (got {value!r})"
+        )
+
+
 @attrs.frozen
 class EngineOptions:
     """How the engine reaches the rest of the server, and its waits.
@@ -110,6 +121,10 @@ class EngineOptions:
         dispatch_record_delay: How long dispatch records (``Routed``, for ``describe_flow``)
             may wait in memory for a batch to ride in before one is committed for them alone.
             Nothing waits for them: a crash loses those not yet committed.
+        server_id: Who this server is in the store: every pending step the engine writes is
+            leased to it (``_server_id.server_id()``: the node's name when distributed).
+        lease_seconds: How long a lease lasts; ``matching_leases`` renews them every third
+            of it. A server silent that long loses its flows to the others.
     """
 
     store: Any = SERVER_NAME
@@ -120,6 +135,8 @@ class EngineOptions:
     dispatch_record_delay: float = attrs.field(default=0.1, validator=_positive_seconds)
     #: The longest flow type name a flow may start with (``matching.max_flow_type_length``).
     max_flow_type_length: int = attrs.field(default=256, validator=_positive_int)
+    server_id: str = attrs.field(factory=local_server_id, validator=_server_name)
+    lease_seconds: float = attrs.field(default=15.0, validator=_positive_seconds)
 
 
 @attrs.frozen
@@ -141,6 +158,13 @@ class EngineStatistics:
         commit_in_flight: Whether a batch is being committed now.
         dispatch_reasons: Routing decisions since the engine started, by reason (one of
             ``ROUTED_REASONS``: a sticky hit, a fallback, a re-route, a delivery, ...).
+        takeovers: Flows this engine took from another server since it started (a lease that
+            expired, or one released by a server that stopped).
+        redeliveries: Of those, the ones whose lease expired: their current step may have run
+            on the other server, and is dispatched again (at least once).
+        moved: Flows this engine held that another server wrote meanwhile (this server was
+            silent past its lease, and that server took them): dropped here, theirs now.
+        server_id: The server id its leases carry (``EngineOptions.server_id``).
     """
 
     flows_running: int
@@ -155,6 +179,10 @@ class EngineStatistics:
     building: int
     commit_in_flight: bool
     dispatch_reasons: dict[str, int] = attrs.field(factory=dict)
+    takeovers: int = 0
+    redeliveries: int = 0
+    moved: int = 0
+    server_id: str = ""
 
 
 # -- runtime state --------------------------------------------------------------------------------
@@ -217,10 +245,13 @@ class _Flow:
     #: The pass (being built or committed) holding the flow's latest records, or None when
     #: everything it decided is committed: what it does next waits for that pass.
     unsaved: _Pass | None = None
+    #: Another server wrote the flow since this engine took it (a commit of it conflicted):
+    #: it is that server's now, and nothing this engine still holds of it may run or answer.
+    moved: bool = False
 
     @property
     def running(self) -> bool:
-        return self.status == _RUNNING
+        return self.status == _RUNNING and not self.moved
 
     def record(self) -> FlowRecord:
         # (trusted: the engine's own values, checked as they came in; two per Step)
@@ -282,6 +313,8 @@ class _Pass:
     #: Records something waits for (all but dispatch records): they are committed as soon as
     #: the mailbox is empty; dispatch records alone wait ``dispatch_record_delay``.
     urgent: int = 0
+    #: The batch sent to the store for it (sent again without a flow that moved).
+    sent: WriteBatch | None = None
 
     def batch(self) -> WriteBatch:
         batch = WriteBatch(
@@ -310,7 +343,9 @@ class _State:
     next_delivery: int
     flows: dict[str, _Flow] = attrs.field(factory=dict)
     deliveries: dict[int, _Flow | _Rpc] = attrs.field(factory=dict)
-    loading: dict[str, list[Callable[[_Flow | None], None]]] = attrs.field(factory=dict)
+    #: Flows being read from the store, and what waits for each: ``(then, request)``, the
+    #: request a caller's ``(from_, call)`` to forward when another server holds the flow.
+    loading: dict[str, list[tuple[Callable[[_Flow | None], None], Any]]] = attrs.field(factory=dict)
     #: Flow type -> the newest definition given for it (``_engine_definitions``).
     known: dict[str, FlowSpec] = attrs.field(factory=dict)
     #: Flow type -> the definition a client sent last and what it parsed to: a client sends
@@ -334,6 +369,10 @@ class _State:
     #: Routing decisions by reason (``Routed.reason``), for the observer.
     routed: dict[str, int] = attrs.field(factory=dict)
     record_timer: bool = False
+    #: ``EngineStatistics.takeovers``, ``redeliveries`` and ``moved``.
+    takeovers: int = 0
+    redeliveries: int = 0
+    moved: int = 0
     #: ``NoReply(self)`` and ``NoReply(self, timeout=0)``, built once (frozen values, returned
     #: by every callback: see ``EngineCommits._next``).
     carry_on: Any = None
@@ -353,8 +392,21 @@ class _State:
 
 @attrs.frozen(eq=False)
 class _Loaded:
+    """A flow read from the store (by ``_with_flow``, or for a claim of its pending step):
+    its record, and the claim of its step when it was running (``_engine_leases``)."""
+
     flow_id: str
     record: FlowRecord | None
+    claim: Claim | None = None
+    #: Whether calls wait for it (``_with_flow``), or only a claim brought it.
+    requested: bool = True
+
+
+@attrs.frozen
+class Claimed:
+    """``matching_leases`` -> engine: pending steps it claimed for this server (``_leases``)."""
+
+    claims: tuple[Claim, ...]
 
 
 @attrs.frozen

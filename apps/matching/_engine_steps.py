@@ -199,11 +199,16 @@ class EngineSteps(EngineReads):
             if flow is None:
                 otp.reply(from_, _err(FlowNotFound(f"no flow has id {flow_id!r}")))
             elif not flow.running:
-                self._after_flow(state, flow, lambda: otp.reply(from_, _outcome_of(flow)))
+                request = ("result", flow_id, timeout)
+                self._after_flow(
+                    state,
+                    flow,
+                    lambda: self._answer(state, flow, from_, _outcome_of(flow), request),
+                )
             else:
                 watch_waiter(state, flow, from_, timeout)
 
-        self._with_flow(state, flow_id, then)
+        self._with_flow(state, flow_id, then, (from_, ("result", flow_id, timeout)))
 
     def _cancel(self, state: _State, from_: otp.From, flow_id: Any) -> None:
         _check_id("cancel", flow_id)
@@ -217,9 +222,12 @@ class EngineSteps(EngineReads):
                 self._finish(state, flow, "cancelled", None, {
                     "type": "cancelled", "message": "the flow was cancelled",
                 })  # fmt: skip
-            self._after_flow(state, flow, lambda: otp.reply(from_, _ok(None)))
+            request = ("cancel", flow_id)
+            self._after_flow(
+                state, flow, lambda: self._answer(state, flow, from_, _ok(None), request)
+            )
 
-        self._with_flow(state, flow_id, then)
+        self._with_flow(state, flow_id, then, (from_, ("cancel", flow_id)))
 
     def _finish(
         self, state: _State, flow: _Flow, status: str, result: Any, error: dict[str, Any] | None

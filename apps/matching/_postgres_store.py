@@ -4,7 +4,7 @@ Several matching servers may share one database. What makes that safe here: ever
 transaction; a claim locks the rows it leases with ``FOR UPDATE SKIP LOCKED``, so two servers
 never lease one pending step; a flow update names the version it follows (``StoreConflict``
 otherwise); schema migrations take an advisory lock, so servers starting together migrate
-once; and a commit that puts pending steps (or a release of leases) sends a ``NOTIFY`` on
+once; and a commit that puts free pending steps (or a release of leases) sends a ``NOTIFY`` on
 :data:`CHANNEL`, which wakes ``wait_pending`` on every server (``LISTEN`` on a second
 connection).
 
@@ -79,6 +79,8 @@ class PostgresStore(SqlStore):
 
     _BEGIN: ClassVar[str] = "BEGIN"
     _CLAIM_LOCK: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
+    _ROW_LOCK: ClassVar[str] = " FOR UPDATE"
+    _SHARED: ClassVar[bool] = True
     _INTEGRITY = psycopg.errors.IntegrityError
     _DB_ERRORS = psycopg.Error
 

@@ -21,6 +21,7 @@ import wire
 
 from ._store_records import (
     AttemptRecord,
+    Claim,
     DispatchRecord,
     FlowRecord,
     PendingStep,
@@ -55,6 +56,11 @@ class SqlStore:
     _BEGIN: ClassVar[str] = "BEGIN"
     #: What a claim's SELECT ends with to lock the rows it leases ("" where one writer is all).
     _CLAIM_LOCK: ClassVar[str] = ""
+    #: What a SELECT of one flow's row ends with to lock it until the transaction ends.
+    _ROW_LOCK: ClassVar[str] = ""
+    #: Whether several servers may share the database (else every lease is this server's:
+    #: ``adopt_leases`` takes them all at start).
+    _SHARED: ClassVar[bool] = False
     #: The driver's integrity-violation errors, and every error of the driver.
     _INTEGRITY: ClassVar[type[Exception] | tuple[type[Exception], ...]] = ()
     _DB_ERRORS: ClassVar[type[Exception] | tuple[type[Exception], ...]] = ()
@@ -282,8 +288,7 @@ class SqlStore:
         for batch in batches:
             check_batch(batch)
         outcomes = await self._run(self._commit_many, list(batches))
-        committed = [b for b, o in zip(batches, outcomes, strict=True) if o is None]
-        if any(b.pending_put for b in committed):
+        if any(o is None and _puts_free(b) for b, o in zip(batches, outcomes, strict=True)):
             self._wake()
         return outcomes
 
@@ -298,7 +303,7 @@ class SqlStore:
             try:
                 if len(batches) == 1:  # no savepoint needed: a refusal rolls back them all
                     outcomes.append(apply_refusable(conn, batches[0], self._INTEGRITY))
-                    if outcomes[0] is None and batches[0].pending_put:
+                    if outcomes[0] is None and _puts_free(batches[0]):
                         self._notify_pending(conn)
                     conn.execute("COMMIT" if outcomes[0] is None else "ROLLBACK")
                 else:
@@ -310,7 +315,7 @@ class SqlStore:
                         conn.execute("RELEASE batch")
                         outcomes.append(outcome)
                     if any(
-                        o is None and b.pending_put for b, o in zip(batches, outcomes, strict=True)
+                        o is None and _puts_free(b) for b, o in zip(batches, outcomes, strict=True)
                     ):
                         self._notify_pending(conn)
                     conn.execute("COMMIT")
@@ -329,29 +334,80 @@ class SqlStore:
     async def claim_pending(
         self, owner: str, now: float, lease_seconds: float, limit: int
     ) -> list[PendingStep]:
-        """As :meth:`Store.claim_pending`: one transaction whose SELECT locks the rows it
+        """As :meth:`Store.claim_pending` (see :meth:`claim_steps`)."""
+        return [claim.step for claim in await self.claim_steps(owner, now, lease_seconds, limit)]
+
+    async def claim_steps(
+        self, owner: str, now: float, lease_seconds: float, limit: int
+    ) -> list[Claim]:
+        """As :meth:`Store.claim_steps`: one transaction whose SELECT locks the rows it
         leases (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite's one writer does the same)."""
         limit = check_limit(limit, "claim_pending")
-        expires = now + lease_seconds
-
-        def claim(conn: Any) -> list[PendingStep]:
-            with self._transaction(conn):
-                rows = conn.execute(
-                    f"SELECT {PENDING_COLUMNS} FROM pending"
-                    " WHERE not_before <= ? AND (lease_owner IS NULL OR lease_expires <= ?)"
-                    f" ORDER BY not_before, flow_id, step_index LIMIT ?{self._CLAIM_LOCK}",
-                    (now, now, limit),
-                ).fetchall()
-                conn.executemany(
-                    "UPDATE pending SET lease_owner = ?, lease_expires = ?"
-                    " WHERE flow_id = ? AND step_index = ?",
-                    [(owner, expires, row[0], row[1]) for row in rows],
-                )
-            return [pending_from_row((*row[:5], owner, expires, row[7])) for row in rows]
-
-        claimed = await self._run(self._guarded(claim))
+        sql = (
+            f"SELECT {PENDING_COLUMNS} FROM pending"
+            " WHERE not_before <= ? AND (lease_owner IS NULL OR lease_expires <= ?)"
+            f" ORDER BY not_before, flow_id, step_index LIMIT ?{self._CLAIM_LOCK}"
+        )
+        claimed = await self._run(
+            self._guarded(
+                lambda conn: self._lease(conn, sql, (now, now, limit), owner, now + lease_seconds)
+            )
+        )
         self._claimed += len(claimed)
         return claimed
+
+    async def claim_flow(
+        self, flow_id: str, owner: str, now: float, lease_seconds: float
+    ) -> Claim | None:
+        """As :meth:`Store.claim_flow`."""
+        sql = (
+            f"SELECT {PENDING_COLUMNS} FROM pending WHERE flow_id = ?"
+            f" ORDER BY step_index LIMIT 1{self._ROW_LOCK}"
+        )
+        expires = now + lease_seconds
+
+        def claim(conn: Any) -> Claim | None:
+            with self._transaction(conn):
+                row = conn.execute(sql, (flow_id,)).fetchone()
+                if row is None:
+                    return None
+                holder, until = row[5], row[6]
+                if holder is not None and holder != owner and until > now:
+                    return Claim(pending_from_row(row), holder)
+                return self._leased(conn, [row], owner, expires)[0]
+
+        claimed = await self._run(self._guarded(claim))
+        if claimed is not None and claimed.held_by(owner):
+            self._claimed += 1
+        return claimed
+
+    async def adopt_leases(self, owner: str, now: float, lease_seconds: float) -> list[Claim]:
+        """As :meth:`Store.adopt_leases` (every pending step unless ``_SHARED``)."""
+        where = " WHERE lease_owner = ?" if self._SHARED else ""
+        sql = (
+            f"SELECT {PENDING_COLUMNS} FROM pending{where}"
+            f" ORDER BY not_before, flow_id, step_index{self._ROW_LOCK}"
+        )
+        params = (owner,) if self._SHARED else ()
+        return await self._run(
+            self._guarded(lambda conn: self._lease(conn, sql, params, owner, now + lease_seconds))
+        )
+
+    def _lease(
+        self, conn: Any, select: str, params: Sequence[Any], owner: str, expires: float
+    ) -> list[Claim]:
+        """(In one transaction.) Lease the rows ``select`` finds to ``owner``."""
+        with self._transaction(conn):
+            return self._leased(conn, conn.execute(select, params).fetchall(), owner, expires)
+
+    @staticmethod
+    def _leased(conn: Any, rows: list[Any], owner: str, expires: float) -> list[Claim]:
+        conn.executemany(
+            "UPDATE pending SET lease_owner = ?, lease_expires = ?"
+            " WHERE flow_id = ? AND step_index = ?",
+            [(owner, expires, row[0], row[1]) for row in rows],
+        )
+        return [Claim(pending_from_row((*row[:5], owner, expires, row[7])), row[5]) for row in rows]
 
     async def renew_leases(self, owner: str, now: float, lease_seconds: float) -> int:
         """As :meth:`Store.renew_leases`."""
@@ -393,6 +449,11 @@ class SqlStore:
         while self._generation <= seen:
             await self._changed.wait()
         return self._generation
+
+
+def _puts_free(batch: WriteBatch) -> bool:
+    """Whether ``batch`` puts a pending step with no lease (one a claim can take)."""
+    return any(step.lease_owner is None for step in batch.pending_put)
 
 
 def _as_tuple(

@@ -21,6 +21,7 @@ from ._store_records import (
     SERVER_NAME,
     AttemptRecord,
     BatchCommitted,
+    Claim,
     DispatchRecord,
     FlowExists,
     FlowRecord,
@@ -42,6 +43,7 @@ __all__ = [
     "SERVER_NAME",
     "AttemptRecord",
     "BatchCommitted",
+    "Claim",
     "DispatchRecord",
     "FlowExists",
     "FlowRecord",
@@ -147,6 +149,30 @@ class Store(Protocol):
         get the same step while its lease runs."""
         ...
 
+    async def claim_steps(
+        self, owner: str, now: float, lease_seconds: float, limit: int
+    ) -> list[Claim]:
+        """As :meth:`claim_pending`, each step with the owner whose lease it took (None for a
+        free step): a step another server held is a takeover."""
+        ...
+
+    async def claim_flow(
+        self, flow_id: str, owner: str, now: float, lease_seconds: float
+    ) -> Claim | None:
+        """Lease the flow's pending step (its current one) to ``owner`` until ``now +
+        lease_seconds`` if it is free, its lease expired, or ``owner`` holds it already
+        (whatever its ``not_before``); None when the flow has no pending step. A step another
+        owner's live lease holds is left alone: the claim names that owner
+        (``claim.held_by(owner)`` is False)."""
+        ...
+
+    async def adopt_leases(self, owner: str, now: float, lease_seconds: float) -> list[Claim]:
+        """At a server's start: lease to ``owner`` until ``now + lease_seconds`` and return the
+        steps it holds already (a previous run under the same server id) and, on a store no
+        other server shares (SQLite), every pending step: the leases there are all a previous
+        run's. On a shared store (PostgreSQL) other owners' leases are left to expire."""
+        ...
+
     async def renew_leases(self, owner: str, now: float, lease_seconds: float) -> int:
         """Extend every lease ``owner`` holds to ``now + lease_seconds``; returns how many. A
         lease that expired and was claimed by another owner is not ``owner``'s any more."""
@@ -159,10 +185,12 @@ class Store(Protocol):
     async def wait_pending(self, seen: int) -> int:
         """Wait until the pending-change generation exceeds ``seen``; return it.
 
-        The generation grows when a commit puts pending steps or leases are released (by this
-        server, and on PostgreSQL by any other through ``LISTEN/NOTIFY``); it starts at 0 on
-        each ``open``. Claim, and wait with the generation read before the claim, and no
-        wake-up is lost. Expired leases and ``not_before`` passing wake nobody: poll for them.
+        The generation grows when a commit puts free pending steps (with no lease: steps a
+        claim can take) or leases are released (by this server, and on PostgreSQL by any other
+        through ``LISTEN/NOTIFY``); it starts at 0 on each ``open``. A commit of leased steps
+        only (the engine's) wakes nobody: nobody else could claim them. Claim, and wait with
+        the generation read before the claim, and no wake-up is lost. Expired leases and
+        ``not_before`` passing wake nobody: poll for them.
         """
         ...
 

@@ -24,6 +24,7 @@ __all__ = [
     "SERVER_NAME",
     "AttemptRecord",
     "BatchCommitted",
+    "Claim",
     "DispatchRecord",
     "FlowExists",
     "FlowRecord",
@@ -288,6 +289,25 @@ class PendingStep:
     def key(self) -> tuple[str, int]:
         """``(flow_id, step_index)``."""
         return (self.flow_id, self.step_index)
+
+
+@attrs.frozen
+class Claim:
+    """A pending step as a claim left it (``Store.claim_steps``, ``claim_flow``,
+    ``adopt_leases``).
+
+    ``step`` is the row with its lease now: leased to the claimer when the claim took it, else
+    (``claim_flow`` of a step another owner's live lease holds) as that owner holds it.
+    ``previous_owner`` held the lease before the claim (None: the step was free); a claimer
+    that finds another server there took the step over from it.
+    """
+
+    step: PendingStep
+    previous_owner: str | None
+
+    def held_by(self, owner: str) -> bool:
+        """Whether ``owner`` holds the step's lease now."""
+        return self.step.lease_owner == owner
 
 
 @attrs.define

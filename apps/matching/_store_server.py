@@ -21,6 +21,7 @@ from ._store_records import (
     SERVER_NAME,
     AttemptRecord,
     BatchCommitted,
+    Claim,
     DispatchRecord,
     FlowExists,
     FlowRecord,
@@ -115,6 +116,9 @@ _OPS: dict[str, Callable[[Store], Callable[..., Awaitable[Any]]]] = {
     "dispatches": lambda store: store.dispatches,
     "pending": lambda store: store.pending,
     "claim_pending": lambda store: store.claim_pending,
+    "claim_steps": lambda store: store.claim_steps,
+    "claim_flow": lambda store: store.claim_flow,
+    "adopt_leases": lambda store: store.adopt_leases,
     "renew_leases": lambda store: store.renew_leases,
     "release_leases": lambda store: store.release_leases,
 }
@@ -236,6 +240,47 @@ class StoreServer(otp.GenServer):
         A claim whose caller gave up may have leased steps: they come back when the lease
         expires, or at once with ``release_leases(owner)``."""
         request: tuple[Any, ...] = ("claim_pending", (owner, now, lease_seconds, limit), {})
+        return _unwrap(await otp.call(server, request, timeout))
+
+    @staticmethod
+    async def claim_steps(
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        limit: int,
+        *,
+        server: Any = SERVER_NAME,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> list[Claim]:
+        """As :meth:`Store.claim_steps`, through the server (as :meth:`claim_pending`)."""
+        request: tuple[Any, ...] = ("claim_steps", (owner, now, lease_seconds, limit), {})
+        return _unwrap(await otp.call(server, request, timeout))
+
+    @staticmethod
+    async def claim_flow(
+        flow_id: str,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        *,
+        server: Any = SERVER_NAME,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> Claim | None:
+        """As :meth:`Store.claim_flow`, through the server."""
+        request: tuple[Any, ...] = ("claim_flow", (flow_id, owner, now, lease_seconds), {})
+        return _unwrap(await otp.call(server, request, timeout))
+
+    @staticmethod
+    async def adopt_leases(
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        *,
+        server: Any = SERVER_NAME,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> list[Claim]:
+        """As :meth:`Store.adopt_leases`, through the server."""
+        request: tuple[Any, ...] = ("adopt_leases", (owner, now, lease_seconds), {})
         return _unwrap(await otp.call(server, request, timeout))
 
     @staticmethod

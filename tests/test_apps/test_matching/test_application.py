@@ -22,6 +22,7 @@ import wire
 from apps.matching._application import application, default_application
 from apps.matching._config import MatchingConfig
 from apps.matching._listener import Listener
+from apps.matching._server_id import local_server_id
 from otp import node
 
 from ._peers import Peer
@@ -83,6 +84,7 @@ async def test_the_tree_is_architectures_and_the_socket_is_private(start: Any, s
     assert [c[0] for c in children] == [
         "listener",
         "connections",
+        "leases",
         "engine",
         "matcher",
         "queues",
@@ -289,6 +291,13 @@ async def test_the_observer_view_shows_streams_and_queues_with_their_backlog(
     await client.hello()
     assert (await client.call(1, "queues")).value == app.view["queues"]
     assert app.view["dispatch_reasons"] == {}
+    # the server's id (the node is not distributed: this process's) and its takeovers
+    assert app.view["leases"] == {
+        "server_id": local_server_id(),
+        "takeovers": 0,
+        "redeliveries": 0,
+        "moved": 0,
+    }
     # Each routing decision is counted by its reason: to the flow-type queue, then delivered.
     await client.call(
         2, "start_flow", flow_type="greeting", flow_id="f1", args=["Ada"], definition=DEFINITION

@@ -22,6 +22,7 @@ from apps.matching._sqlite_store import SCHEMA_VERSION, SqliteStore
 from apps.matching._store import (
     AttemptRecord,
     BatchCommitted,
+    Claim,
     DispatchRecord,
     FlowExists,
     FlowRecord,
@@ -564,7 +565,66 @@ async def test_release_leases_frees_the_owners_steps(store: SqliteStore) -> None
     ]
 
 
-async def test_wait_pending_wakes_when_a_commit_puts_steps(store: SqliteStore) -> None:
+async def test_claim_steps_names_the_owner_each_step_was_taken_from(store: SqliteStore) -> None:
+    await store.commit(WriteBatch(flows_created=[flow("a"), flow("b")]))
+    dead = pending("b", lease_owner="n1", lease_expires=5.0)
+    await store.commit(WriteBatch(pending_put=[pending("a"), dead]))
+    claims = await store.claim_steps("n2", now=5.0, lease_seconds=10.0, limit=10)
+    assert claims == [
+        Claim(pending("a", lease_owner="n2", lease_expires=15.0), None),  # free
+        Claim(pending("b", lease_owner="n2", lease_expires=15.0), "n1"),  # n1's lease expired
+    ]
+    assert all(claim.held_by("n2") for claim in claims)
+    assert store.statistics().claimed == 2
+
+
+async def test_claim_flow_takes_a_free_expired_or_own_step_and_names_a_live_owner(
+    store: SqliteStore,
+) -> None:
+    await store.create_flow(flow("a"))
+    assert await store.claim_flow("a", "n1", 0.0, 10.0) is None  # no pending step
+    backing_off = pending("a", 2, not_before=99.0)
+    await store.commit(WriteBatch(pending_put=[backing_off]))
+
+    def leased(owner: str, expires: float) -> PendingStep:
+        return attrs.evolve(backing_off, lease_owner=owner, lease_expires=expires)
+
+    # free (whatever its not_before): n1's now
+    assert await store.claim_flow("a", "n1", 0.0, 10.0) == Claim(leased("n1", 10.0), None)
+    # n1's live lease: left alone, and named
+    held = await store.claim_flow("a", "n2", 5.0, 10.0)
+    assert held == Claim(leased("n1", 10.0), "n1") and not held.held_by("n2")
+    # its own: renewed
+    assert await store.claim_flow("a", "n1", 6.0, 10.0) == Claim(leased("n1", 16.0), "n1")
+    # expired: taken over
+    assert await store.claim_flow("a", "n2", 16.0, 10.0) == Claim(leased("n2", 26.0), "n1")
+    assert await store.pending("a") == [leased("n2", 26.0)]
+
+
+async def test_adopt_leases_takes_every_step_of_sqlite_and_its_own_of_postgresql(
+    store: SqliteStore,
+) -> None:
+    await store.commit(WriteBatch(flows_created=[flow("a"), flow("b"), flow("c")]))
+    steps = [
+        pending("a", lease_owner="old", lease_expires=50.0),  # a previous run's, or a live peer's
+        pending("b", lease_owner="me", lease_expires=50.0),  # this server's, from before
+        pending("c"),
+    ]
+    await store.commit(WriteBatch(pending_put=steps))
+    adopted = await store.adopt_leases("me", 10.0, 15.0)
+
+    def mine(flow_id: str) -> PendingStep:
+        return pending(flow_id, lease_owner="me", lease_expires=25.0)
+
+    if isinstance(store, PostgresStore):  # shared: other owners' leases run on
+        assert adopted == [Claim(mine("b"), "me")]
+        assert await store.pending("a") == [steps[0]]
+        assert await store.pending("c") == [steps[2]]
+    else:  # SQLite: one server per file, so every lease is a previous run's
+        assert adopted == [Claim(mine("a"), "old"), Claim(mine("b"), "me"), Claim(mine("c"), None)]
+
+
+async def test_wait_pending_wakes_when_a_commit_puts_free_steps(store: SqliteStore) -> None:
     await store.create_flow(flow())
     woke: list[int] = []
 
@@ -575,6 +635,9 @@ async def test_wait_pending_wakes_when_a_commit_puts_steps(store: SqliteStore) -
         nursery.start_soon(waiter)
         await trio.testing.wait_all_tasks_blocked()
         await store.commit(WriteBatch(attempts=[attempt()]))  # no pending step: no wake-up
+        # a leased step (the engine's are leased to it): nobody else could claim it
+        leased = pending(index=1, lease_owner="n1", lease_expires=9.0)
+        await store.commit(WriteBatch(pending_put=[leased]))
         await trio.testing.wait_all_tasks_blocked()
         assert woke == []
         await store.commit(WriteBatch(pending_put=[pending()]))
@@ -674,6 +737,14 @@ async def test_server_answers_every_read_and_lease_call() -> None:
         assert await StoreServer.claim_pending("n1", 10.0, 5.0, 10, server=s) == [leased]
         assert await StoreServer.renew_leases("n1", 12.0, 5.0, server=s) == 1
         assert await StoreServer.release_leases("n1", server=s) == 1
+        claims = await StoreServer.claim_steps("n2", 13.0, 5.0, 10, server=s)
+        assert claims == [Claim(pending("a", lease_owner="n2", lease_expires=18.0), None)]
+        assert await StoreServer.claim_flow("a", "n2", 14.0, 5.0, server=s) == Claim(
+            pending("a", lease_owner="n2", lease_expires=19.0), "n2"
+        )
+        assert await StoreServer.adopt_leases("n3", 15.0, 5.0, server=s) == [
+            Claim(pending("a", lease_owner="n3", lease_expires=20.0), "n2")
+        ]
         with pytest.raises(StoreError, match="limit must be an int >= 0"):
             await StoreServer.list_flows(limit=-5, server=s)
 
