@@ -1,15 +1,17 @@
 """The matching server as an OTP application: ``matching_sup`` and its configuration.
 
-``matching_sup`` (rest_for_one) starts, in order: the store (``StoreServer`` over SQLite), the
-queues' DynamicSupervisor (``matching_queues``), the matcher, the engine, the connections'
-DynamicSupervisor (``matching_connections``) and the listener. Each depends on the ones before
-it, so a crash restarts it and everything after it (a new matcher drops the old queues, and
-the listener's restart binds the sockets anew). Stopping runs in reverse: the listener stops
-accepting and removes its Unix sockets; the connections drain, all at once, each for at most
-``stop_drain_timeout`` (workers are sent M_RECONNECT and their running calls send their outcomes
-to the engine, still alive; clients' calls in flight are answered, or get a retryable
-``draining`` error), then close; then the engine stops, the matcher, the queues and, last, the
-store, which commits what it was given (the outcomes the drain brought in with it).
+``matching_sup`` (rest_for_one) starts, in order: the store (``StoreServer`` over SQLite or
+PostgreSQL), the queues' DynamicSupervisor (``matching_queues``), the matcher, the cluster
+(``matching_cluster``: this server among those sharing a PostgreSQL store), the engine, the
+connections' DynamicSupervisor (``matching_connections``) and the listener. Each depends on the
+ones before it, so a crash restarts it and everything after it (a new matcher drops the old
+queues, and the listener's restart binds the sockets anew). Stopping runs in reverse: the
+listener stops accepting and removes its Unix sockets; the connections drain, all at once, each
+for at most ``stop_drain_timeout`` (workers are sent M_RECONNECT and their running calls send
+their outcomes to the engine, still alive; clients' calls in flight are answered, or get a
+retryable ``draining`` error), then close; then the engine stops, the cluster (removing this
+server's row), the matcher, the queues and, last, the store, which commits what it was given
+(the outcomes the drain brought in with it).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import supervisors
 from otp import node
 
 from ._blobs import BlobCache
+from ._cluster import CLUSTER, Cluster, ClusterOptions, server_id
 from ._config import MatchingConfig
 from ._config import add_arguments as add_arguments  # (for --app apps.matching._application)
 from ._connection import ServerContext
 from ._engine import ENGINE, EngineOptions, FlowEngine
+from ._engine_forward import ForwardOptions
 from ._listener import CONNECTIONS, start_listener
 from ._matcher import MATCHER, QUEUES, start_matcher
 from ._observer import observer_view
@@ -45,13 +49,16 @@ def matching_supervisor_spec(
     """``(flags, children)`` of ``matching_sup`` (ARCHITECTURE.md's tree); with ``scratch``, a
     first child owns that temporary directory (the store's, in the embedded default node)."""
     config = ctx.config
+    # (once per start of the tree: a restarted engine or cluster keeps the server's id)
+    this_server = server_id()
     owner = [supervisors.ChildSpec("scratch", (ScratchDirectory.start_link, scratch))]
     children = [
         *(owner if scratch is not None else []),
         supervisors.ChildSpec("store", (_start_store, config), shutdown=30.0),
         supervisors.ChildSpec("queues", (_start_dynamic, QUEUES, 1000, 5), type="supervisor"),
         supervisors.ChildSpec("matcher", (start_matcher, config.limits, QUEUES, MATCHER)),
-        supervisors.ChildSpec("engine", (_start_engine, config), shutdown=10.0),
+        supervisors.ChildSpec("cluster", (_start_cluster, config, this_server), shutdown=10.0),
+        supervisors.ChildSpec("engine", (_start_engine, config, this_server), shutdown=10.0),
         supervisors.ChildSpec(
             "connections", (_start_dynamic, CONNECTIONS, 1000, 5), type="supervisor"
         ),
@@ -74,12 +81,22 @@ async def _start_store(config: MatchingConfig) -> Any:
     return await StoreServer.start_link(store, name=SERVER_NAME)
 
 
-async def _start_engine(config: MatchingConfig) -> Any:
+async def _start_cluster(config: MatchingConfig, this_server: str) -> Any:
+    # (a SQLite file is one server's alone: the cluster is inert there)
+    options = ClusterOptions(this_server, SERVER_NAME, shared=config.store_is_postgres)
+    return await Cluster.start_link(options, name=CLUSTER)
+
+
+async def _start_engine(config: MatchingConfig, this_server: str) -> Any:
+    forward = None
+    if config.store_is_postgres:
+        forward = ForwardOptions(this_server, CLUSTER, SERVER_NAME, ENGINE)
     options = EngineOptions(
         store=SERVER_NAME,
         matcher=MATCHER,
         dispatch_wait=config.limits.dispatch_wait,
         max_flow_type_length=config.limits.max_flow_type_length,
+        forward=forward,
     )
     return await FlowEngine.start_link(options, name=ENGINE)
 

@@ -273,6 +273,12 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                     self._list_flows(state, from_, flow_type, status, limit)
                 case ("cancel", flow_id):
                     self._cancel(state, from_, flow_id)
+                case ("forwarded", ("result", flow_id, timeout)):
+                    self._result(state, from_, flow_id, timeout, forwarded=True)
+                case ("forwarded", ("call_rpc", flow_id, name, args, timeout)):
+                    self._call_rpc(state, from_, flow_id, name, args, timeout, forwarded=True)
+                case ("forwarded", ("cancel", flow_id)):
+                    self._cancel(state, from_, flow_id, forwarded=True)
                 case ("statistics",):
                     otp.reply(from_, self._statistics(state))
                 case _:
@@ -307,8 +313,8 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                 state.record_timer = False
                 if state.building.size:
                     self._flush(state)
-            case _Loaded(flow_id=flow_id, record=record):
-                self._loaded(state, flow_id, record)
+            case _Loaded(flow_id=flow_id, record=record, owner=owner):
+                self._loaded(state, flow_id, record, owner)
             case _RetryDue(flow_id=flow_id, token=token):
                 flow = state.flows.get(flow_id)
                 if flow is not None and flow.retry_timer is not None and flow.retry_token == token:

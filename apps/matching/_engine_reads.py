@@ -4,12 +4,14 @@ answered by helper processes straight from the store, and the engine's statistic
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import otp
 
 from ._engine_commits import EngineCommits
+from ._engine_forward import Forwardable, ForwardOptions, forward, lease_owner, not_owner
 from ._engine_state import MAX_LIST_LIMIT, EngineStatistics, _err, _Flow, _Loaded, _ok, _Rpc, _State
 from ._errors import ConfigurationError, FlowNotFound, MatchingError
 from ._store import FLOW_STATUSES, FlowRecord, StoreError, StoreServer
@@ -20,37 +22,68 @@ __all__ = ["EngineReads"]
 class EngineReads(EngineCommits):
     """The ``FlowEngine``'s reads (a mixin of its callbacks' helpers)."""
 
-    def _with_flow(self, state: _State, flow_id: str, then: Callable[[_Flow | None], None]) -> None:
+    def _with_flow(
+        self,
+        state: _State,
+        flow_id: str,
+        then: Callable[[_Flow | None], None],
+        call: Forwardable | None = None,
+    ) -> None:
         """Call ``then`` with the flow, loaded from the store if it is not in memory (None if
-        it is not stored either)."""
+        it is not stored either). A running flow not in memory whose pending row another
+        server leases is not held here: ``call`` (when given) is forwarded to that server, or
+        answered ``not_owner`` if it was forwarded here; without ``call``, ``then`` gets a
+        copy of the flow as stored."""
         flow = state.flows.get(flow_id)
         if flow is not None:
             then(flow)
             return
         waiting = state.loading.get(flow_id)
         if waiting is not None:
-            waiting.append(then)
+            waiting.append((then, call))
             return
-        state.loading[flow_id] = [then]
-        store, me = state.options.store, state.me
+        state.loading[flow_id] = [(then, call)]
+        store, me, forward = state.options.store, state.me, state.options.forward
 
         def load() -> None:
-            otp.spawn_link(_load, store, flow_id, me)
+            otp.spawn_link(_load, store, flow_id, me, forward)
 
         self._after_commit(state, load)
 
-    def _loaded(self, state: _State, flow_id: str, record: FlowRecord | None) -> None:
+    def _loaded(
+        self, state: _State, flow_id: str, record: FlowRecord | None, owner: str | None = None
+    ) -> None:
         waiting = state.loading.pop(flow_id, [])
+        if record is not None and owner is not None and flow_id not in state.flows:
+            self._owned_elsewhere(state, record, owner, waiting)
+            return
         if record is not None and flow_id not in state.flows:
             flow = _Flow.from_record(record)
             state.flows[flow_id] = flow
             if flow.running:  # (only when it was started by another engine: adopt it)
                 self._advance(state, flow)
-        for then in waiting:
+        for then, _ in waiting:
             then(state.flows.get(flow_id))
         flow_or_none = state.flows.get(flow_id)
         if flow_or_none is not None:
             self._maybe_evict(state, flow_or_none)
+
+    def _owned_elsewhere(
+        self,
+        state: _State,
+        record: FlowRecord,
+        owner: str,
+        waiting: list[tuple[Callable[[_Flow | None], None], Forwardable | None]],
+    ) -> None:
+        """The running flow ``record`` is ``owner``'s: its calls go there (``_engine_forward``)."""
+        options = state.options.forward
+        for then, call in waiting:
+            if call is None:
+                then(_Flow.from_record(record))  # (a copy, not held: for a look at it)
+            elif call.forwarded:
+                otp.reply(call.from_, not_owner(record.flow_id, options.server_id, owner))
+            else:
+                forward(options, call, record.flow_id, owner)
 
     def _read(self, state: _State, fn: Callable[..., Any], from_: otp.From, *args: Any) -> None:
         otp.spawn_link(_reader, fn, state.options.store, from_, args)
@@ -92,9 +125,13 @@ class EngineReads(EngineCommits):
         )
 
 
-async def _load(store: Any, flow_id: str, engine: otp.Pid) -> None:
+async def _load(store: Any, flow_id: str, engine: otp.Pid, forward: ForwardOptions | None) -> None:
     record = await StoreServer.get_flow(flow_id, server=store, timeout=None)
-    otp.send(engine, _Loaded(flow_id, record))
+    owner = None
+    if forward is not None and record is not None and record.status == "running":
+        rows = await StoreServer.pending(flow_id, server=store, timeout=None)
+        owner = lease_owner(rows, forward.server_id, time.time())
+    otp.send(engine, _Loaded(flow_id, record, owner))
 
 
 async def _reader(

@@ -120,6 +120,9 @@ class EngineOptions:
     dispatch_record_delay: float = attrs.field(default=0.1, validator=_positive_seconds)
     #: The longest flow type name a flow may start with (``matching.max_flow_type_length``).
     max_flow_type_length: int = attrs.field(default=256, validator=_positive_int)
+    #: How calls for flows other servers own are forwarded (``_engine_forward.ForwardOptions``);
+    #: None: this server shares its store with no other, and never forwards.
+    forward: Any = None
 
 
 @attrs.frozen
@@ -310,7 +313,9 @@ class _State:
     next_delivery: int
     flows: dict[str, _Flow] = attrs.field(factory=dict)
     deliveries: dict[int, _Flow | _Rpc] = attrs.field(factory=dict)
-    loading: dict[str, list[Callable[[_Flow | None], None]]] = attrs.field(factory=dict)
+    #: Flows being loaded from the store, and what waits for each (with the call it serves,
+    #: when it may be forwarded: ``_engine_forward.Forwardable``).
+    loading: dict[str, list[tuple[Callable[[_Flow | None], None], Any]]] = attrs.field(factory=dict)
     #: Flow type -> the newest definition given for it (``_engine_definitions``).
     known: dict[str, FlowSpec] = attrs.field(factory=dict)
     #: Flow type -> the definition a client sent last and what it parsed to: a client sends
@@ -355,6 +360,9 @@ class _State:
 class _Loaded:
     flow_id: str
     record: FlowRecord | None
+    #: The other server whose unexpired lease holds the running flow's pending row, if any
+    #: (read only when the engine may forward).
+    owner: str | None = None
 
 
 @attrs.frozen
