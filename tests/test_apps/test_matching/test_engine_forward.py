@@ -115,3 +115,31 @@ async def test_forwarded_requests_for_a_flow_this_server_holds_are_served_here(
         assert await FlowEngine.result(flow_id, timeout=5.0) == [1]
         reply = await otp.call(ENGINE, (FORWARDED, ("result", flow_id, None)), 5.0)
         assert reply == ("ok", [1])
+
+
+class _Everywhere(otp.GenServer):
+    """A cluster that places every server on this node: a forwarded call reaches this node's
+    own engine, which answers ``not_owner`` for a flow another server leases."""
+
+    def handle_call(self, request: Any, from_: otp.From, state: Any) -> Any:
+        return otp.Reply(otp.node_name(), state)
+
+
+async def test_an_owner_answering_not_owner_is_re_resolved_until_the_flow_is_free(
+    autojump_clock: Any,
+) -> None:
+    async with otp.open_node(), server(forward=ForwardOptions(ME)):
+        await _Everywhere.start_link(name=CLUSTER)
+        await _owned_by_other("f1")
+        answers: list[Any] = []
+
+        async def wait_result() -> None:
+            answers.append(await FlowEngine.result("f1", timeout=30.0))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_result)
+            await trio.sleep(2.0)  # "other" keeps answering not_owner meanwhile
+            assert answers == []
+            free = PendingStep("f1", 0, "a", "f1/0/a", 1, None, None)
+            await StoreServer.commit(WriteBatch(pending_put=[free]))  # (its lease released)
+        assert answers == [[1]]  # re-resolved to this server, which took the flow and ran it
