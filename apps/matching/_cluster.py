@@ -163,6 +163,7 @@ class Cluster(otp.GenServer):
                 return otp.Reply(_owner_node(state, sid), state)
             case ("live",):
                 return otp.Reply(sorted(state.live.values(), key=_by_id), state)
+        logger.warning("matching cluster: unknown request %r", request)
         return otp.Reply(None, state)
 
     def handle_info(self, message: Any, state: _State) -> Any:

@@ -35,7 +35,7 @@ import otp
 
 from ._cluster import CLUSTER, Cluster
 from ._engine_state import CALL_MARGIN, DEFAULT_TIMEOUT, ENGINE, _err
-from ._errors import MatchingError, Unavailable
+from ._errors import ConfigurationError, MatchingError, Unavailable
 from ._store import SERVER_NAME, PendingStep, StoreServer
 
 __all__ = [
@@ -63,7 +63,7 @@ _MAX_DELAY = 1.0
 
 def _seconds(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
-        raise ValueError(
+        raise ConfigurationError(
             f"ForwardOptions.{attribute.name} must be a number of seconds > 0 (got {value!r})"
         )
 
@@ -174,6 +174,13 @@ async def _deliver(
         if owner is not None:
             node = await Cluster.owner_node(owner, server=options.cluster)
             target = None if node is None else (options.engine, node)
+        if target is None and otp.current_node().distribution is None:
+            # (no server can ever be reached from here: waiting would not help)
+            why = (
+                f"its owner is server {owner}, and this server is not distributed (start every"
+                " server with --name NAME@HOST --listen ADDRESS --cookie-file PATH)"
+            )
+            return _err(_unavailable(flow_id, owner, why))
         if target is None:
             why = f"its owner, server {owner}, is not reachable"
         else:

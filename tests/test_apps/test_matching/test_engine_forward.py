@@ -1,16 +1,19 @@
 """Forwarding calls for flows another server owns (``_engine_forward``), on one node: which
 lease makes a flow another's, the engine answering a forwarded request for a flow it does not
 own with ``not_owner`` (never forwarding it again, never taking the flow), and a call for a flow
-whose owner cannot be reached ending in a retryable ``unavailable`` within its bounds (two real
-servers: ``test_cluster_forwarding.py``)."""
+whose owner cannot be reached ending in a retryable ``unavailable`` within its bounds (at once
+on a server that is not distributed), and an owner answering ``not_owner`` re-resolved (two
+real servers: ``test_cluster_forwarding.py``)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from test_otp.peer import COOKIE
 
 import otp
 from apps.matching._cluster import CLUSTER, Cluster, ClusterOptions
@@ -78,10 +81,15 @@ async def test_a_forwarded_request_for_a_flow_another_server_owns_is_answered_no
         assert statistics.flows_resident == 0  # it did not take the flow over
 
 
+async def _distributed(tmp_path: Path) -> None:
+    await otp.start_distribution(otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/a.sock",)))
+
+
 async def test_a_result_for_a_flow_whose_owner_is_unreachable_is_unavailable_at_its_timeout(
-    autojump_clock: Any,
+    autojump_clock: Any, tmp_path: Path
 ) -> None:
-    async with otp.open_node(), await _with_cluster():
+    async with otp.open_node("a@localhost"), await _with_cluster():
+        await _distributed(tmp_path)
         await _owned_by_other("f1")
         started = trio.current_time()
         with pytest.raises(Unavailable) as info:
@@ -97,14 +105,28 @@ async def test_a_result_for_a_flow_whose_owner_is_unreachable_is_unavailable_at_
 
 
 async def test_a_call_without_a_timeout_is_re_resolved_for_at_most_the_patience(
-    autojump_clock: Any,
+    autojump_clock: Any, tmp_path: Path
 ) -> None:
-    async with otp.open_node(), await _with_cluster(patience=5.0):
+    async with otp.open_node("a@localhost"), await _with_cluster(patience=5.0):
+        await _distributed(tmp_path)
         await _owned_by_other("f1")
         started = trio.current_time()
         with pytest.raises(Unavailable, match="could not reach it"):
             await FlowEngine.call_rpc("f1", "r")
-        assert trio.current_time() - started <= 5.0
+        assert 4.0 <= trio.current_time() - started <= 5.0
+
+
+async def test_a_server_that_is_not_distributed_answers_unavailable_at_once(
+    autojump_clock: Any,
+) -> None:
+    async with otp.open_node(), await _with_cluster():
+        await _owned_by_other("f1")
+        started = trio.current_time()
+        with pytest.raises(Unavailable) as info:
+            await FlowEngine.cancel("f1")
+        assert trio.current_time() - started < 0.1
+        assert info.value.retryable
+        assert f"its owner is server {OTHER}, and this server is not distributed" in str(info.value)
 
 
 async def test_forwarded_requests_for_a_flow_this_server_holds_are_served_here(
@@ -126,9 +148,10 @@ class _Everywhere(otp.GenServer):
 
 
 async def test_an_owner_answering_not_owner_is_re_resolved_until_the_flow_is_free(
-    autojump_clock: Any,
+    autojump_clock: Any, tmp_path: Path
 ) -> None:
-    async with otp.open_node(), server(forward=ForwardOptions(ME)):
+    async with otp.open_node("a@localhost"), server(forward=ForwardOptions(ME)):
+        await _distributed(tmp_path)
         await _Everywhere.start_link(name=CLUSTER)
         await _owned_by_other("f1")
         answers: list[Any] = []
