@@ -21,6 +21,7 @@ import trio
 from test_node.test_node_cli import Node
 
 import otp
+import supervisors
 from apps.matching import (
     Cancelled,
     ClientOptions,
@@ -35,7 +36,10 @@ from apps.matching import (
     rpc,
     step,
 )
-from apps.matching._cluster import Cluster
+from apps.matching._application import application
+from apps.matching._cluster import CLUSTER, Cluster
+from apps.matching._config import MatchingConfig
+from apps.matching._engine import ENGINE
 
 COOKIE = b"matching-cluster-cookie-7"
 M1, M2 = "m1@localhost", "m2@localhost"
@@ -79,24 +83,67 @@ class _Server:
         )  # fmt: skip
 
 
+def _cookie(tmp_path: Path) -> Path:
+    cookie = tmp_path / "cookie"
+    cookie.write_bytes(COOKIE)
+    cookie.chmod(0o600)
+    return cookie
+
+
+async def _connected(to: str) -> None:
+    """Until this node's cluster (``matching_cluster`` here, or on ``M1``) reaches ``to``."""
+    cluster = CLUSTER if otp.node_name() == M1 else (CLUSTER, M1)
+    with trio.fail_after(30):  # (the cluster connects on its next beat)
+        while await Cluster.owner_node(to, server=cluster) != to:
+            await trio.sleep(0.05)
+
+
 @pytest.fixture
 async def cluster(tmp_path: Path, postgres: Any) -> AsyncIterator[tuple[_Server, _Server, str]]:
     """Servers m1 and m2 on a fresh schema, both live and connected to each other; the test
     runs as node t@localhost, connected to both."""
-    cookie = tmp_path / "cookie"
-    cookie.write_bytes(COOKIE)
-    cookie.chmod(0o600)
-    url = postgres.url()
+    cookie, url = _cookie(tmp_path), postgres.url()
     m1, m2 = _Server(tmp_path, M1, url, cookie), _Server(tmp_path, M2, url, cookie)
     async with otp.open_node("t@localhost"), m1.node, m2.node:
         await m1.node.line_with("application matching", timeout=60)
         await m2.node.line_with("application matching", timeout=60)
         await otp.start_distribution(otp.DistConfig(cookie=COOKIE, listen=()))
         assert await otp.connect(M1, m1.dist) and await otp.connect(M2, m2.dist)
-        with trio.fail_after(30):  # (m1's cluster connects to m2 on its next beat)
-            while await Cluster.owner_node(M2, server=("matching_cluster", M1)) != M2:
-                await trio.sleep(0.05)
+        await _connected(M2)
         yield m1, m2, url
+
+
+@pytest.fixture
+async def m1_here(tmp_path: Path, postgres: Any) -> AsyncIterator[tuple[str, _Server, str]]:
+    """Server m1 in this test's own node (so the test sees its processes), m2 a real process
+    on the same fresh schema; yields m1's address, m2, the database URL."""
+    cookie, url = _cookie(tmp_path), postgres.url()
+    m2 = _Server(tmp_path, M2, url, cookie)
+    address = f"unix:{tmp_path}/m1.sock"
+    async with otp.open_node(M1), m2.node:
+        await otp.start_distribution(
+            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/m1-dist.sock",))
+        )
+        config = MatchingConfig(listen=[address], store=url)
+        await supervisors.start_application(application(matching_config=config))
+        try:
+            await m2.node.line_with("application matching", timeout=60)
+            await _connected(M2)
+            yield address, m2, url
+        finally:
+            await supervisors.stop_application("matching")
+
+
+def _forwarders_calling(node: str) -> int:
+    """How many of this node's engine's forwarding helpers wait in a call to ``node``."""
+    engine = otp.whereis(ENGINE)
+    assert engine is not None
+    count = 0
+    for pid in otp.process_info(engine).links:
+        info = otp.process_info(pid)
+        if info is not None and any(node in repr(target) for _, target in info.monitors):
+            count += 1
+    return count
 
 
 async def _lease(url: str, flow_id: str, owner: str, seconds: float) -> None:
@@ -160,11 +207,11 @@ async def test_a_client_of_server_1_reaches_a_flow_server_2_owns(cluster: Any) -
         await worker.close()
 
 
-async def test_the_owner_killed_mid_result_is_re_resolved_and_answered(cluster: Any) -> None:
-    m1, m2, url = cluster
-    on_m1 = TrioClient(REGISTRY, None, ClientOptions(server_address=m1.address))
+async def test_the_owner_killed_mid_result_is_re_resolved_and_answered(m1_here: Any) -> None:
+    m1_address, m2, url = m1_here
+    on_m1 = TrioClient(REGISTRY, None, ClientOptions(server_address=m1_address))
     on_m2 = TrioClient(REGISTRY, None, ClientOptions(server_address=m2.address))
-    workers = [_worker(m2.address), _worker(m1.address)]
+    workers = [_worker(m2.address), _worker(m1_address)]
     async with on_m1, on_m2, trio.open_nursery() as nursery:
         for worker in workers:
             nursery.start_soon(worker.start)
@@ -181,8 +228,10 @@ async def test_the_owner_killed_mid_result_is_re_resolved_and_answered(cluster: 
 
             async with trio.open_nursery() as inner:
                 inner.start_soon(wait_result, taken, None)
-                inner.start_soon(wait_result, stuck, 3.0)
-                m2.node.signal(signal.SIGKILL)  # its step never finishes there
+                inner.start_soon(wait_result, stuck, 5.0)
+                while _forwarders_calling(M2) < 2:
+                    await trio.sleep(0.01)  # (until both calls are forwarded to m2)
+                m2.node.signal(signal.SIGKILL)  # mid-call; its step never finishes there
         assert answers[taken] == 8  # re-resolved: m1 took the flow over and ran the step again
         assert RUNS[taken] == 2
         error = answers[stuck]
