@@ -25,7 +25,7 @@ import supervisors
 from otp import node
 
 from ._blobs import BlobCache
-from ._cluster import CLUSTER, Cluster, ClusterOptions, server_id
+from ._cluster import CLUSTER, Cluster, ClusterOptions
 from ._config import MatchingConfig
 from ._config import add_arguments as add_arguments  # (for --app apps.matching._application)
 from ._connection import ServerContext
@@ -35,6 +35,7 @@ from ._listener import CONNECTIONS, start_listener
 from ._matcher import MATCHER, QUEUES, start_matcher
 from ._observer import observer_view
 from ._scratch import ScratchDirectory
+from ._server_id import server_id
 from ._sqlite_store import SqliteStore
 from ._store import SERVER_NAME, StoreServer
 
@@ -49,8 +50,7 @@ def matching_supervisor_spec(
     """``(flags, children)`` of ``matching_sup`` (ARCHITECTURE.md's tree); with ``scratch``, a
     first child owns that temporary directory (the store's, in the embedded default node)."""
     config = ctx.config
-    # (once per start of the tree: a restarted engine or cluster keeps the server's id)
-    this_server = server_id()
+    this_server = server_id()  # (the node's name when distributed: ``_server_id``)
     owner = [supervisors.ChildSpec("scratch", (ScratchDirectory.start_link, scratch))]
     children = [
         *(owner if scratch is not None else []),
@@ -90,12 +90,13 @@ async def _start_cluster(config: MatchingConfig, this_server: str) -> Any:
 async def _start_engine(config: MatchingConfig, this_server: str) -> Any:
     forward = None
     if config.store_is_postgres:
-        forward = ForwardOptions(this_server, CLUSTER, SERVER_NAME, ENGINE)
+        forward = ForwardOptions(CLUSTER, SERVER_NAME, ENGINE)
     options = EngineOptions(
         store=SERVER_NAME,
         matcher=MATCHER,
         dispatch_wait=config.limits.dispatch_wait,
         max_flow_type_length=config.limits.max_flow_type_length,
+        server_id=this_server,
         forward=forward,
     )
     return await FlowEngine.start_link(options, name=ENGINE)

@@ -20,9 +20,6 @@ cluster is inert: no row, no timer, no warning, and every server is "not reachab
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import socket
 import time
 from typing import Any
 
@@ -34,7 +31,7 @@ import otp
 from ._errors import ConfigurationError, MatchingError
 from ._store import DEFAULT_TIMEOUT, SERVER_NAME, ServerRecord, StoreServer
 
-__all__ = ["CLUSTER", "Cluster", "ClusterOptions", "server_id"]
+__all__ = ["CLUSTER", "Cluster", "ClusterOptions"]
 
 logger = logging.getLogger("apps.matching")
 
@@ -42,15 +39,6 @@ logger = logging.getLogger("apps.matching")
 CLUSTER = "matching_cluster"
 #: How long one connect to a peer's node may take before the beat goes on without it.
 _CONNECT_TIMEOUT = 5.0
-
-
-def server_id() -> str:
-    """This server's id: its node's name when the node is distributed (a server restarted
-    under the same name is the same server), else ``host/pid/8 random hex``."""
-    node = otp.current_node()
-    if node.distribution is not None:
-        return node.name
-    return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
 
 
 def _seconds(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -65,7 +53,7 @@ class ClusterOptions:
     """How the cluster process runs.
 
     Attributes:
-        server_id: This server's id (:func:`server_id`; the engine leases flows under it).
+        server_id: This server's id (``_server_id.server_id()``; the engine's leases' owner).
         store: The ``StoreServer`` (pid or registered name).
         shared: Whether the store may be shared with other servers (PostgreSQL); False makes
             the cluster inert.

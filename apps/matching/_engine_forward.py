@@ -34,7 +34,7 @@ import trio
 import otp
 
 from ._cluster import CLUSTER, Cluster
-from ._engine_state import CALL_MARGIN, DEFAULT_TIMEOUT, ENGINE, _err
+from ._engine_state import CALL_MARGIN, DEFAULT_TIMEOUT, ENGINE, _err, _State
 from ._errors import ConfigurationError, MatchingError, Unavailable
 from ._store import SERVER_NAME, PendingStep, StoreServer
 
@@ -42,10 +42,10 @@ __all__ = [
     "FORWARDED",
     "NOT_OWNER",
     "ForwardOptions",
-    "Forwardable",
     "forward",
     "is_not_owner",
     "lease_owner",
+    "marked",
     "not_owner",
 ]
 
@@ -70,10 +70,10 @@ def _seconds(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
 
 @attrs.frozen
 class ForwardOptions:
-    """How an engine forwards calls (``EngineOptions.forward``; None: never, one server).
+    """How an engine forwards calls (``EngineOptions.forward``; None: it shares its store with
+    no other server, and a call for a flow another server owns answers ``unavailable``).
 
     Attributes:
-        server_id: This server's id (its leases' owner).
         cluster: The cluster process (``_cluster``), asked for an owner's node.
         store: The ``StoreServer``, read to re-resolve an owner.
         engine: The engine's registered name, on every server.
@@ -81,28 +81,17 @@ class ForwardOptions:
             before its caller gets a retryable ``unavailable``.
     """
 
-    server_id: str
     cluster: Any = CLUSTER
     store: Any = SERVER_NAME
     engine: str = ENGINE
     patience: float = attrs.field(default=40.0, validator=_seconds)
 
 
-@attrs.frozen
-class Forwardable:
-    """A client call the engine may forward: who waits and the request it sent.
-
-    Attributes:
-        from_: The original caller (answered by the helper, wherever the answer comes from).
-        request: The engine request: ``("result", flow_id, timeout)``, ``("call_rpc",
-            flow_id, name, args, timeout)`` or ``("cancel", flow_id)``.
-        forwarded: It came from another server's helper: never forward it again, answer
-            :func:`not_owner` instead.
-    """
-
-    from_: otp.From
-    request: tuple[Any, ...]
-    forwarded: bool = False
+def marked(request: tuple[Any, ...], forwarded: bool) -> tuple[Any, ...]:
+    """``request`` as the engine hands it to :func:`forward`: ``(FORWARDED, request)`` when it
+    came from another server's helper (then it is answered ``not_owner``, never forwarded
+    again)."""
+    return (FORWARDED, request) if forwarded else request
 
 
 def lease_owner(rows: Sequence[PendingStep], server_id: str, now: float) -> str | None:
@@ -127,19 +116,46 @@ def is_not_owner(reply: Any) -> bool:
     return isinstance(reply, tuple) and len(reply) == 5 and reply[:2] == ("error", NOT_OWNER)
 
 
-def forward(options: ForwardOptions, call: Forwardable, flow_id: str, owner: str) -> otp.Pid:
-    """Hand ``call`` for ``flow_id``, whose pending row ``owner`` leases, to a helper process
-    linked to the caller (the engine) and return at once; the helper answers ``call.from_``
-    (see the module docstring). Not for a ``call.forwarded`` request: answer
-    :func:`not_owner` to those."""
-    return otp.spawn_link(_forwarder, options, call, flow_id, owner, trio.current_time())
-
-
-async def _forwarder(
-    options: ForwardOptions, call: Forwardable, flow_id: str, owner: str | None, started: float
+def forward(
+    state: _State, from_: otp.From, request: tuple[Any, ...], flow_id: str, owner: str | None
 ) -> None:
+    """Answer ``from_``'s ``request`` (``("result", flow_id, timeout)``, ``("call_rpc",
+    flow_id, name, args, timeout)`` or ``("cancel", flow_id)``; :func:`marked` when it was
+    forwarded here) for the running flow ``flow_id``, which server ``owner`` holds (None: it
+    moved while this engine looked it up; the store says where). Returns at once: a helper
+    process linked to the engine delivers the request and answers ``from_`` (see the module
+    docstring). A request forwarded here is answered :func:`not_owner` instead."""
+    me = state.options.server_id
+    if request[0] == FORWARDED:
+        otp.reply(from_, not_owner(flow_id, me, owner))
+        return
+    options: ForwardOptions | None = state.options.forward
+    if options is None:  # (one server: nowhere to forward to)
+        where = "another matching server" if owner is None else f"matching server {owner!r}"
+        exc = Unavailable(
+            f"flow {flow_id!r} is run by {where}, not by this one ({me!r}): call that server,"
+            " or retry here (its flows move to this server when it stops)",
+            details={"flow_id": flow_id, "owner": owner},
+        )
+        otp.reply(from_, _err(exc))
+        return
+    call = _Call(me, from_, request, trio.current_time())
+    otp.spawn_link(_forwarder, options, call, flow_id, owner)
+
+
+@attrs.frozen
+class _Call:
+    """A forwarded call: this server's id, the caller, its request, when it was forwarded."""
+
+    server_id: str
+    from_: otp.From
+    request: tuple[Any, ...]
+    started: float
+
+
+async def _forwarder(options: ForwardOptions, call: _Call, flow_id: str, owner: str | None) -> None:
     try:
-        answer = await _deliver(options, call, flow_id, owner, started)
+        answer = await _deliver(options, call, flow_id, owner)
     except Exception as exc:  # (the caller must be answered; the engine must not crash)
         logger.exception("matching engine: forwarding a call for flow %r failed", flow_id)
         answer = _err(
@@ -151,22 +167,20 @@ async def _forwarder(
     otp.reply(call.from_, answer)
 
 
-async def _deliver(
-    options: ForwardOptions, call: Forwardable, flow_id: str, owner: str | None, started: float
-) -> Any:
+async def _deliver(options: ForwardOptions, call: _Call, flow_id: str, owner: str | None) -> Any:
     """The owner's answer to ``call`` (re-resolving as the module docstring says), or a
     retryable ``unavailable`` once the caller's timeout or ``patience`` is spent."""
     limit = _timeout_of(call.request)
-    deadline = started + limit if limit is not None else math.inf
+    deadline = call.started + limit if limit is not None else math.inf
     delay = _FIRST_DELAY
     why = ""
-    resolved = True
+    resolved = owner is not None
     first_failure = True
     while True:
         if not resolved:
             owner = lease_owner(
                 await StoreServer.pending(flow_id, server=options.store, timeout=DEFAULT_TIMEOUT),
-                options.server_id,
+                call.server_id,
                 time.time(),
             )
         resolved = False
@@ -184,13 +198,13 @@ async def _deliver(
         if target is None:
             why = f"its owner, server {owner}, is not reachable"
         else:
-            request = _with_timeout(call.request, started, limit)
+            request = _with_timeout(call.request, call.started, limit)
             try:
                 reply = await otp.call(target, (FORWARDED, request), _call_timeout(request))
             except otp.CallTimeout:
-                why = f"server {owner or options.server_id} did not answer in time"
+                why = f"server {owner or call.server_id} did not answer in time"
             except otp.CallError as exc:
-                why = f"server {owner or options.server_id} went away ({otp.format_reason(exc)})"
+                why = f"server {owner or call.server_id} went away ({otp.format_reason(exc)})"
             else:
                 if not is_not_owner(reply):
                     return reply

@@ -11,7 +11,7 @@ from typing import Any
 import otp
 
 from ._engine_commits import EngineCommits
-from ._engine_forward import Forwardable, ForwardOptions, forward, lease_owner, not_owner
+from ._engine_forward import forward, lease_owner
 from ._engine_state import MAX_LIST_LIMIT, EngineStatistics, _err, _Flow, _Loaded, _ok, _Rpc, _State
 from ._errors import ConfigurationError, FlowNotFound, MatchingError
 from ._store import FLOW_STATUSES, FlowRecord, StoreError, StoreServer
@@ -27,26 +27,26 @@ class EngineReads(EngineCommits):
         state: _State,
         flow_id: str,
         then: Callable[[_Flow | None], None],
-        call: Forwardable | None = None,
+        request: tuple[otp.From, tuple[Any, ...]] | None = None,
     ) -> None:
         """Call ``then`` with the flow, loaded from the store if it is not in memory (None if
         it is not stored either). A running flow not in memory whose pending row another
-        server leases is not held here: ``call`` (when given) is forwarded to that server, or
-        answered ``not_owner`` if it was forwarded here; without ``call``, ``then`` gets a
-        copy of the flow as stored."""
+        server leases is not held here: ``request`` (the caller and its call, when given) goes
+        to ``forward``; without one, ``then`` gets a copy of the flow as stored."""
         flow = state.flows.get(flow_id)
         if flow is not None:
             then(flow)
             return
         waiting = state.loading.get(flow_id)
         if waiting is not None:
-            waiting.append((then, call))
+            waiting.append((then, request))
             return
-        state.loading[flow_id] = [(then, call)]
-        store, me, forward = state.options.store, state.me, state.options.forward
+        state.loading[flow_id] = [(then, request)]
+        options, me = state.options, state.me
+        owner = options.server_id if options.forward is not None else None
 
         def load() -> None:
-            otp.spawn_link(_load, store, flow_id, me, forward)
+            otp.spawn_link(_load, options.store, flow_id, me, owner)
 
         self._after_commit(state, load)
 
@@ -73,17 +73,15 @@ class EngineReads(EngineCommits):
         state: _State,
         record: FlowRecord,
         owner: str,
-        waiting: list[tuple[Callable[[_Flow | None], None], Forwardable | None]],
+        waiting: list[tuple[Callable[[_Flow | None], None], Any]],
     ) -> None:
         """The running flow ``record`` is ``owner``'s: its calls go there (``_engine_forward``)."""
-        options = state.options.forward
-        for then, call in waiting:
-            if call is None:
+        for then, request in waiting:
+            if request is None:
                 then(_Flow.from_record(record))  # (a copy, not held: for a look at it)
-            elif call.forwarded:
-                otp.reply(call.from_, not_owner(record.flow_id, options.server_id, owner))
             else:
-                forward(options, call, record.flow_id, owner)
+                caller, call = request
+                forward(state, caller, call, record.flow_id, owner)
 
     def _read(self, state: _State, fn: Callable[..., Any], from_: otp.From, *args: Any) -> None:
         otp.spawn_link(_reader, fn, state.options.store, from_, args)
@@ -125,12 +123,14 @@ class EngineReads(EngineCommits):
         )
 
 
-async def _load(store: Any, flow_id: str, engine: otp.Pid, forward: ForwardOptions | None) -> None:
+async def _load(store: Any, flow_id: str, engine: otp.Pid, server_id: str | None) -> None:
+    """Read the flow, and, with ``server_id`` (the engine may forward), who leases a running
+    one's step if not this server."""
     record = await StoreServer.get_flow(flow_id, server=store, timeout=None)
     owner = None
-    if forward is not None and record is not None and record.status == "running":
+    if server_id is not None and record is not None and record.status == "running":
         rows = await StoreServer.pending(flow_id, server=store, timeout=None)
-        owner = lease_owner(rows, forward.server_id, time.time())
+        owner = lease_owner(rows, server_id, time.time())
     otp.send(engine, _Loaded(flow_id, record, owner))
 
 

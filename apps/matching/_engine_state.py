@@ -19,6 +19,7 @@ from ._errors import Cancelled, ConfigurationError, FlowFailed, MatchingError, e
 from ._flow_spec import FlowSpec, parse_definition
 from ._matcher import MATCHER
 from ._model import MAX_NAME_LENGTH
+from ._server_id import local_server_id
 from ._store import (
     SERVER_NAME,
     AttemptRecord,
@@ -94,6 +95,14 @@ def _delivery_or_none(inst: Any, attribute: attrs.Attribute[Any], value: Any) ->
         )
 
 
+def _server_name(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not str or not value or len(value) > MAX_NAME_LENGTH:
+        raise ConfigurationError(
+            f"EngineOptions.server_id must be a non-empty str of at most {MAX_NAME_LENGTH}"
+            f" characters (got {value!r})"
+        )
+
+
 @attrs.frozen
 class EngineOptions:
     """How the engine reaches the rest of the server, and its waits.
@@ -110,6 +119,8 @@ class EngineOptions:
         dispatch_record_delay: How long dispatch records (``Routed``, for ``describe_flow``)
             may wait in memory for a batch to ride in before one is committed for them alone.
             Nothing waits for them: a crash loses those not yet committed.
+        server_id: Who this server is in the store: every pending step the engine writes is
+            leased to it (``_server_id.server_id()``: the node's name when distributed).
     """
 
     store: Any = SERVER_NAME
@@ -120,6 +131,7 @@ class EngineOptions:
     dispatch_record_delay: float = attrs.field(default=0.1, validator=_positive_seconds)
     #: The longest flow type name a flow may start with (``matching.max_flow_type_length``).
     max_flow_type_length: int = attrs.field(default=256, validator=_positive_int)
+    server_id: str = attrs.field(factory=local_server_id, validator=_server_name)
     #: How calls for flows other servers own are forwarded (``_engine_forward.ForwardOptions``);
     #: None: this server shares its store with no other, and never forwards.
     forward: Any = None
@@ -313,8 +325,8 @@ class _State:
     next_delivery: int
     flows: dict[str, _Flow] = attrs.field(factory=dict)
     deliveries: dict[int, _Flow | _Rpc] = attrs.field(factory=dict)
-    #: Flows being loaded from the store, and what waits for each (with the call it serves,
-    #: when it may be forwarded: ``_engine_forward.Forwardable``).
+    #: Flows being loaded from the store, and what waits for each (with the caller and the call
+    #: it serves, when it may be forwarded: ``_engine_forward.forward``).
     loading: dict[str, list[tuple[Callable[[_Flow | None], None], Any]]] = attrs.field(factory=dict)
     #: Flow type -> the newest definition given for it (``_engine_definitions``).
     known: dict[str, FlowSpec] = attrs.field(factory=dict)

@@ -23,7 +23,7 @@ from ._engine_definitions import (
     remember,
     unknown_definition,
 )
-from ._engine_forward import Forwardable
+from ._engine_forward import marked
 from ._engine_reads import EngineReads
 from ._engine_state import (
     _RUNNING,
@@ -197,7 +197,7 @@ class EngineSteps(EngineReads):
     ) -> None:
         _check_id("result", flow_id)
         timeout = _check_timeout("result", timeout)
-        call = Forwardable(from_, ("result", flow_id, timeout), forwarded)
+        request = (from_, marked(("result", flow_id, timeout), forwarded))
 
         def then(flow: _Flow | None) -> None:
             if flow is None:
@@ -207,13 +207,13 @@ class EngineSteps(EngineReads):
             else:
                 watch_waiter(state, flow, from_, timeout)
 
-        self._with_flow(state, flow_id, then, call)
+        self._with_flow(state, flow_id, then, request)
 
     def _cancel(
         self, state: _State, from_: otp.From, flow_id: Any, forwarded: bool = False
     ) -> None:
         _check_id("cancel", flow_id)
-        call = Forwardable(from_, ("cancel", flow_id), forwarded)
+        request = (from_, marked(("cancel", flow_id), forwarded))
 
         def then(flow: _Flow | None) -> None:
             if flow is None:
@@ -226,7 +226,7 @@ class EngineSteps(EngineReads):
                 })  # fmt: skip
             self._after_flow(state, flow, lambda: otp.reply(from_, _ok(None)))
 
-        self._with_flow(state, flow_id, then, call)
+        self._with_flow(state, flow_id, then, request)
 
     def _finish(
         self, state: _State, flow: _Flow, status: str, result: Any, error: dict[str, Any] | None

@@ -18,9 +18,10 @@ from test_otp.peer import COOKIE, PeerNode
 
 import otp
 import supervisors
-from apps.matching._cluster import CLUSTER, Cluster, ClusterOptions, server_id
+from apps.matching._cluster import CLUSTER, Cluster, ClusterOptions
 from apps.matching._config import add_arguments
 from apps.matching._postgres_store import PostgresStore
+from apps.matching._server_id import server_id
 from apps.matching._sqlite_store import SqliteStore
 from apps.matching._store import ServerRecord, StoreServer
 
@@ -84,16 +85,6 @@ async def test_not_distributed_beside_a_live_server_warns_once_at_start(
         )
         # not distributed: no server is reachable from here
         assert await Cluster.owner_node("other/1/cafe") is None
-
-
-def test_a_server_id_is_the_node_name_when_distributed_else_host_pid_and_random_hex() -> None:
-    async def main() -> tuple[str, str]:
-        async with otp.open_node("a@localhost"):
-            return server_id(), server_id()
-
-    first, second = trio.run(main)
-    _host, pid, tail = first.split("/")
-    assert pid.isdigit() and len(tail) == 8 and first != second
 
 
 async def _peer_cluster(url: str) -> None:

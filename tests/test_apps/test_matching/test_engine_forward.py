@@ -46,7 +46,7 @@ def test_only_another_servers_unexpired_lease_makes_a_flow_someone_elses() -> No
 
 def test_forward_options_refuse_a_patience_that_is_not_positive() -> None:
     with pytest.raises(ValueError, match=r"ForwardOptions\.patience must be a number of seconds"):
-        ForwardOptions(ME, patience=0)
+        ForwardOptions(patience=0)
 
 
 async def _owned_by_other(flow_id: str, lease: float = 600.0) -> None:
@@ -63,7 +63,7 @@ async def _owned_by_other(flow_id: str, lease: float = 600.0) -> None:
 
 async def _with_cluster(**forward: Any) -> Any:
     await Cluster.start_link(ClusterOptions(ME, shared=False), name=CLUSTER)
-    return server(forward=ForwardOptions(ME, **forward))
+    return server(server_id=ME, forward=ForwardOptions(**forward))
 
 
 async def test_a_forwarded_request_for_a_flow_another_server_owns_is_answered_not_owner(
@@ -150,7 +150,7 @@ class _Everywhere(otp.GenServer):
 async def test_an_owner_answering_not_owner_is_re_resolved_until_the_flow_is_free(
     autojump_clock: Any, tmp_path: Path
 ) -> None:
-    async with otp.open_node("a@localhost"), server(forward=ForwardOptions(ME)):
+    async with otp.open_node("a@localhost"), server(server_id=ME, forward=ForwardOptions()):
         await _distributed(tmp_path)
         await _Everywhere.start_link(name=CLUSTER)
         await _owned_by_other("f1")
