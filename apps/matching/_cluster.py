@@ -11,10 +11,11 @@ The database is the source of truth for who is live; the distribution for who is
 :meth:`Cluster.owner_node` names a server's node only while its row is live *and* this node is
 connected to it (a node that went down is out at once, not after its heartbeat ages).
 
-The beats, the reads and the connects run in a helper process linked to the server, one at a
-time, so the server answers ``owner_node``/``live`` at once whatever the database or a dead
-peer's address costs. On a store that cannot be shared (SQLite: one server per file) the
-cluster is inert: no row, no timer, no warning, and every server is "not reachable".
+The beats and reads run in a helper process linked to the server, one beat at a time, and the
+connects in another (so a peer slow to answer never delays the heartbeat): the server answers
+``owner_node``/``live`` at once whatever the database or a dead peer's address costs. On a store
+that cannot be shared (SQLite: one server per file) the cluster is inert: no row, no timer, no
+warning, and every server is "not reachable".
 """
 
 from __future__ import annotations
@@ -75,9 +76,15 @@ class _Tick:
 
 @attrs.frozen(eq=False)
 class _Beaten:
-    """A beat's outcome: the live servers, and why the failed connects failed."""
+    """A beat's outcome: the live servers."""
 
     live: list[ServerRecord]
+
+
+@attrs.frozen(eq=False)
+class _Connected:
+    """The connects' outcome: why those that failed failed, by server id."""
+
     unreachable: dict[str, str]
 
 
@@ -91,7 +98,10 @@ class _State:
     options: ClusterOptions
     record: ServerRecord | None = None
     live: dict[str, ServerRecord] = attrs.field(factory=dict)
+    #: The beat's helper, and the connects' (apart: a peer slow to answer a connect must not
+    #: delay the heartbeat past ``live_timeout``).
     helper: otp.Pid | None = None
+    connector: otp.Pid | None = None
     #: The failure of the last beat (logged once per streak of failures).
     failing: str | None = None
     #: The peers the last beats could not connect to (logged once each, until reached).
@@ -158,11 +168,13 @@ class Cluster(otp.GenServer):
         match message:
             case _Tick():
                 self._beat(state)
-            case _Beaten(live=live, unreachable=unreachable):
+            case _Beaten(live=live):
                 state.live = {r.server_id: r for r in live}
                 if state.failing is not None:
                     logger.info("matching cluster: the heartbeat works again")
                     state.failing = None
+                self._connect(state)
+            case _Connected(unreachable=unreachable):
                 for sid, why in unreachable.items():
                     if sid not in state.unreachable:
                         logger.warning(
@@ -184,13 +196,21 @@ class Cluster(otp.GenServer):
                         otp.format_reason(reason),
                     )
                 otp.send_after(state.options.heartbeat, otp.self(), _Tick())
+            case otp.Exit(pid=pid, reason=reason) if pid == state.connector:
+                state.connector = None
+                if otp.is_abnormal(reason):
+                    logger.warning(
+                        "matching cluster: the connecting helper crashed: %s",
+                        otp.format_reason(reason),
+                    )
             case otp.Exit(reason=reason):
                 return otp.Stop(reason, state)  # (trapping: our supervisor or a link ends us)
         return otp.NoReply(state)
 
     async def terminate(self, reason: Any, state: _State) -> None:
-        if state.helper is not None:
-            otp.exit(state.helper, otp.KILL)
+        for helper in (state.helper, state.connector):
+            if helper is not None:
+                otp.exit(helper, otp.KILL)
         if state.record is None:
             return
         try:
@@ -203,6 +223,21 @@ class Cluster(otp.GenServer):
     def _beat(self, state: _State) -> None:
         if state.helper is None and state.record is not None:
             state.helper = otp.spawn_link(_beat, state.options, state.record, otp.self())
+
+    def _connect(self, state: _State) -> None:
+        """Connect to the live peers' nodes not connected yet (one connecting helper at a
+        time)."""
+        me = state.record
+        if me is None or me.node is None or state.connector is not None:
+            return
+        connected = set(otp.nodes())
+        peers = [
+            peer
+            for peer in state.live.values()
+            if peer.node is not None and peer.node != me.node and peer.node not in connected
+        ]
+        if peers:
+            state.connector = otp.spawn_link(_connect_peers, peers, otp.self())
 
 
 def _by_id(record: ServerRecord) -> str:
@@ -226,9 +261,8 @@ def _distribution() -> tuple[str | None, tuple[str, ...]]:
 
 
 async def _beat(options: ClusterOptions, record: ServerRecord, cluster: otp.Pid) -> None:
-    """One beat (in a helper process): the heartbeat (registering again if the row is gone),
-    the live servers, and a connection to each live peer's node not connected yet; the
-    outcome goes to ``cluster``."""
+    """One beat (in a helper process): the heartbeat (registering again if the row is gone)
+    and the live servers; the outcome goes to ``cluster``."""
     store = options.store
     try:
         now = time.time()
@@ -238,16 +272,18 @@ async def _beat(options: ClusterOptions, record: ServerRecord, cluster: otp.Pid)
     except (MatchingError, otp.OtpError) as exc:
         otp.send(cluster, _BeatFailed(str(exc)))
         return
+    otp.send(cluster, _Beaten(live))
+
+
+async def _connect_peers(peers: list[ServerRecord], cluster: otp.Pid) -> None:
+    """(In a helper process.) Connect to each of ``peers``' nodes; tell ``cluster`` why the
+    connects that failed failed."""
     unreachable: dict[str, str] = {}
-    if record.node is not None:
-        connected = set(otp.nodes())
-        for peer in live:
-            if peer.node is None or peer.node == record.node or peer.node in connected:
-                continue
-            why = await _connect(peer)
-            if why is not None:
-                unreachable[peer.server_id] = why
-    otp.send(cluster, _Beaten(live, unreachable))
+    for peer in peers:
+        why = await _connect(peer)
+        if why is not None:
+            unreachable[peer.server_id] = why
+    otp.send(cluster, _Connected(unreachable))
 
 
 async def _connect(peer: ServerRecord) -> str | None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -23,7 +25,7 @@ from apps.matching._config import add_arguments
 from apps.matching._postgres_store import PostgresStore
 from apps.matching._server_id import server_id
 from apps.matching._sqlite_store import SqliteStore
-from apps.matching._store import ServerRecord, StoreServer
+from apps.matching._store import SERVER_NAME, ServerRecord, StoreServer
 
 from ._in_process import matching_server
 
@@ -132,3 +134,36 @@ async def test_the_application_starts_the_cluster_before_the_engine(autojump_clo
     async with matching_server():
         children = [c[0] for c in await supervisors.which_children("matching_sup")]
         assert children.index("cluster") == children.index("engine") + 1  # (newest first)
+
+
+async def test_a_peer_that_never_answers_a_connect_delays_no_heartbeat(
+    autojump_clock: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # listens, never accepts
+    silent.bind(str(tmp_path / "x.sock"))
+    silent.listen()
+    try:
+        async with otp.open_node("a@localhost"):
+            await otp.start_distribution(
+                otp.DistConfig(cookie=COOKIE, listen=(f"unix:{tmp_path}/a.sock",))
+            )
+            await StoreServer.start_link(SqliteStore(":memory:", threads=False), name=SERVER_NAME)
+            peer = ServerRecord("x@localhost", "x@localhost", (f"unix:{tmp_path}/x.sock",), 0, 0)
+            with caplog.at_level(logging.WARNING, logger="apps.matching"):
+                await Cluster.start_link(ClusterOptions("a@localhost"), name=CLUSTER)
+                for _ in range(8):  # (its heartbeat kept fresh: the connect hangs meanwhile)
+                    now = time.time()
+                    await StoreServer.register_server(attrs.evolve(peer, heartbeat_at=now))
+                    assert await StoreServer.remove_server("a@localhost")
+                    await trio.sleep(1.5)  # a beat finds its row gone and registers again
+                    live = await StoreServer.servers(time.time(), 5.0)
+                    assert [s.server_id for s in live] == ["a@localhost", "x@localhost"]
+            assert await Cluster.owner_node("x@localhost") is None
+            said = [r.getMessage() for r in caplog.records if "cannot connect" in r.getMessage()]
+            assert said == [
+                "matching cluster: cannot connect to server x@localhost (no answer at"
+                f" unix:{tmp_path}/x.sock); calls for its flows wait for it or answer"
+                " 'unavailable'"
+            ]  # (once, though every connect since failed too)
+    finally:
+        silent.close()
