@@ -167,3 +167,19 @@ async def test_a_peer_that_never_answers_a_connect_delays_no_heartbeat(
             ]  # (once, though every connect since failed too)
     finally:
         silent.close()
+
+
+async def test_a_server_on_postgresql_registers_at_start_and_its_row_goes_when_it_stops(
+    postgres: Any,
+) -> None:
+    url = postgres.url()
+    async with matching_server(store=url):
+        [me] = await Cluster.live()
+        stored = await StoreServer.servers(time.time(), 60.0)
+        assert [s.server_id for s in stored] == [me.server_id]
+    store = PostgresStore(url)
+    await store.open()
+    try:
+        assert await store.servers(time.time(), 60.0) == []  # (stop_application removed it)
+    finally:
+        await store.close()
