@@ -1,7 +1,8 @@
 """The matching server as an OTP application: ``matching_sup`` and its configuration.
 
 ``matching_sup`` (rest_for_one) starts, in order: the store (``StoreServer`` over SQLite or
-PostgreSQL), the queues' DynamicSupervisor (``matching_queues``), the matcher, the engine, its
+PostgreSQL), the queues' DynamicSupervisor (``matching_queues``), the matcher, the cluster
+(``matching_cluster``: this server among those sharing a PostgreSQL store), the engine, its
 lease keeper (``matching_leases``), the connections' DynamicSupervisor
 (``matching_connections``) and the listener. Each depends on the ones before it, so a crash
 restarts it and everything after it (a new matcher drops the old queues, and the listener's
@@ -10,9 +11,9 @@ removes its Unix sockets; the connections drain, all at once, each for at most
 ``stop_drain_timeout`` (workers are sent M_RECONNECT and their running calls send their outcomes
 to the engine, still alive; clients' calls in flight are answered, or get a retryable
 ``draining`` error), then close; then the lease keeper releases this server's leases (on
-PostgreSQL: the other servers take its flows at once), the engine stops, the matcher, the
-queues and, last, the store, which commits what it was given (the outcomes the drain brought in
-with it).
+PostgreSQL: the other servers take its flows at once), the engine stops, the cluster (removing
+this server's row), the matcher, the queues and, last, the store, which commits what it was
+given (the outcomes the drain brought in with it).
 
 The server's id (who holds a flow's lease) is the node's name when it is distributed, else
 ``hostname/pid/random`` (``_server_id``).
@@ -29,10 +30,12 @@ import supervisors
 from otp import node
 
 from ._blobs import BlobCache
+from ._cluster import CLUSTER, Cluster, ClusterOptions
 from ._config import MatchingConfig
 from ._config import add_arguments as add_arguments  # (for --app apps.matching._application)
 from ._connection import ServerContext
 from ._engine import ENGINE, EngineOptions, FlowEngine
+from ._engine_forward import ForwardOptions
 from ._leases import start_leases
 from ._listener import CONNECTIONS, start_listener
 from ._matcher import MATCHER, QUEUES, start_matcher
@@ -53,14 +56,16 @@ def matching_supervisor_spec(
     """``(flags, children)`` of ``matching_sup`` (ARCHITECTURE.md's tree); with ``scratch``, a
     first child owns that temporary directory (the store's, in the embedded default node)."""
     config = ctx.config
+    this_server = server_id()  # (the node's name when distributed: ``_server_id``)
     owner = [supervisors.ChildSpec("scratch", (ScratchDirectory.start_link, scratch))]
     children = [
         *(owner if scratch is not None else []),
         supervisors.ChildSpec("store", (_start_store, config), shutdown=30.0),
         supervisors.ChildSpec("queues", (_start_dynamic, QUEUES, 1000, 5), type="supervisor"),
         supervisors.ChildSpec("matcher", (start_matcher, config.limits, QUEUES, MATCHER)),
-        supervisors.ChildSpec("engine", (_start_engine, config), shutdown=10.0),
-        supervisors.ChildSpec("leases", (_start_leases, config), shutdown=10.0),
+        supervisors.ChildSpec("cluster", (_start_cluster, config, this_server), shutdown=10.0),
+        supervisors.ChildSpec("engine", (_start_engine, config, this_server), shutdown=10.0),
+        supervisors.ChildSpec("leases", (_start_leases, config, this_server), shutdown=10.0),
         supervisors.ChildSpec(
             "connections", (_start_dynamic, CONNECTIONS, 1000, 5), type="supervisor"
         ),
@@ -83,24 +88,35 @@ async def _start_store(config: MatchingConfig) -> Any:
     return await StoreServer.start_link(store, name=SERVER_NAME)
 
 
-def _engine_options(config: MatchingConfig) -> EngineOptions:
+async def _start_cluster(config: MatchingConfig, this_server: str) -> Any:
+    # (a SQLite file is one server's alone: the cluster is inert there)
+    options = ClusterOptions(this_server, SERVER_NAME, shared=config.store_is_postgres)
+    return await Cluster.start_link(options, name=CLUSTER)
+
+
+def _engine_options(config: MatchingConfig, this_server: str) -> EngineOptions:
     """(In the node.) The engine's options; the server's id is the node's (``_server_id``)."""
+    forward = None
+    if config.store_is_postgres:
+        forward = ForwardOptions(CLUSTER, SERVER_NAME, ENGINE)
     return EngineOptions(
         store=SERVER_NAME,
         matcher=MATCHER,
         dispatch_wait=config.limits.dispatch_wait,
         max_flow_type_length=config.limits.max_flow_type_length,
-        server_id=server_id(),
+        server_id=this_server,
         lease_seconds=config.lease_seconds,
+        forward=forward,
     )
 
 
-async def _start_engine(config: MatchingConfig) -> Any:
-    return await FlowEngine.start_link(_engine_options(config), name=ENGINE)
+async def _start_engine(config: MatchingConfig, this_server: str) -> Any:
+    return await FlowEngine.start_link(_engine_options(config, this_server), name=ENGINE)
 
 
-async def _start_leases(config: MatchingConfig) -> Any:
-    return await start_leases(_engine_options(config), ENGINE, shared=config.store_is_postgres)
+async def _start_leases(config: MatchingConfig, this_server: str) -> Any:
+    options = _engine_options(config, this_server)
+    return await start_leases(options, ENGINE, shared=config.store_is_postgres)
 
 
 async def _start_dynamic(name: str, intensity: int, period: int) -> Any:

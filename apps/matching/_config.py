@@ -408,7 +408,19 @@ _FLAGS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``--matching-*`` flags to ``python -m otp.node``."""
-    g = parser.add_argument_group("matching server (apps.matching)")
+    g = parser.add_argument_group(
+        "matching server (apps.matching)",
+        description=(
+            "Several matching servers may share one PostgreSQL database (--store"
+            " postgresql://USER@HOST/DB) and act as one service: start each as a distributed"
+            " node with the same cookie (--name NAME@HOST --listen ADDRESS --cookie-file PATH),"
+            " so a call that reaches one server for a flow another owns is forwarded to it."
+            " Each server records its --listen addresses in the database and connects to the"
+            " others there. Example: python -m otp.node --app apps.matching --name m1@host"
+            " --listen tcp:127.0.0.1:4401 --cookie-file cookie --insecure-tcp --store"
+            " postgresql://app@127.0.0.1:5432/flows --matching-listen unix:/tmp/m1.sock"
+        ),
+    )
     g.add_argument(
         "--matching-listen",
         action="append",
@@ -423,7 +435,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH",
         help=(
-            "the flow store: sqlite:PATH, PATH, :memory: or postgresql://USER@HOST/DB"
+            "the flow store: sqlite:PATH, PATH, :memory: or postgresql://USER@HOST/DB, which"
+            " several distributed servers may share (see above)"
             f" (default {DEFAULT_STORE})"
         ),
     )

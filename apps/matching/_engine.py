@@ -252,6 +252,12 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                     self._list_flows(state, from_, flow_type, status, limit)
                 case ("cancel", flow_id):
                     self._cancel(state, from_, flow_id)
+                case ("forwarded", ("result", flow_id, timeout)):
+                    self._result(state, from_, flow_id, timeout, forwarded=True)
+                case ("forwarded", ("call_rpc", flow_id, name, args, timeout)):
+                    self._call_rpc(state, from_, flow_id, name, args, timeout, forwarded=True)
+                case ("forwarded", ("cancel", flow_id)):
+                    self._cancel(state, from_, flow_id, forwarded=True)
                 case ("statistics",):
                     otp.reply(from_, self._statistics(state))
                 case _:

@@ -12,6 +12,7 @@ import trio
 import otp
 
 from ._dispatch import Completed, Dispatch, Failed, Lost, NotDispatched, Task
+from ._engine_forward import marked
 from ._engine_reads import EngineReads
 from ._engine_state import _check_id, _check_timeout, _err, _Flow, _ok, _Rpc, _RpcDeadline, _State
 from ._errors import (
@@ -34,7 +35,14 @@ class EngineRpcs(EngineReads):
     # -- RPCs -------------------------------------------------------------------------------------
 
     def _call_rpc(
-        self, state: _State, from_: otp.From, flow_id: Any, name: Any, args: Any, timeout: Any
+        self,
+        state: _State,
+        from_: otp.From,
+        flow_id: Any,
+        name: Any,
+        args: Any,
+        timeout: Any,
+        forwarded: bool = False,
     ) -> None:
         _check_id("call_rpc", flow_id)
         if type(name) is not str or not name:
@@ -42,6 +50,7 @@ class EngineRpcs(EngineReads):
         if not isinstance(args, list | tuple):
             raise ConfigurationError(f"call_rpc: args must be a list (got {args!r})")
         timeout = _check_timeout("call_rpc", timeout)
+        request = (from_, marked(("call_rpc", flow_id, name, list(args), timeout), forwarded))
 
         def then(flow: _Flow | None) -> None:
             if flow is None:
@@ -74,7 +83,7 @@ class EngineRpcs(EngineReads):
                     call.deadline_timer = otp.send_after(timeout, state.me, _RpcDeadline(delivery))
                 self._submit_rpc(state, call)
 
-        self._with_flow(state, flow_id, then, (from_, ("call_rpc", flow_id, name, args, timeout)))
+        self._with_flow(state, flow_id, then, request)
 
     def _submit_rpc(self, state: _State, call: _Rpc) -> None:
         task = call.task

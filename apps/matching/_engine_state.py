@@ -137,6 +137,9 @@ class EngineOptions:
     max_flow_type_length: int = attrs.field(default=256, validator=_positive_int)
     server_id: str = attrs.field(factory=local_server_id, validator=_server_name)
     lease_seconds: float = attrs.field(default=15.0, validator=_positive_seconds)
+    #: How calls for flows other servers own are forwarded (``_engine_forward.ForwardOptions``);
+    #: None: this server shares its store with no other, and never forwards.
+    forward: Any = None
 
 
 @attrs.frozen

@@ -23,6 +23,7 @@ from ._engine_definitions import (
     remember,
     unknown_definition,
 )
+from ._engine_forward import marked
 from ._engine_reads import EngineReads
 from ._engine_state import (
     _RUNNING,
@@ -191,27 +192,32 @@ class EngineSteps(EngineReads):
 
         self._after_flow(state, flow, started)
 
-    def _result(self, state: _State, from_: otp.From, flow_id: Any, timeout: Any) -> None:
+    def _result(
+        self, state: _State, from_: otp.From, flow_id: Any, timeout: Any, forwarded: bool = False
+    ) -> None:
         _check_id("result", flow_id)
         timeout = _check_timeout("result", timeout)
+        request = (from_, marked(("result", flow_id, timeout), forwarded))
 
         def then(flow: _Flow | None) -> None:
             if flow is None:
                 otp.reply(from_, _err(FlowNotFound(f"no flow has id {flow_id!r}")))
             elif not flow.running:
-                request = ("result", flow_id, timeout)
                 self._after_flow(
                     state,
                     flow,
-                    lambda: self._answer(state, flow, from_, _outcome_of(flow), request),
+                    lambda: self._answer(state, flow, from_, _outcome_of(flow), request[1]),
                 )
             else:
                 watch_waiter(state, flow, from_, timeout)
 
-        self._with_flow(state, flow_id, then, (from_, ("result", flow_id, timeout)))
+        self._with_flow(state, flow_id, then, request)
 
-    def _cancel(self, state: _State, from_: otp.From, flow_id: Any) -> None:
+    def _cancel(
+        self, state: _State, from_: otp.From, flow_id: Any, forwarded: bool = False
+    ) -> None:
         _check_id("cancel", flow_id)
+        request = (from_, marked(("cancel", flow_id), forwarded))
 
         def then(flow: _Flow | None) -> None:
             if flow is None:
@@ -222,12 +228,11 @@ class EngineSteps(EngineReads):
                 self._finish(state, flow, "cancelled", None, {
                     "type": "cancelled", "message": "the flow was cancelled",
                 })  # fmt: skip
-            request = ("cancel", flow_id)
             self._after_flow(
-                state, flow, lambda: self._answer(state, flow, from_, _ok(None), request)
+                state, flow, lambda: self._answer(state, flow, from_, _ok(None), request[1])
             )
 
-        self._with_flow(state, flow_id, then, (from_, ("cancel", flow_id)))
+        self._with_flow(state, flow_id, then, request)
 
     def _finish(
         self, state: _State, flow: _Flow, status: str, result: Any, error: dict[str, Any] | None

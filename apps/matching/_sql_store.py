@@ -30,6 +30,7 @@ from ._store_records import (
     WriteBatch,
     check_batch,
 )
+from ._store_servers import SqlServers
 from ._store_sql import (
     ATTEMPT_COLUMNS,
     DISPATCH_COLUMNS,
@@ -49,8 +50,9 @@ __all__ = ["SqlStore"]
 T = TypeVar("T")
 
 
-class SqlStore:
-    """The shared body of ``SqliteStore`` and ``PostgresStore`` (see the module docstring)."""
+class SqlStore(SqlServers):
+    """The shared body of ``SqliteStore`` and ``PostgresStore`` (see the module docstring);
+    the ``servers`` table's operations are in ``SqlServers``."""
 
     #: The statement that starts a write transaction.
     _BEGIN: ClassVar[str] = "BEGIN"

@@ -76,6 +76,22 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX pending_by_owner ON pending (lease_owner)",
         ),
     ),
+    (
+        2,
+        (
+            # The matching servers sharing the database (``_store_servers``, ``_cluster``):
+            # each registers its row at start, beats it every second, removes it on a clean
+            # stop; ``addresses`` is the CBOR list of its node's distribution listen addresses.
+            """CREATE TABLE servers (
+                server_id TEXT PRIMARY KEY,
+                node TEXT,
+                addresses BLOB NOT NULL,
+                started_at REAL NOT NULL,
+                heartbeat_at REAL NOT NULL
+            )""",
+            "CREATE INDEX servers_by_heartbeat ON servers (heartbeat_at)",
+        ),
+    ),
 )
 #: The schema version this code writes and reads.
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -34,6 +34,7 @@ from ._store_records import (
     check_batch,
 )
 from ._store_server import StoreServer
+from ._store_servers import ServerRecord
 
 __all__ = [
     "ATTEMPT_STATUSES",
@@ -48,6 +49,7 @@ __all__ = [
     "FlowExists",
     "FlowRecord",
     "PendingStep",
+    "ServerRecord",
     "Store",
     "StoreConflict",
     "StoreError",
@@ -196,4 +198,22 @@ class Store(Protocol):
 
     def statistics(self) -> StoreStatistics:
         """The store's counters since ``open``."""
+        ...
+
+    # -- the servers sharing the database (``_store_servers``) -----------------------------------
+
+    async def register_server(self, record: ServerRecord) -> None:
+        """Insert ``record``, or replace the row of its ``server_id``."""
+        ...
+
+    async def beat(self, server_id: str, now: float) -> bool:
+        """Set the server's ``heartbeat_at`` to ``now``; False if it has no row."""
+        ...
+
+    async def servers(self, now: float, timeout: float) -> list[ServerRecord]:
+        """The servers whose heartbeat is later than ``now - timeout``, by ``server_id``."""
+        ...
+
+    async def remove_server(self, server_id: str) -> bool:
+        """Delete the server's row; False if it had none."""
         ...

@@ -32,6 +32,7 @@ from ._store_records import (
     WriteBatch,
     check_batch,
 )
+from ._store_servers import ServerRecord
 
 if TYPE_CHECKING:
     from ._store import Store
@@ -121,6 +122,11 @@ _OPS: dict[str, Callable[[Store], Callable[..., Awaitable[Any]]]] = {
     "adopt_leases": lambda store: store.adopt_leases,
     "renew_leases": lambda store: store.renew_leases,
     "release_leases": lambda store: store.release_leases,
+    # (the servers table's, ``_store_servers``)
+    "register_server": lambda store: store.register_server,
+    "beat": lambda store: store.beat,
+    "servers": lambda store: store.servers,
+    "remove_server": lambda store: store.remove_server,
 }
 
 
@@ -302,6 +308,46 @@ class StoreServer(otp.GenServer):
     ) -> int:
         """As :meth:`Store.release_leases`, through the server."""
         return _unwrap(await otp.call(server, ("release_leases", (owner,), {}), timeout))
+
+    # -- the servers sharing the database (``_store_servers``, for ``_cluster``) -------------
+
+    @staticmethod
+    async def register_server(
+        record: ServerRecord, *, server: Any = SERVER_NAME, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> None:
+        """As :meth:`Store.register_server`, through the server."""
+        _unwrap(await otp.call(server, ("register_server", (record,), {}), timeout))
+
+    @staticmethod
+    async def beat(
+        server_id: str,
+        now: float,
+        *,
+        server: Any = SERVER_NAME,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> bool:
+        """As :meth:`Store.beat`, through the server."""
+        return _unwrap(await otp.call(server, ("beat", (server_id, now), {}), timeout))
+
+    @staticmethod
+    async def servers(
+        now: float,
+        timeout_seconds: float,
+        *,
+        server: Any = SERVER_NAME,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> list[ServerRecord]:
+        """As :meth:`Store.servers` (``timeout_seconds`` is its ``timeout``), through the
+        server."""
+        request: tuple[Any, ...] = ("servers", (now, timeout_seconds), {})
+        return _unwrap(await otp.call(server, request, timeout))
+
+    @staticmethod
+    async def remove_server(
+        server_id: str, *, server: Any = SERVER_NAME, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> bool:
+        """As :meth:`Store.remove_server`, through the server."""
+        return _unwrap(await otp.call(server, ("remove_server", (server_id,), {}), timeout))
 
     @staticmethod
     async def wait_pending(

@@ -86,6 +86,7 @@ async def test_the_tree_is_architectures_and_the_socket_is_private(start: Any, s
         "connections",
         "leases",
         "engine",
+        "cluster",
         "matcher",
         "queues",
         "store",
