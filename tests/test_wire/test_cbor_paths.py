@@ -4,6 +4,7 @@ general encoder and the walk over decoded values give, and hand over whatever th
 from __future__ import annotations
 
 import enum
+import math
 import struct
 import sys
 import types
@@ -19,7 +20,7 @@ import wire
 from wire import _cbor, _cbor_encode
 
 from .codec_paths import codec_path  # noqa: F401 (runs the module with and without C)
-from .strategies import v2_values
+from .strategies import v2_scalars, v2_values
 
 SETTINGS = settings(max_examples=200, deadline=None)
 
@@ -270,6 +271,57 @@ def test_decoded_values_hold_only_wire_types(value: Any) -> None:
     decoded = wire.cbor_decode(wire.cbor_encode(value))
     _cbor._check_result(decoded)  # the walk finds nothing the fast check let through
     assert decoded == value
+
+
+# A byte string no generated value holds by chance: its encoding is swapped for a foreign item.
+_MARKER = b"\x00wire-test-marker\x00" * 2
+
+
+def _holds_marker(value: Any) -> bool:
+    return _MARKER in wire.cbor_encode(value)
+
+
+@SETTINGS
+@given(
+    v2_values(scalars=st.one_of(v2_scalars, st.just(_MARKER))).filter(_holds_marker),
+    st.sampled_from(_bad_items()),
+)
+def test_a_foreign_item_anywhere_inside_any_value_is_refused(value: Any, bad: bytes) -> None:
+    data = wire.cbor_encode(value).replace(wire.cbor_encode(_MARKER), bad)
+    with pytest.raises(wire.UnknownValueType):
+        wire.cbor_decode(data)
+
+
+with_nans = v2_values(scalars=st.one_of(v2_scalars, st.just(math.nan)))
+
+
+@SETTINGS
+@given(with_nans)
+def test_values_holding_nans_decode_to_what_was_encoded(value: Any) -> None:
+    data = wire.cbor_encode(value)
+    assert wire.cbor_encode(wire.cbor_decode(data)) == data
+
+
+@SETTINGS
+@given(with_nans, with_nans)
+def test_two_nan_keys_in_a_map_anywhere_are_refused(outer: Any, inner: Any) -> None:
+    # {NaN: inner, NaN: outer} cannot be built as a dict: write the map's bytes by hand.
+    data = b"\x82" + wire.cbor_encode(outer) + b"\xa2\xf9\x7e\x00\xf6\xf9\x7e\x00"
+    data += wire.cbor_encode(inner)
+    with pytest.raises(wire.InvalidValue, match=r"(?i)duplicate map key nan"):
+        wire.cbor_decode(data)
+
+
+def test_values_nested_deeper_than_the_c_check_goes_take_the_walk() -> None:
+    limits = wire.Limits(max_depth=1000)
+    data = b"\x81" * 500 + b"\xa1\x61\x6b\xf7"  # undefined at depth 501
+    with pytest.raises(wire.UnknownValueType, match="undefined"):
+        wire.cbor_decode(data, limits=limits)
+    nan = b"\x81" * 500 + b"\xa2\xf9\x7e\x00\xf6\xfb\x7f\xf8\x00\x00\x00\x00\x00\x01\xf6"
+    with pytest.raises(wire.InvalidValue, match=r"(?i)duplicate map key nan"):
+        wire.cbor_decode(nan, limits=limits)
+    ok = b"\x81" * 500 + b"\xf9\x7e\x00"
+    assert wire.cbor_encode(wire.cbor_decode(ok, limits=limits), limits=limits) == ok
 
 
 def test_bignums_are_checked_by_magnitude_when_decoded() -> None:
