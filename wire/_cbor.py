@@ -17,7 +17,8 @@ from typing import Any
 import cbor2
 
 from ._accel import C as _C
-from ._cbor_encode import _DEFAULT_LIMITS, CborTag, cbor_encode
+from ._cbor_encode import CborTag, cbor_encode
+from ._cbor_heads import _DEFAULT_LIMITS
 from ._errors import (
     InvalidUtf8,
     InvalidValue,

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wire
-from wire import _cbor, _cbor_encode
+from wire import _cbor, _cbor_fast, _cbor_general, _cbor_heads
 
 from .codec_paths import codec_path  # noqa: F401 (runs the module with and without C)
 from .strategies import v2_scalars, v2_values
@@ -28,7 +28,7 @@ SETTINGS = settings(max_examples=200, deadline=None)
 def _general(value: Any, limits: wire.Limits) -> bytes | wire.WireError:
     out = bytearray()
     try:
-        _cbor_encode._encode_into(out, value, limits)
+        _cbor_general._encode_into(out, value, limits)
     except wire.WireError as exc:
         return exc
     return bytes(out)
@@ -47,9 +47,9 @@ small_limits = st.builds(
 @SETTINGS
 @given(v2_values())
 def test_fast_encoder_takes_every_plain_value_under_default_limits(value: Any) -> None:
-    fast = _cbor_encode._fast_encode(value, _cbor_encode._DEFAULT_LIMITS)
+    fast = _cbor_fast._fast_encode(value, _cbor_heads._DEFAULT_LIMITS)
     assert fast is not None
-    assert fast == _general(value, _cbor_encode._DEFAULT_LIMITS)
+    assert fast == _general(value, _cbor_heads._DEFAULT_LIMITS)
 
 
 @SETTINGS
@@ -57,7 +57,7 @@ def test_fast_encoder_takes_every_plain_value_under_default_limits(value: Any) -
 def test_fast_encoder_never_accepts_what_the_general_encoder_refuses(
     value: Any, limits: wire.Limits
 ) -> None:
-    fast = _cbor_encode._fast_encode(value, limits)
+    fast = _cbor_fast._fast_encode(value, limits)
     general = _general(value, limits)
     if fast is not None:
         assert fast == general
@@ -111,7 +111,7 @@ def test_fast_encoder_applies_the_depth_rule_at_its_boundary(leaf: Any, max_dept
         values += [wrap(v) for v in values for wrap in _WRAPPERS]
     for value in values:
         general = _general(value, limits)
-        fast = _cbor_encode._fast_encode(value, limits)
+        fast = _cbor_fast._fast_encode(value, limits)
         if isinstance(general, wire.WireError):
             assert fast is None, value
         else:
@@ -125,10 +125,10 @@ def test_fast_encoder_applies_the_depth_rule_at_its_boundary(leaf: Any, max_dept
 def test_fast_encoder_applies_max_str_at_its_boundary(make: Any, wrap: Any) -> None:
     limits = wire.Limits(max_str=301)
     value = wrap(make(301))
-    assert _cbor_encode._fast_encode(value, limits) == _general(value, limits)
+    assert _cbor_fast._fast_encode(value, limits) == _general(value, limits)
     assert wire.cbor_decode(wire.cbor_encode(value, limits=limits), limits=limits) == value
     too_long = wrap(make(302))
-    assert _cbor_encode._fast_encode(too_long, limits) is None
+    assert _cbor_fast._fast_encode(too_long, limits) is None
     with pytest.raises(wire.LimitExceeded, match="max_str=301"):
         wire.cbor_encode(too_long, limits=limits)
 
@@ -159,7 +159,7 @@ Point = namedtuple("Point", ["x", "y"])
     ],
 )
 def test_subclasses_go_to_the_general_encoder(value: Any, expected: Any) -> None:
-    assert _cbor_encode._fast_encode(value, _cbor_encode._DEFAULT_LIMITS) is None
+    assert _cbor_fast._fast_encode(value, _cbor_heads._DEFAULT_LIMITS) is None
     assert wire.cbor_encode(value) == wire.cbor_encode(expected)
 
 
@@ -171,10 +171,10 @@ def test_unknown_types_nested_in_plain_values_are_refused(value: object) -> None
 
 def test_values_nested_past_the_fast_depth_are_encoded_by_the_general_encoder() -> None:
     deep: Any = []
-    for _ in range(_cbor_encode._FAST_MAX_DEPTH + 50):
+    for _ in range(_cbor_fast._FAST_MAX_DEPTH + 50):
         deep = [deep]
     limits = wire.Limits(max_depth=1000)
-    assert _cbor_encode._fast_encode(deep, limits) is None
+    assert _cbor_fast._fast_encode(deep, limits) is None
     assert wire.cbor_encode(deep, limits=limits) == b"\x81" * 250 + b"\x80"
 
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wire
-from wire import _accel, _cbor, _cbor_encode, _tlv, _tlv_encode
+from wire import _accel, _cbor, _cbor_general, _tlv, _tlv_encode
 
 from .strategies import v1_values, v2_scalars, v2_values
 
@@ -70,7 +70,7 @@ def _exact_tlv(value: Any, v2: bool, lim: wire.Limits) -> bytes | None:
 def _exact_cbor(value: Any, lim: wire.Limits) -> bytes | None:
     out = bytearray()
     try:
-        _cbor_encode._encode_into(out, value, lim)
+        _cbor_general._encode_into(out, value, lim)
     except wire.WireError:
         return None
     return bytes(out)
