@@ -86,7 +86,10 @@ def _cbor_c(value: Any, lim: wire.Limits) -> bytes | None:
 
 def test_the_extension_is_built() -> None:
     # CI has a C compiler: a build failure must not pass unnoticed as the (slower) Python path.
-    assert C is not None, "wire/_speedups.c was not built: pip install -e . needs a C compiler"
+    assert C is not None, (
+        "wire/_speedups.c was not built, or was built from an older source: pip install -e . "
+        "(it needs a C compiler)"
+    )
 
 
 @SETTINGS
@@ -309,6 +312,20 @@ def test_the_pure_python_code_runs_when_the_extension_is_off() -> None:
         "assert wire.cbor_decode(wire.cbor_encode(v)) == v"
     )
     env = dict(os.environ, WIRE_NO_SPEEDUPS="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+def test_an_extension_built_from_an_older_source_is_not_used() -> None:
+    # One that lacks a function the codecs call (built before it was added, and not rebuilt).
+    code = (
+        "import sys, types; stale = types.ModuleType('wire._speedups');"
+        "stale.init = stale.cbor_encode = stale.tlv_encode = stale.tlv_decode = print;"
+        "sys.modules['wire._speedups'] = stale;"
+        "import wire; from wire import _accel; assert _accel.C is None;"
+        "v = {'a': [1, 2.5, None, b'x', (wire.Atom('ok'),)]};"
+        "assert wire.cbor_decode(wire.cbor_encode(v)) == v"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "WIRE_NO_SPEEDUPS"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
 
 
