@@ -343,8 +343,9 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                     )
                     otp.reply(waiter.from_, _err(exc))
                     self._maybe_evict(state, flow)
-            case otp.NodeDown(node=node):  # (a node our forwarded deliveries ran on)
-                for lost in state.remote.node_down(node, state.deliveries):
+            case otp.Down(ref=ref, reason=reason) if ref in state.remote.monitors:
+                # (another server our forwarded deliveries ran on went)
+                for lost in state.remote.down(ref, reason, state.deliveries):
                     self._outcome(state, lost)
             case otp.Down(ref=ref, reason=reason) if ref == state.store_monitor:
                 return otp.Stop(otp.Shutdown(("store_down", reason)), state)

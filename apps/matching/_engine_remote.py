@@ -2,10 +2,15 @@
 
 A matcher that forwards a dispatch to another server's matcher tells the origin engine
 ``Routed(delivery, "node:<node>", "forwarded")`` (``_matcher_remote``); from then on the
-delivery's queue, stream and worker are on that node, and its outcome comes from there. If that
-node goes down first, nothing would ever come: so the engine watches it (``otp.monitor_node``)
-and, when it goes, treats each of its deliveries still in flight as ``Lost`` before any output
-(dispatched again, consuming no attempt, and logged as a redelivery).
+delivery's queue, stream and worker are on that node, and its outcome comes from there. If
+that server goes first, nothing would ever come: so the engine monitors that node's matcher
+(``otp.monitor(("matching_matcher", node))``, which also ends with ``noconnection`` when the
+node goes down) and, when it goes, treats each of its deliveries still in flight there as
+``Lost`` before any output (dispatched again, consuming no attempt, and logged as a
+redelivery). The matcher rather than the node: a server whose application stops (or whose
+matcher restarts, taking its queues along) while its node runs on would leave the dispatches
+waiting there unanswered too. A call a worker there had accepted may still end and report
+after that: its outcome comes late and is ignored (at least once, as after any ``Lost``).
 
 On one server nothing is ever forwarded: the engine's cost is one comparison per ``Routed``.
 """
@@ -21,6 +26,7 @@ import attrs
 import otp
 
 from ._dispatch import Lost, Routed
+from ._matcher import MATCHER
 
 __all__ = ["RemoteDeliveries"]
 
@@ -32,10 +38,11 @@ _PREFIX = "node:"
 @attrs.define(eq=False)
 class RemoteDeliveries:
     """delivery -> (node, worker id if known) for the deliveries forwarded to another node,
-    and the nodes watched."""
+    and the monitors of those nodes' matchers."""
 
     where: dict[int, tuple[str, str | None]] = attrs.Factory(dict)
-    watched: set[str] = attrs.Factory(set)
+    watched: dict[str, otp.Ref] = attrs.Factory(dict)
+    monitors: dict[otp.Ref, str] = attrs.Factory(dict)
 
     def routed(self, routed: Routed, in_flight: Mapping[int, Any]) -> None:
         """Note a routing decision (called for every ``Routed`` the engine gets)."""
@@ -44,8 +51,9 @@ class RemoteDeliveries:
             node = routed.queue[len(_PREFIX) :]
             where[routed.delivery] = (node, routed.worker_id)
             if node not in self.watched:
-                self.watched.add(node)
-                otp.monitor_node(node)
+                ref = otp.monitor((MATCHER, node))
+                self.watched[node] = ref
+                self.monitors[ref] = node
             if len(where) > 2 * len(in_flight) + 64:
                 # The deliveries that ended are forgotten here now and then, not one by one
                 # (their outcomes need no look-up here).
@@ -53,10 +61,11 @@ class RemoteDeliveries:
         elif where and routed.worker_id is not None and routed.delivery in where:
             where[routed.delivery] = (where[routed.delivery][0], routed.worker_id)
 
-    def node_down(self, node: str, in_flight: Mapping[int, Any]) -> list[Lost]:
-        """``node`` went down: a ``Lost`` (before output) for each delivery of ours still in
-        flight there."""
-        self.watched.discard(node)
+    def down(self, ref: otp.Ref, reason: Any, in_flight: Mapping[int, Any]) -> list[Lost]:
+        """The matcher of a node watched went (``ref`` its monitor; any other ref: nothing):
+        a ``Lost`` (before output) for each delivery of ours still in flight there."""
+        node = self.monitors.pop(ref)
+        del self.watched[node]
         lost = []
         for delivery, (on, worker_id) in list(self.where.items()):
             if on != node:
@@ -67,9 +76,10 @@ class RemoteDeliveries:
                 continue
             task = getattr(target, "task", None)
             logger.warning(
-                "matching engine: node %s went down with delivery %d (%s %r of flow %r);"
-                " redelivery: it is dispatched again, consuming no attempt",
+                "matching engine: the server on node %s went down (%s) with delivery %d"
+                " (%s %r of flow %r); redelivery: it is dispatched again, consuming no attempt",
                 node,
+                otp.reason_text(reason),
                 delivery,
                 getattr(task, "kind", "task"),
                 getattr(task, "name", "?"),

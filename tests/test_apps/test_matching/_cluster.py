@@ -61,9 +61,25 @@ async def clustered_server(directory: str, name: str, **config: Any) -> AsyncIte
                 await supervisors.stop_application("matching")
 
 
+async def _control() -> None:
+    """Registered as "control" on a ``PeerServer``'s node: ``("kill", name, reply_to)`` kills
+    the process registered as ``name`` there (brutally) and answers ``"killed"``."""
+    while True:
+        request = await otp.receive()
+        if isinstance(request, tuple) and request[0] == "kill":
+            _, name, reply_to = request
+            target = otp.whereis(name)
+            if target is not None:
+                ref = otp.monitor(target)
+                otp.exit(target, otp.KILL)
+                await otp.receive(lambda m, ref=ref: isinstance(m, otp.Down) and m.ref == ref)
+            otp.send(reply_to, "killed")
+
+
 class PeerServer:
     """A matching server on node ``name@localhost`` in a thread; ``kill()`` ends its node at
-    once (every process killed, its sockets closed), as a crashed server's would."""
+    once (every process killed, its sockets closed), as a crashed server's would;
+    ``kill_process(name)`` kills one registered process of it (its supervisor restarts it)."""
 
     def __init__(self, directory: str, name: str, **config: Any) -> None:
         self.directory = directory
@@ -98,6 +114,11 @@ class PeerServer:
             except trio.RunFinishedError:
                 pass
 
+    async def kill_process(self, name: str) -> None:
+        """(From a process of a node connected to this one.)"""
+        otp.send(("control", self.node), ("kill", name, otp.self()))
+        assert await otp.receive(lambda m: m == "killed") == "killed"
+
     def _run(self) -> None:
         try:
             trio.run(self._main)
@@ -108,6 +129,7 @@ class PeerServer:
     async def _main(self) -> None:
         async with otp.open_node(self.node):
             self.address = await _start_server(self.directory, self.name, **self.config)
+            otp.register("control", otp.spawn(_control))
             self._token = trio.lowlevel.current_trio_token()
             with trio.CancelScope() as self._scope:
                 self._ready.set()

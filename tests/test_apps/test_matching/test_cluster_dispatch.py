@@ -54,11 +54,11 @@ class Hop(Flow):
 REGISTRY = Registry([Hop], allow_async_handlers=True)
 
 
-def _worker(address: str, worker_id: str) -> TrioWorker:
+def _worker(address: str, worker_id: str, slots: int = 2) -> TrioWorker:
     options = WorkerOptions(
         server_address=address,
         app_worker_id=worker_id,
-        pull=PullWorkerOptions(max_concurrent_tasks=2),
+        pull=PullWorkerOptions(max_concurrent_tasks=slots),
     )
     return TrioWorker(REGISTRY, None, options)
 
@@ -233,4 +233,49 @@ async def test_a_server_dying_mid_step_costs_a_redelivery_not_an_attempt(caplog:
         ("first", 1, "completed"),
         ("second", 1, "completed"),
     ]
-    assert "node m2@localhost went down with delivery" in caplog.text
+    assert "the server on node m2@localhost went down" in caplog.text
+
+
+async def test_a_step_waiting_on_a_server_whose_matcher_crashes_is_dispatched_again(
+    caplog: Any,
+) -> None:
+    # The node stays up: the origin engine watches the other server's matcher, not only its
+    # node. The worker's one slot is held, so the second flow's step waits in m2's queue, and
+    # goes with the matcher (its successor stops the old queues).
+    caplog.set_level(logging.INFO, logger="apps.matching")
+    HOLD["held"] = trio.Event()
+    async with (
+        cluster_directory() as directory,
+        PeerServer(directory, "m2") as m2,
+        clustered_server(directory, "m1") as m1,
+        trio.open_nursery() as nursery,
+    ):
+        assert await otp.connect(m2.node, m2.dist_address)
+        worker = _worker(m2.address, "w-one", slots=1)
+        nursery.start_soon(worker.start)
+        async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
+            with trio.fail_after(BOUND):
+                await worker.wait_pull_registered()
+                await _group_has(("matching", "flow", "Hop"), m2.node)
+                held = await client.start_flow(Hop, "held")
+                await until(lambda: worker.statistics().busy == 1)
+                waiting = await client.start_flow(Hop, "x")
+                while not any(
+                    r[2] == "forwarded" for r in _routes(await client.describe_flow(waiting))
+                ):
+                    await trio.sleep(0.01)  # (records are committed within 0.1 s)
+                await m2.kill_process("matching_matcher")
+                await until(lambda: caplog.text.count("redelivery") >= 2)
+                HOLD["held"].set()
+                assert await client.result(waiting) == "x done"
+                assert await client.result(held) == "held done"
+                description = await client.describe_flow(waiting)
+        await worker.close()
+    firsts = [r for r in _routes(description) if r[0] == "first"]
+    assert firsts[0] == ("first", "node:m2@localhost", "forwarded", None)
+    assert [r[2] for r in firsts].count("redispatch_lost") == 1
+    assert [(a["step"], a["attempt"], a["status"]) for a in description.attempts] == [
+        ("first", 1, "completed"),
+        ("second", 1, "completed"),
+    ]
+    assert "the server on node m2@localhost went down (killed)" in caplog.text

@@ -486,7 +486,7 @@ async def test_a_step_forwarded_to_a_server_that_goes_down_is_dispatched_again_a
     reasons = [(d["queue"], d["reason"], d["worker_id"]) for d in described.dispatches]
     assert ("node:gone@localhost", "forwarded", "w2") in reasons
     assert ("node:gone@localhost", "redispatch_lost", "w2") in reasons
-    assert "node gone@localhost went down with delivery" in caplog.text
+    assert "the server on node gone@localhost went down (noconnection) with delivery" in caplog.text
     assert "redelivery" in caplog.text
 
 
