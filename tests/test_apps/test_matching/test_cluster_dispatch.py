@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import pytest
 import trio
 
 import otp
 from apps.matching import (
     ClientOptions,
     Flow,
+    FlowFailed,
     PullWorkerOptions,
     Registry,
     TrioClient,
@@ -51,7 +53,21 @@ class Hop(Flow):
         return "pong"
 
 
-REGISTRY = Registry([Hop], allow_async_handlers=True)
+class Deep(Flow):
+    """A Step whose result the worker's connection carries, nested too deep for the
+    distribution (whose messages wrap it in three more levels)."""
+
+    name = "Deep"
+
+    @step
+    async def nest(self, ctx, depth):
+        value: Any = 1
+        for _ in range(depth):
+            value = [value]
+        return value
+
+
+REGISTRY = Registry([Hop, Deep], allow_async_handlers=True)
 
 
 def _worker(address: str, worker_id: str, slots: int = 2) -> TrioWorker:
@@ -279,3 +295,27 @@ async def test_a_step_waiting_on_a_server_whose_matcher_crashes_is_dispatched_ag
         ("second", 1, "completed"),
     ]
     assert "the server on node m2@localhost went down (killed)" in caplog.text
+
+
+async def test_a_result_that_cannot_cross_to_the_flows_server_fails_the_step_saying_why() -> None:
+    async with (
+        cluster_directory() as directory,
+        PeerServer(directory, "m2") as m2,
+        clustered_server(directory, "m1") as m1,
+        trio.open_nursery() as nursery,
+    ):
+        assert await otp.connect(m2.node, m2.dist_address)
+        worker = _worker(m2.address, "w-deep")
+        nursery.start_soon(worker.start)
+        async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
+            with trio.fail_after(BOUND):
+                await worker.wait_pull_registered()
+                await _group_has(("matching", "flow", "Deep"), m2.node)
+                flow_id = await client.start_flow(Deep, 254)
+                with pytest.raises(FlowFailed) as info:
+                    await client.result(flow_id)
+                # the worker's connection lived: the next flow runs on it
+                assert await client.result(await client.start_flow(Deep, 2)) == [[1]]
+        await worker.close()
+    assert "result_cannot_cross" in str(info.value)
+    assert "nests deeper than max_depth" in str(info.value)
