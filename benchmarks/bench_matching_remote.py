@@ -14,13 +14,11 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 from ._harness import Benchmark, Result
-from .bench_matching import ROOT, BenchFlow, _cpu_seconds, _Server
+from .bench_matching import BenchFlow, _cpu_seconds, _Server
 
 COOKIE = b"bench-matching-remote-cookie"
 CONCURRENCY = 16
@@ -37,34 +35,10 @@ class _Node(_Server):
         self.cookie_file = cookie_file
         self.connect = connect
 
-    def _start(self) -> None:
-        argv = [
-            "--log-level", "warning", "--app", "apps.matching",
-            "--name", self.node, "--listen", self.dist, "--cookie-file", self.cookie_file,
-            "--matching-listen", self.address, "--matching-store", self.store,
-        ]  # fmt: skip
-        if self.connect is not None:
-            argv += ["--connect", self.connect]
-        code = (
-            "from benchmarks.bench_dirty import _counted_node;"
-            f" _counted_node(*{(self.report, *argv)!r})"
-        )
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", code],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 30
-        while not os.path.exists(self.sock):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"bench_matching_remote: server {self.node} did not start (exit code"
-                    f" {self.proc.poll()}): {self._read(self.log)[-2000:]}"
-                )
-            time.sleep(0.05)
+    def _argv(self) -> tuple[str, ...]:
+        argv = (*super()._argv(), "--name", self.node, "--listen", self.dist)
+        argv += ("--cookie-file", self.cookie_file)
+        return argv if self.connect is None else (*argv, "--connect", self.connect)
 
 
 def _measure(client_on: _Node, servers: list[_Node], quick: bool) -> dict[str, float]:

@@ -53,16 +53,8 @@ def check_registration(
             f"{limits.max_flow_types} allows: register fewer flow types per worker",
             permanent=True,
         )
-    for flow_type in [name] if queue == "flow" else []:
-        if len(flow_type) > limits.max_flow_type_length:
-            return reject(
-                "limit",
-                f"flow type {flow_type[:64]!r}... has {len(flow_type)} characters, the most"
-                f" matching.max_flow_type_length={limits.max_flow_type_length} allows: use a"
-                " shorter flow type name",
-                permanent=True,
-            )
-    for flow_type in flows:
+    # (the queue's own flow type first, then every one the worker advertises)
+    for flow_type in [*([name] if queue == "flow" else []), *flows]:
         if len(flow_type) > limits.max_flow_type_length:
             return reject(
                 "limit",

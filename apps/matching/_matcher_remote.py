@@ -64,7 +64,9 @@ class RemoteQueues:
     turn: int = 0
 
     def has_streams(self, queue_name: str) -> None:
-        """The queue's first stream here is up (or a draining worker's queue came back)."""
+        """The queue's first stream here is up."""
+        if ":" not in queue_name:
+            return  # (a stream of a queue this matcher does not know: no group)
         group = group_of(queue_name)
         if group not in self.joined:
             self.joined.add(group)
