@@ -424,7 +424,9 @@ class Matcher(otp.GenServer):
         count = state.queue_streams[queue_name] = state.queue_streams.get(queue_name, 0) + 1
         if worker.draining:
             otp.send(message.queue_pid, WorkerDraining(message.worker_id))
-        elif count == 1:
+        if count == 1 and not (worker.draining and queue_name.startswith("worker:")):
+            # (a flow-type queue's group counts every worker's streams; a draining worker's
+            # own queue gets no sticky routing from other servers)
             state.remote.has_streams(queue_name)
 
     def _stream_down(self, state: _State, stream: otp.Pid) -> None:
