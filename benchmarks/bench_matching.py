@@ -531,11 +531,15 @@ class _Server:
             raise
         return self
 
-    def _start(self) -> None:
-        argv = (
+    def _argv(self) -> tuple[str, ...]:
+        """The server's ``python -m otp.node`` arguments."""
+        return (
             "--log-level", "warning", "--app", "apps.matching",
             "--matching-listen", self.address, "--matching-store", self.store,
         )  # fmt: skip
+
+    def _start(self) -> None:
+        argv = self._argv()
         # ``python -m otp.node`` with its trio wake-ups counted (bench_dirty's _counted_node:
         # each SIGUSR2 writes the count so far to ``self.report``).
         code = (

@@ -30,6 +30,7 @@ from ._dist_config import DistConfig as DistConfig
 from ._dist_config import DistributionError as DistributionError
 from ._dist_config import TlsConfig as TlsConfig
 from ._dist_config import read_cookie_file as read_cookie_file
+from ._dist_records import remote_value as remote_value
 from ._dist_values import RemoteException as RemoteException
 from ._distribution import NodeDown as NodeDown
 from ._distribution import connect as connect
@@ -186,6 +187,7 @@ __all__ = [
     "receive",
     "register",
     "registered",
+    "remote_value",
     "reply",
     "send_request",
     "run",

@@ -10,11 +10,13 @@ frames: a bad payload raises, and the connection is dropped (see ``_dist_session
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 import wire
 
 from ._dist_kernel import NET_KERNEL_ATOM, peers_told
+from ._dist_records import UnknownRemoteValue
 from ._dist_values import pid_from_wire, reason_from_wire, ref_from_wire, value_from_wire
 from ._gen_server_core import GenCall, GenCast, SystemTerminate
 from ._ids import Pid, Ref
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from ._process import Process
 
 _TERMINATE = wire.Atom("terminate")
+
+logger = logging.getLogger("otp.distribution")
 
 
 def dispatch(dist: Distribution, conn: Connection, frame: wire.Frame) -> None:
@@ -138,6 +142,19 @@ def _on_monitor(dist: Distribution, watcher: Pid, to: Any, ref: Ref) -> None:
 
 
 def _deliver_to(node: Node, proc: Process, message: Any) -> None:
+    try:
+        _decode_to(node, proc, message)
+    except UnknownRemoteValue as exc:
+        # One message a peer's registry and ours disagree on: dropped, not the connection
+        # (the rest of a batch, and the peer's other traffic, still arrive).
+        dropped(proc.pid, exc)
+
+
+def dropped(to: Any, exc: UnknownRemoteValue) -> None:
+    logger.warning("distribution: a message to %r was dropped: %s", to, exc)
+
+
+def _decode_to(node: Node, proc: Process, message: Any) -> None:
     if message.__class__ is tuple and message and message[0].__class__ is wire.Atom:
         # Compared by name: a decoded atom is a new object, and its attrs __eq__ a call.
         tag = message[0].name

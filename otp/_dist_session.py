@@ -42,6 +42,8 @@ from ._dist_handshake import (
     accept,
     initiate,
 )
+from ._dist_inbound import dropped
+from ._dist_records import UnknownRemoteValue
 from ._process import current_process
 
 if TYPE_CHECKING:
@@ -393,6 +395,8 @@ async def _read_loop(
                 return
             try:
                 dispatch(conn, frame)
+            except UnknownRemoteValue as exc:
+                dropped(frame.type.name, exc)  # (a pg group name, say): not the connection's end
             except (KeyError, TypeError, AttributeError, ValueError) as exc:
                 raise wire.MalformedMessage(f"bad {frame.type.name} payload: {exc!r}") from exc
 

@@ -4,6 +4,7 @@ plain values of ``wire`` (version 2), so nothing is ever pickled.
 A message may hold None, bool, int, float, str, bytes, list, tuple, dict and any of otp's
 :class:`~otp.Pid`, :class:`~otp.Ref` and exit reasons (:class:`~otp.Shutdown`, :class:`~otp.Crash`,
 a port's :class:`~otp.ExitStatus` and :class:`~otp.Signaled`) nested inside;
+values of attrs frozen classes registered with :func:`~otp.remote_value` (``_dist_records``);
 anything else cannot leave the node and is refused with :class:`~otp.BadArg` at send time.
 A :class:`~otp.Crash` arrives on the other node carrying a :class:`RemoteException` (the type name,
 message and traceback text of the original).
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import wire
 
+from ._dist_records import RECORD_TAG, UnknownRemoteValue, by_name, refusal, registered
 from ._errors import BadArg
 from ._ids import Pid, Ref
 from ._reasons import BadReturnValue, Crash, ExitStatus, Shutdown, Signaled
@@ -95,18 +97,28 @@ def reason_to_wire(reason: Any) -> wire.ExitReason:
 def reason_from_wire(reason: wire.ExitReason, node: Node) -> Any:
     kind, detail = reason.kind, reason.detail
     if kind == "shutdown" and detail is not None:
-        return Shutdown(value_from_wire(detail, node))
+        return Shutdown(_detail(detail, node))
     if kind == "crash" and isinstance(detail, wire.ErrorValue):
         return Crash(RemoteException(detail.type, detail.message, detail.traceback))
     if kind == "bad_return_value":
-        return BadReturnValue(value_from_wire(detail, node))
+        return BadReturnValue(_detail(detail, node))
     if kind == "term":
-        return value_from_wire(detail, node)
+        return _detail(detail, node)
     if kind == "exit_status" and type(detail) is int:
         return ExitStatus(detail)
     if kind == "signal" and type(detail) is str:
         return Signaled(detail)
     return kind
+
+
+def _detail(detail: Any, node: Node) -> Any:
+    """A reason's detail; one holding a value this node cannot rebuild becomes the refusal's
+    text (an exit signal or DOWN must arrive whatever its reason holds, or links and monitors
+    would silently not fire)."""
+    try:
+        return value_from_wire(detail, node)
+    except UnknownRemoteValue as exc:
+        return str(exc)
 
 
 def error_to_wire(exc: BaseException) -> wire.ErrorValue:
@@ -145,10 +157,50 @@ def value_to_wire(value: Any) -> Any:
         return reason_to_wire(value)
     if cls in (wire.Atom, wire.ExitReason, wire.ErrorValue):
         return value
+    record = registered(cls)
+    if record is not None:
+        # (checked last: a plain message never pays for it)
+        return (
+            _RECORD_ATOM,
+            record.name,
+            {field: value_to_wire(getattr(value, field)) for field, _ in record.fields},
+        )
     raise BadArg(
         f"a {cls.__qualname__} cannot be sent to another node: messages between nodes hold"
-        " None, bool, int, float, str, bytes, list, tuple, dict, Pid, Ref and exit reasons"
+        " None, bool, int, float, str, bytes, list, tuple, dict, Pid, Ref, exit reasons and"
+        f" registered values{refusal(cls)}"
     )
+
+
+_RECORD_ATOM = wire.Atom(RECORD_TAG)
+
+
+def _record_from_wire(value: tuple[Any, ...], node: Node) -> Any:
+    """A registered value a peer sent: ``(Atom("$record"), name, {field: value})``.
+
+    Raises:
+        UnknownRemoteValue: the name is not registered here, or the fields do not fit.
+    """
+    record = by_name(value[1])
+    fields = value[2]
+    if fields.__class__ is not dict:
+        raise UnknownRemoteValue(record.name, f"its fields are a {type(fields).__name__}")
+    aliases = dict(record.fields)
+    kwargs = {}
+    for field, item in fields.items():
+        alias = aliases.get(field) if field.__class__ is str else None
+        if alias is None:
+            raise UnknownRemoteValue(
+                record.name,
+                f"field {str(field)[:100]!r} is not one of {record.cls.__qualname__}'s here:"
+                " register the same version of the class on both nodes",
+            )
+        kwargs[alias] = value_from_wire(item, node)
+    try:
+        return record.cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        # Its validators refused it (or a field without a default is missing).
+        raise UnknownRemoteValue(record.name, str(exc)[:500]) from exc
 
 
 def value_from_wire(value: Any, node: Node) -> Any:
@@ -163,6 +215,8 @@ def value_from_wire(value: Any, node: Node) -> Any:
     if cls is list:
         return [value_from_wire(item, node) for item in value]
     if cls is tuple:
+        if len(value) == 3 and value[0].__class__ is wire.Atom and value[0].name == RECORD_TAG:
+            return _record_from_wire(value, node)
         return tuple(value_from_wire(item, node) for item in value)
     if cls is dict:
         return {value_from_wire(k, node): value_from_wire(v, node) for k, v in value.items()}

@@ -23,6 +23,7 @@ __all__ = [
     "Dispatch",
     "ErrorInfo",
     "Failed",
+    "Forwarded",
     "Lost",
     "MatchingLimits",
     "NotDispatched",
@@ -52,6 +53,7 @@ ROUTED_REASONS = (
     "declined_no_capacity",
     "redispatch_lost",
     "delivered",
+    "forwarded",
 )
 
 
@@ -113,6 +115,8 @@ class Dispatch:
             running out of wait means ``no_worker_available``).
         drained: App worker ids that are draining (it is not offered to them either, but
             their lacking nothing makes no ``unknown_name``).
+        hops: How many matchers of other servers it was forwarded to (bounded by
+            ``_matcher_remote.MAX_HOPS``, so it never circles between servers).
     """
 
     task: Task
@@ -122,6 +126,56 @@ class Dispatch:
     excluded: frozenset[str] = attrs.field(default=frozenset(), converter=_names)
     declined_no_capacity: bool = False
     drained: frozenset[str] = attrs.field(default=frozenset(), converter=_names)
+    hops: int = 0
+
+
+@attrs.frozen(eq=False)
+class Forwarded:
+    """matcher -> another server's matcher: route this dispatch there (its fields, as they
+    cross nodes: the task without its deadline, which is on this node's trio clock, and
+    ``deadline_left`` in seconds instead; sets as lists)."""
+
+    task: Task
+    reply_to: otp.Pid
+    sticky_worker: str | None
+    wait: float
+    excluded: list[str]
+    declined_no_capacity: bool
+    drained: list[str]
+    hops: int
+    deadline_left: float | None
+
+    @classmethod
+    def of(cls, dispatch: Dispatch, now: float) -> Forwarded:
+        task = dispatch.task
+        deadline = task.deadline
+        return cls(
+            attrs.evolve(task, deadline=None) if deadline is not None else task,
+            dispatch.reply_to,
+            dispatch.sticky_worker,
+            dispatch.wait,
+            sorted(dispatch.excluded),
+            dispatch.declined_no_capacity,
+            sorted(dispatch.drained),
+            dispatch.hops + 1,
+            None if deadline is None else deadline - now,
+        )
+
+    def dispatch(self, now: float) -> Dispatch:
+        """The dispatch on this node (its deadline on this node's clock)."""
+        task = self.task
+        if self.deadline_left is not None:
+            task = attrs.evolve(task, deadline=now + self.deadline_left)
+        return Dispatch(
+            task,
+            self.reply_to,
+            self.sticky_worker,
+            self.wait,
+            self.excluded,
+            self.declined_no_capacity,
+            self.drained,
+            self.hops,
+        )
 
 
 # -- outcomes, sent to Dispatch.reply_to ----------------------------------------------------
@@ -258,6 +312,13 @@ class StreamRejection:
     code: str
     message: str
     permanent: bool
+
+
+# What crosses between the servers of a cluster (a dispatch forwarded to another server's
+# matcher, the outcomes its queues and streams send the origin engine), under names that do
+# not move with the modules.
+for _cls in (Task, Forwarded, ErrorInfo, Routed, Completed, Failed, NotDispatched, Lost):
+    otp.remote_value(_cls, name=f"matching.{_cls.__name__}")
 
 
 # -- what a worker advertises ---------------------------------------------------------------

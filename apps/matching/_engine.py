@@ -282,6 +282,7 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                 self._definition_loaded(state, message)
             case Routed():
                 self._routed(state, message)
+                state.remote.routed(message, state.deliveries)
             case Completed() | Failed() | NotDispatched() | Lost():
                 self._outcome(state, message)
             case BatchCommitted(tag=size, error=refused):
@@ -330,6 +331,10 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                     )
                     otp.reply(waiter.from_, _err(exc))
                     self._maybe_evict(state, flow)
+            case otp.Down(ref=ref, reason=reason) if ref in state.remote.monitors:
+                # (another server our forwarded deliveries ran on went)
+                for lost in state.remote.down(ref, reason, state.deliveries):
+                    self._outcome(state, lost)
             case otp.Down(ref=ref, reason=reason) if ref == state.store_monitor:
                 return otp.Stop(otp.Shutdown(("store_down", reason)), state)
             case otp.Down(ref=ref):

@@ -15,6 +15,7 @@ import attrs
 import otp
 
 from ._dispatch import Task
+from ._engine_remote import RemoteDeliveries
 from ._errors import Cancelled, ConfigurationError, FlowFailed, MatchingError, error_from_code
 from ._flow_spec import FlowSpec, parse_definition
 from ._matcher import MATCHER
@@ -376,6 +377,8 @@ class _State:
     takeovers: int = 0
     redeliveries: int = 0
     moved: int = 0
+    #: The deliveries forwarded to other servers, and those servers' nodes watched.
+    remote: RemoteDeliveries = attrs.field(factory=RemoteDeliveries)
     #: ``NoReply(self)`` and ``NoReply(self, timeout=0)``, built once (frozen values, returned
     #: by every callback: see ``EngineCommits._next``).
     carry_on: Any = None

@@ -5,7 +5,9 @@ It starts queue actors on demand under ``matching_queues`` (a flow type's queue 
 worker registers it, so a dispatch waits there for its dispatch wait), counts the streams per
 app worker id (monitoring them), refuses registrations past the limits or for an app worker id
 another worker process holds, and routes each submitted dispatch: to the sticky worker's queue
-while that worker has a stream there and is not draining, else to the flow type's queue.
+while that worker has a stream there and is not draining, else to the flow type's queue. With
+other servers connected (node distribution), a dispatch whose streams are all on another server
+goes to that server's matcher (``_matcher_remote``).
 
 An unused queue (``QueueIdle``) is forgotten and told to stop (``StopIdle``) once nothing can
 be on its way to it: no stream of it is counted, no registration is pending, and it has received
@@ -15,10 +17,10 @@ every dispatch sent to it. The next dispatch or registration for its name starts
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import trio
 
 import otp
 import supervisors
@@ -26,6 +28,7 @@ import supervisors
 from ._dispatch import (
     Capabilities,
     Dispatch,
+    Forwarded,
     MatchingLimits,
     NotDispatched,
     Routed,
@@ -33,6 +36,9 @@ from ._dispatch import (
     WorkerDraining,
     WorkerFreed,
 )
+from ._matcher_checks import check_registration as _check_registration
+from ._matcher_checks import reject as _reject
+from ._matcher_remote import HandOff, RemoteQueues, joined_flow_type
 from ._queue import Forward, Queue, QueueIdle, StopIdle, queue_spec
 from ._queue_book import QueueStatistics
 
@@ -116,6 +122,8 @@ class _State:
     conns: dict[otp.Pid, tuple[otp.Ref, set[str]]] = attrs.Factory(dict)
     conn_refs: dict[otp.Ref, otp.Pid] = attrs.Factory(dict)
     pending_total: int = 0
+    #: This matcher's ``pg`` groups, and other servers' matchers (``_matcher_remote``).
+    remote: RemoteQueues = attrs.Factory(lambda: RemoteQueues(otp.self().node))
     #: ``NoReply(self)``, built once (a frozen value: every callback that carries on returns it).
     carry_on: Any = None
 
@@ -204,10 +212,6 @@ def queue_rows(stats: MatcherStatistics) -> list[dict[str, Any]]:
     return rows
 
 
-def _reject(code: str, message: str, *, permanent: bool) -> StreamRejection:
-    return StreamRejection(code, message, permanent)
-
-
 class Matcher(otp.GenServer):
     """The matcher. Client functions are the module's :func:`register_stream`,
     :func:`submit`, :func:`notify_worker` and :func:`statistics`."""
@@ -224,6 +228,9 @@ class Matcher(otp.GenServer):
                 await supervisors.terminate_child(queues_sup, pid)
         state = _State(limits, queues_sup)
         state.carry_on = otp.NoReply(state)
+        # (every join and leave: a flow type's first streams on another server take over the
+        # dispatches waiting here for want of any)
+        otp.pg.monitor_scope()
         return otp.Ok(state)
 
     async def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
@@ -243,6 +250,12 @@ class Matcher(otp.GenServer):
         kind = type(message)
         if kind is Dispatch:
             await self._submit(state, message)
+        elif kind is Forwarded:
+            await self._submit(state, message.dispatch(trio.current_time()))
+        elif kind is otp.pg.PgJoin:
+            self._joined(state, message)
+        elif kind is otp.pg.PgLeave:
+            pass
         elif kind is Forward:
             await self._to_flow(state, message.dispatch, message.reason, message.worker_id)
         elif kind is StreamUp:
@@ -408,9 +421,13 @@ class Matcher(otp.GenServer):
         state.stream_refs[ref] = stream
         worker.streams.add(stream)
         worker.queues[queue_name] = worker.queues.get(queue_name, 0) + 1
-        state.queue_streams[queue_name] = state.queue_streams.get(queue_name, 0) + 1
+        count = state.queue_streams[queue_name] = state.queue_streams.get(queue_name, 0) + 1
         if worker.draining:
             otp.send(message.queue_pid, WorkerDraining(message.worker_id))
+        if count == 1 and not (worker.draining and queue_name.startswith("worker:")):
+            # (a flow-type queue's group counts every worker's streams; a draining worker's
+            # own queue gets no sticky routing from other servers)
+            state.remote.has_streams(queue_name)
 
     def _stream_down(self, state: _State, stream: otp.Pid) -> None:
         entry = state.streams.pop(stream, None)
@@ -421,6 +438,7 @@ class Matcher(otp.GenServer):
             state.queue_streams[entry.queue] = left
         else:
             state.queue_streams.pop(entry.queue, None)
+            state.remote.no_streams(entry.queue)
         worker = state.workers.get(entry.worker_id)
         if worker is not None:
             if stream in worker.streams:
@@ -450,12 +468,22 @@ class Matcher(otp.GenServer):
             return
         if type(message) is WorkerDraining:
             worker.draining = True
+            state.remote.no_streams(f"worker:{message.worker_id}")  # no sticky routing here
         for queue_name in worker.queues:
             pid = state.queues.get(queue_name)
             if pid is not None:
                 otp.send(pid, message)
 
     # -- routing --------------------------------------------------------------------------------
+
+    def _joined(self, state: _State, message: otp.pg.PgJoin) -> None:
+        """Another server's matcher has streams for a flow type: what waits here for want of
+        any goes there."""
+        flow_type = joined_flow_type(message, state.remote.node)
+        if flow_type is not None and not state.queue_streams.get(f"flow:{flow_type}"):
+            pid = state.queues.get(f"flow:{flow_type}")
+            if pid is not None:
+                otp.send(pid, HandOff())
 
     async def _submit(self, state: _State, dispatch: Dispatch) -> None:
         sticky = dispatch.sticky_worker
@@ -479,6 +507,10 @@ class Matcher(otp.GenServer):
             sent[pid] = sent.get(pid, 0) + 1
             otp.send(pid, dispatch)
             return
+        if worker is None and sticky not in dispatch.excluded:
+            member = state.remote.member("worker", sticky, dispatch.hops)
+            if member is not None and state.remote.forward(dispatch, member, sticky):
+                return
         await self._to_flow(state, dispatch, "fallback_no_stream", sticky)
 
     async def _to_flow(
@@ -498,71 +530,16 @@ class Matcher(otp.GenServer):
                 ),
             )
             return
+        queue_name = f"flow:{task.flow_type}"
+        if not state.queue_streams.get(queue_name):
+            member = state.remote.member("flow", task.flow_type, dispatch.hops)
+            if member is not None and state.remote.forward(dispatch, member, worker_id):
+                return
         found = await self._queue(state, "flow", task.flow_type)
         if isinstance(found, StreamRejection):
             otp.send(dispatch.reply_to, NotDispatched(task.delivery, "unavailable", found.message))
             return
-        queue_name = f"flow:{task.flow_type}"
         otp.send(dispatch.reply_to, Routed(task.delivery, queue_name, reason, worker_id))
         sent = state.queue_sent
         sent[found] = sent.get(found, 0) + 1
         otp.send(found, dispatch)
-
-
-def _check_registration(
-    limits: MatchingLimits, worker_id: str, queue: Any, name: Any, caps: Any
-) -> StreamRejection | None:
-    if queue not in ("flow", "worker"):
-        return _reject(
-            "bad_frame",
-            f"M_REGISTER.queue must be 'flow' or 'worker' (got {queue!r})",
-            permanent=True,
-        )
-    if not isinstance(name, str) or not name:
-        return _reject(
-            "bad_frame", f"M_REGISTER.name must be a non-empty str (got {name!r})", permanent=True
-        )
-    if not isinstance(caps, Capabilities):
-        return _reject(
-            "bad_frame", f"the worker's flows are not capabilities (got {caps!r})", permanent=True
-        )
-    if not worker_id or len(worker_id) > limits.max_queue_length:
-        return _reject(
-            "limit",
-            f"app worker id {worker_id[:64]!r} has {len(worker_id)} characters; it must have 1 to"
-            f" matching.max_queue_length={limits.max_queue_length}: use a shorter worker id",
-            permanent=True,
-        )
-    if queue == "worker" and name != worker_id:
-        return _reject(
-            "bad_frame",
-            f"a worker registers only its own app worker id queue ({worker_id!r}), not {name!r}",
-            permanent=True,
-        )
-    flows: Mapping[str, Any] = caps.flows
-    if len(flows) > limits.max_flow_types:
-        return _reject(
-            "limit",
-            f"the worker registers {len(flows)} flow types, the most matching.max_flow_types="
-            f"{limits.max_flow_types} allows: register fewer flow types per worker",
-            permanent=True,
-        )
-    for flow_type in [name] if queue == "flow" else []:
-        if len(flow_type) > limits.max_flow_type_length:
-            return _reject(
-                "limit",
-                f"flow type {flow_type[:64]!r}... has {len(flow_type)} characters, the most"
-                f" matching.max_flow_type_length={limits.max_flow_type_length} allows: use a"
-                " shorter flow type name",
-                permanent=True,
-            )
-    for flow_type in flows:
-        if len(flow_type) > limits.max_flow_type_length:
-            return _reject(
-                "limit",
-                f"flow type {flow_type[:64]!r}... has {len(flow_type)} characters, the most"
-                f" matching.max_flow_type_length={limits.max_flow_type_length} allows: use a"
-                " shorter flow type name",
-                permanent=True,
-            )
-    return None

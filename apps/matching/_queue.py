@@ -36,6 +36,7 @@ from ._dispatch import (
     WorkerDraining,
     WorkerFreed,
 )
+from ._matcher_remote import HandOff
 from ._queue_book import (
     Action,
     OfferStream,
@@ -180,6 +181,8 @@ class Queue(otp.GenServer):
             actions = book.stream_gone(message.pid)
         elif kind is WorkerDraining:
             actions = book.worker_draining(message.worker_id)
+        elif kind is HandOff:
+            actions = book.hand_off()
         elif kind is _Expire:
             if message.token != state.token:
                 return state.carry_on

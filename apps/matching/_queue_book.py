@@ -401,6 +401,15 @@ class QueueBook:
                 self._forward(waiting, "fallback_no_stream", actions)
         return actions
 
+    def hand_off(self) -> list[Action]:
+        """A flow-type queue with no stream gives back its waiting dispatches, with the wait
+        each has left (to go to another server's streams: ``_matcher_remote``)."""
+        actions: list[Action] = []
+        if self.kind == "flow" and not self._streams:
+            for waiting in list(self._waiting.values()):
+                self._forward(waiting, "flow_queue", actions)
+        return actions
+
     def expire(self) -> list[Action]:
         """End the waits that are over (by the clock): a worker queue forwards them to the
         flow-type queue, a flow-type queue answers ``NotDispatched``. An offered dispatch

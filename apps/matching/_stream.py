@@ -310,9 +310,16 @@ def _handle(state: _Stream, message: Any) -> None:
         delivery = call.task.delivery
         if kind is wire.MatchResult and message.delivery == delivery:
             state.call = None
-            otp.send(
-                call.reply_to, Completed(delivery, state.worker_id, message.value, message.patch)
-            )
+            try:
+                otp.send(
+                    call.reply_to,
+                    Completed(delivery, state.worker_id, message.value, message.patch),
+                )
+            except otp.BadArg as exc:
+                # The flow's engine is on another node, and this result is past the
+                # distribution's limits (a value nested deeper than they allow, say): the
+                # attempt fails, saying why, rather than this stream (and its connection).
+                otp.send(call.reply_to, Failed(delivery, state.worker_id, _cannot_cross(exc)))
             _call_over(state)
         elif kind is wire.MatchFailure and message.delivery == delivery:
             state.call = None
@@ -399,3 +406,12 @@ def _refuse(state: _Stream, dispatch: Dispatch) -> None:
         dispatch.task.delivery,
     )
     otp.send(state.queue, Declined(state.me, dispatch.task.delivery, "no_capacity"))
+
+
+def _cannot_cross(exc: otp.BadArg) -> ErrorInfo:
+    return ErrorInfo(
+        "result_cannot_cross",
+        f"the step's result cannot be sent to the server that owns the flow: {exc}; return a"
+        " smaller or flatter value (or put it in a blob)",
+        False,
+    )

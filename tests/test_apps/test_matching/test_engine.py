@@ -462,6 +462,34 @@ async def test_lost_before_output_is_dispatched_again_as_the_same_attempt() -> N
     ]
 
 
+def forwarded(node: str, worker: str) -> Any:
+    """Forwarded to another server's matcher, which then says nothing more (that server's
+    node goes down)."""
+    return lambda delivery: [Routed(delivery, f"node:{node}", "forwarded", worker)]
+
+
+async def test_a_step_forwarded_to_a_server_that_goes_down_is_dispatched_again_as_the_same_attempt(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The engine watches the node a forwarded delivery runs on; "gone@localhost" is no node
+    # this one can reach, so its NodeDown comes at once, and the step is Lost before output.
+    script = by_step(a=[forwarded("gone@localhost", "w2"), ok("x")])
+    async with otp.open_node("a@localhost"), server(script):
+        await otp.start_distribution(otp.DistConfig(cookie=b"engine-test-cookie"))
+        await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=1)), "f")
+        with trio.fail_after(60):
+            assert await FlowEngine.result("f") == "x"
+        log = [d for _, d in await dispatches()]
+        described = await describe("f")
+    assert [d.task.attempt for d in log] == [1, 1]
+    assert [(a["attempt"], a["status"]) for a in described.attempts] == [(1, "completed")]
+    reasons = [(d["queue"], d["reason"], d["worker_id"]) for d in described.dispatches]
+    assert ("node:gone@localhost", "forwarded", "w2") in reasons
+    assert ("node:gone@localhost", "redispatch_lost", "w2") in reasons
+    assert "the server on node gone@localhost went down (noconnection) with delivery" in caplog.text
+    assert "redelivery" in caplog.text
+
+
 async def test_lost_after_output_consumes_an_attempt(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

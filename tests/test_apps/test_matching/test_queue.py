@@ -31,6 +31,7 @@ from apps.matching._dispatch import (
     WorkerFreed,
 )
 from apps.matching._matcher import (
+    MATCHER,
     QUEUES,
     notify_worker,
     register_stream,
@@ -350,6 +351,34 @@ async def test_draining_worker_gets_no_sticky_routing(
         assert reasons(routes)[0] == ("flow:Greet", "fallback_no_stream")
         assert isinstance(final, Completed) and final.worker_id == "w2"
         assert own.tasks() == []
+
+
+async def test_the_matcher_is_in_the_pg_groups_of_the_queues_it_holds_streams_for(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # (what other servers' matchers route by: dispatch across servers)
+    flow, own = ("matching", "flow", "Greet"), ("matching", "worker", "w1")
+    async with server():
+        matcher = otp.whereis(MATCHER)
+        assert otp.pg.get_local_members(flow) == []
+        w1_own = await connect("w1", queue="worker", name="w1")
+        assert otp.pg.get_local_members(own) == [matcher]
+        notify_worker(WorkerDraining("w1"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert otp.pg.get_local_members(own) == []  # no sticky routing from other servers
+        # A flow-type queue's first stream is a draining worker's: the group counts it, and
+        # stays joined while any worker's stream is there.
+        w1_flow = await connect("w1")
+        w2_flow = await connect("w2")
+        assert otp.pg.get_local_members(flow) == [matcher]
+        for conn in (w1_flow, w1_own):
+            otp.send(conn.pid, "stop")
+        await trio.testing.wait_all_tasks_blocked()
+        assert otp.pg.get_local_members(flow) == [matcher]
+        otp.send(w2_flow.pid, "stop")
+        await trio.testing.wait_all_tasks_blocked()
+        assert otp.pg.get_local_members(flow) == []
+        assert otp.pg.which_groups() == []
 
 
 async def test_failure_reaches_reply_to(autojump_clock: trio.testing.MockClock) -> None:
