@@ -195,6 +195,8 @@ class MatchTask(_Message):
         args: The arguments (a list).
         state: The flow's state (a dict).
         timeout: Seconds the attempt may take, or None.
+        step_kind: A step's kind, ``"execute"`` or ``"wait_for"`` (optional: left out for
+            RPCs and by older servers, meaning ``"execute"``).
     """
 
     delivery: int = attrs.field(validator=_delivery)
@@ -207,6 +209,9 @@ class MatchTask(_Message):
     args: list[Any] = attrs.field(validator=_list)
     state: dict[Any, Any] = attrs.field(validator=_dict)
     timeout: float | None = attrs.field(default=None, converter=_opt_float, validator=_opt_seconds)
+    step_kind: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_one_of("execute", "wait_for"))
+    )
     rid: int = _stream_id()
 
 
@@ -246,11 +251,14 @@ class MatchOutput(_Message):
 @attrs.frozen
 class MatchResult(_Message):
     """M_RESULT (worker -> server): ``delivery`` returned ``value``; ``patch`` is the state
-    change, ``{"set": {key: value}, "delete": [key]}``."""
+    change, ``{"set": {key: value}, "delete": [key]}``. ``not_yet`` (optional, True or left
+    out): a WaitFor Step's check found its condition false (``value`` is None, ``patch``
+    empty); the server asks again after the flow's state changes."""
 
     delivery: int = attrs.field(validator=_delivery)
     value: Any
     patch: dict[str, Any] = attrs.field(factory=_empty_patch, validator=_patch)
+    not_yet: bool | None = attrs.field(default=None, validator=attrs.validators.optional(_bool))
     rid: int = _stream_id()
 
 
@@ -383,7 +391,11 @@ _TYPES: dict[type, MessageType] = {
     MatchError: MessageType.M_ERROR,
 }
 #: Payload keys a sender may leave out (the attribute's default applies); omitted when None.
-_OPTIONAL: dict[type, frozenset[str]] = {MatchHello: frozenset({"worker_id", "flows"})}
+_OPTIONAL: dict[type, frozenset[str]] = {
+    MatchHello: frozenset({"worker_id", "flows"}),
+    MatchTask: frozenset({"step_kind"}),
+    MatchResult: frozenset({"not_yet"}),
+}
 #: Always TLV, so they can be read before a codec is agreed.
 _TLV_ONLY = frozenset({MatchHello, MatchWelcome})
 #: attribute -> its payload form, where that is not the attribute's value itself.

@@ -83,6 +83,8 @@ class Task:
         flow_type, flow_id, name, execution_id, attempt, args, state: As in ``M_TASK``.
         deadline: The attempt's method deadline on trio's clock (absolute), or None. No
             dispatch waits past it.
+        step_kind: A step's kind (``"execute"``, ``"wait_for"``), None for an RPC: both
+            kinds are Step tasks for routing and capacity.
     """
 
     delivery: int
@@ -95,6 +97,7 @@ class Task:
     args: list[Any] = attrs.field(factory=list)
     state: dict[str, Any] = attrs.field(factory=dict)
     deadline: float | None = None
+    step_kind: str | None = None
 
 
 @attrs.frozen(eq=False)
@@ -149,12 +152,14 @@ class Routed:
 
 @attrs.frozen(eq=False)
 class Completed:
-    """The worker returned ``value`` and the state ``patch``."""
+    """The worker returned ``value`` and the state ``patch``; ``not_yet``: a WaitFor check
+    answered "not yet" (``value`` and ``patch`` mean nothing then)."""
 
     delivery: int
     worker_id: str
     value: Any
     patch: dict[str, Any]
+    not_yet: bool = False
 
 
 @attrs.frozen

@@ -315,17 +315,8 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                     flow.retry_timer = None
                     flow.retry_at = None
                     self._advance(state, flow)
-            case _StepDeadline(flow_id=flow_id, delivery=delivery):
-                flow = state.flows.get(flow_id)
-                if flow is not None and flow.delivery == delivery:
-                    flow.deadline_timer = None
-                    step = flow.spec.steps[flow.step_index]
-                    error = {
-                        "type": "timeout",
-                        "message": f"step {step.name!r} attempt {flow.attempt} did not finish"
-                        f" within its timeout of {step.timeout} s",
-                    }
-                    self._attempt_failed(state, flow, "failed", flow.worker_id, error, True)
+            case _StepDeadline():
+                self._step_deadline(state, message)
             case _RpcDeadline(delivery=delivery):
                 call = state.deliveries.get(delivery)
                 if isinstance(call, _Rpc):

@@ -10,6 +10,7 @@ from typing import Any
 import otp
 
 from ._engine_commits import EngineCommits
+from ._engine_family import family
 from ._engine_state import MAX_LIST_LIMIT, EngineStatistics, _err, _Flow, _Loaded, _ok, _Rpc, _State
 from ._errors import ConfigurationError, FlowNotFound, MatchingError
 from ._store import FLOW_STATUSES, FlowRecord, StoreError, StoreServer
@@ -153,6 +154,7 @@ async def _describe(store: Any, flow_id: str) -> dict[str, Any]:
             for d in dispatches
         ],
     )
+    description.update(await family(store, record, attempts, dispatches))
     return description
 
 

@@ -210,6 +210,10 @@ class _Flow:
     started_at: float = 0.0
     queue: str | None = None
     worker_id: str | None = None
+    #: A WaitFor attempt's checks that answered "not yet"; whether the state changed while
+    #: its check ran (``_engine_kinds``).
+    checks: int = 0
+    recheck: bool = False
     waiters: dict[otp.Ref, _Waiter] = attrs.field(factory=dict)
     rpcs: int = 0
     #: After-commit actions scheduled for this flow and not yet run.

@@ -310,9 +310,10 @@ def _handle(state: _Stream, message: Any) -> None:
         delivery = call.task.delivery
         if kind is wire.MatchResult and message.delivery == delivery:
             state.call = None
-            otp.send(
-                call.reply_to, Completed(delivery, state.worker_id, message.value, message.patch)
+            outcome = Completed(
+                delivery, state.worker_id, message.value, message.patch, message.not_yet is True
             )
+            otp.send(call.reply_to, outcome)
             _call_over(state)
         elif kind is wire.MatchFailure and message.delivery == delivery:
             state.call = None
@@ -347,6 +348,7 @@ def _offer(state: _Stream, dispatch: Dispatch, queue: str) -> None:
             args=task.args if type(task.args) is list else list(task.args),
             state=task.state if type(task.state) is dict else dict(task.state),
             timeout=timeout,
+            step_kind=task.step_kind,
         )
     except wire.WireError as exc:
         # The engine's task is not writable: it fails (the stream itself is fine).

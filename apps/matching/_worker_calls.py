@@ -24,6 +24,7 @@ import wire
 
 from ._errors import ClientClosed, MatchingError
 from ._model import (
+    NOT_YET,
     Registry,
     RpcContext,
     RpcDefinition,
@@ -102,7 +103,7 @@ def handler_of(
         handler = flow.step(task.name)
     else:
         handler = flow.rpcs.get(task.name)
-    if handler is None:
+    if handler is None or getattr(handler, "kind", None) == "subflow":  # (runs on the server)
         return (
             f"worker {worker_id} has no {task.kind} {task.name!r} in flow type {task.flow_type!r}"
         )
@@ -226,7 +227,10 @@ def deadline_of(task: wire.MatchTask) -> float:
 def result_of(
     task: wire.MatchTask, value: Any, ctx: StepContext | RpcContext, rid: int
 ) -> wire.MatchResult:
-    """M_RESULT of ``task`` (``value`` already packed), with the handler's state patch."""
+    """M_RESULT of ``task`` (``value`` already packed), with the handler's state patch; for
+    :data:`NOT_YET` (a WaitFor's condition is false) ``not_yet`` and no patch."""
+    if value is NOT_YET:
+        return wire.MatchResult(delivery=task.delivery, value=None, not_yet=True, rid=rid)
     patch = state_patch(task.state, ctx.state)
     return wire.MatchResult(delivery=task.delivery, value=value, patch=patch, rid=rid)
 
