@@ -175,6 +175,8 @@ class StepDefinition:
     #: how long its condition may take to hold; for a SubFlow, how long the child may run.
     timeout: float | None = None
     kind: str = "execute"
+    #: A SubFlow's child flow type, and the Flow it is (None when given by name only).
+    child_type: str | None = None
     child: Flow | None = attrs.field(default=None, eq=False)
 
     @property
@@ -263,18 +265,20 @@ def _runs_on_the_server(ctx: Any, *args: Any) -> Any:
 class _SubFlowMark:
     """What :func:`subflow` puts in a Flow class's body."""
 
-    mark: tuple[str, str | None, RetryPolicy, float | None, Flow | type[Flow]]
+    mark: tuple[str, str | None, RetryPolicy, float | None, Flow | type[Flow] | str]
 
 
 def subflow(
-    flow: Flow | type[Flow],
+    flow: Flow | type[Flow] | str,
     *,
     name: str | None = None,
     retry: RetryPolicy | None = None,
     timeout: float | None = None,
 ) -> Any:
     """A SubFlow Step, as a class attribute of a :class:`Flow` (``charge = subflow(Payment)``;
-    its name defaults to the attribute's).
+    its name defaults to the attribute's). ``flow`` is the child's Flow class (or instance),
+    or its flow type's name (for a flow that starts itself, whose class is not defined yet in
+    its own body): the server then takes the definition it knows for that type.
 
     The server starts a child flow of ``flow``'s type with the Step's input as its args (the
     parent's args for a first Step, else the previous Step's value), waits for it without
@@ -285,9 +289,12 @@ def subflow(
     for good (``cancelled``); cancelling the parent, or its attempt ending otherwise (its
     ``timeout``), cancels the child.
     """
-    if not (isinstance(flow, Flow) or (isinstance(flow, type) and issubclass(flow, Flow))):
+    if isinstance(flow, str):
+        _check_name("flow type", flow)
+    elif not (isinstance(flow, Flow) or (isinstance(flow, type) and issubclass(flow, Flow))):
         raise ConfigurationError(
-            f"subflow() takes the child's Flow subclass or instance (got {flow!r})"
+            f"subflow() takes the child's Flow subclass or instance, or its flow type's name"
+            f" (got {flow!r})"
         )
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ConfigurationError(f"subflow retry must be a RetryPolicy (got {retry!r})")
@@ -353,10 +360,10 @@ class FlowDefinition:
                 "non_retryable_errors": list(s.retry.non_retryable_errors),
                 "timeout": None if s.timeout is None else float(s.timeout),
             }
-            if s.child is not None:
-                entry["flow_type"] = s.child.name
-                if s.child.name not in outer:
-                    entry["definition"] = s.child.definition().to_wire(outer)
+            if s.child_type is not None:
+                entry["flow_type"] = s.child_type
+            if s.child is not None and s.child.name not in outer:
+                entry["definition"] = s.child.definition().to_wire(outer)
             steps.append(entry)
         return {"steps": steps, "rpcs": list(self.rpcs)}
 
@@ -415,12 +422,16 @@ class Flow:
                 rpcs[name] = RpcDefinition(name, getattr(self, attr), timeout)
                 continue
             handler = _runs_on_the_server if kind == "subflow" else getattr(self, attr)
-            if isinstance(child, type):
-                child = child()
+            child_type = None
+            if isinstance(child, str):
+                child_type, child = child, None
+            elif child is not None:
+                if isinstance(child, type):
+                    child = child()
+                child_type = child.name
+            retry = retry or RetryPolicy()
             steps.append(
-                StepDefinition(
-                    name, len(steps), handler, retry or RetryPolicy(), timeout, kind, child
-                )
+                StepDefinition(name, len(steps), handler, retry, timeout, kind, child_type, child)
             )
         names = [s.name for s in steps]
         for name in names:
