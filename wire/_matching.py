@@ -1,4 +1,4 @@
-"""Matching-service messages (wire version 2, codes 0x40..0x52): what pull workers and clients
+"""Matching-service messages (wire version 2, codes 0x40..0x53): what pull workers and clients
 say to the matching server (``apps/matching``).
 
 They follow the task streams of pull-based job servers (Temporal's and Hatchet's workers dial
@@ -50,6 +50,7 @@ from ._matching_checks import (
 __all__ = [
     "MatchAccept",
     "MatchCall",
+    "MatchCancel",
     "MatchClose",
     "MatchDecline",
     "MatchDraining",
@@ -239,6 +240,16 @@ class MatchDecline(_Message):
 
 
 @attrs.frozen
+class MatchCancel(_Message):
+    """M_CANCEL (server -> worker): stop running ``delivery`` (its flow was cancelled); the
+    worker cancels the handler if it can and answers with M_FAILURE (``type``
+    ``"Cancelled"``), or with the outcome of a handler that could not be stopped."""
+
+    delivery: int = attrs.field(validator=_delivery)
+    rid: int = _stream_id()
+
+
+@attrs.frozen
 class MatchOutput(_Message):
     """M_OUTPUT (worker -> server): progress ``value`` of ``delivery``; once one is sent, a
     worker lost with the call is a failed attempt (not a re-dispatch)."""
@@ -365,6 +376,7 @@ MatchMessage = (
     | MatchCall
     | MatchReply
     | MatchError
+    | MatchCancel
 )
 
 # -- the table: message class -> type; payload keys are the attributes other than rid ---------
@@ -389,6 +401,7 @@ _TYPES: dict[type, MessageType] = {
     MatchCall: MessageType.M_CALL,
     MatchReply: MessageType.M_REPLY,
     MatchError: MessageType.M_ERROR,
+    MatchCancel: MessageType.M_CANCEL,
 }
 #: Payload keys a sender may leave out (the attribute's default applies); omitted when None.
 _OPTIONAL: dict[type, frozenset[str]] = {

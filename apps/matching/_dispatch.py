@@ -17,6 +17,7 @@ import otp
 
 __all__ = [
     "Accepted",
+    "CancelCall",
     "Capabilities",
     "Completed",
     "Declined",
@@ -142,12 +143,22 @@ class ErrorInfo:
 @attrs.frozen
 class Routed:
     """One routing decision: the dispatch went to ``queue`` (``"flow:<type>"`` or
-    ``"worker:<id>"``) for ``reason`` (one of ``ROUTED_REASONS``)."""
+    ``"worker:<id>"``) for ``reason`` (one of ``ROUTED_REASONS``); a ``"delivered"`` one names
+    the ``stream`` process that owns the call now (where a ``CancelCall`` goes)."""
 
     delivery: int
     queue: str
     reason: str
     worker_id: str | None = None
+    stream: otp.Pid | None = None
+
+
+@attrs.frozen
+class CancelCall:
+    """To the stream process that owns ``delivery``: the engine no longer wants its outcome
+    (its flow was cancelled); tell the worker (``M_CANCEL``)."""
+
+    delivery: int
 
 
 @attrs.frozen(eq=False)

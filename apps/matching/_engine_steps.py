@@ -15,7 +15,7 @@ import trio
 
 import otp
 
-from ._dispatch import Completed, Dispatch, Failed, Lost, NotDispatched, Routed, Task
+from ._dispatch import CancelCall, Completed, Dispatch, Failed, Lost, NotDispatched, Routed, Task
 from ._engine_definitions import (
     MAX_KNOWN,
     DefinitionLoaded,
@@ -231,10 +231,12 @@ class EngineSteps(EngineKinds):
         self._with_flow(state, flow_id, then)
 
     def _cancel_flow(self, state: _State, flow: _Flow, error: dict[str, Any]) -> None:
-        """End a running flow as cancelled: its attempt in flight is forgotten (a worker
-        running it is not told: the protocol has no cancel message, so the handler runs to its
-        end or its timeout, and its outcome is ignored), and its running child, if it waits
-        for one, is cancelled too."""
+        """End a running flow as cancelled: its attempt in flight is forgotten (its outcome
+        is ignored) and the worker running it is told to cancel it (M_CANCEL; one offered and
+        not yet accepted is told once its ``delivered`` comes, see :meth:`_routed`); its
+        running child, if it waits for one, is cancelled too."""
+        if flow.task is not None and flow.delivery is not None and flow.stream is not None:
+            otp.send(flow.stream, CancelCall(flow.delivery))
         self._end_attempt(state, flow)
         self._finish(state, flow, "cancelled", None, error)
 
@@ -380,6 +382,10 @@ class EngineSteps(EngineKinds):
         reasons[routed.reason] = reasons.get(routed.reason, 0) + 1
         target = state.deliveries.get(routed.delivery)
         if target is None:
+            if routed.reason == "delivered" and routed.stream is not None:
+                # A call nobody waits for any more (its flow was cancelled while it was
+                # offered, or its attempt or RPC timed out): the worker may as well stop it.
+                otp.send(routed.stream, CancelCall(routed.delivery))
             return
         task: Task | None
         if isinstance(target, _Rpc):
@@ -391,6 +397,7 @@ class EngineSteps(EngineKinds):
             flow.queue = routed.queue
             if routed.reason == "delivered" and routed.worker_id is not None:
                 flow.worker_id = routed.worker_id
+                flow.stream = routed.stream
         assert task is not None
         self._dispatch_record(state, flow, task, routed.queue, routed.reason, routed.worker_id)
 

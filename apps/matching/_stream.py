@@ -21,6 +21,7 @@ import wire
 
 from ._dispatch import (
     Accepted,
+    CancelCall,
     Capabilities,
     Completed,
     Declined,
@@ -286,6 +287,11 @@ def _handle(state: _Stream, message: Any) -> None:
         else:
             _refuse(state, message.dispatch)
         return
+    if kind is CancelCall:
+        call = state.call
+        if call is not None and call.task.delivery == message.delivery:
+            state.conn.send_message(wire.MatchCancel(message.delivery, rid=state.stream_id))
+        return
     # Anything from the worker shows it is alive.
     state.last_heard = trio.current_time()
     if kind is wire.MatchPong:
@@ -375,7 +381,8 @@ def _accepted(state: _Stream, dispatch: Dispatch) -> None:
     state.call = dispatch
     state.after_output = False
     state.phase = _BUSY
-    otp.send(dispatch.reply_to, Routed(delivery, state.offered_by, "delivered", state.worker_id))
+    routed = Routed(delivery, state.offered_by, "delivered", state.worker_id, state.me)
+    otp.send(dispatch.reply_to, routed)
     otp.send(state.queue, Accepted(state.me, delivery))
     _sooner(state)
 

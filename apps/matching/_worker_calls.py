@@ -41,6 +41,7 @@ __all__ = [
     "HandlerRunner",
     "Returned",
     "TrioHandlerRunner",
+    "cancelled_failure",
     "deadline_of",
     "execute",
     "failure_of",
@@ -276,6 +277,18 @@ def timeout_failure(task: wire.MatchTask, rid: int) -> wire.MatchFailure:
             " if it needs longer"
         ),
         retryable=True,
+        rid=rid,
+    )
+
+
+def cancelled_failure(task: wire.MatchTask, rid: int) -> wire.MatchFailure:
+    """M_FAILURE of ``task`` whose handler the server cancelled (M_CANCEL; not retryable:
+    nobody waits for it)."""
+    return wire.MatchFailure(
+        delivery=task.delivery,
+        type="Cancelled",
+        message=f"{task.kind} {task.name!r} of flow {task.flow_id!r} was cancelled by the server",
+        retryable=False,
         rid=rid,
     )
 

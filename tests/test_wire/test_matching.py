@@ -41,6 +41,7 @@ TABLE = {
     T.M_CALL: 0x50,
     T.M_REPLY: 0x51,
     T.M_ERROR: 0x52,
+    T.M_CANCEL: 0x53,
 }
 
 FLOWS = {"Order": {"steps": ["charge", "ship"], "rpcs": ["status"]}}
@@ -87,6 +88,7 @@ EXAMPLES: list[Any] = [
     wire.MatchCall("describe", {"flow_id": "o-1"}, rid=9),
     wire.MatchReply([1, 2], rid=9),
     wire.MatchError("flow_not_found", "no o-2", False, {"flow_id": "o-2"}, rid=9),
+    wire.MatchCancel(7, rid=1),
 ]
 
 

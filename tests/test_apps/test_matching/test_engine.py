@@ -23,6 +23,7 @@ import trio.testing
 
 import otp
 from apps.matching._dispatch import (
+    CancelCall,
     Completed,
     Dispatch,
     ErrorInfo,
@@ -943,6 +944,24 @@ async def test_cancel_ignores_the_running_attempt_and_waiters_get_cancelled() ->
     assert described.status is FlowStatus.CANCELLED
     assert described.error == {"type": "cancelled", "message": "the flow was cancelled"}
     assert described.step_index == 0 and described.attempts == ()
+
+
+async def test_cancel_tells_the_stream_running_the_attempt_and_one_delivered_too_late() -> None:
+    async with otp.open_node(), server(lambda task: []):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "running")
+        await FlowEngine.start_flow("T", [], definition(step("a")), "offered")
+        await trio.testing.wait_all_tasks_blocked()
+        (_, running), (_, offered) = await dispatches()
+        me = otp.self()  # (as the stream process that owns the call)
+        otp.send(ENGINE, Routed(running.task.delivery, "worker:w1", "delivered", "w1", me))
+        await FlowEngine.cancel("running")
+        told = await otp.receive(lambda m: isinstance(m, CancelCall), timeout=5)
+        await FlowEngine.cancel("offered")  # cancelled while offered: told once delivered
+        assert await otp.receive(timeout=0, default=None) is None
+        otp.send(ENGINE, Routed(offered.task.delivery, "worker:w2", "delivered", "w2", me))
+        late = await otp.receive(lambda m: isinstance(m, CancelCall), timeout=5)
+    assert told == CancelCall(running.task.delivery)
+    assert late == CancelCall(offered.task.delivery)
 
 
 async def test_cancel_stops_a_retry_waiting_for_its_backoff(

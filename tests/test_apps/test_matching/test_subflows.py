@@ -396,3 +396,48 @@ async def test_a_subflow_and_a_wait_for_run_on_a_real_worker_holding_no_slot_whi
         ("approved", "completed"),
     ]
     assert [c["not_yet"] for c in done.checks] == [1]
+
+
+STARTED: dict[str, trio.Event] = {}
+STOPPED: list[str] = []
+
+
+class Forever(Flow):
+    name = "Forever"
+
+    @step
+    async def run(self, ctx, key):
+        STARTED[key].set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            STOPPED.append(key)
+
+
+class Wrapper(Flow):
+    name = "Wrapper"
+
+    inner = subflow(Forever)
+
+
+async def test_cancelling_a_flow_cancels_its_childs_running_step_on_the_worker(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    STARTED["k"] = trio.Event()
+    registry = Registry([Wrapper, Forever], allow_async_handlers=True)
+    async with matching_server() as address, trio.open_nursery() as nursery:
+        worker = TrioWorker(registry, None, WorkerOptions(server_address=address))
+        nursery.start_soon(worker.start)
+        async with TrioClient(registry, None, ClientOptions(server_address=address)) as client:
+            with trio.fail_after(BOUND):
+                await worker.wait_pull_registered()
+                await client.start_flow(Wrapper, "k", flow_id="w")
+                await STARTED["k"].wait()
+                await client.cancel_flow("w")
+                await until(lambda: STOPPED == ["k"])  # the handler was cancelled
+                await until(lambda: worker.statistics().busy == 0)
+                child = await client.describe_flow("w/0/inner/1")
+                with pytest.raises(Cancelled):
+                    await client.result("w")
+        await worker.close()
+    assert child.status is FlowStatus.CANCELLED
