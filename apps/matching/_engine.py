@@ -10,7 +10,8 @@ at a time (group commit); the mailbox is read all the while. Dispatch records (`
 for nobody: they ride in the next batch, or go alone after ``dispatch_record_delay``.
 
 This module holds the client functions and the callbacks; their helpers are mixins, one job
-each: ``_engine_steps`` (flows and steps), ``_engine_rpcs`` (RPC calls), ``_engine_reads``
+each: ``_engine_steps`` (flows and steps), ``_engine_kinds`` (SubFlow and WaitFor steps),
+``_engine_rpcs`` (RPC calls), ``_engine_reads``
 (loads, describe, list), ``_engine_commits`` (batches and what waits for them); the values are
 in ``_engine_state`` and the pinned definitions in ``_flow_spec``.
 """
@@ -28,6 +29,7 @@ import otp
 
 from ._dispatch import Completed, Failed, Lost, NotDispatched, Routed
 from ._engine_definitions import Advertised, DefinitionLoaded, remember
+from ._engine_kinds import ChildEnded, ChildRead
 from ._engine_reads import _describe
 from ._engine_rpcs import EngineRpcs
 from ._engine_state import (
@@ -134,6 +136,13 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         otp.cast(server, Advertised(dict(definitions)))
 
     @staticmethod
+    def child_ended(parent_id: str, *, server: Any = ENGINE) -> None:
+        """Tell the engine that a child of ``parent_id``'s parked SubFlow step may have ended
+        out of its sight (on another server): it reads the child from the store and, if it
+        ended, completes or fails the step (a cast; never blocks)."""
+        otp.cast(server, ChildEnded(parent_id))
+
+    @staticmethod
     async def call_rpc(
         flow_id: str,
         name: str,
@@ -204,8 +213,9 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
     async def cancel(
         flow_id: str, *, server: Any = ENGINE, timeout: float | None = DEFAULT_TIMEOUT
     ) -> None:
-        """Cancel a running flow: its running attempt's outcome is ignored and its waiters get
-        :class:`Cancelled`. Cancelling a flow that has ended changes nothing.
+        """Cancel a running flow: its running attempt's outcome is ignored (its worker is told
+        to stop it, M_CANCEL), the child flow its SubFlow step waits for is cancelled too, and
+        its waiters get :class:`Cancelled`. Cancelling a flow that has ended changes nothing.
 
         Raises:
             FlowNotFound: no such flow.
@@ -285,6 +295,8 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         if type(message) is Advertised:
             for flow_type, spec in message.definitions.items():
                 remember(state, flow_type, spec)
+        elif type(message) is ChildEnded:
+            self._child_told(state, message.parent_id)
         else:
             logger.warning("matching engine: unexpected cast %r", message)
         return self._next(state)
@@ -295,6 +307,8 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                 self._flush(state)
             case DefinitionLoaded():
                 self._definition_loaded(state, message)
+            case ChildRead():
+                self._child_read(state, message)
             case Routed():
                 self._routed(state, message)
             case Completed() | Failed() | NotDispatched() | Lost():

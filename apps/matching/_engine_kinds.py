@@ -12,12 +12,15 @@ A child knows its parent from the link pinned in its definition (``_engine_famil
 parent knows its child from the child's id, derived from the Step's execution id and attempt.
 So after a restart the parked parent, dispatched again, finds its child in the store: running
 (it tells the parent when it ends), ended (the parent takes its outcome at once) or missing
-(started now).
+(started now). An engine that is told a child ended elsewhere (``ChildEnded``, for whatever
+notices it: another server, a ``LISTEN``) reads the child from the store and does the same.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import attrs
 
 import otp
 
@@ -25,8 +28,32 @@ from ._engine_family import child_flow_id, parent_link
 from ._engine_reads import EngineReads
 from ._engine_state import _Flow, _State
 from ._flow_spec import FlowSpec
+from ._store import FlowRecord, StoreServer
 
-__all__ = ["EngineKinds"]
+__all__ = ["ChildEnded", "ChildRead", "EngineKinds"]
+
+
+@attrs.frozen
+class ChildEnded:
+    """(A cast to the engine.) The child of ``parent_id``'s parked SubFlow step may have ended
+    where this engine did not see it: read it from the store."""
+
+    parent_id: str
+
+
+@attrs.frozen(eq=False)
+class ChildRead:
+    """A helper's answer: the child ``record`` (None: not stored) the parked attempt
+    ``parked`` of ``parent_id`` waits for."""
+
+    parent_id: str
+    parked: int
+    record: FlowRecord | None
+
+
+async def _read_child(store: Any, child_id: str, parent_id: str, parked: int, me: Any) -> None:
+    record = await StoreServer.get_flow(child_id, server=store, timeout=None)
+    otp.send(me, ChildRead(parent_id, parked, record))
 
 
 class EngineKinds(EngineReads):
@@ -124,12 +151,9 @@ class EngineKinds(EngineReads):
         def then(parent: _Flow | None) -> None:
             if (
                 parent is None
-                or not parent.running
-                or parent.delivery is None
-                or parent.task is not None
+                or not self._waits_for_child(parent)
                 or parent.step_index != link.get("step_index")
                 or parent.attempt != link.get("attempt")
-                or parent.spec.steps[parent.step_index].kind != "subflow"
             ):
                 return
             self._child_outcome(state, parent, child)
@@ -152,6 +176,43 @@ class EngineKinds(EngineReads):
             f" {cause.get('message')}",
         }
         self._attempt_failed(state, parent, "failed", None, error, True)
+
+    def _child_told(self, state: _State, parent_id: str) -> None:
+        """``ChildEnded``: if the parent is here, parked on a child, read the child from the
+        store (read only: the child is not adopted, another engine may run it)."""
+        parent = state.flows.get(parent_id)
+        if parent is None or not self._waits_for_child(parent) or parent.delivery is None:
+            return
+        child_id = child_flow_id(parent.execution_id(), parent.attempt)
+        store, me = state.options.store, state.me
+        otp.spawn_link(_read_child, store, child_id, parent_id, parent.delivery, me)
+
+    def _child_read(self, state: _State, read: ChildRead) -> None:
+        parent = state.flows.get(read.parent_id)
+        record = read.record
+        if (
+            parent is None
+            or not self._waits_for_child(parent)
+            or parent.delivery != read.parked
+            or record is None
+            or record.status == "running"
+        ):
+            return
+        link = parent_link(record.definition)
+        if link is None or link.get("flow_id") != parent.flow_id:
+            return
+        if link.get("attempt") != parent.attempt:
+            return
+        self._child_outcome(state, parent, _Flow.from_record(record))
+
+    @staticmethod
+    def _waits_for_child(parent: _Flow) -> bool:
+        return (
+            parent.running
+            and parent.delivery is not None
+            and parent.task is None
+            and parent.spec.steps[parent.step_index].kind == "subflow"
+        )
 
     def _cancel_child(self, state: _State, parent: _Flow) -> None:
         """The parent's parked SubFlow attempt ends otherwise than by its child's end (the

@@ -1,13 +1,15 @@
 """Reserved RPC capacity end to end (seed, 为 RPC 预留容量): a real server and a real pull worker
 with ``max_concurrent_tasks=2, reserved_rpc_tasks=1``. With the one Step slot busy an RPC still
 runs in the reserved slot; a Step declined for the reserved slot counts in
-``pull_reserved_rpc_declines``, one declined because every slot is busy does not."""
+``pull_reserved_rpc_declines``, one declined because every slot is busy does not; a WaitFor's
+check is a Step task like any (declined for the reserved slot too)."""
 
 from __future__ import annotations
 
 import trio
 
 from apps.matching import (
+    NOT_YET,
     ClientOptions,
     Flow,
     PullWorkerOptions,
@@ -17,6 +19,7 @@ from apps.matching import (
     WorkerOptions,
     rpc,
     step,
+    wait_for,
 )
 
 from ._in_process import BOUND, matching_server, until
@@ -43,7 +46,21 @@ class Busy(Flow):
         return ctx.state.get("worked", "not yet")
 
 
-REGISTRY = Registry([Busy], allow_async_handlers=True)
+class Waiting(Flow):
+    """A WaitFor that holds once the state has "go"."""
+
+    name = "Waiting"
+
+    @wait_for
+    async def ready(self, ctx):
+        return "went" if ctx.state.get("go") else NOT_YET
+
+    @rpc
+    async def go(self, ctx):
+        ctx.state["go"] = True
+
+
+REGISTRY = Registry([Busy, Waiting], allow_async_handlers=True)
 
 
 def _worker(address: str) -> TrioWorker:
@@ -110,3 +127,25 @@ async def test_a_step_declined_with_every_slot_busy_is_not_a_reserved_decline(au
                 assert await client.result(second) == "late"
                 assert answers == ["not yet"]
         await worker.close()
+
+
+async def test_a_wait_for_check_is_declined_for_the_reserved_slot_like_any_step(autojump_clock):
+    GATES["held"] = trio.Event()
+    async with matching_server() as address, trio.open_nursery() as nursery:
+        worker = _worker(address)
+        nursery.start_soon(worker.start)
+        async with TrioClient(REGISTRY, None, ClientOptions(server_address=address)) as client:
+            with trio.fail_after(BOUND):
+                await worker.wait_pull_registered()
+                busy = await client.start_flow(Busy, "held")
+                await until(lambda: worker.statistics().busy == 1)  # the one Step slot
+                waiting = await client.start_flow(Waiting)
+                await until(lambda: worker.pull_reserved_rpc_declines >= 1)  # its check
+                await client.call_rpc(waiting, "go")  # an RPC: runs in the reserved slot
+                GATES["held"].set()
+                assert await client.result(waiting) == "went"
+                assert await client.result(busy) == "held"
+                description = await client.describe_flow(waiting)
+        await worker.close()
+    assert "declined_no_capacity" in _reasons(description)
+    assert [(a["step"], a["attempt"]) for a in description.attempts] == [("ready", 1)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -39,7 +40,7 @@ from apps.matching import (
 from apps.matching._cli_output import description_lines
 from apps.matching._dispatch import Completed, Task
 from apps.matching._engine import ENGINE, EngineOptions, FlowEngine
-from apps.matching._store import SERVER_NAME, StoreServer
+from apps.matching._store import SERVER_NAME, StoreServer, WriteBatch
 
 from ._in_process import BOUND, matching_server, until
 from .test_engine import (
@@ -280,6 +281,29 @@ async def test_a_restarted_engine_takes_the_outcome_of_a_child_that_ended_meanwh
         log = await dispatches()
     assert names(log) == [("p", "b")]
     assert log[0][1].task.args == ["late child"]
+
+
+async def test_an_engine_told_a_child_ended_elsewhere_reads_it_from_the_store() -> None:
+    spec = definition(sub("s", "C", definition(step_entry("c"))), step_entry("b"))
+    async with otp.open_node(), server(by_step(c=[hang()], b=[ok("B")])):
+        await FlowEngine.start_flow("P", [], spec, "p")
+        await trio.testing.wait_all_tasks_blocked()
+        FlowEngine.child_ended("p")  # told too early: the child still runs, nothing changes
+        await trio.testing.wait_all_tasks_blocked()
+        assert names(await dispatches()) == [("p/0/s/1", "c")]
+        # Another server ends the child (its record as that server would commit it) ...
+        record = await StoreServer.get_flow("p/0/s/1")
+        assert record is not None
+        ended = attrs.evolve(
+            record, status="completed", result="elsewhere", version=record.version + 1
+        )
+        await StoreServer.commit(WriteBatch(flows_upserted=[ended]))
+        FlowEngine.child_ended("p")  # ... and tells this one
+        assert await FlowEngine.result("p") == "B"
+        FlowEngine.child_ended("p")  # told again, late: the step moved on, nothing changes
+        log = await dispatches()
+    assert names(log) == [("p/0/s/1", "c"), ("p", "b")]
+    assert log[1][1].task.args == ["elsewhere"]
 
 
 async def test_a_flow_id_taken_by_another_flow_fails_the_subflow_step() -> None:
