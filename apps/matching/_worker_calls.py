@@ -22,7 +22,7 @@ import trio
 
 import wire
 
-from ._errors import ClientClosed, MatchingError
+from ._errors import ClientClosed, ConfigurationError, MatchingError
 from ._model import (
     NOT_YET,
     Registry,
@@ -231,6 +231,11 @@ def result_of(
     """M_RESULT of ``task`` (``value`` already packed), with the handler's state patch; for
     :data:`NOT_YET` (a WaitFor's condition is false) ``not_yet`` and no patch."""
     if value is NOT_YET:
+        if task.kind != "step":
+            raise ConfigurationError(
+                f"RPC {task.name!r} returned NOT_YET: only a @wait_for Step may; an RPC answers"
+                " its caller at once"
+            )
         return wire.MatchResult(delivery=task.delivery, value=None, not_yet=True, rid=rid)
     patch = state_patch(task.state, ctx.state)
     return wire.MatchResult(delivery=task.delivery, value=value, patch=patch, rid=rid)
