@@ -92,6 +92,7 @@ from ._limits import MAX_PAYLOAD as MAX_PAYLOAD
 from ._limits import Limits as Limits
 from ._matching import MatchAccept as MatchAccept
 from ._matching import MatchCall as MatchCall
+from ._matching import MatchCancel as MatchCancel
 from ._matching import MatchClose as MatchClose
 from ._matching import MatchDecline as MatchDecline
 from ._matching import MatchDraining as MatchDraining
@@ -161,6 +162,7 @@ __all__ = [
     "ManageOp",
     "MatchAccept",
     "MatchCall",
+    "MatchCancel",
     "MatchClose",
     "MatchDecline",
     "MatchDraining",

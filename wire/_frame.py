@@ -56,9 +56,9 @@ class MessageType(enum.IntEnum):
     """Frame message types.
 
     0x01..0x12 are Gunicorn's dirty protocol (versions 1 and 2); 0x20..0x2D are distribution
-    messages (version 2 only; 0x2E..0x3F reserved for distribution); 0x40..0x52 are the
+    messages (version 2 only; 0x2E..0x3F reserved for distribution); 0x40..0x53 are the
     matching service's messages (version 2 only, ``M_`` names, see ``wire/_matching.py``;
-    0x53..0x5F reserved for the matching service); 0x60..0x7F are reserved.
+    0x54..0x5F reserved for the matching service); 0x60..0x7F are reserved.
     """
 
     REQUEST = 0x01
@@ -102,6 +102,7 @@ class MessageType(enum.IntEnum):
     M_CALL = 0x50
     M_REPLY = 0x51
     M_ERROR = 0x52
+    M_CANCEL = 0x53
 
 
 class Codec(enum.Enum):

@@ -1,4 +1,4 @@
-"""Matching-service messages (wire version 2, codes 0x40..0x52): what pull workers and clients
+"""Matching-service messages (wire version 2, codes 0x40..0x53): what pull workers and clients
 say to the matching server (``apps/matching``).
 
 They follow the task streams of pull-based job servers (Temporal's and Hatchet's workers dial
@@ -50,6 +50,7 @@ from ._matching_checks import (
 __all__ = [
     "MatchAccept",
     "MatchCall",
+    "MatchCancel",
     "MatchClose",
     "MatchDecline",
     "MatchDraining",
@@ -195,6 +196,8 @@ class MatchTask(_Message):
         args: The arguments (a list).
         state: The flow's state (a dict).
         timeout: Seconds the attempt may take, or None.
+        step_kind: A step's kind, ``"execute"`` or ``"wait_for"`` (optional: left out for
+            RPCs and by older servers, meaning ``"execute"``).
     """
 
     delivery: int = attrs.field(validator=_delivery)
@@ -207,6 +210,9 @@ class MatchTask(_Message):
     args: list[Any] = attrs.field(validator=_list)
     state: dict[Any, Any] = attrs.field(validator=_dict)
     timeout: float | None = attrs.field(default=None, converter=_opt_float, validator=_opt_seconds)
+    step_kind: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_one_of("execute", "wait_for"))
+    )
     rid: int = _stream_id()
 
 
@@ -234,6 +240,16 @@ class MatchDecline(_Message):
 
 
 @attrs.frozen
+class MatchCancel(_Message):
+    """M_CANCEL (server -> worker): stop running ``delivery`` (its flow was cancelled); the
+    worker cancels the handler if it can and answers with M_FAILURE (``type``
+    ``"Cancelled"``), or with the outcome of a handler that could not be stopped."""
+
+    delivery: int = attrs.field(validator=_delivery)
+    rid: int = _stream_id()
+
+
+@attrs.frozen
 class MatchOutput(_Message):
     """M_OUTPUT (worker -> server): progress ``value`` of ``delivery``; once one is sent, a
     worker lost with the call is a failed attempt (not a re-dispatch)."""
@@ -246,11 +262,14 @@ class MatchOutput(_Message):
 @attrs.frozen
 class MatchResult(_Message):
     """M_RESULT (worker -> server): ``delivery`` returned ``value``; ``patch`` is the state
-    change, ``{"set": {key: value}, "delete": [key]}``."""
+    change, ``{"set": {key: value}, "delete": [key]}``. ``not_yet`` (optional, True or left
+    out): a WaitFor Step's check found its condition false (``value`` is None, ``patch``
+    empty); the server asks again after the flow's state changes."""
 
     delivery: int = attrs.field(validator=_delivery)
     value: Any
     patch: dict[str, Any] = attrs.field(factory=_empty_patch, validator=_patch)
+    not_yet: bool | None = attrs.field(default=None, validator=attrs.validators.optional(_bool))
     rid: int = _stream_id()
 
 
@@ -357,6 +376,7 @@ MatchMessage = (
     | MatchCall
     | MatchReply
     | MatchError
+    | MatchCancel
 )
 
 # -- the table: message class -> type; payload keys are the attributes other than rid ---------
@@ -381,9 +401,14 @@ _TYPES: dict[type, MessageType] = {
     MatchCall: MessageType.M_CALL,
     MatchReply: MessageType.M_REPLY,
     MatchError: MessageType.M_ERROR,
+    MatchCancel: MessageType.M_CANCEL,
 }
 #: Payload keys a sender may leave out (the attribute's default applies); omitted when None.
-_OPTIONAL: dict[type, frozenset[str]] = {MatchHello: frozenset({"worker_id", "flows"})}
+_OPTIONAL: dict[type, frozenset[str]] = {
+    MatchHello: frozenset({"worker_id", "flows"}),
+    MatchTask: frozenset({"step_kind"}),
+    MatchResult: frozenset({"not_yet"}),
+}
 #: Always TLV, so they can be read before a codec is agreed.
 _TLV_ONLY = frozenset({MatchHello, MatchWelcome})
 #: attribute -> its payload form, where that is not the attribute's value itself.

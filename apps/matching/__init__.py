@@ -37,6 +37,7 @@ from ._errors import UnknownFlowType as UnknownFlowType
 from ._errors import UnknownName as UnknownName
 from ._errors import WorkerStopped as WorkerStopped
 from ._errors import error_from_code as error_from_code
+from ._model import NOT_YET as NOT_YET
 from ._model import Flow as Flow
 from ._model import FlowDefinition as FlowDefinition
 from ._model import FlowDescription as FlowDescription
@@ -53,6 +54,8 @@ from ._model import apply_patch as apply_patch
 from ._model import rpc as rpc
 from ._model import state_patch as state_patch
 from ._model import step as step
+from ._model import subflow as subflow
+from ._model import wait_for as wait_for
 from ._observer import observer_view as observer_view
 from ._options import ClientOptions as ClientOptions
 from ._options import PullWorkerOptions as PullWorkerOptions
@@ -94,6 +97,7 @@ __all__ = [
     "LimitError",
     "MatchingConfig",
     "MatchingError",
+    "NOT_YET",
     "NoWorkerAvailable",
     "ProtocolError",
     "PullRegistrationError",
@@ -128,6 +132,8 @@ __all__ = [
     "serve_readyz",
     "state_patch",
     "step",
+    "subflow",
+    "wait_for",
 ]
 
 for _name in __all__:

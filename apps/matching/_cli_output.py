@@ -27,8 +27,9 @@ def record(value: FlowDescription | FlowSummary | QueueSummary) -> dict[str, Any
 
 
 def description_lines(d: FlowDescription) -> list[str]:
-    """``describe``: the flow's fields, then its attempts and its dispatches (with the
-    routing reason of each) as tables."""
+    """``describe``: the flow's fields (and the parent Step that started it, for a SubFlow's
+    child), then its attempts, the child flows its SubFlow steps started, its WaitFor checks
+    and its dispatches (with the routing reason of each) as tables."""
     lines = [
         f"{label + ':':<15}{value}"
         for label, value in (
@@ -43,6 +44,7 @@ def description_lines(d: FlowDescription) -> list[str]:
             ("state", dumps(dict(d.state))),
             ("result", dumps(d.result)),
             ("error", "-" if d.error is None else dumps(dict(d.error))),
+            ("parent", _parent(d.parent)),
         )
     ]
     attempts = [
@@ -57,6 +59,21 @@ def description_lines(d: FlowDescription) -> list[str]:
     ]  # fmt: skip
     lines += ["", "attempts:"]
     lines += _table(("STEP", "ATTEMPT", "STATUS", "WORKER", "STARTED", "ERROR"), attempts)
+    if d.children:
+        children = [
+            (c.get("step"), c.get("attempt"), c.get("flow_id"), c.get("flow_type"),
+             c.get("status"))
+            for c in d.children
+        ]  # fmt: skip
+        lines += ["", "children:"]
+        lines += _table(("STEP", "ATTEMPT", "FLOW", "TYPE", "STATUS"), children)
+    if d.checks:
+        checks = [
+            (c.get("step"), c.get("attempt"), c.get("not_yet"), _time(c.get("last_at")))
+            for c in d.checks
+        ]
+        lines += ["", "wait_for checks:"]
+        lines += _table(("STEP", "ATTEMPT", "NOT_YET", "LAST"), checks)
     lines += ["", "dispatches:"]
     header = ("DELIVERY", "KIND", "NAME", "ATTEMPT", "QUEUE", "REASON", "WORKER", "AT")
     return lines + _table(header, dispatches)
@@ -89,6 +106,15 @@ def _time(at: Any) -> str:
         return "-"
     moment = datetime.datetime.fromtimestamp(at, datetime.UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _parent(link: Any) -> str:
+    if not isinstance(link, Mapping):
+        return "-"
+    return (
+        f"{link.get('flow_id')} (step {link.get('step')!r} #{link.get('step_index')},"
+        f" attempt {link.get('attempt')})"
+    )
 
 
 def _error(error: Any) -> str:

@@ -17,6 +17,7 @@ import otp
 
 __all__ = [
     "Accepted",
+    "CancelCall",
     "Capabilities",
     "Completed",
     "Declined",
@@ -85,6 +86,8 @@ class Task:
         flow_type, flow_id, name, execution_id, attempt, args, state: As in ``M_TASK``.
         deadline: The attempt's method deadline on trio's clock (absolute), or None. No
             dispatch waits past it.
+        step_kind: A step's kind (``"execute"``, ``"wait_for"``), None for an RPC: both
+            kinds are Step tasks for routing and capacity.
     """
 
     delivery: int
@@ -97,6 +100,7 @@ class Task:
     args: list[Any] = attrs.field(factory=list)
     state: dict[str, Any] = attrs.field(factory=dict)
     deadline: float | None = None
+    step_kind: str | None = None
 
 
 @attrs.frozen(eq=False)
@@ -193,22 +197,34 @@ class ErrorInfo:
 @attrs.frozen
 class Routed:
     """One routing decision: the dispatch went to ``queue`` (``"flow:<type>"`` or
-    ``"worker:<id>"``) for ``reason`` (one of ``ROUTED_REASONS``)."""
+    ``"worker:<id>"``) for ``reason`` (one of ``ROUTED_REASONS``); a ``"delivered"`` one names
+    the ``stream`` process that owns the call now (where a ``CancelCall`` goes)."""
 
     delivery: int
     queue: str
     reason: str
     worker_id: str | None = None
+    stream: otp.Pid | None = None
+
+
+@attrs.frozen
+class CancelCall:
+    """To the stream process that owns ``delivery``: the engine no longer wants its outcome
+    (its flow was cancelled); tell the worker (``M_CANCEL``)."""
+
+    delivery: int
 
 
 @attrs.frozen(eq=False)
 class Completed:
-    """The worker returned ``value`` and the state ``patch``."""
+    """The worker returned ``value`` and the state ``patch``; ``not_yet``: a WaitFor check
+    answered "not yet" (``value`` and ``patch`` mean nothing then)."""
 
     delivery: int
     worker_id: str
     value: Any
     patch: dict[str, Any]
+    not_yet: bool = False
 
 
 @attrs.frozen

@@ -10,10 +10,10 @@ at a time (group commit); the mailbox is read all the while. Dispatch records (`
 for nobody: they ride in the next batch, or go alone after ``dispatch_record_delay``.
 
 This module holds the client functions and the callbacks; their helpers are mixins, one job
-each: ``_engine_steps`` (flows and steps), ``_engine_rpcs`` (RPC calls), ``_engine_reads``
-(describe, list), ``_engine_leases`` (which flows it holds: claims, takeovers, loads),
-``_engine_commits`` (batches and what waits for them); the values are in ``_engine_state`` and
-the pinned definitions in ``_flow_spec``.
+each: ``_engine_steps`` (flows and steps), ``_engine_kinds`` (SubFlow and WaitFor steps),
+``_engine_rpcs`` (RPC calls), ``_engine_reads`` (describe, list), ``_engine_leases`` (which
+flows it holds: claims, takeovers, loads), ``_engine_commits`` (batches and what waits for
+them); the values are in ``_engine_state`` and the pinned definitions in ``_flow_spec``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import otp
 
 from ._dispatch import Completed, Failed, Lost, NotDispatched, Routed
 from ._engine_definitions import Advertised, DefinitionLoaded, remember
+from ._engine_kinds import ChildEnded, ChildRead
 from ._engine_reads import _describe
 from ._engine_rpcs import EngineRpcs
 from ._engine_state import (
@@ -136,6 +137,13 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         otp.cast(server, Advertised(dict(definitions)))
 
     @staticmethod
+    def child_ended(parent_id: str, *, server: Any = ENGINE) -> None:
+        """Tell the engine that a child of ``parent_id``'s parked SubFlow step may have ended
+        out of its sight (on another server): it reads the child from the store and, if it
+        ended, completes or fails the step (a cast; never blocks)."""
+        otp.cast(server, ChildEnded(parent_id))
+
+    @staticmethod
     async def call_rpc(
         flow_id: str,
         name: str,
@@ -206,8 +214,9 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
     async def cancel(
         flow_id: str, *, server: Any = ENGINE, timeout: float | None = DEFAULT_TIMEOUT
     ) -> None:
-        """Cancel a running flow: its running attempt's outcome is ignored and its waiters get
-        :class:`Cancelled`. Cancelling a flow that has ended changes nothing.
+        """Cancel a running flow: its running attempt's outcome is ignored (its worker is told
+        to stop it, M_CANCEL), the child flow its SubFlow step waits for is cancelled too, and
+        its waiters get :class:`Cancelled`. Cancelling a flow that has ended changes nothing.
 
         Raises:
             FlowNotFound: no such flow.
@@ -270,6 +279,8 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         if type(message) is Advertised:
             for flow_type, spec in message.definitions.items():
                 remember(state, flow_type, spec)
+        elif type(message) is ChildEnded:
+            self._child_told(state, message.parent_id)
         else:
             logger.warning("matching engine: unexpected cast %r", message)
         return self._next(state)
@@ -280,6 +291,8 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                 self._flush(state)
             case DefinitionLoaded():
                 self._definition_loaded(state, message)
+            case ChildRead():
+                self._child_read(state, message)
             case Routed():
                 self._routed(state, message)
                 state.remote.routed(message, state.deliveries)
@@ -304,17 +317,8 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                     flow.retry_timer = None
                     flow.retry_at = None
                     self._advance(state, flow)
-            case _StepDeadline(flow_id=flow_id, delivery=delivery):
-                flow = state.flows.get(flow_id)
-                if flow is not None and flow.delivery == delivery:
-                    flow.deadline_timer = None
-                    step = flow.spec.steps[flow.step_index]
-                    error = {
-                        "type": "timeout",
-                        "message": f"step {step.name!r} attempt {flow.attempt} did not finish"
-                        f" within its timeout of {step.timeout} s",
-                    }
-                    self._attempt_failed(state, flow, "failed", flow.worker_id, error, True)
+            case _StepDeadline():
+                self._step_deadline(state, message)
             case _RpcDeadline(delivery=delivery):
                 call = state.deliveries.get(delivery)
                 if isinstance(call, _Rpc):

@@ -11,6 +11,7 @@ import otp
 
 from ._engine_leases import EngineLeases
 from ._engine_state import MAX_LIST_LIMIT, EngineStatistics, _err, _ok, _Rpc, _State
+from ._engine_family import family
 from ._errors import ConfigurationError, FlowNotFound, MatchingError
 from ._store import FLOW_STATUSES, FlowRecord, StoreError, StoreServer
 
@@ -120,6 +121,7 @@ async def _describe(store: Any, flow_id: str) -> dict[str, Any]:
             for d in dispatches
         ],
     )
+    description.update(await family(store, record, attempts, dispatches))
     return description
 
 

@@ -32,6 +32,10 @@ __all__ = ["EngineRpcs"]
 class EngineRpcs(EngineReads):
     """The ``FlowEngine``'s RPC calls (a mixin of its callbacks' helpers)."""
 
+    # (defined by EngineKinds, which FlowEngine mixes in)
+    def _state_changed(self, state: _State, flow: _Flow) -> None:
+        raise NotImplementedError
+
     # -- RPCs -------------------------------------------------------------------------------------
 
     def _call_rpc(
@@ -110,6 +114,8 @@ class EngineRpcs(EngineReads):
                 if patch and (patch.get("set") or patch.get("delete")):
                     flow.state = new_state
                     self._dirty(state, flow)
+                    # (a WaitFor step checks again once the change is committed)
+                    self._after_flow(state, flow, lambda: self._state_changed(state, flow))
                 self._rpc_done(state, call, _ok(value))
             case Failed(error=info):
                 error = HandlerError(

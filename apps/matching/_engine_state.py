@@ -242,6 +242,12 @@ class _Flow:
     started_at: float = 0.0
     queue: str | None = None
     worker_id: str | None = None
+    #: The stream process that owns the dispatch in flight, once delivered (for M_CANCEL).
+    stream: otp.Pid | None = None
+    #: A WaitFor attempt's checks that answered "not yet"; whether the state changed while
+    #: its check ran (``_engine_kinds``).
+    checks: int = 0
+    recheck: bool = False
     waiters: dict[otp.Ref, _Waiter] = attrs.field(factory=dict)
     rpcs: int = 0
     #: After-commit actions scheduled for this flow and not yet run.

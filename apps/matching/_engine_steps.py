@@ -1,6 +1,7 @@
 """The engine's flows and steps: starting, waiting for results, cancelling, dispatching each
 step's attempts in order, their outcomes, retries with backoff, timeouts and lost workers (a
-Temporal history service's workflow task loop, on one node).
+Temporal history service's workflow task loop, on one node). SubFlow and WaitFor steps park
+their attempts as ``_engine_kinds`` says.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import trio
 
 import otp
 
-from ._dispatch import Completed, Dispatch, Failed, Lost, NotDispatched, Routed, Task
+from ._dispatch import CancelCall, Completed, Dispatch, Failed, Lost, NotDispatched, Routed, Task
 from ._engine_definitions import (
     MAX_KNOWN,
     DefinitionLoaded,
@@ -23,8 +24,9 @@ from ._engine_definitions import (
     remember,
     unknown_definition,
 )
+from ._engine_family import PARENT_KEY
 from ._engine_forward import marked
-from ._engine_reads import EngineReads
+from ._engine_kinds import EngineKinds
 from ._engine_state import (
     _RUNNING,
     _check_id,
@@ -66,7 +68,7 @@ def _check_start(state: _State, where: str, flow_type: Any, args: Any) -> None:
         raise ConfigurationError(f"{where}: args must be a list (got {args!r})")
 
 
-class EngineSteps(EngineReads):
+class EngineSteps(EngineKinds):
     """The ``FlowEngine``'s flows and steps (a mixin of its callbacks' helpers)."""
 
     # -- starting, waiting, cancelling ------------------------------------------------------------
@@ -154,18 +156,24 @@ class EngineSteps(EngineReads):
     def _create(
         self,
         state: _State,
-        from_: otp.From,
+        from_: otp.From | None,
         flow_id: str,
         flow_type: str,
         args: list[Any],
         spec: FlowSpec,
+        parent: dict[str, Any] | None = None,
     ) -> None:
+        """Create a flow (answering ``from_`` once it is stored), or a SubFlow's child
+        (``parent`` its link, pinned in its definition; ``from_`` None)."""
         now = time.time()
+        definition = spec.to_wire()
+        if parent is not None:
+            definition[PARENT_KEY] = parent
         flow = _Flow(
             flow_id=flow_id,
             flow_type=flow_type,
             spec=spec,
-            definition=spec.to_wire(),
+            definition=definition,
             status=_RUNNING if spec.steps else "completed",
             args=args,
             state={},
@@ -187,8 +195,11 @@ class EngineSteps(EngineReads):
             self._pending_put(state, flow)
 
         def started() -> None:
-            otp.reply(from_, _ok(flow_id))
+            if from_ is not None:
+                otp.reply(from_, _ok(flow_id))
             self._advance(state, flow)
+            if not flow.running and parent is not None:
+                self._child_ended(state, flow)  # (a child without steps)
 
         self._after_flow(state, flow, started)
 
@@ -224,15 +235,23 @@ class EngineSteps(EngineReads):
                 otp.reply(from_, _err(FlowNotFound(f"no flow has id {flow_id!r}")))
                 return
             if flow.running:
-                self._end_attempt(state, flow)
-                self._finish(state, flow, "cancelled", None, {
-                    "type": "cancelled", "message": "the flow was cancelled",
-                })  # fmt: skip
+                error = {"type": "cancelled", "message": "the flow was cancelled"}
+                self._cancel_flow(state, flow, error)
             self._after_flow(
                 state, flow, lambda: self._answer(state, flow, from_, _ok(None), request[1])
             )
 
         self._with_flow(state, flow_id, then, request)
+
+    def _cancel_flow(self, state: _State, flow: _Flow, error: dict[str, Any]) -> None:
+        """End a running flow as cancelled: its attempt in flight is forgotten (its outcome
+        is ignored) and the worker running it is told to cancel it (M_CANCEL; one offered and
+        not yet accepted is told once its ``delivered`` comes, see :meth:`_routed`); its
+        running child, if it waits for one, is cancelled too."""
+        if flow.task is not None and flow.delivery is not None and flow.stream is not None:
+            otp.send(flow.stream, CancelCall(flow.delivery))
+        self._end_attempt(state, flow)
+        self._finish(state, flow, "cancelled", None, error)
 
     def _finish(
         self, state: _State, flow: _Flow, status: str, result: Any, error: dict[str, Any] | None
@@ -250,12 +269,15 @@ class EngineSteps(EngineReads):
         self._after_flow(state, flow, lambda: self._settle(state, flow))
 
     def _settle(self, state: _State, flow: _Flow) -> None:
-        """Answer the flow's waiters (it has ended, and that is committed)."""
+        """Answer the flow's waiters, and its parent if a SubFlow step started it (it has
+        ended, and that is committed)."""
         answer = _outcome_of(flow)
         waiters, flow.waiters = flow.waiters, {}
         for key, waiter in waiters.items():
             forget_waiter(state, key, waiter)
             otp.reply(waiter.from_, answer)
+        if PARENT_KEY in flow.definition:
+            self._child_ended(state, flow)
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -281,6 +303,8 @@ class EngineSteps(EngineReads):
             flow.started_at = time.time()
             flow.worker_id = None
             flow.deadline = None if step.timeout is None else now + step.timeout
+            flow.checks = 0
+            flow.recheck = False
         if delivery is None:
             delivery = state.delivery()
         if flow.deadline_timer is not None:
@@ -290,6 +314,11 @@ class EngineSteps(EngineReads):
             flow.deadline_timer = otp.send_after(
                 max(flow.deadline - now, 0.0), state.me, _StepDeadline(flow.flow_id, delivery)
             )
+        if step.kind == "subflow":
+            flow.delivery = delivery  # parked on the child: no task, no worker
+            flow.task = None
+            self._start_child(state, flow)
+            return
         task = Task(
             delivery=delivery,
             kind="step",
@@ -301,6 +330,7 @@ class EngineSteps(EngineReads):
             args=list(flow.step_input),
             state=flow.state,
             deadline=flow.deadline,
+            step_kind=step.kind,
         )
         flow.delivery = delivery
         flow.task = task
@@ -311,9 +341,12 @@ class EngineSteps(EngineReads):
         submit(Dispatch(task, state.me, flow.sticky_worker, wait), matcher=state.options.matcher)
 
     def _end_attempt(self, state: _State, flow: _Flow) -> None:
-        """Forget the step dispatch in flight (a late outcome is ignored)."""
+        """Forget the step dispatch in flight (a late outcome is ignored); a SubFlow attempt
+        still waiting for its child cancels the child."""
         if flow.delivery is not None:
             state.deliveries.pop(flow.delivery, None)
+            if flow.task is None and flow.spec.steps[flow.step_index].kind == "subflow":
+                self._cancel_child(state, flow)
         flow.delivery = None
         flow.task = None
         flow.deadline = None
@@ -345,6 +378,8 @@ class EngineSteps(EngineReads):
         self._end_attempt(state, flow)
         self._attempt(state, self._attempt_record(flow, delivery, status, worker_id, error))
         retry = flow.spec.steps[flow.step_index].retry
+        if error.get("type") in retry.non_retryable_errors:
+            retryable = False
         if retryable and flow.attempt < retry.max_attempts:
             delay = retry.backoff(flow.attempt)
             flow.attempt += 1
@@ -360,6 +395,10 @@ class EngineSteps(EngineReads):
         reasons[routed.reason] = reasons.get(routed.reason, 0) + 1
         target = state.deliveries.get(routed.delivery)
         if target is None:
+            if routed.reason == "delivered" and routed.stream is not None:
+                # A call nobody waits for any more (its flow was cancelled while it was
+                # offered, or its attempt or RPC timed out): the worker may as well stop it.
+                otp.send(routed.stream, CancelCall(routed.delivery))
             return
         task: Task | None
         if isinstance(target, _Rpc):
@@ -371,6 +410,7 @@ class EngineSteps(EngineReads):
             flow.queue = routed.queue
             if routed.reason == "delivered" and routed.worker_id is not None:
                 flow.worker_id = routed.worker_id
+                flow.stream = routed.stream
         assert task is not None
         self._dispatch_record(state, flow, task, routed.queue, routed.reason, routed.worker_id)
 
@@ -383,6 +423,8 @@ class EngineSteps(EngineReads):
             return
         flow = target
         match outcome:
+            case Completed(worker_id=worker_id, not_yet=True):
+                self._not_yet(state, flow, worker_id)
             case Completed(worker_id=worker_id, value=value, patch=patch):
                 try:
                     new_state = apply_patch(flow.state, patch)
@@ -422,14 +464,20 @@ class EngineSteps(EngineReads):
                 self._after_flow(state, flow, again)
 
     def _step_completed(
-        self, state: _State, flow: _Flow, worker_id: str, value: Any, new_state: dict[str, Any]
+        self,
+        state: _State,
+        flow: _Flow,
+        worker_id: str | None,
+        value: Any,
+        new_state: dict[str, Any],
     ) -> None:
         delivery = flow.delivery if flow.delivery is not None else 0
         self._end_attempt(state, flow)
         self._attempt(state, self._attempt_record(flow, delivery, "completed", worker_id, None))
         self._pending_done(state, flow)
         flow.state = new_state
-        flow.sticky_worker = worker_id
+        if worker_id is not None:  # (None: a SubFlow step, which no worker ran)
+            flow.sticky_worker = worker_id
         flow.step_index += 1
         flow.step_input = [value]
         flow.attempt = 1
@@ -439,3 +487,27 @@ class EngineSteps(EngineReads):
         self._pending_put(state, flow)
         self._dirty(state, flow)
         self._after_flow(state, flow, lambda: self._advance(state, flow))
+
+    def _step_deadline(self, state: _State, due: _StepDeadline) -> None:
+        """The attempt's timeout passed (if ``due`` is still its timer): the attempt fails,
+        retryable; a SubFlow's child is cancelled, a WaitFor's checks stop."""
+        flow = state.flows.get(due.flow_id)
+        if flow is None or flow.delivery != due.delivery:
+            return
+        flow.deadline_timer = None
+        step = flow.spec.steps[flow.step_index]
+        where = f"step {step.name!r} attempt {flow.attempt}"
+        if step.kind == "wait_for":
+            message = (
+                f"WaitFor {where}: its condition did not hold within its timeout of"
+                f" {step.timeout} s ({flow.checks} checks answered not yet)"
+            )
+        elif step.kind == "subflow":
+            message = (
+                f"SubFlow {where}: its child flow did not end within its timeout of"
+                f" {step.timeout} s, and was cancelled"
+            )
+        else:
+            message = f"{where} did not finish within its timeout of {step.timeout} s"
+        error = {"type": "timeout", "message": message}
+        self._attempt_failed(state, flow, "failed", flow.worker_id, error, True)

@@ -1,6 +1,7 @@
 """A flow type's definition as the engine pins it when a flow starts: ``FlowSpec`` (its steps
-with their retry policies and timeouts, its RPC names) and ``parse_definition``, which validates
-what a client sent (as a Temporal server pins a workflow's history to its first version).
+with their kinds, retry policies and timeouts, a SubFlow step's child definition, its RPC names)
+and ``parse_definition``, which validates what a client sent (as a Temporal server pins a
+workflow's history to its first version).
 """
 
 from __future__ import annotations
@@ -12,28 +13,44 @@ from typing import Any
 import attrs
 
 from ._errors import ConfigurationError, LimitError
-from ._model import MAX_NAME_LENGTH, RetryPolicy
+from ._model import MAX_NAME_LENGTH, STEP_KINDS, RetryPolicy
 
-__all__ = ["FlowSpec", "StepSpec", "parse_definition", "parse_definitions"]
+__all__ = ["MAX_DEPTH", "FlowSpec", "StepSpec", "parse_definition", "parse_definitions"]
+
+#: How deep SubFlow definitions may nest in one definition (a recursive flow type leaves its
+#: own definition out, so this bounds hostile input, not flows).
+MAX_DEPTH = 8
 
 
 @attrs.frozen
 class StepSpec:
-    """One step of a pinned flow definition: its name, retry policy and attempt timeout."""
+    """One step of a pinned flow definition: its name, retry policy and attempt timeout, its
+    kind (``execute``, ``wait_for``, ``subflow``) and, for a SubFlow, the child's flow type
+    and the definition it carried (None: the one the server knows for that type)."""
 
     name: str
     retry: RetryPolicy
     timeout: float | None
+    kind: str = "execute"
+    child_type: str | None = None
+    child: FlowSpec | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        entry: dict[str, Any] = {
             "name": self.name,
+            "kind": self.kind,
             "max_attempts": self.retry.max_attempts,
             "initial_backoff": self.retry.initial_backoff,
             "backoff_coefficient": self.retry.backoff_coefficient,
             "max_backoff": self.retry.max_backoff,
+            "non_retryable_errors": list(self.retry.non_retryable_errors),
             "timeout": self.timeout,
         }
+        if self.child_type is not None:
+            entry["flow_type"] = self.child_type
+        if self.child is not None:
+            entry["definition"] = self.child.to_wire()
+        return entry
 
 
 @attrs.frozen
@@ -64,14 +81,21 @@ def _name(where: str, value: Any) -> str:
     return value
 
 
-def parse_definition(value: Any) -> FlowSpec:
-    """Validate a flow type's definition: ``{"steps": [{"name", "max_attempts",
-    "initial_backoff", "backoff_coefficient", "max_backoff", "timeout"}], "rpcs": [names]}``.
-    Missing retry keys take :class:`RetryPolicy`'s defaults, a missing timeout is None.
+def parse_definition(value: Any, _depth: int = 0) -> FlowSpec:
+    """Validate a flow type's definition: ``{"steps": [{"name", "kind", "max_attempts",
+    "initial_backoff", "backoff_coefficient", "max_backoff", "non_retryable_errors",
+    "timeout"[, "flow_type", "definition"]}], "rpcs": [names]}``. Missing retry keys take
+    :class:`RetryPolicy`'s defaults, a missing kind is ``execute``, a missing timeout None; a
+    ``subflow`` step needs ``flow_type`` (its child's) and may carry the child's
+    ``definition`` (nested at most :data:`MAX_DEPTH` deep).
 
     Raises:
         ConfigurationError: naming the field, what was expected and what was received.
     """
+    if _depth > MAX_DEPTH:
+        raise _bad_definition(
+            "a SubFlow's definition", f"nested at most {MAX_DEPTH} deep", f"depth {_depth}"
+        )
     if not isinstance(value, Mapping):
         raise _bad_definition("the definition", 'a dict {"steps": [...], "rpcs": [...]}', value)
     steps_in = value.get("steps", [])
@@ -92,7 +116,13 @@ def parse_definition(value: Any) -> FlowSpec:
         seen.add(name)
         retry_args = {
             key: entry[key]
-            for key in ("max_attempts", "initial_backoff", "backoff_coefficient", "max_backoff")
+            for key in (
+                "max_attempts",
+                "initial_backoff",
+                "backoff_coefficient",
+                "max_backoff",
+                "non_retryable_errors",
+            )
             if entry.get(key) is not None
         }
         try:
@@ -104,7 +134,19 @@ def parse_definition(value: Any) -> FlowSpec:
             type(timeout) not in (int, float) or not math.isfinite(timeout) or timeout <= 0
         ):
             raise _bad_definition(f"{where}.timeout", "a number of seconds > 0 or None", timeout)
-        steps.append(StepSpec(name, retry, None if timeout is None else float(timeout)))
+        kind = entry.get("kind", "execute")
+        if kind not in STEP_KINDS or type(kind) is not str:
+            raise _bad_definition(f"{where}.kind", " or ".join(map(repr, STEP_KINDS)), kind)
+        child_type = child = None
+        if kind == "subflow":
+            child_type = _name(f"{where}.flow_type", entry.get("flow_type"))
+            if entry.get("definition") is not None:
+                try:
+                    child = parse_definition(entry["definition"], _depth + 1)
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"{where}.definition: {exc.message}") from exc
+        timeout = None if timeout is None else float(timeout)
+        steps.append(StepSpec(name, retry, timeout, kind, child_type, child))
     rpcs = frozenset(_name(f"rpcs[{i}]", r) for i, r in enumerate(rpcs_in))
     return FlowSpec(tuple(steps), rpcs)
 

@@ -43,6 +43,7 @@ _STREAM_MESSAGES = (
     wire.MatchRejected,
     wire.MatchTask,
     wire.MatchClose,
+    wire.MatchCancel,
 )
 
 
@@ -51,7 +52,8 @@ class SdkConnection:
 
     Build it with :meth:`open`. Frames are sorted by one reader task:
 
-    * stream frames (M_REGISTERED, M_REJECTED, M_TASK, M_CLOSE, M_PING with a stream id) go to
+    * stream frames (M_REGISTERED, M_REJECTED, M_TASK, M_CLOSE, M_CANCEL, M_PING with a stream
+      id) go to
       the receive channel :meth:`open_stream` returned for that id, or to the function it was
       given, called in the reader task (frames for a stream id that is not open are dropped);
     * M_REPLY / M_ERROR with a call id complete the :meth:`call` waiting for it (late replies,

@@ -21,6 +21,7 @@ import wire
 
 from ._dispatch import (
     Accepted,
+    CancelCall,
     Capabilities,
     Completed,
     Declined,
@@ -286,6 +287,11 @@ def _handle(state: _Stream, message: Any) -> None:
         else:
             _refuse(state, message.dispatch)
         return
+    if kind is CancelCall:
+        call = state.call
+        if call is not None and call.task.delivery == message.delivery:
+            state.conn.send_message(wire.MatchCancel(message.delivery, rid=state.stream_id))
+        return
     # Anything from the worker shows it is alive.
     state.last_heard = trio.current_time()
     if kind is wire.MatchPong:
@@ -310,11 +316,11 @@ def _handle(state: _Stream, message: Any) -> None:
         delivery = call.task.delivery
         if kind is wire.MatchResult and message.delivery == delivery:
             state.call = None
+            outcome = Completed(
+                delivery, state.worker_id, message.value, message.patch, message.not_yet is True
+            )
             try:
-                otp.send(
-                    call.reply_to,
-                    Completed(delivery, state.worker_id, message.value, message.patch),
-                )
+                otp.send(call.reply_to, outcome)
             except otp.BadArg as exc:
                 # The flow's engine is on another node, and this result is past the
                 # distribution's limits (a value nested deeper than they allow, say): the
@@ -354,6 +360,7 @@ def _offer(state: _Stream, dispatch: Dispatch, queue: str) -> None:
             args=task.args if type(task.args) is list else list(task.args),
             state=task.state if type(task.state) is dict else dict(task.state),
             timeout=timeout,
+            step_kind=task.step_kind,
         )
     except wire.WireError as exc:
         # The engine's task is not writable: it fails (the stream itself is fine).
@@ -380,7 +387,8 @@ def _accepted(state: _Stream, dispatch: Dispatch) -> None:
     state.call = dispatch
     state.after_output = False
     state.phase = _BUSY
-    otp.send(dispatch.reply_to, Routed(delivery, state.offered_by, "delivered", state.worker_id))
+    routed = Routed(delivery, state.offered_by, "delivered", state.worker_id, state.me)
+    otp.send(dispatch.reply_to, routed)
     otp.send(state.queue, Accepted(state.me, delivery))
     _sooner(state)
 

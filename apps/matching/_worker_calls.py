@@ -22,8 +22,9 @@ import trio
 
 import wire
 
-from ._errors import ClientClosed, MatchingError
+from ._errors import ClientClosed, ConfigurationError, MatchingError
 from ._model import (
+    NOT_YET,
     Registry,
     RpcContext,
     RpcDefinition,
@@ -40,6 +41,7 @@ __all__ = [
     "HandlerRunner",
     "Returned",
     "TrioHandlerRunner",
+    "cancelled_failure",
     "deadline_of",
     "execute",
     "failure_of",
@@ -102,7 +104,7 @@ def handler_of(
         handler = flow.step(task.name)
     else:
         handler = flow.rpcs.get(task.name)
-    if handler is None:
+    if handler is None or getattr(handler, "kind", None) == "subflow":  # (runs on the server)
         return (
             f"worker {worker_id} has no {task.kind} {task.name!r} in flow type {task.flow_type!r}"
         )
@@ -226,7 +228,15 @@ def deadline_of(task: wire.MatchTask) -> float:
 def result_of(
     task: wire.MatchTask, value: Any, ctx: StepContext | RpcContext, rid: int
 ) -> wire.MatchResult:
-    """M_RESULT of ``task`` (``value`` already packed), with the handler's state patch."""
+    """M_RESULT of ``task`` (``value`` already packed), with the handler's state patch; for
+    :data:`NOT_YET` (a WaitFor's condition is false) ``not_yet`` and no patch."""
+    if value is NOT_YET:
+        if task.kind != "step":
+            raise ConfigurationError(
+                f"RPC {task.name!r} returned NOT_YET: only a @wait_for Step may; an RPC answers"
+                " its caller at once"
+            )
+        return wire.MatchResult(delivery=task.delivery, value=None, not_yet=True, rid=rid)
     patch = state_patch(task.state, ctx.state)
     return wire.MatchResult(delivery=task.delivery, value=value, patch=patch, rid=rid)
 
@@ -272,6 +282,18 @@ def timeout_failure(task: wire.MatchTask, rid: int) -> wire.MatchFailure:
             " if it needs longer"
         ),
         retryable=True,
+        rid=rid,
+    )
+
+
+def cancelled_failure(task: wire.MatchTask, rid: int) -> wire.MatchFailure:
+    """M_FAILURE of ``task`` whose handler the server cancelled (M_CANCEL; not retryable:
+    nobody waits for it)."""
+    return wire.MatchFailure(
+        delivery=task.delivery,
+        type="Cancelled",
+        message=f"{task.kind} {task.name!r} of flow {task.flow_id!r} was cancelled by the server",
+        retryable=False,
         rid=rid,
     )
 

@@ -501,6 +501,8 @@ class WorkerEngine(WorkerTasks):
             self._on_rejected(s, message)  # type: ignore[arg-type]
         elif kind is wire.MatchPing:
             self._send_nowait(s.link, wire.MatchPong(rid=s.id))
+        elif kind is wire.MatchCancel:
+            self._on_cancel(s, message)  # type: ignore[arg-type]
         elif kind is wire.MatchClose:
             log.debug("the server closed stream %d of %s", s.id, s.queue.name)
             self._forget_stream(s)

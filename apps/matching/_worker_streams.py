@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 import trio
@@ -68,6 +69,11 @@ class Stream:
     idle_since: float = 0.0
     #: While busy: when its next keepalive PONG is due.
     pong_at: float = math.inf
+    #: While busy: the call's delivery, and what cancels it (its task's cancel scope, or a
+    #: fast-path call), for an M_CANCEL; the delivery the server cancelled, if it did.
+    delivery: int | None = None
+    cancel: Any = None
+    cancelled: int | None = None
 
 
 @attrs.frozen

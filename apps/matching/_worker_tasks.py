@@ -28,6 +28,7 @@ from ._worker_calls import (
     CallOutputs,
     HandlerRunner,
     Returned,
+    cancelled_failure,
     deadline_of,
     execute,
     failure_of,
@@ -165,11 +166,25 @@ class WorkerTasks:
             self._free_slot(s)
             self._call_over(s)
             return
+        s.delivery = task.delivery
+        s.cancelled = None
         if self._submit_blocking(s, task, handler):
             return
         scope = trio.CancelScope()
+        s.cancel = scope
         self._call_scopes.add(scope)
         self._calls_nursery.start_soon(self._run_call, s, task, handler, scope)
+
+    def _on_cancel(self, s: Stream, message: wire.MatchCancel) -> None:
+        """M_CANCEL: the server no longer wants the call's outcome (its flow was cancelled).
+        A call in a task is cancelled (its outcome becomes a ``Cancelled`` failure); a
+        fast-path call's function cannot be interrupted: its outcome is sent when it
+        returns."""
+        if s.state != "busy" or s.delivery != message.delivery or s.cancel is None:
+            return  # (its call ended already: the M_CANCEL crossed its outcome)
+        log.info("delivery %d was cancelled by the server (its flow was cancelled)", s.delivery)
+        s.cancelled = message.delivery
+        s.cancel.cancel()
 
     # -- the fast path: a blocking handler with no task of its own ---------------------------
 
@@ -198,6 +213,7 @@ class WorkerTasks:
         except Exception:  # (a task a call in a task turns into a failure)
             return False
         call = _BlockingCall(s, task, handler, outputs, ctx, deadline_of(task))
+        s.cancel = call
         self._call_scopes.add(call)
         threads.submit(
             functools.partial(handler.handler, ctx, *args),
@@ -232,6 +248,8 @@ class WorkerTasks:
             scope = trio.CancelScope()
             if call.cancelled:
                 scope.cancel()
+            if s.cancel is call:
+                s.cancel = scope
             finish = Returned(returned, call.ctx, call.deadline)
             try:
                 self._calls_nursery.start_soon(
@@ -289,6 +307,7 @@ class WorkerTasks:
     def _free_slot(self, s: Stream) -> None:
         """The handler on ``s`` returned: its slot is free (its outcome may not be sent yet)."""
         self._busy -= 1
+        s.delivery = s.cancel = None
         if s.state == "busy":
             s.state = "idle"
             s.idle_since = trio.current_time()
@@ -343,7 +362,9 @@ class WorkerTasks:
                 finally:
                     outputs.closed = True
                 await outputs.finish()
-            if scope.cancelled_caught:
+            if scope.cancelled_caught and outcome is None and s.cancelled == task.delivery:
+                outcome = cancelled_failure(task, s.id)
+            elif scope.cancelled_caught:
                 log.warning(
                     "delivery %d (%s %s of flow %s) was cancelled after stop_drain_timeout; the"
                     " server re-dispatches or fails it",

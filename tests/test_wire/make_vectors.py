@@ -183,6 +183,25 @@ MATCHING_FRAMES: list[tuple[str, wire.Frame]] = [
         wire.MatchError("flow_exists", "o-1 exists", False, {"flow_id": "o-1"}, rid=5).to_frame(),
     ),
     ("M_ERROR connection", wire.MatchError("unauthenticated", "bad token").to_frame()),
+    ("M_CANCEL stream=1", wire.MatchCancel(7, rid=1).to_frame()),
+    (
+        "M_TASK stream=1 wait_for",
+        wire.MatchTask(
+            7,
+            "step",
+            "Order",
+            "o-1",
+            "ready",
+            "o-1/1/ready",
+            1,
+            [],
+            {},
+            None,
+            step_kind="wait_for",
+            rid=1,
+        ).to_frame(),
+    ),
+    ("M_RESULT stream=1 not_yet", wire.MatchResult(7, None, not_yet=True, rid=1).to_frame()),
 ]
 
 V2_FRAMES: list[tuple[str, wire.Frame]] = [

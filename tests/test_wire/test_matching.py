@@ -41,6 +41,7 @@ TABLE = {
     T.M_CALL: 0x50,
     T.M_REPLY: 0x51,
     T.M_ERROR: 0x52,
+    T.M_CANCEL: 0x53,
 }
 
 FLOWS = {"Order": {"steps": ["charge", "ship"], "rpcs": ["status"]}}
@@ -76,6 +77,8 @@ EXAMPLES: list[Any] = [
     wire.MatchDecline(7, "unknown_name", rid=1),
     wire.MatchOutput(7, {"pct": 50}, rid=1),
     wire.MatchResult(7, "ok", {"set": {"a": 1}, "delete": ["b"]}, rid=1),
+    wire.MatchResult(8, None, not_yet=True, rid=1),
+    _task(step_kind="wait_for"),
     wire.MatchFailure(7, "ValueError", "bad", True, rid=1),
     wire.MatchPing(rid=1),
     wire.MatchPong(),
@@ -85,6 +88,7 @@ EXAMPLES: list[Any] = [
     wire.MatchCall("describe", {"flow_id": "o-1"}, rid=9),
     wire.MatchReply([1, 2], rid=9),
     wire.MatchError("flow_not_found", "no o-2", False, {"flow_id": "o-2"}, rid=9),
+    wire.MatchCancel(7, rid=1),
 ]
 
 
@@ -562,7 +566,8 @@ def test_any_missing_required_key_is_malformed(message: Any, data: Any) -> None:
     if not frame.payload:
         return
     key = data.draw(st.sampled_from(sorted(frame.payload)))
-    if type(message) is wire.MatchHello and key in ("worker_id", "flows"):
+    optional = {"worker_id", "flows", "step_kind", "not_yet"}
+    if type(message) in (wire.MatchHello, wire.MatchTask, wire.MatchResult) and key in optional:
         return
     payload = {k: v for k, v in frame.payload.items() if k != key}
     with pytest.raises(
@@ -582,6 +587,23 @@ def test_hello_optional_keys_may_be_left_out() -> None:
         wire.MalformedMessage, match="worker_id must be a non-empty str for role 'worker'"
     ):
         wire.parse_matching(_frame(T.M_HELLO, {**client, "role": "worker"}))
+
+
+def test_a_tasks_step_kind_and_a_results_not_yet_may_be_left_out() -> None:
+    task = _task().to_frame()
+    assert "step_kind" not in task.payload
+    assert wire.parse_matching(task).step_kind is None
+    check = _task(step_kind="wait_for").to_frame()
+    assert check.payload["step_kind"] == "wait_for"
+    assert wire.parse_matching(check).step_kind == "wait_for"
+    result = wire.MatchResult(7, 1, rid=1).to_frame()
+    assert "not_yet" not in result.payload
+    assert wire.parse_matching(result).not_yet is None
+    assert wire.MatchResult(7, None, not_yet=True, rid=1).to_frame().payload["not_yet"] is True
+    with pytest.raises(wire.MalformedMessage, match="step_kind"):
+        wire.parse_matching(_frame(T.M_TASK, {**task.payload, "step_kind": "sleep"}, 1))
+    with pytest.raises(wire.MalformedMessage, match="not_yet"):
+        wire.parse_matching(_frame(T.M_RESULT, {**result.payload, "not_yet": 1}, 1))
 
 
 # -- forward compatibility -----------------------------------------------------------------

@@ -17,6 +17,7 @@ import trio
 from test_node.test_node_cli import ROOT, _env
 
 from apps.matching import (
+    NOT_YET,
     Flow,
     Registry,
     RetryPolicy,
@@ -24,6 +25,8 @@ from apps.matching import (
     WorkerOptions,
     rpc,
     step,
+    subflow,
+    wait_for,
 )
 from apps.matching._cli import SERVER_ENV, main
 
@@ -57,6 +60,22 @@ class Slow(Flow):
         return "released"
 
 
+class Parcel(Flow):
+    """A SubFlow (a Greeting) and a WaitFor that waits for the ``sign`` RPC."""
+
+    name = "Parcel"
+
+    greet = subflow(Greeting)
+
+    @wait_for(timeout=600)
+    async def signed(self, ctx, greeting):
+        return f"{greeting} (signed)" if ctx.state.get("signed") else NOT_YET
+
+    @rpc
+    async def sign(self, ctx):
+        ctx.state["signed"] = True
+
+
 async def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m apps.matching ARGS`` to its end."""
     with trio.fail_after(60):
@@ -87,7 +106,7 @@ async def server_and_worker(**config: Any) -> AsyncIterator[str]:
     global _release
     _release = trio.Event()
     async with matching_server(**config) as address:
-        registry = Registry([Greeting, Slow], allow_async_handlers=True)
+        registry = Registry([Greeting, Slow, Parcel], allow_async_handlers=True)
         worker = TrioWorker(
             registry, None, WorkerOptions(server_address=address, credentials="w-token")
         )
@@ -160,6 +179,29 @@ async def test_start_rpc_result_describe_list_and_queues_of_a_type_only_the_work
     assert any(
         line.split()[:2] == ["Greeting", "flow"] for line in queues_human.stdout.splitlines()
     )
+
+
+async def test_describe_shows_a_flows_children_its_parent_and_its_wait_for_checks():
+    async with server_and_worker() as address:
+        s = ("--server", address)
+        started = await cli(*s, "start", "Parcel", '["cli"]', "--id", "p1")
+        assert started.stdout == "p1\n", started.stderr
+        with trio.fail_after(60):  # (no event tells a CLI user the check ran: poll, bounded)
+            while not json.loads((await cli(*s, "describe", "p1", "--json")).stdout)["checks"]:
+                await trio.sleep(0.05)
+        waiting = await cli(*s, "describe", "p1")
+        await cli(*s, "rpc", "p1", "sign")
+        result = await cli(*s, "result", "p1", "--timeout", "30")
+        child = await cli(*s, "describe", "p1/0/greet/1")
+    assert result.stdout == '"Hello, cli! (signed)"\n', result.stderr
+    lines = waiting.stdout.splitlines()
+    children = lines[lines.index("children:") + 1 :]
+    assert children[0].split() == ["STEP", "ATTEMPT", "FLOW", "TYPE", "STATUS"]
+    assert children[1].split() == ["greet", "1", "p1/0/greet/1", "Greeting", "completed"]
+    checks = lines[lines.index("wait_for checks:") + 1 :]
+    assert checks[0].split() == ["STEP", "ATTEMPT", "NOT_YET", "LAST"]
+    assert checks[1].split()[:3] == ["signed", "1", "1"]
+    assert "parent:        p1 (step 'greet' #0, attempt 1)" in child.stdout.splitlines()
 
 
 async def test_cancel_a_running_flow_then_its_result_is_a_cancelled_error():

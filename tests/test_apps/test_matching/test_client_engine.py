@@ -89,18 +89,22 @@ async def test_start_flow_sends_type_id_args_and_the_definition(client, server):
             "steps": [
                 {
                     "name": "greet",
+                    "kind": "execute",
                     "max_attempts": 5,
                     "initial_backoff": 0.5,
                     "backoff_coefficient": 2.0,
                     "max_backoff": 60.0,
+                    "non_retryable_errors": [],
                     "timeout": 10.0,
                 },
                 {
                     "name": "shout",
+                    "kind": "execute",
                     "max_attempts": 3,
                     "initial_backoff": 1.0,
                     "backoff_coefficient": 2.0,
                     "max_backoff": 60.0,
+                    "non_retryable_errors": [],
                     "timeout": None,
                 },
             ],

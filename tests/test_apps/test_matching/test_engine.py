@@ -23,6 +23,7 @@ import trio.testing
 
 import otp
 from apps.matching._dispatch import (
+    CancelCall,
     Completed,
     Dispatch,
     ErrorInfo,
@@ -118,6 +119,14 @@ def hang() -> Any:
     return lambda delivery: [Routed(delivery, "worker:w1", "delivered", "w1")]
 
 
+def not_yet() -> Any:
+    """A WaitFor check's answer "not yet" (M_RESULT with ``not_yet``)."""
+    return lambda delivery: [
+        Routed(delivery, "worker:w1", "delivered", "w1"),
+        Completed(delivery, "w1", None, {}, True),
+    ]
+
+
 @attrs.define
 class _MatcherState:
     script: Callable[[Task], Any]
@@ -185,6 +194,10 @@ def step(name: str, **retry: Any) -> dict[str, Any]:
         "max_backoff": retry.get("max_backoff", 60.0),
         "timeout": retry.get("timeout"),
     }
+
+
+def wait_for_step(name: str, **retry: Any) -> dict[str, Any]:
+    return {**step(name, **retry), "kind": "wait_for"}
 
 
 def definition(*steps: dict[str, Any], rpcs: Sequence[str] = ()) -> dict[str, Any]:
@@ -410,6 +423,16 @@ async def test_a_non_retryable_failure_fails_the_flow_at_once() -> None:
         assert len(await dispatches()) == 1
 
 
+async def test_an_error_type_the_policy_names_non_retryable_fails_the_flow_at_once() -> None:
+    script = by_step(a=[fail("Fatal", "no", retryable=True)])
+    spec = definition({**step("a", max_attempts=5), "non_retryable_errors": ["Fatal"]})
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], spec, "f")
+        with pytest.raises(FlowFailed, match="Fatal: no"):
+            await FlowEngine.result("f")
+        assert len(await dispatches()) == 1
+
+
 async def test_not_dispatched_consumes_an_attempt_and_is_retried(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -542,6 +565,103 @@ async def test_every_routed_outcome_becomes_a_dispatch_record() -> None:
         (d.task.delivery, "step", "a", "flow:T", "flow_queue"),
         (d.task.delivery, "step", "a", "worker:w1", "delivered"),
     ]
+
+
+# -- WaitFor steps --------------------------------------------------------------------------------
+
+
+def wait_for_script(answers: list[Any], rpc_sets: list[dict[str, Any]]) -> Callable[[Task], Any]:
+    """Step "w" answers ``answers`` in turn (the last repeats), other steps their args; each
+    RPC call sets the next of ``rpc_sets`` (an empty one changes nothing)."""
+    plan = by_step(w=answers)
+    rpc_calls = iter(rpc_sets)
+
+    def script(task: Task) -> Any:
+        if task.kind == "rpc":
+            return [ok(None, set=next(rpc_calls))]
+        return plan(task) if task.name == "w" else echo(task)
+
+    return script
+
+
+async def test_a_wait_for_is_checked_again_after_each_committed_state_change() -> None:
+    script = wait_for_script([not_yet(), not_yet(), ok("ready")], [{"n": 1}, {}, {"n": 2}])
+    spec = definition(wait_for_step("w"), step("after"), rpcs=["r"])
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", ["in"], spec, "f")
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(await dispatches()) == 1  # checked at its start, parked: nothing in flight
+        assert (await FlowEngine.statistics()).dispatches_in_flight == 0
+        await FlowEngine.call_rpc("f", "r")  # a change: checked again
+        await FlowEngine.call_rpc("f", "r")  # no change: not checked
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(await dispatches()) == 4  # (w, r, w, r)
+        await FlowEngine.call_rpc("f", "r")  # a change: checked again, answers
+        assert await FlowEngine.result("f") == ["ready"]
+        log = [d.task for _, d in await dispatches()]
+        described = await describe("f")
+    checks = [t for t in log if t.name == "w"]
+    assert [(t.attempt, t.args, t.state, t.step_kind) for t in checks] == [
+        (1, ["in"], {}, "wait_for"),
+        (1, ["in"], {"n": 1}, "wait_for"),
+        (1, ["in"], {"n": 2}, "wait_for"),
+    ]
+    assert len({t.delivery for t in checks}) == 3
+    assert [t.step_kind for t in log if t.name == "after"] == ["execute"]
+    assert [(a["step"], a["attempt"], a["status"]) for a in described.attempts] == [
+        ("w", 1, "completed"),
+        ("after", 1, "completed"),
+    ]
+    assert [(c["step"], c["attempt"], c["not_yet"]) for c in described.checks] == [("w", 1, 2)]
+    assert [d["reason"] for d in described.dispatches].count("not_yet") == 2
+
+
+async def test_a_change_while_a_check_runs_makes_it_check_again_once_it_answers() -> None:
+    script = wait_for_script([hang(), ok("seen")], [{"n": 1}])
+    spec = definition(wait_for_step("w"), rpcs=["r"])
+    async with otp.open_node(), server(script):
+        await FlowEngine.start_flow("T", [], spec, "f")
+        await trio.testing.wait_all_tasks_blocked()
+        await FlowEngine.call_rpc("f", "r")  # while the first check runs (it read no "n")
+        await trio.testing.wait_all_tasks_blocked()
+        (_, first), _ = await dispatches()
+        otp.send(ENGINE, Completed(first.task.delivery, "w1", None, {}, True))
+        assert await FlowEngine.result("f") == "seen"
+        checks = [d.task for _, d in await dispatches() if d.task.name == "w"]
+    assert [t.state for t in checks] == [{}, {"n": 1}]
+
+
+async def test_a_wait_for_past_its_timeout_fails_its_attempt_and_retries(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script = wait_for_script([not_yet()], [{"n": 1}])
+    spec = definition(wait_for_step("w", timeout=10, max_attempts=2, initial_backoff=1), rpcs=["r"])
+    async with otp.open_node(), server(script):
+        start = trio.current_time()
+        await FlowEngine.start_flow("T", [], spec, "f")
+        await trio.sleep(4)
+        await FlowEngine.call_rpc("f", "r")
+        with pytest.raises(FlowFailed) as info:
+            await FlowEngine.result("f")
+        log = [(round(at - start, 6), d.task) for at, d in await dispatches()]
+        described = await describe("f")
+    assert [(at, t.attempt) for at, t in log if t.name == "w"] == [(0, 1), (4, 1), (11, 2)]
+    assert [a["error"]["message"] for a in described.attempts] == [
+        "WaitFor step 'w' attempt 1: its condition did not hold within its timeout of 10.0 s"
+        " (2 checks answered not yet)",
+        "WaitFor step 'w' attempt 2: its condition did not hold within its timeout of 10.0 s"
+        " (1 checks answered not yet)",
+    ]
+    assert info.value.details["type"] == "timeout"
+    assert [(c["attempt"], c["not_yet"]) for c in described.checks] == [(1, 2), (2, 1)]
+
+
+async def test_an_execute_step_answering_not_yet_fails_the_flow_at_once() -> None:
+    async with otp.open_node(), server(by_step(a=[not_yet()])):
+        await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=3)), "f")
+        with pytest.raises(FlowFailed, match="declare it with @wait_for"):
+            await FlowEngine.result("f")
+        assert len(await dispatches()) == 1
 
 
 # -- RPCs -----------------------------------------------------------------------------------------
@@ -852,6 +972,24 @@ async def test_cancel_ignores_the_running_attempt_and_waiters_get_cancelled() ->
     assert described.status is FlowStatus.CANCELLED
     assert described.error == {"type": "cancelled", "message": "the flow was cancelled"}
     assert described.step_index == 0 and described.attempts == ()
+
+
+async def test_cancel_tells_the_stream_running_the_attempt_and_one_delivered_too_late() -> None:
+    async with otp.open_node(), server(lambda task: []):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "running")
+        await FlowEngine.start_flow("T", [], definition(step("a")), "offered")
+        await trio.testing.wait_all_tasks_blocked()
+        (_, running), (_, offered) = await dispatches()
+        me = otp.self()  # (as the stream process that owns the call)
+        otp.send(ENGINE, Routed(running.task.delivery, "worker:w1", "delivered", "w1", me))
+        await FlowEngine.cancel("running")
+        told = await otp.receive(lambda m: isinstance(m, CancelCall), timeout=5)
+        await FlowEngine.cancel("offered")  # cancelled while offered: told once delivered
+        assert await otp.receive(timeout=0, default=None) is None
+        otp.send(ENGINE, Routed(offered.task.delivery, "worker:w2", "delivered", "w2", me))
+        late = await otp.receive(lambda m: isinstance(m, CancelCall), timeout=5)
+    assert told == CancelCall(running.task.delivery)
+    assert late == CancelCall(offered.task.delivery)
 
 
 async def test_cancel_stops_a_retry_waiting_for_its_backoff(

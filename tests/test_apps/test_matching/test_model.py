@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from apps.matching import (
+    NOT_YET,
     ConfigurationError,
     Flow,
     Registry,
@@ -17,8 +18,10 @@ from apps.matching import (
     rpc,
     state_patch,
     step,
+    subflow,
+    wait_for,
 )
-from apps.matching._flow_spec import parse_definition
+from apps.matching._flow_spec import MAX_DEPTH, parse_definition
 
 
 class GreetingFlow(Flow):
@@ -149,6 +152,9 @@ def test_two_steps_of_one_name_are_refused():
         ({"initial_backoff": -1}, "initial_backoff must be a number >= 0"),
         ({"backoff_coefficient": 0.5}, "backoff_coefficient must be a number >= 1"),
         ({"max_backoff": "x"}, "max_backoff must be a number >= 0"),
+        ({"non_retryable_errors": "ValueError"}, "non_retryable_errors must be a list"),
+        ({"non_retryable_errors": [""]}, "non_retryable_errors must hold at most 64"),
+        ({"non_retryable_errors": ["E"] * 65}, "non_retryable_errors must hold at most 64"),
     ],
 )
 def test_retry_policy_is_validated(kwargs, message):
@@ -206,3 +212,99 @@ def test_patches_of_disjoint_keys_both_survive(base, one, two):
     b = {**base, **{f"b{k}": v for k, v in two.items()}}
     merged = apply_patch(apply_patch(base, state_patch(base, a)), state_patch(base, b))
     assert merged == {**a, **b}
+
+
+# -- Step kinds -----------------------------------------------------------------------------------
+
+
+class Charge(Flow):
+    @step
+    def pay(self, ctx, amount):
+        return amount
+
+
+class Order(Flow):
+    @step
+    def price(self, ctx, n):
+        return n
+
+    charge = subflow(Charge, retry=RetryPolicy(max_attempts=2), timeout=60)
+    refund = subflow(Charge(), name="give_back")
+
+    @wait_for(timeout=30, retry=RetryPolicy(non_retryable_errors=["Fatal"]))
+    def shipped(self, ctx, receipt):
+        return ctx.state.get("shipped", NOT_YET)
+
+    @rpc
+    def ship(self, ctx):
+        ctx.state["shipped"] = True
+
+
+def test_step_kinds_keep_their_order_and_a_subflow_names_its_child():
+    definition = Order().definition()
+    kinds = [(s.name, s.kind, s.timeout) for s in definition.steps]
+    assert kinds == [
+        ("price", "execute", None),
+        ("charge", "subflow", 60),
+        ("give_back", "subflow", None),
+        ("shipped", "wait_for", 30),
+    ]
+    assert isinstance(definition.steps[1].child, Charge)
+    assert definition.steps[1].retry == RetryPolicy(max_attempts=2)
+    assert definition.steps[3].retry.non_retryable_errors == ("Fatal",)
+    # a worker runs the Execute and WaitFor steps only: the server runs SubFlows
+    assert definition.capabilities() == {"steps": ["price", "shipped"], "rpcs": ["ship"]}
+    assert repr(NOT_YET) == "NOT_YET"
+
+
+def test_a_subflow_definition_carries_its_childs_and_round_trips():
+    wire_form = Order().definition().to_wire()
+    steps = wire_form["steps"]
+    assert [(s["name"], s["kind"]) for s in steps][1:] == [
+        ("charge", "subflow"),
+        ("give_back", "subflow"),
+        ("shipped", "wait_for"),
+    ]
+    assert steps[1]["flow_type"] == "Charge"
+    assert steps[1]["definition"] == Charge().definition().to_wire()
+    assert steps[3]["non_retryable_errors"] == ["Fatal"]
+    spec = parse_definition(wire_form)
+    assert spec.to_wire() == wire_form
+    assert spec.steps[1].child == parse_definition(Charge().definition().to_wire())
+    assert spec.steps[3].retry.non_retryable_errors == ("Fatal",)
+
+
+def test_a_recursive_subflow_leaves_its_own_definition_out():
+    class Tree(Flow):
+        @step
+        def grow(self, ctx, n):
+            return n
+
+        branch = subflow("Tree")  # (by name: the class is not defined yet)
+
+    class Forest(Flow):
+        trees = subflow(Tree)
+
+    steps = Forest().definition().to_wire()["steps"]
+    assert steps[0]["definition"] == Tree().definition().to_wire()
+    inner = steps[0]["definition"]["steps"][1]
+    assert (inner["kind"], inner["flow_type"]) == ("subflow", "Tree")
+    assert "definition" not in inner  # the server takes the one it knows
+
+
+def test_bad_step_kinds_and_subflows_are_refused():
+    with pytest.raises(ConfigurationError, match=r"subflow\(\) takes the child's Flow"):
+        subflow(3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"@wait_for\(timeout=...\) must be a number"):
+        wait_for(timeout=-1)
+    entry = {"name": "s", "kind": "sleep"}
+    with pytest.raises(ConfigurationError, match=r"steps\[0\].kind must be 'execute'"):
+        parse_definition({"steps": [entry]})
+    with pytest.raises(ConfigurationError, match=r"steps\[0\].flow_type must be a non-empty"):
+        parse_definition({"steps": [{"name": "s", "kind": "subflow"}]})
+    nested: dict = {"steps": []}
+    for _ in range(MAX_DEPTH + 1):
+        entry = {"name": "s", "kind": "subflow", "flow_type": "T", "definition": nested}
+        nested = {"steps": [entry]}
+    with pytest.raises(ConfigurationError, match=f"nested at most {MAX_DEPTH} deep"):
+        parse_definition(nested)

@@ -18,6 +18,7 @@ import trio.testing
 
 import wire
 from apps.matching import (
+    NOT_YET,
     AuthenticationError,
     BlobCache,
     CallTimeout,
@@ -30,6 +31,8 @@ from apps.matching import (
     WorkerStopped,
     rpc,
     step,
+    subflow,
+    wait_for,
 )
 from apps.matching._blobs import blob_key
 from apps.matching._readiness import PullRegistrationState, QueueRegistrationState
@@ -74,6 +77,21 @@ class Other(Flow):
     @step
     async def noop(self, ctx):
         return None
+
+
+class Kinds(Flow):
+    """A WaitFor, an RPC answering NOT_YET (which it may not) and a SubFlow step."""
+
+    @wait_for
+    async def ready(self, ctx):
+        ctx.state["touched"] = True  # (dropped: a check that answers "not yet" changes nothing)
+        return ctx.state.get("value", NOT_YET)
+
+    @rpc
+    async def wrong(self, ctx):
+        return NOT_YET
+
+    child = subflow(Other)
 
 
 FLOW = "flow:Greeting"
@@ -464,6 +482,76 @@ async def test_unknown_flow_type_step_or_rpc_is_declined_unknown_name(
     assert conn.of_type(wire.MatchResult) == conn.of_type(wire.MatchOutput) == []
     assert engine.pull_reserved_rpc_declines == 0
     await engine.close()
+
+
+async def test_a_wait_for_answers_not_yet_without_a_patch_until_its_condition_holds(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, (Kinds,)), nursery)
+    conn = server.conn
+    _, first, _ = await conn.offer("flow:Kinds", flow_type="Kinds", name="ready")
+    assert await conn.wait_outcome(first) == wire.MatchResult(
+        delivery=first, value=None, not_yet=True, rid=conn.answer_to(first).rid
+    )
+    _, second, _ = await conn.offer(
+        "flow:Kinds", flow_type="Kinds", name="ready", state={"value": 7}
+    )
+    result = await conn.wait_outcome(second)
+    assert (result.value, result.not_yet, result.patch["set"]) == (7, None, {"touched": True})
+    _, third, _ = await conn.offer("worker:w1", flow_type="Kinds", name="wrong", kind="rpc")
+    failure = await conn.wait_outcome(third)
+    assert (failure.type, failure.retryable) == ("ConfigurationError", False)
+    assert "only a @wait_for Step may" in failure.message
+    _, _, answer = await conn.offer("flow:Kinds", flow_type="Kinds", name="child")
+    assert isinstance(answer, wire.MatchDecline) and answer.reason == "unknown_name"
+    await engine.close()
+
+
+async def test_m_cancel_cancels_a_running_async_handler_and_answers_cancelled(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server), nursery)
+    conn = server.conn
+    stream, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="forever")
+    await eventually(lambda: engine.statistics().busy == 1)
+    await conn.send(wire.MatchCancel(delivery + 1, rid=stream))  # not its call: ignored
+    await trio.sleep(1)
+    assert engine.statistics().busy == 1
+    await conn.send(wire.MatchCancel(delivery, rid=stream))
+    failure = await conn.wait_outcome(delivery)
+    assert (failure.type, failure.retryable) == ("Cancelled", False)
+    assert "was cancelled by the server" in failure.message
+    assert engine.statistics().busy == 0
+    await engine.close()
+
+
+async def test_m_cancel_cannot_interrupt_a_blocking_handler_whose_result_still_comes(
+    server, nursery, caplog
+):
+    caplog.set_level(logging.INFO, "apps.matching.worker")
+    release = threading.Event()
+    entered = threading.Event()
+
+    class Blocking(Flow):
+        @step
+        def work(self, ctx):
+            entered.set()
+            release.wait(10)
+            return "done anyway"
+
+    engine = make_engine(server, (Blocking,))
+    with trio.fail_after(20):
+        await started(engine, nursery)
+        conn = server.conn
+        stream, delivery, _ = await conn.offer("flow:Blocking", flow_type="Blocking", name="work")
+        await trio.to_thread.run_sync(entered.wait)
+        await conn.send(wire.MatchCancel(delivery, rid=stream))
+        await eventually(lambda: "cancelled by the server" in caplog.text)
+        assert conn.outcome_of(delivery) is None  # (the thread runs on)
+        release.set()
+        result = await conn.wait_outcome(delivery)
+        assert result.value == "done anyway"
+        await engine.close()
 
 
 async def test_reserved_slots_decline_steps_count_and_rpcs_use_all_capacity(
