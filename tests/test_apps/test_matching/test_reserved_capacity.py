@@ -55,10 +55,12 @@ def _reasons(description) -> list[str]:
     return [d["reason"] for d in description.dispatches]
 
 
-async def test_an_rpc_runs_in_the_reserved_slot_while_the_step_slot_is_busy(autojump_clock):
+async def test_an_rpc_runs_in_the_reserved_slot_while_the_step_slot_is_busy(
+    store_kind, autojump_clock
+):
     for key in ("a", "b"):
         GATES[key] = trio.Event()
-    async with matching_server() as address, trio.open_nursery() as nursery:
+    async with matching_server(store_kind) as address, trio.open_nursery() as nursery:
         worker = _worker(address)
         nursery.start_soon(worker.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=address)) as client:
@@ -83,10 +85,12 @@ async def test_an_rpc_runs_in_the_reserved_slot_while_the_step_slot_is_busy(auto
     assert worker.pull_reserved_rpc_declines == declines  # never reset, readable after close
 
 
-async def test_a_step_declined_with_every_slot_busy_is_not_a_reserved_decline(autojump_clock):
+async def test_a_step_declined_with_every_slot_busy_is_not_a_reserved_decline(
+    store_kind, autojump_clock
+):
     for key in ("step", "rpc"):
         GATES[key] = trio.Event()
-    async with matching_server() as address, trio.open_nursery() as nursery:
+    async with matching_server(store_kind) as address, trio.open_nursery() as nursery:
         worker = _worker(address)
         nursery.start_soon(worker.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=address)) as client:
