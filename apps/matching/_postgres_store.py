@@ -53,6 +53,10 @@ def _pg(sql: str) -> str:
     return sql.replace("?", "%s")  # (the shared SQL has no other ? and no %)
 
 
+def _nul(value: Any) -> bool:
+    return type(value) is str and "\x00" in value
+
+
 class _PgConnection:
     """A psycopg connection with sqlite3's ``execute``/``executemany`` and ``?`` parameters."""
 
@@ -60,6 +64,10 @@ class _PgConnection:
         self.raw = raw
 
     def execute(self, sql: str, params: Any = None) -> psycopg.Cursor[Any]:
+        if params and sql.startswith("SELECT") and any(_nul(p) for p in params):
+            # PostgreSQL's text cannot hold a NUL character (no stored one does: writes refuse
+            # them): a read naming one finds no row, as it does on SQLite, not an error.
+            return self.raw.execute("SELECT 1 WHERE false")
         return self.raw.execute(_pg(sql), params)
 
     def executemany(self, sql: str, rows: Any) -> None:

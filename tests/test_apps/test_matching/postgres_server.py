@@ -75,7 +75,7 @@ class PostgresServer:
         subprocess.run(
             self._as_owner(
                 f"{self.bin}/initdb", "-D", data, "-A", "trust", "-U", "otp", "-E", "UTF8",
-                "--no-sync", "--no-instructions",
+                "--no-sync", "--no-instructions", *self._linguistic_collation(),
             ),
             check=True, capture_output=True,
         )  # fmt: skip
@@ -101,6 +101,18 @@ class PostgresServer:
                 with open(os.path.join(self.tmp, "server.log"), errors="replace") as f:
                     raise RuntimeError(f"PostgreSQL did not start: {f.read()[-2000:]}")
             time.sleep(0.05)
+
+    def _linguistic_collation(self) -> list[str]:
+        """initdb's options for a database whose text sorts as people's languages do (ICU's
+        en-US: "a" before "B"), as production databases made in an en_US.UTF-8 locale do,
+        so a store that sorted by the database's collation would differ from SQLite's code
+        point order here too; none before PostgreSQL 15 (no ICU default provider)."""
+        usage = subprocess.run(
+            [f"{self.bin}/initdb", "--help"], check=False, capture_output=True, text=True
+        ).stdout
+        if "--locale-provider" not in usage:
+            return []
+        return ["--locale-provider=icu", "--icu-locale=en-US"]
 
     @property
     def base_url(self) -> str:

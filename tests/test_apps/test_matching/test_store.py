@@ -467,6 +467,32 @@ async def test_a_value_without_a_wire_form_is_refused(store: SqliteStore) -> Non
     assert await store.get_flow("f1") is None
 
 
+async def test_text_holding_a_nul_is_refused_alone_and_never_found(store: SqliteStore) -> None:
+    """PostgreSQL's text cannot hold a NUL character, SQLite's could: both refuse it, the
+    batch alone (the others of its group are stored), and a read naming it finds nothing."""
+    await store.create_flow(flow())
+    bad = [
+        WriteBatch(flows_created=[flow("a\x00b")]),
+        WriteBatch(flows_upserted=[flow(version=2, flow_type="x\x00")]),
+        WriteBatch(attempts=[attempt(worker_id="w\x00")]),
+        WriteBatch(dispatches=[dispatch(queue="flow:\x00")]),
+        WriteBatch(pending_put=[pending(step="s\x00")]),
+        WriteBatch(pending_done=[("f\x00", 0)]),
+    ]
+    outcomes = await store.commit_many([*bad, WriteBatch(flows_created=[flow("ok")])])
+    for outcome in outcomes[:-1]:
+        assert isinstance(outcome, StoreError)
+        assert "text may not hold a NUL character" in str(outcome)
+    assert outcomes[-1] is None and await store.get_flow("ok") == flow("ok")
+    (alone,) = await store.commit_many(bad[:1])
+    assert isinstance(alone, StoreError)
+    assert await store.get_flow("f1") == flow()
+    assert await store.get_flow("a\x00b") is None
+    assert await store.list_flows(flow_type="x\x00") == []
+    assert await store.attempts("a\x00b") == await store.pending("a\x00b") == []
+    assert await store.dispatches("a\x00b") == []
+
+
 # -- attempts and dispatches --------------------------------------------------------------------
 
 
@@ -542,6 +568,16 @@ async def test_claim_pending_leases_due_free_steps_earliest_first(store: SqliteS
     assert rest == [attrs.evolve(steps[0], lease_owner="n2", lease_expires=40.0)]
     assert await store.claim_pending("n3", now=10.0, lease_seconds=30.0, limit=10) == []
     assert store.statistics().claimed == 3
+
+
+async def test_claims_due_together_go_by_flow_id_in_code_point_order(store: SqliteStore) -> None:
+    """As Python sorts strings, on both stores (PostgreSQL's text is compared in the "C"
+    collation: a database's own, en_US say, puts "a" before "B" and skips punctuation)."""
+    ids = ["ab", "a_c", "aB", "a-b", "B", "é", "z"]
+    await store.commit(WriteBatch(flows_created=[flow(i) for i in ids]))
+    await store.commit(WriteBatch(pending_put=[pending(i, not_before=1.0) for i in ids]))
+    claimed = await store.claim_pending("n1", now=10.0, lease_seconds=30.0, limit=len(ids))
+    assert [p.flow_id for p in claimed] == sorted(ids)
 
 
 async def test_an_expired_lease_can_be_claimed_by_another_owner(store: SqliteStore) -> None:
