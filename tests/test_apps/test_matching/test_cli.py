@@ -28,7 +28,6 @@ from apps.matching import (
 from apps.matching._cli import SERVER_ENV, main
 
 from ._in_process import matching_server
-from ._stores import StoreKind
 
 #: A step of ``Slow`` waits on this (set by the test that cancels, so no step runs forever).
 _release = trio.Event()
@@ -83,11 +82,11 @@ def one_error_line(done: subprocess.CompletedProcess[str], code: int) -> str:
 
 
 @asynccontextmanager
-async def server_and_worker(store_kind: StoreKind, **config: Any) -> AsyncIterator[str]:
+async def server_and_worker(**config: Any) -> AsyncIterator[str]:
     """A real server and a TrioWorker of Greeting and Slow; yields the server's address."""
     global _release
     _release = trio.Event()
-    async with matching_server(store_kind, **config) as address:
+    async with matching_server(**config) as address:
         registry = Registry([Greeting, Slow], allow_async_handlers=True)
         worker = TrioWorker(
             registry, None, WorkerOptions(server_address=address, credentials="w-token")
@@ -100,10 +99,8 @@ async def server_and_worker(store_kind: StoreKind, **config: Any) -> AsyncIterat
             await worker.close()
 
 
-async def test_start_rpc_result_describe_list_and_queues_of_a_type_only_the_worker_knows(
-    store_kind,
-):
-    async with server_and_worker(store_kind) as address:
+async def test_start_rpc_result_describe_list_and_queues_of_a_type_only_the_worker_knows():
+    async with server_and_worker() as address:
         s = ("--server", address)
         started = await cli(*s, "start", "Greeting", '["flaky"]', "--id", "g1", "--wait")
         assert started.returncode == 0, started.stderr
@@ -165,8 +162,8 @@ async def test_start_rpc_result_describe_list_and_queues_of_a_type_only_the_work
     )
 
 
-async def test_cancel_a_running_flow_then_its_result_is_a_cancelled_error(store_kind):
-    async with server_and_worker(store_kind) as address:
+async def test_cancel_a_running_flow_then_its_result_is_a_cancelled_error():
+    async with server_and_worker() as address:
         env = dict(_env(), OTP_MATCHING_SERVER=address)  # the server from the environment
         started = await cli("start", "Slow", "--id", "s1", env=env)
         assert started.stdout == "s1\n", started.stderr
@@ -184,10 +181,8 @@ async def test_cancel_a_running_flow_then_its_result_is_a_cancelled_error(store_
     assert busy == 1 and slow is not None
 
 
-async def test_client_tokens_from_the_flag_or_a_file(store_kind, tmp_path):
-    async with server_and_worker(
-        store_kind, client_tokens=["c-token"], worker_tokens=["w-token"]
-    ) as address:
+async def test_client_tokens_from_the_flag_or_a_file(tmp_path):
+    async with server_and_worker(client_tokens=["c-token"], worker_tokens=["w-token"]) as address:
         token_file = tmp_path / "token"
         token_file.write_text("c-token\n")
         by_flag = await cli("--server", address, "--token", "c-token", "list")
@@ -199,8 +194,8 @@ async def test_client_tokens_from_the_flag_or_a_file(store_kind, tmp_path):
     assert "--token-file" in one_error_line(missing, 2)
 
 
-async def test_errors_from_the_server_are_one_line_and_exit_code_1(store_kind):
-    async with server_and_worker(store_kind) as address:
+async def test_errors_from_the_server_are_one_line_and_exit_code_1():
+    async with server_and_worker() as address:
         s = ("--server", address)
         no_flow = await cli(*s, "describe", "nope")
         no_type = await cli(*s, "start", "NoSuchFlow")

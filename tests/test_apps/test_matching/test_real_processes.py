@@ -19,7 +19,7 @@ from .crash_worker import Crashy
 HERE = Path(__file__).resolve().parent
 
 
-def _server(tmp_path: Path, store_kind: StoreKind) -> tuple[Node, str]:
+def _server(tmp_path: Path, store_kind: StoreKind | None = None) -> tuple[Node, str]:
     address = f"unix:{tmp_path / 'matching.sock'}"
     node = Node(
         "--app",
@@ -27,7 +27,7 @@ def _server(tmp_path: Path, store_kind: StoreKind) -> tuple[Node, str]:
         "--matching-listen",
         address,
         "--matching-store",
-        store_kind.durable,
+        str(tmp_path / "matching.sqlite3") if store_kind is None else store_kind.durable,
     )
     return node, address
 
@@ -39,8 +39,8 @@ async def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProc
         )
 
 
-async def test_the_seeds_greeting_example_runs_against_a_node(tmp_path, store_kind):
-    node, address = _server(tmp_path, store_kind)
+async def test_the_seeds_greeting_example_runs_against_a_node(tmp_path):
+    node, address = _server(tmp_path)
     async with node:
         await node.line_with("application matching")
         done = await _run([sys.executable, "examples/matching/pull_workers.py", address])
