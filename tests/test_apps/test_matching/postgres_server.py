@@ -4,7 +4,7 @@ root, as on CI).
 
 ``.ci/run`` installs Debian's ``postgresql`` package and sets ``OTP_REQUIRE_POSTGRES=1``, so
 there a missing server is a failure; elsewhere the PostgreSQL tests are skipped, saying how to
-run them (README, "apps/matching on PostgreSQL").
+run them (README: "Every matching test that reaches a store runs twice").
 """
 
 from __future__ import annotations
@@ -32,6 +32,16 @@ def _binaries() -> str | None:
         return os.path.dirname(found[-1])
     initdb = shutil.which("initdb")
     return os.path.dirname(initdb) if initdb else None
+
+
+def _in_memory() -> str | None:
+    """``/dev/shm`` if it is a writable tmpfs with room for a data directory (a container's
+    64 MiB has not), else None (the temporary directory): each test's schema is made (its
+    tables' files created) anew, which takes a third of the time there it takes on a disk."""
+    shm = "/dev/shm"
+    if not os.access(shm, os.W_OK | os.X_OK):
+        return None
+    return shm if shutil.disk_usage(shm).free >= 1 << 30 else None
 
 
 def _free_port() -> int:
@@ -65,10 +75,7 @@ class PostgresServer:
             if REQUIRED:
                 pytest.fail(message)
             pytest.skip(message)
-        # In memory where there is a tmpfs: each test's schema is made (its tables' files
-        # created) anew, which takes a third of the time there that it takes on a disk.
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
-        self.tmp = tempfile.mkdtemp(prefix="otp-pg-", dir=shm)
+        self.tmp = tempfile.mkdtemp(prefix="otp-pg-", dir=_in_memory())
         if os.geteuid() == 0:
             shutil.chown(self.tmp, "postgres")
         data = os.path.join(self.tmp, "data")
