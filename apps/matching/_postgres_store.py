@@ -23,7 +23,6 @@ blocking.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import uuid
 from typing import Any, ClassVar
@@ -177,9 +176,10 @@ class PostgresStore(SqlStore):
     async def close(self) -> None:
         """As :meth:`Store.close` (both connections)."""
         await super().close()
-        if self._listen is not None and not self.threads:
-            # (a waiter in wait_readable holds _listening: this wakes it, and it lets go)
-            trio.lowlevel.notify_closing(self._listen.fileno())
+        if not self.threads:
+            # (a waiter for the listening socket holds _listening: this wakes it, it lets go)
+            changed, self._changed = self._changed, trio.Event()
+            changed.set()
         async with self._listening:
             listen, self._listen = self._listen, None
             if listen is not None:
@@ -219,8 +219,7 @@ class PostgresStore(SqlStore):
         async with trio.open_nursery() as nursery:
 
             async def readable() -> None:
-                with contextlib.suppress(trio.ClosedResourceError):  # (close() tells us)
-                    await trio.lowlevel.wait_readable(listen.fileno())
+                await trio.lowlevel.wait_readable(listen.fileno())
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(readable)
