@@ -944,7 +944,7 @@ async def test_64_concurrent_one_step_flows_share_a_few_group_commits(
     assert engine.largest_batch >= 64 * 2  # (a flow and its pending step, in one batch)
 
 
-async def test_a_killed_engine_recovers_its_running_flows_from_the_store_file(
+async def test_a_killed_engine_recovers_its_running_flows_from_the_store(
     store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
     path = store_kind.durable
@@ -965,7 +965,7 @@ async def test_a_killed_engine_recovers_its_running_flows_from_the_store_file(
         otp.exit(engine, otp.KILL)  # mid-flow: b running, c backing off
         await otp.GenServer.stop(SERVER_NAME)
 
-        # the server again, on the same file
+        # the server again, on the same database
         await StoreServer.start_link(GatedStore(store_kind.store(path)), name=SERVER_NAME)
         await set_script(by_step(b=[ok("B")], c=[ok("C")]))
         start = trio.current_time()
