@@ -26,6 +26,8 @@ import secrets
 import tempfile
 from typing import Any
 
+import trio
+
 import supervisors
 from otp import node
 
@@ -48,6 +50,14 @@ from ._store import SERVER_NAME, StoreServer
 __all__ = ["application", "default_application", "matching_supervisor_spec"]
 
 SUPERVISOR = "matching_sup"
+
+#: Whether the store the application starts runs its database calls in worker threads (True,
+#: the default; an in-memory SQLite never does). For tests only: a test on trio's MockClock sets
+#: it False for its trio run (``STORE_THREADS.set(False)``), so autojump cannot jump while the
+#: database works and a server's tests run the same on SQLite and on PostgreSQL.
+STORE_THREADS: trio.lowlevel.RunVar[bool] = trio.lowlevel.RunVar(
+    "matching_store_threads", default=True
+)
 
 
 def matching_supervisor_spec(
@@ -76,15 +86,16 @@ def matching_supervisor_spec(
 
 async def _start_store(config: MatchingConfig) -> Any:
     store: Any
+    threads = STORE_THREADS.get()
     if config.store_is_postgres:
         from ._postgres_store import PostgresStore  # (psycopg is an optional dependency)
 
-        store = PostgresStore(config.store)
+        store = PostgresStore(config.store, threads=threads)
     else:
         # An in-memory database does no disk I/O: its calls run on trio's own thread (no
         # thread hand-off per commit, and tests of the whole server run on trio's MockClock).
         path = config.store_path
-        store = SqliteStore(path, threads=path != ":memory:")
+        store = SqliteStore(path, threads=threads and path != ":memory:")
     return await StoreServer.start_link(store, name=SERVER_NAME)
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import otp
 
+from ._engine_family import family
 from ._engine_leases import EngineLeases
 from ._engine_state import MAX_LIST_LIMIT, EngineStatistics, _err, _ok, _Rpc, _State
-from ._engine_family import family
 from ._errors import ConfigurationError, FlowNotFound, MatchingError
 from ._store import FLOW_STATUSES, FlowRecord, StoreError, StoreServer
 

@@ -3,8 +3,11 @@ PostgreSQL's types, so the two stores cannot drift apart (the same tables, colum
 indexes, version for version).
 
 The translation is by column type: ``INTEGER PRIMARY KEY`` (SQLite's rowid) becomes an
-identity column, ``INTEGER`` ``BIGINT``, ``REAL`` ``DOUBLE PRECISION``, ``BLOB`` ``BYTEA``;
-everything else in the DDL is standard SQL both accept.
+identity column, ``INTEGER`` ``BIGINT``, ``REAL`` ``DOUBLE PRECISION``, ``BLOB`` ``BYTEA``, and
+``TEXT`` ``TEXT COLLATE "C"``: text compares and sorts by code point, as SQLite's ``BINARY``
+does (and Python's ``sorted``), whatever the database's own collation (en_US, say, puts "a"
+before "B" and skips punctuation: claims would go in another order on each store). Everything
+else in the DDL is standard SQL both accept.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ _TYPES = (
     (re.compile(r"\bINTEGER\b"), "BIGINT"),
     (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
     (re.compile(r"\bBLOB\b"), "BYTEA"),
+    (re.compile(r"\bTEXT\b"), 'TEXT COLLATE "C"'),
 )
 
 

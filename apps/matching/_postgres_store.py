@@ -14,6 +14,11 @@ choice is a thread hand-off per call or blocking the loop for a network round tr
 on this project's 2-core machine (loaded), a one-row commit took 1.2 ms on the loop and 1.9 ms
 through a thread. The hand-off is the price of never stalling every other actor for a round
 trip, and the ``StoreServer``'s group commit pays it once per group, not per Step.
+
+``threads=False`` (for tests only, as ``SqliteStore``'s) calls psycopg on trio's own thread, so
+tests on trio's ``MockClock`` run the same on both stores; ``wait_pending`` then waits for the
+listening socket to turn readable (or this store's own commits) and reads what came without
+blocking.
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ def _pg(sql: str) -> str:
     return sql.replace("?", "%s")  # (the shared SQL has no other ? and no %)
 
 
+def _nul(value: Any) -> bool:
+    return type(value) is str and "\x00" in value
+
+
 class _PgConnection:
     """A psycopg connection with sqlite3's ``execute``/``executemany`` and ``?`` parameters."""
 
@@ -54,6 +63,10 @@ class _PgConnection:
         self.raw = raw
 
     def execute(self, sql: str, params: Any = None) -> psycopg.Cursor[Any]:
+        if params and sql.startswith("SELECT") and any(_nul(p) for p in params):
+            # PostgreSQL's text cannot hold a NUL character (no stored one does: writes refuse
+            # them): a read naming one finds no row, as it does on SQLite, not an error.
+            return self.raw.execute("SELECT 1 WHERE false")
         return self.raw.execute(_pg(sql), params)
 
     def executemany(self, sql: str, rows: Any) -> None:
@@ -71,6 +84,11 @@ class PostgresStore(SqlStore):
         url: A libpq connection URL, ``postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE``
             (query parameters as libpq takes them, e.g. ``?sslmode=require``).
         connect_timeout: Seconds a connection attempt may take.
+        threads: Run each psycopg call in a worker thread (``trio.to_thread``), the default,
+            so the trio loop never waits for the network. ``False`` runs them on trio's own
+            thread, after a checkpoint: for tests on ``trio.testing.MockClock`` only, whose
+            autojump would otherwise jump (and fire every timer early) while the database
+            worked; it stalls every other task for each round trip.
 
     One connection serves every call, one at a time, each in a worker thread; a second one
     listens for other servers' ``NOTIFY``. A call waiting for the connection is cancellable;
@@ -84,12 +102,12 @@ class PostgresStore(SqlStore):
     _INTEGRITY = psycopg.errors.IntegrityError
     _DB_ERRORS = psycopg.Error
 
-    def __init__(self, url: str, *, connect_timeout: float = 10.0) -> None:
+    def __init__(self, url: str, *, connect_timeout: float = 10.0, threads: bool = True) -> None:
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise TypeError(
                 f"PostgresStore.url must be a postgresql:// URL (got {redact(str(url))!r})"
             )
-        super().__init__(threads=True)
+        super().__init__(threads=threads)
         self.url = url
         self.connect_timeout = connect_timeout
         self._listen: psycopg.Connection[Any] | None = None
@@ -98,6 +116,8 @@ class PostgresStore(SqlStore):
         self._origin = uuid.uuid4().hex
 
     def __repr__(self) -> str:
+        if not self.threads:
+            return f"PostgresStore({redact(self.url)!r}, threads=False)"
         return f"PostgresStore({redact(self.url)!r})"
 
     # -- connecting and migrating ----------------------------------------------------------------
@@ -144,7 +164,7 @@ class PostgresStore(SqlStore):
         await super().open()
         async with self._listening:
             if self._listen is None:
-                self._listen = await trio.to_thread.run_sync(self._open_listener)
+                self._listen = await self._call(self._open_listener)
 
     def _open_listener(self) -> psycopg.Connection[Any]:
         listen = self._dial()
@@ -158,10 +178,14 @@ class PostgresStore(SqlStore):
     async def close(self) -> None:
         """As :meth:`Store.close` (both connections)."""
         await super().close()
+        if not self.threads:
+            # (a waiter for the listening socket holds _listening: this wakes it, it lets go)
+            changed, self._changed = self._changed, trio.Event()
+            changed.set()
         async with self._listening:
             listen, self._listen = self._listen, None
             if listen is not None:
-                await trio.to_thread.run_sync(listen.close)
+                await self._call(listen.close)
 
     # -- pending-step wake-ups -------------------------------------------------------------------
 
@@ -170,7 +194,8 @@ class PostgresStore(SqlStore):
 
     async def wait_pending(self, seen: int) -> int:
         """As :meth:`Store.wait_pending`: woken by this store's commits and by any server's
-        ``NOTIFY`` on :data:`CHANNEL` (heard within ``_LISTEN_SLICE`` seconds)."""
+        ``NOTIFY`` on :data:`CHANNEL` (heard within ``_LISTEN_SLICE`` seconds; without threads,
+        when it reaches the listening socket)."""
         if self._generation > seen:
             await trio.lowlevel.checkpoint()
         while self._generation <= seen:
@@ -181,16 +206,35 @@ class PostgresStore(SqlStore):
                 listen = self._listen
                 if listen is None or self._generation > seen:
                     continue
-                heard = await trio.to_thread.run_sync(_hear, listen)
+                if self.threads:
+                    heard = await trio.to_thread.run_sync(_hear, listen, _LISTEN_SLICE)
+                else:
+                    heard = await self._hear_here(listen)
             if any(origin != self._origin for origin in heard):
                 self._wake()  # (another server's; our own commits woke us already)
         return self._generation
 
+    async def _hear_here(self, listen: psycopg.Connection[Any]) -> list[str]:
+        """(``threads=False``.) What came on ``listen`` once its socket turns readable or this
+        store's own commits wake it (never blocking trio's thread for the network)."""
+        woken = self._changed
+        async with trio.open_nursery() as nursery:
 
-def _hear(listen: psycopg.Connection[Any]) -> list[str]:
-    """(In a worker thread.) The payloads of the notifications that came within
-    ``_LISTEN_SLICE`` (returning at the first)."""
+            async def readable() -> None:
+                await trio.lowlevel.wait_readable(listen.fileno())
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(readable)
+            await woken.wait()
+            nursery.cancel_scope.cancel()
+        return [] if listen.closed else _hear(listen, 0)
+
+
+def _hear(listen: psycopg.Connection[Any], timeout: float) -> list[str]:
+    """The payloads of the notifications that came within ``timeout`` seconds (returning at
+    the first); with 0, of every one that has come, without waiting."""
     try:
-        return [n.payload for n in listen.notifies(timeout=_LISTEN_SLICE, stop_after=1)]
+        came = listen.notifies(timeout=timeout, stop_after=1 if timeout else None)
+        return [n.payload for n in came]
     except psycopg.Error as exc:
         raise StoreError(f"listening on {CHANNEL} failed: {exc}") from exc

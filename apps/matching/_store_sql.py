@@ -214,7 +214,7 @@ def _apply(
     try:
         for record in batch.flows_created:
             # (one statement, not a SELECT first: a stored id inserts no row)
-            if conn.execute(_CREATE_FLOW, _flow_row(record)).rowcount != 1:
+            if conn.execute(_CREATE_FLOW, _no_nul(_flow_row(record))).rowcount != 1:
                 raise FlowExists(
                     f"a flow with id {record.flow_id!r} exists already",
                     details={"flow_id": record.flow_id},
@@ -222,7 +222,7 @@ def _apply(
         for record in batch.flows_upserted:
             # The update names the version it replaces: one statement when it is stored (the
             # usual case); else the stored version tells a new flow from a conflict.
-            values = _flow_row(record)
+            values = _no_nul(_flow_row(record))
             updated = conn.execute(_UPDATE_FLOW, (*values[1:], record.flow_id, record.version - 1))
             if updated.rowcount == 1:
                 continue
@@ -243,15 +243,17 @@ def _apply(
                 },
             )
         if batch.attempts:
-            conn.executemany(_INSERT_ATTEMPT, [_attempt_row(a) for a in batch.attempts])
+            conn.executemany(_INSERT_ATTEMPT, [_no_nul(_attempt_row(a)) for a in batch.attempts])
         if batch.dispatches:
-            conn.executemany(_INSERT_DISPATCH, [_dispatch_row(d) for d in batch.dispatches])
+            conn.executemany(
+                _INSERT_DISPATCH, [_no_nul(_dispatch_row(d)) for d in batch.dispatches]
+            )
         if batch.pending_put:
-            conn.executemany(_PUT_PENDING, [_pending_row(p) for p in batch.pending_put])
+            conn.executemany(_PUT_PENDING, [_no_nul(_pending_row(p)) for p in batch.pending_put])
         if batch.pending_done:
             conn.executemany(
                 "DELETE FROM pending WHERE flow_id = ? AND step_index = ?",
-                [(flow_id, step_index) for flow_id, step_index in batch.pending_done],
+                [_no_nul((flow_id, step_index)) for flow_id, step_index in batch.pending_done],
             )
     except StoreError as exc:
         raise _Refused(exc) from exc
@@ -262,6 +264,18 @@ def _apply(
         )
         refused.__cause__ = exc
         raise _Refused(refused) from exc
+
+
+def _no_nul(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``row``, unless a text in it holds a NUL character: PostgreSQL's text cannot hold one
+    and SQLite's could, so both stores refuse such a batch (alone in its group), alike."""
+    for value in row:
+        if type(value) is str and "\x00" in value:
+            raise StoreError(
+                f"a batch was refused: text may not hold a NUL character (got {value!r})",
+                details={"text": value},
+            )
+    return row
 
 
 def _insert_flow(conn: SqlConnection, values: tuple[Any, ...]) -> None:

@@ -377,7 +377,7 @@ class BigGreeting(Flow):
         return ctx.state.get("greeting")
 
 
-async def test_trio_flavour_against_the_real_server(short_dir):
+async def test_trio_flavour_against_the_real_server(store_kind, short_dir):
     import otp
     import supervisors
     from apps.matching._application import application
@@ -387,7 +387,7 @@ async def test_trio_flavour_against_the_real_server(short_dir):
     registry = Registry([BigGreeting], allow_async_handlers=True)
     payload = os.urandom(300_000)
     async with otp.open_node():
-        config = MatchingConfig(listen=[f"unix:{sock}"], store=os.path.join(short_dir, "f.db"))
+        config = MatchingConfig(listen=[f"unix:{sock}"], store=store_kind.durable)
         await supervisors.start_application(application(matching_config=config))
         worker = TrioWorker(
             registry, BlobCache(os.path.join(short_dir, "w")), WorkerOptions(server_address=sock)
@@ -407,7 +407,7 @@ async def test_trio_flavour_against_the_real_server(short_dir):
         await supervisors.stop_application("matching")
 
 
-def test_the_seed_example_against_the_real_server(short_dir):
+def test_the_seed_example_against_the_real_server(store_kind, short_dir):
     import otp
     import supervisors
     from apps.matching._application import application
@@ -420,7 +420,7 @@ def test_the_seed_example_against_the_real_server(short_dir):
 
     async def serve() -> None:
         async with otp.open_node():
-            config = MatchingConfig(listen=[f"unix:{sock}"], store=os.path.join(short_dir, "f.db"))
+            config = MatchingConfig(listen=[f"unix:{sock}"], store=store_kind.durable)
             await supervisors.start_application(application(matching_config=config))
             token.append(trio.lowlevel.current_trio_token())
             ready.set()
@@ -456,12 +456,12 @@ def test_the_seed_example_against_the_real_server(short_dir):
 # -- start_known_flow and list_queues, on every flavour ----------------------------------------
 
 
-async def test_every_client_flavour_starts_a_known_flow_and_lists_queues(short_dir):
+async def test_every_client_flavour_starts_a_known_flow_and_lists_queues(store_kind, short_dir):
     """A client with an empty registry starts flows of a type only the worker registered (the
     worker sent its definition at connect), and sees the queues the worker's streams are on."""
     from ._in_process import matching_server
 
-    async with matching_server() as address:
+    async with matching_server(store_kind) as address:
         worker = TrioWorker(
             Registry([TrioGreeting], allow_async_handlers=True),
             None,

@@ -1,5 +1,6 @@
 """The matching server as an application: ``matching_sup``'s tree, a flow from a client to a
-worker and back over the real socket, parallel calls, a clean stop, and the node CLI."""
+worker and back over the real socket, parallel calls, a clean stop, and the node CLI; each on
+both kinds of store (``store_kind``), its calls in worker threads as a node runs them."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from apps.matching._server_id import local_server_id
 from otp import node
 
 from ._peers import Peer
+from ._stores import StoreKind
 
 ROOT = Path(__file__).resolve().parents[3]
 FLOWS = {"greeting": {"steps": ["write"], "rpcs": ["read"]}}
@@ -50,7 +52,7 @@ def sock(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-async def start(sock: str, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+async def start(sock: str, store_kind: StoreKind) -> AsyncIterator[Callable[..., Any]]:
     """``await start(**MatchingConfig fields)`` starts the application in this node."""
     async with otp.open_node():
         started = False
@@ -60,7 +62,7 @@ async def start(sock: str, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
         async def go(**kw: Any) -> MatchingConfig:
             nonlocal started
             kw.setdefault("listen", [f"unix:{sock}"])
-            kw.setdefault("store", str(tmp_path / "flows.sqlite3"))
+            kw.setdefault("store", store_kind.durable)
             last.update(kw)
             config = MatchingConfig(**kw)
             await supervisors.start_application(application(matching_config=config))
@@ -123,14 +125,10 @@ async def test_blobs_go_to_the_servers_blob_cache(start: Any, sock: str, tmp_pat
     await peer.aclose()
 
 
-@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 async def test_a_flow_runs_from_a_client_through_a_worker_and_outlives_a_restart(
-    start: Any, sock: str, store: str, request: pytest.FixtureRequest
+    start: Any, sock: str
 ) -> None:
-    if store == "postgresql":
-        await start(store=request.getfixturevalue("postgres").url())
-    else:
-        await start()
+    await start()
     worker, client = await Peer.unix(sock), await Peer.unix(sock)
     await worker.hello("worker", worker_id="w1", flows=FLOWS)
     await worker.send(wire.MatchRegister("flow", "greeting", rid=1))
@@ -225,8 +223,10 @@ def test_default_application_keeps_a_configured_store(tmp_path: Path) -> None:
 # ============================================================================ the node CLI
 
 
-async def test_the_node_runs_the_matching_server_and_stops_on_sigterm(tmp_path: Path) -> None:
-    sock, store = str(tmp_path / "m.sock"), str(tmp_path / "flows.sqlite3")
+async def test_the_node_runs_the_matching_server_and_stops_on_sigterm(
+    tmp_path: Path, store_kind: StoreKind
+) -> None:
+    sock, store = str(tmp_path / "m.sock"), store_kind.durable
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     args = [
         sys.executable, "-m", "otp.node", "--log-level", "warning", "--app", "apps.matching",
@@ -264,7 +264,7 @@ async def test_the_node_runs_the_matching_server_and_stops_on_sigterm(tmp_path: 
         await process.stdout.aclose()
     assert b"stopped" in out
     assert not os.path.exists(sock)
-    assert os.path.exists(store)
+    assert store_kind.query("SELECT count(*) FROM flows") == [(0,)]  # it made the store
 
 
 async def test_the_observer_view_shows_streams_and_queues_with_their_backlog(

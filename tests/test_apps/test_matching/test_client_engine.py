@@ -281,17 +281,18 @@ def test_the_engine_checks_what_it_is_given(tmp_path):
 
 
 async def test_an_idle_client_answers_pings_and_outlives_three_peer_timeouts(
-    short_dir, autojump_clock
+    store_kind, short_dir, autojump_clock
 ):
     import otp
     import supervisors
     from apps.matching import MatchingError
-    from apps.matching._application import application
+    from apps.matching._application import STORE_THREADS, application
     from apps.matching._config import MatchingConfig
 
     sock = os.path.join(short_dir, "real.sock")
+    STORE_THREADS.set(False)  # (the mock clock must not jump while the store works)
     async with otp.open_node():
-        config = MatchingConfig(listen=[f"unix:{sock}"], store=os.path.join(short_dir, "f.db"))
+        config = MatchingConfig(listen=[f"unix:{sock}"], store=store_kind.location)
         await supervisors.start_application(application(matching_config=config))
         engine = ClientEngine(Registry([Greeting]), None, ClientOptions(server_address=sock))
         try:

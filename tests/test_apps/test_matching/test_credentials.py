@@ -51,9 +51,10 @@ def tls(tmp_path) -> tuple[dict[str, str], ssl.SSLContext]:
     return {"tls_certfile": certfile, "tls_keyfile": keyfile}, context
 
 
-def _server(tls):
+def _server(tls, store_kind=None):
     files, _ = tls
     return matching_server(
+        store_kind,
         listen=["tcp://127.0.0.1:0"],
         worker_tokens=["w-secret"],
         client_tokens=["c-secret"],
@@ -99,9 +100,9 @@ async def test_a_client_with_a_wrong_or_missing_token_gets_authentication_error(
     assert "pass the client credentials" in str(caught.value)
 
 
-async def test_the_right_tokens_serve_a_flow_while_wrong_ones_are_refused(tls):
+async def test_the_right_tokens_serve_a_flow_while_wrong_ones_are_refused(store_kind, tls):
     _, context = tls
-    async with _server(tls) as address, trio.open_nursery() as nursery:
+    async with _server(tls, store_kind) as address, trio.open_nursery() as nursery:
         worker = TrioWorker(
             REGISTRY,
             None,

@@ -1,19 +1,18 @@
-"""The ``matching_engine`` GenServer against the real ``StoreServer`` on SQLite and a scripted
-matcher: steps in order, arguments, retries and their backoff, failures, lost workers, RPCs,
-result waiters, describe/list, cancellation, recovery, and that nothing happens before its
-commit.
+"""The ``matching_engine`` GenServer against the real ``StoreServer`` (on each kind of store:
+SQLite and PostgreSQL, the ``store_kind`` fixture) and a scripted matcher: steps in order,
+arguments, retries and their backoff, failures, lost workers, RPCs, result waiters,
+describe/list, cancellation, recovery, and that nothing happens before its commit.
 
 The matcher is a stand-in ``GenServer`` registered as ``matching_matcher`` (the name the engine
 submits to), answering each ``Dispatch`` with the outcomes a script gives. The store runs its
-sqlite calls on trio's own thread here (``SqliteStore(path, threads=False)``): ``MockClock``'s
-autojump would otherwise jump while a worker thread ran, and fire every timer early.
+database calls on trio's own thread here (``threads=False``): ``MockClock``'s autojump would
+otherwise jump while a worker thread ran, and fire every timer early.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
@@ -55,8 +54,9 @@ from apps.matching._errors import (
 )
 from apps.matching._matcher import MATCHER
 from apps.matching._model import FlowDescription, FlowStatus, FlowSummary
-from apps.matching._sqlite_store import SqliteStore
 from apps.matching._store import SERVER_NAME, StoreServer
+
+from ._stores import StoreKind
 
 T = TypeVar("T")
 
@@ -64,19 +64,22 @@ T = TypeVar("T")
 # -- the store, the matcher, the engine ------------------------------------------------------------
 
 
-class InlineSqliteStore(SqliteStore):
-    """The real SqliteStore, its sqlite calls run on trio's thread (``threads=False``, see the
-    module docstring). ``gate``, when set and not yet set(), holds every commit until it is."""
+class GatedStore:
+    """A real store (either kind, its calls on trio's thread: see the module docstring).
+    ``gate``, when set and not yet set(), holds every commit until it is."""
 
     gate: trio.Event | None = None
 
-    def __init__(self, path: str) -> None:
-        super().__init__(path, threads=False)
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
 
     async def commit_many(self, batches: Sequence[Any]) -> Any:
         if self.gate is not None:
             await self.gate.wait()
-        return await super().commit_many(batches)
+        return await self.store.commit_many(batches)
 
 
 Script = Callable[[Task], Sequence[Callable[[int], Any]]]
@@ -206,9 +209,14 @@ def definition(*steps: dict[str, Any], rpcs: Sequence[str] = ()) -> dict[str, An
 
 @asynccontextmanager
 async def server(
-    script: Callable[[Task], Any] = echo, path: str = ":memory:", **options: Any
-) -> AsyncIterator[InlineSqliteStore]:
-    store = InlineSqliteStore(path)
+    store_kind: StoreKind,
+    script: Callable[[Task], Any] = echo,
+    path: str | None = None,
+    **options: Any,
+) -> AsyncIterator[GatedStore]:
+    """The store (on ``path``, default the kind's own location), the fake matcher and the
+    engine, started in this node."""
+    store = GatedStore(store_kind.store(path))
     await StoreServer.start_link(store, name=SERVER_NAME)
     await FakeMatcher.start_link(script, name=MATCHER)
     await FlowEngine.start(EngineOptions(first_delivery=1, **options), name=ENGINE)
@@ -246,11 +254,13 @@ async def describe(flow_id: str) -> FlowDescription:
 # -- steps ----------------------------------------------------------------------------------------
 
 
-async def test_steps_run_in_order_each_getting_the_previous_return_value() -> None:
+async def test_steps_run_in_order_each_getting_the_previous_return_value(
+    store_kind: StoreKind,
+) -> None:
     def script(task: Task) -> Any:
         return [ok({"step": task.name, "got": task.args})]
 
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         spec = definition(step("a"), step("b"), step("c"))
         flow_id = await FlowEngine.start_flow("T", [1, 2], spec, "f1")
         result = await FlowEngine.result("f1")
@@ -267,23 +277,27 @@ async def test_steps_run_in_order_each_getting_the_previous_return_value() -> No
     assert result == {"step": "c", "got": tasks[2].args}
 
 
-async def test_a_flow_without_steps_completes_at_once_with_result_none() -> None:
-    async with otp.open_node(), server():
+async def test_a_flow_without_steps_completes_at_once_with_result_none(
+    store_kind: StoreKind,
+) -> None:
+    async with otp.open_node(), server(store_kind):
         flow_id = await FlowEngine.start_flow("T", [], definition())
         assert await FlowEngine.result(flow_id) is None
         assert (await describe(flow_id)).status is FlowStatus.COMPLETED
         assert await dispatches() == []
 
 
-async def test_start_flow_without_an_id_makes_a_uuid4_hex() -> None:
-    async with otp.open_node(), server():
+async def test_start_flow_without_an_id_makes_a_uuid4_hex(store_kind: StoreKind) -> None:
+    async with otp.open_node(), server(store_kind):
         first = await FlowEngine.start_flow("T", [], definition(step("a")))
         second = await FlowEngine.start_flow("T", [], definition(step("a")))
     assert len(first) == 32 and int(first, 16) >= 0 and first != second
 
 
-async def test_start_flow_with_a_taken_id_raises_flow_exists_running_or_ended() -> None:
-    async with otp.open_node(), server(lambda task: [hang()]):
+async def test_start_flow_with_a_taken_id_raises_flow_exists_running_or_ended(
+    store_kind: StoreKind,
+) -> None:
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("T", [], definition(step("a")), "f1")
         with pytest.raises(FlowExists, match="'f1' exists already"):
             await FlowEngine.start_flow("T", [], definition(step("a")), "f1")
@@ -292,8 +306,8 @@ async def test_start_flow_with_a_taken_id_raises_flow_exists_running_or_ended() 
             await FlowEngine.start_flow("T", [], definition(), "done")
 
 
-async def test_a_bad_definition_is_refused_naming_the_field() -> None:
-    async with otp.open_node(), server():
+async def test_a_bad_definition_is_refused_naming_the_field(store_kind: StoreKind) -> None:
+    async with otp.open_node(), server(store_kind):
         with pytest.raises(ConfigurationError) as info:
             await FlowEngine.start_flow("T", [], {"steps": [{"name": "a", "timeout": -1}]})
         assert str(info.value) == (
@@ -306,8 +320,10 @@ async def test_a_bad_definition_is_refused_naming_the_field() -> None:
             await FlowEngine.start_flow("T", [], definition(step("a"), step("a")))
 
 
-async def test_start_known_uses_the_newest_definition_given_start_flow_or_advertised() -> None:
-    async with otp.open_node(), server(by_step(a=[ok("A")], b=[ok("B")])):
+async def test_start_known_uses_the_newest_definition_given_start_flow_or_advertised(
+    store_kind: StoreKind,
+) -> None:
+    async with otp.open_node(), server(store_kind, by_step(a=[ok("A")], b=[ok("B")])):
         with pytest.raises(UnknownFlowType, match="knows no definition of flow type 'T'"):
             await FlowEngine.start_known("T", [])
         await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=7)), "first")
@@ -325,10 +341,10 @@ async def test_start_known_uses_the_newest_definition_given_start_flow_or_advert
 
 
 async def test_start_known_after_a_restart_reads_the_newest_stored_flows_definition(
-    tmp_path: Path,
+    store_kind: StoreKind,
 ) -> None:
-    path = str(tmp_path / "matching.sqlite3")
-    async with otp.open_node(), server(by_step(a=[ok("A")], b=[ok("B")]), path=path):
+    path = store_kind.durable
+    async with otp.open_node(), server(store_kind, by_step(a=[ok("A")], b=[ok("B")]), path=path):
         await FlowEngine.start_flow("T", [], definition(step("a")), "old")
         await FlowEngine.result("old")
         await FlowEngine.start_flow("T", [], definition(step("b")), "new")
@@ -348,13 +364,15 @@ def test_parse_definition_round_trips_its_wire_form() -> None:
     assert spec.steps[0].retry.max_attempts == 5 and spec.steps[0].timeout == 2.0
 
 
-async def test_a_step_sees_the_state_its_predecessors_patched_and_sticks_to_their_worker() -> None:
+async def test_a_step_sees_the_state_its_predecessors_patched_and_sticks_to_their_worker(
+    store_kind: StoreKind,
+) -> None:
     script = by_step(
         a=[ok(1, worker="w1", set={"x": 1, "y": 2})],
         b=[ok(2, worker="w2", set={"z": 3}, delete=["y"])],
         c=[ok(3)],
     )
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a"), step("b"), step("c")), "f")
         await FlowEngine.result("f")
         log = [d for _, d in await dispatches()]
@@ -368,10 +386,12 @@ async def test_a_step_sees_the_state_its_predecessors_patched_and_sticks_to_thei
 # -- retries --------------------------------------------------------------------------------------
 
 
-async def test_retries_wait_their_backoff(autojump_clock: trio.testing.MockClock) -> None:
+async def test_retries_wait_their_backoff(
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
+) -> None:
     script = by_step(a=[fail(), fail(), fail(), ok("done")])
     spec = definition(step("a", max_attempts=4, initial_backoff=1, backoff_coefficient=3))
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         start = trio.current_time()
         await FlowEngine.start_flow("T", [], spec, "f")
         assert await FlowEngine.result("f") == "done"
@@ -382,10 +402,12 @@ async def test_retries_wait_their_backoff(autojump_clock: trio.testing.MockClock
     assert {d.task.execution_id for _, d in log} == {"f/0/a"}
 
 
-async def test_the_backoff_stops_at_max_backoff(autojump_clock: trio.testing.MockClock) -> None:
+async def test_the_backoff_stops_at_max_backoff(
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
+) -> None:
     script = by_step(a=[fail(), fail(), fail(), ok()])
     spec = definition(step("a", max_attempts=4, initial_backoff=2, max_backoff=3))
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         start = trio.current_time()
         await FlowEngine.start_flow("T", [], spec, "f")
         await FlowEngine.result("f")
@@ -394,10 +416,10 @@ async def test_the_backoff_stops_at_max_backoff(autojump_clock: trio.testing.Moc
 
 
 async def test_when_attempts_run_out_the_flow_fails_with_the_last_error(
-    autojump_clock: trio.testing.MockClock,
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
     script = by_step(a=[fail("KeyError", "first"), fail("OSError", "last")])
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=2), step("b")), "f")
         with pytest.raises(FlowFailed) as info:
             await FlowEngine.result("f")
@@ -414,9 +436,9 @@ async def test_when_attempts_run_out_the_flow_fails_with_the_last_error(
     assert names == ["a", "a"]
 
 
-async def test_a_non_retryable_failure_fails_the_flow_at_once() -> None:
+async def test_a_non_retryable_failure_fails_the_flow_at_once(store_kind: StoreKind) -> None:
     script = by_step(a=[fail("Fatal", "no", retryable=False)])
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=5)), "f")
         with pytest.raises(FlowFailed, match="Fatal: no"):
             await FlowEngine.result("f")
@@ -434,12 +456,12 @@ async def test_an_error_type_the_policy_names_non_retryable_fails_the_flow_at_on
 
 
 async def test_not_dispatched_consumes_an_attempt_and_is_retried(
-    autojump_clock: trio.testing.MockClock,
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
     script = by_step(
         a=[not_dispatched("unavailable"), not_dispatched("no_worker_available"), ok("x")]
     )
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a")), "f")
         assert await FlowEngine.result("f") == "x"
         attempts = (await describe("f")).attempts
@@ -451,18 +473,20 @@ async def test_not_dispatched_consumes_an_attempt_and_is_retried(
 
 
 async def test_unknown_name_not_dispatched_runs_out_like_a_failure(
-    autojump_clock: trio.testing.MockClock,
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
     script = by_step(a=[not_dispatched("unknown_name", "no worker has step 'a'")])
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=2)), "f")
         with pytest.raises(FlowFailed, match="unknown_name: no worker has step 'a'"):
             await FlowEngine.result("f")
 
 
-async def test_lost_before_output_is_dispatched_again_as_the_same_attempt() -> None:
+async def test_lost_before_output_is_dispatched_again_as_the_same_attempt(
+    store_kind: StoreKind,
+) -> None:
     script = by_step(a=[lost(after_output=False), ok("x")])
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=1)), "f")
         assert await FlowEngine.result("f") == "x"
         log = [d for _, d in await dispatches()]
@@ -514,10 +538,10 @@ async def test_a_step_forwarded_to_a_server_that_goes_down_is_dispatched_again_a
 
 
 async def test_lost_after_output_consumes_an_attempt(
-    autojump_clock: trio.testing.MockClock,
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
     script = by_step(a=[lost(after_output=True), ok("x")])
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a")), "f")
         assert await FlowEngine.result("f") == "x"
         attempts = (await describe("f")).attempts
@@ -529,11 +553,11 @@ async def test_lost_after_output_consumes_an_attempt(
 
 
 async def test_an_attempt_past_its_timeout_fails_and_its_late_outcome_is_ignored(
-    autojump_clock: trio.testing.MockClock,
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
     script = by_step(a=[hang(), ok("second")])
     spec = definition(step("a", timeout=5, initial_backoff=1))
-    async with otp.open_node(), server(script, dispatch_wait=10):
+    async with otp.open_node(), server(store_kind, script, dispatch_wait=10):
         start = trio.current_time()
         await FlowEngine.start_flow("T", [], spec, "f")
         first = (await dispatches())[0][1]
@@ -555,8 +579,8 @@ async def test_an_attempt_past_its_timeout_fails_and_its_late_outcome_is_ignored
     ]  # fmt: skip
 
 
-async def test_every_routed_outcome_becomes_a_dispatch_record() -> None:
-    async with otp.open_node(), server():
+async def test_every_routed_outcome_becomes_a_dispatch_record(store_kind: StoreKind) -> None:
+    async with otp.open_node(), server(store_kind):
         await FlowEngine.start_flow("T", [], definition(step("a")), "f")
         await FlowEngine.result("f")
         (_, d), *_ = await dispatches()
@@ -667,13 +691,15 @@ async def test_an_execute_step_answering_not_yet_fails_the_flow_at_once() -> Non
 # -- RPCs -----------------------------------------------------------------------------------------
 
 
-async def test_an_rpc_answers_with_its_value_after_its_patch_is_stored() -> None:
+async def test_an_rpc_answers_with_its_value_after_its_patch_is_stored(
+    store_kind: StoreKind,
+) -> None:
     def script(task: Task) -> Any:
         if task.kind == "rpc":
             return [ok(["rpc", task.args, task.state], worker="w9", set={"seen": True})]
         return [ok("s", set={"greeting": "hi"})]
 
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a"), step("b"), rpcs=["r"]), "f")
         await FlowEngine.result("f")
         value = await FlowEngine.call_rpc("f", "r", [7], timeout=30)
@@ -691,7 +717,9 @@ async def test_an_rpc_answers_with_its_value_after_its_patch_is_stored() -> None
     ]
 
 
-async def test_an_rpc_that_changes_nothing_answers_without_waiting_for_a_commit() -> None:
+async def test_an_rpc_that_changes_nothing_answers_without_waiting_for_a_commit(
+    store_kind: StoreKind,
+) -> None:
     def script(task: Task) -> Any:
         if task.kind == "step":
             return [hang()]
@@ -700,7 +728,7 @@ async def test_an_rpc_that_changes_nothing_answers_without_waiting_for_a_commit(
     def answered(tag: otp.Ref) -> Any:
         return otp.receive(lambda m: isinstance(m, tuple) and m[0] == tag, timeout=0, default=None)
 
-    async with otp.open_node(), server(script) as store:
+    async with otp.open_node(), server(store_kind, script) as store:
         await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
         await trio.testing.wait_all_tasks_blocked()
         store.gate = trio.Event()  # every commit waits from now on
@@ -724,11 +752,11 @@ async def test_an_rpc_that_changes_nothing_answers_without_waiting_for_a_commit(
     assert rpc_records == ["flow_queue", "delivered"] * 3  # committed later, all of them
 
 
-async def test_an_rpc_on_a_running_flow_patches_its_state() -> None:
+async def test_an_rpc_on_a_running_flow_patches_its_state(store_kind: StoreKind) -> None:
     def script(task: Task) -> Any:
         return [ok(None, set={"k": "v"})] if task.kind == "rpc" else [hang()]
 
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
         assert await FlowEngine.call_rpc("f", "r") is None
         assert (await describe("f")).state == {"k": "v"}
@@ -743,24 +771,24 @@ async def test_an_rpc_on_a_running_flow_patches_its_state() -> None:
     ],
 )
 async def test_an_rpc_not_dispatched_raises_the_matching_error(
-    reason: str, error: type[Exception]
+    store_kind: StoreKind, reason: str, error: type[Exception]
 ) -> None:
     def script(task: Task) -> Any:
         if task.kind == "rpc":
             return [not_dispatched(reason, f"no worker: {reason}")]
         return [hang()]
 
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
         with pytest.raises(error, match=f"no worker: {reason}"):
             await FlowEngine.call_rpc("f", "r")
 
 
-async def test_an_rpc_that_raises_is_a_handler_error_with_its_type() -> None:
+async def test_an_rpc_that_raises_is_a_handler_error_with_its_type(store_kind: StoreKind) -> None:
     def script(task: Task) -> Any:
         return [fail("KeyError", "'x'", retryable=False)] if task.kind == "rpc" else [hang()]
 
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
         with pytest.raises(HandlerError) as info:
             await FlowEngine.call_rpc("f", "r")
@@ -768,8 +796,10 @@ async def test_an_rpc_that_raises_is_a_handler_error_with_its_type() -> None:
         assert (await describe("f")).state == {}
 
 
-async def test_an_rpc_the_definition_lacks_or_of_no_flow_fails_without_a_dispatch() -> None:
-    async with otp.open_node(), server(lambda task: [hang()]):
+async def test_an_rpc_the_definition_lacks_or_of_no_flow_fails_without_a_dispatch(
+    store_kind: StoreKind,
+) -> None:
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
         with pytest.raises(UnknownName, match="has no RPC named 'nope' \\(it has: r\\)"):
             await FlowEngine.call_rpc("f", "nope")
@@ -778,9 +808,9 @@ async def test_an_rpc_the_definition_lacks_or_of_no_flow_fails_without_a_dispatc
         assert [d.task.kind for _, d in await dispatches()] == ["step"]
 
 
-async def test_an_rpc_lost_before_output_is_dispatched_again() -> None:
+async def test_an_rpc_lost_before_output_is_dispatched_again(store_kind: StoreKind) -> None:
     plans = by_step(a=[hang()], r=[lost(after_output=False), ok("again")])
-    async with otp.open_node(), server(plans):
+    async with otp.open_node(), server(store_kind, plans):
         await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
         assert await FlowEngine.call_rpc("f", "r") == "again"
         rpcs = [d for _, d in await dispatches() if d.task.kind == "rpc"]
@@ -789,9 +819,9 @@ async def test_an_rpc_lost_before_output_is_dispatched_again() -> None:
     assert "redispatch_lost" in reasons
 
 
-async def test_an_rpc_lost_after_output_is_a_handler_error() -> None:
+async def test_an_rpc_lost_after_output_is_a_handler_error(store_kind: StoreKind) -> None:
     plans = by_step(a=[hang()], r=[lost(after_output=True)])
-    async with otp.open_node(), server(plans):
+    async with otp.open_node(), server(store_kind, plans):
         await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
         with pytest.raises(HandlerError) as info:
             await FlowEngine.call_rpc("f", "r")
@@ -799,9 +829,9 @@ async def test_an_rpc_lost_after_output_is_a_handler_error() -> None:
 
 
 async def test_an_rpc_past_its_timeout_raises_call_timeout(
-    autojump_clock: trio.testing.MockClock,
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with otp.open_node(), server(lambda task: [hang()]):
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
         start = trio.current_time()
         with pytest.raises(CallTimeout, match=r"did not answer within 3\.0 s"):
@@ -815,8 +845,8 @@ async def test_an_rpc_past_its_timeout_raises_call_timeout(
 # -- waiting, describing, listing, cancelling -----------------------------------------------------
 
 
-async def test_result_waiters_all_get_the_result_once_the_flow_ends() -> None:
-    async with otp.open_node(), server(lambda task: [hang()]):
+async def test_result_waiters_all_get_the_result_once_the_flow_ends(store_kind: StoreKind) -> None:
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("T", [], definition(step("a")), "f")
         tags = [await spawn_call(FlowEngine.result, "f") for _ in range(3)]
         await trio.testing.wait_all_tasks_blocked()
@@ -828,9 +858,9 @@ async def test_result_waiters_all_get_the_result_once_the_flow_ends() -> None:
 
 
 async def test_result_raises_call_timeout_when_its_timeout_passes(
-    autojump_clock: trio.testing.MockClock,
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with otp.open_node(), server(lambda task: [hang()]):
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("T", [], definition(step("a")), "f")
         start = trio.current_time()
         with pytest.raises(CallTimeout, match="still running"):
@@ -840,13 +870,13 @@ async def test_result_raises_call_timeout_when_its_timeout_passes(
 
 
 async def test_one_caller_waiting_for_many_results_is_monitored_once_and_each_times_out_alone(
-    autojump_clock: trio.testing.MockClock,
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
     """A connection passes its clients' ``result`` calls on as requests of its own: the
     engine monitors it once however many it waits for, each waiter still times out at its own
     timeout (one answered first never does), and the caller's death drops the rest."""
     script = {"f1": [hang()], "f2": [hang()], "f3": [hang()]}
-    async with otp.open_node(), server(lambda task: script[task.flow_id]):
+    async with otp.open_node(), server(store_kind, lambda task: script[task.flow_id]):
         for flow_id in script:
             await FlowEngine.start_flow("T", [], definition(step("a")), flow_id)
         me, start = otp.self(), trio.current_time()
@@ -882,8 +912,8 @@ async def test_one_caller_waiting_for_many_results_is_monitored_once_and_each_ti
         assert (await FlowEngine.statistics()).waiters == 0
 
 
-async def test_result_of_no_flow_raises_flow_not_found() -> None:
-    async with otp.open_node(), server():
+async def test_result_of_no_flow_raises_flow_not_found(store_kind: StoreKind) -> None:
+    async with otp.open_node(), server(store_kind):
         with pytest.raises(FlowNotFound, match="no flow has id 'x'"):
             await FlowEngine.result("x")
         with pytest.raises(FlowNotFound):
@@ -892,8 +922,8 @@ async def test_result_of_no_flow_raises_flow_not_found() -> None:
             await FlowEngine.cancel("x")
 
 
-async def test_a_waiter_that_dies_is_forgotten() -> None:
-    async with otp.open_node(), server(lambda task: [hang()]):
+async def test_a_waiter_that_dies_is_forgotten(store_kind: StoreKind) -> None:
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("T", [], definition(step("a")), "f")
 
         async def wait() -> None:
@@ -908,10 +938,10 @@ async def test_a_waiter_that_dies_is_forgotten() -> None:
 
 
 async def test_describe_reads_as_a_flow_description_with_attempts_and_dispatches(
-    autojump_clock: trio.testing.MockClock,
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
     script = by_step(a=[fail("E", "once"), ok("A", set={"n": 1})], b=[ok("B")])
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", ["in"], definition(step("a"), step("b")), "f")
         await FlowEngine.result("f")
         d = await describe("f")
@@ -931,11 +961,11 @@ async def test_describe_reads_as_a_flow_description_with_attempts_and_dispatches
     assert raw["definition"] == parse_definition(definition(step("a"), step("b"))).to_wire()
 
 
-async def test_list_flows_filters_by_type_and_status_newest_first() -> None:
+async def test_list_flows_filters_by_type_and_status_newest_first(store_kind: StoreKind) -> None:
     def script(task: Task) -> Any:
         return [hang()] if task.flow_id.startswith("run") else [ok()]
 
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         for flow_id, flow_type in [("run1", "A"), ("done1", "A"), ("run2", "B"), ("done2", "B")]:
             await FlowEngine.start_flow(flow_type, [], definition(step("s")), flow_id)
             if flow_id.startswith("done"):
@@ -953,8 +983,10 @@ async def test_list_flows_filters_by_type_and_status_newest_first() -> None:
     assert [s["flow_id"] for s in limited] == ["done2"]
 
 
-async def test_cancel_ignores_the_running_attempt_and_waiters_get_cancelled() -> None:
-    async with otp.open_node(), server(lambda task: [hang()]):
+async def test_cancel_ignores_the_running_attempt_and_waiters_get_cancelled(
+    store_kind: StoreKind,
+) -> None:
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("T", [], definition(step("a"), step("b")), "f")
         tag = await spawn_call(FlowEngine.result, "f")
         await trio.testing.wait_all_tasks_blocked()
@@ -993,9 +1025,9 @@ async def test_cancel_tells_the_stream_running_the_attempt_and_one_delivered_too
 
 
 async def test_cancel_stops_a_retry_waiting_for_its_backoff(
-    autojump_clock: trio.testing.MockClock,
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with otp.open_node(), server(by_step(a=[fail()])):
+    async with otp.open_node(), server(store_kind, by_step(a=[fail()])):
         await FlowEngine.start_flow("T", [], definition(step("a", initial_backoff=10)), "f")
         await trio.sleep(1)
         assert (await FlowEngine.statistics()).retries_waiting == 1
@@ -1008,8 +1040,8 @@ async def test_cancel_stops_a_retry_waiting_for_its_backoff(
 # -- durability -----------------------------------------------------------------------------------
 
 
-async def test_nothing_happens_before_its_commit() -> None:
-    async with otp.open_node(), server(lambda task: []) as store:
+async def test_nothing_happens_before_its_commit(store_kind: StoreKind) -> None:
+    async with otp.open_node(), server(store_kind, lambda task: []) as store:
         store.gate = trio.Event()
         tag = await spawn_call(
             FlowEngine.start_flow, "T", [], definition(step("a"), step("b")), "f", timeout=None
@@ -1042,8 +1074,8 @@ async def test_nothing_happens_before_its_commit() -> None:
         assert await outcome(tag) == 2
 
 
-async def test_a_pass_over_the_mailbox_is_committed_as_few_batches() -> None:
-    async with otp.open_node(), server():
+async def test_a_pass_over_the_mailbox_is_committed_as_few_batches(store_kind: StoreKind) -> None:
+    async with otp.open_node(), server(store_kind):
         before = (await FlowEngine.statistics()).commits
         tags = [
             await spawn_call(FlowEngine.start_flow, "T", [i], definition(step("a"), step("b")))
@@ -1058,12 +1090,14 @@ async def test_a_pass_over_the_mailbox_is_committed_as_few_batches() -> None:
     assert isinstance(stats, EngineStatistics) and stats.flows_running == 0
 
 
-async def test_64_concurrent_one_step_flows_share_a_few_group_commits() -> None:
+async def test_64_concurrent_one_step_flows_share_a_few_group_commits(
+    store_kind: StoreKind,
+) -> None:
     async def run(i: int) -> Any:
         return await FlowEngine.result(await FlowEngine.start_flow("T", [i], one_step))
 
     one_step = definition(step("a"))
-    async with otp.open_node(), server():
+    async with otp.open_node(), server(store_kind):
         before = await StoreServer.statistics()
         tags = [await spawn_call(run, i) for i in range(64)]
         assert [await outcome(tag) for tag in tags] == [[i] for i in range(64)]
@@ -1076,17 +1110,17 @@ async def test_64_concurrent_one_step_flows_share_a_few_group_commits() -> None:
     assert engine.largest_batch >= 64 * 2  # (a flow and its pending step, in one batch)
 
 
-async def test_a_killed_engine_recovers_its_running_flows_from_the_store_file(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+async def test_a_killed_engine_recovers_its_running_flows_from_the_store(
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
-    path = str(tmp_path / "matching.sqlite3")
+    path = store_kind.durable
     script = by_step(
         a=[ok("A", worker="w7", set={"n": 1})],
         b=[hang()],
         c=[fail()],
     )
     spec = definition(step("a"), step("b"), rpcs=["r"])
-    async with otp.open_node(), server(script, path=path):
+    async with otp.open_node(), server(store_kind, script, path=path):
         await FlowEngine.start_flow("T", ["x"], spec, "f")
         await FlowEngine.start_flow("T", [], definition(step("c", initial_backoff=30)), "g")
         await FlowEngine.start_flow("T", [], definition(), "done")
@@ -1097,8 +1131,8 @@ async def test_a_killed_engine_recovers_its_running_flows_from_the_store_file(
         otp.exit(engine, otp.KILL)  # mid-flow: b running, c backing off
         await otp.GenServer.stop(SERVER_NAME)
 
-        # the server again, on the same file
-        await StoreServer.start_link(InlineSqliteStore(path), name=SERVER_NAME)
+        # the server again, on the same database
+        await StoreServer.start_link(GatedStore(store_kind.store(path)), name=SERVER_NAME)
         await set_script(by_step(b=[ok("B")], c=[ok("C")]))
         start = trio.current_time()
         await FlowEngine.start(EngineOptions(first_delivery=1000), name=ENGINE)
@@ -1118,8 +1152,8 @@ async def test_a_killed_engine_recovers_its_running_flows_from_the_store_file(
     assert stats.flows_running == 0
 
 
-async def test_the_engine_stops_when_its_store_goes_away() -> None:
-    async with otp.open_node(), server():
+async def test_the_engine_stops_when_its_store_goes_away(store_kind: StoreKind) -> None:
+    async with otp.open_node(), server(store_kind):
         engine = otp.whereis(ENGINE)
         assert engine is not None
         ref = otp.monitor(engine)
@@ -1128,9 +1162,9 @@ async def test_the_engine_stops_when_its_store_goes_away() -> None:
     assert down.reason == otp.Shutdown(("store_down", "normal"))
 
 
-async def test_start_flow_pins_the_definition_it_was_given() -> None:
+async def test_start_flow_pins_the_definition_it_was_given(store_kind: StoreKind) -> None:
     script = by_step(a=[hang()], b=[ok("b")])
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "old")
         await FlowEngine.start_flow("T", [], definition(step("b"), rpcs=["q"]), "new")
         assert await FlowEngine.result("new") == "b"
@@ -1144,8 +1178,8 @@ async def test_start_flow_pins_the_definition_it_was_given() -> None:
         assert await FlowEngine.result("new2") == "b"
 
 
-async def test_statistics_count_flows_dispatches_and_commits() -> None:
-    async with otp.open_node(), server(lambda task: [hang()]):
+async def test_statistics_count_flows_dispatches_and_commits(store_kind: StoreKind) -> None:
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("T", [], definition(step("a")), "f")
         await trio.testing.wait_all_tasks_blocked()
         stats = await FlowEngine.statistics()

@@ -13,12 +13,13 @@ from test_node.test_node_cli import ROOT, Node, _env
 
 from apps.matching import Client, ClientOptions, FlowStatus, Registry
 
+from ._stores import StoreKind
 from .crash_worker import Crashy
 
 HERE = Path(__file__).resolve().parent
 
 
-def _server(tmp_path: Path) -> tuple[Node, str]:
+def _server(tmp_path: Path, store_kind: StoreKind | None = None) -> tuple[Node, str]:
     address = f"unix:{tmp_path / 'matching.sock'}"
     node = Node(
         "--app",
@@ -26,7 +27,7 @@ def _server(tmp_path: Path) -> tuple[Node, str]:
         "--matching-listen",
         address,
         "--matching-store",
-        str(tmp_path / "matching.sqlite3"),
+        str(tmp_path / "matching.sqlite3") if store_kind is None else store_kind.durable,
     )
     return node, address
 
@@ -88,8 +89,8 @@ class _WorkerProcess:
         self.process.send_signal(signal.SIGKILL)
 
 
-async def test_a_worker_killed_mid_step_loses_nothing(tmp_path):
-    node, address = _server(tmp_path)
+async def test_a_worker_killed_mid_step_loses_nothing(tmp_path, store_kind):
+    node, address = _server(tmp_path, store_kind)
     log = tmp_path / "handler.log"
     client = Client(Registry((Crashy,)), None, ClientOptions(server_address=address))
     try:

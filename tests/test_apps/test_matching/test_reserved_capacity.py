@@ -72,9 +72,10 @@ def _worker(address: str) -> TrioWorker:
 
 
 @asynccontextmanager
-async def served() -> AsyncIterator[tuple[TrioWorker, TrioClient, trio.Nursery]]:
-    """A real server, a ready worker of :data:`REGISTRY` (closed after) and a client."""
-    async with matching_server() as address, trio.open_nursery() as nursery:
+async def served(store_kind: str) -> AsyncIterator[tuple[TrioWorker, TrioClient, trio.Nursery]]:
+    """A real server on a ``store_kind`` store, a ready worker of :data:`REGISTRY` (closed
+    after) and a client."""
+    async with matching_server(store_kind) as address, trio.open_nursery() as nursery:
         worker = _worker(address)
         nursery.start_soon(worker.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=address)) as client:
@@ -88,10 +89,12 @@ def _reasons(description) -> list[str]:
     return [d["reason"] for d in description.dispatches]
 
 
-async def test_an_rpc_runs_in_the_reserved_slot_while_the_step_slot_is_busy(autojump_clock):
+async def test_an_rpc_runs_in_the_reserved_slot_while_the_step_slot_is_busy(
+    store_kind, autojump_clock
+):
     for key in ("a", "b"):
         GATES[key] = trio.Event()
-    async with served() as (worker, client, _):
+    async with served(store_kind) as (worker, client, _):
         with trio.fail_after(BOUND):
             first = await client.start_flow(Busy, "a")
             await until(lambda: worker.statistics().busy == 1)
@@ -111,10 +114,12 @@ async def test_an_rpc_runs_in_the_reserved_slot_while_the_step_slot_is_busy(auto
     assert worker.pull_reserved_rpc_declines == declines  # never reset, readable after close
 
 
-async def test_a_step_declined_with_every_slot_busy_is_not_a_reserved_decline(autojump_clock):
+async def test_a_step_declined_with_every_slot_busy_is_not_a_reserved_decline(
+    store_kind, autojump_clock
+):
     for key in ("step", "rpc"):
         GATES[key] = trio.Event()
-    async with served() as (worker, client, nursery):
+    async with served(store_kind) as (worker, client, nursery):
         with trio.fail_after(BOUND):
             first = await client.start_flow(Busy, "step")
             await until(lambda: worker.statistics().busy == 1)
@@ -135,9 +140,11 @@ async def test_a_step_declined_with_every_slot_busy_is_not_a_reserved_decline(au
             assert answers == ["not yet"]
 
 
-async def test_a_wait_for_check_is_declined_for_the_reserved_slot_like_any_step(autojump_clock):
+async def test_a_wait_for_check_is_declined_for_the_reserved_slot_like_any_step(
+    store_kind, autojump_clock
+):
     GATES["held"] = trio.Event()
-    async with served() as (worker, client, _):
+    async with served(store_kind) as (worker, client, _):
         with trio.fail_after(BOUND):
             busy = await client.start_flow(Busy, "held")
             await until(lambda: worker.statistics().busy == 1)  # the one Step slot

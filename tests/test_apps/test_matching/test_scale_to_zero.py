@@ -40,9 +40,12 @@ class Nightly(Flow):
 REGISTRY = Registry([Nightly], allow_async_handlers=True)
 
 
-async def test_steps_started_with_no_worker_complete_once_one_starts(autojump_clock):
+async def test_steps_started_with_no_worker_complete_once_one_starts(store_kind, autojump_clock):
     limits = MatchingLimits(dispatch_wait=5.0)
-    async with matching_server(limits=limits) as address, trio.open_nursery() as nursery:
+    async with (
+        matching_server(store_kind, limits=limits) as address,
+        trio.open_nursery() as nursery,
+    ):
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=address)) as client:
             flow_ids = [await client.start_flow(Nightly, n) for n in range(3)]
             await trio.sleep(WORKER_STARTS_AFTER)  # nobody serves the queue meanwhile
@@ -69,7 +72,9 @@ async def test_steps_started_with_no_worker_complete_once_one_starts(autojump_cl
     assert first["type"] == "unavailable" and "start a pull worker" in first["message"]
 
 
-async def test_without_enough_retries_a_step_fails_unavailable_naming_the_queue(autojump_clock):
+async def test_without_enough_retries_a_step_fails_unavailable_naming_the_queue(
+    store_kind, autojump_clock
+):
     class Once(Flow):
         name = "Once"
 
@@ -78,7 +83,7 @@ async def test_without_enough_retries_a_step_fails_unavailable_naming_the_queue(
             return None
 
     registry = Registry([Once], allow_async_handlers=True)
-    async with matching_server(limits=MatchingLimits(dispatch_wait=5.0)) as address:
+    async with matching_server(store_kind, limits=MatchingLimits(dispatch_wait=5.0)) as address:
         async with TrioClient(registry, None, ClientOptions(server_address=address)) as client:
             flow_id = await client.start_flow(Once)
             with trio.fail_after(60), pytest.raises(FlowFailed) as failure:

@@ -39,8 +39,10 @@ DEFINITION = {
 }
 
 
-async def test_a_graceful_stop_asks_workers_with_running_calls_to_reconnect(autojump_clock):
-    async with matching_server() as address:
+async def test_a_graceful_stop_asks_workers_with_running_calls_to_reconnect(
+    store_kind, autojump_clock
+):
+    async with matching_server(store_kind) as address:
         path = address.removeprefix("unix:")
         worker, client = await Peer.unix(path), await Peer.unix(path)
         await worker.hello("worker", worker_id="w1", flows={"G": {"steps": ["write"], "rpcs": []}})
@@ -90,11 +92,11 @@ class Slow(Flow):
 REGISTRY = Registry([Slow], allow_async_handlers=True)
 
 
-async def test_a_step_running_across_a_graceful_stop_completes_exactly_once(tmp_path):
+async def test_a_step_running_across_a_graceful_stop_completes_exactly_once(store_kind):
     GATE["a"] = trio.Event()
     RUNS.clear()
-    store = str(tmp_path / "m.sqlite3")
-    async with matching_server(store=store) as address, trio.open_nursery() as nursery:
+    store = store_kind.durable
+    async with matching_server(store_kind, store=store) as address, trio.open_nursery() as nursery:
         worker = TrioWorker(REGISTRY, None, WorkerOptions(server_address=address))
         nursery.start_soon(worker.start)
         with trio.fail_after(BOUND):
@@ -129,9 +131,9 @@ async def test_a_step_running_across_a_graceful_stop_completes_exactly_once(tmp_
 
 
 async def test_a_client_waiting_for_a_result_gets_a_retryable_draining_error_on_a_stop(
-    autojump_clock,
+    store_kind, autojump_clock
 ):
-    async with matching_server() as address:
+    async with matching_server(store_kind) as address:
         client = await Peer.unix(address.removeprefix("unix:"))
         await client.hello("client")
         started = await client.call(

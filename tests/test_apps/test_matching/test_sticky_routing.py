@@ -58,8 +58,10 @@ def _worker(address: str, worker_id: str) -> TrioWorker:
     return TrioWorker(REGISTRY, None, options)
 
 
-async def test_a_flows_next_calls_go_to_its_workers_own_queue_as_sticky_hits(autojump_clock):
-    async with matching_server() as address, trio.open_nursery() as nursery:
+async def test_a_flows_next_calls_go_to_its_workers_own_queue_as_sticky_hits(
+    store_kind, autojump_clock
+):
+    async with matching_server(store_kind) as address, trio.open_nursery() as nursery:
         worker = _worker(address, "w-sticky")
         nursery.start_soon(worker.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=address)) as client:
@@ -91,10 +93,10 @@ async def test_a_flows_next_calls_go_to_its_workers_own_queue_as_sticky_hits(aut
     }
 
 
-async def test_a_draining_worker_loses_its_sticky_flows_at_once(caplog):
+async def test_a_draining_worker_loses_its_sticky_flows_at_once(store_kind, caplog):
     caplog.set_level(logging.INFO, logger="apps.matching")
     HOLD["hold"] = trio.Event()
-    async with matching_server() as address, trio.open_nursery() as nursery:
+    async with matching_server(store_kind) as address, trio.open_nursery() as nursery:
         old, new = _worker(address, "w-old"), _worker(address, "w-new")
         nursery.start_soon(old.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=address)) as client:

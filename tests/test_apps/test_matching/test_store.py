@@ -1,9 +1,11 @@
-"""The matching server's store: ``SqliteStore`` against the ``Store`` contract, ``StoreServer``'s
-group commit, and a model-based property (random batches on the store and on a dict model)."""
+"""The matching server's store: ``SqliteStore`` and ``PostgresStore`` against the ``Store``
+contract (each test on both, through the ``store_kind`` fixture), ``StoreServer``'s group commit,
+and a model-based property (random batches on the store and on a dict model)."""
 
 from __future__ import annotations
 
 import copy
+import re
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,6 +37,8 @@ from apps.matching._store import (
     StoreServer,
     WriteBatch,
 )
+
+from ._stores import StoreKind
 
 
 def flow(flow_id: str = "f1", **kw: Any) -> FlowRecord:
@@ -94,15 +98,10 @@ def pending(flow_id: str = "f1", index: int = 0, **kw: Any) -> PendingStep:
     return PendingStep(flow_id=flow_id, step_index=index, **kw)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[SqliteStore]:
-    """Each contract test runs on both stores (PostgreSQL: a new schema of the session's
-    server)."""
-    s: Any
-    if request.param == "sqlite":
-        s = SqliteStore(":memory:")
-    else:
-        s = PostgresStore(request.getfixturevalue("postgres").url())
+@pytest.fixture
+async def store(store_kind: StoreKind) -> AsyncIterator[SqliteStore]:
+    """An open store of each kind, its calls in worker threads (as a server runs it)."""
+    s = store_kind.store(threads=True)
     await s.open()
     yield s
     await s.close()
@@ -169,10 +168,12 @@ class _Schedules(trio.abc.Instrument):
         self.count += task is self.task
 
 
-async def test_a_call_on_a_free_connection_goes_through_the_scheduler_once() -> None:
+async def test_a_call_on_a_free_connection_goes_through_the_scheduler_once(
+    store_kind: StoreKind,
+) -> None:
     """The store's connection is taken without a checkpoint of its own when it is free: the
     call's one trip through the scheduler is its work's (here, on trio's own thread)."""
-    s = SqliteStore(":memory:", threads=False)
+    s = store_kind.store(threads=False)
     await s.open()
     try:
         counter = _Schedules(trio.lowlevel.current_task())
@@ -186,17 +187,29 @@ async def test_a_call_on_a_free_connection_goes_through_the_scheduler_once() -> 
         await s.close()
 
 
-async def test_sqlite_store_without_threads_runs_on_the_trio_thread(
-    autojump_clock: trio.testing.MockClock,
+async def test_a_store_without_threads_runs_on_the_trio_thread(
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
-    s = SqliteStore(":memory:", threads=False)
-    assert repr(s) == "SqliteStore(':memory:', threads=False)"
+    s = store_kind.store(threads=False)
+    assert repr(s).endswith(", threads=False)")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.sleep, 100)  # a timer autojump would fire while a thread ran
         start = trio.current_time()
         await s.open()
+        woke: list[int] = []
+
+        async def waiter() -> None:
+            woke.append(await s.wait_pending(0))
+
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        # (PostgreSQL: the waiter listens for other servers' NOTIFY without a thread)
+        assert trio.to_thread.current_default_thread_limiter().borrowed_tokens == 0
         await s.create_flow(flow())
         assert await s.get_flow("f1") == flow()
+        await s.commit(WriteBatch(pending_put=[pending()]))
+        await trio.testing.wait_all_tasks_blocked()
+        assert woke == [1]
         await s.close()
         assert trio.current_time() == start  # no thread ran: the clock never jumped
         nursery.cancel_scope.cancel()
@@ -207,14 +220,14 @@ async def test_sqlite_store_without_threads_runs_on_the_trio_thread(
 # -- lifecycle ----------------------------------------------------------------------------------
 
 
-async def test_methods_before_open_raise_store_error() -> None:
-    s = SqliteStore(":memory:")
-    with pytest.raises(StoreError, match=r"SqliteStore\(':memory:'\) is not open"):
+async def test_methods_before_open_raise_store_error(store_kind: StoreKind) -> None:
+    s = store_kind.store()
+    with pytest.raises(StoreError, match=rf"^{re.escape(repr(s))} is not open"):
         await s.get_flow("f1")
 
 
-async def test_methods_after_close_raise_store_error() -> None:
-    s = SqliteStore(":memory:")
+async def test_methods_after_close_raise_store_error(store_kind: StoreKind) -> None:
+    s = store_kind.store()
     await s.open()
     await s.close()
     await s.close()  # twice is a no-op
@@ -222,35 +235,39 @@ async def test_methods_after_close_raise_store_error() -> None:
         await s.commit(WriteBatch(flows_created=[flow()]))
 
 
-async def test_file_database_keeps_its_data_across_reopening(tmp_path: Path) -> None:
-    path = str(tmp_path / "store.db")
-    s = SqliteStore(path)
+async def test_a_database_keeps_its_data_across_reopening(store_kind: StoreKind) -> None:
+    s = store_kind.store(store_kind.durable)
     await s.open()
     await s.create_flow(flow())
     await s.close()
-    again = SqliteStore(path)
+    again = store_kind.store(store_kind.durable)
     await again.open()  # the schema is current: nothing to migrate
     assert await again.get_flow("f1") == flow()
     await again.close()
-    with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert conn.execute("SELECT version FROM schema_migrations").fetchall() == [
-            (version,) for version in range(1, SCHEMA_VERSION + 1)
-        ]
+    assert store_kind.query("SELECT version FROM schema_migrations ORDER BY version") == [
+        (version,) for version in range(1, SCHEMA_VERSION + 1)
+    ]
 
 
-async def test_a_schema_newer_than_the_code_is_refused(tmp_path: Path) -> None:
+async def test_a_sqlite_file_runs_in_wal_mode(tmp_path: Path) -> None:
     path = str(tmp_path / "store.db")
     s = SqliteStore(path)
     await s.open()
     await s.close()
     with sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO schema_migrations VALUES (?, 0)", (SCHEMA_VERSION + 1,))
-    newer = SqliteStore(path)
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+async def test_a_schema_newer_than_the_code_is_refused(store_kind: StoreKind) -> None:
+    s = store_kind.store(store_kind.durable)
+    await s.open()
+    await s.close()
+    store_kind.query(f"INSERT INTO schema_migrations VALUES ({SCHEMA_VERSION + 1}, 0)")
+    newer = store_kind.store(store_kind.durable)
     with pytest.raises(StoreError) as info:
         await newer.open()
     assert str(info.value) == (
-        f"SqliteStore({path!r}): the database has schema version {SCHEMA_VERSION + 1}, newer"
+        f"{newer!r}: the database has schema version {SCHEMA_VERSION + 1}, newer"
         f" than this code's {SCHEMA_VERSION}; run a release that knows version"
         f" {SCHEMA_VERSION + 1} (nothing was changed)"
     )
@@ -282,32 +299,12 @@ async def test_an_unreachable_postgres_is_one_clear_store_error(postgres: Any) -
     assert message.endswith("check the URL, that the server runs and that it accepts this user")
 
 
-async def test_postgres_keeps_its_data_and_refuses_a_newer_schema(postgres: Any) -> None:
-    import psycopg
-
-    url = postgres.url()
-    s = PostgresStore(url)
-    await s.open()
-    await s.create_flow(flow())
-    await s.close()
-    again = PostgresStore(url)
-    await again.open()  # current: nothing to migrate
-    assert await again.get_flow("f1") == flow()
-    await again.close()
-    with psycopg.connect(url, autocommit=True) as conn:
-        assert conn.execute("SELECT version FROM schema_migrations").fetchall() == [
-            (version,) for version in range(1, SCHEMA_VERSION + 1)
-        ]
-        conn.execute("INSERT INTO schema_migrations VALUES (%s, 0)", (SCHEMA_VERSION + 1,))
-    with pytest.raises(StoreError, match=rf"has schema version {SCHEMA_VERSION + 1}, newer"):
-        await PostgresStore(url).open()
-
-
-async def test_two_servers_on_one_postgres_never_claim_the_same_step(postgres: Any) -> None:
-    url = postgres.url()
-    stores = [PostgresStore(url) for _ in range(3)]
+async def test_stores_sharing_one_database_never_claim_the_same_step(
+    store_kind: StoreKind,
+) -> None:
+    stores = [store_kind.store(store_kind.durable, threads=True) for _ in range(3)]
     for s in stores:
-        await s.open()  # (three servers migrating one schema: the advisory lock serialises)
+        await s.open()  # (PostgreSQL: three servers migrating one schema, one at a time)
     flows = [flow(f"f{i:02}") for i in range(40)]
     await stores[0].commit(WriteBatch(flows_created=flows))
     await stores[0].commit(WriteBatch(pending_put=[pending(f.flow_id) for f in flows]))
@@ -327,25 +324,43 @@ async def test_two_servers_on_one_postgres_never_claim_the_same_step(postgres: A
         await s.close()
 
 
-async def test_a_commit_on_one_server_wakes_wait_pending_on_another(postgres: Any) -> None:
-    url = postgres.url()
-    here, there = PostgresStore(url), PostgresStore(url)
-    await here.open()
-    await there.open()
-    await here.create_flow(flow())
-    woke: list[int] = []
+@pytest.mark.parametrize("threads", [True, False])
+async def test_a_commit_on_one_server_wakes_wait_pending_on_another(
+    postgres: Any, threads: bool
+) -> None:
+    """(PostgreSQL only: SQLite is one server's.) Without threads too: the waiter waits for
+    its listening socket, never blocking trio's thread, and reads what came."""
+    with postgres.schema() as url:
+        here, there = PostgresStore(url), PostgresStore(url, threads=threads)
+        await here.open()
+        await there.open()
+        await here.create_flow(flow())
+        woke: list[int] = []
 
-    async def waiter() -> None:
-        woke.append(await there.wait_pending(0))
+        async def waiter() -> None:
+            woke.append(await there.wait_pending(0))
 
-    with trio.fail_after(30):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(waiter)
-            await trio.testing.wait_all_tasks_blocked()
-            await here.commit(WriteBatch(pending_put=[pending()]))
-    assert woke == [1]
-    await here.close()
-    await there.close()
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                await trio.testing.wait_all_tasks_blocked()
+                await here.commit(WriteBatch(pending_put=[pending()]))
+        assert woke == [1]
+        await here.close()
+        await there.close()
+
+
+async def test_closing_a_store_without_threads_wakes_its_listener(postgres: Any) -> None:
+    """A ``wait_pending`` waiting for the listening socket does not hold up ``close``."""
+    with postgres.schema() as url:
+        s = PostgresStore(url, threads=False)
+        await s.open()
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(s.wait_pending, 0)
+                await trio.testing.wait_all_tasks_blocked()
+                await s.close()
+                nursery.cancel_scope.cancel()
 
 
 # -- flows --------------------------------------------------------------------------------------
@@ -457,6 +472,32 @@ async def test_a_value_without_a_wire_form_is_refused(store: SqliteStore) -> Non
     assert await store.get_flow("f1") is None
 
 
+async def test_text_holding_a_nul_is_refused_alone_and_never_found(store: SqliteStore) -> None:
+    """PostgreSQL's text cannot hold a NUL character, SQLite's could: both refuse it, the
+    batch alone (the others of its group are stored), and a read naming it finds nothing."""
+    await store.create_flow(flow())
+    bad = [
+        WriteBatch(flows_created=[flow("a\x00b")]),
+        WriteBatch(flows_upserted=[flow(version=2, flow_type="x\x00")]),
+        WriteBatch(attempts=[attempt(worker_id="w\x00")]),
+        WriteBatch(dispatches=[dispatch(queue="flow:\x00")]),
+        WriteBatch(pending_put=[pending(step="s\x00")]),
+        WriteBatch(pending_done=[("f\x00", 0)]),
+    ]
+    outcomes = await store.commit_many([*bad, WriteBatch(flows_created=[flow("ok")])])
+    for outcome in outcomes[:-1]:
+        assert isinstance(outcome, StoreError)
+        assert "text may not hold a NUL character" in str(outcome)
+    assert outcomes[-1] is None and await store.get_flow("ok") == flow("ok")
+    (alone,) = await store.commit_many(bad[:1])
+    assert isinstance(alone, StoreError)
+    assert await store.get_flow("f1") == flow()
+    assert await store.get_flow("a\x00b") is None
+    assert await store.list_flows(flow_type="x\x00") == []
+    assert await store.attempts("a\x00b") == await store.pending("a\x00b") == []
+    assert await store.dispatches("a\x00b") == []
+
+
 # -- attempts and dispatches --------------------------------------------------------------------
 
 
@@ -532,6 +573,16 @@ async def test_claim_pending_leases_due_free_steps_earliest_first(store: SqliteS
     assert rest == [attrs.evolve(steps[0], lease_owner="n2", lease_expires=40.0)]
     assert await store.claim_pending("n3", now=10.0, lease_seconds=30.0, limit=10) == []
     assert store.statistics().claimed == 3
+
+
+async def test_claims_due_together_go_by_flow_id_in_code_point_order(store: SqliteStore) -> None:
+    """As Python sorts strings, on both stores (PostgreSQL's text is compared in the "C"
+    collation: a database's own, en_US say, puts "a" before "B" and skips punctuation)."""
+    ids = ["ab", "a_c", "aB", "a-b", "B", "é", "z"]
+    await store.commit(WriteBatch(flows_created=[flow(i) for i in ids]))
+    await store.commit(WriteBatch(pending_put=[pending(i, not_before=1.0) for i in ids]))
+    claimed = await store.claim_pending("n1", now=10.0, lease_seconds=30.0, limit=len(ids))
+    assert [p.flow_id for p in claimed] == sorted(ids)
 
 
 async def test_an_expired_lease_can_be_claimed_by_another_owner(store: SqliteStore) -> None:
@@ -650,11 +701,11 @@ async def test_wait_pending_wakes_when_a_commit_puts_free_steps(store: SqliteSto
 # -- StoreServer --------------------------------------------------------------------------------
 
 
-async def test_server_group_commits_concurrent_batches_durably(tmp_path: Path) -> None:
-    path = str(tmp_path / "store.db")
+async def test_server_group_commits_concurrent_batches_durably(store_kind: StoreKind) -> None:
+    path = store_kind.durable
     n = 200
     async with otp.open_node():
-        await StoreServer.start_link(SqliteStore(path), name="matching_store")
+        await StoreServer.start_link(store_kind.store(path, threads=True), name="matching_store")
 
         async def writer(i: int) -> None:
             await StoreServer.create_flow(flow(f"f{i:03}", created_at=float(i)))
@@ -669,16 +720,18 @@ async def test_server_group_commits_concurrent_batches_durably(tmp_path: Path) -
         assert stats.largest_group > 1
         assert (stats.queued, stats.in_flight) == (0, 0)
         await otp.GenServer.stop("matching_store")
-    reopened = SqliteStore(path)
+    reopened = store_kind.store(path)
     await reopened.open()
     listed = await reopened.list_flows(limit=n + 1)
     assert [r.flow_id for r in listed] == [f"f{i:03}" for i in reversed(range(n))]
     await reopened.close()
 
 
-async def test_server_commit_nowait_tells_the_sender_each_batch_is_durable_or_refused() -> None:
+async def test_server_commit_nowait_tells_the_sender_each_batch_is_durable_or_refused(
+    store_kind: StoreKind,
+) -> None:
     async with otp.open_node():
-        await StoreServer.start_link(SqliteStore(":memory:"), name="matching_store")
+        await StoreServer.start_link(store_kind.store(threads=True), name="matching_store")
         me = otp.self()
         StoreServer.commit_nowait(WriteBatch(flows_created=[flow()]), me, "first")
         StoreServer.commit_nowait(WriteBatch(flows_created=[flow()]), me, "again")
@@ -692,9 +745,9 @@ async def test_server_commit_nowait_tells_the_sender_each_batch_is_durable_or_re
     assert stats.batches == 2  # the bad batch never reached the store
 
 
-async def test_server_refuses_a_conflicting_batch_alone() -> None:
+async def test_server_refuses_a_conflicting_batch_alone(store_kind: StoreKind) -> None:
     async with otp.open_node():
-        await StoreServer.start_link(SqliteStore(":memory:"), name="matching_store")
+        await StoreServer.start_link(store_kind.store(threads=True), name="matching_store")
         await StoreServer.create_flow(flow())
         outcomes: dict[int, Any] = {}
 
@@ -717,9 +770,9 @@ async def test_server_refuses_a_conflicting_batch_alone() -> None:
             await StoreServer.create_flow(flow())
 
 
-async def test_server_answers_every_read_and_lease_call() -> None:
+async def test_server_answers_every_read_and_lease_call(store_kind: StoreKind) -> None:
     async with otp.open_node():
-        await StoreServer.start_link(SqliteStore(":memory:"), name="store2")
+        await StoreServer.start_link(store_kind.store(threads=True), name="store2")
         s = "store2"
         batch = WriteBatch(
             flows_created=[flow("a"), flow("b", flow_type="mail", created_at=2000.0)],
@@ -751,9 +804,9 @@ async def test_server_answers_every_read_and_lease_call() -> None:
             await StoreServer.list_flows(limit=-5, server=s)
 
 
-async def test_server_wait_pending_answers_after_a_put() -> None:
+async def test_server_wait_pending_answers_after_a_put(store_kind: StoreKind) -> None:
     async with otp.open_node():
-        await StoreServer.start_link(SqliteStore(":memory:"), name="matching_store")
+        await StoreServer.start_link(store_kind.store(threads=True), name="matching_store")
         await StoreServer.create_flow(flow())
         woke: list[int] = []
 
@@ -769,23 +822,21 @@ async def test_server_wait_pending_answers_after_a_put() -> None:
         assert await StoreServer.wait_pending(0) == 1
 
 
-async def test_server_start_fails_on_a_newer_schema(tmp_path: Path) -> None:
-    path = str(tmp_path / "store.db")
-    s = SqliteStore(path)
+async def test_server_start_fails_on_a_newer_schema(store_kind: StoreKind) -> None:
+    s = store_kind.store(store_kind.durable)
     await s.open()
     await s.close()
-    with sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO schema_migrations VALUES (99, 0)")
+    store_kind.query("INSERT INTO schema_migrations VALUES (99, 0)")
     async with otp.open_node():
         with pytest.raises(otp.StartError) as info:
-            await StoreServer.start(SqliteStore(path), name="matching_store")
+            await StoreServer.start(store_kind.store(store_kind.durable), name="matching_store")
         reason = info.value.reason
         assert isinstance(reason, otp.Crash)
         assert "schema version 99, newer than this code's" in str(reason.exception)
 
 
-async def test_server_closes_its_store_when_stopped() -> None:
-    store = SqliteStore(":memory:")
+async def test_server_closes_its_store_when_stopped(store_kind: StoreKind) -> None:
+    store = store_kind.store(threads=True)
     async with otp.open_node():
         await StoreServer.start_link(store, name="matching_store")
         await StoreServer.create_flow(flow())
@@ -1173,7 +1224,8 @@ def test_random_batches_read_back_as_the_dict_model_says(ops: list[tuple[Any, ..
 def test_random_batches_on_postgresql_read_back_as_the_dict_model_says(
     postgres: Any, ops: list[tuple[Any, ...]]
 ) -> None:
-    trio.run(_play, ops, postgres.url())
+    with postgres.schema() as url:
+        trio.run(_play, ops, url)
 
 
 def test_a_trusted_dispatch_record_equals_the_checked_one() -> None:
