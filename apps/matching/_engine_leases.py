@@ -54,11 +54,16 @@ class EngineLeases(EngineCommits):
             claims.extend((claim, False) for claim in more)
             if len(more) < RECOVERY_PAGE:
                 break
-        taken = 0
+        found = []
         for claim, own in claims:
-            flow_id = claim.step.flow_id
-            record = await StoreServer.get_flow(flow_id, server=store, timeout=None)
-            if record is not None and record.status == _RUNNING and flow_id not in state.flows:
+            record = await StoreServer.get_flow(claim.step.flow_id, server=store, timeout=None)
+            if record is not None and record.status == _RUNNING:
+                found.append((record, claim, own))
+        # oldest first, so the definition remembered for a type is its newest flow's
+        found.sort(key=lambda entry: entry[0].created_at)
+        taken = 0
+        for record, claim, own in found:
+            if record.flow_id not in state.flows:
                 taken += self._take(state, record, claim, recovering=own) is not None
         if taken:
             logger.info("matching engine: recovered %d running flows", taken)
