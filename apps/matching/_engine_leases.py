@@ -119,14 +119,15 @@ class EngineLeases(EngineCommits):
         return flow
 
     def _moved(self, state: _State, flow_id: str) -> None:
-        """Another server wrote the flow (a commit of it conflicted): it holds the flow now.
+        """Another server took the flow over (a commit of it conflicted: that server leases
+        its step, or wrote it already): it holds the flow now.
         Drop it here; its callers are told where it went (``forward``), and what this
         engine still had scheduled for it does nothing (``_Flow.moved``)."""
         state.moved += 1
         flow = state.flows.get(flow_id)
         logger.warning(
-            "matching engine: flow %s was written by another server (this one lost its lease);"
-            " dropped here",
+            "matching engine: flow %s belongs to another server now (it took the flow over:"
+            " this one lost its lease); dropped here",
             flow_id,
         )
         if flow is None:
