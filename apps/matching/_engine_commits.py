@@ -70,12 +70,14 @@ class EngineCommits:
         state.building = _Pass()
         state.committing = done
         batch = done.sent = done.batch()
+        batch.owner = state.options.server_id  # (fenced: refused once another server took a flow)
         StoreServer.commit_nowait(batch, state.me, len(batch), server=state.options.store)
 
     def _refused(self, state: _State, error: StoreError) -> None:
         """The store refused the batch being committed. A conflict on one flow means another
-        server wrote it (this one lost its lease): drop that flow and send the batch again
-        without it. Anything else crashes the engine (its restart recovers from the store).
+        server took it over (this one lost its lease: the other leases its step, or wrote it
+        already): drop that flow and send the batch again without it. Anything else crashes
+        the engine (its restart recovers from the store).
         """
         done = state.committing
         flow_id = error.details.get("flow_id") if isinstance(error, StoreConflict) else None
@@ -220,4 +222,5 @@ def _without(batch: WriteBatch, flow_id: str) -> WriteBatch:
         pending_put=[r for r in batch.pending_put if r.flow_id != flow_id],
         pending_done=[k for k in batch.pending_done if k[0] != flow_id],
         flows_created=[r for r in batch.flows_created if r.flow_id != flow_id],
+        owner=batch.owner,
     )

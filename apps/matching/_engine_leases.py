@@ -54,11 +54,16 @@ class EngineLeases(EngineCommits):
             claims.extend((claim, False) for claim in more)
             if len(more) < RECOVERY_PAGE:
                 break
-        taken = 0
+        found = []
         for claim, own in claims:
-            flow_id = claim.step.flow_id
-            record = await StoreServer.get_flow(flow_id, server=store, timeout=None)
-            if record is not None and record.status == _RUNNING and flow_id not in state.flows:
+            record = await StoreServer.get_flow(claim.step.flow_id, server=store, timeout=None)
+            if record is not None and record.status == _RUNNING:
+                found.append((record, claim, own))
+        # oldest first, so the definition remembered for a type is its newest flow's
+        found.sort(key=lambda entry: entry[0].created_at)
+        taken = 0
+        for record, claim, own in found:
+            if record.flow_id not in state.flows:
                 taken += self._take(state, record, claim, recovering=own) is not None
         if taken:
             logger.info("matching engine: recovered %d running flows", taken)
@@ -114,14 +119,15 @@ class EngineLeases(EngineCommits):
         return flow
 
     def _moved(self, state: _State, flow_id: str) -> None:
-        """Another server wrote the flow (a commit of it conflicted): it holds the flow now.
+        """Another server took the flow over (a commit of it conflicted: that server leases
+        its step, or wrote it already): it holds the flow now.
         Drop it here; its callers are told where it went (``forward``), and what this
         engine still had scheduled for it does nothing (``_Flow.moved``)."""
         state.moved += 1
         flow = state.flows.get(flow_id)
         logger.warning(
-            "matching engine: flow %s was written by another server (this one lost its lease);"
-            " dropped here",
+            "matching engine: flow %s belongs to another server now (it took the flow over:"
+            " this one lost its lease); dropped here",
             flow_id,
         )
         if flow is None:

@@ -319,7 +319,9 @@ class WriteBatch:
     that needs the stored version to be ``record.version - 1``, or :class:`StoreConflict`; the
     record replaces the stored one), ``attempts`` and ``dispatches`` (appended),
     ``pending_put`` (insert or replace by key, lease fields included), then ``pending_done``
-    (deleted by ``(flow_id, step_index)``; a missing key is no error). Attempts, dispatches and
+    (deleted by ``(flow_id, step_index)``; a missing key is no error). With ``owner`` set, a
+    flow update also needs no other owner's lease on the flow's pending step (a server that lost
+    its lease cannot write the flow the new owner holds). Attempts, dispatches and
     pending steps must name a flow stored once the batch's flows are applied (else
     :class:`StoreError`).
     """
@@ -330,6 +332,9 @@ class WriteBatch:
     pending_put: list[PendingStep] = attrs.field(factory=list)
     pending_done: list[tuple[str, int]] = attrs.field(factory=list)
     flows_created: list[FlowRecord] = attrs.field(factory=list)
+    #: The server writing (fencing): when set, an update of a flow whose pending step another
+    #: owner's lease holds (live or expired) is refused with :class:`StoreConflict`.
+    owner: str | None = None
 
     def __len__(self) -> int:
         return (
@@ -360,6 +365,8 @@ def check_batch(batch: Any) -> None:
     for field, items, cls in fields:
         if not isinstance(items, list) or (items and not all([isinstance(i, cls) for i in items])):
             raise TypeError(f"WriteBatch.{field} must be a list of {cls.__name__} (got {items!r})")
+    if batch.owner is not None and (not isinstance(batch.owner, str) or not batch.owner):
+        raise TypeError(f"WriteBatch.owner must be None or a non-empty str (got {batch.owner!r})")
     done = batch.pending_done
     if not isinstance(done, list) or not all(
         [

@@ -74,6 +74,11 @@ _UPDATE_FLOW = (
     " step_input = ?, result = ?, error = ?, sticky_worker = ?, created_at = ?, updated_at = ?,"
     " version = ?, definition = ? WHERE flow_id = ? AND version = ?"
 )
+#: The same, fenced: only while no other owner's lease holds the flow's pending step.
+_UPDATE_OWNED_FLOW = (
+    _UPDATE_FLOW + " AND NOT EXISTS (SELECT 1 FROM pending WHERE pending.flow_id = ?"
+    " AND pending.lease_owner <> ?)"
+)
 _INSERT_ATTEMPT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 11)})"
 _INSERT_DISPATCH = f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) VALUES ({', '.join('?' * 9)})"
 _PUT_PENDING = (
@@ -223,7 +228,11 @@ def _apply(
             # The update names the version it replaces: one statement when it is stored (the
             # usual case); else the stored version tells a new flow from a conflict.
             values = _no_nul(_flow_row(record))
-            updated = conn.execute(_UPDATE_FLOW, (*values[1:], record.flow_id, record.version - 1))
+            key = (*values[1:], record.flow_id, record.version - 1)
+            if batch.owner is None:
+                updated = conn.execute(_UPDATE_FLOW, key)
+            else:
+                updated = conn.execute(_UPDATE_OWNED_FLOW, (*key, record.flow_id, batch.owner))
             if updated.rowcount == 1:
                 continue
             row = conn.execute(
@@ -232,6 +241,8 @@ def _apply(
             if row is None:
                 _insert_flow(conn, values)
                 continue
+            if row[0] == record.version - 1:  # (so another owner's lease refused it)
+                raise _lease_conflict(conn, record.flow_id, batch.owner)
             raise StoreConflict(
                 f"flow {record.flow_id!r}: the update to version {record.version} expects"
                 f" stored version {record.version - 1}, but version {row[0]} is stored"
@@ -276,6 +287,18 @@ def _no_nul(row: tuple[Any, ...]) -> tuple[Any, ...]:
                 details={"text": value},
             )
     return row
+
+
+def _lease_conflict(conn: SqlConnection, flow_id: str, owner: str | None) -> StoreConflict:
+    row = conn.execute(
+        "SELECT lease_owner FROM pending WHERE flow_id = ? AND lease_owner <> ?", (flow_id, owner)
+    ).fetchone()
+    holder = row[0] if row is not None else None
+    return StoreConflict(
+        f"flow {flow_id!r}: {owner!r} may not update it: its pending step is leased to"
+        f" {holder!r} (that server took the flow over; read it again)",
+        details={"flow_id": flow_id, "owner": owner, "holder": holder},
+    )
 
 
 def _insert_flow(conn: SqlConnection, values: tuple[Any, ...]) -> None:

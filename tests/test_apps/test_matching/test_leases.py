@@ -311,7 +311,31 @@ async def test_a_flow_another_server_wrote_meanwhile_is_dropped_and_the_rest_com
         assert (await StoreServer.get_flow("g")).step_input == ["G"]  # type: ignore[union-attr]
     assert after == [("g", "b")]  # g went on; f is the other server's
     assert (stats.moved, stats.flows_resident) == (1, 1)
-    assert any("flow f was written by another server" in r.getMessage() for r in caplog.records)
+    assert any("flow f belongs to another server now" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_flow_whose_step_another_server_claimed_is_dropped_at_its_next_commit() -> None:
+    async with otp.open_node(), server(hang_all, server_id="me", lease_seconds=LEASE):
+        engine = otp.whereis(ENGINE)
+        assert engine is not None
+        await FlowEngine.start_flow("T", [], definition(step("a"), step("b")), "f")
+        [(_, sent)] = await dispatches()
+        await set_script(hang_all)
+        # this server was silent past its lease: another one claimed f's step (and has not
+        # written f yet)
+        [row] = await StoreServer.pending("f")
+        theirs = attrs.evolve(row, lease_owner="other", lease_expires=time.time() + 3600)
+        await StoreServer.commit(WriteBatch(pending_put=[theirs]))
+        patch = {"set": {}, "delete": []}
+        otp.send(engine, Completed(sent.task.delivery, "w1", "mine", patch))
+        await trio.testing.wait_all_tasks_blocked()
+        stats = await FlowEngine.statistics()
+        assert otp.whereis(ENGINE) == engine
+        stored = await StoreServer.get_flow("f")
+        assert await StoreServer.pending("f") == [theirs]
+        assert await dispatches() == []  # f's step b is not this server's to dispatch
+    assert stored is not None and (stored.step_index, stored.version) == (0, 1)
+    assert (stats.moved, stats.flows_resident) == (1, 0)
 
 
 # -- several servers on one PostgreSQL database ---------------------------------------------------

@@ -677,6 +677,25 @@ async def test_adopt_leases_takes_every_step_of_sqlite_and_its_own_of_postgresql
         assert adopted == [Claim(mine("a"), "old"), Claim(mine("b"), "me"), Claim(mine("c"), None)]
 
 
+async def test_a_fenced_update_is_refused_while_another_owner_leases_the_flows_step(
+    store: SqliteStore,
+) -> None:
+    await store.create_flow(flow())
+    await store.commit(WriteBatch(pending_put=[pending(lease_owner="n2", lease_expires=1.0)]))
+    update = WriteBatch(flows_upserted=[flow(version=2)], owner="n1")
+    with pytest.raises(StoreConflict) as caught:
+        await store.commit(update)  # (expired or not, n2's lease: n2 took the flow over)
+    assert caught.value.details == {"flow_id": "f1", "owner": "n1", "holder": "n2"}
+    assert await store.get_flow("f1") == flow()
+    await store.commit(WriteBatch(flows_upserted=[flow(version=2)], owner="n2"))
+    await store.commit(WriteBatch(flows_upserted=[flow(version=3)]))  # (unfenced)
+    await store.commit(WriteBatch(pending_done=[("f1", 0)]))
+    await store.commit(WriteBatch(flows_upserted=[flow(version=4)], owner="n1"))  # no step
+    assert (await store.get_flow("f1")) == flow(version=4)
+    with pytest.raises(TypeError, match=r"WriteBatch\.owner must be None or a non-empty str"):
+        await store.commit(WriteBatch(owner=""))
+
+
 async def test_wait_pending_wakes_when_a_commit_puts_free_steps(store: SqliteStore) -> None:
     await store.create_flow(flow())
     woke: list[int] = []
