@@ -14,10 +14,12 @@ servers. When the owner answers ``not_owner`` (it lost the flow meanwhile), its 
 mid-call, or it is not reachable, the helper re-resolves: it reads the flow's pending row again
 and asks the server that holds the lease now, or this server's own engine when the lease is
 free, expired or ours (which then claims the flow). It retries with a backoff (0.05 s doubling
-to 1 s), within the caller's own timeout and at most ``ForwardOptions.patience`` seconds
-(a little over two default leases: a dead owner's lease expires meanwhile); past that the
-caller gets a retryable ``unavailable`` naming the owner. Never a hang: a forwarded call whose
-node goes down fails at once (``noconnection``), and every wait is bounded.
+to 1 s), within the caller's own timeout and at most ``ForwardOptions.patience`` seconds (a
+little over two default leases: a dead owner's lease expires meanwhile); past that the caller
+gets a retryable ``unavailable`` naming the owner. An RPC whose owner went away mid-call is not
+sent again (it may have run, and RPCs are not run twice): its caller gets a retryable
+``handler_error`` of type ``lost``, as for a worker lost with it. Never a hang: a forwarded call
+whose node goes down fails at once (``noconnection``), and every wait is bounded.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import otp
 
 from ._cluster import CLUSTER, Cluster
 from ._engine_state import CALL_MARGIN, DEFAULT_TIMEOUT, ENGINE, _err, _State
-from ._errors import ConfigurationError, MatchingError, Unavailable
+from ._errors import ConfigurationError, HandlerError, MatchingError, Unavailable
 from ._store import SERVER_NAME, PendingStep, StoreServer
 
 __all__ = [
@@ -201,10 +203,14 @@ async def _deliver(options: ForwardOptions, call: _Call, flow_id: str, owner: st
             request = _with_timeout(call.request, call.started, limit)
             try:
                 reply = await otp.call(target, (FORWARDED, request), _call_timeout(request))
-            except otp.CallTimeout:
-                why = f"server {owner or call.server_id} did not answer in time"
             except otp.CallError as exc:
-                why = f"server {owner or call.server_id} went away ({otp.format_reason(exc)})"
+                server = owner or call.server_id
+                if request[0] == "call_rpc":  # (it may have run: RPCs are not run twice)
+                    return _err(_rpc_lost(flow_id, request[2], server, exc))
+                if isinstance(exc, otp.CallTimeout):
+                    why = f"server {server} did not answer in time"
+                else:
+                    why = f"server {server} went away ({otp.format_reason(exc)})"
             else:
                 if not is_not_owner(reply):
                     return reply
@@ -227,6 +233,17 @@ def _unavailable(flow_id: str, owner: str | None, why: str) -> MatchingError:
         f" it: {why}; retry it (once the owner's lease expires another server takes the"
         " flow over)",
         details={"flow_id": flow_id, "owner": owner},
+    )
+
+
+def _rpc_lost(flow_id: str, name: str, server: str, exc: otp.CallError) -> MatchingError:
+    """The answer to a forwarded RPC whose owner went away (or went silent) with it: as a worker
+    lost with an RPC, retryable, since it may or may not have run."""
+    return HandlerError(
+        f"server {server}, which runs flow {flow_id!r}, went away while it ran RPC {name!r}"
+        f" ({otp.format_reason(exc)}); it may or may not have run: retry it if it is idempotent",
+        retryable=True,
+        details={"type": "lost", "flow_id": flow_id},
     )
 
 

@@ -3,7 +3,8 @@
 to server 1 calls an RPC on, awaits the result of, and cancels flows server 2 owns (their
 pending row leased to it), and gets the owner's answers through node distribution; when the
 owner's node is SIGKILLed mid-call the call is re-resolved (once the lease expires, server 1
-takes the flow over and answers) or fails with a clear retryable ``unavailable``, never hangs.
+takes the flow over and answers) or fails with a clear retryable ``unavailable`` (an RPC, which
+may have run: a retryable ``handler_error`` of type ``lost``), never hangs.
 
 Until the engine leases the rows it writes (part A, ``match-leases``), the tests lease them to
 server 2 by hand, as its engine will."""
@@ -27,6 +28,7 @@ from apps.matching import (
     ClientOptions,
     Flow,
     FlowStatus,
+    HandlerError,
     PullWorkerOptions,
     Registry,
     TrioClient,
@@ -60,6 +62,12 @@ class Orders(Flow):
             RUNNING.setdefault(ctx.flow_id, trio.Event()).set()
             await RELEASE.setdefault(ctx.flow_id, trio.Event()).wait()
         return n * 2
+
+    @rpc
+    async def hold(self, ctx):
+        RUNNING.setdefault(f"{ctx.flow_id}/hold", trio.Event()).set()
+        await RELEASE.setdefault(f"{ctx.flow_id}/hold", trio.Event()).wait()
+        return "held"
 
     @rpc
     async def peek(self, ctx, x):
@@ -226,11 +234,19 @@ async def test_the_owner_killed_mid_result_is_re_resolved_and_answered(m1_here: 
                 except Unavailable as exc:
                     answers[flow_id] = exc
 
+            async def hold() -> None:
+                try:
+                    answers["hold"] = await on_m1.call_rpc(stuck, "hold")
+                except HandlerError as exc:
+                    answers["hold"] = exc
+
             async with trio.open_nursery() as inner:
                 inner.start_soon(wait_result, taken, None)
                 inner.start_soon(wait_result, stuck, 5.0)
-                while _forwarders_calling(M2) < 2:
-                    await trio.sleep(0.01)  # (until both calls are forwarded to m2)
+                inner.start_soon(hold)
+                await RUNNING.setdefault(f"{stuck}/hold", trio.Event()).wait()  # (on m2)
+                while _forwarders_calling(M2) < 3:
+                    await trio.sleep(0.01)  # (until the three calls are forwarded to m2)
                 m2.node.signal(signal.SIGKILL)  # mid-call; its step never finishes there
         assert answers[taken] == 8  # re-resolved: m1 took the flow over and ran the step again
         assert RUNS[taken] == 2
@@ -238,7 +254,14 @@ async def test_the_owner_killed_mid_result_is_re_resolved_and_answered(m1_here: 
         assert isinstance(error, Unavailable) and error.retryable
         assert f"flow {stuck!r} is owned by another matching server" in error.message
         assert M2 in error.message
-        RELEASE[taken].set()  # (the dead server's worker holds their first runs)
-        RELEASE[stuck].set()
+        # the RPC may have run: it is not sent again, its caller may retry it
+        lost = answers["hold"]
+        assert isinstance(lost, HandlerError) and lost.retryable
+        assert lost.details["type"] == "lost"
+        assert f"server {M2}, which runs flow {stuck!r}, went away while it ran RPC 'hold'" in str(
+            lost
+        )
+        for held in (taken, stuck, f"{stuck}/hold"):  # (what the dead server's worker holds)
+            RELEASE[held].set()
         for worker in workers:
             await worker.close()
