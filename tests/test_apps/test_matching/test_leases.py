@@ -48,9 +48,9 @@ from apps.matching._store import (
     WriteBatch,
 )
 
+from ._stores import StoreKind
 from .crash_worker import Crashy
 from .test_engine import (
-    InlineSqliteStore,
     by_step,
     definition,
     dispatches,
@@ -110,8 +110,13 @@ def test_the_server_id_is_the_nodes_name_when_distributed_else_this_processs() -
 # -- one engine: what it writes, what it recovers --------------------------------------------------
 
 
-async def test_every_pending_step_the_engine_writes_is_leased_to_its_server() -> None:
-    async with otp.open_node(), server(by_step(a=[hang()]), server_id="me", lease_seconds=LEASE):
+async def test_every_pending_step_the_engine_writes_is_leased_to_its_server(
+    store_kind: StoreKind,
+) -> None:
+    async with (
+        otp.open_node(),
+        server(store_kind, by_step(a=[hang()]), server_id="me", lease_seconds=LEASE),
+    ):
         before = time.time()
         await FlowEngine.start_flow("T", [], definition(step("a")), "f")
         [row] = await StoreServer.pending("f")
@@ -123,7 +128,11 @@ async def test_a_restart_on_sqlite_takes_back_at_once_the_steps_another_run_held
     tmp_path: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
     path = str(tmp_path / "matching.sqlite3")
-    async with otp.open_node(), server(hang_all, path=path, server_id="run1", lease_seconds=3600):
+    sqlite = StoreKind("sqlite", ":memory:", path)  # (what this test is about: one server a file)
+    async with (
+        otp.open_node(),
+        server(sqlite, hang_all, path=path, server_id="run1", lease_seconds=3600),
+    ):
         await FlowEngine.start_flow("T", ["x"], definition(step("a")), "f")
         await trio.testing.wait_all_tasks_blocked()
         engine = otp.whereis(ENGINE)
@@ -131,7 +140,7 @@ async def test_a_restart_on_sqlite_takes_back_at_once_the_steps_another_run_held
         otp.exit(engine, otp.KILL)  # its lease has an hour to run
         await otp.GenServer.stop(SERVER_NAME)
 
-        await StoreServer.start_link(InlineSqliteStore(path), name=SERVER_NAME)
+        await StoreServer.start_link(sqlite.store(path), name=SERVER_NAME)
         await set_script(by_step(a=[ok("A")]))
         start = trio.current_time()
         options = EngineOptions(first_delivery=1000, server_id="run2", lease_seconds=3600)
@@ -151,10 +160,13 @@ def hang_all(task: Any) -> Any:
 
 
 async def test_a_step_whose_lease_expired_is_taken_over_and_dispatched_again(
-    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "apps.matching")
-    async with otp.open_node(), server(by_step(b=[ok("B")]), server_id="me", lease_seconds=LEASE):
+    async with (
+        otp.open_node(),
+        server(store_kind, by_step(b=[ok("B")]), server_id="me", lease_seconds=LEASE),
+    ):
         await keeper(server_id="me", lease_seconds=LEASE)
         dead = time.time() - 1  # the dead server's lease: expired
         await StoreServer.commit(foreign_flow("f", "dead", dead))
@@ -175,9 +187,13 @@ async def test_a_step_whose_lease_expired_is_taken_over_and_dispatched_again(
 
 
 async def test_steps_a_stopping_server_released_are_claimed_at_once(
+    store_kind: StoreKind,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with otp.open_node(), server(by_step(b=[hang()]), server_id="me", lease_seconds=LEASE):
+    async with (
+        otp.open_node(),
+        server(store_kind, by_step(b=[hang()]), server_id="me", lease_seconds=LEASE),
+    ):
         await keeper(server_id="me", lease_seconds=LEASE)
         await StoreServer.commit(foreign_flow("f", "other", time.time() + 3600))
         await trio.sleep(2 * LEASE)  # polls pass: the other server's live lease holds it
@@ -196,9 +212,9 @@ async def test_steps_a_stopping_server_released_are_claimed_at_once(
     assert row.lease_owner == "me"
 
 
-async def test_the_keeper_renews_the_leases_of_the_servers_flows() -> None:
+async def test_the_keeper_renews_the_leases_of_the_servers_flows(store_kind: StoreKind) -> None:
     lease = 0.3
-    async with otp.open_node(), server(hang_all, server_id="me", lease_seconds=lease):
+    async with otp.open_node(), server(store_kind, hang_all, server_id="me", lease_seconds=lease):
         await keeper(server_id="me", lease_seconds=lease)
         await FlowEngine.start_flow("T", [], definition(step("a")), "f")
         await trio.sleep(4 * lease)  # what is tested is that time passes: leases outlive it
@@ -207,8 +223,8 @@ async def test_the_keeper_renews_the_leases_of_the_servers_flows() -> None:
         assert await StoreServer.claim_steps("other", time.time(), 60.0, 10) == []
 
 
-async def test_a_clean_stop_releases_the_servers_leases() -> None:
-    async with otp.open_node(), server(hang_all, server_id="me", lease_seconds=LEASE):
+async def test_a_clean_stop_releases_the_servers_leases(store_kind: StoreKind) -> None:
+    async with otp.open_node(), server(store_kind, hang_all, server_id="me", lease_seconds=LEASE):
         await keeper(server_id="me", lease_seconds=LEASE)
         await FlowEngine.start_flow("T", [], definition(step("a")), "f")
         await otp.GenServer.stop(LEASES)
@@ -233,8 +249,13 @@ async def test_on_sqlite_the_whole_server_makes_no_lease_calls(
 # -- calls for flows this engine does not hold -----------------------------------------------------
 
 
-async def test_a_call_for_a_flow_another_server_holds_is_unavailable_naming_it() -> None:
-    async with otp.open_node(), server(by_step(b=[ok("B")]), server_id="me", lease_seconds=LEASE):
+async def test_a_call_for_a_flow_another_server_holds_is_unavailable_naming_it(
+    store_kind: StoreKind,
+) -> None:
+    async with (
+        otp.open_node(),
+        server(store_kind, by_step(b=[ok("B")]), server_id="me", lease_seconds=LEASE),
+    ):
         await StoreServer.commit(foreign_flow("f", "other", time.time() + 3600))
         for call in (
             FlowEngine.result("f", timeout=5),
@@ -258,8 +279,13 @@ async def test_a_call_for_a_flow_another_server_holds_is_unavailable_naming_it()
     assert (stats.takeovers, stats.redeliveries) == (1, 1)
 
 
-async def test_a_running_flow_no_server_holds_is_claimed_by_the_call_that_names_it() -> None:
-    async with otp.open_node(), server(by_step(b=[ok("B")]), server_id="me", lease_seconds=LEASE):
+async def test_a_running_flow_no_server_holds_is_claimed_by_the_call_that_names_it(
+    store_kind: StoreKind,
+) -> None:
+    async with (
+        otp.open_node(),
+        server(store_kind, by_step(b=[ok("B")]), server_id="me", lease_seconds=LEASE),
+    ):
         await StoreServer.commit(foreign_flow("f", None, None))  # released, not yet claimed
         assert await FlowEngine.result("f", timeout=5) == "B"
         [(_, sent)] = await dispatches()
@@ -270,10 +296,11 @@ async def test_a_running_flow_no_server_holds_is_claimed_by_the_call_that_names_
 
 
 async def test_a_flow_another_server_wrote_meanwhile_is_dropped_and_the_rest_committed(
+    store_kind: StoreKind,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     spec = definition(step("a"), step("b"), rpcs=["r"])
-    async with otp.open_node(), server(hang_all, server_id="me", lease_seconds=LEASE):
+    async with otp.open_node(), server(store_kind, hang_all, server_id="me", lease_seconds=LEASE):
         engine = otp.whereis(ENGINE)
         assert engine is not None
         await FlowEngine.start_flow("T", [], spec, "f")
@@ -314,8 +341,10 @@ async def test_a_flow_another_server_wrote_meanwhile_is_dropped_and_the_rest_com
     assert any("flow f belongs to another server now" in r.getMessage() for r in caplog.records)
 
 
-async def test_a_flow_whose_step_another_server_claimed_is_dropped_at_its_next_commit() -> None:
-    async with otp.open_node(), server(hang_all, server_id="me", lease_seconds=LEASE):
+async def test_a_flow_whose_step_another_server_claimed_is_dropped_at_its_next_commit(
+    store_kind: StoreKind,
+) -> None:
+    async with otp.open_node(), server(store_kind, hang_all, server_id="me", lease_seconds=LEASE):
         engine = otp.whereis(ENGINE)
         assert engine is not None
         await FlowEngine.start_flow("T", [], definition(step("a"), step("b")), "f")

@@ -43,8 +43,9 @@ from apps.matching._engine import ENGINE, EngineOptions, FlowEngine
 from apps.matching._store import SERVER_NAME, StoreServer, WriteBatch
 
 from ._in_process import BOUND, matching_server, until
+from ._stores import StoreKind
 from .test_engine import (
-    InlineSqliteStore,
+    GatedStore,
     by_step,
     definition,
     describe,
@@ -81,12 +82,14 @@ def names(log: list[Any]) -> list[tuple[str, str]]:
 # -- the engine -----------------------------------------------------------------------------------
 
 
-async def test_a_subflow_step_runs_its_child_and_takes_its_result_holding_no_dispatch() -> None:
+async def test_a_subflow_step_runs_its_child_and_takes_its_result_holding_no_dispatch(
+    store_kind: StoreKind,
+) -> None:
     def script(task: Task) -> Any:
         return [ok([task.name, *task.args])]
 
     spec = definition(step_entry("a"), sub("s", "C", CHILD), step_entry("b"))
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("P", [1], spec, "p")
         result = await FlowEngine.result("p")
         log = await dispatches()
@@ -118,12 +121,13 @@ async def test_a_subflow_step_runs_its_child_and_takes_its_result_holding_no_dis
 
 
 async def test_a_failed_child_fails_the_attempt_and_the_retry_starts_a_new_child(
+    store_kind: StoreKind,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     child = definition(step_entry("c", max_attempts=1))
     script = by_step(c=[fail("KeyError", "first"), fail("OSError", "second"), ok("third")])
     spec = definition(sub("s", "C", child, max_attempts=3, initial_backoff=2))
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         start = trio.current_time()
         await FlowEngine.start_flow("P", [], spec, "p")
         assert await FlowEngine.result("p") == "third"
@@ -147,13 +151,17 @@ async def test_a_failed_child_fails_the_attempt_and_the_retry_starts_a_new_child
 
 
 async def test_a_child_error_named_non_retryable_fails_the_parent_at_once(
+    store_kind: StoreKind,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     child = definition(step_entry("c", max_attempts=1))
     spec = definition(
         sub("s", "C", child, max_attempts=5, non_retryable_errors=["PaymentDeclined"])
     )
-    async with otp.open_node(), server(by_step(c=[fail("PaymentDeclined", "no funds")])):
+    async with (
+        otp.open_node(),
+        server(store_kind, by_step(c=[fail("PaymentDeclined", "no funds")])),
+    ):
         await FlowEngine.start_flow("P", [], spec, "p")
         with pytest.raises(FlowFailed, match="PaymentDeclined") as info:
             await FlowEngine.result("p")
@@ -161,11 +169,13 @@ async def test_a_child_error_named_non_retryable_fails_the_parent_at_once(
     assert info.value.details["message"] == "child flow 'p/0/s/1' (C) failed: no funds"
 
 
-async def test_cancelling_the_parent_cancels_its_running_child_and_grandchild() -> None:
+async def test_cancelling_the_parent_cancels_its_running_child_and_grandchild(
+    store_kind: StoreKind,
+) -> None:
     grandchild = definition(step_entry("g"))
     child = definition(sub("cs", "G", grandchild))
     spec = definition(sub("s", "C", child), step_entry("after"))
-    async with otp.open_node(), server(lambda task: [hang()]):
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("P", [], spec, "p")
         await trio.testing.wait_all_tasks_blocked()
         assert names(await dispatches()) == [("p/0/s/1/0/cs/1", "g")]
@@ -182,9 +192,11 @@ async def test_cancelling_the_parent_cancels_its_running_child_and_grandchild() 
     assert stats.flows_running == 0 and stats.dispatches_in_flight == 0
 
 
-async def test_a_child_cancelled_alone_fails_the_parent_step_without_a_retry() -> None:
+async def test_a_child_cancelled_alone_fails_the_parent_step_without_a_retry(
+    store_kind: StoreKind,
+) -> None:
     spec = definition(sub("s", "C", CHILD, max_attempts=5))
-    async with otp.open_node(), server(lambda task: [hang()]):
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("P", [], spec, "p")
         await trio.testing.wait_all_tasks_blocked()
         await FlowEngine.cancel("p/0/s/1")
@@ -197,12 +209,13 @@ async def test_a_child_cancelled_alone_fails_the_parent_step_without_a_retry() -
 
 
 async def test_a_subflow_attempt_past_its_timeout_cancels_its_child_and_retries(
+    store_kind: StoreKind,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     child = definition(step_entry("c"))
     script = by_step(c=[hang(), ok("quick")])
     spec = definition(sub("s", "C", child, timeout=30, initial_backoff=1))
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         start = trio.current_time()
         await FlowEngine.start_flow("P", [], spec, "p")
         assert await FlowEngine.result("p") == "quick"
@@ -222,11 +235,11 @@ async def test_a_subflow_attempt_past_its_timeout_cancels_its_child_and_retries(
 
 
 async def test_a_restarted_engine_finds_the_running_child_and_starts_no_second_one(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    store_kind: StoreKind, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    path = str(tmp_path / "matching.sqlite3")
+    path = store_kind.durable
     spec = definition(sub("s", "C", CHILD), step_entry("b"))
-    async with otp.open_node(), server(by_step(c1=[ok("one")], c2=[hang()]), path=path):
+    async with otp.open_node(), server(store_kind, by_step(c1=[ok("one")], c2=[hang()]), path=path):
         await FlowEngine.start_flow("P", ["x"], spec, "p")
         await trio.sleep(1)
         assert names(await dispatches()) == [("p/0/s/1", "c1"), ("p/0/s/1", "c2")]
@@ -235,7 +248,7 @@ async def test_a_restarted_engine_finds_the_running_child_and_starts_no_second_o
         otp.exit(engine, otp.KILL)  # the parent parked, its child's second step running
         await otp.GenServer.stop(SERVER_NAME)
 
-        await StoreServer.start_link(InlineSqliteStore(path), name=SERVER_NAME)
+        await StoreServer.start_link(store_kind.store(path), name=SERVER_NAME)
         await set_script(by_step(c2=[ok("two")], b=[ok("done")]))
         await FlowEngine.start(EngineOptions(first_delivery=1000), name=ENGINE)
         assert await FlowEngine.result("p") == "done"
@@ -247,11 +260,11 @@ async def test_a_restarted_engine_finds_the_running_child_and_starts_no_second_o
 
 
 async def test_a_restarted_engine_takes_the_outcome_of_a_child_that_ended_meanwhile(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    store_kind: StoreKind, tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    path = str(tmp_path / "matching.sqlite3")
+    path = store_kind.durable
     spec = definition(sub("s", "C", definition(step_entry("c"))), step_entry("b"))
-    async with otp.open_node(), server(by_step(c=[hang()]), path=path) as store:
+    async with otp.open_node(), server(store_kind, by_step(c=[hang()]), path=path) as store:
         await FlowEngine.start_flow("P", [], spec, "p")
         await trio.sleep(1)
         (_, d), *_ = await dispatches()
@@ -260,7 +273,7 @@ async def test_a_restarted_engine_takes_the_outcome_of_a_child_that_ended_meanwh
 
         async def halt(batches: Any) -> Any:
             store.commit_many = halt_for_good  # type: ignore[method-assign]
-            return await InlineSqliteStore.commit_many(store, batches)
+            return await GatedStore.commit_many(store, batches)
 
         async def halt_for_good(batches: Any) -> Any:
             halted.set()
@@ -274,7 +287,7 @@ async def test_a_restarted_engine_takes_the_outcome_of_a_child_that_ended_meanwh
         otp.exit(engine, otp.KILL)
         await otp.GenServer.stop(SERVER_NAME)
 
-        await StoreServer.start_link(InlineSqliteStore(path), name=SERVER_NAME)
+        await StoreServer.start_link(store_kind.store(path), name=SERVER_NAME)
         await set_script(by_step(b=[ok("done")]))
         await FlowEngine.start(EngineOptions(first_delivery=1000), name=ENGINE)
         assert await FlowEngine.result("p") == "done"
@@ -283,9 +296,11 @@ async def test_a_restarted_engine_takes_the_outcome_of_a_child_that_ended_meanwh
     assert log[0][1].task.args == ["late child"]
 
 
-async def test_an_engine_told_a_child_ended_elsewhere_reads_it_from_the_store() -> None:
+async def test_an_engine_told_a_child_ended_elsewhere_reads_it_from_the_store(
+    store_kind: StoreKind,
+) -> None:
     spec = definition(sub("s", "C", definition(step_entry("c"))), step_entry("b"))
-    async with otp.open_node(), server(by_step(c=[hang()], b=[ok("B")])):
+    async with otp.open_node(), server(store_kind, by_step(c=[hang()], b=[ok("B")])):
         await FlowEngine.start_flow("P", [], spec, "p")
         await trio.testing.wait_all_tasks_blocked()
         FlowEngine.child_ended("p")  # told too early: the child still runs, nothing changes
@@ -306,8 +321,10 @@ async def test_an_engine_told_a_child_ended_elsewhere_reads_it_from_the_store() 
     assert log[1][1].task.args == ["elsewhere"]
 
 
-async def test_a_flow_id_taken_by_another_flow_fails_the_subflow_step() -> None:
-    async with otp.open_node(), server():
+async def test_a_flow_id_taken_by_another_flow_fails_the_subflow_step(
+    store_kind: StoreKind,
+) -> None:
+    async with otp.open_node(), server(store_kind):
         await FlowEngine.start_flow("X", [], definition(), "p/0/s/1")
         await FlowEngine.start_flow("P", [], definition(sub("s", "C", CHILD)), "p")
         with pytest.raises(FlowFailed, match="flow_exists") as info:
@@ -315,15 +332,19 @@ async def test_a_flow_id_taken_by_another_flow_fails_the_subflow_step() -> None:
     assert "is taken by a flow this step did not start" in info.value.details["message"]
 
 
-async def test_a_child_type_without_a_known_definition_fails_the_attempt() -> None:
+async def test_a_child_type_without_a_known_definition_fails_the_attempt(
+    store_kind: StoreKind,
+) -> None:
     spec = definition(sub("s", "Unknown", None, max_attempts=1))
-    async with otp.open_node(), server():
+    async with otp.open_node(), server(store_kind):
         await FlowEngine.start_flow("P", [], spec, "p")
         with pytest.raises(FlowFailed, match="unknown_flow_type"):
             await FlowEngine.result("p")
 
 
-async def test_a_recursive_subflow_uses_the_definition_the_server_knows() -> None:
+async def test_a_recursive_subflow_uses_the_definition_the_server_knows(
+    store_kind: StoreKind,
+) -> None:
     def script(task: Task) -> Any:
         (n,) = task.args
         return [ok(n - 1)]
@@ -338,15 +359,17 @@ async def test_a_recursive_subflow_uses_the_definition_the_server_knows() -> Non
             return [fail("Stop", "bottom", retryable=False)]
         return script(task)
 
-    async with otp.open_node(), server(counting):
+    async with otp.open_node(), server(store_kind, counting):
         await FlowEngine.start_flow("R", [2], spec, "r")
         with pytest.raises(FlowFailed, match="Stop"):
             await FlowEngine.result("r")
     assert seen == ["r", "r/1/again/1", "r/1/again/1/1/again/1"]
 
 
-async def test_a_subflow_step_waiting_for_a_result_caller_is_answered_once() -> None:
-    async with otp.open_node(), server():
+async def test_a_subflow_step_waiting_for_a_result_caller_is_answered_once(
+    store_kind: StoreKind,
+) -> None:
+    async with otp.open_node(), server(store_kind):
         await FlowEngine.start_flow("P", [7], definition(sub("s", "C", CHILD)), "p")
         tag = await spawn_call(FlowEngine.result, "p")
         assert await outcome(tag) == [[7]]
