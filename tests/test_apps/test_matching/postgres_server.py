@@ -125,6 +125,16 @@ class PostgresServer:
     def base_url(self) -> str:
         return f"postgresql://otp@127.0.0.1:{self.port}/postgres"
 
+    def url(self) -> str:
+        """A URL whose connections work in a new, empty schema of their own, kept until the
+        server stops (for tests whose servers outlive a ``with``: prefer :meth:`schema`)."""
+        import psycopg
+
+        schema = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.base_url, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        return f"{self.base_url}?options=-csearch_path%3D{schema}"
+
     @contextlib.contextmanager
     def schema(self) -> Iterator[str]:
         """A URL whose connections work in a new, empty schema of their own, dropped after

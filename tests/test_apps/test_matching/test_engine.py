@@ -445,10 +445,12 @@ async def test_a_non_retryable_failure_fails_the_flow_at_once(store_kind: StoreK
         assert len(await dispatches()) == 1
 
 
-async def test_an_error_type_the_policy_names_non_retryable_fails_the_flow_at_once() -> None:
+async def test_an_error_type_the_policy_names_non_retryable_fails_the_flow_at_once(
+    store_kind: StoreKind,
+) -> None:
     script = by_step(a=[fail("Fatal", "no", retryable=True)])
     spec = definition({**step("a", max_attempts=5), "non_retryable_errors": ["Fatal"]})
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], spec, "f")
         with pytest.raises(FlowFailed, match="Fatal: no"):
             await FlowEngine.result("f")
@@ -516,12 +518,12 @@ def forwarded(node: str, worker: str) -> Any:
 
 
 async def test_a_step_forwarded_to_a_server_that_goes_down_is_dispatched_again_as_the_same_attempt(
-    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+    store_kind: StoreKind, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
 ) -> None:
     # The engine watches the node a forwarded delivery runs on; "gone@localhost" is no node
     # this one can reach, so its NodeDown comes at once, and the step is Lost before output.
     script = by_step(a=[forwarded("gone@localhost", "w2"), ok("x")])
-    async with otp.open_node("a@localhost"), server(script):
+    async with otp.open_node("a@localhost"), server(store_kind, script):
         await otp.start_distribution(otp.DistConfig(cookie=b"engine-test-cookie"))
         await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=1)), "f")
         with trio.fail_after(60):
@@ -608,10 +610,12 @@ def wait_for_script(answers: list[Any], rpc_sets: list[dict[str, Any]]) -> Calla
     return script
 
 
-async def test_a_wait_for_is_checked_again_after_each_committed_state_change() -> None:
+async def test_a_wait_for_is_checked_again_after_each_committed_state_change(
+    store_kind: StoreKind,
+) -> None:
     script = wait_for_script([not_yet(), not_yet(), ok("ready")], [{"n": 1}, {}, {"n": 2}])
     spec = definition(wait_for_step("w"), step("after"), rpcs=["r"])
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", ["in"], spec, "f")
         await trio.testing.wait_all_tasks_blocked()
         assert len(await dispatches()) == 1  # checked at its start, parked: nothing in flight
@@ -640,10 +644,12 @@ async def test_a_wait_for_is_checked_again_after_each_committed_state_change() -
     assert [d["reason"] for d in described.dispatches].count("not_yet") == 2
 
 
-async def test_a_change_while_a_check_runs_makes_it_check_again_once_it_answers() -> None:
+async def test_a_change_while_a_check_runs_makes_it_check_again_once_it_answers(
+    store_kind: StoreKind,
+) -> None:
     script = wait_for_script([hang(), ok("seen")], [{"n": 1}])
     spec = definition(wait_for_step("w"), rpcs=["r"])
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         await FlowEngine.start_flow("T", [], spec, "f")
         await trio.testing.wait_all_tasks_blocked()
         await FlowEngine.call_rpc("f", "r")  # while the first check runs (it read no "n")
@@ -656,11 +662,12 @@ async def test_a_change_while_a_check_runs_makes_it_check_again_once_it_answers(
 
 
 async def test_a_wait_for_past_its_timeout_fails_its_attempt_and_retries(
+    store_kind: StoreKind,
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     script = wait_for_script([not_yet()], [{"n": 1}])
     spec = definition(wait_for_step("w", timeout=10, max_attempts=2, initial_backoff=1), rpcs=["r"])
-    async with otp.open_node(), server(script):
+    async with otp.open_node(), server(store_kind, script):
         start = trio.current_time()
         await FlowEngine.start_flow("T", [], spec, "f")
         await trio.sleep(4)
@@ -680,8 +687,10 @@ async def test_a_wait_for_past_its_timeout_fails_its_attempt_and_retries(
     assert [(c["attempt"], c["not_yet"]) for c in described.checks] == [(1, 2), (2, 1)]
 
 
-async def test_an_execute_step_answering_not_yet_fails_the_flow_at_once() -> None:
-    async with otp.open_node(), server(by_step(a=[not_yet()])):
+async def test_an_execute_step_answering_not_yet_fails_the_flow_at_once(
+    store_kind: StoreKind,
+) -> None:
+    async with otp.open_node(), server(store_kind, by_step(a=[not_yet()])):
         await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=3)), "f")
         with pytest.raises(FlowFailed, match="declare it with @wait_for"):
             await FlowEngine.result("f")
@@ -1006,8 +1015,10 @@ async def test_cancel_ignores_the_running_attempt_and_waiters_get_cancelled(
     assert described.step_index == 0 and described.attempts == ()
 
 
-async def test_cancel_tells_the_stream_running_the_attempt_and_one_delivered_too_late() -> None:
-    async with otp.open_node(), server(lambda task: []):
+async def test_cancel_tells_the_stream_running_the_attempt_and_one_delivered_too_late(
+    store_kind: StoreKind,
+) -> None:
+    async with otp.open_node(), server(store_kind, lambda task: []):
         await FlowEngine.start_flow("T", [], definition(step("a")), "running")
         await FlowEngine.start_flow("T", [], definition(step("a")), "offered")
         await trio.testing.wait_all_tasks_blocked()

@@ -27,6 +27,7 @@ from apps.matching._engine_forward import (
 from apps.matching._errors import Unavailable
 from apps.matching._store import FlowRecord, PendingStep, StoreServer, WriteBatch
 
+from ._stores import StoreKind
 from .test_engine import definition, server, step
 
 ME, OTHER = "me@host", "other@host"
@@ -61,15 +62,16 @@ async def _owned_by_other(flow_id: str, lease: float = 600.0) -> None:
     await StoreServer.commit(WriteBatch(flows_created=[record], pending_put=[pending]))
 
 
-async def _with_cluster(**forward: Any) -> Any:
+async def _with_cluster(store_kind: StoreKind, **forward: Any) -> Any:
     await Cluster.start_link(ClusterOptions(ME, shared=False), name=CLUSTER)
-    return server(server_id=ME, forward=ForwardOptions(**forward))
+    return server(store_kind, server_id=ME, forward=ForwardOptions(**forward))
 
 
 async def test_a_forwarded_request_for_a_flow_another_server_owns_is_answered_not_owner(
+    store_kind: StoreKind,
     autojump_clock: Any,
 ) -> None:
-    async with otp.open_node(), await _with_cluster():
+    async with otp.open_node(), await _with_cluster(store_kind):
         await _owned_by_other("f1")
         requests = [("result", "f1", None), ("call_rpc", "f1", "r", [], None), ("cancel", "f1")]
         for request in requests:
@@ -86,9 +88,9 @@ async def _distributed(tmp_path: Path) -> None:
 
 
 async def test_a_result_for_a_flow_whose_owner_is_unreachable_is_unavailable_at_its_timeout(
-    autojump_clock: Any, tmp_path: Path
+    store_kind: StoreKind, autojump_clock: Any, tmp_path: Path
 ) -> None:
-    async with otp.open_node("a@localhost"), await _with_cluster():
+    async with otp.open_node("a@localhost"), await _with_cluster(store_kind):
         await _distributed(tmp_path)
         await _owned_by_other("f1")
         started = trio.current_time()
@@ -105,9 +107,9 @@ async def test_a_result_for_a_flow_whose_owner_is_unreachable_is_unavailable_at_
 
 
 async def test_a_call_without_a_timeout_is_re_resolved_for_at_most_the_patience(
-    autojump_clock: Any, tmp_path: Path
+    store_kind: StoreKind, autojump_clock: Any, tmp_path: Path
 ) -> None:
-    async with otp.open_node("a@localhost"), await _with_cluster(patience=5.0):
+    async with otp.open_node("a@localhost"), await _with_cluster(store_kind, patience=5.0):
         await _distributed(tmp_path)
         await _owned_by_other("f1")
         started = trio.current_time()
@@ -117,9 +119,10 @@ async def test_a_call_without_a_timeout_is_re_resolved_for_at_most_the_patience(
 
 
 async def test_a_server_that_is_not_distributed_answers_unavailable_at_once(
+    store_kind: StoreKind,
     autojump_clock: Any,
 ) -> None:
-    async with otp.open_node(), await _with_cluster():
+    async with otp.open_node(), await _with_cluster(store_kind):
         await _owned_by_other("f1")
         started = trio.current_time()
         with pytest.raises(Unavailable) as info:
@@ -130,9 +133,10 @@ async def test_a_server_that_is_not_distributed_answers_unavailable_at_once(
 
 
 async def test_forwarded_requests_for_a_flow_this_server_holds_are_served_here(
+    store_kind: StoreKind,
     autojump_clock: Any,
 ) -> None:
-    async with otp.open_node(), await _with_cluster():
+    async with otp.open_node(), await _with_cluster(store_kind):
         flow_id = await FlowEngine.start_flow("t", [1], definition(step("a"), rpcs=["r"]))
         assert await FlowEngine.result(flow_id, timeout=5.0) == [1]
         reply = await otp.call(ENGINE, (FORWARDED, ("result", flow_id, None)), 5.0)
@@ -148,9 +152,12 @@ class _Everywhere(otp.GenServer):
 
 
 async def test_an_owner_answering_not_owner_is_re_resolved_until_the_flow_is_free(
-    autojump_clock: Any, tmp_path: Path
+    store_kind: StoreKind, autojump_clock: Any, tmp_path: Path
 ) -> None:
-    async with otp.open_node("a@localhost"), server(server_id=ME, forward=ForwardOptions()):
+    async with (
+        otp.open_node("a@localhost"),
+        server(store_kind, server_id=ME, forward=ForwardOptions()),
+    ):
         await _distributed(tmp_path)
         await _Everywhere.start_link(name=CLUSTER)
         await _owned_by_other("f1")
