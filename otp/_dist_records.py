@@ -156,7 +156,7 @@ def by_name(name: Any) -> RemoteRecord:
 
 def refusal(cls: type) -> str:
     """What to do about an unregistered value of ``cls`` that was to be sent."""
-    if attrs.has(cls):
+    if attrs.has(cls) and cls.__module__.partition(".")[0] not in ("wire", "otp"):
         return (
             f"; an attrs value crosses once its class is registered on both nodes:"
             f" otp.remote_value({cls.__qualname__}) (it must be @attrs.frozen)"
