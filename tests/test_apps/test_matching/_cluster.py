@@ -12,27 +12,23 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-
-import trio
 
 import otp
 import supervisors
 from apps.matching._application import application
 from apps.matching._config import MatchingConfig
 from apps.matching._listener import Listener
+from tests.test_otp.peer import PeerNode
 
 COOKIE = b"matching-cluster-cookie"
 
 
-async def _start_server(directory: str, name: str, **config: Any) -> str:
-    """Distribution on ``directory/<name>.dist``, then the matching application; its address."""
-    await otp.start_distribution(
-        otp.DistConfig(cookie=COOKIE, listen=(f"unix:{directory}/{name}.dist",))
-    )
+async def _start_matching(directory: str, name: str, **config: Any) -> str:
+    """The matching application (a Unix socket in ``directory``, an in-memory store); its
+    address."""
     config.setdefault("listen", [f"unix:{os.path.join(directory, name + '.sock')}"])
     config.setdefault("store", ":memory:")
     await supervisors.start_application(application(matching_config=MatchingConfig(**config)))
@@ -53,7 +49,10 @@ async def cluster_directory() -> AsyncIterator[str]:
 async def clustered_server(directory: str, name: str, **config: Any) -> AsyncIterator[str]:
     """This test's node ``name@localhost`` running a matching server; yields its address."""
     async with otp.open_node(f"{name}@localhost"):
-        address = await _start_server(directory, name, **config)
+        await otp.start_distribution(
+            otp.DistConfig(cookie=COOKIE, listen=(f"unix:{directory}/{name}.dist",))
+        )
+        address = await _start_matching(directory, name, **config)
         try:
             yield address
         finally:
@@ -76,61 +75,38 @@ async def _control() -> None:
             otp.send(reply_to, "killed")
 
 
-class PeerServer:
-    """A matching server on node ``name@localhost`` in a thread; ``kill()`` ends its node at
-    once (every process killed, its sockets closed), as a crashed server's would;
-    ``kill_process(name)`` kills one registered process of it (its supervisor restarts it)."""
+class PeerServer(PeerNode):
+    """A matching server on node ``name@localhost`` in a thread (``matching`` its address);
+    ``stop()`` ends its node at once (every process killed, its sockets closed), as a crashed
+    server's would; ``kill_process(name)`` kills one registered process of it (its supervisor
+    restarts it)."""
 
     def __init__(self, directory: str, name: str, **config: Any) -> None:
+        dist = f"unix:{directory}/{name}.dist"
+        super().__init__(f"{name}@localhost", dist, cookie=COOKIE, setup=self._serve)
         self.directory = directory
-        self.name = name
-        self.node = f"{name}@localhost"
-        self.dist_address = f"unix:{directory}/{name}.dist"
-        self.config = config
-        self.address = ""
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._scope: trio.CancelScope | None = None
-        self.error: BaseException | None = None
+        self.matching_config = config
+        self.matching = ""
 
-    async def __aenter__(self) -> PeerServer:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        await trio.to_thread.run_sync(self._ready.wait, 30)
-        if self.error is not None:
-            raise self.error
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.kill()
-        assert self._thread is not None
-        await trio.to_thread.run_sync(self._thread.join, 30)
-
-    def kill(self) -> None:
-        if self._token is not None and self._scope is not None:
-            try:
-                self._token.run_sync_soon(self._scope.cancel)
-            except trio.RunFinishedError:
-                pass
+    async def _serve(self) -> None:
+        self.matching = await _start_matching(
+            self.directory, self.name.partition("@")[0], **self.matching_config
+        )
+        otp.register("control", otp.spawn(_control))
 
     async def kill_process(self, name: str) -> None:
         """(From a process of a node connected to this one.)"""
-        otp.send(("control", self.node), ("kill", name, otp.self()))
+        otp.send(("control", self.name), ("kill", name, otp.self()))
         assert await otp.receive(lambda m: m == "killed") == "killed"
 
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as exc:  # reported to the test through .error
-            self.error = exc
-            self._ready.set()
 
-    async def _main(self) -> None:
-        async with otp.open_node(self.node):
-            self.address = await _start_server(self.directory, self.name, **self.config)
-            otp.register("control", otp.spawn(_control))
-            self._token = trio.lowlevel.current_trio_token()
-            with trio.CancelScope() as self._scope:
-                self._ready.set()
-                await trio.sleep_forever()
+@asynccontextmanager
+async def two_servers(**config: Any) -> AsyncIterator[tuple[str, PeerServer]]:
+    """Server m1 on this test's node (its address) and m2 in a thread, their nodes connected."""
+    async with (
+        cluster_directory() as directory,
+        PeerServer(directory, "m2", **config) as m2,
+        clustered_server(directory, "m1", **config) as m1,
+    ):
+        assert await otp.connect(m2.name, m2.address)
+        yield m1, m2

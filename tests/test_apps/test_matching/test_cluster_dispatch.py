@@ -27,7 +27,7 @@ from apps.matching import (
 )
 from apps.matching._matcher import statistics
 
-from ._cluster import PeerServer, cluster_directory, clustered_server
+from ._cluster import two_servers
 from ._in_process import BOUND, until
 
 HOLD: dict[str, trio.Event] = {}
@@ -100,20 +100,14 @@ def _routes(description: Any) -> list[tuple[str, str, str, str | None]]:
 async def test_a_flow_started_on_one_server_runs_on_a_worker_of_the_other_sticky_there_too() -> (
     None
 ):
-    async with (
-        cluster_directory() as directory,
-        PeerServer(directory, "m2") as m2,
-        clustered_server(directory, "m1") as m1,
-        trio.open_nursery() as nursery,
-    ):
-        assert await otp.connect(m2.node, m2.dist_address)
-        worker = _worker(m2.address, "w2")
+    async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
+        worker = _worker(m2.matching, "w2")
         nursery.start_soon(worker.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
             with trio.fail_after(BOUND):
                 await worker.wait_pull_registered()
-                await _group_has(("matching", "flow", "Hop"), m2.node)
-                await _group_has(("matching", "worker", "w2"), m2.node)
+                await _group_has(("matching", "flow", "Hop"), m2.name)
+                await _group_has(("matching", "worker", "w2"), m2.name)
                 flow_id = await client.start_flow(Hop, "x")
                 assert await client.result(flow_id) == "x done"
                 assert await client.call_rpc(flow_id, "ping") == "pong"
@@ -138,23 +132,17 @@ async def test_a_flow_started_on_one_server_runs_on_a_worker_of_the_other_sticky
 
 
 async def test_a_sticky_worker_with_no_stream_anywhere_falls_back_at_once() -> None:
-    async with (
-        cluster_directory() as directory,
-        PeerServer(directory, "m2") as m2,
-        clustered_server(directory, "m1") as m1,
-        trio.open_nursery() as nursery,
-    ):
-        assert await otp.connect(m2.node, m2.dist_address)
-        gone, other = _worker(m2.address, "w-gone"), _worker(m1, "w-other")
+    async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
+        gone, other = _worker(m2.matching, "w-gone"), _worker(m1, "w-other")
         nursery.start_soon(gone.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
             with trio.fail_after(BOUND):
                 await gone.wait_pull_registered()
-                await _group_has(("matching", "flow", "Hop"), m2.node)
+                await _group_has(("matching", "flow", "Hop"), m2.name)
                 flow_id = await client.start_flow(Hop, "x")
                 assert await client.result(flow_id) == "x done"
                 await gone.close()
-                await _group_has(("matching", "worker", "w-gone"), m2.node, present=False)
+                await _group_has(("matching", "worker", "w-gone"), m2.name, present=False)
                 nursery.start_soon(other.start)
                 await other.wait_pull_registered()
                 assert await client.call_rpc(flow_id, "ping") == "pong"
@@ -171,14 +159,8 @@ async def test_a_sticky_worker_with_no_stream_anywhere_falls_back_at_once() -> N
 async def test_dispatches_waiting_for_a_flow_type_go_to_the_first_server_that_gets_streams() -> (
     None
 ):
-    async with (
-        cluster_directory() as directory,
-        PeerServer(directory, "m2") as m2,
-        clustered_server(directory, "m1") as m1,
-        trio.open_nursery() as nursery,
-    ):
-        assert await otp.connect(m2.node, m2.dist_address)
-        worker = _worker(m2.address, "w-late")
+    async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
+        worker = _worker(m2.matching, "w-late")
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
             with trio.fail_after(BOUND):
                 flow_id = await client.start_flow(Hop, "x")  # no stream anywhere: it waits
@@ -210,24 +192,18 @@ async def _until_waiting(queue: str, count: int) -> None:
 async def test_a_server_dying_mid_step_costs_a_redelivery_not_an_attempt(caplog: Any) -> None:
     caplog.set_level(logging.INFO, logger="apps.matching")
     HOLD["hold"] = trio.Event()
-    async with (
-        cluster_directory() as directory,
-        PeerServer(directory, "m2") as m2,
-        clustered_server(directory, "m1") as m1,
-        trio.open_nursery() as nursery,
-    ):
-        assert await otp.connect(m2.node, m2.dist_address)
-        doomed, survivor = _worker(m2.address, "w-doomed"), _worker(m1, "w-survivor")
+    async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
+        doomed, survivor = _worker(m2.matching, "w-doomed"), _worker(m1, "w-survivor")
         nursery.start_soon(doomed.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
             with trio.fail_after(BOUND):
                 await doomed.wait_pull_registered()
-                await _group_has(("matching", "flow", "Hop"), m2.node)
+                await _group_has(("matching", "flow", "Hop"), m2.name)
                 flow_id = await client.start_flow(Hop, "hold")
                 await until(lambda: doomed.statistics().busy == 1)
-                otp.monitor_node(m2.node)
-                m2.kill()
-                assert await otp.receive(otp.NodeDown) == otp.NodeDown(m2.node)
+                otp.monitor_node(m2.name)
+                m2.stop()
+                assert await otp.receive(otp.NodeDown) == otp.NodeDown(m2.name)
                 await until(lambda: "redelivery" in caplog.text)
                 HOLD["hold"].set()  # (the doomed worker's outcome has nowhere to go)
                 nursery.start_soon(survivor.start)
@@ -260,19 +236,13 @@ async def test_a_step_waiting_on_a_server_whose_matcher_crashes_is_dispatched_ag
     # goes with the matcher (its successor stops the old queues).
     caplog.set_level(logging.INFO, logger="apps.matching")
     HOLD["held"] = trio.Event()
-    async with (
-        cluster_directory() as directory,
-        PeerServer(directory, "m2") as m2,
-        clustered_server(directory, "m1") as m1,
-        trio.open_nursery() as nursery,
-    ):
-        assert await otp.connect(m2.node, m2.dist_address)
-        worker = _worker(m2.address, "w-one", slots=1)
+    async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
+        worker = _worker(m2.matching, "w-one", slots=1)
         nursery.start_soon(worker.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
             with trio.fail_after(BOUND):
                 await worker.wait_pull_registered()
-                await _group_has(("matching", "flow", "Hop"), m2.node)
+                await _group_has(("matching", "flow", "Hop"), m2.name)
                 held = await client.start_flow(Hop, "held")
                 await until(lambda: worker.statistics().busy == 1)
                 waiting = await client.start_flow(Hop, "x")
@@ -298,19 +268,13 @@ async def test_a_step_waiting_on_a_server_whose_matcher_crashes_is_dispatched_ag
 
 
 async def test_a_result_that_cannot_cross_to_the_flows_server_fails_the_step_saying_why() -> None:
-    async with (
-        cluster_directory() as directory,
-        PeerServer(directory, "m2") as m2,
-        clustered_server(directory, "m1") as m1,
-        trio.open_nursery() as nursery,
-    ):
-        assert await otp.connect(m2.node, m2.dist_address)
-        worker = _worker(m2.address, "w-deep")
+    async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
+        worker = _worker(m2.matching, "w-deep")
         nursery.start_soon(worker.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
             with trio.fail_after(BOUND):
                 await worker.wait_pull_registered()
-                await _group_has(("matching", "flow", "Deep"), m2.node)
+                await _group_has(("matching", "flow", "Deep"), m2.name)
                 flow_id = await client.start_flow(Deep, 254)
                 with pytest.raises(FlowFailed) as info:
                     await client.result(flow_id)
