@@ -189,8 +189,7 @@ async def _until_waiting(queue: str, count: int) -> None:
             await trio.sleep(0.002)
 
 
-async def test_a_server_dying_mid_step_costs_a_redelivery_not_an_attempt(caplog: Any) -> None:
-    caplog.set_level(logging.INFO, logger="apps.matching")
+async def test_a_server_dying_mid_step_costs_a_redelivery_not_an_attempt() -> None:
     HOLD["hold"] = trio.Event()
     async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
         doomed, survivor = _worker(m2.matching, "w-doomed"), _worker(m1, "w-survivor")
@@ -204,7 +203,6 @@ async def test_a_server_dying_mid_step_costs_a_redelivery_not_an_attempt(caplog:
                 otp.monitor_node(m2.name)
                 m2.stop()
                 assert await otp.receive(otp.NodeDown) == otp.NodeDown(m2.name)
-                await until(lambda: "redelivery" in caplog.text)
                 HOLD["hold"].set()  # (the doomed worker's outcome has nowhere to go)
                 nursery.start_soon(survivor.start)
                 assert await client.result(flow_id) == "hold done"
@@ -225,7 +223,8 @@ async def test_a_server_dying_mid_step_costs_a_redelivery_not_an_attempt(caplog:
         ("first", 1, "completed"),
         ("second", 1, "completed"),
     ]
-    assert "the server on node m2@localhost went down" in caplog.text
+    # (its Lost came from m1's watch of m2, or from m2's stream as it was killed, whichever
+    # crossed first: the other is a late outcome, ignored)
 
 
 async def test_a_step_waiting_on_a_server_whose_matcher_crashes_is_dispatched_again(
@@ -251,7 +250,6 @@ async def test_a_step_waiting_on_a_server_whose_matcher_crashes_is_dispatched_ag
                 ):
                     await trio.sleep(0.01)  # (records are committed within 0.1 s)
                 await m2.kill_process("matching_matcher")
-                await until(lambda: caplog.text.count("redelivery") >= 2)
                 HOLD["held"].set()
                 assert await client.result(waiting) == "x done"
                 assert await client.result(held) == "held done"
@@ -264,7 +262,8 @@ async def test_a_step_waiting_on_a_server_whose_matcher_crashes_is_dispatched_ag
         ("first", 1, "completed"),
         ("second", 1, "completed"),
     ]
-    assert "the server on node m2@localhost went down (killed)" in caplog.text
+    # No stream had it: only m1's watch of m2's matcher could tell it was lost.
+    assert "the server on node m2@localhost went down (killed) with delivery" in caplog.text
 
 
 async def test_a_result_that_cannot_cross_to_the_flows_server_fails_the_step_saying_why() -> None:
