@@ -11,7 +11,7 @@ from typing import Any
 import otp
 
 from ._engine_commits import EngineCommits
-from ._engine_forward import forward, lease_owner
+from ._engine_forward import forward, known_owner, lease_owner, remember_owner
 from ._engine_state import MAX_LIST_LIMIT, EngineStatistics, _err, _Flow, _Loaded, _ok, _Rpc, _State
 from ._errors import ConfigurationError, FlowNotFound, MatchingError
 from ._store import FLOW_STATUSES, FlowRecord, StoreError, StoreServer
@@ -37,16 +37,19 @@ class EngineReads(EngineCommits):
         if flow is not None:
             then(flow)
             return
+        if request is not None and (owner := known_owner(state, flow_id)) is not None:
+            forward(state, request[0], request[1], flow_id, owner)  # (no store read)
+            return
         waiting = state.loading.get(flow_id)
         if waiting is not None:
             waiting.append((then, request))
             return
         state.loading[flow_id] = [(then, request)]
         options, me = state.options, state.me
-        owner = options.server_id if options.forward is not None else None
+        server_id = options.server_id if options.forward is not None else None
 
         def load() -> None:
-            otp.spawn_link(_load, options.store, flow_id, me, owner)
+            otp.spawn_link(_load, options.store, flow_id, me, server_id)
 
         self._after_commit(state, load)
 
@@ -76,6 +79,7 @@ class EngineReads(EngineCommits):
         waiting: list[tuple[Callable[[_Flow | None], None], Any]],
     ) -> None:
         """The running flow ``record`` is ``owner``'s: its calls go there (``_engine_forward``)."""
+        remember_owner(state, record.flow_id, owner)
         for then, request in waiting:
             if request is None:
                 then(_Flow.from_record(record))  # (a copy, not held: for a look at it)

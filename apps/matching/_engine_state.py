@@ -328,6 +328,9 @@ class _State:
     #: Flows being loaded from the store, and what waits for each (with the caller and the call
     #: it serves, when it may be forwarded: ``_engine_forward.forward``).
     loading: dict[str, list[tuple[Callable[[_Flow | None], None], Any]]] = attrs.field(factory=dict)
+    #: Flow id -> the other server found holding it and until when that is trusted (trio
+    #: clock): its calls are forwarded without reading the store (``_engine_forward``).
+    owners: dict[str, tuple[str, float]] = attrs.field(factory=dict)
     #: Flow type -> the newest definition given for it (``_engine_definitions``).
     known: dict[str, FlowSpec] = attrs.field(factory=dict)
     #: Flow type -> the definition a client sent last and what it parsed to: a client sends
