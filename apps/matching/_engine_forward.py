@@ -139,7 +139,11 @@ def known_owner(state: _State, flow_id: str) -> str | None:
 
 
 def remember_owner(state: _State, flow_id: str, owner: str) -> None:
-    """``owner`` holds ``flow_id`` (its lease, read from the store just now)."""
+    """``owner`` holds ``flow_id`` (its lease, read from the store just now); remembered only
+    when this engine forwards (without it, every call reads the store, and one made once the
+    lease expired takes the flow here at once)."""
+    if state.options.forward is None:
+        return
     owners = state.owners
     owners.pop(flow_id, None)
     owners[flow_id] = (owner, trio.current_time() + OWNER_TTL)

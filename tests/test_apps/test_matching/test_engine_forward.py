@@ -176,7 +176,9 @@ async def test_an_owner_answering_not_owner_is_re_resolved_until_the_flow_is_fre
 async def test_an_owner_found_in_the_store_is_trusted_for_a_while_and_a_bounded_number(
     autojump_clock: Any,
 ) -> None:
-    state = types.SimpleNamespace(owners={})
+    state = types.SimpleNamespace(
+        owners={}, options=types.SimpleNamespace(forward=ForwardOptions())
+    )
     remember_owner(state, "f1", OTHER)  # type: ignore[arg-type]
     assert known_owner(state, "f1") == OTHER  # type: ignore[arg-type]
     await trio.sleep(OWNER_TTL + 0.1)
