@@ -190,19 +190,11 @@ class Cluster(otp.GenServer):
                 state.failing = text
             case otp.Exit(pid=pid, reason=reason) if pid == state.helper:
                 state.helper = None
-                if otp.is_abnormal(reason):
-                    logger.warning(
-                        "matching cluster: the heartbeat helper crashed: %s",
-                        otp.format_reason(reason),
-                    )
+                _log_crash("heartbeat", reason)
                 otp.send_after(state.options.heartbeat, otp.self(), _Tick())
             case otp.Exit(pid=pid, reason=reason) if pid == state.connector:
                 state.connector = None
-                if otp.is_abnormal(reason):
-                    logger.warning(
-                        "matching cluster: the connecting helper crashed: %s",
-                        otp.format_reason(reason),
-                    )
+                _log_crash("connecting", reason)
             case otp.Exit(reason=reason):
                 return otp.Stop(reason, state)  # (trapping: our supervisor or a link ends us)
         return otp.NoReply(state)
@@ -238,6 +230,13 @@ class Cluster(otp.GenServer):
         ]
         if peers:
             state.connector = otp.spawn_link(_connect_peers, peers, otp.self())
+
+
+def _log_crash(helper: str, reason: Any) -> None:
+    if otp.is_abnormal(reason):
+        logger.warning(
+            "matching cluster: the %s helper crashed: %s", helper, otp.format_reason(reason)
+        )
 
 
 def _by_id(record: ServerRecord) -> str:

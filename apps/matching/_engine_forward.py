@@ -46,9 +46,11 @@ __all__ = [
     "ForwardOptions",
     "forward",
     "is_not_owner",
+    "known_owner",
     "lease_owner",
     "marked",
     "not_owner",
+    "remember_owner",
 ]
 
 logger = logging.getLogger("apps.matching")
@@ -59,6 +61,10 @@ FORWARDED = "forwarded"
 NOT_OWNER = "not_owner"
 #: The ops that are forwarded (the others read the store, anywhere).
 FORWARDED_OPS = ("result", "call_rpc", "cancel")
+#: How long an owner found in the store is trusted before the store is read again.
+OWNER_TTL = 5.0
+#: The most owners an engine remembers.
+MAX_OWNERS = 10_000
 _FIRST_DELAY = 0.05
 _MAX_DELAY = 1.0
 
@@ -116,6 +122,33 @@ def not_owner(flow_id: str, server_id: str, owner: str | None) -> tuple[Any, ...
 
 def is_not_owner(reply: Any) -> bool:
     return isinstance(reply, tuple) and len(reply) == 5 and reply[:2] == ("error", NOT_OWNER)
+
+
+def known_owner(state: _State, flow_id: str) -> str | None:
+    """The other server this engine lately found holding ``flow_id`` (within
+    :data:`OWNER_TTL`), or None: a call for it is forwarded there without reading the store
+    first. A stale entry costs one ``not_owner`` or a failed call, then the helper re-resolves
+    from the store (and a flow this engine holds is found in memory before this is asked)."""
+    known = state.owners.get(flow_id)
+    if known is None:
+        return None
+    if known[1] < trio.current_time():
+        del state.owners[flow_id]
+        return None
+    return known[0]
+
+
+def remember_owner(state: _State, flow_id: str, owner: str) -> None:
+    """``owner`` holds ``flow_id`` (its lease, read from the store just now); remembered only
+    when this engine forwards (without it, every call reads the store, and one made once the
+    lease expired takes the flow here at once)."""
+    if state.options.forward is None:
+        return
+    owners = state.owners
+    owners.pop(flow_id, None)
+    owners[flow_id] = (owner, trio.current_time() + OWNER_TTL)
+    if len(owners) > MAX_OWNERS:  # (the oldest entry goes: dicts keep insertion order)
+        del owners[next(iter(owners))]
 
 
 def forward(

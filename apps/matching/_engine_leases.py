@@ -23,7 +23,7 @@ import otp
 
 from ._engine_commits import EngineCommits
 from ._engine_definitions import remember
-from ._engine_forward import forward
+from ._engine_forward import forward, known_owner, remember_owner
 from ._engine_state import _RUNNING, Claimed, _Flow, _Loaded, _State
 from ._engine_waiters import forget_waiter
 from ._errors import ConfigurationError
@@ -171,6 +171,9 @@ class EngineLeases(EngineCommits):
         if flow is not None:
             then(flow)
             return
+        if request is not None and (owner := known_owner(state, flow_id)) is not None:
+            forward(state, request[0], request[1], flow_id, owner)  # (no store read)
+            return
         waiting = state.loading.get(flow_id)
         if waiting is not None:
             waiting.append((then, request))
@@ -198,6 +201,8 @@ class EngineLeases(EngineCommits):
         if flow is None and not loaded.requested:
             return
         owner = None if claim is None or claim.held_by(me) else claim.step.lease_owner
+        if owner is not None and flow is None:
+            remember_owner(state, flow_id, owner)
         for then, request in state.loading.pop(flow_id, []):
             if flow is not None or record is None:
                 then(flow)

@@ -356,6 +356,9 @@ class _State:
     #: Flows being read from the store, and what waits for each: ``(then, request)``, the
     #: request a caller's ``(from_, call)`` to forward when another server holds the flow.
     loading: dict[str, list[tuple[Callable[[_Flow | None], None], Any]]] = attrs.field(factory=dict)
+    #: Flow id -> the other server found holding it and until when that is trusted (trio
+    #: clock): its calls are forwarded without reading the store (``_engine_forward``).
+    owners: dict[str, tuple[str, float]] = attrs.field(factory=dict)
     #: Flow type -> the newest definition given for it (``_engine_definitions``).
     known: dict[str, FlowSpec] = attrs.field(factory=dict)
     #: Flow type -> the definition a client sent last and what it parsed to: a client sends

@@ -8,6 +8,7 @@ real servers: ``test_cluster_forwarding.py``)."""
 from __future__ import annotations
 
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,13 @@ from apps.matching._cluster import CLUSTER, Cluster, ClusterOptions
 from apps.matching._engine import ENGINE, FlowEngine
 from apps.matching._engine_forward import (
     FORWARDED,
+    MAX_OWNERS,
+    OWNER_TTL,
     ForwardOptions,
     is_not_owner,
+    known_owner,
     lease_owner,
+    remember_owner,
 )
 from apps.matching._errors import Unavailable
 from apps.matching._store import FlowRecord, PendingStep, StoreServer, WriteBatch
@@ -173,3 +178,19 @@ async def test_an_owner_answering_not_owner_is_re_resolved_until_the_flow_is_fre
             free = PendingStep("f1", 0, "a", "f1/0/a", 1, None, None)
             await StoreServer.commit(WriteBatch(pending_put=[free]))  # (its lease released)
         assert answers == [[1]]  # re-resolved to this server, which took the flow and ran it
+
+
+async def test_an_owner_found_in_the_store_is_trusted_for_a_while_and_a_bounded_number(
+    autojump_clock: Any,
+) -> None:
+    state = types.SimpleNamespace(
+        owners={}, options=types.SimpleNamespace(forward=ForwardOptions())
+    )
+    remember_owner(state, "f1", OTHER)  # type: ignore[arg-type]
+    assert known_owner(state, "f1") == OTHER  # type: ignore[arg-type]
+    await trio.sleep(OWNER_TTL + 0.1)
+    assert known_owner(state, "f1") is None  # type: ignore[arg-type]
+    assert state.owners == {}
+    for i in range(MAX_OWNERS + 1):
+        remember_owner(state, f"f{i}", OTHER)  # type: ignore[arg-type]
+    assert len(state.owners) == MAX_OWNERS and "f0" not in state.owners  # the oldest went
