@@ -127,18 +127,10 @@ class PostgresServer:
 
     def url(self) -> str:
         """A URL whose connections work in a new, empty schema of their own, kept until the
-        server stops (for tests whose servers outlive a ``with``: prefer :meth:`schema`)."""
-        import psycopg
+        server stops (prefer :meth:`schema`, or the ``store_kind`` fixture)."""
+        return self._new_schema()[1]
 
-        schema = f"t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(self.base_url, autocommit=True) as conn:
-            conn.execute(f"CREATE SCHEMA {schema}")
-        return f"{self.base_url}?options=-csearch_path%3D{schema}"
-
-    @contextlib.contextmanager
-    def schema(self) -> Iterator[str]:
-        """A URL whose connections work in a new, empty schema of their own, dropped after
-        (with what is in it)."""
+    def _new_schema(self) -> tuple[str, str]:
         import psycopg
 
         if self._admin is None:
@@ -146,8 +138,17 @@ class PostgresServer:
             self._admin.execute("SET lock_timeout = '10s'")
         schema = f"t_{uuid.uuid4().hex[:12]}"
         self._admin.execute(f"CREATE SCHEMA {schema}")
+        return schema, f"{self.base_url}?options=-csearch_path%3D{schema}"
+
+    @contextlib.contextmanager
+    def schema(self) -> Iterator[str]:
+        """A URL whose connections work in a new, empty schema of their own, dropped after
+        (with what is in it)."""
+        import psycopg
+
+        schema, url = self._new_schema()
         try:
-            yield f"{self.base_url}?options=-csearch_path%3D{schema}"
+            yield url
         finally:
             try:
                 self._admin.execute(f"DROP SCHEMA {schema} CASCADE")
