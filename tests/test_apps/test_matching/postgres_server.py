@@ -1,5 +1,6 @@
-"""A real PostgreSQL server for the tests: a throwaway data directory, a free loopback port,
-run as a non-root user (``postgres`` when the tests run as root, as on CI).
+"""A real PostgreSQL server for the tests: ``benchmarks/_matching_processes.py``'s (a throwaway
+data directory, a free loopback port, run as a non-root user, ``postgres`` when the tests run as
+root, as on CI), the one the matching benchmarks start too.
 
 ``.ci/run`` installs Debian's ``postgresql`` package and sets ``OTP_REQUIRE_POSTGRES=1``, so
 there a missing server is a failure; elsewhere the PostgreSQL tests are skipped, saying how to
@@ -8,111 +9,24 @@ run them (README, "apps/matching on PostgreSQL").
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
-import uuid
 
 import pytest
+
+from benchmarks import _matching_processes
 
 REQUIRED = os.environ.get("OTP_REQUIRE_POSTGRES") == "1"
 
 
-def _binaries() -> str | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if found:
-        return os.path.dirname(found[-1])
-    initdb = shutil.which("initdb")
-    return os.path.dirname(initdb) if initdb else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class PostgresServer:
-    """``start()`` an initdb'd server; ``url(schema)`` for a fresh schema in it; ``stop()``."""
-
-    def __init__(self) -> None:
-        self.bin = _binaries()
-        self.tmp = ""
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def _as_owner(self, *args: str) -> list[str]:
-        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-            return ["runuser", "-u", "postgres", "--", *args]
-        return list(args)
+class PostgresServer(_matching_processes.PostgresServer):
+    """``start()`` an initdb'd server (skipped, or failed on CI, when none is installed);
+    ``url()`` for a fresh schema in it; ``stop()``."""
 
     def start(self) -> None:
-        if self.bin is None:
-            message = (
-                "PostgreSQL's server programs (initdb, postgres) are not installed: install"
-                " Debian's postgresql package (apt-get install postgresql) to run these tests"
-            )
+        try:
+            super().start()
+        except _matching_processes.PostgresMissing as exc:
+            message = f"{exc} to run these tests"
             if REQUIRED:
                 pytest.fail(message)
             pytest.skip(message)
-        self.tmp = tempfile.mkdtemp(prefix="otp-pg-")
-        if os.geteuid() == 0:
-            shutil.chown(self.tmp, "postgres")
-        data = os.path.join(self.tmp, "data")
-        subprocess.run(
-            self._as_owner(
-                f"{self.bin}/initdb", "-D", data, "-A", "trust", "-U", "otp", "-E", "UTF8",
-                "--no-sync", "--no-instructions",
-            ),
-            check=True, capture_output=True,
-        )  # fmt: skip
-        self.port = _free_port()
-        with open(os.path.join(self.tmp, "server.log"), "wb") as log:
-            self.proc = subprocess.Popen(
-                self._as_owner(
-                    f"{self.bin}/postgres", "-D", data, "-p", str(self.port), "-k", self.tmp,
-                    "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-                    "-c", "max_connections=200",
-                ),
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while True:
-            ready = subprocess.run(
-                [f"{self.bin}/pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-q"],
-                check=False,
-            )
-            if ready.returncode == 0:
-                break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                with open(os.path.join(self.tmp, "server.log"), errors="replace") as f:
-                    raise RuntimeError(f"PostgreSQL did not start: {f.read()[-2000:]}")
-            time.sleep(0.05)
-
-    @property
-    def base_url(self) -> str:
-        return f"postgresql://otp@127.0.0.1:{self.port}/postgres"
-
-    def url(self) -> str:
-        """A URL whose connections work in a new, empty schema of their own."""
-        import psycopg
-
-        schema = f"t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(self.base_url, autocommit=True) as conn:
-            conn.execute(f"CREATE SCHEMA {schema}")
-        return f"{self.base_url}?options=-csearch_path%3D{schema}"
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()  # (SIGTERM: PostgreSQL's "smart" shutdown)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.tmp:
-            shutil.rmtree(self.tmp, ignore_errors=True)
