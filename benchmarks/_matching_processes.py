@@ -251,16 +251,18 @@ def cluster_missing() -> str | None:
     can: the cluster parts of issue 20 (MULTISERVER.md) are ownership by leases (part A,
     ``EngineOptions.server_id``), discovery and forwarding (part B, the store's ``servers``
     table: ``Store.register_server``) and dispatch across servers (part C, the matcher's
-    ``pg`` groups)."""
-    from apps.matching import _engine_state, _matcher, _store
+    ``pg`` groups: ``_matcher_remote``)."""
+    import importlib.util
+
+    from apps.matching import _engine_state, _store
 
     missing = []
     if "server_id" not in attrs.fields_dict(_engine_state.EngineOptions):
         missing.append("ownership by leases (EngineOptions.server_id, part A)")
     if not hasattr(_store.Store, "register_server"):
         missing.append("discovery and forwarding (Store.register_server, part B)")
-    if "pg" not in vars(_matcher):
-        missing.append("dispatch across servers (the matcher's pg groups, part C)")
+    if importlib.util.find_spec("apps.matching._matcher_remote") is None:
+        missing.append("dispatch across servers (apps.matching._matcher_remote, part C)")
     if not missing:
         return None
     return (

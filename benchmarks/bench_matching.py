@@ -530,8 +530,12 @@ class _Server:
             raise
         return self
 
+    def _argv(self) -> tuple[str, ...]:
+        """The server's ``python -m otp.node`` arguments (:class:`MatchingNode`'s)."""
+        return tuple(self.node.args())
+
     def _start(self) -> None:
-        argv = tuple(self.node.args())
+        argv = self._argv()
         # ``python -m otp.node`` with its trio wake-ups counted (bench_dirty's _counted_node:
         # each SIGUSR2 writes the count so far to ``self.report``).
         code = (

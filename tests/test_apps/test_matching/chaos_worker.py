@@ -30,14 +30,17 @@ _run_ids_lock = threading.Lock()
 def _record_run(ctx: object, index: int, value: list[int]) -> list[int]:
     """One handler run of Step ``index``: recorded, then the Step's effects: the flow's state
     counts it, and its value is its input with ``index`` appended (so the flow's result shows
-    each Step's recorded value once, in order)."""
+    each Step's recorded value once, in order, and that each Step's state change was applied
+    once before the next Step ran)."""
     with _run_ids_lock:
         n = next(_run_ids)
     line = f"{ctx.execution_id} {ctx.attempt} {os.getpid()}-{n}\n"  # type: ignore[attr-defined]
     os.write(_runs_fd, line.encode())
     state = ctx.state  # type: ignore[attr-defined]
-    state["steps"] = state.get("steps", 0) + 1
-    return [*value, index]
+    seen = state.get("steps", 0)
+    state["steps"] = seen + 1
+    # the state this Step was given counts every earlier Step once, or the value says so
+    return [*value, index if seen == index else f"state counted {seen} Steps before {index}"]
 
 
 class ChaosFlow(Flow):
