@@ -55,7 +55,7 @@ from ._matching_processes import (
     process_env,
     serve_worker,
 )
-from .bench_dirty import _RECORD, _start_helper
+from .bench_dirty import _RECORD, _descendants, _start_helper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Flows in flight at once for ``matching.steps_per_s`` (and bare callers of its floor).
@@ -837,32 +837,55 @@ def _claim_loop(url: str, seconds: float, counts: list[int], errors: list[str]) 
         errors.append(f"{type(exc).__name__}: {exc}")
 
 
-def _claim_floor(url: str, claimers: int, quick: bool) -> tuple[float, list[str]]:
+def _postgres_cpu(postgres: PostgresServer) -> float:
+    """CPU seconds (user + system) PostgreSQL's processes used so far: every process under
+    the server's, with the children each has reaped (the backends of closed connections)."""
+    assert postgres.proc is not None
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in [postgres.proc.pid, *_descendants(postgres.proc.pid)]:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(field) for field in fields[11:15]) / tick
+    return total
+
+
+def _claim_floor(
+    postgres: PostgresServer, claimers: int, quick: bool
+) -> tuple[float, float, list[str]]:
     """Claims/s of ``claimers`` bare claim loops (:func:`_claim_loop`) on one PostgreSQL
     database: what the database does for a job's minimum (a durable insert, a locked claim, a
-    durable delete) with no server in the way."""
+    durable delete) with no server in the way; and the CPU seconds per claim of the claimers
+    (this process) and PostgreSQL together."""
     import threading
 
     import psycopg
 
+    url = postgres.url()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE jobs (id BIGSERIAL PRIMARY KEY, payload BYTEA NOT NULL)")
     errors: list[str] = []
-    rate = 0.0
+    rate = cpu = 0.0
     for phase, seconds in (("warm", 0.5), ("run", 2.5 if quick else 8.0)):
         counts = [[0] for _ in range(claimers)]
         threads = [
             threading.Thread(target=_claim_loop, args=(url, seconds, count, errors))
             for count in counts
         ]
+        cpu0 = _cpu_seconds([0]) + _postgres_cpu(postgres)
         t0 = time.perf_counter()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         if phase == "run":
-            rate = sum(count[0] for count in counts) / (time.perf_counter() - t0)
-    return rate, errors
+            claims = sum(count[0] for count in counts)
+            rate = claims / (time.perf_counter() - t0)
+            cpu = (_cpu_seconds([0]) + _postgres_cpu(postgres) - cpu0) / max(claims, 1)
+    return rate, cpu, errors
 
 
 def _postgres_results(quick: bool) -> list[Result]:
@@ -873,10 +896,12 @@ def _postgres_results(quick: bool) -> list[Result]:
     cluster_name = "1 server on PostgreSQL (this run)"
     try:
         with PostgresServer() as postgres:
-            floor, floor_errors = _claim_floor(postgres.url(), 1, quick)
+            floor, floor_cpu, floor_errors = _claim_floor(postgres, 1, quick)
             with _Server(store=postgres.url()) as server:
                 server.add_workers(WORKERS, SLOTS)
+                cpu0 = _postgres_cpu(postgres)
                 one = _measure_throughput(server, quick)
+                one["cpu_postgres"] = (_postgres_cpu(postgres) - cpu0) / max(one["flows"], 1)
             one_problems = server.log_text.splitlines()
             missing = cluster_missing()
             three: dict[str, float] = {}
@@ -890,6 +915,9 @@ def _postgres_results(quick: bool) -> list[Result]:
             Result("matching.pg_cluster_steps_per_s", "Steps/s", 0.0, cluster_name, 0.0,
                    notes=problem),
         ]  # fmt: skip
+    cores = os.cpu_count() or 1
+    step_cpu = sum(one.get(f"cpu_{role}", 0.0) for role in ("server", "workers", "client"))
+    step_cpu += one.get("cpu_postgres", 0.0)
     one_notes = (
         f"1 server (python -m otp.node --app apps.matching --store postgresql://...) with"
         f" {WORKERS} worker processes x {SLOTS} slots, {CONCURRENCY} one-Step flows in flight"
@@ -897,9 +925,15 @@ def _postgres_results(quick: bool) -> list[Result]:
         f" {one.get('p50', 0) * 1e3:.1f} ms, {int(one.get('errors', 0))} errors,"
         f" {len(one_problems)} warning lines; CPU per Step: server"
         f" {one.get('cpu_server', 0) * 1e6:.0f} us, workers"
-        f" {one.get('cpu_workers', 0) * 1e6:.0f} us; against the database's floor: 1 claimer"
+        f" {one.get('cpu_workers', 0) * 1e6:.0f} us, client"
+        f" {one.get('cpu_client', 0) * 1e6:.0f} us, PostgreSQL"
+        f" {one.get('cpu_postgres', 0) * 1e6:.0f} us (all: {cores} CPUs cap it at"
+        f" {cores / max(step_cpu, 1e-9):.0f} Steps/s); against the database's floor: 1 claimer"
         f" (the server's one store connection) doing INSERT + claim (LIMIT {CLAIM_LIMIT}) +"
-        f" DELETE + commit per job, {floor:.0f} claims/s"
+        f" DELETE + commit per job, {floor:.0f} claims/s, CPU per claim (claimer and"
+        f" PostgreSQL) {floor_cpu * 1e6:.0f} us ({cores} CPUs cap it at"
+        f" {cores / max(floor_cpu, 1e-9):.0f} claims/s; CPU ratio"
+        f" {floor_cpu / max(step_cpu, 1e-9):.2f})"
         f"{f' ({len(floor_errors)} errors: {floor_errors[0]})' if floor_errors else ''};"
         f" PostgreSQL with fsync=off on this machine; target: ratio >= 0.5"
     )
