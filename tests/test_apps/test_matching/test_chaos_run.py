@@ -19,14 +19,24 @@ What is counted, precisely:
 Runs minus Steps cannot equal the redeliveries exactly, and the test says so rather than hope:
 a worker killed after its ACCEPT reached the server but before the handler wrote its line is a
 redelivery with no run, and so is a Step a dead server's successor redelivers that never ran.
-The reverse cannot happen (a run with no redelivery logged would need two deliveries of one
-Step with no loss in between). So the tightest true statement is, for every Step execution e,
+The reverse (a run with no redelivery logged) needs a run whose ACCEPT never reached the
+server, which then offers the Step again without a word: the SDK writes ACCEPT into the socket
+before it starts the handler, so only a worker killed in the microseconds after a handler
+started behind an ACCEPT still queued in the SDK (an earlier frame filled the socket) could do
+it; never seen, and named here so that such a failure is read right. So the tightest true
+statement is, for every Step execution e,
 ``1 <= runs(e) <= 1 + redeliveries(e)``, and in all ``runs - Steps <= redeliveries <= 8 x
 worker kills (+ the flows the killed server held)``: a killed worker loses at most its 8 slots.
 
-Workers are port children of an otp supervisor (``Program``), so a SIGKILLed worker is
-restarted by its supervisor, not by a loop of the test's. Marked ``chaos`` (CI runs every
-test; ``-m "not chaos"`` leaves it out locally).
+Workers are port children of otp supervisors (``Program``, one supervisor per worker so
+restarts run side by side), so a SIGKILLed worker is restarted by its supervisor, not by a loop
+of the test's; the killer picks among the workers running (never the last one: a worker's
+start takes seconds on a loaded machine, and a Step that finds no worker for its whole
+dispatch wait fails, which is not what this run checks). A worker that loses its server gives
+up after 3 s and is restarted on a live one. The servers are ``temporary`` children: the one
+killed stays dead, so its flows must be taken over. Marked ``chaos`` (CI runs every test;
+``-m "not chaos"`` leaves it out). On an idle 2-core machine the run needs about 60 CPU
+seconds in all its processes; its summary line (``-s``) gives the figures.
 """
 
 from __future__ import annotations
