@@ -510,7 +510,7 @@ class _Server:
         if node is None:
             sock = os.path.join(self.tmp, "matching.sock")
             node = MatchingNode(f"unix:{sock}", store or os.path.join(self.tmp, "matching.sqlite3"))
-        self.node = node
+        self.command = node  # (not `node`: a distributed subclass keeps its node name there)
         self.sock = node.socket_path
         self.address = node.address
         self.log = os.path.join(self.tmp, "server.log")
@@ -532,7 +532,7 @@ class _Server:
 
     def _argv(self) -> tuple[str, ...]:
         """The server's ``python -m otp.node`` arguments (:class:`MatchingNode`'s)."""
-        return tuple(self.node.args())
+        return tuple(self.command.args())
 
     def _start(self) -> None:
         argv = self._argv()
