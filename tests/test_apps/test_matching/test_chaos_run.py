@@ -57,14 +57,16 @@ import trio
 from test_node.test_node_cli import TESTS
 
 import otp
-from apps.matching import ClientOptions, FlowExists, MatchingError, Registry, TrioClient
-from benchmarks._matching_processes import (
-    MatchingNode,
-    Program,
-    cluster,
-    cluster_missing,
-    process_env,
+from apps.matching import (
+    ClientOptions,
+    FlowExists,
+    FlowFailed,
+    MatchingError,
+    Registry,
+    TrioClient,
 )
+from benchmarks._matching_processes import MatchingNode, cluster, cluster_missing, process_env
+from benchmarks._programs import Program
 from supervisors import ChildSpec, Supervisor, SupFlags, which_children
 
 from .chaos_worker import SLOTS, STEPS, ChaosFlow
@@ -259,17 +261,23 @@ async def _result(client: TrioClient, flow_id: str) -> Any:
 
 
 async def _retrying(run: _Run, clients: list[TrioClient], n: int, fn: Any, *args: Any) -> Any:
-    """``fn(client, *args)`` on a live server's client (spread by ``n``), on another live one
-    when a server dies under the call."""
-    for turn in range(10):
+    """``fn(client, *args)`` on a live server's client (spread by ``n``); with several servers,
+    again on the next live one when the call fails for want of a server (the one called died
+    under it, or the flow's owner did and its lease has not run out yet), for up to a minute.
+    A failed flow is a failure at once."""
+    deadline = trio.current_time() + 60
+    turn = 0
+    while True:
         server = run.alive[(n + turn) % len(run.alive)]
         try:
             return await fn(clients[server], *args)
+        except FlowFailed:
+            raise
         except (MatchingError, OSError):
-            if server in run.alive and len(run.nodes) == 1:
-                raise  # (one server and it lives: a real error)
-            await trio.sleep(0.2)
-    raise AssertionError(f"flow chaos-{n}: no live server answered {fn.__name__}")
+            if len(run.nodes) == 1 or trio.current_time() > deadline:
+                raise
+        turn += 1
+        await trio.sleep(0.2)
 
 
 def _check(run: _Run, results: dict[str, Any], nodes: list[MatchingNode]) -> None:
