@@ -11,6 +11,7 @@ autojump would otherwise jump while a worker thread ran, and fire every timer ea
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -460,6 +461,23 @@ async def test_lost_before_output_is_dispatched_again_as_the_same_attempt() -> N
             "at": redispatched[0]["at"],
         }
     ]
+
+
+async def test_a_lost_step_is_logged_as_a_redelivery_once(caplog: Any) -> None:
+    # The chaos run counts these lines against the handler runs (test_chaos_run.py).
+    script = by_step(a=[lost(after_output=False), lost(after_output=False), ok("x")])
+    with caplog.at_level(logging.INFO, logger="apps.matching"):
+        async with otp.open_node(), server(script):
+            await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+            await FlowEngine.result("f")
+    lines = [r.getMessage() for r in caplog.records if "redelivery" in r.getMessage()]
+    assert (
+        lines
+        == [
+            "matching engine: redelivery of step 0 attempt 1 of flow f (worker w1 went away with it)"
+        ]
+        * 2
+    )
 
 
 async def test_lost_after_output_consumes_an_attempt(
