@@ -2,7 +2,7 @@
 
 Mirrors ``supervisor:add_restart/3`` (OTP 25) and the shape of ``supervisor:restart/3``: which
 children to stop (in reverse start order) and which to start (in start order) when one dies.
-Nothing here touches a process; the engine in ``_supervisor.py`` carries the plans out.
+Nothing here touches a process; the restart engine in ``_restart.py`` carries the plans out.
 """
 
 from __future__ import annotations

@@ -396,6 +396,48 @@ class SupFlags:
         )
 
 
+def _check_max_children(_flags: Any, _attr: Any, value: Any) -> None:
+    if value is not None and not (
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    ):
+        raise SupFlagsError(
+            f"DynamicSupFlags.max_children must be None or an int >= 0 (got {value!r})",
+            ("invalid_max_children", value),
+        )
+
+
+def _convert_extra_arguments(value: Any) -> tuple[Any, ...]:
+    # Only a sequence: a str would be split into one-letter arguments.
+    if not isinstance(value, list | tuple):
+        raise SupFlagsError(
+            "DynamicSupFlags.extra_arguments must be a list or tuple of arguments"
+            f" (got {value!r}): wrap a single argument, as extra_arguments=(config,)",
+            ("invalid_extra_arguments", value),
+        )
+    return tuple(value)
+
+
+@attrs.frozen
+class DynamicSupFlags:
+    """The flags of a :class:`DynamicSupervisor` (Elixir's ``DynamicSupervisor.init/1``).
+
+    Args:
+        intensity: restarts allowed within ``period`` (Elixir's ``max_restarts``, default 3).
+        period: the window in whole seconds (Elixir's ``max_seconds``, default 5).
+        max_children: at most this many children (None: no limit); ``start_child`` beyond it
+            returns ``("error", "max_children")``.
+        extra_arguments: a list or tuple, prepended to the start arguments of every child.
+
+    Raises:
+        SupFlagsError: a field is invalid; ``reason`` is the error term.
+    """
+
+    intensity: int = attrs.field(default=3, validator=check_intensity)
+    period: int = attrs.field(default=5, validator=check_period)
+    max_children: int | None = attrs.field(default=None, validator=_check_max_children)
+    extra_arguments: tuple[Any, ...] = attrs.field(default=(), converter=_convert_extra_arguments)
+
+
 def check_startspec(
     specs: Iterable[Any], auto_shutdown: Any = AutoShutdown.NEVER
 ) -> list[ChildSpec]:
@@ -428,6 +470,17 @@ def check_significant(spec: ChildSpec, auto_shutdown: AutoShutdown) -> None:
             f"child {spec.id!r} is significant but the supervisor's auto_shutdown is 'never':"
             " set SupFlags.auto_shutdown to 'any_significant' or 'all_significant', or drop"
             " significant=True",
+            ("bad_combination", [("auto_shutdown", "never"), ("significant", True)]),
+        )
+
+
+def check_dynamic_significant(spec: ChildSpec) -> None:
+    """A DynamicSupervisor has no auto_shutdown, so no child of it can be significant."""
+    if spec.significant:
+        raise ChildSpecError(
+            f"child {spec.id!r} is significant but a DynamicSupervisor has no auto_shutdown:"
+            " drop significant=True, or put the child under a Supervisor whose"
+            " SupFlags.auto_shutdown is 'any_significant' or 'all_significant'",
             ("bad_combination", [("auto_shutdown", "never"), ("significant", True)]),
         )
 

@@ -1,16 +1,15 @@
 """The CBOR value codec of wire version 2: RFC 8949 with deterministic encoding and our tags.
 
 Encoding is ours (``_cbor_encode``); decoding is cbor2's decoder with every built-in tag switched
-off except the bignums (which get our size check), followed by one C-speed check that the result
-holds only plain built-in values, and by a Python walk only where that check cannot tell
-(results holding wire's own types, or anything cbor2 can give that wire does not define). Large
+off except the bignums (which get our size check), followed by a check that the result holds
+only wire's types: in C (``_speedups.cbor_check``) where it was built, which gives up on anything
+else, and otherwise, or to name what it gave up on, a Python walk over the result. Large
 inputs are walked head by head first so a huge claimed size is refused before anything is built.
 Nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
-import marshal
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +17,8 @@ from typing import Any
 import cbor2
 
 from ._accel import C as _C
-from ._cbor_encode import _DEFAULT_LIMITS, CborTag, cbor_encode
+from ._cbor_encode import CborTag, cbor_encode
+from ._cbor_heads import _DEFAULT_LIMITS
 from ._errors import (
     InvalidUtf8,
     InvalidValue,
@@ -213,16 +213,6 @@ def _refuse_nan_keys(value: Any) -> None:
             stack.append(v.details)
 
 
-def _plain_py(data: bytes) -> bool:
-    """What ``_speedups.cbor_plain`` tells, where it was not built (an int needle is a plain
-    memchr, a bytes one costs several times more)."""
-    if _WIRE_TAG_HEAD in data:
-        return False
-    if _F16 not in data and _F32 not in data and _F64 not in data:
-        return True  # no float at all
-    return data.translate(_NAN_MARKS).find(b"FX") < 0
-
-
 def _cbor_name(value: object) -> str:
     if value is cbor2.undefined:
         return "undefined"
@@ -238,16 +228,6 @@ _NONCE = secrets.randbits(63) | (1 << 62)
 _SUFFIX = b"\x1b" + _NONCE.to_bytes(8, "big")
 _DEFAULT_SCAN_ABOVE = min(
     _DEFAULT_LIMITS.max_items, _DEFAULT_LIMITS.max_str, _DEFAULT_LIMITS.max_total_items
-)
-# The first byte of the heads of tags 256..65535, which hold all of wire's tags (one byte, so
-# that looking for it is a memchr).
-_WIRE_TAG_HEAD = 0xD9
-_F16, _F32, _F64 = 0xF9, 0xFA, 0xFB
-# Marks the heads of floats ("F") and the bytes that start the bits of a NaN or an infinity after
-# one ("X"): "FX" in the translated payload is where a NaN may be.
-_NAN_MARKS = bytes.maketrans(
-    bytes(range(0xF9, 0xFC)) + bytes(range(0x7C, 0x80)) + bytes(range(0xFC, 0x100)),
-    b"FFF" + b"X" * 8,
 )
 
 
@@ -310,35 +290,18 @@ def cbor_decode(data: bytes | bytearray | memoryview, *, limits: Limits = _DEFAU
         _scan(data, limits)
         raise TrailingBytes("bytes remain after the CBOR value; a payload holds exactly one value")
     value = result[0]
-    # The value's types, checked at C speed where possible: marshal.dumps raises ValueError on
-    # any object not of one of its core built-in types, and of the types it writes cbor2 can give
-    # only None, bool, int, float, str, bytes, list, tuple and dict here (every tag that would
-    # give another, such as a set or a complex number, is refused above), so success means a
-    # plain value. Its output is thrown away, so it is used only on inputs that were not large
-    # (the output is about the input's size) and cannot hold a wire tag (wire's types would fail
-    # it; the byte also turns up inside other items, which then just take the walk).
-    # Anything else, and every failure, gets the walk that names the offending value.
-    # The same goes for payloads that may hold a NaN: the walk counts them, and two or more may
-    # be duplicate map keys.
-    if not scanned and _plain(data):
+    # The value's types, checked in C where it was built (it gives up on anything that is not a
+    # wire type, and the walk then names it).
+    nans = None if _C is None else _C.cbor_check(value)
+    if nans is None:
         try:
-            marshal.dumps(value)
-        except ValueError:
-            pass
-        else:
-            return value
-    try:
-        nans = _check_result(value)
-    except WireError:
-        _scan(data, limits)  # the exact offset, where the scan can tell
-        raise
+            nans = _check_result(value)
+        except WireError:
+            _scan(data, limits)  # the exact offset, where the scan can tell
+            raise
     if nans > 1:
         _refuse_nan_keys(value)
     return value
-
-
-#: Whether a payload holds no wire tag and no NaN (it may say False for a payload that does not).
-_plain: Callable[[bytes], bool] = _plain_py if _C is None else _C.cbor_plain
 
 
 def _scan(data: bytes, limits: Limits) -> None:

@@ -717,33 +717,68 @@ static PyObject *tlv_decode(PyObject *self, PyObject *args) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* CBOR decoding's check: whether a payload holds no byte 0xd9 (the first byte of wire's tags)
- * and no float head (0xf9..0xfb) followed by the first byte of a NaN or an infinity. A byte
- * inside a string can make it say False; that only costs the caller its walk. */
+/* CBOR decoding's check (see _check_result in wire/_cbor.py): whether a decoded value holds only
+ * wire's types, and how many NaNs it holds. cbor2 builds exact built-in types, so an exact type
+ * test per item suffices; anything else (undefined, a simple value, a frozendict key, a subclass)
+ * makes it give up, and the Python walk names it. Only slots are read, so no Python code runs
+ * and the containers cannot change under us. Nesting past MAX_DEPTH also gives up. */
 
-static PyObject *cbor_plain(PyObject *self, PyObject *arg) {
-    Py_buffer buf;
-    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) return NULL;
-    const unsigned char *p = buf.buf;
-    Py_ssize_t n = buf.len;
-    int plain = 1;
+static Py_ssize_t cbor_check_value(PyObject *x, int depth);
+
+static Py_ssize_t cbor_check_items(PyObject **items, Py_ssize_t n, int depth) {
+    Py_ssize_t nans = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned char b = p[i];
-        if (b < 0xd9) continue;
-        if (b == 0xd9) {
-            plain = 0;
-            break;
-        }
-        if (b >= 0xf9 && b <= 0xfb && i + 1 < n) {
-            unsigned char e = p[i + 1] & 0x7f; /* the exponent's high bits, without the sign */
-            if (b == 0xf9 ? e >= 0x7c : e == 0x7f) {
-                plain = 0;
-                break;
-            }
-        }
+        Py_ssize_t r = cbor_check_value(items[i], depth);
+        if (r < 0) return -1;
+        nans += r;
     }
-    PyBuffer_Release(&buf);
-    return PyBool_FromLong(plain);
+    return nans;
+}
+
+static Py_ssize_t cbor_check_field(PyObject *x, PyObject *name, int depth) {
+    PyObject *f = field(x, name);
+    if (!f) return -1;
+    Py_ssize_t r = cbor_check_value(f, depth);
+    Py_DECREF(f);
+    return r;
+}
+
+static Py_ssize_t cbor_check_value(PyObject *x, int depth) {
+    PyTypeObject *t = Py_TYPE(x);
+    if (t == &PyUnicode_Type || t == &PyLong_Type || t == &PyBytes_Type || t == &PyBool_Type ||
+        x == Py_None || (PyObject *)t == Atom_t || (PyObject *)t == Pid_t ||
+        (PyObject *)t == Ref_t)
+        return 0;
+    if (t == &PyFloat_Type) return isnan(PyFloat_AS_DOUBLE(x)) ? 1 : 0;
+    if (depth >= MAX_DEPTH) return -1;
+    if (t == &PyList_Type)
+        return cbor_check_items(((PyListObject *)x)->ob_item, Py_SIZE(x), depth + 1);
+    if (t == &PyTuple_Type)
+        return cbor_check_items(((PyTupleObject *)x)->ob_item, Py_SIZE(x), depth + 1);
+    if (t == &PyDict_Type) {
+        Py_ssize_t pos = 0, nans = 0, r;
+        PyObject *k, *v;
+        while (PyDict_Next(x, &pos, &k, &v)) {
+            if ((r = cbor_check_value(k, depth + 1)) < 0) return -1;
+            nans += r;
+            if ((r = cbor_check_value(v, depth + 1)) < 0) return -1;
+            nans += r;
+        }
+        return nans;
+    }
+    if ((PyObject *)t == Exit_t) return cbor_check_field(x, s_detail, depth + 1);
+    if ((PyObject *)t == Error_t) return cbor_check_field(x, s_details, depth + 1);
+    return -1;
+}
+
+static PyObject *cbor_check(PyObject *self, PyObject *arg) {
+    if (!Atom_t) Py_RETURN_NONE;
+    Py_ssize_t nans = cbor_check_value(arg, 0);
+    if (nans < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromSsize_t(nans);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -770,8 +805,9 @@ static PyMethodDef methods[] = {
     {"tlv_encode", tlv_encode, METH_VARARGS,
      "tlv_encode(value, v2, max_depth, max_items, max_total_items, max_str[, max_payload]) -> "
      "bytes | None"},
-    {"cbor_plain", cbor_plain, METH_O,
-     "cbor_plain(data) -> bool: no wire tag head and no NaN (False may be wrong, True is not)"},
+    {"cbor_check", cbor_check, METH_O,
+     "cbor_check(value) -> int | None: the NaNs a decoded value holds if it holds only wire's "
+     "types, else None"},
     {"tlv_decode", tlv_decode, METH_VARARGS,
      "tlv_decode(data, v2, max_depth, max_items) -> (value, end) | None"},
     {NULL, NULL, 0, NULL},

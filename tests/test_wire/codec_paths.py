@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from wire import _accel, _cbor_encode, _tlv, _tlv_encode
+from wire import _accel, _cbor, _cbor_encode, _tlv, _tlv_encode
 
 
 @pytest.fixture(autouse=True, scope="module", params=["c", "python"])
@@ -18,9 +18,9 @@ def codec_path(request: pytest.FixtureRequest) -> Iterator[str]:
             pytest.skip("wire's C fast paths are not built here (or WIRE_NO_SPEEDUPS is set)")
         yield "c"
         return
-    saved = _tlv._C, _tlv_encode._C, _cbor_encode._C
-    _tlv._C = _tlv_encode._C = _cbor_encode._C = None
+    saved = _tlv._C, _tlv_encode._C, _cbor._C, _cbor_encode._C
+    _tlv._C = _tlv_encode._C = _cbor._C = _cbor_encode._C = None
     try:
         yield "python"
     finally:
-        _tlv._C, _tlv_encode._C, _cbor_encode._C = saved
+        _tlv._C, _tlv_encode._C, _cbor._C, _cbor_encode._C = saved

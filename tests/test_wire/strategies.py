@@ -55,10 +55,12 @@ hashable = st.recursive(
 )
 
 
-def v2_values(max_leaves: int = 30) -> st.SearchStrategy[Any]:
-    """Values of version 2 (TLV and CBOR), nested."""
+def v2_values(
+    max_leaves: int = 30, scalars: st.SearchStrategy[Any] = v2_scalars
+) -> st.SearchStrategy[Any]:
+    """Values of version 2 (TLV and CBOR), nested, with leaves drawn from ``scalars``."""
     return st.recursive(
-        v2_scalars,
+        scalars,
         lambda inner: st.one_of(
             st.lists(inner, max_size=5),
             st.lists(inner, max_size=5).map(tuple),

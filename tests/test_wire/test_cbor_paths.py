@@ -4,6 +4,7 @@ general encoder and the walk over decoded values give, and hand over whatever th
 from __future__ import annotations
 
 import enum
+import math
 import struct
 import sys
 import types
@@ -16,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wire
-from wire import _cbor, _cbor_encode
+from wire import _cbor, _cbor_fast, _cbor_general, _cbor_heads
 
 from .codec_paths import codec_path  # noqa: F401 (runs the module with and without C)
-from .strategies import v2_values
+from .strategies import v2_scalars, v2_values
 
 SETTINGS = settings(max_examples=200, deadline=None)
 
@@ -27,7 +28,7 @@ SETTINGS = settings(max_examples=200, deadline=None)
 def _general(value: Any, limits: wire.Limits) -> bytes | wire.WireError:
     out = bytearray()
     try:
-        _cbor_encode._encode_into(out, value, limits)
+        _cbor_general._encode_into(out, value, limits)
     except wire.WireError as exc:
         return exc
     return bytes(out)
@@ -46,9 +47,9 @@ small_limits = st.builds(
 @SETTINGS
 @given(v2_values())
 def test_fast_encoder_takes_every_plain_value_under_default_limits(value: Any) -> None:
-    fast = _cbor_encode._fast_encode(value, _cbor_encode._DEFAULT_LIMITS)
+    fast = _cbor_fast._fast_encode(value, _cbor_heads._DEFAULT_LIMITS)
     assert fast is not None
-    assert fast == _general(value, _cbor_encode._DEFAULT_LIMITS)
+    assert fast == _general(value, _cbor_heads._DEFAULT_LIMITS)
 
 
 @SETTINGS
@@ -56,7 +57,7 @@ def test_fast_encoder_takes_every_plain_value_under_default_limits(value: Any) -
 def test_fast_encoder_never_accepts_what_the_general_encoder_refuses(
     value: Any, limits: wire.Limits
 ) -> None:
-    fast = _cbor_encode._fast_encode(value, limits)
+    fast = _cbor_fast._fast_encode(value, limits)
     general = _general(value, limits)
     if fast is not None:
         assert fast == general
@@ -110,7 +111,7 @@ def test_fast_encoder_applies_the_depth_rule_at_its_boundary(leaf: Any, max_dept
         values += [wrap(v) for v in values for wrap in _WRAPPERS]
     for value in values:
         general = _general(value, limits)
-        fast = _cbor_encode._fast_encode(value, limits)
+        fast = _cbor_fast._fast_encode(value, limits)
         if isinstance(general, wire.WireError):
             assert fast is None, value
         else:
@@ -124,10 +125,10 @@ def test_fast_encoder_applies_the_depth_rule_at_its_boundary(leaf: Any, max_dept
 def test_fast_encoder_applies_max_str_at_its_boundary(make: Any, wrap: Any) -> None:
     limits = wire.Limits(max_str=301)
     value = wrap(make(301))
-    assert _cbor_encode._fast_encode(value, limits) == _general(value, limits)
+    assert _cbor_fast._fast_encode(value, limits) == _general(value, limits)
     assert wire.cbor_decode(wire.cbor_encode(value, limits=limits), limits=limits) == value
     too_long = wrap(make(302))
-    assert _cbor_encode._fast_encode(too_long, limits) is None
+    assert _cbor_fast._fast_encode(too_long, limits) is None
     with pytest.raises(wire.LimitExceeded, match="max_str=301"):
         wire.cbor_encode(too_long, limits=limits)
 
@@ -158,7 +159,7 @@ Point = namedtuple("Point", ["x", "y"])
     ],
 )
 def test_subclasses_go_to_the_general_encoder(value: Any, expected: Any) -> None:
-    assert _cbor_encode._fast_encode(value, _cbor_encode._DEFAULT_LIMITS) is None
+    assert _cbor_fast._fast_encode(value, _cbor_heads._DEFAULT_LIMITS) is None
     assert wire.cbor_encode(value) == wire.cbor_encode(expected)
 
 
@@ -170,10 +171,10 @@ def test_unknown_types_nested_in_plain_values_are_refused(value: object) -> None
 
 def test_values_nested_past_the_fast_depth_are_encoded_by_the_general_encoder() -> None:
     deep: Any = []
-    for _ in range(_cbor_encode._FAST_MAX_DEPTH + 50):
+    for _ in range(_cbor_fast._FAST_MAX_DEPTH + 50):
         deep = [deep]
     limits = wire.Limits(max_depth=1000)
-    assert _cbor_encode._fast_encode(deep, limits) is None
+    assert _cbor_fast._fast_encode(deep, limits) is None
     assert wire.cbor_encode(deep, limits=limits) == b"\x81" * 250 + b"\x80"
 
 
@@ -270,6 +271,57 @@ def test_decoded_values_hold_only_wire_types(value: Any) -> None:
     decoded = wire.cbor_decode(wire.cbor_encode(value))
     _cbor._check_result(decoded)  # the walk finds nothing the fast check let through
     assert decoded == value
+
+
+# A byte string no generated value holds by chance: its encoding is swapped for a foreign item.
+_MARKER = b"\x00wire-test-marker\x00" * 2
+
+
+def _holds_marker(value: Any) -> bool:
+    return _MARKER in wire.cbor_encode(value)
+
+
+@SETTINGS
+@given(
+    v2_values(scalars=st.one_of(v2_scalars, st.just(_MARKER))).filter(_holds_marker),
+    st.sampled_from(_bad_items()),
+)
+def test_a_foreign_item_anywhere_inside_any_value_is_refused(value: Any, bad: bytes) -> None:
+    data = wire.cbor_encode(value).replace(wire.cbor_encode(_MARKER), bad)
+    with pytest.raises(wire.UnknownValueType):
+        wire.cbor_decode(data)
+
+
+with_nans = v2_values(scalars=st.one_of(v2_scalars, st.just(math.nan)))
+
+
+@SETTINGS
+@given(with_nans)
+def test_values_holding_nans_decode_to_what_was_encoded(value: Any) -> None:
+    data = wire.cbor_encode(value)
+    assert wire.cbor_encode(wire.cbor_decode(data)) == data
+
+
+@SETTINGS
+@given(with_nans, with_nans)
+def test_two_nan_keys_in_a_map_anywhere_are_refused(outer: Any, inner: Any) -> None:
+    # {NaN: inner, NaN: outer} cannot be built as a dict: write the map's bytes by hand.
+    data = b"\x82" + wire.cbor_encode(outer) + b"\xa2\xf9\x7e\x00\xf6\xf9\x7e\x00"
+    data += wire.cbor_encode(inner)
+    with pytest.raises(wire.InvalidValue, match=r"(?i)duplicate map key nan"):
+        wire.cbor_decode(data)
+
+
+def test_values_nested_deeper_than_the_c_check_goes_take_the_walk() -> None:
+    limits = wire.Limits(max_depth=1000)
+    data = b"\x81" * 500 + b"\xa1\x61\x6b\xf7"  # undefined at depth 501
+    with pytest.raises(wire.UnknownValueType, match="undefined"):
+        wire.cbor_decode(data, limits=limits)
+    nan = b"\x81" * 500 + b"\xa2\xf9\x7e\x00\xf6\xfb\x7f\xf8\x00\x00\x00\x00\x00\x01\xf6"
+    with pytest.raises(wire.InvalidValue, match=r"(?i)duplicate map key nan"):
+        wire.cbor_decode(nan, limits=limits)
+    ok = b"\x81" * 500 + b"\xf9\x7e\x00"
+    assert wire.cbor_encode(wire.cbor_decode(ok, limits=limits), limits=limits) == ok
 
 
 def test_bignums_are_checked_by_magnitude_when_decoded() -> None:

@@ -4,20 +4,22 @@ ordinary value itself."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 from collections import OrderedDict
 from typing import Any
 
+import cbor2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wire
-from wire import _accel, _cbor_encode, _tlv, _tlv_encode
+from wire import _accel, _cbor, _cbor_general, _tlv, _tlv_encode
 
-from .strategies import v1_values, v2_values
+from .strategies import v1_values, v2_scalars, v2_values
 
 C: Any = _accel.C
 SETTINGS = settings(max_examples=300, deadline=None)
@@ -68,7 +70,7 @@ def _exact_tlv(value: Any, v2: bool, lim: wire.Limits) -> bytes | None:
 def _exact_cbor(value: Any, lim: wire.Limits) -> bytes | None:
     out = bytearray()
     try:
-        _cbor_encode._encode_into(out, value, lim)
+        _cbor_general._encode_into(out, value, lim)
     except wire.WireError:
         return None
     return bytes(out)
@@ -84,7 +86,10 @@ def _cbor_c(value: Any, lim: wire.Limits) -> bytes | None:
 
 def test_the_extension_is_built() -> None:
     # CI has a C compiler: a build failure must not pass unnoticed as the (slower) Python path.
-    assert C is not None, "wire/_speedups.c was not built: pip install -e . needs a C compiler"
+    assert C is not None, (
+        "wire/_speedups.c was not built, or was built from an older source: pip install -e . "
+        "(it needs a C compiler)"
+    )
 
 
 @SETTINGS
@@ -243,6 +248,50 @@ def test_tlv_decoding_takes_every_ordinary_payload(value: Any, v2: bool) -> None
     assert _same(got[0], _exact_decode(data, v2, DEFAULT)[0])
 
 
+# What cbor2 can give that is not a wire type, and values of subclasses of wire's types.
+class _Text(str):
+    pass
+
+
+foreign = st.sampled_from(
+    [
+        cbor2.undefined,
+        cbor2.CBORSimpleValue(16),
+        cbor2.frozendict({1: 2}),
+        frozenset({1}),
+        OrderedDict(a=1),
+        _Text("x"),
+        bytearray(b"x"),
+        1j,
+        object(),
+    ]
+)
+
+
+def _walk(value: Any) -> int | None:
+    try:
+        return _cbor._check_result(value)
+    except wire.UnknownValueType:
+        return None
+
+
+@SETTINGS
+@given(
+    v2_values(
+        scalars=st.one_of(v2_scalars, st.just(math.nan), st.floats(), foreign),
+    )
+)
+def test_the_cbor_type_check_is_the_walk(value: Any) -> None:
+    # None where the walk refuses the value (it then names what it found), else the NaNs.
+    assert C.cbor_check(value) == _walk(value)
+
+
+@SETTINGS
+@given(v2_values(scalars=st.one_of(v2_scalars, st.just(math.nan))))
+def test_the_cbor_type_check_takes_every_wire_value(value: Any) -> None:
+    assert C.cbor_check(value) is not None
+
+
 def test_deep_nesting_is_handed_back_not_a_crash() -> None:
     deep: Any = []
     for _ in range(100_000):
@@ -252,6 +301,7 @@ def test_deep_nesting_is_handed_back_not_a_crash() -> None:
     data = b"\x20\x00\x00\x00\x01" * 100_000 + b"\x00"
     assert C.tlv_decode(data, True, 256, DEFAULT.max_items) is None
     assert C.tlv_decode(data, True, 10_000, DEFAULT.max_items) is None  # over its own bound
+    assert C.cbor_check(deep) is None
 
 
 def test_the_pure_python_code_runs_when_the_extension_is_off() -> None:
@@ -262,6 +312,20 @@ def test_the_pure_python_code_runs_when_the_extension_is_off() -> None:
         "assert wire.cbor_decode(wire.cbor_encode(v)) == v"
     )
     env = dict(os.environ, WIRE_NO_SPEEDUPS="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+def test_an_extension_built_from_an_older_source_is_not_used() -> None:
+    # One that lacks a function the codecs call (built before it was added, and not rebuilt).
+    code = (
+        "import sys, types; stale = types.ModuleType('wire._speedups');"
+        "stale.init = stale.cbor_encode = stale.tlv_encode = stale.tlv_decode = print;"
+        "sys.modules['wire._speedups'] = stale;"
+        "import wire; from wire import _accel; assert _accel.C is None;"
+        "v = {'a': [1, 2.5, None, b'x', (wire.Atom('ok'),)]};"
+        "assert wire.cbor_decode(wire.cbor_encode(v)) == v"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "WIRE_NO_SPEEDUPS"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
 
 

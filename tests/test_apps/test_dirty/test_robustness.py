@@ -89,7 +89,9 @@ async def test_a_call_queued_behind_a_hung_one_is_answered_by_the_replacement(
     # Issue 16.7: one worker, one thread. A hangs past dirty_timeout; B, sent while A runs,
     # waits in the worker for its thread. The worker is killed for A; B never ran, so it goes
     # to the replacement instead of failing with A's DirtyTimeoutError.
-    await start_pool(dirty_workers=1, dirty_threads=1, dirty_timeout=3)
+    # (dirty_timeout also bounds B's wait for the replacement to start: 6 s leaves a loaded
+    # 2-core machine time to start a Python process; A sleeps far past it and is killed.)
+    await start_pool(dirty_workers=1, dirty_threads=1, dirty_timeout=6)
     first, second = dirty.DirtyClient(socket_path), dirty.DirtyClient(socket_path)
     before = set(await _pids(first))
     got: dict[str, Any] = {}
@@ -100,9 +102,9 @@ async def test_a_call_queued_behind_a_hung_one_is_answered_by_the_replacement(
         except dirty.DirtyError as exc:
             got[name] = exc
 
-    with trio.fail_after(20):
+    with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(call, "a", first, "sleep", 6)
+            nursery.start_soon(call, "a", first, "sleep", 60)
             while not await calls_in_flight():
                 await trio.sleep(0.01)
             nursery.start_soon(call, "b", second, "echo", "b")
