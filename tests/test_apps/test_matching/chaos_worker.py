@@ -14,6 +14,7 @@ import itertools
 import os
 import sys
 import threading
+from typing import Any
 
 from apps.matching import Flow, Registry, step
 
@@ -43,51 +44,20 @@ def _record_run(ctx: object, index: int, value: list[int]) -> list[int]:
     return [*value, index if seen == index else f"state counted {seen} Steps before {index}"]
 
 
-class ChaosFlow(Flow):
-    """``STEPS`` Steps, each appending its index to the value: a flow started with ``[n]``
-    ends with ``[n, 0, 1, ..., STEPS - 1]`` and state ``{"steps": STEPS}``."""
+def _step(index: int) -> Any:
+    """Step ``index`` of :class:`ChaosFlow` (named ``s<index>``)."""
 
-    name = "chaos"
+    def run(self: Flow, ctx: Any, value: list[int]) -> list[int]:
+        return _record_run(ctx, index, value)
 
-    @step
-    def s0(self, ctx, value):
-        return _record_run(ctx, 0, value)
+    return step(run, name=f"s{index}")
 
-    @step
-    def s1(self, ctx, value):
-        return _record_run(ctx, 1, value)
 
-    @step
-    def s2(self, ctx, value):
-        return _record_run(ctx, 2, value)
-
-    @step
-    def s3(self, ctx, value):
-        return _record_run(ctx, 3, value)
-
-    @step
-    def s4(self, ctx, value):
-        return _record_run(ctx, 4, value)
-
-    @step
-    def s5(self, ctx, value):
-        return _record_run(ctx, 5, value)
-
-    @step
-    def s6(self, ctx, value):
-        return _record_run(ctx, 6, value)
-
-    @step
-    def s7(self, ctx, value):
-        return _record_run(ctx, 7, value)
-
-    @step
-    def s8(self, ctx, value):
-        return _record_run(ctx, 8, value)
-
-    @step
-    def s9(self, ctx, value):
-        return _record_run(ctx, 9, value)
+#: ``STEPS`` Steps ``s0``, ``s1``, ... each appending its index to the value: a flow started
+#: with ``[n]`` ends with ``[n, 0, 1, ..., STEPS - 1]`` and state ``{"steps": STEPS}``.
+ChaosFlow = type(
+    "ChaosFlow", (Flow,), {"name": "chaos", **{f"s{i}": _step(i) for i in range(STEPS)}}
+)
 
 
 def main() -> None:
