@@ -13,6 +13,7 @@ program imports this module, and pays for the SDK alone. A missing PostgreSQL is
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -23,7 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -149,6 +150,19 @@ class PostgresServer:
         with psycopg.connect(self.base_url, autocommit=True) as conn:
             conn.execute(f"CREATE SCHEMA {schema}")
         return f"{self.base_url}?options=-csearch_path%3D{schema}"
+
+    @contextlib.contextmanager
+    def schema(self) -> Iterator[str]:
+        """:meth:`url`'s schema, dropped after (with what is in it)."""
+        import psycopg
+
+        url = self.url()
+        schema = url.rsplit("%3D", 1)[1]
+        try:
+            yield url
+        finally:
+            with psycopg.connect(self.base_url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, SIGKILL after 30 s) and remove its data directory."""

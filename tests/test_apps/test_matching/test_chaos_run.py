@@ -92,10 +92,9 @@ _REDELIVERY = re.compile(
 async def test_one_server_on_postgresql_loses_nothing_while_workers_are_killed(
     postgres: Any, tmp_path: Path
 ) -> None:
-    node = MatchingNode(
-        address=f"unix:{tmp_path / 'm1.sock'}", store=postgres.url(), log_level="info"
-    )
-    await _chaos_run(tmp_path, [node], kill_a_server=False)
+    with postgres.schema() as url:
+        node = MatchingNode(address=f"unix:{tmp_path / 'm1.sock'}", store=url, log_level="info")
+        await _chaos_run(tmp_path, [node], kill_a_server=False)
 
 
 async def test_three_servers_on_postgresql_lose_nothing_while_workers_and_a_server_are_killed(
@@ -106,8 +105,9 @@ async def test_three_servers_on_postgresql_lose_nothing_while_workers_and_a_serv
         pytest.skip(missing)
     # Leases of 3 s: the killed server's flows are taken over 3 s after its last renewal.
     lease = ("--matching-lease-seconds", "3")
-    nodes = cluster(str(tmp_path), postgres.url(), 3, log_level="info", extra=lease)
-    await _chaos_run(tmp_path, nodes, kill_a_server=True)
+    with postgres.schema() as url:
+        nodes = cluster(str(tmp_path), url, 3, log_level="info", extra=lease)
+        await _chaos_run(tmp_path, nodes, kill_a_server=True)
 
 
 class _Run:
