@@ -46,7 +46,16 @@ from typing import Any
 from apps.matching import Flow, rpc, step
 
 from ._harness import Benchmark, Result
-from .bench_dirty import _RECORD, _start_helper
+from ._matching_processes import (
+    MatchingNode,
+    PostgresMissing,
+    PostgresServer,
+    cluster,
+    cluster_missing,
+    process_env,
+    serve_worker,
+)
+from .bench_dirty import _RECORD, _descendants, _start_helper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Flows in flight at once for ``matching.steps_per_s`` (and bare callers of its floor).
@@ -486,38 +495,28 @@ def _step_floor(floor: _StepFloor, quick: bool) -> dict[str, float]:
 def _worker_main(address: str, slots: str, blobs: str) -> None:
     """(Its own process.) A blocking pull worker serving :class:`BenchFlow` with ``slots``
     slots; prints ``ready`` once registered, runs until its stdin closes."""
-    from apps.matching import BlobCache, PullWorkerOptions, Registry, Worker, WorkerOptions
+    from apps.matching import Registry
 
-    worker = Worker(
-        Registry((BenchFlow,)),
-        BlobCache(blobs),
-        WorkerOptions(
-            server_address=address, pull=PullWorkerOptions(max_concurrent_tasks=int(slots))
-        ),
-    )
-    try:
-        worker.start_background()
-        worker.wait_pull_registered(timeout=30)
-        print("ready", flush=True)
-        sys.stdin.read()
-    finally:
-        worker.close()
+    serve_worker(Registry((BenchFlow,)), address, int(slots), blobs=blobs)
 
 
 class _Server:
-    """``python -m otp.node --app apps.matching`` on a Unix socket with a SQLite store in a
-    temp dir, plus worker processes started by :meth:`add_workers`; all stopped on exit (the
-    temp dir removed)."""
+    """``python -m otp.node --app apps.matching`` on a Unix socket in a temp dir with ``store``
+    (default: a SQLite file there), or ``node``'s command line (a cluster's node), plus worker
+    processes started by :meth:`add_workers`; all stopped on exit (the temp dir removed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: str | None = None, node: MatchingNode | None = None) -> None:
         self.tmp = tempfile.mkdtemp(prefix="bench-matching-")
-        self.sock = os.path.join(self.tmp, "matching.sock")
-        self.address = f"unix:{self.sock}"
-        self.store = os.path.join(self.tmp, "matching.sqlite3")
+        if node is None:
+            sock = os.path.join(self.tmp, "matching.sock")
+            node = MatchingNode(f"unix:{sock}", store or os.path.join(self.tmp, "matching.sqlite3"))
+        self.command = node  # (not `node`: a distributed subclass keeps its node name there)
+        self.sock = node.socket_path
+        self.address = node.address
         self.log = os.path.join(self.tmp, "server.log")
         self.blobs = os.path.join(self.tmp, "blobs")
         self.report = os.path.join(self.tmp, "wakeups")
-        self.env = dict(os.environ, PYTHONPATH=ROOT)
+        self.env = process_env()
         self.proc: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
         self.worker_logs: list[str] = []
@@ -532,11 +531,8 @@ class _Server:
         return self
 
     def _argv(self) -> tuple[str, ...]:
-        """The server's ``python -m otp.node`` arguments."""
-        return (
-            "--log-level", "warning", "--app", "apps.matching",
-            "--matching-listen", self.address, "--matching-store", self.store,
-        )  # fmt: skip
+        """The server's ``python -m otp.node`` arguments (:class:`MatchingNode`'s)."""
+        return tuple(self.command.args())
 
     def _start(self) -> None:
         argv = self._argv()
@@ -721,27 +717,38 @@ def _measure_latency(server: _Server, quick: bool) -> dict[str, list[float]]:
     return out
 
 
-def _measure_throughput(server: _Server, quick: bool) -> dict[str, float]:
+def _measure_throughput(servers: _Server | list[_Server], quick: bool) -> dict[str, float]:
     """Steps/s of one-Step flows, ``CONCURRENCY`` in flight from trio tasks sharing one
-    ``TrioClient``, for a fixed time after a warm-up."""
+    ``TrioClient`` per server (callers spread over the servers), for a fixed time after a
+    warm-up."""
     import trio
 
     from apps.matching import BlobCache, ClientOptions, Registry, TrioClient
 
+    if isinstance(servers, _Server):
+        servers = [servers]
     seconds = 2.5 if quick else 8.0
     out: dict[str, float] = {}
     errors: list[str] = []
     slow: list[float] = []
 
+    def wakeups() -> float:
+        return sum(server.wakeups() for server in servers)
+
     async def main() -> None:
-        client = TrioClient(
-            Registry((BenchFlow,)),
-            BlobCache(server.blobs),
-            ClientOptions(server_address=server.address),
-        )
+        clients = [
+            TrioClient(
+                Registry((BenchFlow,)),
+                BlobCache(server.blobs),
+                ClientOptions(server_address=server.address),
+            )
+            for server in servers
+        ]
         try:
 
-            async def caller(end: float, counts: list[int], times: list[float]) -> None:
+            async def caller(
+                client: TrioClient, end: float, counts: list[int], times: list[float]
+            ) -> None:
                 while time.monotonic() < end:
                     t0 = time.perf_counter()
                     try:
@@ -755,19 +762,22 @@ def _measure_throughput(server: _Server, quick: bool) -> dict[str, float]:
                     times.append(time.perf_counter() - t0)
                     counts[0] += 1
 
-            assert server.proc is not None
-            roles = {"server": [server.proc.pid], "workers": [w.pid for w in server.workers]}
-            roles["client"] = [0]
+            roles: dict[str, list[int]] = {"server": [], "workers": [], "client": [0]}
+            for server in servers:
+                assert server.proc is not None
+                roles["server"].append(server.proc.pid)
+                roles["workers"] += [w.pid for w in server.workers]
             for phase, length in (("warm", 0.5), ("run", seconds)):
                 counts = [0]
                 times: list[float] = []
                 cpu0 = {role: _cpu_seconds(pids) for role, pids in roles.items()}
-                wakeups0 = server.wakeups()
+                wakeups0 = wakeups()
                 t0 = time.perf_counter()
                 end = time.monotonic() + length
                 async with trio.open_nursery() as nursery:
-                    for _ in range(CONCURRENCY):
-                        nursery.start_soon(caller, end, counts, times)
+                    for i in range(CONCURRENCY):
+                        client = clients[i % len(clients)]
+                        nursery.start_soon(caller, client, end, counts, times)
                 elapsed = time.perf_counter() - t0
                 if phase == "run":
                     out["rate"] = counts[0] / elapsed
@@ -775,13 +785,14 @@ def _measure_throughput(server: _Server, quick: bool) -> dict[str, float]:
                     for role, pids in roles.items():
                         used = _cpu_seconds(pids) - cpu0[role]
                         out[f"cpu_{role}"] = used / max(counts[0], 1)
-                    out["wakeups"] = (server.wakeups() - wakeups0) / max(counts[0], 1)
+                    out["wakeups"] = (wakeups() - wakeups0) / max(counts[0], 1)
                     if times:
                         out["p50"] = statistics.median(times)
                         out["p99"] = _percentile(times, 0.99)
                         slow.extend(t for t in times if t > 1.0)
         finally:
-            await client.close()
+            for client in clients:
+                await client.close()
 
     trio.run(main)
     out["errors"] = len(errors)
@@ -789,6 +800,178 @@ def _measure_throughput(server: _Server, quick: bool) -> dict[str, float]:
     if errors:
         print(f"bench_matching: {len(errors)} errors, first: {errors[0]}", file=sys.stderr)
     return out
+
+
+# --- on PostgreSQL: the database's own floor, one server, a cluster of three -----------------
+
+#: Servers in the cluster row (``matching.pg_cluster_steps_per_s``).
+CLUSTER = 3
+#: Rows a bare claim takes at most (``LIMIT n``): the engine's claims take many at once.
+CLAIM_LIMIT = 64
+
+
+def _claim_loop(url: str, seconds: float, counts: list[int], errors: list[str]) -> None:
+    """One claimer of the bare claim loop (in a thread, on a connection of its own): INSERT a
+    job row (one commit), then claim with ``SELECT ... FOR UPDATE SKIP LOCKED LIMIT n``, DELETE
+    what it claimed and commit, until ``seconds`` have passed; ``counts[0]`` grows by the rows
+    each claim deleted."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                conn.execute("INSERT INTO jobs (payload) VALUES (%s)", (b"x" * 64,))
+                with conn.transaction():
+                    ids = [
+                        row[0]
+                        for row in conn.execute(
+                            "SELECT id FROM jobs ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
+                            (CLAIM_LIMIT,),
+                        )
+                    ]
+                    if ids:
+                        conn.execute("DELETE FROM jobs WHERE id = ANY(%s)", (ids,))
+                counts[0] += len(ids)
+    except Exception as exc:  # reported with the figure, never fails the run
+        errors.append(f"{type(exc).__name__}: {exc}")
+
+
+def _postgres_cpu(postgres: PostgresServer) -> float:
+    """CPU seconds (user + system) PostgreSQL's processes used so far: every process under
+    the server's, with the children each has reaped (the backends of closed connections)."""
+    assert postgres.proc is not None
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in [postgres.proc.pid, *_descendants(postgres.proc.pid)]:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(field) for field in fields[11:15]) / tick
+    return total
+
+
+def _claim_floor(
+    postgres: PostgresServer, claimers: int, quick: bool
+) -> tuple[float, float, list[str]]:
+    """Claims/s of ``claimers`` bare claim loops (:func:`_claim_loop`) on one PostgreSQL
+    database: what the database does for a job's minimum (a durable insert, a locked claim, a
+    durable delete) with no server in the way; and the CPU seconds per claim of the claimers
+    (this process) and PostgreSQL together."""
+    import threading
+
+    import psycopg
+
+    url = postgres.url()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE jobs (id BIGSERIAL PRIMARY KEY, payload BYTEA NOT NULL)")
+    errors: list[str] = []
+    rate = cpu = 0.0
+    for phase, seconds in (("warm", 0.5), ("run", 2.5 if quick else 8.0)):
+        counts = [[0] for _ in range(claimers)]
+        threads = [
+            threading.Thread(target=_claim_loop, args=(url, seconds, count, errors))
+            for count in counts
+        ]
+        cpu0 = _cpu_seconds([0]) + _postgres_cpu(postgres)
+        t0 = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if phase == "run":
+            claims = sum(count[0] for count in counts)
+            rate = claims / (time.perf_counter() - t0)
+            cpu = (_cpu_seconds([0]) + _postgres_cpu(postgres) - cpu0) / max(claims, 1)
+    return rate, cpu, errors
+
+
+def _postgres_results(quick: bool) -> list[Result]:
+    """``matching.pg_steps_per_s`` (one server on PostgreSQL against the bare claim loop) and
+    ``matching.pg_cluster_steps_per_s`` (three servers on one database against one), each
+    with ``WORKERS`` worker processes x ``SLOTS`` slots, in a PostgreSQL of their own."""
+    one_name = "bare claim loop: INSERT a job, SELECT FOR UPDATE SKIP LOCKED, DELETE, commit"
+    cluster_name = "1 server on PostgreSQL (this run)"
+    try:
+        with PostgresServer() as postgres:
+            floor, floor_cpu, floor_errors = _claim_floor(postgres, 1, quick)
+            with _Server(store=postgres.url()) as server:
+                server.add_workers(WORKERS, SLOTS)
+                cpu0 = _postgres_cpu(postgres)
+                one = _measure_throughput(server, quick)
+                one["cpu_postgres"] = (_postgres_cpu(postgres) - cpu0) / max(one["flows"], 1)
+            one_problems = server.log_text.splitlines()
+            missing = cluster_missing()
+            three: dict[str, float] = {}
+            three_problems: list[str] = []
+            if missing is None:
+                three, three_problems = _cluster_throughput(postgres.url(), quick)
+    except PostgresMissing as exc:
+        problem = f"not measured: {exc}"
+        return [
+            Result("matching.pg_steps_per_s", "Steps/s", 0.0, one_name, 0.0, notes=problem),
+            Result("matching.pg_cluster_steps_per_s", "Steps/s", 0.0, cluster_name, 0.0,
+                   notes=problem),
+        ]  # fmt: skip
+    cores = os.cpu_count() or 1
+    step_cpu = sum(one.get(f"cpu_{role}", 0.0) for role in ("server", "workers", "client"))
+    step_cpu += one.get("cpu_postgres", 0.0)
+    one_notes = (
+        f"1 server (python -m otp.node --app apps.matching --store postgresql://...) with"
+        f" {WORKERS} worker processes x {SLOTS} slots, {CONCURRENCY} one-Step flows in flight"
+        f" from one TrioClient; {int(one.get('flows', 0))} flows, p50"
+        f" {one.get('p50', 0) * 1e3:.1f} ms, {int(one.get('errors', 0))} errors,"
+        f" {len(one_problems)} warning lines; CPU per Step: server"
+        f" {one.get('cpu_server', 0) * 1e6:.0f} us, workers"
+        f" {one.get('cpu_workers', 0) * 1e6:.0f} us, client"
+        f" {one.get('cpu_client', 0) * 1e6:.0f} us, PostgreSQL"
+        f" {one.get('cpu_postgres', 0) * 1e6:.0f} us (all: {cores} CPUs cap it at"
+        f" {cores / max(step_cpu, 1e-9):.0f} Steps/s); against the database's floor: 1 claimer"
+        f" (the server's one store connection) doing INSERT + claim (LIMIT {CLAIM_LIMIT}) +"
+        f" DELETE + commit per job, {floor:.0f} claims/s, CPU per claim (claimer and"
+        f" PostgreSQL) {floor_cpu * 1e6:.0f} us ({cores} CPUs cap it at"
+        f" {cores / max(floor_cpu, 1e-9):.0f} claims/s; CPU ratio"
+        f" {floor_cpu / max(step_cpu, 1e-9):.2f})"
+        f"{f' ({len(floor_errors)} errors: {floor_errors[0]})' if floor_errors else ''};"
+        f" PostgreSQL with fsync=off on this machine; target: ratio >= 0.5"
+    )
+    if missing is not None:
+        cluster_notes = f"not measured: {missing}"
+    else:
+        cluster_notes = (
+            f"{CLUSTER} servers on one PostgreSQL database as one cluster (node distribution,"
+            f" MULTISERVER.md's command line), {WORKERS} worker processes spread over them,"
+            f" {CONCURRENCY} flows in flight started through all {CLUSTER};"
+            f" {int(three.get('flows', 0))} flows, p50 {three.get('p50', 0) * 1e3:.1f} ms,"
+            f" {int(three.get('errors', 0))} errors, {len(three_problems)} warning lines; all"
+            f" on this machine's {os.cpu_count()} CPUs, so the ratio shows that claims do not"
+            f" contend, not that capacity grows; target: ratio >= 0.9"
+        )
+    return [
+        Result("matching.pg_steps_per_s", "Steps/s", one.get("rate", 0.0), one_name, floor,
+               notes=one_notes),
+        Result("matching.pg_cluster_steps_per_s", "Steps/s", three.get("rate", 0.0),
+               cluster_name, one.get("rate", 0.0), notes=cluster_notes),
+    ]  # fmt: skip
+
+
+def _cluster_throughput(url: str, quick: bool) -> tuple[dict[str, float], list[str]]:
+    """Steps/s of ``CLUSTER`` servers on the database ``url`` as one cluster, ``WORKERS``
+    worker processes spread over them, flows started through all of them."""
+    tmp = tempfile.mkdtemp(prefix="bench-matching-cluster-")
+    try:
+        with contextlib.ExitStack() as stack:
+            nodes = cluster(tmp, url, CLUSTER)
+            servers = [stack.enter_context(_Server(node=node)) for node in nodes]
+            for i in range(WORKERS):
+                servers[i % CLUSTER].add_workers(1, SLOTS)
+            out = _measure_throughput(servers, quick)
+        problems = [line for server in servers for line in server.log_text.splitlines()]
+        return out, problems
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run(quick: bool) -> list[Result]:
@@ -894,7 +1077,7 @@ def run(quick: bool) -> list[Result]:
         f" Step in all its processes ({cores * 1e6 / max(design['cpu'] * 1e6, 1):.0f} Steps/s"
         f" on {cores} CPUs at most); 1 caller: p50 {design['p50'] * 1e6:.0f} us"
     )
-    return [
+    sqlite = [
         Result("matching.rpc_latency", "us", rpc_p50 * 1e6, floor_name, floor_p50 * 1e6,
                direction="lower", notes=rpc_notes),
         Result("matching.step_latency", "us", step_p50 * 1e6, floor_name, floor_p50 * 1e6,
@@ -912,6 +1095,7 @@ def run(quick: bool) -> list[Result]:
                design["p50"] * 1e6, direction="lower",
                notes="matching.step_latency's p50 against the design floor's with 1 caller"),
     ]  # fmt: skip
+    return sqlite + _postgres_results(quick)
 
 
 BENCHMARKS = [Benchmark("matching", run)]

@@ -2,17 +2,27 @@
 
 Workers never listen: they dial out to the server, register a stream per queue (one per flow
 type, one for their own app worker id) and pull work. See ``ARCHITECTURE.md`` beside this file.
+
+The server's names (``_SERVER``) load on first use: a worker or client program imports the SDK
+alone (wire, trio, attrs), not the server's otp, supervisors and stores, which cost a process
+start about 0.6 s of CPU more (a fleet of workers restarted often pays it each time).
 """
 
-from ._application import application as application
-from ._application import default_application as default_application
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+    from ._application import application as application
+    from ._application import default_application as default_application
+    from ._config import MatchingConfig as MatchingConfig
+    from ._config import add_arguments as add_arguments
+    from ._observer import observer_view as observer_view
+
 from ._asyncio_adapters import AsyncClient as AsyncClient
 from ._asyncio_adapters import AsyncWorker as AsyncWorker
 from ._blobs import BlobCache as BlobCache
 from ._blocking_adapters import Client as Client
 from ._blocking_adapters import Worker as Worker
-from ._config import MatchingConfig as MatchingConfig
-from ._config import add_arguments as add_arguments
 from ._errors import AlreadyRegistered as AlreadyRegistered
 from ._errors import AuthenticationError as AuthenticationError
 from ._errors import BlobCorrupted as BlobCorrupted
@@ -56,7 +66,6 @@ from ._model import state_patch as state_patch
 from ._model import step as step
 from ._model import subflow as subflow
 from ._model import wait_for as wait_for
-from ._observer import observer_view as observer_view
 from ._options import ClientOptions as ClientOptions
 from ._options import PullWorkerOptions as PullWorkerOptions
 from ._options import ServerAddress as ServerAddress
@@ -136,11 +145,35 @@ __all__ = [
     "wait_for",
 ]
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if isinstance(_obj, type) or callable(_obj):
+#: The server's names, by the module each loads from on first use (see the module's doc).
+_SERVER = {
+    "application": "._application",
+    "default_application": "._application",
+    "MatchingConfig": "._config",
+    "add_arguments": "._config",
+    "observer_view": "._observer",
+}
+
+
+def _name_the_facade(obj: typing.Any) -> None:
+    if isinstance(obj, type) or callable(obj):
         try:
-            _obj.__module__ = "apps.matching"
+            obj.__module__ = "apps.matching"
         except (AttributeError, TypeError):  # pragma: no cover
             pass
-del _name, _obj
+
+
+def __getattr__(name: str) -> typing.Any:
+    module = _SERVER.get(name)
+    if module is None:
+        raise AttributeError(f"module 'apps.matching' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    _name_the_facade(value)
+    globals()[name] = value
+    return value
+
+
+for _name in __all__:
+    if _name not in _SERVER:
+        _name_the_facade(globals()[_name])
+del _name

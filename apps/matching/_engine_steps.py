@@ -6,6 +6,7 @@ their attempts as ``_engine_kinds`` says.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Any
@@ -49,6 +50,8 @@ from ._store import AttemptRecord
 from ._store_records import trusted
 
 __all__ = ["EngineSteps"]
+
+logger = logging.getLogger("apps.matching")
 
 
 def _check_start(state: _State, where: str, flow_type: Any, args: Any) -> None:
@@ -452,7 +455,17 @@ class EngineSteps(EngineKinds):
                 state.deliveries.pop(outcome.delivery, None)
                 flow.delivery = None
                 flow.task = None
-                # the same attempt again (at least once), as a new delivery; its deadline stands
+                # the same attempt again (at least once), as a new delivery; its deadline stands.
+                # Logged before it is sent, so even a server killed the next instant has told
+                # its log of every redelivery it made (the chaos run counts these lines).
+                logger.info(
+                    "matching engine: redelivery of step %d attempt %d of flow %s (worker %s"
+                    " went away with it)",
+                    flow.step_index,
+                    task.attempt,
+                    flow.flow_id,
+                    worker_id,
+                )
                 delivery = state.delivery()
                 again_task = attrs.evolve(task, delivery=delivery)
                 self._dispatch_record(state, flow, again_task, queue, "redispatch_lost", worker_id)

@@ -312,3 +312,25 @@ async def test_the_observer_view_shows_streams_and_queues_with_their_backlog(
     assert app.view["dispatch_reasons"] == {"delivered": 1, "flow_queue": 1}
     await client.aclose()
     await peer.aclose()
+
+
+def test_a_worker_program_imports_the_sdk_without_the_server() -> None:
+    # A worker or client program pays for the SDK only (a worker restarted often pays its
+    # import each time); the server's names still come from the facade, on first use.
+    code = (
+        "import sys\n"
+        "from apps.matching import Client, Flow, Registry, TrioClient, Worker, step\n"
+        "print(sorted(m for m in ('otp', 'supervisors', 'psycopg', 'apps.matching._application')"
+        " if m in sys.modules))\n"
+        "import apps.matching\n"
+        "print(apps.matching.application.__module__, apps.matching.MatchingConfig.__module__)\n"
+        "print(sorted(m for m in ('otp', 'supervisors') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.splitlines() == [
+        "[]",
+        "apps.matching apps.matching",
+        "['otp', 'supervisors']",
+    ]

@@ -11,6 +11,7 @@ otherwise jump while a worker thread ran, and fire every timer early.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -537,6 +538,20 @@ async def test_a_step_forwarded_to_a_server_that_goes_down_is_dispatched_again_a
     assert ("node:gone@localhost", "redispatch_lost", "w2") in reasons
     assert "the server on node gone@localhost went down (noconnection) with delivery" in caplog.text
     assert "redelivery" in caplog.text
+
+
+async def test_a_lost_step_is_logged_as_a_redelivery_once(
+    store_kind: StoreKind, caplog: Any
+) -> None:
+    # The chaos run counts these lines against the handler runs (test_chaos_run.py).
+    script = by_step(a=[lost(after_output=False), lost(after_output=False), ok("x")])
+    with caplog.at_level(logging.INFO, logger="apps.matching"):
+        async with otp.open_node(), server(store_kind, script):
+            await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+            await FlowEngine.result("f")
+    lines = [r.getMessage() for r in caplog.records if "redelivery" in r.getMessage()]
+    line = "matching engine: redelivery of step 0 attempt 1 of flow f (worker w1 went away with it)"
+    assert lines == [line, line]
 
 
 async def test_lost_after_output_consumes_an_attempt(
