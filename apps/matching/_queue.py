@@ -173,11 +173,13 @@ class Queue(otp.GenServer):
             ref = state.monitors.pop(message.stream, None)
             if ref is not None:
                 otp.demonitor(ref, flush=True)
+            _note_offer_gone(book, message.stream)
             actions = book.stream_gone(message.stream)
         elif kind is otp.Down:
             if state.monitors.get(message.pid) != message.ref:
                 return state.carry_on
             del state.monitors[message.pid]
+            _note_offer_gone(book, message.pid)
             actions = book.stream_gone(message.pid)
         elif kind is WorkerDraining:
             actions = book.worker_draining(message.worker_id)
@@ -262,3 +264,21 @@ def _watch_idle(state: _State) -> None:
         otp.cancel_timer(state.idle_timer)
         state.idle_timer = None
         state.idle_token += 1
+
+
+def _note_offer_gone(book: QueueBook, stream: Any) -> None:
+    """A stream went away with a Step offered to it and not yet answered: it is offered again,
+    but the worker may have started it (its ACCEPT lost with the connection), so this is logged
+    as a possible redelivery, as the engine logs a ``Lost`` one (the chaos run counts both)."""
+    if book.stream_state(stream) != "offered":
+        return
+    dispatch = book.offered().get(stream)
+    if dispatch is None or dispatch.task.kind != "step":
+        return
+    task = dispatch.task
+    index = task.execution_id.rsplit("/", 2)[-2]
+    logger.info(
+        "matching queue: redelivery of step %s attempt %d of flow %s (offered to a worker that"
+        " went away before answering: it may have started it)",
+        index, task.attempt, task.flow_id,
+    )  # fmt: skip

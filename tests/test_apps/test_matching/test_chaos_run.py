@@ -8,10 +8,12 @@ What is counted, precisely:
   every Step handler appends with one ``os.write`` on an ``O_APPEND`` descriptor as it starts
   (``chaos_worker.py``): a run the kernel took is counted even if its process dies next.
 - A **redelivery** is one line a server logged: ``matching engine: redelivery of step N attempt
-  A of flow F (worker W went away with it)`` (a worker lost with the Step accepted) or, once
-  servers take over each other's flows, ``matching engine: took over flow F from S (redelivery
-  of step N attempt A)``. Each is logged before the Step is sent again, so a server killed the
-  next instant has logged it.
+  A of flow F (worker W went away with it)`` (a worker lost with the Step accepted), ``matching
+  queue: redelivery of step N attempt A of flow F (offered to a worker that went away before
+  answering ...)`` (the Step offered again: the worker's ACCEPT may have been on its way, in
+  the dead connection's unread bytes) or, once servers take over each other's flows,
+  ``matching engine: took over flow F from S (redelivery of step N attempt A)``. Each is
+  logged before the Step is sent again, so a server killed the next instant has logged it.
 - **Recorded exactly once**: each Step execution has exactly one ``completed`` attempt record,
   the flow's result is the chain of all its Steps' values (each index once, in order), and its
   state counted each Step once.
@@ -19,11 +21,10 @@ What is counted, precisely:
 Runs minus Steps cannot equal the redeliveries exactly, and the test says so rather than hope:
 a worker killed after its ACCEPT reached the server but before the handler wrote its line is a
 redelivery with no run, and so is a Step a dead server's successor redelivers that never ran.
-The reverse (a run with no redelivery logged) needs a run whose ACCEPT never reached the
-server, which then offers the Step again without a word: the SDK writes ACCEPT into the socket
-before it starts the handler, so only a worker killed in the microseconds after a handler
-started behind an ACCEPT still queued in the SDK (an earlier frame filled the socket) could do
-it; never seen, and named here so that such a failure is read right. So the tightest true
+The reverse (a run with no redelivery logged) cannot happen: a Step offered again after its
+stream went away is logged by the queue as a possible redelivery (the 3-server run found 15 such
+runs before that line existed: ACCEPTs lost unread with their connection).
+So the tightest true
 statement is, for every Step execution e,
 ``1 <= runs(e) <= 1 + redeliveries(e)``, and in all ``runs - Steps <= redeliveries <= 8 x
 worker kills (+ the flows the killed server held)``: a killed worker loses at most its 8 slots.
@@ -84,8 +85,8 @@ STARTING = 64
 pytestmark = pytest.mark.chaos
 
 _REDELIVERY = re.compile(
-    r"matching engine: (?:redelivery of step (?P<step>\d+) attempt \d+ of flow (?P<flow>\S+) "
-    r"|took over flow (?P<flow2>\S+) from \S+ \(redelivery of step (?P<step2>\d+) )"
+    r"matching (?:engine|queue): (?:redelivery of step (?P<step>\d+) attempt \d+ of flow"
+    r" (?P<flow>\S+) |took over flow (?P<flow2>\S+) from \S+ \(redelivery of step (?P<step2>\d+) )"
 )
 
 
@@ -103,8 +104,9 @@ async def test_three_servers_on_postgresql_lose_nothing_while_workers_and_a_serv
     missing = cluster_missing()
     if missing is not None:
         pytest.skip(missing)
-    # Leases of 3 s: the killed server's flows are taken over 3 s after its last renewal.
-    lease = ("--matching-lease-seconds", "3")
+    # Leases of 10 s: the killed server's flows are taken over 10 s after its last renewal
+    # (3 s leases were lost by live servers whose renewals lagged on a loaded 2-core machine).
+    lease = ("--matching-lease-seconds", "10")
     with postgres.schema() as url:
         nodes = cluster(str(tmp_path), url, 3, log_level="info", extra=lease)
         await _chaos_run(tmp_path, nodes, kill_a_server=True)

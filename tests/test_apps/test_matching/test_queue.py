@@ -3,6 +3,7 @@ fake worker connections (seed: 路由和可用性, 容量和关闭). Time is tri
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -538,8 +539,9 @@ async def test_connection_gone_mid_call_after_output_reports_lost_after_output(
 
 
 async def test_stream_killed_while_offered_is_reoffered_to_another(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, "apps.matching")
     async with server():
         first = await connect("w1", silent)
         second = await connect("w2")
@@ -551,6 +553,14 @@ async def test_stream_killed_while_offered_is_reoffered_to_another(
         otp.exit(first.stream, otp.KILL)
         _, final, _ = await outcome_of(d)
         assert isinstance(final, Completed) and final.worker_id == "w2"
+    # (its ACCEPT may have died unread with it: the worker may have run it, so it is logged as
+    # a possible redelivery, which the chaos run counts)
+    task = d.task
+    index = task.execution_id.rsplit("/", 2)[-2]
+    assert (
+        f"matching queue: redelivery of step {index} attempt {task.attempt} of flow"
+        f" {task.flow_id} (offered to a worker that went away" in caplog.text
+    )
 
 
 async def test_worker_silent_on_an_offer_is_dropped_and_the_dispatch_reoffered(
