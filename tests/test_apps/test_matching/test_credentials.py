@@ -51,7 +51,7 @@ def tls(tmp_path) -> tuple[dict[str, str], ssl.SSLContext]:
     return {"tls_certfile": certfile, "tls_keyfile": keyfile}, context
 
 
-def _server(tls, store_kind=None):
+def _server(tls, store_kind):
     files, _ = tls
     return matching_server(
         store_kind,
@@ -62,9 +62,9 @@ def _server(tls, store_kind=None):
     )
 
 
-async def test_a_worker_with_a_wrong_token_fails_start_and_its_waiters(tls, caplog):
+async def test_a_worker_with_a_wrong_token_fails_start_and_its_waiters(store_kind, tls, caplog):
     _, context = tls
-    async with _server(tls) as address:
+    async with _server(tls, store_kind) as address:
         for token in ("wrong", "c-secret"):  # a client's token is no worker's
             options = WorkerOptions(server_address=address, credentials=token, ssl_context=context)
             worker = TrioWorker(REGISTRY, None, options)
@@ -87,11 +87,11 @@ async def test_a_worker_with_a_wrong_token_fails_start_and_its_waiters(tls, capl
     ("token", "word"), [("wrong", "wrong"), ("w-secret", "wrong"), (None, "missing")]
 )
 async def test_a_client_with_a_wrong_or_missing_token_gets_authentication_error(
-    tls, token, word, monkeypatch
+    store_kind, tls, token, word, monkeypatch
 ):
     monkeypatch.delenv("OTP_MATCHING_TOKEN", raising=False)
     _, context = tls
-    async with _server(tls) as address:
+    async with _server(tls, store_kind) as address:
         options = ClientOptions(server_address=address, credentials=token, ssl_context=context)
         async with TrioClient(REGISTRY, None, options) as client:
             with trio.fail_after(BOUND), pytest.raises(AuthenticationError) as caught:
@@ -123,8 +123,8 @@ async def test_the_right_tokens_serve_a_flow_while_wrong_ones_are_refused(store_
         await worker.close()
 
 
-async def test_a_server_certificate_the_client_does_not_trust_is_refused(tls):
-    async with _server(tls) as address:
+async def test_a_server_certificate_the_client_does_not_trust_is_refused(store_kind, tls):
+    async with _server(tls, store_kind) as address:
         options = ClientOptions(server_address=address, credentials="c-secret")
         async with TrioClient(REGISTRY, None, options) as client:
             with trio.fail_after(BOUND), pytest.raises(AuthenticationError, match="verification"):

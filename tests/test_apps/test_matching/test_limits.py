@@ -56,8 +56,12 @@ def test_the_limits_default_to_the_seeds_numbers():
     )
 
 
-async def test_a_flow_type_name_over_the_limit_fails_registration_naming_the_limit(autojump_clock):
-    async with matching_server(limits=MatchingLimits(max_flow_type_length=8)) as address:
+async def test_a_flow_type_name_over_the_limit_fails_registration_naming_the_limit(
+    store_kind, autojump_clock
+):
+    async with matching_server(
+        store_kind, limits=MatchingLimits(max_flow_type_length=8)
+    ) as address:
         error = await _registration_error(address, [_flow("x" * 20)])
     assert isinstance(error, PullRegistrationError)
     assert isinstance(error.cause, LimitError)
@@ -65,23 +69,27 @@ async def test_a_flow_type_name_over_the_limit_fails_registration_naming_the_lim
     assert "matching.max_flow_type_length=8" in str(error)
 
 
-async def test_too_many_flow_types_fail_registration_naming_the_limit(autojump_clock):
-    async with matching_server(limits=MatchingLimits(max_flow_types=2)) as address:
+async def test_too_many_flow_types_fail_registration_naming_the_limit(store_kind, autojump_clock):
+    async with matching_server(store_kind, limits=MatchingLimits(max_flow_types=2)) as address:
         error = await _registration_error(address, [_flow("a1"), _flow("a2"), _flow("a3")])
     assert isinstance(error, PullRegistrationError)
     assert isinstance(error.cause, LimitError)
     assert "the worker registers 3 flow types, the most matching.max_flow_types=2" in str(error)
 
 
-async def test_an_app_worker_id_over_the_limit_fails_registration_naming_the_limit(autojump_clock):
-    async with matching_server(limits=MatchingLimits(max_queue_length=16)) as address:
+async def test_an_app_worker_id_over_the_limit_fails_registration_naming_the_limit(
+    store_kind, autojump_clock
+):
+    async with matching_server(store_kind, limits=MatchingLimits(max_queue_length=16)) as address:
         error = await _registration_error(address, [_flow("a1")], app_worker_id="w" * 40)
     assert isinstance(error, PullRegistrationError)
     assert "has 40 characters" in str(error) and "matching.max_queue_length=16" in str(error)
 
 
-async def test_the_nodes_stream_limit_leaves_the_queue_unregistered_and_names_the_limit(caplog):
-    async with matching_server(limits=MatchingLimits(max_streams=2)) as address:
+async def test_the_nodes_stream_limit_leaves_the_queue_unregistered_and_names_the_limit(
+    store_kind, caplog
+):
+    async with matching_server(store_kind, limits=MatchingLimits(max_streams=2)) as address:
         error = await _registration_error(address, [_flow("a1"), _flow("a2")])
     # retryable: the worker keeps trying; the wait names the queue left without a stream
     assert type(error).__name__ == "CallTimeout"
@@ -89,9 +97,13 @@ async def test_the_nodes_stream_limit_leaves_the_queue_unregistered_and_names_th
     assert "matching.max_streams=2 allows" in caplog.text
 
 
-async def test_the_per_worker_stream_limit_refuses_streams_beyond_it_naming_the_limit(caplog):
+async def test_the_per_worker_stream_limit_refuses_streams_beyond_it_naming_the_limit(
+    store_kind, caplog
+):
     pull = PullWorkerOptions(max_concurrent_tasks=4, idle_streams_per_queue=4)
-    async with matching_server(limits=MatchingLimits(max_streams_per_worker=4)) as address:
+    async with matching_server(
+        store_kind, limits=MatchingLimits(max_streams_per_worker=4)
+    ) as address:
         worker = TrioWorker(
             Registry([_flow("a1")], allow_async_handlers=True),
             None,
@@ -110,10 +122,12 @@ async def test_the_per_worker_stream_limit_refuses_streams_beyond_it_naming_the_
             await worker.close()
 
 
-async def test_starting_a_flow_of_a_type_name_over_the_limit_is_refused_at_once(autojump_clock):
+async def test_starting_a_flow_of_a_type_name_over_the_limit_is_refused_at_once(
+    store_kind, autojump_clock
+):
     flow = _flow("y" * 20)
     limits = MatchingLimits(max_flow_type_length=8, dispatch_wait=0.5)
-    async with matching_server(limits=limits) as address:
+    async with matching_server(store_kind, limits=limits) as address:
         options = ClientOptions(server_address=address)
         async with TrioClient(Registry([flow], allow_async_handlers=True), None, options) as c:
             with trio.fail_after(BOUND), pytest.raises(LimitError, match="max_flow_type_length"):

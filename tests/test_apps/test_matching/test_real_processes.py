@@ -39,8 +39,8 @@ async def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProc
         )
 
 
-async def test_the_seeds_greeting_example_runs_against_a_node(tmp_path):
-    node, address = _server(tmp_path)
+async def test_the_seeds_greeting_example_runs_against_a_node(tmp_path, store_kind):
+    node, address = _server(tmp_path, store_kind)
     async with node:
         await node.line_with("application matching")
         done = await _run([sys.executable, "examples/matching/pull_workers.py", address])
