@@ -30,10 +30,10 @@ from ._model import (
     RpcDefinition,
     StepContext,
     StepDefinition,
-    copy_state,
     state_patch,
 )
 from ._sdk_connection import SdkConnection
+from ._state_patches import copy_state
 from ._worker_threads import HandlerThreads
 
 __all__ = [
