@@ -27,7 +27,7 @@ from ._engine_forward import forward, known_owner, remember_owner
 from ._engine_state import _RUNNING, Claimed, _Flow, _Loaded, _State
 from ._engine_waiters import forget_waiter
 from ._errors import ConfigurationError
-from ._store import Claim, FlowRecord, StoreServer
+from ._store import Claim, FlowRecord, PendingStep, StoreServer
 
 __all__ = ["RECOVERY_PAGE", "EngineLeases"]
 
@@ -69,8 +69,20 @@ class EngineLeases(EngineCommits):
             logger.info("matching engine: recovered %d running flows", taken)
 
     def _claimed(self, state: _State, claimed: Claimed) -> None:
-        """``matching_leases`` claimed steps for this server: take their flows."""
-        claims = [c for c in claimed.claims if c.step.flow_id not in state.flows]
+        """``matching_leases`` claimed steps for this server: take their flows. Who held each
+        step before is kept until the flow is taken: a call naming the flow may take it first
+        (``_with_flow``: its own claim finds the step leased here already, by this claim). A
+        flow such a call took already is told as taken over now."""
+        claims = []
+        for claim in claimed.claims:
+            step = claim.step
+            flow = state.flows.get(step.flow_id)
+            if flow is None:
+                state.claimed_from[step.flow_id] = claim.previous_owner
+                claims.append(claim)
+            elif flow.claim_untold == (step.step_index, step.attempt):
+                flow.claim_untold = None
+                self._took_over(state, flow.flow_id, claim.previous_owner, step)
         if claims:
             otp.spawn_link(_load_claimed, state.options.store, claims, state.me)
 
@@ -99,24 +111,36 @@ class EngineLeases(EngineCommits):
         wall = time.time()
         if step.not_before > wall:
             flow.retry_at = trio.current_time() + (step.not_before - wall)
-        previous = claim.previous_owner
-        if not recovering and previous != state.options.server_id:
-            state.takeovers += 1
-            if previous is not None:
-                state.redeliveries += 1
-                logger.warning(
-                    "matching engine: took over flow %s from %s (redelivery of step %d"
-                    " attempt %d)",
-                    flow.flow_id, previous, step.step_index, step.attempt,
-                )  # fmt: skip
-            else:
-                logger.info(
-                    "matching engine: took over flow %s released by a server that stopped"
-                    " (step %d attempt %d)",
-                    flow.flow_id, step.step_index, step.attempt,
-                )  # fmt: skip
+        me, previous = state.options.server_id, claim.previous_owner
+        if previous == me and not recovering:
+            # Leased here before this claim, so by ``matching_leases``, whose ``Claimed`` names
+            # who held it (the step may have run there: the takeover must be told either way).
+            previous = state.claimed_from.pop(flow.flow_id, me)
+            if previous == me:  # (that ``Claimed`` is still on its way)
+                flow.claim_untold = (step.step_index, step.attempt)
+        if not recovering and previous != me:
+            self._took_over(state, flow.flow_id, previous, step)
         self._advance(state, flow)
         return flow
+
+    def _took_over(
+        self, state: _State, flow_id: str, previous: str | None, step: PendingStep
+    ) -> None:
+        """Count and log the takeover of ``flow_id`` at ``step`` from
+        server ``previous`` (None: released by a server that stopped)."""
+        state.takeovers += 1
+        if previous is not None:
+            state.redeliveries += 1
+            logger.warning(
+                "matching engine: took over flow %s from %s (redelivery of step %d attempt %d)",
+                flow_id, previous, step.step_index, step.attempt,
+            )  # fmt: skip
+        else:
+            logger.info(
+                "matching engine: took over flow %s released by a server that stopped"
+                " (step %d attempt %d)",
+                flow_id, step.step_index, step.attempt,
+            )  # fmt: skip
 
     def _moved(self, state: _State, flow_id: str) -> None:
         """Another server took the flow over (a commit of it conflicted: that server leases
@@ -198,8 +222,10 @@ class EngineLeases(EngineCommits):
                     flow = state.flows[flow_id] = _Flow.from_record(record)
             elif claim is not None and claim.held_by(me):
                 flow = self._take(state, record, claim)
-        if flow is None and not loaded.requested:
-            return
+        if not loaded.requested:
+            state.claimed_from.pop(flow_id, None)  # (taken now, or not this server's)
+            if flow is None:
+                return
         owner = None if claim is None or claim.held_by(me) else claim.step.lease_owner
         if owner is not None and flow is None:
             remember_owner(state, flow_id, owner)

@@ -258,6 +258,10 @@ class _Flow:
     #: Another server wrote the flow since this engine took it (a commit of it conflicted):
     #: it is that server's now, and nothing this engine still holds of it may run or answer.
     moved: bool = False
+    #: The step (index, attempt) this engine took finding it leased here already, before the
+    #: ``Claimed`` of ``matching_leases`` that leased it came: that claim names who held it
+    #: before (``_engine_leases``), so the takeover is told when it comes.
+    claim_untold: tuple[int, int] | None = None
 
     @property
     def running(self) -> bool:
@@ -386,6 +390,10 @@ class _State:
     takeovers: int = 0
     redeliveries: int = 0
     moved: int = 0
+    #: Flow id -> who held the step ``matching_leases`` claimed for this server before it
+    #: (None: free), until the engine takes the flow: a call's own claim of that step may
+    #: take it first, and finds it leased here already (``_engine_leases``).
+    claimed_from: dict[str, str | None] = attrs.field(factory=dict)
     #: The deliveries forwarded to other servers, and those servers' nodes watched.
     remote: RemoteDeliveries = attrs.field(factory=RemoteDeliveries)
     #: ``NoReply(self)`` and ``NoReply(self, timeout=0)``, built once (frozen values, returned

@@ -35,6 +35,7 @@ from apps.matching._application import application
 from apps.matching._config import MatchingConfig
 from apps.matching._dispatch import Completed, Dispatch, Routed
 from apps.matching._engine import ENGINE, EngineOptions, FlowEngine
+from apps.matching._engine_state import Claimed, _Loaded
 from apps.matching._errors import ConfigurationError, Unavailable
 from apps.matching._leases import LEASES, LeaseKeeper
 from apps.matching._matcher import MATCHER
@@ -184,6 +185,45 @@ async def test_a_step_whose_lease_expired_is_taken_over_and_dispatched_again(
     assert "matching engine: took over flow f from dead (redelivery of step 1 attempt 2)" in [
         r.getMessage() for r in caplog.records
     ]
+
+
+@pytest.mark.parametrize("keeper_first", [True, False], ids=["keeper-first", "call-first"])
+async def test_a_takeover_is_told_when_a_call_takes_the_flow_before_the_keepers_claim_does(
+    store_kind: StoreKind,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+    keeper_first: bool,
+) -> None:
+    """The keeper claims a dead server's step for this server and tells the engine
+    (``Claimed``), which then reads the flow; a call naming the flow meanwhile claims the step
+    itself (``_with_flow``) and finds it leased here already. Whichever the engine takes first,
+    the takeover is told as a redelivery once: the step may have run on the dead server. (The
+    3-server chaos run found Steps run twice with nothing logged: the call's claim had taken
+    them as this server's own.)"""
+    caplog.set_level(logging.INFO, "apps.matching")
+    async with (
+        otp.open_node(),
+        server(store_kind, by_step(b=[ok("B")]), server_id="me", lease_seconds=LEASE),
+    ):
+        await StoreServer.commit(foreign_flow("f", "dead", time.time() - 1))
+        claims = await StoreServer.claim_steps("me", time.time(), LEASE, 10)  # the keeper's
+        assert [claim.previous_owner for claim in claims] == ["dead"]
+        mine = await StoreServer.claim_flow("f", "me", time.time(), LEASE)  # the call's
+        assert mine is not None and mine.previous_owner == "me"
+        # what the call's load tells the engine (``_load``), in the order under test
+        loaded = _Loaded("f", await StoreServer.get_flow("f"), mine)
+        engine = otp.whereis(ENGINE)
+        assert engine is not None
+        told = [Claimed(tuple(claims)), loaded]
+        for message in told if keeper_first else reversed(told):
+            otp.send(engine, message)
+        assert await FlowEngine.result("f", timeout=3600) == "B"
+        [(_, sent)] = await dispatches()
+        stats = await FlowEngine.statistics()
+    assert (sent.task.name, sent.task.attempt) == ("b", 2)
+    assert (stats.takeovers, stats.redeliveries) == (1, 1)
+    took = [r.getMessage() for r in caplog.records if "took over" in r.getMessage()]
+    assert took == ["matching engine: took over flow f from dead (redelivery of step 1 attempt 2)"]
 
 
 async def test_steps_a_stopping_server_released_are_claimed_at_once(
