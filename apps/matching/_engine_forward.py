@@ -59,8 +59,6 @@ logger = logging.getLogger("apps.matching")
 FORWARDED = "forwarded"
 #: The error code of an engine's answer to a forwarded request for a flow it does not own.
 NOT_OWNER = "not_owner"
-#: The ops that are forwarded (the others read the store, anywhere).
-FORWARDED_OPS = ("result", "call_rpc", "cancel")
 #: How long an owner found in the store is trusted before the store is read again.
 OWNER_TTL = 5.0
 #: The most owners an engine remembers.
