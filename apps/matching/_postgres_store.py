@@ -32,9 +32,10 @@ import psycopg.errors
 import trio
 from psycopg.pq import TransactionStatus
 
+from ._postgres_batches import apply_rows, group_rows
 from ._postgres_schema import MIGRATIONS, SCHEMA_VERSION
-from ._sql_store import SqlStore
-from ._store_records import StoreError
+from ._sql_store import SqlStore, puts_free
+from ._store_records import StoreError, WriteBatch
 from ._store_sql import redact
 
 __all__ = ["CHANNEL", "SCHEMA_VERSION", "PostgresStore"]
@@ -186,6 +187,34 @@ class PostgresStore(SqlStore):
             listen, self._listen = self._listen, None
             if listen is not None:
                 await self._call(listen.close)
+
+    # -- group commits ---------------------------------------------------------------------------
+
+    def _commit_many(self, conn: Any, batches: list[WriteBatch]) -> list[StoreError | None]:
+        """As ``SqlStore._commit_many``, in one statement per table when the batches allow it
+        (``_postgres_batches``); else, or when one of them is refused, one by one."""
+        rows = group_rows(batches)
+        if rows is not None:
+            try:
+                conn.execute("BEGIN")
+                try:
+                    applied = apply_rows(conn.raw, rows)
+                except psycopg.errors.IntegrityError:
+                    applied = False  # (one batch names a missing flow: the batches tell which)
+                if applied:
+                    if any(puts_free(batch) for batch in batches):
+                        self._notify_pending(conn)
+                    conn.execute("COMMIT")
+                    self._transactions += 1
+                    self._batches += len(batches)
+                    return [None] * len(batches)
+                conn.execute("ROLLBACK")
+            except psycopg.Error as exc:
+                if not conn.raw.closed and self._in_transaction(conn):
+                    conn.execute("ROLLBACK")
+                self._refused += len(batches)
+                raise StoreError(f"{self!r}: the transaction failed: {exc}") from exc
+        return super()._commit_many(conn, batches)
 
     # -- pending-step wake-ups -------------------------------------------------------------------
 

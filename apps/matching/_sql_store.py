@@ -45,7 +45,7 @@ from ._store_sql import (
     pending_from_row,
 )
 
-__all__ = ["SqlStore"]
+__all__ = ["SqlStore", "puts_free"]
 
 T = TypeVar("T")
 
@@ -290,7 +290,7 @@ class SqlStore(SqlServers):
         for batch in batches:
             check_batch(batch)
         outcomes = await self._run(self._commit_many, list(batches))
-        if any(o is None and _puts_free(b) for b, o in zip(batches, outcomes, strict=True)):
+        if any(o is None and puts_free(b) for b, o in zip(batches, outcomes, strict=True)):
             self._wake()
         return outcomes
 
@@ -305,7 +305,7 @@ class SqlStore(SqlServers):
             try:
                 if len(batches) == 1:  # no savepoint needed: a refusal rolls back them all
                     outcomes.append(apply_refusable(conn, batches[0], self._INTEGRITY))
-                    if outcomes[0] is None and _puts_free(batches[0]):
+                    if outcomes[0] is None and puts_free(batches[0]):
                         self._notify_pending(conn)
                     conn.execute("COMMIT" if outcomes[0] is None else "ROLLBACK")
                 else:
@@ -317,7 +317,7 @@ class SqlStore(SqlServers):
                         conn.execute("RELEASE batch")
                         outcomes.append(outcome)
                     if any(
-                        o is None and _puts_free(b) for b, o in zip(batches, outcomes, strict=True)
+                        o is None and puts_free(b) for b, o in zip(batches, outcomes, strict=True)
                     ):
                         self._notify_pending(conn)
                     conn.execute("COMMIT")
@@ -453,7 +453,7 @@ class SqlStore(SqlServers):
         return self._generation
 
 
-def _puts_free(batch: WriteBatch) -> bool:
+def puts_free(batch: WriteBatch) -> bool:
     """Whether ``batch`` puts a pending step with no lease (one a claim can take)."""
     return any(step.lease_owner is None for step in batch.pending_put)
 

@@ -37,10 +37,14 @@ __all__ = [
     "SqlConnection",
     "apply_refusable",
     "attempt_from_row",
+    "attempt_row",
     "check_limit",
     "dispatch_from_row",
+    "dispatch_row",
     "flow_from_row",
+    "flow_row",
     "pending_from_row",
+    "pending_row",
     "redact",
 ]
 
@@ -101,7 +105,7 @@ def _decode(data: bytes) -> Any:
     return wire.cbor_decode(data)
 
 
-def _flow_row(r: FlowRecord) -> tuple[Any, ...]:
+def flow_row(r: FlowRecord) -> tuple[Any, ...]:
     where = f"FlowRecord {r.flow_id!r}"
     return (
         r.flow_id,
@@ -146,11 +150,11 @@ def pending_from_row(row: tuple[Any, ...]) -> PendingStep:
 
 # Their columns are their fields, in order (as ``dispatch_from_row`` and ``pending_from_row``
 # read them back); one C call builds a row.
-_dispatch_row = operator.attrgetter(*(field.name for field in attrs.fields(DispatchRecord)))
-_pending_row = operator.attrgetter(*(field.name for field in attrs.fields(PendingStep)))
+dispatch_row = operator.attrgetter(*(field.name for field in attrs.fields(DispatchRecord)))
+pending_row = operator.attrgetter(*(field.name for field in attrs.fields(PendingStep)))
 
 
-def _attempt_row(a: AttemptRecord) -> tuple[Any, ...]:
+def attempt_row(a: AttemptRecord) -> tuple[Any, ...]:
     return (
         a.flow_id,
         a.step_index,
@@ -219,7 +223,7 @@ def _apply(
     try:
         for record in batch.flows_created:
             # (one statement, not a SELECT first: a stored id inserts no row)
-            if conn.execute(_CREATE_FLOW, _no_nul(_flow_row(record))).rowcount != 1:
+            if conn.execute(_CREATE_FLOW, _no_nul(flow_row(record))).rowcount != 1:
                 raise FlowExists(
                     f"a flow with id {record.flow_id!r} exists already",
                     details={"flow_id": record.flow_id},
@@ -227,7 +231,7 @@ def _apply(
         for record in batch.flows_upserted:
             # The update names the version it replaces: one statement when it is stored (the
             # usual case); else the stored version tells a new flow from a conflict.
-            values = _no_nul(_flow_row(record))
+            values = _no_nul(flow_row(record))
             key = (*values[1:], record.flow_id, record.version - 1)
             if batch.owner is None:
                 updated = conn.execute(_UPDATE_FLOW, key)
@@ -254,13 +258,11 @@ def _apply(
                 },
             )
         if batch.attempts:
-            conn.executemany(_INSERT_ATTEMPT, [_no_nul(_attempt_row(a)) for a in batch.attempts])
+            conn.executemany(_INSERT_ATTEMPT, [_no_nul(attempt_row(a)) for a in batch.attempts])
         if batch.dispatches:
-            conn.executemany(
-                _INSERT_DISPATCH, [_no_nul(_dispatch_row(d)) for d in batch.dispatches]
-            )
+            conn.executemany(_INSERT_DISPATCH, [_no_nul(dispatch_row(d)) for d in batch.dispatches])
         if batch.pending_put:
-            conn.executemany(_PUT_PENDING, [_no_nul(_pending_row(p)) for p in batch.pending_put])
+            conn.executemany(_PUT_PENDING, [_no_nul(pending_row(p)) for p in batch.pending_put])
         if batch.pending_done:
             conn.executemany(
                 "DELETE FROM pending WHERE flow_id = ? AND step_index = ?",

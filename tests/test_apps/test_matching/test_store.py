@@ -543,6 +543,91 @@ async def test_commit_many_refuses_a_batch_alone_in_one_transaction(store: Sqlit
     assert (stats.batches, stats.refused) == (2, 1)
 
 
+async def test_a_group_of_batches_on_separate_flows_reads_back_as_committed_one_by_one(
+    store: SqliteStore,
+) -> None:
+    # (on PostgreSQL one statement per table, _postgres_batches: the same rows as batch by batch)
+    await store.commit(WriteBatch(flows_created=[flow("a"), flow("b")], pending_put=[pending("b")]))
+    group = [
+        WriteBatch(
+            flows_created=[flow("c"), flow("d")],
+            attempts=[attempt("c", 1), attempt("c", 2)],
+            dispatches=[dispatch("c", 1), dispatch("d", 2)],
+            pending_put=[pending("c", 0), pending("c", 1)],
+            pending_done=[("c", 1), ("c", 9)],
+        ),
+        WriteBatch(
+            flows_upserted=[flow("a", version=2, status="completed", sticky_worker="w9")],
+            pending_put=[pending("a", lease_owner="s1", lease_expires=9.0)],
+            owner="s1",
+        ),
+        WriteBatch(
+            flows_upserted=[flow("b", version=2, result={"r": b"\x00"})],
+            attempts=[attempt("b", 1, worker_id=None)],
+            pending_done=[("b", 0)],
+        ),
+    ]
+    assert await store.commit_many(group) == [None, None, None]
+    assert await store.get_flow("a") == flow("a", version=2, status="completed", sticky_worker="w9")
+    assert await store.get_flow("b") == flow("b", version=2, result={"r": b"\x00"})
+    assert await store.get_flow("d") == flow("d")
+    assert await store.attempts("c") == [attempt("c", 1), attempt("c", 2)]
+    assert await store.attempts("b") == [attempt("b", 1, worker_id=None)]
+    assert await store.dispatches("d") == [dispatch("d", 2)]
+    assert await store.pending("c") == [pending("c", 0)]
+    assert await store.pending("a") == [pending("a", lease_owner="s1", lease_expires=9.0)]
+    assert await store.pending("b") == []
+
+
+async def test_a_group_of_batches_on_separate_flows_refuses_only_the_refused_ones(
+    store: SqliteStore,
+) -> None:
+    await store.commit(WriteBatch(flows_created=[flow("a"), flow("b")]))
+    before = store.statistics()
+    outcomes = await store.commit_many(
+        [
+            WriteBatch(flows_created=[flow("c")], attempts=[attempt("c")]),
+            WriteBatch(flows_created=[flow("a")]),  # exists
+            WriteBatch(flows_upserted=[flow("b", version=3)]),  # stale
+            WriteBatch(attempts=[attempt("nobody")]),  # names no flow
+            WriteBatch(flows_upserted=[flow("d", version=4)], dispatches=[dispatch("d")]),
+        ]
+    )
+    assert outcomes[0] is None and outcomes[4] is None
+    assert isinstance(outcomes[1], FlowExists)
+    assert isinstance(outcomes[2], StoreConflict)
+    assert type(outcomes[3]) is StoreError
+    assert await store.attempts("c") == [attempt("c")]
+    assert await store.get_flow("d") == flow("d", version=4)
+    assert await store.attempts("nobody") == []
+    after = store.statistics()
+    assert (after.batches, after.refused) == (before.batches + 2, before.refused + 3)
+
+
+def test_postgres_group_rows_go_one_by_one_when_batches_could_meet() -> None:
+    # (_postgres_batches: only batches whose rows cannot meet go in one statement per table)
+    from apps.matching._postgres_batches import group_rows
+
+    rows = group_rows(
+        [
+            WriteBatch(flows_created=[flow("a")], pending_done=[("a", 0)]),
+            WriteBatch(flows_upserted=[flow("b", version=2)], owner="s1"),
+        ]
+    )
+    assert rows is not None
+    assert [r[0] for r in rows.created] == ["a"] and rows.pending_done == [("a", 0)]
+    assert rows.updated[0][-3:] == ("b", 1, "s1")
+    one_by_one = [
+        [WriteBatch(flows_created=[flow("a")]), WriteBatch(attempts=[attempt("a")])],
+        [WriteBatch(flows_created=[flow("a")], flows_upserted=[flow("a", version=2)])],
+        [WriteBatch(pending_put=[pending("a"), pending("a", attempt=2)])],
+        [WriteBatch(flows_created=[flow("a\x00")])],
+        [WriteBatch(flows_created=[flow("a", state={"x": object()})])],
+    ]
+    for batches in one_by_one:
+        assert group_rows(batches) is None, batches
+
+
 # -- pending steps, claims, leases --------------------------------------------------------------
 
 
