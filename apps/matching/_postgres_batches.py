@@ -4,7 +4,8 @@ instead of one statement per record.
 Why: each statement is a network round trip, a parse and a plan in the database and a pass
 through psycopg's Python; a group of a dozen Steps had ~25 round trips (one per flow insert
 and update) and left the store's thread as busy as the whole rest of the server. Here a group
-is at most six statements, whatever its size.
+is at most six statements, whatever its size, sent in one round trip with its ``BEGIN`` (a
+pipeline), then its ``COMMIT``.
 
 Only when that gives what applying the batches one by one would (``_store_sql``'s path, with a
 savepoint per batch): every flow named in at most one batch, no flow created or updated twice,
@@ -157,40 +158,50 @@ def _sql(template: str, width: int, rows: int, types: tuple[str, ...] = ()) -> s
     )
 
 
-def _run(
-    cursor: psycopg.RawCursor[Any],
+def _send(
+    conn: psycopg.Connection[Any],
     template: str,
     rows: list[tuple[Any, ...]],
     types: tuple[str, ...] = (),
-) -> int:
-    """``template`` over ``rows`` in chunks; the rows the statements changed."""
-    changed = 0
+) -> list[psycopg.RawCursor[Any]]:
+    """(In a pipeline.) Send ``template`` over ``rows`` in chunks, a cursor each: their
+    ``rowcount`` once the pipeline is synced."""
+    cursors = []
     for start in range(0, len(rows), _CHUNK):
         chunk = rows[start : start + _CHUNK]
         sql = _sql(template, len(chunk[0]), len(chunk), types)
-        changed += cursor.execute(sql, [value for row in chunk for value in row]).rowcount
-    return changed
+        cursor = psycopg.RawCursor(conn)
+        cursor.execute(sql, [value for row in chunk for value in row])
+        cursors.append(cursor)
+    return cursors
 
 
-def apply_rows(conn: psycopg.Connection[Any], rows: GroupRows) -> bool:
-    """(Inside the caller's transaction.) Write ``rows``; False when a create found its flow
-    stored or an update did not find the version it follows (the caller rolls back). The
-    database's refusals (a missing flow) raise its error."""
-    with psycopg.RawCursor(conn) as cursor:
-        return _apply(cursor, rows)
-
-
-def _apply(cursor: psycopg.RawCursor[Any], rows: GroupRows) -> bool:
-    if rows.created and _run(cursor, _CREATE, rows.created) != len(rows.created):
-        return False
-    if rows.updated and _run(cursor, _UPDATE, rows.updated, _FLOW_TYPES) != len(rows.updated):
-        return False
-    if rows.attempts:
-        _run(cursor, _ATTEMPTS, rows.attempts)
-    if rows.dispatches:
-        _run(cursor, _DISPATCHES, rows.dispatches)
-    if rows.pending_put:
-        _run(cursor, _PUT, rows.pending_put)
-    if rows.pending_done:
-        _run(cursor, _DONE, rows.pending_done, ("text", "bigint"))
-    return True
+def apply_rows(
+    conn: psycopg.Connection[Any], rows: GroupRows, notify: tuple[str, str] | None
+) -> bool:
+    """(On a connection outside any transaction.) ``BEGIN``, write ``rows`` and, when given,
+    ``pg_notify(*notify)`` (sent at COMMIT), all in one round trip (a pipeline), leaving the
+    transaction open for the caller to end: True when every create inserted and every update
+    found the version it follows (COMMIT it), False otherwise (ROLLBACK). The database's
+    refusals (a missing flow) raise its error; the transaction is then aborted (ROLLBACK)."""
+    with conn.pipeline() as pipeline:
+        conn.execute("BEGIN")
+        created = _send(conn, _CREATE, rows.created)
+        updated = _send(conn, _UPDATE, rows.updated, _FLOW_TYPES)
+        others = [
+            *_send(conn, _ATTEMPTS, rows.attempts),
+            *_send(conn, _DISPATCHES, rows.dispatches),
+            *_send(conn, _PUT, rows.pending_put),
+            *_send(conn, _DONE, rows.pending_done, ("text", "bigint")),
+        ]
+        if notify is not None:
+            others.append(psycopg.RawCursor(conn))
+            others[-1].execute("SELECT pg_notify($1, $2)", notify)
+        try:
+            pipeline.sync()
+            return sum(c.rowcount for c in created) == len(rows.created) and sum(
+                c.rowcount for c in updated
+            ) == len(rows.updated)
+        finally:
+            for cursor in (*created, *updated, *others):
+                cursor.close()

@@ -195,20 +195,17 @@ class PostgresStore(SqlStore):
         (``_postgres_batches``); else, or when one of them is refused, one by one."""
         rows = group_rows(batches)
         if rows is not None:
+            free = any(puts_free(batch) for batch in batches)
             try:
-                conn.execute("BEGIN")
                 try:
-                    applied = apply_rows(conn.raw, rows)
+                    applied = apply_rows(conn.raw, rows, (CHANNEL, self._origin) if free else None)
                 except psycopg.errors.IntegrityError:
                     applied = False  # (one batch names a missing flow: the batches tell which)
+                conn.execute("COMMIT" if applied else "ROLLBACK")
                 if applied:
-                    if any(puts_free(batch) for batch in batches):
-                        self._notify_pending(conn)
-                    conn.execute("COMMIT")
                     self._transactions += 1
                     self._batches += len(batches)
                     return [None] * len(batches)
-                conn.execute("ROLLBACK")
             except psycopg.Error as exc:
                 if not conn.raw.closed and self._in_transaction(conn):
                     conn.execute("ROLLBACK")
