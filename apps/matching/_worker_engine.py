@@ -468,7 +468,16 @@ class WorkerEngine(WorkerTasks):
         if self._draining or link.manage_wake == -math.inf or s.state == "closed":
             self._kick()
             return
-        plan = plan_queue(s.queue, link.streams.values(), **self._plan_inputs(link))
+        pull = self._pull
+        plan = plan_queue(
+            s.queue,
+            link.streams.values(),
+            now=trio.current_time(),
+            target=pull.idle_streams_per_queue,
+            linger=pull.idle_stream_linger,
+            may_open=not link.reconnecting,  # (not draining: checked above)
+            slot_free=self._busy < self._cap,
+        )
         if plan.opens or plan.closes or plan.wake < link.manage_wake:
             self._kick()
 

@@ -182,7 +182,12 @@ def _plan_one(
         opens.extend([q] * (wanted - len(mine) - pending))
     excess = min(len(mine) + pending - kept, len(mine) - 1)
     if excess > 0:
-        mine.sort(key=lambda s: s.idle_since)
+        oldest = min([s.idle_since for s in mine])
+        if oldest + linger > now:
+            # None is due yet (the usual case under load, each call's end asking): the
+            # earliest close is the longest-idle stream's, found without sorting.
+            return min(wake, oldest + linger)
+        mine.sort(key=_idle_since)
         for s in mine[:excess]:
             due = s.idle_since + linger
             if due <= now:
@@ -190,3 +195,7 @@ def _plan_one(
             else:
                 wake = min(wake, due)
     return wake
+
+
+def _idle_since(s: Stream) -> float:
+    return s.idle_since
