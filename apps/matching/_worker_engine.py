@@ -43,7 +43,7 @@ from ._readiness import (
 from ._sdk_connection import SdkConnection
 from ._worker_calls import HandlerRunner as HandlerRunner
 from ._worker_calls import TrioHandlerRunner as TrioHandlerRunner
-from ._worker_streams import Link, QueueState, Stream, plan_queue, plan_streams
+from ._worker_streams import Link, QueueState, Stream, plan_changes, plan_streams
 from ._worker_tasks import (
     RESERVED_DECLINE_EXTRA_IDLE_SECONDS as RESERVED_DECLINE_EXTRA_IDLE_SECONDS,
 )
@@ -469,7 +469,7 @@ class WorkerEngine(WorkerTasks):
             self._kick()
             return
         pull = self._pull
-        plan = plan_queue(
+        if plan_changes(
             s.queue,
             link.streams.values(),
             now=trio.current_time(),
@@ -477,8 +477,8 @@ class WorkerEngine(WorkerTasks):
             linger=pull.idle_stream_linger,
             may_open=not link.reconnecting,  # (not draining: checked above)
             slot_free=self._busy < self._cap,
-        )
-        if plan.opens or plan.closes or plan.wake < link.manage_wake:
+            wake_by=link.manage_wake,
+        ):
             self._kick()
 
     def _open_stream(self, link: Link, q: QueueState) -> None:
