@@ -17,7 +17,8 @@ from typing import Any
 import attrs
 
 from ._errors import InvalidValue, MalformedMessage
-from ._frame import Codec, Frame, MessageType
+from ._frame import Codec, Frame, MessageType, encode_message
+from ._limits import Limits
 from ._matching_checks import (
     _CODEC_NAMES,
     _bad,
@@ -72,6 +73,9 @@ __all__ = [
     "parse_matching",
 ]
 
+#: :meth:`_Message.encode`'s limits unless told: the protocol's own.
+_NO_LIMITS = Limits()
+
 # -- messages -----------------------------------------------------------------------------
 
 
@@ -84,6 +88,22 @@ class _Message:
         """The version 2 frame carrying this message, its payload encoded with ``codec``
         (M_HELLO and M_WELCOME ignore it: they are always TLV)."""
         return _to_frame(self, codec)
+
+    def encode(self, codec: Codec = Codec.TLV, *, limits: Limits = _NO_LIMITS) -> bytes:
+        """The bytes of :meth:`to_frame`'s frame (``encode_frame(self.to_frame(codec),
+        codec=codec, limits=limits)``), without building the :class:`Frame`: the hot path of
+        the matching connections, which write several frames per Step.
+
+        Raises:
+            WireError: as :func:`encode_frame`.
+        """
+        layout = _BY_CLASS[type(self)]
+        if layout.tlv_only:
+            codec = Codec.TLV
+        rid = self.rid if layout.has_rid else 0  # type: ignore[attr-defined]
+        return encode_message(
+            layout.type, _payload(self, layout), codec=codec, request_id=rid, limits=limits
+        )
 
 
 @attrs.frozen
@@ -433,33 +453,46 @@ class _Layout:
     keys: tuple[str, ...]
     optional: frozenset[str]
     has_rid: bool
+    tlv_only: bool
+    #: How :func:`_payload` writes each key: (key, its encoder or None, whether it is left
+    #: out when None), worked out once per class rather than looked up per message.
+    plan: tuple[tuple[str, Callable[[Any], Any] | None, bool], ...]
+    #: How :func:`parse_matching` reads each key: (key, its decoder or None, optional).
+    reads: tuple[tuple[str, Callable[[Any], Any] | None, bool], ...]
 
 
 def _layout(cls: type, mtype: MessageType) -> _Layout:
     names = [a.name for a in attrs.fields(cls)]
     keys = tuple(n for n in names if n != "rid")
-    return _Layout(cls, mtype, keys, _OPTIONAL.get(cls, frozenset()), "rid" in names)
+    optional = _OPTIONAL.get(cls, frozenset())
+    plan = tuple((key, _ENCODE.get(key), key in optional) for key in keys)
+    reads = tuple((key, _DECODE.get(key), key in optional) for key in keys)
+    return _Layout(cls, mtype, keys, optional, "rid" in names, cls in _TLV_ONLY, plan, reads)
 
 
 _BY_CLASS = {cls: _layout(cls, mtype) for cls, mtype in _TYPES.items()}
 _BY_TYPE = {layout.type: layout for layout in _BY_CLASS.values()}
 
 
+def _payload(message: Any, layout: _Layout) -> dict[str, Any] | None:
+    """``message``'s payload: its attributes other than ``rid`` (None: no payload)."""
+    if not layout.plan:
+        return None
+    payload: dict[str, Any] = {}
+    for key, encode, optional in layout.plan:
+        value = getattr(message, key)
+        if value is None and optional:
+            continue
+        payload[key] = value if encode is None else encode(value)
+    return payload
+
+
 def _to_frame(message: Any, codec: Codec) -> Frame:
     layout = _BY_CLASS[type(message)]
-    payload: dict[str, Any] | None = None
-    if layout.keys:
-        payload = {}
-        for key in layout.keys:
-            value = getattr(message, key)
-            if value is None and key in layout.optional:
-                continue
-            encode = _ENCODE.get(key)
-            payload[key] = value if encode is None else encode(value)
-    if layout.cls in _TLV_ONLY:
+    if layout.tlv_only:
         codec = Codec.TLV
     rid = message.rid if layout.has_rid else 0
-    return Frame(layout.type, rid, payload, version=2, codec=codec)
+    return Frame(layout.type, rid, _payload(message, layout), version=2, codec=codec)
 
 
 def parse_matching(frame: Frame) -> MatchMessage:
@@ -488,12 +521,11 @@ def parse_matching(frame: Frame) -> MatchMessage:
         got = "an empty payload" if payload is None else type(payload).__name__
         raise MalformedMessage(f"the {t.name} payload must be a dict (got {got})")
     args: dict[str, Any] = {}
-    for key in layout.keys:
+    for key, decode, optional in layout.reads:
         if key not in payload:
-            if key in layout.optional:
+            if optional:
                 continue
             raise MalformedMessage(f"{t.name} payload lacks the key {key!r}")
-        decode = _DECODE.get(key)
         args[key] = payload[key] if decode is None else decode(payload[key])
     if layout.has_rid:
         args["rid"] = frame.request_id

@@ -191,7 +191,7 @@ class Connection:
             if kind is wire.MatchTask:
                 self.tasks[msg.rid] = msg.delivery
         try:
-            data = wire.encode_frame(msg.to_frame(self.codec), codec=self.codec, limits=_OUT_LIMITS)
+            data = msg.encode(self.codec, limits=_OUT_LIMITS)
         except wire.WireError as exc:
             logger.warning(
                 "matching: cannot encode %s for %s: %s", type(msg).__name__, self.peer, exc

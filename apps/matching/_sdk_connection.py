@@ -255,9 +255,7 @@ class SdkConnection:
         once (the usual case) not a schedule point: every caller waits for something next.
         """
         self._check_open()
-        data = wire.encode_frame(
-            message.to_frame(self.codec), codec=self.codec, limits=self._frames.limits
-        )
+        data = message.encode(self.codec, limits=self._frames.limits)
         # A cancelled caller sends nothing; when nobody is writing, a plain socket takes the
         # frame at once nearly always (no lock taken, no trip through the scheduler).
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -321,9 +319,7 @@ class SdkConnection:
             WireError: ``message`` cannot be encoded (nothing was written).
         """
         self._check_open()
-        data = wire.encode_frame(
-            message.to_frame(self.codec), codec=self.codec, limits=self._frames.limits
-        )
+        data = message.encode(self.codec, limits=self._frames.limits)
         rest = self._write_direct(data)
         if not rest:
             return

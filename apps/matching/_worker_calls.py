@@ -198,7 +198,8 @@ class CallOutputs:
 def new_context(
     task: wire.MatchTask, cache: Any, emit: Callable[[Any], None]
 ) -> StepContext | RpcContext:
-    """The context ``task``'s handler gets (a deep copy of the flow's state)."""
+    """The context ``task``'s handler gets (a deep copy of the flow's state; a new dict for
+    an empty one, without the cost of ``deepcopy``)."""
     if task.kind == "step":
         return StepContext(
             flow_id=task.flow_id,
@@ -206,7 +207,7 @@ def new_context(
             step=task.name,
             execution_id=task.execution_id,
             attempt=task.attempt,
-            state=copy_state(task.state),
+            state=copy_state(task.state) if task.state else {},
             deadline_in=task.timeout,
             blobs=cache,
             emit=emit,
@@ -215,7 +216,7 @@ def new_context(
         flow_id=task.flow_id,
         flow_type=task.flow_type,
         rpc=task.name,
-        state=copy_state(task.state),
+        state=copy_state(task.state) if task.state else {},
         blobs=cache,
     )
 

@@ -43,7 +43,7 @@ from ._readiness import (
 from ._sdk_connection import SdkConnection
 from ._worker_calls import HandlerRunner as HandlerRunner
 from ._worker_calls import TrioHandlerRunner as TrioHandlerRunner
-from ._worker_streams import Link, QueueState, Stream, plan_queue, plan_streams
+from ._worker_streams import Link, QueueState, Stream, plan_changes, plan_streams
 from ._worker_tasks import (
     RESERVED_DECLINE_EXTRA_IDLE_SECONDS as RESERVED_DECLINE_EXTRA_IDLE_SECONDS,
 )
@@ -468,8 +468,17 @@ class WorkerEngine(WorkerTasks):
         if self._draining or link.manage_wake == -math.inf or s.state == "closed":
             self._kick()
             return
-        plan = plan_queue(s.queue, link.streams.values(), **self._plan_inputs(link))
-        if plan.opens or plan.closes or plan.wake < link.manage_wake:
+        pull = self._pull
+        if plan_changes(
+            s.queue,
+            link.streams.values(),
+            now=trio.current_time(),
+            target=pull.idle_streams_per_queue,
+            linger=pull.idle_stream_linger,
+            may_open=not link.reconnecting,  # (not draining: checked above)
+            slot_free=self._busy < self._cap,
+            wake_by=link.manage_wake,
+        ):
             self._kick()
 
     def _open_stream(self, link: Link, q: QueueState) -> None:

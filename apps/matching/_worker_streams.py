@@ -19,7 +19,7 @@ import trio
 
 from ._sdk_connection import SdkConnection
 
-__all__ = ["Link", "Plan", "QueueState", "Stream", "plan_queue", "plan_streams"]
+__all__ = ["Link", "Plan", "QueueState", "Stream", "plan_changes", "plan_streams"]
 
 
 @attrs.define(eq=False)
@@ -130,7 +130,7 @@ def plan_streams(
     return Plan(tuple(opens), tuple(closes), wake)
 
 
-def plan_queue(
+def plan_changes(
     q: QueueState,
     streams: Iterable[Stream],
     *,
@@ -139,21 +139,38 @@ def plan_queue(
     linger: float,
     may_open: bool,
     slot_free: bool,
-) -> Plan:
-    """:func:`plan_streams` for the one queue ``q`` (``streams`` may hold other queues'),
-    without building the others' plans: what a change to one of its streams asks for."""
-    mine: list[Stream] = []
-    registering = 0
+    wake_by: float,
+) -> bool:
+    """Whether :func:`plan_streams`' plan for the one queue ``q`` (``streams`` may hold other
+    queues') opens or closes a stream, or wakes before ``wake_by``: what a change to one of
+    its streams asks of the stream-managing loop. One pass, nothing built: it runs twice per
+    call (a stream taking a task, and idle again)."""
+    idle = pending = 0
+    oldest = math.inf
     for s in streams:
         if s.queue is q:
-            if s.state == "idle":
-                mine.append(s)
-            elif s.state == "registering":
-                registering += 1
-    opens: list[QueueState] = []
-    closes: list[Stream] = []
-    wake = _plan_one(q, mine, registering, opens, closes, now, target, linger, may_open, slot_free)
-    return Plan(tuple(opens), tuple(closes), wake)
+            state = s.state
+            if state == "idle":
+                idle += 1
+                if s.idle_since < oldest:
+                    oldest = s.idle_since
+            elif state == "registering":
+                pending += 1
+    wake = math.inf
+    extra = 1 if q.extra_until > now else 0
+    if extra:
+        wake = q.extra_until
+    if q.retry_at > now:
+        wake = min(wake, q.retry_at)
+    if may_open and now >= q.retry_at and target + (extra if slot_free else 0) > idle + pending:
+        return True  # a stream to open
+    if min(idle + pending - target - extra, idle - 1) > 0:
+        # The longest-idle stream is the first extra (see _plan_one): due, it is closed;
+        # else its linger is the queue's earliest close.
+        if oldest + linger <= now:
+            return True
+        wake = min(wake, oldest + linger)
+    return wake < wake_by
 
 
 def _plan_one(
@@ -182,7 +199,12 @@ def _plan_one(
         opens.extend([q] * (wanted - len(mine) - pending))
     excess = min(len(mine) + pending - kept, len(mine) - 1)
     if excess > 0:
-        mine.sort(key=lambda s: s.idle_since)
+        oldest = min([s.idle_since for s in mine])
+        if oldest + linger > now:
+            # None is due yet (the usual case under load, each call's end asking): the
+            # earliest close is the longest-idle stream's, found without sorting.
+            return min(wake, oldest + linger)
+        mine.sort(key=_idle_since)
         for s in mine[:excess]:
             due = s.idle_since + linger
             if due <= now:
@@ -190,3 +212,7 @@ def _plan_one(
             else:
                 wake = min(wake, due)
     return wake
+
+
+def _idle_since(s: Stream) -> float:
+    return s.idle_since

@@ -5,6 +5,7 @@ keepalive, drain, stream bounds, reconnects. Time is trio's MockClock."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import socket
@@ -15,6 +16,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
 import wire
 from apps.matching import (
@@ -1249,6 +1252,64 @@ def test_plan_closes_the_longest_idle_extras_once_they_have_lingered():
     plan = plan_streams([q], streams, now=8.0, target=1, linger=5.0, may_open=True, slot_free=True)
     assert [s.id for s in plan.closes] == [2]
     assert plan.wake == 9.0  # stream 3 lingers until 4 + 5: one timer for the earliest
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["idle", "busy", "registering"]), st.integers(0, 20)),
+        max_size=12,
+    ),
+    st.integers(0, 30),
+    st.integers(0, 3),
+)
+def test_plan_closes_and_wakes_as_sorting_every_idle_stream_would(states, now, target):
+    # (the plan finds the earliest linger without sorting when no stream is due yet; the
+    # reference below is the rule itself: the longest-idle extras, each closed once due)
+    from apps.matching._worker_streams import plan_streams
+
+    q, streams = _plan_fixture([(state, float(since)) for state, since in states])
+    linger = 5.0
+    plan = plan_streams(
+        [q], streams, now=float(now), target=target, linger=linger, may_open=True,
+        slot_free=True,
+    )  # fmt: skip
+    idle = sorted((s for s in streams if s.state == "idle"), key=lambda s: s.idle_since)
+    pending = sum(s.state == "registering" for s in streams)
+    excess = min(len(idle) + pending - target, len(idle) - 1)
+    extras = idle[:excess] if excess > 0 else []
+    assert list(plan.closes) == [s for s in extras if s.idle_since + linger <= now]
+    dues = [s.idle_since + linger for s in extras if s.idle_since + linger > now]
+    assert plan.wake == min(dues, default=math.inf)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["idle", "busy", "registering", "closed"]), st.integers(0, 20)),
+        max_size=12,
+    ),
+    st.integers(0, 30),
+    st.integers(0, 3),
+    st.sampled_from([-math.inf, 5.0, 12.0, 40.0]),
+    st.sampled_from([-math.inf, 5.0, 12.0, 40.0]),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from([-math.inf, 0.0, 11.0, 17.0, 30.0, math.inf]),
+)
+def test_plan_changes_asks_for_the_loop_exactly_when_the_queues_plan_would(
+    states, now, target, extra_until, retry_at, may_open, slot_free, wake_by
+):
+    # (each call's start and end ask plan_changes, not the full plan, whether to wake the
+    # stream-managing loop; it must answer as the plan does, another queue's streams aside)
+    from apps.matching._worker_streams import QueueState, Stream, plan_changes, plan_streams
+
+    q, streams = _plan_fixture([(state, float(since)) for state, since in states])
+    q.extra_until, q.retry_at = extra_until, retry_at
+    other = QueueState("flow:Other", "flow", "Other", 0.1)
+    streams += [Stream(99, other, None, state="idle", idle_since=0.0)]
+    inputs = dict(now=float(now), target=target, linger=5.0, may_open=may_open, slot_free=slot_free)
+    plan = plan_streams([q], streams, **inputs)
+    expected = bool(plan.opens or plan.closes or plan.wake < wake_by)
+    assert plan_changes(q, streams, **inputs, wake_by=wake_by) is expected
 
 
 def test_plan_opens_up_to_the_target_and_keeps_one_registered_while_others_register():
