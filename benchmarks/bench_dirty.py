@@ -12,13 +12,16 @@ Which floor each ratio uses:
   median latency): the floor of the design itself: bare socket round trips (no frames, no
   client) from threads of this process through a raw trio process that only forwards bytes (the
   node's place in the data path) to 2 processes that echo at once (the workers'). No client,
-  node or worker code runs, so nothing built this way can beat it. Their notes show the node's
-  CPU us per call (``/proc``) next to the forwarder's, and the node's trio wake-ups per call
-  (counted with ``benchmarks._wakeups`` inside the node, read with SIGUSR2). With one caller a
-  call is a chain, so every process's CPU adds to its latency: the node pays the forwarder's
-  syscalls and its 2 wake-ups per call (frames are forwarded by header, never decoded), and
-  the gap to the floor is Python per frame in the client, the node and the worker (which the
-  floor's bare caller and echoes do not run).
+  node or worker code runs, so nothing built this way can beat it. Ours and the floor are
+  measured in slices that alternate (:func:`_alternate`), so both see the same load on a shared
+  machine. Their notes show CPU us per call of each process beside its stand-in in the floor
+  (node and forwarder, workers and echoes, client and bare callers, from ``/proc`` and
+  ``os.times``), and the node's trio wake-ups per call (counted with ``benchmarks._wakeups``
+  inside the node, read with SIGUSR2). With one caller a call is a chain, so every process's
+  CPU adds to its latency: the node pays the forwarder's syscalls and its 2 wake-ups per call
+  (frames are forwarded by header, never decoded), and the gap to the floor is Python per
+  frame in the client, the node and the worker (which the floor's bare caller and echoes do
+  not run).
 - ``dirty.*_vs_gunicorn``: a real ``gunicorn`` 27 started with the same dirty app, workers and
   threads (when gunicorn is installed), in the same run.
 
@@ -43,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -117,31 +120,13 @@ def _measure(
     quick: bool,
     callers: list[Any] | None = None,
     async_callers: list[Any] | None = None,
-    probe: Callable[[], tuple[float, float, float]] | None = None,
 ) -> dict[str, float]:
-    """The figures, with ``client`` (ours or Gunicorn's ``DirtyClient``); the 8 callers use
-    ``callers`` (one client each; ``async_callers`` for the asyncio ones) if given, else share
-    ``client``. With ``probe`` (the node's CPU seconds, trio wake-ups and its workers' CPU
-    seconds so far), also those per call of ``execute`` and ``execute_8`` (and this process's
-    CPU per call of ``execute``: the client's)."""
+    """The figures, with ``client`` (Gunicorn's ``DirtyClient``); the 8 callers use ``callers``
+    (one client each; ``async_callers`` for the asyncio ones) if given, else share ``client``."""
     n = 300 if quick else 3000
     for _ in range(50):
         client.execute(APP, "echo", "warm")
-    times = []
-    before = probe() if probe else None
-    mine = os.times()
-    for _ in range(n):
-        t0 = time.perf_counter()
-        client.execute(APP, "echo", "hello")
-        times.append(time.perf_counter() - t0)
-    spent = os.times()
-    out = {"execute": statistics.median(times)}
-    if probe and before:
-        after = probe()
-        out["execute_cpu"] = (after[0] - before[0]) / n
-        out["execute_wakeups"] = (after[1] - before[1]) / n
-        out["execute_workers_cpu"] = (after[2] - before[2]) / n
-        out["execute_client_cpu"] = (spent.user + spent.system - mine.user - mine.system) / n
+    out = {"execute": statistics.median(_round_trips(_echo_call(client), n))}
     per = n // 4
     clients = callers or [client] * 8
 
@@ -150,18 +135,22 @@ def _measure(
             c.execute(APP, "echo", "hello")
 
     threads = [threading.Thread(target=caller, args=(c,)) for c in clients]
-    before = probe() if probe else None
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     out["execute_8"] = 8 * per / (time.perf_counter() - t0)
-    if probe and before:
-        after = probe()
-        out["execute_8_cpu"] = (after[0] - before[0]) / (8 * per)
-        out["execute_8_wakeups"] = (after[1] - before[1]) / (8 * per)
-        out["execute_8_workers_cpu"] = (after[2] - before[2]) / (8 * per)
+    out.update(_measure_rest(client, quick, async_callers))
+    return out
+
+
+def _measure_rest(
+    client: Any, quick: bool, async_callers: list[Any] | None = None
+) -> dict[str, float]:
+    """The figures other than ``execute`` and ``execute_8``: a stream, a 1 MiB echo, and the
+    asyncio calls (``async_callers``: one client per task, if given)."""
+    out = {}
     chunks = 10_000
     t0 = time.perf_counter()
     count = sum(1 for _ in client.stream(APP, "chunks", chunks))
@@ -177,6 +166,47 @@ def _measure(
     out["bytes_1mib"] = statistics.median(big)
     out.update(asyncio.run(_measure_async(client, quick, async_callers)))
     return out
+
+
+def _echo_call(client: Any) -> Callable[[], object]:
+    return lambda: client.execute(APP, "echo", "hello")
+
+
+def _round_trips(call: Callable[[], object], n: int) -> list[float]:
+    """Each of ``n`` calls' round trip (s), one after the other."""
+    times = []
+    clock = time.perf_counter
+    for _ in range(n):
+        t0 = clock()
+        call()
+        times.append(clock() - t0)
+    return times
+
+
+def _calls_within(calls: list[Callable[[], object]], seconds: float) -> tuple[int, float]:
+    """One thread per entry of ``calls``, each calling it once, then again until ``seconds``
+    are up: the calls made by all of them and the wall time until the last one ended."""
+    counts = [0] * len(calls)
+    clock = time.perf_counter
+
+    def caller(i: int) -> None:
+        call = calls[i]
+        k = 0
+        while True:
+            call()
+            k += 1
+            if clock() >= end:
+                break
+        counts[i] = k
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(calls))]
+    end = clock() + seconds
+    t0 = clock()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts), clock() - t0
 
 
 async def _measure_async(
@@ -325,66 +355,122 @@ def _start_helper(function: str, *args: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-@attrs.frozen
-class _Floor:
-    """The no-work floor with some number of callers (see :func:`_node_floor`)."""
-
-    rate: float  # round trips/s, all callers together
-    latency: float  # median round trip (s)
-    cpu: float  # the forwarder's CPU seconds per round trip
-
-
-def _node_floor(quick: bool, callers: int = 8) -> _Floor:
-    """The design's floor with ``callers`` callers: threads doing bare socket round trips
-    (no frames, no client) through a raw trio forwarder process (a node doing nothing but
-    forwarding) to 2 echo processes (workers costing nothing). What the pool, with the node
-    in its data path as the design has it, could reach if client, node and workers did no
-    work of their own."""
+@contextlib.contextmanager
+def _floor_rig(callers: int = 8) -> Iterator[_Side]:
+    """The design's floor, up for the whole run (:func:`_alternate` measures it in slices
+    between ours): ``callers`` bare callers (sockets of this process's threads, no frames, no
+    client) through a raw trio forwarder process (a node doing nothing but forwarding) to 2 echo
+    processes (workers costing nothing). What the pool, with the node in its data path as the
+    design has it, could reach if client, node and workers did no work of their own. Its probe
+    reads the forwarder's CPU seconds (no wake-up count: nan) and the echoes'."""
     tmp = tempfile.mkdtemp(prefix="bench-floor-")
     echoes = [os.path.join(tmp, f"echo{i}.sock") for i in range(2)]
     path = os.path.join(tmp, "node.sock")
     procs = [_start_helper("_floor_echo", echo) for echo in echoes]
+    socks: list[socket.socket] = []
     try:
         forwarder = _start_helper("_floor_forwarder", path, *echoes)
         procs.append(forwarder)
-        socks = []
+        calls = []
         for _ in range(callers):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            socks.append(sock)
             sock.connect(path)
-            socks.append((sock, sock.recv(1) + b"x" * (_RECORD - 1)))
-        counts = [0] * len(socks)
-        times: list[list[float]] = [[] for _ in socks]
+            calls.append(_bare_call(sock, sock.recv(1) + b"x" * (_RECORD - 1)))
+        for call in calls:
+            for _ in range(20):
+                call()
 
-        def caller(i: int) -> None:
-            sock, record = socks[i]
-            took = times[i]
-            while (t0 := time.perf_counter()) < end:
-                sock.sendall(record)
-                got = 0
-                while got < _RECORD:
-                    got += len(sock.recv(1 << 16))
-                took.append(time.perf_counter() - t0)
-            counts[i] = len(took)
+        def probe() -> tuple[float, float, float]:
+            echoes = sum(_cpu_seconds(p.pid) for p in procs[:2])
+            return _cpu_seconds(forwarder.pid), math.nan, echoes
 
-        end = time.perf_counter() + (1.0 if quick else 3.0)
-        threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(socks))]
-        cpu0 = _cpu_seconds(forwarder.pid)
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - t0
-        cpu = _cpu_seconds(forwarder.pid) - cpu0
-        for sock, _ in socks:
-            sock.close()
-        total = sum(counts)
-        return _Floor(total / elapsed, statistics.median(t for ts in times for t in ts),
-                      cpu / max(total, 1))  # fmt: skip
+        yield _Side(calls, probe)
     finally:
+        for sock in socks:
+            sock.close()
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def _bare_call(sock: socket.socket, record: bytes) -> Callable[[], object]:
+    def call() -> None:
+        sock.sendall(record)
+        got = 0
+        while got < _RECORD:
+            got += len(sock.recv(1 << 16))
+
+    return call
+
+
+@attrs.define
+class _Side:
+    """One side of the floor rows (our pool, or the floor): a call per caller thread (the first
+    also makes the 1-caller calls) and a probe of its processes' counters (the node's or the
+    forwarder's CPU seconds, its trio wake-ups, its workers' or echoes' CPU seconds).
+
+    What its slices measured: every 1-caller round trip, the 8-caller calls and their wall time,
+    and the counters' increase over each kind of slice (``spent[callers]``: the probe's three,
+    then this process's CPU seconds)."""
+
+    calls: list[Callable[[], object]]
+    probe: Callable[[], tuple[float, float, float]]
+    latencies: list[float] = attrs.Factory(list)
+    made: int = 0
+    seconds: float = 0.0
+    spent: dict[int, list[float]] = attrs.Factory(dict)
+
+    def one(self, n: int) -> None:
+        """A slice of ``n`` calls by one caller."""
+        with self._counting(1):
+            self.latencies += _round_trips(self.calls[0], n)
+
+    def many(self, seconds: float) -> None:
+        """A slice of ``seconds`` with every caller calling."""
+        with self._counting(len(self.calls)):
+            made, took = _calls_within(self.calls, seconds)
+        self.made += made
+        self.seconds += took
+
+    @contextlib.contextmanager
+    def _counting(self, callers: int) -> Iterator[None]:
+        before, mine = self.probe(), os.times()
+        yield
+        after, now = self.probe(), os.times()
+        deltas = [b - a for a, b in zip(before, after, strict=True)]
+        deltas.append((now.user - mine.user) + (now.system - mine.system))
+        total = self.spent.setdefault(callers, [0.0] * len(deltas))
+        for i, d in enumerate(deltas):
+            total[i] += d
+
+    def per_call(self, callers: int) -> list[float]:
+        """The counters' increase per call over the slices with ``callers`` callers."""
+        calls = len(self.latencies) if callers == 1 else self.made
+        return [d / max(calls, 1) for d in self.spent.get(callers, [])]
+
+    def latency(self) -> float:
+        """The median 1-caller round trip (s)."""
+        return statistics.median(self.latencies)
+
+    def rate(self) -> float:
+        """Round trips/s, all callers together."""
+        return self.made / self.seconds if self.seconds else 0.0
+
+
+def _alternate(sides: list[_Side], quick: bool) -> None:
+    """Measure ``sides`` (ours and the floor) in alternating slices, the order flipped each
+    round, so that both see the same machine: on a shared machine the load drifts by the second,
+    and one measured a minute after the other could differ by 2x either way."""
+    rounds = 2 if quick else 6
+    n = 150 if quick else 500
+    seconds = 0.25 if quick else 0.5
+    for r in range(rounds):
+        order = sides if r % 2 == 0 else sides[::-1]
+        for side in order:
+            side.one(n)
+        for side in order:
+            side.many(seconds)
 
 
 def _run_gunicorn(quick: bool) -> dict[str, float] | None:
@@ -545,9 +631,10 @@ def _start_pool(path: str, report: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _run_pool(quick: bool) -> dict[str, float]:
+def _run_pool(quick: bool) -> tuple[dict[str, float], _Side, _Side]:
     """Measure our pool (:func:`_start_pool`) from this process with one sync client shared by
-    the 8 caller threads."""
+    the 8 caller threads; ``execute`` and ``execute_8`` in slices alternating with the floor's
+    (:func:`_floor_rig`, :func:`_alternate`). Returns the figures and both sides."""
     tmp = tempfile.mkdtemp(prefix="bench-dirty-")
     path = os.path.join(tmp, "pool.sock")
     report = os.path.join(tmp, "wakeups")
@@ -555,7 +642,14 @@ def _run_pool(quick: bool) -> dict[str, float]:
     try:
         client = dirty.DirtyClient(path, timeout=60)
         try:
-            return _measure(client, quick, probe=lambda: _probe_node(proc.pid, report))
+            for _ in range(50):
+                client.execute(APP, "echo", "warm")
+            ours = _Side([_echo_call(client)] * 8, lambda: _probe_node(proc.pid, report))
+            with _floor_rig() as floor:
+                _alternate([ours, floor], quick)
+            out = {"execute": ours.latency(), "execute_8": ours.rate()}
+            out.update(_measure_rest(client, quick))
+            return out, ours, floor
         finally:
             client.close()
     finally:
@@ -567,22 +661,17 @@ def run(quick: bool) -> list[Result]:
     n = 500 if quick else 5000
     raw_small = _raw_pingpong(os.path.join(tmp, "raw.sock"), n)
     raw_big = _raw_pingpong(os.path.join(tmp, "raw2.sock"), 5 if quick else 20, 1 << 20)
-    ours = _run_pool(quick)
+    ours, pool, floor = _run_pool(quick)
     theirs = _run_gunicorn(quick)
-    floor8 = _node_floor(quick)
-    floor1 = _node_floor(quick, 1)
     raw_rate = 1 / raw_small
 
-    def node_cost(kind: str, floor: _Floor) -> str:
-        if f"{kind}_cpu" not in ours:
-            return ""
-        cpu, wakeups = ours[f"{kind}_cpu"] * 1e6, ours[f"{kind}_wakeups"]
-        client = ours.get(f"{kind}_client_cpu")
+    def node_cost(callers: int) -> str:
+        node, wakeups, workers, client = (x * 1e6 for x in pool.per_call(callers))
+        forwarder, _, echoes, bare = (x * 1e6 for x in floor.per_call(callers))
         return (
-            f"; CPU us/call: node {cpu:.0f} (forwarder {floor.cpu * 1e6:.0f}), workers"
-            f" {ours[f'{kind}_workers_cpu'] * 1e6:.0f}"
-            + (f", client {client * 1e6:.0f}" if client is not None else "")
-            + f"; {wakeups:.1f} node wake-ups/call"
+            f"; CPU us/call: node {node:.0f} (forwarder {forwarder:.0f}), workers"
+            f" {workers:.0f} (echoes {echoes:.0f}), client {client:.0f} (bare callers"
+            f" {bare:.0f}); {wakeups / 1e6:.1f} node wake-ups/call"
         )
 
     results = [
@@ -600,14 +689,13 @@ def run(quick: bool) -> list[Result]:
         Result("dirty.execute_8_async", "calls/s", ours["execute_8_async"],
                "raw ping-pong (1 caller)", raw_rate, notes="8 asyncio tasks sharing one client"),
         Result("dirty.execute_8_vs_floor", "calls/s", ours["execute_8"],
-               "no-work floor of a node in the path", floor8.rate,
-               notes="8 bare callers -> raw trio forwarder -> 2 echo processes"
-               + node_cost("execute_8", floor8)),
+               "no-work floor of a node in the path", floor.rate(),
+               notes="8 bare callers -> raw trio forwarder -> 2 echo processes, in slices"
+               " alternating with ours" + node_cost(8)),
         Result("dirty.execute_vs_floor", "us", ours["execute"] * 1e6,
-               "no-work floor of a node in the path", floor1.latency * 1e6, direction="lower",
-               notes="1 bare caller -> raw trio forwarder -> 2 echo processes (floor: see the"
-               " module doc)"
-               + node_cost("execute", floor1)),
+               "no-work floor of a node in the path", floor.latency() * 1e6, direction="lower",
+               notes="1 bare caller -> raw trio forwarder -> 2 echo processes, in slices"
+               " alternating with ours (floor: see the module doc)" + node_cost(1)),
     ]  # fmt: skip
     if theirs is not None:
         results += [
@@ -617,7 +705,7 @@ def run(quick: bool) -> list[Result]:
             Result("dirty.execute_8_vs_gunicorn", "calls/s", ours["execute_8"],
                    "gunicorn 27 dirty arbiter", theirs["execute_8"],
                    notes="target: at least 10x; gunicorn: one client per thread"),
-            Result("dirty.execute_8_floor_vs_gunicorn", "calls/s", floor8.rate,
+            Result("dirty.execute_8_floor_vs_gunicorn", "calls/s", floor.rate(),
                    "gunicorn 27 dirty arbiter", theirs["execute_8"],
                    notes="no-work floor: bare callers, raw trio forwarder, echo workers"),
             Result("dirty.stream_vs_gunicorn", "chunks/s", ours["stream"],

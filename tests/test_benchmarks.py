@@ -232,12 +232,35 @@ def test_bench_dirty_raw_pingpong_echoes_from_another_process(tmp_path: Path) ->
     assert not (tmp_path / "raw.sock").exists()
 
 
-def test_bench_dirty_floor_with_one_caller_reports_latency_and_forwarder_cpu() -> None:
-    from benchmarks.bench_dirty import _node_floor
+def test_bench_dirty_floor_reports_latency_rate_and_each_process_cpu() -> None:
+    from benchmarks.bench_dirty import _floor_rig
 
-    floor = _node_floor(True, 1)
-    assert floor.rate > 0 and 0 < floor.latency < 1
-    assert floor.cpu >= 0
+    with _floor_rig(2) as floor:
+        floor.one(20)
+        floor.many(0.05)
+    assert len(floor.latencies) == 20 and 0 < floor.latency() < 1
+    assert floor.rate() > 0
+    for callers in (1, 2):
+        forwarder, wakeups, echoes, bare = floor.per_call(callers)
+        assert forwarder >= 0 and echoes >= 0 and bare >= 0
+        assert math.isnan(wakeups)  # (the forwarder's are not counted)
+
+
+def test_bench_dirty_ours_and_the_floor_alternate_with_the_order_flipped_each_round() -> None:
+    from benchmarks.bench_dirty import _alternate, _Side
+
+    probed: list[str] = []  # (a slice probes its side's counters as it begins and ends)
+
+    def side(name: str) -> _Side:
+        return _Side([lambda: None], lambda: (probed.append(name), (0.0, 0.0, 0.0))[1])
+
+    ours, floor = side("ours"), side("floor")
+    _alternate([ours, floor], quick=True)
+    slices = probed[::2]
+    # round 1: ours, floor (1 caller), ours, floor (all callers); round 2 the other way round
+    assert slices == ["ours", "floor", "ours", "floor", "floor", "ours", "floor", "ours"]
+    assert len(ours.latencies) == len(floor.latencies) > 0
+    assert ours.made > 0 and floor.made > 0
 
 
 def test_bench_dirty_probe_counts_the_nodes_cpu_and_wakeups(tmp_path: Path) -> None:

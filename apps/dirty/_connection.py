@@ -296,7 +296,8 @@ async def _read_frames(
     write = conn.outbox.write
     fd = reader.fd
     buffer = reader.buffer
-    current_time = trio.current_time
+    # (trio.current_time() without its two wrappers: the run's clock itself)
+    current_time = trio.lowlevel.current_clock().current_time
     frame_timeout = conn.config.dirty_frame_timeout or math.inf
     idle_timeout = conn.config.dirty_idle_timeout or math.inf
     #: When the frame at the front of the buffer began to arrive (None: no frame is partial).
@@ -343,9 +344,17 @@ async def _read_frames(
             if began is None:
                 began = current_time()
             continue  # (a large frame's first part: read on at once)
-        began = current_time() if buffer.buffered else None
+        now = current_time()
+        began = now if buffer.buffered else None
         view = buffer.view
-        now = trio.current_time()
+        if len(frames) == 1 and frames[0][0] == REQUEST:
+            # One request (a lone caller's, the common case): re-addressed in the receive
+            # buffer and written to its worker from there, with no batch.
+            _, rid, start, stop = frames[0]
+            error = _route(conn, rid, view, start, stop, now, None)
+            if error is not None:
+                write(error_bytes(rid, error))
+            continue
         touched: dict[WorkerProxy, None] = {}
         for mtype, rid, start, stop in frames:
             if mtype == REQUEST:
@@ -396,9 +405,13 @@ def _route(
     start: int,
     stop: int,
     now: float,
-    touched: dict[WorkerProxy, None],
+    touched: dict[WorkerProxy, None] | None,
     parked: Any = None,
 ) -> DirtyError | None:
+    """Send a REQUEST (payload ``view[start:stop]``) to a worker of its app, with the rest of
+    the read's requests (``touched`` gathers the workers to flush), or at once from the receive
+    buffer (``touched`` None: the read's only frame); or park it while a worker for its app
+    starts. Returns the error to answer it with instead."""
     route = wire.peek_route(view, start, stop)
     if route is not None:
         app_path = route[0]
@@ -436,8 +449,9 @@ def _route(
         conn.monitors[worker] = ref
         conn.by_ref[ref] = worker
     conn.pending[rid] = worker
-    worker.submit(conn, rid, view, start, stop, now)
-    touched[worker] = None
+    worker.submit(conn, rid, view, start, stop, now, touched is None)
+    if touched is not None:
+        touched[worker] = None
     return None
 
 

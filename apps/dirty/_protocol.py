@@ -21,8 +21,6 @@ STASH = int(wire.MessageType.STASH)
 STATUS = int(wire.MessageType.STATUS)
 MANAGE = int(wire.MessageType.MANAGE)
 
-_LIMITS = wire.Limits()
-
 
 def encode(frame: wire.Frame) -> bytes:
     """A frame's bytes (Gunicorn's encoding; non-str dict keys are ``str()``-ed as it does)."""
@@ -82,7 +80,7 @@ def decode_payload(payload: bytes | bytearray | memoryview) -> Any:
     if not payload:
         return None
     try:
-        value = wire.tlv_decode(payload, version=1, limits=_LIMITS)
+        value = wire.tlv_decode(payload, version=1)  # (the default limits: its fast path)
     except wire.WireError as exc:
         raise DirtyProtocolError(f"malformed payload: {exc}") from exc
     if type(value) is not dict:

@@ -40,7 +40,7 @@ from ._context import (
     WorkerUp,
 )
 from ._errors import DirtyError, DirtyTimeoutError, DirtyWorkerError
-from ._io import Batch, Outbox
+from ._io import RID, Batch, Outbox
 from ._protocol import END, error_bytes
 from ._proxy_reader import read_worker
 from ._routes import hand_back, relevel
@@ -99,9 +99,12 @@ class WorkerProxy:
         start: int,
         stop: int,
         now: float,
+        at_once: bool = False,
     ) -> None:
         """Queue a client's REQUEST (its payload is ``view[start:stop]``, received at ``now``)
-        for the worker, with the rest of the current read's requests (:meth:`flush`);
+        for the worker, with the rest of the current read's requests (:meth:`flush`); or, with
+        ``at_once`` (the read's only frame), re-address it where it is (``view`` is the
+        connection's receive buffer, which it does not read again) and write it from there.
         ``conn.deliver(parts, done)`` gets the reply frames (called from this proxy's reader
         task)."""
         wid = self.next_id
@@ -115,9 +118,14 @@ class WorkerProxy:
             self.held[wid] = bytes(view[start - 16 : stop])
         inflight[wid] = [conn, rid, now, now]
         self.keys[(conn, rid)] = wid
-        self.batch.frame(view, start, stop, wid)
         if self.lanes:
             relevel(self)
+        if at_once:
+            RID.pack_into(view, start - 8, wid)
+            assert self.outbox is not None
+            self.outbox.writev([view[start - 16 : stop]])
+        else:
+            self.batch.frame(view, start, stop, wid)
 
     def flush(self) -> None:
         """Write the requests :meth:`submit` gathered."""

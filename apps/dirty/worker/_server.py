@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 import traceback
+import types
 from collections.abc import AsyncGenerator, Generator
 from typing import Any
 
@@ -299,21 +300,31 @@ class Worker:
         finally:
             if time.perf_counter() - began > _INLINE_MAX:
                 self.fast[key] = -_INLINE_PENALTY
-        if inspect.iscoroutine(result) or inspect.isasyncgen(result):
+        if not isinstance(result, _LATER):
+            self._respond(rid, result, app_path, action)
+        elif inspect.iscoroutine(result) or inspect.isasyncgen(result):
             self.loop.call_soon_threadsafe(self._finish_on_loop, rid, result, app_path, action)
-        elif inspect.isgenerator(result):
+        else:
             self.running.add(rid)
             self.executor.submit(self._iterate, rid, result, app_path, action)  # type: ignore[arg-type]
-        else:
-            self._respond(rid, result, app_path, action)
 
     def _respond(self, rid: int, result: Any, app_path: str, action: str) -> None:
         try:
-            parts = wire.reply_parts(RESPONSE, rid, result)
-        except wire.WireError as exc:
-            self.out.write(error_bytes(rid, _app_error(exc, app_path, action)))
+            body = _RESULT_HEAD + _tlv_encode(
+                result, version=1, coerce_keys=True, limits=_RESULT_LIMITS
+            )
+            if len(body) >= wire.BIG_BYTES:
+                raise wire.LimitExceeded("(large: reply_parts decides)")
+        except wire.WireError:
+            # Large (a big bytes goes by reference), or over a limit: the exact encoding says.
+            try:
+                parts = wire.reply_parts(RESPONSE, rid, result)
+            except wire.WireError as exc:
+                self.out.write(error_bytes(rid, _app_error(exc, app_path, action)))
+                return
+            self.out.write_parts(parts)
             return
-        self.out.write_parts(parts)
+        self.out.write(_encode_header(RESPONSE, len(body), rid) + body)
 
     def _run_sync(self, rid: int, app: Any, msg: dict[str, Any], key: tuple[str, str]) -> None:
         """In a thread: run a sync action and write its reply (or stream its chunks)."""
@@ -474,6 +485,15 @@ class Worker:
 
 
 _CHUNK_HEAD = b"\x21\x00\x00\x00\x01" + wire.tlv_encode("data", version=1)
+_RESULT_HEAD = b"\x21\x00\x00\x00\x01" + wire.tlv_encode("result", version=1)
+#: A result's own limits inside ``{result: ...}`` (one level and the key deeper): within them,
+#: the whole payload is within the protocol's.
+_RESULT_LIMITS = wire.Limits(
+    max_depth=wire.Limits().max_depth - 1, max_total_items=wire.Limits().max_total_items - 2
+)
+#: What an action returns that is not its result yet: a coroutine or async generator (run on
+#: the loop) or a generator (a stream); one isinstance for the common case, a plain value.
+_LATER = (types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType)
 _tlv_encode = wire.tlv_encode
 _encode_header = wire.encode_header
 

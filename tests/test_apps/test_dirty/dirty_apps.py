@@ -256,6 +256,13 @@ class ProbeApp(dirty.DirtyApp):
     def echo(self, value: Any) -> Any:
         return value
 
+    def nested(self, depth: int) -> Any:
+        """A list ``depth`` lists deep (the protocol's depth limit is on the whole payload)."""
+        value: Any = []
+        for _ in range(depth - 1):
+            value = [value]
+        return value
+
     def bad_file(self) -> None:
         # A file name from the OS (os.listdir, sys.argv, environ) that is not UTF-8.
         name = os.fsdecode(b"photo-\xff.png")

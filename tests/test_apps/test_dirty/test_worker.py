@@ -128,6 +128,42 @@ def test_worker_error_frames_have_gunicorns_fields(worker: WorkerHarness) -> Non
     assert streamed == [(CHUNK, 11), (CHUNK, 11), (END, 11)]
 
 
+def test_a_result_goes_out_as_wires_own_response_bytes_up_to_the_depth_limit(
+    worker: WorkerHarness,
+) -> None:
+    """The worker writes a RESPONSE's bytes itself (no frame built): byte for byte what
+    ``wire.reply_parts`` makes, for the first calls of an action (in a thread) and the later
+    ones (inline), a large ``bytes`` or str included; a result that nests too deep for the
+    payload's limit is a DirtyAppError, as wire refuses it."""
+    limit = wire.Limits().max_depth
+    cases: list[tuple[str, Any]] = [
+        ("echo", "x"),
+        ("echo", {"a": [1, 2.5, None, True, b"\x00"]}),
+        ("echo", b"y" * (wire.BIG_BYTES + 1)),
+        ("echo", "z" * (wire.BIG_BYTES + 1)),
+        *(("nested", depth) for depth in range(limit - 3, limit + 2)),
+    ]
+    rid = 100
+    for action, arg in cases:
+        try:
+            expected: bytes | None = b"".join(
+                bytes(p) for p in wire.reply_parts(RESPONSE, 0, getattr(ProbeApp(), action)(arg))
+            )[16:]
+        except wire.WireError:
+            expected = None
+        for _ in range(5):  # (an action runs inline once it has been quick 3 times)
+            rid += 1
+            request = wire.request_parts(rid, worker.APP, action, (arg,))
+            worker.pool.sendall(b"".join(bytes(p) for p in request))
+            [(mtype, got, payload)] = worker.frames(1)
+            assert got == rid
+            if expected is None:
+                assert _error_class(mtype, _protocol.decode_payload(payload)) == "DirtyAppError"
+            else:
+                assert (mtype, payload) == (RESPONSE, expected)
+    assert worker.worker.fast, "the later calls ran inline"
+
+
 def test_an_action_naming_a_raising_property_is_an_app_error(worker: WorkerHarness) -> None:
     mtype, body = worker.call(1, "model", timeout=HANG)
     assert _error_class(mtype, body) == "DirtyAppError"
