@@ -314,11 +314,6 @@ class Process:
 
     # -- receive -----------------------------------------------------------------------------
 
-    def _abort_receive(self, _raise_cancel: Any) -> Abort:
-        self._waiter = None
-        self._match = None
-        return Abort.SUCCEEDED
-
     def receive_any(self) -> Coroutine[Any, Any, Any]:
         """``receive()`` with no pattern and no timeout, the common case (most idle processes
         wait here).
@@ -334,13 +329,13 @@ class Process:
         """``receive_any`` for the runtime's own loops (a GenServer's), which await it at once:
         with nothing queued, one small generator frame parks the task, faster than
         :class:`ParkedReceive` (no Python-level ``send`` or ``StopIteration`` a message)."""
-        if self._mailbox or self.suspended is not None or _WAIT_TRAP is None:
+        if self._mailbox or self.suspended is not None:
             return self._receive_any_ready()
         return _parked_receive(self)
 
     def __call__(self, _raise_cancel: Any) -> Abort:
-        """The abort function of a receive parked by :func:`_parked_receive` (the process
-        itself, so that a wait makes no bound method): the mailbox is left untouched."""
+        """The abort function of a receive parked on this process (the process itself, so
+        that a wait makes no bound method): the mailbox is left untouched."""
         self._waiter = None
         self._match = None
         return Abort.SUCCEEDED
@@ -357,18 +352,7 @@ class Process:
             if self._served_fast():
                 await cancel_shielded_checkpoint()
             return message
-        self._fast = 0
-        while True:
-            if self._waiter is not None:
-                raise self._second_reader()
-            self._waiter = current_task()
-            self._match = None
-            await wait_task_rescheduled(self._abort_receive)
-            # Another task of this process may have taken the message since (see receive).
-            mailbox = self._mailbox
-            if mailbox:
-                self.handled += 1
-                return mailbox.popleft()
+        return await _parked_receive(self)
 
     def _served_fast(self) -> bool:
         """Count a receive served from the queue without yielding; True when it is time to
@@ -430,10 +414,10 @@ class Process:
             self._match = predicate
             handled = self.handled
             if timeout is None:
-                await wait_task_rescheduled(self._abort_receive)
+                await wait_task_rescheduled(self)
             else:
                 with trio.move_on_at(deadline) as scope:
-                    await wait_task_rescheduled(self._abort_receive)
+                    await wait_task_rescheduled(self)
                 if scope.cancelled_caught:
                     return self._timed_out(timeout, default)
             mailbox = self._mailbox
@@ -537,17 +521,20 @@ Coroutine.register(ParkedReceive)
 
 @types.coroutine
 def _parked_receive(proc: Process) -> Generator[Any, Any, Any]:
-    """``receive_any_now`` with nothing queued: parks the task on trio's scheduler with the trap
+    """``receive_any`` with nothing queued: parks the task on trio's scheduler with the trap
     ``wait_task_rescheduled`` yields, in this one generator frame instead of three coroutine
-    frames and a bound method. Cancellation leaves the mailbox untouched (the process is the
-    abort function)."""
+    frames and a bound method (or through that coroutine, if trio moved its trap).
+    Cancellation leaves the mailbox untouched (the process is the abort function)."""
     proc._fast = 0
     while True:
         if proc._waiter is not None:
             raise proc._second_reader()
         proc._waiter = current_task()
         proc._match = None
-        (yield _trap(proc)).unwrap()
+        if _WAIT_TRAP is not None:
+            (yield _trap(proc)).unwrap()
+        else:
+            yield from wait_task_rescheduled(proc)  # noqa: ASYNC105 (a generator-based coroutine)
         mailbox = proc._mailbox
         if mailbox:
             proc.handled += 1

@@ -12,7 +12,7 @@ import trio.testing
 
 import otp
 
-from .helpers import idle
+from .helpers import Sleepy, idle
 
 
 async def test_message_sent_before_death_arrives_before_the_down() -> None:
@@ -178,8 +178,11 @@ async def test_a_plain_receive_works_without_trios_private_wait_trap(
         await trio.testing.wait_all_tasks_blocked()
         otp.send(pid, "hi")
         pending = otp.receive()
-        assert inspect.iscoroutine(pending)  # the public wait, not the generator with the trap
+        assert inspect.iscoroutine(pending)  # the public wait, not the object with the trap
         assert await pending == ("echo", "hi")
+        server = await Sleepy.start()  # a GenServer's loop waits the same way
+        await trio.testing.wait_all_tasks_blocked()
+        assert await otp.call(server, ("ping",)) == ("ping",)
 
 
 async def test_a_busy_receiver_still_lets_other_tasks_run() -> None:
