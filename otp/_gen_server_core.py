@@ -245,7 +245,7 @@ async def _loop(
     server: GenServer, me: Process, parent: Pid, state: Any, timeout: float | None, cont: Any
 ) -> None:
     cls = type(server)
-    receive, receive_any = me.receive, me.receive_any
+    receive, receive_any = me.receive, me.receive_any_now
     handle_call = server.handle_call
     async_call = cls._async_call
     message: Any = None

@@ -38,9 +38,7 @@ class Pid:
         pid.id = id
         pid.creation = creation
         pid._proc = proc
-        # The whole identity: a peer picks the ids of the pids it sends, so a hash of the id
-        # alone would let it fill a dict with colliding keys (quadratic inserts).
-        pid._hash = hash((node, id, creation))
+        pid._hash = -1  # computed when first hashed: most pids never are (32 bytes a process)
         return pid
 
     def __eq__(self, other: object) -> bool:
@@ -51,7 +49,12 @@ class Pid:
         return self.id == other.id and self.node == other.node and self.creation == other.creation
 
     def __hash__(self) -> int:
-        return self._hash
+        h = self._hash
+        if h == -1:  # (never a hash: CPython turns -1 into -2)
+            # The whole identity: a peer picks the ids of the pids it sends, so a hash of the id
+            # alone would let it fill a dict with colliding keys (quadratic inserts).
+            h = self._hash = hash((self.node, self.id, self.creation))
+        return h
 
     def __lt__(self, other: Pid) -> bool:
         return (self.node, self.creation, self.id) < (other.node, other.creation, other.id)

@@ -104,39 +104,8 @@ class Node:
             # The node is stopping (kill_all has run): a latecomer, say the connection process
             # of a peer dialling in now, goes the same way at once, or the node would wait on it.
             proc.die(KILLED)
-        self.nursery.start_soon(self._run_process, proc, fn, args, name=proc.pid)
+        self.nursery.start_soon(_run_process, proc, fn, args, name=proc.pid)
         return proc
-
-    async def _run_process(
-        self, proc: Process, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
-    ) -> None:
-        CURRENT_PROCESS.set(proc)
-        reason: Any = NORMAL
-        try:
-            with proc.scope:
-                try:
-                    await _call(fn, args)
-                except ProcessExit as exc:
-                    reason = exc.reason
-                except BaseExceptionGroup as group:
-                    reason = _reason_of_group(group)
-                    if reason is None:
-                        # A process killed while a task of its own failed on the way out (the
-                        # group holds our Cancelled and that error) dies of the exit signal;
-                        # anything else (KeyboardInterrupt, say) goes on up to the node.
-                        if not proc.exiting or group.split(_UNWINDING)[1] is not None:
-                            raise
-                    elif isinstance(reason, Crash) and not proc.exiting:
-                        log_crash(proc, reason)
-                except Exception as exc:
-                    reason = Crash(exc)
-                    if not proc.exiting:
-                        log_crash(proc, reason)
-        except BaseException:
-            # Cancelled by the node's own teardown, or KeyboardInterrupt: record and re-raise.
-            self.process_exited(proc, proc.pending_reason if proc.exiting else KILLED)
-            raise
-        self.process_exited(proc, proc.pending_reason if proc.exiting else reason)
 
     def adopt_current_task(self, parent: Process | None = None) -> Process:
         """Make the running task a process (the main process of ``open_node`` and ``run``)."""
@@ -257,6 +226,61 @@ class NamedMonitor:
     def __init__(self, pid: Pid, label: Any) -> None:
         self.pid = pid
         self.label = label
+
+
+async def _run_process(
+    proc: Process, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
+) -> None:
+    """The task of a process: run ``fn(*args)`` and turn its outcome into an exit reason.
+
+    Every live process holds this frame twice (the coroutine and the frame object trio makes of
+    it at spawn), so it keeps few locals: the outcome is read by :func:`_exit_reason`.
+    """
+    CURRENT_PROCESS.set(proc)
+    reason: Any = NORMAL
+    try:
+        with proc.scope:
+            try:
+                await _call(fn, args)
+            except BaseException as exc:
+                reason = _exit_reason(proc, exc)
+                if reason is _RERAISE:
+                    raise
+    except BaseException:
+        # Cancelled by the node's own teardown, or KeyboardInterrupt: record and re-raise.
+        proc.node.process_exited(proc, proc.pending_reason if proc.exiting else KILLED)
+        raise
+    proc.node.process_exited(proc, proc.pending_reason if proc.exiting else reason)
+
+
+#: What :func:`_exit_reason` returns for an exception that must go on up (the process's own
+#: Cancelled, which its scope catches, or a KeyboardInterrupt for the node).
+_RERAISE: Any = object()
+
+
+def _exit_reason(proc: Process, exc: BaseException) -> Any:
+    """The exit reason of ``proc`` whose function raised ``exc``, logging a crash; or
+    ``_RERAISE``."""
+    if isinstance(exc, ProcessExit):
+        return exc.reason
+    if isinstance(exc, BaseExceptionGroup):
+        reason = _reason_of_group(exc)
+        if reason is None:
+            # A process killed while a task of its own failed on the way out (the group holds
+            # our Cancelled and that error) dies of the exit signal; anything else
+            # (KeyboardInterrupt, say) goes on up to the node.
+            if not proc.exiting or exc.split(_UNWINDING)[1] is not None:
+                return _RERAISE
+            return NORMAL  # (replaced by the pending reason)
+        if isinstance(reason, Crash) and not proc.exiting:
+            log_crash(proc, reason)
+        return reason
+    if isinstance(exc, Exception):
+        reason = Crash(exc)
+        if not proc.exiting:
+            log_crash(proc, reason)
+        return reason
+    return _RERAISE
 
 
 def _call(fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> Awaitable[Any]:

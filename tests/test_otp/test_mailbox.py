@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -11,7 +12,7 @@ import trio.testing
 
 import otp
 
-from .helpers import idle
+from .helpers import Sleepy, idle
 
 
 async def test_message_sent_before_death_arrives_before_the_down() -> None:
@@ -116,6 +117,72 @@ async def test_receive_is_cancellable_and_leaves_the_mailbox_intact() -> None:
             await otp.receive(int)
         otp.send(otp.self(), 7)
         assert await otp.receive(int) == 7
+
+
+async def test_a_plain_receive_is_cancellable_and_leaves_the_mailbox_intact() -> None:
+    async with otp.open_node():
+        with trio.move_on_after(0.01):
+            await otp.receive()
+        otp.send(otp.self(), 7)
+        assert await otp.receive() == 7
+
+
+async def test_a_parked_process_killed_while_waiting_dies_killed_and_its_mailbox_goes() -> None:
+    async with otp.open_node():
+
+        async def waiter() -> None:
+            await otp.receive()
+
+        pid, ref = otp.spawn_monitor(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        otp.exit(pid, otp.KILL)
+        otp.send(pid, "too late")
+        assert await otp.receive() == otp.Down(ref, pid, otp.KILLED)
+
+
+async def test_a_receive_made_before_a_message_arrives_and_awaited_after_returns_it() -> None:
+    async with otp.open_node():
+        pending = otp.receive()
+        otp.send(otp.self(), "early")
+        assert await pending == "early"
+
+
+async def test_a_receive_closed_unawaited_leaves_the_parked_reader_waiting() -> None:
+    async with otp.open_node():
+        got: list[Any] = []
+
+        async def reader() -> None:
+            got.append(await otp.receive())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            otp.receive().close()
+            otp.send(otp.self(), "kept")
+        assert got == ["kept"]
+
+
+async def test_a_plain_receive_works_without_trios_private_wait_trap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # receive falls back to trio's public wait_task_rescheduled if a trio release moves the trap
+    import otp._process
+
+    monkeypatch.setattr(otp._process, "_WAIT_TRAP", None)
+    async with otp.open_node():
+
+        async def echo(to: otp.Pid) -> None:
+            otp.send(to, ("echo", await otp.receive()))
+
+        pid = otp.spawn(echo, otp.self())
+        await trio.testing.wait_all_tasks_blocked()
+        otp.send(pid, "hi")
+        pending = otp.receive()
+        assert inspect.iscoroutine(pending)  # the public wait, not the object with the trap
+        assert await pending == ("echo", "hi")
+        server = await Sleepy.start()  # a GenServer's loop waits the same way
+        await trio.testing.wait_all_tasks_blocked()
+        assert await otp.call(server, ("ping",)) == ("ping",)
 
 
 async def test_a_busy_receiver_still_lets_other_tasks_run() -> None:
