@@ -267,6 +267,10 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                     self._call_rpc(state, from_, flow_id, name, args, timeout, forwarded=True)
                 case ("forwarded", ("cancel", flow_id)):
                     self._cancel(state, from_, flow_id, forwarded=True)
+                case ("forwarded", ("child_ended", parent_id)):
+                    self._child_notice(state, from_, parent_id)
+                case ("forwarded", ("cancel_child", child_id, parent_id)):
+                    self._cancel_child_of(state, from_, child_id, parent_id)
                 case ("statistics",):
                     otp.reply(from_, self._statistics(state))
                 case _:

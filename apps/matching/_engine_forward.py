@@ -20,6 +20,16 @@ gets a retryable ``unavailable`` naming the owner. An RPC whose owner went away 
 sent again (it may have run, and RPCs are not run twice): its caller gets a retryable
 ``handler_error`` of type ``lost``, as for a worker lost with it. Never a hang: a forwarded call
 whose node goes down fails at once (``noconnection``), and every wait is bounded.
+
+The engine's own *notices* about a SubFlow's family travel the same way, with no caller to
+answer (:data:`NOTICES`): ``("child_ended", parent_id)`` from the server where a child ended to
+the server holding its parent (which reads the child from the store), and ``("cancel_child",
+child_id, parent_id)`` from the server holding a parent that no longer waits for its child to
+the child's owner. The owner acknowledges a notice once it holds the flow and has acted; a
+notice is re-resolved like a call (a dead owner's lease expires meanwhile: then this server's
+own engine takes the flow, and finds the ended child as any recovery does) for at most
+``patience`` seconds, and one that still finds nobody is logged: the flow's next owner finds
+the child's state in the store when it takes the flow (``_engine_kinds``).
 """
 
 from __future__ import annotations
@@ -41,7 +51,10 @@ from ._errors import ConfigurationError, HandlerError, MatchingError, Unavailabl
 from ._store import SERVER_NAME, PendingStep, StoreServer
 
 __all__ = [
+    "CANCEL_CHILD",
+    "CHILD_ENDED",
     "FORWARDED",
+    "NOTICES",
     "NOT_OWNER",
     "ForwardOptions",
     "forward",
@@ -59,6 +72,14 @@ logger = logging.getLogger("apps.matching")
 FORWARDED = "forwarded"
 #: The error code of an engine's answer to a forwarded request for a flow it does not own.
 NOT_OWNER = "not_owner"
+#: A notice: the child of the parent's parked SubFlow step may have ended (``(CHILD_ENDED,
+#: parent_id)``).
+CHILD_ENDED = "child_ended"
+#: A notice: the parent no longer waits for this child; cancel it (``(CANCEL_CHILD, child_id,
+#: parent_id)``).
+CANCEL_CHILD = "cancel_child"
+#: The requests that are notices: forwarded with nobody to answer.
+NOTICES = frozenset({CHILD_ENDED, CANCEL_CHILD})
 #: How long an owner found in the store is trusted before the store is read again.
 OWNER_TTL = 5.0
 #: The most owners an engine remembers.
@@ -150,21 +171,35 @@ def remember_owner(state: _State, flow_id: str, owner: str) -> None:
 
 
 def forward(
-    state: _State, from_: otp.From, request: tuple[Any, ...], flow_id: str, owner: str | None
+    state: _State,
+    from_: otp.From | None,
+    request: tuple[Any, ...],
+    flow_id: str,
+    owner: str | None,
 ) -> None:
     """Answer ``from_``'s ``request`` (``("result", flow_id, timeout)``, ``("call_rpc",
     flow_id, name, args, timeout)`` or ``("cancel", flow_id)``; :func:`marked` when it was
     forwarded here) for the running flow ``flow_id``, which server ``owner`` holds (None: it
-    moved while this engine looked it up; the store says where). Returns at once: a helper
-    process linked to the engine delivers the request and answers ``from_`` (see the module
+    moved while this engine looked it up; the store says where), or deliver the notice
+    ``request`` (one of :data:`NOTICES`; ``from_`` None). Returns at once: a helper process
+    linked to the engine delivers the request and answers ``from_`` (see the module
     docstring). A request forwarded here is answered :func:`not_owner` instead."""
     me = state.options.server_id
     if request[0] == FORWARDED:
+        assert from_ is not None  # (forwarded requests are calls)
         otp.reply(from_, not_owner(flow_id, me, owner))
         return
     options: ForwardOptions | None = state.options.forward
     if options is None:  # (one server: nowhere to forward to)
         where = "another matching server" if owner is None else f"matching server {owner!r}"
+        if from_ is None:
+            logger.warning(
+                "matching engine: cannot tell %s of %r about flow %r: this server does not"
+                " forward (its store is not shared); that server finds it in the store when"
+                " it next takes the flow",
+                where, request[0], flow_id,
+            )  # fmt: skip
+            return
         exc = Unavailable(
             f"flow {flow_id!r} is run by {where}, not by this one ({me!r}): call that server,"
             " or retry here (its flows move to this server when it stops)",
@@ -181,7 +216,8 @@ class _Call:
     """A forwarded call: this server's id, the caller, its request, when it was forwarded."""
 
     server_id: str
-    from_: otp.From
+    #: None for a notice (:data:`NOTICES`): nobody waits for its answer.
+    from_: otp.From | None
     request: tuple[Any, ...]
     started: float
 
@@ -197,7 +233,15 @@ async def _forwarder(options: ForwardOptions, call: _Call, flow_id: str, owner: 
                 f" {type(exc).__name__}: {exc}; retry it"
             )
         )
-    otp.reply(call.from_, answer)
+    if call.from_ is not None:
+        otp.reply(call.from_, answer)
+    elif answer != ("ok", None):
+        logger.warning(
+            "matching engine: the %r notice about flow %r reached no server that holds it"
+            " (%s); the flow's next owner finds what it says in the store when it takes the"
+            " flow",
+            call.request[0], flow_id, answer[2] if len(answer) > 2 else answer,
+        )  # fmt: skip
 
 
 async def _deliver(options: ForwardOptions, call: _Call, flow_id: str, owner: str | None) -> Any:
@@ -279,7 +323,10 @@ def _rpc_lost(flow_id: str, name: str, server: str, exc: otp.CallError) -> Match
 
 
 def _timeout_of(request: tuple[Any, ...]) -> float | None:
-    """The caller's own timeout (``result``'s, ``call_rpc``'s), or None."""
+    """The caller's own timeout (``result``'s, ``call_rpc``'s), or None (a notice: nobody
+    waits, so it is bounded by the patience alone)."""
+    if request[0] in NOTICES:
+        return None
     if request[0] in ("result", "call_rpc"):
         timeout = request[-1]
         return None if timeout is None else float(timeout)

@@ -14,6 +14,14 @@ So after a restart the parked parent, dispatched again, finds its child in the s
 (it tells the parent when it ends), ended (the parent takes its outcome at once) or missing
 (started now). An engine that is told a child ended elsewhere (``ChildEnded``, for whatever
 notices it: another server, a ``LISTEN``) reads the child from the store and does the same.
+
+Across servers (MULTISERVER.md) parent and child may be held by two: a child ending where its
+parent is not held tells the parent's owner (the ``child_ended`` notice, forwarded as calls
+are, ``_engine_forward``), and a parent that no longer waits for a child held elsewhere tells
+the child's owner to cancel it (``cancel_child``). Each notice is answered once the flow is
+held where it arrives (taken there if no live lease holds it) and what it asks is committed; a
+server that lost the flow meanwhile answers ``not_owner`` and the notice is re-resolved. So a
+dead owner's parent is found by whichever server takes it over, as a restart finds it.
 """
 
 from __future__ import annotations
@@ -25,8 +33,9 @@ import attrs
 import otp
 
 from ._engine_family import child_flow_id, parent_link
+from ._engine_forward import CANCEL_CHILD, CHILD_ENDED, marked
 from ._engine_reads import EngineReads
-from ._engine_state import _Flow, _State
+from ._engine_state import _check_id, _Flow, _ok, _State
 from ._flow_spec import FlowSpec
 from ._store import FlowRecord, StoreServer
 
@@ -143,10 +152,12 @@ class EngineKinds(EngineReads):
 
     def _child_ended(self, state: _State, child: _Flow) -> None:
         """``child`` ended and that is committed: its parent's SubFlow step takes its outcome,
-        if the parent still waits for this child (not for a later attempt's)."""
+        if the parent still waits for this child (not for a later attempt's). A parent another
+        server holds is told there (``child_ended``)."""
         link = parent_link(child.definition)
         if link is None:
             return
+        parent_id = link["flow_id"]
 
         def then(parent: _Flow | None) -> None:
             if (
@@ -158,7 +169,25 @@ class EngineKinds(EngineReads):
                 return
             self._child_outcome(state, parent, child)
 
-        self._with_flow(state, link["flow_id"], then)
+        self._with_flow(state, parent_id, then, (None, (CHILD_ENDED, parent_id)))
+
+    def _child_notice(self, state: _State, from_: otp.From, parent_id: Any) -> None:
+        """Another server tells (forwarded ``child_ended``) that the child of ``parent_id``'s
+        parked SubFlow step ended there: hold the parent (take it if no live lease holds it)
+        and read its child from the store; answer once that is under way."""
+        _check_id(CHILD_ENDED, parent_id)
+        request = marked((CHILD_ENDED, parent_id), True)
+
+        def then(parent: _Flow | None) -> None:
+            if parent is None:
+                otp.reply(from_, _ok(None))  # (no such flow: nothing waits for the child)
+                return
+            self._child_told(state, parent_id)
+            self._after_flow(
+                state, parent, lambda: self._answer(state, parent, from_, _ok(None), request)
+            )
+
+        self._with_flow(state, parent_id, then, (from_, request))
 
     def _child_outcome(self, state: _State, parent: _Flow, child: _Flow) -> None:
         parent.delivery = None  # (the child ended: nothing to cancel)
@@ -216,20 +245,39 @@ class EngineKinds(EngineReads):
 
     def _cancel_child(self, state: _State, parent: _Flow) -> None:
         """The parent's parked SubFlow attempt ends otherwise than by its child's end (the
-        parent is cancelled, or the attempt timed out): cancel the child, and so its own."""
+        parent is cancelled, or the attempt timed out): cancel the child, and so its own. A
+        child another server holds is cancelled there (``cancel_child``)."""
         child_id = child_flow_id(parent.execution_id(), parent.attempt)
-        parent_id = parent.flow_id
+        self._cancel_child_of(state, None, child_id, parent.flow_id)
+
+    def _cancel_child_of(
+        self, state: _State, from_: otp.From | None, child_id: Any, parent_id: Any
+    ) -> None:
+        """Cancel ``child_id`` if it runs as ``parent_id``'s child; ``from_``: another server
+        told this one to (forwarded ``cancel_child``), and is answered once the child is held
+        here (taken if no live lease holds it) and its cancellation committed."""
+        _check_id(CANCEL_CHILD, child_id)
+        _check_id(CANCEL_CHILD, parent_id)
         error = {
             "type": "cancelled",
-            "message": f"the parent flow {parent.flow_id!r} no longer waits for it",
+            "message": f"the parent flow {parent_id!r} no longer waits for it",
         }
+        request = marked((CANCEL_CHILD, child_id, parent_id), from_ is not None)
 
         def then(child: _Flow | None) -> None:
             link = None if child is None else parent_link(child.definition)
             if child is not None and child.running and link and link["flow_id"] == parent_id:
                 self._cancel_flow(state, child, error)
+            if from_ is None:
+                return
+            if child is None:
+                otp.reply(from_, _ok(None))
+            else:
+                self._after_flow(
+                    state, child, lambda: self._answer(state, child, from_, _ok(None), request)
+                )
 
-        self._with_flow(state, child_id, then)
+        self._with_flow(state, child_id, then, (from_, request))
 
     # -- WaitFor --------------------------------------------------------------------------------
 

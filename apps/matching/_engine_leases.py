@@ -185,12 +185,13 @@ class EngineLeases(EngineCommits):
         state: _State,
         flow_id: str,
         then: Callable[[_Flow | None], None],
-        request: tuple[otp.From, tuple[Any, ...]] | None = None,
+        request: tuple[otp.From | None, tuple[Any, ...]] | None = None,
     ) -> None:
         """Call ``then`` with the flow, loaded from the store if it is not in memory (None if
         it is not stored either). A running flow not in memory is claimed and held; if another
-        server holds it, ``request`` (the caller and its call) is forwarded there, or without
-        one ``then`` gets the flow as stored (not held: to know it exists)."""
+        server holds it, ``request`` (the caller and its call, or None and a notice) is
+        forwarded there, or without one ``then`` gets the flow as stored (not held: to know
+        it exists)."""
         flow = state.flows.get(flow_id)
         if flow is not None:
             then(flow)
