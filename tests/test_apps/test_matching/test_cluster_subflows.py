@@ -1,20 +1,20 @@
-"""SubFlows across two matching servers on one PostgreSQL: a parent held by one server whose
+"""SubFlows across matching servers on one PostgreSQL: a parent held by one server whose
 child another server holds. The child's end reaches the parent's owner (a ``child_ended``
 notice, forwarded as calls are): the parent completes, or its waiting Step sees the child's
 failure, while its owner still holds it (no lease expires, nothing is recovered), and the
 child's server never writes the parent; cancelling the parent cancels the child on its server
-(``cancel_child``); and when the parent's owner dies as the child ends, the parent is taken
-over and takes the child's outcome once.
+(``cancel_child``). When the parent's owner dies, the notice reaches the server that took the
+parent over; and a parent whose owner died as its child ended is found by the server that
+takes it over (as before the notices: recovery reads the child from the store).
 
-Server m1 runs in this test's node (its engine, store and cluster are this node's), m2 in a
-thread of this process (its own node and ``trio.run``, connected by otp's distribution); both
-run on the wall clock, every wait on an event, bounded. The child is stored before the test
-starts its parent, leased to the other server (what that server's keeper does when it claims
-the step of a server that died), after both servers started: the parent's server finds it
-running there; the child's server takes it when the first call names it (its keeper claims
-only steps whose lease is free or expired). The tests ask that call of the parent's server,
-which forwards it: so the child's step runs only once the parent's server has found it
-running and parked the parent.
+Server m1 runs in this test's node (its engine, store and cluster are this node's), m2 and m3
+in threads of this process (each its own node and ``trio.run``, connected by otp's
+distribution); all run on the wall clock, every wait on an event, bounded. The child is stored
+once the servers started, leased to one of them (what its keeper does when it claims the step
+of a server that died): the parent's server finds it running there, and the child's server
+takes it when the first call names it (a keeper claims only steps whose lease is free or
+expired). The tests ask that call of the parent's server, which forwards it: so the child's
+step runs only once the parent's server has found it running and parked the parent.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import attrs
@@ -31,6 +31,7 @@ import trio
 
 import otp
 from apps.matching import (
+    CallTimeout,
     Cancelled,
     ClientOptions,
     Flow,
@@ -40,6 +41,7 @@ from apps.matching import (
     RetryPolicy,
     TrioClient,
     TrioWorker,
+    Unavailable,
     WorkerOptions,
     step,
     subflow,
@@ -118,7 +120,8 @@ async def _store_child(url: str, n: int, owner: str, lease: float) -> None:
 
 
 async def _sees(cluster: Any, server_id: str) -> None:
-    """Until ``cluster`` (m1's, or m2's) can reach ``server_id`` (it connects on its beat)."""
+    """Until ``cluster`` (a server's ``matching_cluster``) can reach ``server_id`` (it
+    connects on its beat)."""
     with trio.fail_after(BOUND):
         while await Cluster.owner_node(server_id, server=cluster) is None:
             await trio.sleep(0.05)
@@ -126,37 +129,50 @@ async def _sees(cluster: Any, server_id: str) -> None:
 
 @attrs.frozen
 class _Servers:
-    m1: TrioClient
-    m2: TrioClient
-    peer: PeerServer
+    """A client of each server, by short name (``"m1"``, ...), and the peers' threads."""
+
+    clients: dict[str, TrioClient]
+    peers: dict[str, PeerServer]
 
 
 @asynccontextmanager
-async def _two_servers(url: str, lease: float) -> AsyncIterator[_Servers]:
-    """m1 (this node) and m2 on ``url``, each reaching the other, each with a worker of
-    ``REGISTRY`` and a client."""
-    config = {"store": url, "lease_seconds": lease}
-    async with (
-        cluster_directory() as directory,
-        PeerServer(directory, "m2", **config) as m2,
-        clustered_server(directory, "m1", **config) as m1,
-    ):
-        assert await otp.connect(m2.name, m2.address)
-        await _sees(CLUSTER, M2)
-        await _sees((CLUSTER, M2), M1)
+async def _servers(url: str, **leases: float) -> AsyncIterator[_Servers]:
+    """Server m1 (this node) and peers (``m2``, ``m3``) on ``url``, each with its lease
+    seconds, each reaching every other, each with a worker of ``REGISTRY`` and a client."""
+    async with AsyncExitStack() as stack:
+        directory = await stack.enter_async_context(cluster_directory())
+        peers = {}
+        for name, lease in leases.items():
+            if name != "m1":
+                peer = PeerServer(directory, name, store=url, lease_seconds=lease)
+                peers[name] = await stack.enter_async_context(peer)
+        m1 = await stack.enter_async_context(
+            clustered_server(directory, "m1", store=url, lease_seconds=leases["m1"])
+        )
+        addresses = {"m1": m1} | {name: peer.matching for name, peer in peers.items()}
+        for peer in peers.values():
+            assert await otp.connect(peer.name, peer.address)
+        clusters = {"m1": CLUSTER} | {name: (CLUSTER, peer.name) for name, peer in peers.items()}
+        for name, cluster in clusters.items():
+            for other in clusters.keys() - {name}:
+                await _sees(cluster, f"{other}@localhost")
         workers = [
             TrioWorker(REGISTRY, None, WorkerOptions(server_address=address))
-            for address in (m1, m2.matching)
+            for address in addresses.values()
         ]
-        client_1 = TrioClient(REGISTRY, None, ClientOptions(server_address=m1))
-        client_2 = TrioClient(REGISTRY, None, ClientOptions(server_address=m2.matching))
-        async with client_1, client_2, trio.open_nursery() as nursery:
+        clients = {
+            name: await stack.enter_async_context(
+                TrioClient(REGISTRY, None, ClientOptions(server_address=address))
+            )
+            for name, address in addresses.items()
+        }
+        async with trio.open_nursery() as nursery:
             for worker in workers:
                 nursery.start_soon(worker.start)
             with trio.fail_after(BOUND):
                 for worker in workers:
                     await worker.wait_pull_registered()
-            yield _Servers(client_1, client_2, m2)
+            yield _Servers(clients, peers)
             GATE.setdefault(CHILD, trio.Event()).set()  # (a step still waiting ends)
             for worker in workers:
                 await worker.close()
@@ -172,9 +188,9 @@ def _fresh() -> None:
 @asynccontextmanager
 async def _child_on_m2_parent_on_m1(postgres: Any, n: int) -> AsyncIterator[_Servers]:
     url = postgres.url()
-    async with _two_servers(url, 600) as servers:  # (no lease expires in these tests)
+    async with _servers(url, m1=600, m2=600) as servers:  # (no lease expires in these tests)
         await _store_child(url, n, M2, 600)
-        await servers.m1.start_flow(Assembly, n, flow_id=PARENT)  # m1 holds the parent
+        await servers.clients["m1"].start_flow(Assembly, n, flow_id=PARENT)  # m1 holds it
         yield servers
 
 
@@ -194,9 +210,9 @@ async def test_a_child_ending_on_another_server_completes_its_parent_where_it_is
     caplog.set_level(logging.INFO, "apps.matching")
     async with _child_on_m2_parent_on_m1(postgres, 4) as servers:
         with trio.fail_after(BOUND):
-            assert await _child_result(servers.m1) == 40
-            assert await servers.m1.result(PARENT) == "assembled 40"
-            parent = await servers.m1.describe_flow(PARENT)
+            assert await _child_result(servers.clients["m1"]) == 40
+            assert await servers.clients["m1"].result(PARENT) == "assembled 40"
+            parent = await servers.clients["m1"].describe_flow(PARENT)
         on_m1 = await FlowEngine.statistics()
     assert [(a["step"], a["status"]) for a in parent.attempts] == [
         ("part", "completed"),
@@ -215,10 +231,10 @@ async def test_a_child_failing_on_another_server_fails_its_parents_waiting_step(
     caplog.set_level(logging.INFO, "apps.matching")
     async with _child_on_m2_parent_on_m1(postgres, -1) as servers:
         with trio.fail_after(BOUND):
-            failed = await _child_result(servers.m1)
+            failed = await _child_result(servers.clients["m1"])
             with pytest.raises(FlowFailed) as info:
-                await servers.m1.result(PARENT)
-            parent = await servers.m1.describe_flow(PARENT)
+                await servers.clients["m1"].result(PARENT)
+            parent = await servers.clients["m1"].describe_flow(PARENT)
     assert isinstance(failed, FlowFailed)
     assert info.value.details["type"] == "ValueError"
     assert info.value.details["message"] == (
@@ -237,16 +253,16 @@ async def test_cancelling_a_parent_cancels_its_child_on_the_server_that_holds_it
             answers: list[Any] = []
 
             async def wait_child() -> None:
-                answers.append(await _child_result(servers.m1))
+                answers.append(await _child_result(servers.clients["m1"]))
 
             nursery.start_soon(wait_child)
             with trio.fail_after(BOUND):
                 await STARTED.setdefault(CHILD, trio.Event()).wait()  # (on m2's worker)
-                await servers.m1.cancel_flow(PARENT)
+                await servers.clients["m1"].cancel_flow(PARENT)
         with trio.fail_after(BOUND):
-            child = await servers.m2.describe_flow(CHILD)
+            child = await servers.clients["m2"].describe_flow(CHILD)
             with pytest.raises(Cancelled):
-                await servers.m1.result(PARENT)
+                await servers.clients["m1"].result(PARENT)
     [cancelled] = answers
     assert isinstance(cancelled, Cancelled)
     assert child.status is FlowStatus.CANCELLED
@@ -263,28 +279,30 @@ async def test_a_child_ending_as_its_parents_owner_dies_completes_the_parent_onc
     """The parent's owner (m2) dies, its lease held, while the child runs on m1; the child
     ends: m1 tells m2, cannot reach it, and tries again until the parent's lease expires, when
     m1 takes the parent (its notice, or its keeper, whichever is first), finds the ended child,
-    and the parent goes on."""
+    and the parent goes on. (The keeper's takeover found the ended child before the notices
+    too: this test keeps it so.)"""
     caplog.set_level(logging.INFO, "apps.matching")
     url = postgres.url()
     lease = 3.0
     GATE[CHILD] = trio.Event()
-    async with _two_servers(url, lease) as servers:
+    async with _servers(url, m1=600, m2=lease) as servers:
         await _store_child(url, 4, M1, 600)
-        await servers.m2.start_flow(Assembly, 4, flow_id=PARENT)  # m2 holds the parent
+        await servers.clients["m2"].start_flow(Assembly, 4, flow_id=PARENT)  # m2 holds the parent
         async with trio.open_nursery() as nursery:
             answers: list[Any] = []
 
             async def wait_child() -> None:
-                answers.append(await _child_result(servers.m1))
+                answers.append(await _child_result(servers.clients["m1"]))
 
             nursery.start_soon(wait_child)  # (m1 takes the child)
             with trio.fail_after(BOUND):
                 await STARTED.setdefault(CHILD, trio.Event()).wait()
-            servers.peer.stop()  # m2 dies, holding the parent's lease
+            servers.peers["m2"].stop()  # m2 dies, holding the parent's lease
             GATE[CHILD].set()  # the child ends on m1
+        assert answers == [40]
         with trio.fail_after(BOUND):
-            assert await servers.m1.result(PARENT) == "assembled 40"
-            parent = await servers.m1.describe_flow(PARENT)
+            assert await servers.clients["m1"].result(PARENT) == "assembled 40"
+            parent = await servers.clients["m1"].describe_flow(PARENT)
         on_m1 = await FlowEngine.statistics()
     assert [(a["step"], a["status"]) for a in parent.attempts] == [
         ("part", "completed"),
@@ -301,3 +319,40 @@ def _logged(caplog: pytest.LogCaptureFixture, *parts: str) -> list[str]:
     """The log lines of either server holding one of ``parts``."""
     lines = [r.getMessage() for r in caplog.records]
     return [line for line in lines if any(part in line for part in parts)]
+
+
+async def test_a_child_ending_after_its_parent_moved_tells_the_parents_new_owner(
+    postgres: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The parent's owner (m2) dies; m3 takes the parent over (a call names it there once m2's
+    lease expired) and finds the child running on m1; then the child ends on m1: m1 tells m3,
+    the parent's owner now, and the parent goes on there."""
+    caplog.set_level(logging.INFO, "apps.matching")
+    url = postgres.url()
+    async with _servers(url, m1=600, m2=2, m3=600) as servers:
+        await _store_child(url, 4, M1, 600)
+        m1, m2, m3 = (servers.clients[name] for name in ("m1", "m2", "m3"))
+        await m2.start_flow(Assembly, 4, flow_id=PARENT)  # m2 holds the parent
+        servers.peers["m2"].stop()  # m2 dies, holding the parent's lease
+        with trio.fail_after(BOUND):
+            while True:  # m3 forwards the call to m2, unreachable, until its lease expires
+                try:
+                    await m3.result(PARENT, timeout=0.5)
+                except Unavailable:
+                    continue
+                except CallTimeout:
+                    break  # m3 holds the parent: it timed the call out itself
+            # (m3 reads the child once for its parked parent and this call: so the child's
+            # step runs only after m3 found it running)
+            assert await _child_result(m3) == 40
+            assert await m3.result(PARENT) == "assembled 40"
+            parent = await m1.describe_flow(PARENT)
+        on_m1 = await FlowEngine.statistics()
+    assert [(a["step"], a["status"]) for a in parent.attempts] == [
+        ("part", "completed"),
+        ("finish", "completed"),
+    ]
+    assert (on_m1.takeovers, on_m1.moved, on_m1.flows_running) == (0, 0, 0)
+    assert _logged(caplog, "took over flow", "belongs to another server") == [
+        f"matching engine: took over flow {PARENT} from {M2} (redelivery of step 0 attempt 1)"
+    ]
