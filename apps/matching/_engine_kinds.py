@@ -20,8 +20,10 @@ parent is not held tells the parent's owner (the ``child_ended`` notice, forward
 are, ``_engine_forward``), and a parent that no longer waits for a child held elsewhere tells
 the child's owner to cancel it (``cancel_child``). Each notice is answered once the flow is
 held where it arrives (taken there if no live lease holds it) and what it asks is committed; a
-server that lost the flow meanwhile answers ``not_owner`` and the notice is re-resolved. So a
-dead owner's parent is found by whichever server takes it over, as a restart finds it.
+server that lost the flow meanwhile answers ``not_owner`` and the notice is re-resolved. An
+engine that took a child's outcome into a parent it held but had lost (its write is refused:
+another server took the parent over) tells the new owner too (``_engine_leases._moved``). So
+a dead owner's parent is found by whichever server takes it over, as a restart finds it.
 """
 
 from __future__ import annotations

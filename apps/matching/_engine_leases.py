@@ -23,7 +23,7 @@ import otp
 
 from ._engine_commits import EngineCommits
 from ._engine_definitions import remember
-from ._engine_forward import forward, known_owner, remember_owner
+from ._engine_forward import CHILD_ENDED, forward, known_owner, remember_owner
 from ._engine_state import _RUNNING, Claimed, _Flow, _Loaded, _State
 from ._engine_waiters import forget_waiter
 from ._errors import ConfigurationError
@@ -166,6 +166,11 @@ class EngineLeases(EngineCommits):
         for key, waiter in waiters.items():
             forget_waiter(state, key, waiter)
             forward(state, waiter.from_, ("result", flow_id, None), flow_id, None)
+        if any(step.kind == "subflow" for step in flow.spec.steps):
+            # What was refused may be the outcome of a child that ended here (this engine
+            # still held the parent, parked): the new owner must read its child (a notice
+            # is harmless when no child ended).
+            forward(state, None, (CHILD_ENDED, flow_id), flow_id, None)
 
     def _answer(
         self, state: _State, flow: _Flow, from_: otp.From, answer: Any, request: tuple[Any, ...]

@@ -4,8 +4,10 @@ notice, forwarded as calls are): the parent completes, or its waiting Step sees 
 failure, while its owner still holds it (no lease expires, nothing is recovered), and the
 child's server never writes the parent; cancelling the parent cancels the child on its server
 (``cancel_child``). When the parent's owner dies, the notice reaches the server that took the
-parent over; and a parent whose owner died as its child ended is found by the server that
-takes it over (as before the notices: recovery reads the child from the store).
+parent over; a server that lost the parent and still holds it in memory tells the new owner
+of the child it ended (its own write is refused); and a parent whose owner died as its child
+ended is found by the server that takes it over (as before the notices: recovery reads the
+child from the store).
 
 Server m1 runs in this test's node (its engine, store and cluster are this node's), m2 and m3
 in threads of this process (each its own node and ``trio.run``, connected by otp's
@@ -111,10 +113,15 @@ async def _store_child(url: str, n: int, owner: str, lease: float) -> None:
         updated_at=now, version=1, definition=definition,
     )  # fmt: skip
     row = PendingStep(CHILD, 0, "make", f"{CHILD}/0/make", 1, owner, now + lease)
+    await _commit(url, WriteBatch(flows_created=[record], pending_put=[row]))
+
+
+async def _commit(url: str, batch: WriteBatch) -> None:
+    """Commit ``batch`` on ``url``'s database, as another server's store would."""
     store = PostgresStore(url)
     await store.open()
     try:
-        await store.commit(WriteBatch(flows_created=[record], pending_put=[row]))
+        await store.commit(batch)
     finally:
         await store.close()
 
@@ -355,4 +362,45 @@ async def test_a_child_ending_after_its_parent_moved_tells_the_parents_new_owner
     assert (on_m1.takeovers, on_m1.moved, on_m1.flows_running) == (0, 0, 0)
     assert _logged(caplog, "took over flow", "belongs to another server") == [
         f"matching engine: took over flow {PARENT} from {M2} (redelivery of step 0 attempt 1)"
+    ]
+
+
+async def test_a_server_that_lost_the_parent_tells_its_new_owner_of_the_child_it_ended(
+    postgres: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """m1 started the parent and its child; m2 took the parent over (m1 was silent past its
+    lease: the parent's step is leased to m2 now) and found the child running on m1. The child
+    ends on m1, which still holds the parent in memory: its write of the child's outcome into
+    the parent is refused (the parent is m2's), and m1 tells m2, which takes the outcome."""
+    caplog.set_level(logging.INFO, "apps.matching")
+    url = postgres.url()
+    GATE[CHILD] = trio.Event()
+    async with _servers(url, m1=600, m2=600) as servers:
+        m1, m2 = servers.clients["m1"], servers.clients["m2"]
+        await m1.start_flow(Assembly, 4, flow_id=PARENT)  # m1 holds the parent and the child
+        with trio.fail_after(BOUND):
+            await STARTED.setdefault(CHILD, trio.Event()).wait()
+        moved = PendingStep(PARENT, 0, "part", f"{PARENT}/0/part", 1, M2, time.time() + 600)
+        await _commit(url, WriteBatch(pending_put=[moved]))  # what m2's claim wrote
+        with pytest.raises(CallTimeout):  # m2 holds the parent: it timed the call out itself
+            await m2.result(PARENT, timeout=0.5)
+        async with trio.open_nursery() as nursery:
+            answers: list[Any] = []
+
+            async def wait_child() -> None:
+                answers.append(await _child_result(m2))  # (forwarded to m1)
+
+            nursery.start_soon(wait_child)
+            with trio.fail_after(BOUND):  # (so m2 has read the child for its parked parent)
+                while (await FlowEngine.statistics()).waiters < 1:
+                    await trio.sleep(0.01)
+            GATE[CHILD].set()  # the child ends on m1
+        with trio.fail_after(BOUND):
+            assert await m2.result(PARENT) == "assembled 40"
+        on_m1 = await FlowEngine.statistics()
+    assert answers == [40]
+    assert (on_m1.moved, on_m1.flows_running) == (1, 0)
+    assert _logged(caplog, "belongs to another server") == [
+        f"matching engine: flow {PARENT} belongs to another server now (it took the flow over:"
+        " this one lost its lease); dropped here"
     ]
