@@ -218,13 +218,8 @@ async def test_a_child_ending_on_another_server_completes_its_parent_where_it_is
     async with _child_on_m2_parent_on_m1(postgres, 4) as servers:
         with trio.fail_after(BOUND):
             assert await _child_result(servers.clients["m1"]) == 40
-            assert await servers.clients["m1"].result(PARENT) == "assembled 40"
-            parent = await servers.clients["m1"].describe_flow(PARENT)
+        await _assembled(servers.clients["m1"])
         on_m1 = await FlowEngine.statistics()
-    assert [(a["step"], a["status"]) for a in parent.attempts] == [
-        ("part", "completed"),
-        ("finish", "completed"),
-    ]
     # m1 held the parent throughout (nothing expired, nothing was taken over) and m2 never
     # wrote it (no write of a flow it does not hold, fenced and dropped; m2 logs in this
     # process too)
@@ -307,18 +302,24 @@ async def test_a_child_ending_as_its_parents_owner_dies_completes_the_parent_onc
             servers.peers["m2"].stop()  # m2 dies, holding the parent's lease
             GATE[CHILD].set()  # the child ends on m1
         assert answers == [40]
-        with trio.fail_after(BOUND):
-            assert await servers.clients["m1"].result(PARENT) == "assembled 40"
-            parent = await servers.clients["m1"].describe_flow(PARENT)
+        await _assembled(servers.clients["m1"])
         on_m1 = await FlowEngine.statistics()
-    assert [(a["step"], a["status"]) for a in parent.attempts] == [
-        ("part", "completed"),
-        ("finish", "completed"),
-    ]
     assert on_m1.takeovers == 1  # the parent, once m2's lease expired
     assert on_m1.moved == 0  # m1 never wrote the parent while m2's lease held it
     assert _logged(caplog, "took over flow", "belongs to another server") == [
         f"matching engine: took over flow {PARENT} from {M2} (redelivery of step 0 attempt 1)"
+    ]
+
+
+async def _assembled(client: TrioClient) -> None:
+    """Until the parent completed (asked of ``client``'s server): its SubFlow step took the
+    child's result, then its last step ran, each once."""
+    with trio.fail_after(BOUND):
+        assert await client.result(PARENT) == "assembled 40"
+        parent = await client.describe_flow(PARENT)
+    assert [(a["step"], a["status"]) for a in parent.attempts] == [
+        ("part", "completed"),
+        ("finish", "completed"),
     ]
 
 
@@ -338,7 +339,7 @@ async def test_a_child_ending_after_its_parent_moved_tells_the_parents_new_owner
     url = postgres.url()
     async with _servers(url, m1=600, m2=2, m3=600) as servers:
         await _store_child(url, 4, M1, 600)
-        m1, m2, m3 = (servers.clients[name] for name in ("m1", "m2", "m3"))
+        m2, m3 = servers.clients["m2"], servers.clients["m3"]
         await m2.start_flow(Assembly, 4, flow_id=PARENT)  # m2 holds the parent
         servers.peers["m2"].stop()  # m2 dies, holding the parent's lease
         with trio.fail_after(BOUND):
@@ -352,13 +353,8 @@ async def test_a_child_ending_after_its_parent_moved_tells_the_parents_new_owner
             # (m3 reads the child once for its parked parent and this call: so the child's
             # step runs only after m3 found it running)
             assert await _child_result(m3) == 40
-            assert await m3.result(PARENT) == "assembled 40"
-            parent = await m1.describe_flow(PARENT)
+        await _assembled(m3)
         on_m1 = await FlowEngine.statistics()
-    assert [(a["step"], a["status"]) for a in parent.attempts] == [
-        ("part", "completed"),
-        ("finish", "completed"),
-    ]
     assert (on_m1.takeovers, on_m1.moved, on_m1.flows_running) == (0, 0, 0)
     assert _logged(caplog, "took over flow", "belongs to another server") == [
         f"matching engine: took over flow {PARENT} from {M2} (redelivery of step 0 attempt 1)"
@@ -395,8 +391,7 @@ async def test_a_server_that_lost_the_parent_tells_its_new_owner_of_the_child_it
                 while (await FlowEngine.statistics()).waiters < 1:
                     await trio.sleep(0.01)
             GATE[CHILD].set()  # the child ends on m1
-        with trio.fail_after(BOUND):
-            assert await m2.result(PARENT) == "assembled 40"
+        await _assembled(m2)
         on_m1 = await FlowEngine.statistics()
     assert answers == [40]
     assert (on_m1.moved, on_m1.flows_running) == (1, 0)
