@@ -3,7 +3,9 @@ lease makes a flow another's, the engine answering a forwarded request for a flo
 own with ``not_owner`` (never forwarding it again, never taking the flow), and a call for a flow
 whose owner cannot be reached ending in a retryable ``unavailable`` within its bounds (at once
 on a server that is not distributed), and an owner answering ``not_owner`` re-resolved (two
-real servers: ``test_cluster_forwarding.py``)."""
+real servers: ``test_cluster_forwarding.py``); the SubFlow notices (``child_ended``,
+``cancel_child``) answered the same, and one that reaches no owner within the patience logged
+(SubFlows across servers: ``test_cluster_subflows.py``)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from test_otp.peer import COOKIE
 import otp
 from apps.matching._cluster import CLUSTER, Cluster, ClusterOptions
 from apps.matching._engine import ENGINE, FlowEngine
+from apps.matching._engine_family import PARENT_KEY
 from apps.matching._engine_forward import (
     FORWARDED,
     MAX_OWNERS,
@@ -78,7 +81,13 @@ async def test_a_forwarded_request_for_a_flow_another_server_owns_is_answered_no
 ) -> None:
     async with otp.open_node(), await _with_cluster(store_kind):
         await _owned_by_other("f1")
-        requests = [("result", "f1", None), ("call_rpc", "f1", "r", [], None), ("cancel", "f1")]
+        requests = [
+            ("result", "f1", None),
+            ("call_rpc", "f1", "r", [], None),
+            ("cancel", "f1"),
+            ("child_ended", "f1"),  # (the SubFlow notices: "f1" as a parent, as a child)
+            ("cancel_child", "f1", "p"),
+        ]
         for request in requests:
             reply = await otp.call(ENGINE, (FORWARDED, request), 5.0)
             assert is_not_owner(reply)
@@ -121,6 +130,41 @@ async def test_a_call_without_a_timeout_is_re_resolved_for_at_most_the_patience(
         with pytest.raises(Unavailable, match="could not reach it"):
             await FlowEngine.call_rpc("f1", "r")
         assert 4.0 <= trio.current_time() - started <= 5.0
+
+
+async def test_a_child_ended_notice_that_reaches_no_owner_within_the_patience_is_logged(
+    store_kind: StoreKind,
+    autojump_clock: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A child ends here whose parent another server holds, unreachable: the ``child_ended``
+    notice is re-resolved for the patience, then given up with one line (the parent's next
+    owner finds the ended child in the store when it takes the parent)."""
+    async with otp.open_node("a@localhost"), await _with_cluster(store_kind, patience=5.0):
+        await _distributed(tmp_path)
+        await _owned_by_other("p")
+        now = time.time()
+        link = {"flow_id": "p", "step_index": 0, "step": "a", "attempt": 1}
+        child = FlowRecord(
+            "p/0/a/1", "t", "running", [1], {}, 0, [1], None, None, None, now, now, 1,
+            {**definition(step("a")), PARENT_KEY: link},
+        )  # fmt: skip
+        pending = PendingStep("p/0/a/1", 0, "a", "p/0/a/1/0/a", 1, None, None)
+        await StoreServer.commit(WriteBatch(flows_created=[child], pending_put=[pending]))
+        await FlowEngine.result("p/0/a/1", timeout=5.0)  # this server takes the child, ends it
+        await trio.sleep(4.0)
+        assert not [r for r in caplog.records if "notice" in r.getMessage()]
+        await trio.sleep(2.0)
+    [line] = [r.getMessage() for r in caplog.records if "notice" in r.getMessage()]
+    assert line.startswith(
+        "matching engine: the 'child_ended' notice about flow 'p' reached no server that holds"
+        " it (flow 'p' is owned by another matching server and the call could not reach it:"
+        f" its owner, server {OTHER}, is not reachable;"
+    )
+    assert line.endswith(
+        "the flow's next owner finds what it says in the store when it takes the flow"
+    )
 
 
 async def test_a_server_that_is_not_distributed_answers_unavailable_at_once(
