@@ -3,9 +3,11 @@ database (MULTISERVER.md, part B).
 
 It registers this server in the store's ``servers`` table at start (``_store_servers``), beats
 its row every ``heartbeat`` seconds, keeps the list of live servers (a heartbeat within
-``live_timeout``), and, when the node is distributed, connects to every live peer's node at the
-distribution listen addresses the peer recorded, so a call for a flow another server owns is
-one round trip on an open connection (``_engine_forward``). A clean stop removes the row.
+``live_timeout``), deletes the rows of servers silent for over ``forget_after`` (they died:
+a clean stop removes its own row), and, when the node is distributed, connects to every live
+peer's node at the distribution listen addresses the peer recorded, so a call for a flow
+another server owns is one round trip on an open connection (``_engine_forward``). A clean
+stop removes the row.
 
 The database is the source of truth for who is live; the distribution for who is reachable:
 :meth:`Cluster.owner_node` names a server's node only while its row is live *and* this node is
@@ -60,6 +62,9 @@ class ClusterOptions:
             the cluster inert.
         heartbeat: Seconds between beats.
         live_timeout: A server whose last beat is older than this is not live.
+        forget_after: The row of a server whose last beat is older than this is deleted by
+            the next beat of any live server (it died without a clean stop long ago: its
+            leases expired and its flows were taken over within a lease).
     """
 
     server_id: str
@@ -67,6 +72,7 @@ class ClusterOptions:
     shared: bool = True
     heartbeat: float = attrs.field(default=1.0, validator=_seconds)
     live_timeout: float = attrs.field(default=5.0, validator=_seconds)
+    forget_after: float = attrs.field(default=3600.0, validator=_seconds)
 
 
 @attrs.frozen
@@ -268,9 +274,17 @@ async def _beat(options: ClusterOptions, record: ServerRecord, cluster: otp.Pid)
         if not await StoreServer.beat(options.server_id, now, server=store):
             await StoreServer.register_server(attrs.evolve(record, heartbeat_at=now), server=store)
         live = await StoreServer.servers(now, options.live_timeout, server=store)
+        # (after this server's own beat: a server paused that long is not forgotten)
+        forgotten = await StoreServer.forget_servers(now - options.forget_after, server=store)
     except (MatchingError, otp.OtpError) as exc:
         otp.send(cluster, _BeatFailed(str(exc)))
         return
+    if forgotten:
+        logger.info(
+            "matching cluster: deleted the rows of %d server(s) silent for over %g s",
+            forgotten,
+            options.forget_after,
+        )
     otp.send(cluster, _Beaten(live))
 
 

@@ -217,3 +217,7 @@ class Store(Protocol):
     async def remove_server(self, server_id: str) -> bool:
         """Delete the server's row; False if it had none."""
         ...
+
+    async def forget_servers(self, before: float) -> int:
+        """Delete the rows whose heartbeat is older than ``before``; how many went."""
+        ...

@@ -127,6 +127,7 @@ _OPS: dict[str, Callable[[Store], Callable[..., Awaitable[Any]]]] = {
     "beat": lambda store: store.beat,
     "servers": lambda store: store.servers,
     "remove_server": lambda store: store.remove_server,
+    "forget_servers": lambda store: store.forget_servers,
 }
 
 
@@ -348,6 +349,13 @@ class StoreServer(otp.GenServer):
     ) -> bool:
         """As :meth:`Store.remove_server`, through the server."""
         return _unwrap(await otp.call(server, ("remove_server", (server_id,), {}), timeout))
+
+    @staticmethod
+    async def forget_servers(
+        before: float, *, server: Any = SERVER_NAME, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> int:
+        """As :meth:`Store.forget_servers`, through the server."""
+        return _unwrap(await otp.call(server, ("forget_servers", (before,), {}), timeout))
 
     @staticmethod
     async def wait_pending(

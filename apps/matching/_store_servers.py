@@ -154,3 +154,14 @@ class SqlServers:
             return bool(cursor.rowcount)
 
         return bool(await self._run(self._guarded(remove)))
+
+    async def forget_servers(self, before: float) -> int:
+        """Delete the rows of servers whose last heartbeat is older than ``before`` (servers
+        that died without a clean stop, long ago); how many went."""
+
+        def forget(conn: Any) -> int:
+            with self._transaction(conn):
+                cursor = conn.execute("DELETE FROM servers WHERE heartbeat_at < ?", (before,))
+            return int(cursor.rowcount)
+
+        return int(await self._run(self._guarded(forget)))

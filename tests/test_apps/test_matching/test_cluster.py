@@ -1,7 +1,8 @@
 """The ``matching_cluster`` process: this server among those sharing its database. It registers
 and beats its row, lists the live servers, warns once when it cannot reach them (not
-distributed), connects to every live peer's node at its recorded addresses, and removes its row
-on a clean stop; on a store that cannot be shared (SQLite) it is inert. Also ``--help``."""
+distributed), connects to every live peer's node at its recorded addresses, deletes the rows
+of servers silent for long (they died), and removes its row on a clean stop; on a store that
+cannot be shared (SQLite) it is inert. Also ``--help``."""
 
 from __future__ import annotations
 
@@ -58,6 +59,23 @@ async def test_a_shared_store_lists_this_server_live_and_beats_its_row(
         await trio.sleep(1.5)  # the next beat finds no row and registers again
         assert [s.server_id for s in await StoreServer.servers(time.time(), 5.0)] == ["me/1/beef"]
         assert await Cluster.owner_node("me/1/beef") is None  # this server: never forwarded
+
+
+async def test_the_rows_of_servers_silent_for_long_are_deleted_by_a_live_ones_beat(
+    autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "apps.matching")
+    async with otp.open_node():
+        await _start(SqliteStore(":memory:", threads=False), forget_after=600.0)
+        # servers that died without a clean stop: long ago, and a moment ago
+        await StoreServer.register_server(_other("long/1/dead", at=time.time() - 601))
+        await StoreServer.register_server(_other("just/1/dead", at=time.time() - 10))
+        await trio.sleep(1.5)  # the next beat
+        rows = await StoreServer.servers(time.time(), 86400.0)
+    assert [s.server_id for s in rows] == ["just/1/dead", "me/1/beef"]
+    assert "matching cluster: deleted the rows of 1 server(s) silent for over 600 s" in [
+        r.getMessage() for r in caplog.records
+    ]
 
 
 async def test_a_clean_stop_removes_the_row(autojump_clock: Any) -> None:

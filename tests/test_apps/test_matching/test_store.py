@@ -999,6 +999,14 @@ async def test_registering_again_replaces_the_row_of_that_server_id(store: Any) 
     assert await store.servers(201.0, 5.0) == [again]
 
 
+async def test_the_rows_of_servers_silent_since_before_a_time_are_forgotten(store: Any) -> None:
+    await store.register_server(server_record("dead@host", heartbeat_at=50.0))
+    await store.register_server(server_record("m1@host", heartbeat_at=100.0))
+    assert await store.forget_servers(100.0) == 1  # (older than that: a beat at it stays)
+    assert [s.server_id for s in await store.servers(101.0, 1000.0)] == ["m1@host"]
+    assert await store.forget_servers(100.0) == 0
+
+
 async def test_beat_and_remove_of_an_unknown_server_say_so(store: Any) -> None:
     assert await store.beat("nobody@host", 1.0) is False
     await store.register_server(server_record("m1@host"))
