@@ -290,7 +290,7 @@ async def test_a_servers_engine_and_queue_counters_are_read_from_another_servers
     """What the observer of one server shows of another: its engine's and its matcher's
     statistics, asked across nodes, cross as registered values, and asking leaves the engine
     running (an unregistered reply used to crash the engine and restart the whole tree)."""
-    async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
+    async with two_servers() as (_, m2), trio.open_nursery() as nursery:
         worker = _worker(m2.matching, "w2")
         nursery.start_soon(worker.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=m2.matching)) as client:
