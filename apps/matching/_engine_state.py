@@ -189,6 +189,10 @@ class EngineStatistics:
     server_id: str = ""
 
 
+# (read from another server's node too: an observer of the cluster asks each engine)
+otp.remote_value(EngineStatistics, name="matching.EngineStatistics")
+
+
 # -- runtime state --------------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ worker slot while it runs). State changes travel as patches
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
@@ -179,8 +180,9 @@ class StepDefinition:
     child_type: str | None = None
     child: Flow | None = attrs.field(default=None, eq=False)
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
+        # (cached: a worker asks for every call it runs, and inspect's check is slow)
         return inspect.iscoroutinefunction(self.handler)
 
 
@@ -192,8 +194,9 @@ class RpcDefinition:
     handler: Callable[..., Any] = attrs.field(eq=False)
     timeout: float | None = None
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
+        # (cached: a worker asks for every call it runs, and inspect's check is slow)
         return inspect.iscoroutinefunction(self.handler)
 
 

@@ -50,6 +50,9 @@ __all__ = ["Forward", "Queue", "QueueIdle", "StopIdle", "queue_spec", "start_que
 
 logger = logging.getLogger("apps.matching")
 
+# (read from another server's node too: the matcher's statistics ask each of its queues)
+otp.remote_value(QueueStatistics, name="matching.QueueStatistics")
+
 
 @attrs.frozen(eq=False)
 class Forward:

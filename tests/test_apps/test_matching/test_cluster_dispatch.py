@@ -25,7 +25,9 @@ from apps.matching import (
     rpc,
     step,
 )
-from apps.matching._matcher import statistics
+from apps.matching._engine import ENGINE, EngineStatistics, FlowEngine
+from apps.matching._matcher import MATCHER, statistics
+from apps.matching._queue_book import QueueStatistics
 
 from ._cluster import two_servers
 from ._in_process import BOUND, until
@@ -282,3 +284,27 @@ async def test_a_result_that_cannot_cross_to_the_flows_server_fails_the_step_say
         await worker.close()
     assert "result_cannot_cross" in str(info.value)
     assert "nests deeper than max_depth" in str(info.value)
+
+
+async def test_a_servers_engine_and_queue_counters_are_read_from_another_servers_node() -> None:
+    """What the observer of one server shows of another: its engine's and its matcher's
+    statistics, asked across nodes, cross as registered values, and asking leaves the engine
+    running (an unregistered reply used to crash the engine and restart the whole tree)."""
+    async with two_servers() as (_, m2), trio.open_nursery() as nursery:
+        worker = _worker(m2.matching, "w2")
+        nursery.start_soon(worker.start)
+        async with TrioClient(REGISTRY, None, ClientOptions(server_address=m2.matching)) as client:
+            with trio.fail_after(BOUND):
+                await worker.wait_pull_registered()
+                assert await client.result(await client.start_flow(Hop, "x")) == "x done"
+                remote = await FlowEngine.statistics(server=(ENGINE, m2.name))
+                matcher = await statistics(matcher=(MATCHER, m2.name))
+                again = await FlowEngine.statistics(server=(ENGINE, m2.name))
+        await worker.close()
+    assert isinstance(remote, EngineStatistics)
+    assert remote.dispatch_reasons["delivered"] == 2  # both steps ran on m2's worker
+    assert remote.flows_running == 0
+    assert again.dispatch_reasons == remote.dispatch_reasons  # the same engine, not restarted
+    flow_queue = matcher.queues["flow:Hop"]
+    assert isinstance(flow_queue, QueueStatistics)
+    assert (flow_queue.streams, flow_queue.workers) == (flow_queue.idle, 1)
