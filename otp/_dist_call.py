@@ -89,13 +89,15 @@ async def call(
             mtype = _REG_SEND
         conn.send_now(_MONITOR, {"from": wire_me, "to": to, "ref": wire_ref}, mtype, sent)
         waiter = _watch(me, server, ref)
-    timer = node.timers.start(timeout, waiter.time_out) if timeout is not None else None
+    timer = (
+        node.timers.start(timeout, waiter.time_out, private=True) if timeout is not None else None
+    )
     try:
         await waiter.wait()
     finally:
         _unwatch(dist, me, ref)
         if timer is not None:
-            node.timers.cancel(timer)
+            node.timers.discard(timer)
     value = waiter.value
     if value is TIMED_OUT:
         raise CallTimeout("timeout", server, request)
