@@ -281,8 +281,10 @@ def remote(quick: bool) -> list[Result]:
                 "floor: the same ping-pong with a trio task on each end, echoed by another OS"
                 f" process; {cost}. Raw trio pays 2 + 2 too, but one of each end's is its"
                 " send's checkpoint, after the write; a call's two (the reader, then the caller"
-                " or the server) both come before it, so ~0.5 is that design's floor with no"
-                f" work of ours. Raw trio's CPU a round trip on this end:"
+                " or the server) both come before it, so the ratio is about raw trio's CPU"
+                " over a call's, both ends summed. A call answered by its server sends no"
+                " DEMONITOR (the reply ends the monitor). Raw trio's CPU a round trip on this"
+                " end:"
                 f" {raw_trio_cpu * 1e6:.0f} us (both ends' CPU is each round trip's wall time"
                 " when they take turns)"
             ),

@@ -1,7 +1,10 @@
 """``GenServer.call`` and ``GenServer.stop`` of a server on another node (the caller's side of
 OTP's ``gen:call`` across nodes): the callee is monitored and the request sent in one write,
 and the reply or the DOWN comes back to the caller's waiter through the monitor's ref, an
-alias, as in OTP 24+. They are ``Distribution.call`` and ``Distribution.stop``.
+alias, as in OTP 24+. A reply from the monitored server ends the monitor on both sides
+(``$gen_reply_demonitor``, as OTP's ``{alias, reply_demonitor}`` does on the caller's), so a
+call answered by its server costs no DEMONITOR frame. They are ``Distribution.call`` and
+``Distribution.stop``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ async def call(
     """``GenServer.call`` of a server on another node: monitor it and send the request in
     one write (the MONITOR first: its DOWN then always carries the reason the server exited
     with), then wait for the reply or the DOWN, which the monitor's ref (an alias) routes
-    to this call's waiter; the DEMONITOR goes lazily, with the next frame.
+    to this call's waiter. A reply from the server itself ends the monitor on both sides
+    (see Distribution.reply); otherwise (a deferred reply from another process, a timeout,
+    a cancelled caller) the DEMONITOR goes lazily, with the next frame.
 
     Raises:
         BadArg: the request cannot cross to another node (nothing is sent or recorded).
@@ -84,13 +89,15 @@ async def call(
             mtype = _REG_SEND
         conn.send_now(_MONITOR, {"from": wire_me, "to": to, "ref": wire_ref}, mtype, sent)
         waiter = _watch(me, server, ref)
-    timer = node.timers.start(timeout, waiter.time_out) if timeout is not None else None
+    timer = (
+        node.timers.start(timeout, waiter.time_out, private=True) if timeout is not None else None
+    )
     try:
         await waiter.wait()
     finally:
         _unwatch(dist, me, ref)
         if timer is not None:
-            node.timers.cancel(timer)
+            node.timers.discard(timer)
     value = waiter.value
     if value is TIMED_OUT:
         raise CallTimeout("timeout", server, request)

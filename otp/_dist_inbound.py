@@ -158,11 +158,15 @@ def _decode_to(node: Node, proc: Process, message: Any) -> None:
     if message.__class__ is tuple and message and message[0].__class__ is wire.Atom:
         # Compared by name: a decoded atom is a new object, and its attrs __eq__ a call.
         tag = message[0].name
-        if tag == "$gen_reply" and len(message) == 3:
+        if (tag == "$gen_reply" or tag == "$gen_reply_demonitor") and len(message) == 3:
             ref = value_from_wire(message[1], node)
             if proc.aliases is not None:
                 waiter = proc.aliases.get(ref)
                 if waiter is not None:
+                    if tag == "$gen_reply_demonitor" and proc.monitors is not None:
+                        # The server ended the call's monitor with its reply (see
+                        # Distribution.reply): no DEMONITOR goes back for it.
+                        proc.monitors.pop(ref, None)
                     waiter.resolve(value_from_wire(message[2], node), False)
             return
         if tag == "$gen_call" and len(message) == 3:

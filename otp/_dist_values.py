@@ -50,7 +50,8 @@ _WIRE_IDS: dict[Pid | Ref, Any] = {}
 
 def wire_id(value: Pid | Ref) -> Any:
     """The wire form of a pid or ref, cached: the same few pids send most messages, and a call's
-    ref crosses three times (MONITOR, the request, DEMONITOR); the wire classes validate."""
+    ref crosses two or three times (MONITOR, the request, a DEMONITOR); the wire classes
+    validate."""
     made = _WIRE_IDS.get(value)
     if made is None:
         if len(_WIRE_IDS) >= 4096:

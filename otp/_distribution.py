@@ -57,6 +57,7 @@ logger = logging.getLogger("otp.dist")
 _GEN_CALL = wire.Atom("$gen_call")
 _GEN_CAST = wire.Atom("$gen_cast")
 _GEN_REPLY = wire.Atom("$gen_reply")
+_GEN_REPLY_DEMONITOR = wire.Atom("$gen_reply_demonitor")
 _SYSTEM = wire.Atom("system")
 _SEND = wire.MessageType.SEND
 _TERMINATE = wire.Atom("terminate")
@@ -404,20 +405,28 @@ class Distribution:
             )
 
     def reply(self, from_: From, value: Any) -> None:
+        """Send a remote caller its reply. From the server the call monitors, the reply ends
+        that monitor here and says so (``$gen_reply_demonitor``): the caller drops its side
+        without a DEMONITOR, which would only remove what the reply already removed. A reply
+        from any other process (a deferred reply) leaves the monitor to the caller's
+        DEMONITOR."""
         pid = from_.pid
         conn = self.connections.get(pid.node)
-        if conn is not None:
-            conn.enqueue(
-                _SEND,
-                {
-                    "to": wire_id(pid),
-                    "msg": (
-                        _GEN_REPLY,
-                        wire_id(tag) if (tag := from_.tag).__class__ is Ref else value_to_wire(tag),
-                        value_to_wire(value),
-                    ),
-                },
-            )
+        if conn is None:
+            return
+        tag = from_.tag
+        kind = _GEN_REPLY
+        if tag.__class__ is Ref:
+            wire_tag = wire_id(tag)
+            me = current_process_or_none()
+            if me is not None and (monitored_by := me.monitored_by) is not None:
+                watcher = monitored_by.get(tag)
+                if watcher is not None and watcher == pid:
+                    del monitored_by[tag]
+                    kind = _GEN_REPLY_DEMONITOR
+        else:
+            wire_tag = value_to_wire(tag)
+        conn.enqueue(_SEND, {"to": wire_id(pid), "msg": (kind, wire_tag, value_to_wire(value))})
 
     # GenServer.call and GenServer.stop of a remote server (see _dist_call).
     call = _dist_call.call

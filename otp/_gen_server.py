@@ -144,7 +144,9 @@ class GenServer:
         watch(me, target, ref, waiter)
         target.deliver(GenCall(From(me.pid, ref), request))
         # wait_reply inlined (the hot path): no closure and two coroutine frames fewer a call.
-        timer = None if timeout is None else node.timers.start(timeout, waiter.time_out)
+        timer = (
+            None if timeout is None else node.timers.start(timeout, waiter.time_out, private=True)
+        )
         try:
             if waiter.done:
                 await cancel_shielded_checkpoint()
@@ -154,7 +156,7 @@ class GenServer:
         finally:
             unwatch(me, target, ref)
             if timer is not None:
-                node.timers.cancel(timer)
+                node.timers.discard(timer)
         value = waiter.value
         if value is TIMED_OUT:
             raise CallTimeout("timeout", server, request)

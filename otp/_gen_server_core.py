@@ -90,12 +90,12 @@ async def wait_reply(
     timer = None
     try:
         if timeout is not None:
-            timer = node.timers.start(timeout, waiter.time_out)
+            timer = node.timers.start(timeout, waiter.time_out, private=True)
         await waiter.wait()
     finally:
         cleanup()
         if timer is not None:
-            node.timers.cancel(timer)
+            node.timers.discard(timer)
 
 
 def watch(me: Process, target: Process, ref: Ref, waiter: CallWaiter) -> None:

@@ -48,8 +48,9 @@ class TimerService:
 
     def __init__(self, node: Node) -> None:
         self._node = node
-        self._heap: list[tuple[float, int, Ref]] = []
-        self._actions: dict[Ref, tuple[float, Callable[[], None]]] = {}
+        self._heap: list[tuple[float, int, Any]] = []
+        #: Each live timer's deadline and action, by its ref (or its object, see start).
+        self._actions: dict[Any, tuple[float, Callable[[], None]]] = {}
         #: The target process of each timer started with start_to.
         self._targets: dict[Ref, Process] = {}
         self._order = itertools.count()
@@ -58,8 +59,11 @@ class TimerService:
     def __len__(self) -> int:
         return len(self._actions)
 
-    def start(self, delay: float, action: Callable[[], None]) -> Ref:
-        ref = self._node.make_ref()
+    def start(self, delay: float, action: Callable[[], None], *, private: bool = False) -> Any:
+        """Run ``action`` in ``delay`` seconds; returns the timer's ref. A ``private`` timer
+        (a call's timeout) is named by a bare object instead: cheaper to make than a ref, and
+        out of reach of ``cancel_timer`` and ``read_timer``, whatever ref they are given."""
+        ref = object() if private else self._node.make_ref()
         deadline = trio.current_time() + max(0.0, delay)
         self._actions[ref] = (deadline, action)
         heap = self._heap
@@ -108,6 +112,11 @@ class TimerService:
         if target is not None and target.timers is not None:
             target.timers.discard(ref)
         return max(0.0, entry[0] - trio.current_time())
+
+    def discard(self, timer: Any) -> None:
+        """Cancel a timer made by :meth:`start` (not ``start_to``) without reading the time it
+        had left: a call's timeout once the call is over."""
+        self._actions.pop(timer, None)
 
     def read(self, ref: Ref) -> float | None:
         entry = self._actions.get(ref)

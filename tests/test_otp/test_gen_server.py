@@ -169,6 +169,23 @@ async def test_late_reply_after_timeout_is_dropped(autojump_clock: trio.testing.
         assert await otp.receive(timeout=0, default="empty") == "empty"
 
 
+async def test_a_calls_timeout_is_gone_once_it_returns_and_no_timer_ref_reaches_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class Peeking(GenServer):
+        def handle_call(self, request: Any, from_: otp.From, state: Any) -> Reply:
+            # The call's tag is a ref the server sees: the caller's timeout is no timer of it.
+            return Reply((otp.read_timer(from_.tag), otp.cancel_timer(from_.tag)), state)
+
+    async with otp.open_node():
+        node = otp.current_node()
+        pid = await Peeking.start()
+        for _ in range(3000):
+            assert await otp.call(pid, "x", timeout=60) == (None, None)
+        assert len(node.timers) == 0
+        assert len(node.timers._heap) <= 2048
+
+
 async def test_call_to_a_dead_server_raises_noproc() -> None:
     async with otp.open_node():
         pid = await Counter.start()

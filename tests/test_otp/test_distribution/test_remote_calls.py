@@ -3,6 +3,8 @@ many callers, and calls that cannot cross or time out leave no monitor and no la
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +165,14 @@ async def test_a_call_in_flight_fails_with_noconnection_when_the_connection_drop
             assert await otp.receive() == ("call failed", otp.NOCONNECTION, False)
 
 
+def _reply_to(caller: wire.Pid, reply_atom: str, tag: Any, value: Any) -> bytes:
+    """A server's reply to a call from ``caller`` (``$gen_reply`` or ``$gen_reply_demonitor``)."""
+    return _frame(wire.MessageType.SEND, {"to": caller, "msg": (wire.Atom(reply_atom), tag, value)})
+
+
+@pytest.mark.parametrize("reply_atom", ["$gen_reply", "$gen_reply_demonitor"])
 async def test_a_remote_call_that_times_out_drops_the_late_reply_and_demonitors(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, reply_atom: str
 ) -> None:
     async with otp.open_node(B):
         await _listening(tmp_path / "b.sock")
@@ -186,10 +194,7 @@ async def test_a_remote_call_that_times_out_drops_the_late_reply_and_demonitors(
             _, (caller, tag), _ = request["msg"] if "msg" in request else request["msgs"][0]
             # The reply and a DOWN, late: neither reaches the caller's mailbox.
             await stream.send_all(
-                _frame(
-                    wire.MessageType.SEND,
-                    {"to": caller, "msg": (wire.Atom("$gen_reply"), tag, "late")},
-                )
+                _reply_to(caller, reply_atom, tag, "late")
                 + _frame(
                     wire.MessageType.DOWN,
                     {
@@ -203,3 +208,165 @@ async def test_a_remote_call_that_times_out_drops_the_late_reply_and_demonitors(
             await trio.sleep(1)
             assert await otp.receive(timeout=0, default=None) is None
             assert otp.nodes() == [X]
+
+
+# -- a reply from the monitored server ends the call's monitor on both sides -------------------
+
+
+class _Deferring(otp.GenServer):
+    """Answers "direct" itself; "deferred" is answered by another process (a deferred
+    reply, OTP's gen_server:reply from anywhere)."""
+
+    def init(self) -> Any:
+        return otp.Ok(None)
+
+    def handle_call(self, request: Any, from_: otp.From, state: Any) -> Any:
+        if request == "deferred":
+            otp.spawn(_reply_later, from_)
+            return otp.NoReply(state)
+        return otp.Reply(("answer", request), state)
+
+
+async def _reply_later(from_: otp.From) -> None:
+    otp.GenServer.reply(from_, ("answer", "deferred"))
+
+
+def _call_frames(caller: wire.Pid, ref: wire.Ref, request: Any) -> bytes:
+    """What a node's call of ``srv`` on b writes: MONITOR, then the request."""
+    return _frame(wire.MessageType.MONITOR, {"from": caller, "to": "srv", "ref": ref}) + _frame(
+        wire.MessageType.REG_SEND,
+        {"from": caller, "to": "srv", "msg": (wire.Atom("$gen_call"), (caller, ref), request)},
+    )
+
+
+async def _reply_frame(frames: wire.FrameStream) -> Any:
+    with trio.fail_after(5):
+        while True:
+            frame = await frames.receive_frame()
+            assert frame is not None
+            if frame.type is wire.MessageType.SEND:
+                return frame.payload["msg"]
+
+
+@contextlib.asynccontextmanager
+async def _b_and_raw_x(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[trio.SocketStream, wire.FrameStream]]:
+    """Node b (this test's node, its main process registered as "inbox") and a connection to
+    it made by hand as node x, once b counts it as up."""
+    async with otp.open_node(B):
+        otp.register("inbox", otp.self())
+        await _listening(tmp_path / "b.sock")
+        async with _raw_peer(tmp_path / "b.sock") as (stream, frames):
+            with trio.fail_after(5):
+                assert await frames.receive_frame() is not None  # b counts us as up
+            yield stream, frames
+
+
+@pytest.mark.parametrize(
+    ("request_", "reply_atom", "monitor_left"),
+    [("direct", "$gen_reply_demonitor", False), ("deferred", "$gen_reply", True)],
+)
+async def test_only_the_servers_own_reply_to_a_remote_call_ends_its_monitor(
+    tmp_path: Path, request_: str, reply_atom: str, monitor_left: bool
+) -> None:
+    async with _b_and_raw_x(tmp_path) as (stream, frames):
+        server = await _Deferring.start(name="srv")
+        caller, ref = wire.Pid(X, 1, 1), wire.Ref(X, 7, 1)
+        await stream.send_all(_call_frames(caller, ref, request_))
+        # The server's reply says the monitor is gone, and it is: no DEMONITOR need follow.
+        # Another process's (deferred) reply holds no monitor, so it ends none.
+        reply = await _reply_frame(frames)
+        assert reply == (wire.Atom(reply_atom), ref, ("answer", request_))
+        info = otp.process_info(server)
+        assert info is not None
+        assert info.monitored_by == ((otp.Pid._make(X, 1, 1),) if monitor_left else ())
+        # The caller's DEMONITOR (it sends one when the reply did not end the monitor, or
+        # when it gave up first, crossing the reply): the monitor is gone either way.
+        await stream.send_all(
+            _frame(wire.MessageType.DEMONITOR, {"from": caller, "to": "srv", "ref": ref})
+            + _frame(wire.MessageType.REG_SEND, {"from": caller, "to": "inbox", "msg": "done"})
+        )
+        with trio.fail_after(5):
+            assert await otp.receive() == "done"
+        info = otp.process_info(server)
+        assert info is not None and info.monitored_by == ()
+
+
+async def _call_to_srv(frames: wire.FrameStream) -> tuple[Any, Any]:
+    """The MONITOR and the request of a call of ``srv`` on the hand-made peer."""
+    monitor = None
+    with trio.fail_after(5):
+        while True:
+            frame = await frames.receive_frame()
+            assert frame is not None
+            if frame.type is wire.MessageType.MONITOR:
+                monitor = frame.payload
+            elif frame.type is wire.MessageType.REG_SEND and frame.payload["to"] == "srv":
+                assert monitor is not None  # the MONITOR goes first
+                return monitor, frame.payload
+
+
+async def _call_and_report(report_to: otp.Pid) -> None:
+    try:
+        value = await otp.call(("srv", X), "req", timeout=30)
+    except otp.CallError as exc:
+        value = ("failed", exc.reason)
+    otp.send(report_to, ("called", value))
+    otp.send(("after", X), "after the call")  # the next frame, which takes a DEMONITOR along
+
+
+@pytest.mark.parametrize(
+    ("reply_atom", "demonitors"), [("$gen_reply_demonitor", False), ("$gen_reply", True)]
+)
+async def test_a_remote_caller_demonitors_only_when_the_reply_did_not(
+    tmp_path: Path, reply_atom: str, demonitors: bool
+) -> None:
+    async with _b_and_raw_x(tmp_path) as (stream, frames):
+        otp.spawn(_call_and_report, otp.self())
+        monitor, request = await _call_to_srv(frames)
+        _, (caller, tag), _ = request["msg"]
+        await stream.send_all(_reply_to(caller, reply_atom, tag, "the reply"))
+        with trio.fail_after(5):
+            assert await otp.receive() == ("called", "the reply")
+            after: list[wire.MessageType] = []
+            while True:
+                frame = await frames.receive_frame()
+                assert frame is not None
+                if frame.payload.get("msg") == "after the call":
+                    break
+                after.append(frame.type)
+                if frame.type is wire.MessageType.DEMONITOR:
+                    assert frame.payload["ref"] == monitor["ref"]
+        assert (wire.MessageType.DEMONITOR in after) is demonitors
+        assert otp.process_info(otp.self()) is not None
+
+
+@pytest.mark.parametrize("reply_atom", ["$gen_reply_demonitor", "$gen_reply"])
+async def test_a_reply_after_the_remote_caller_died_is_dropped(
+    tmp_path: Path, reply_atom: str
+) -> None:
+    async with _b_and_raw_x(tmp_path) as (stream, frames):
+        caller = otp.spawn(_call_and_report, otp.self())
+        ref = otp.monitor(caller)
+        _, request = await _call_to_srv(frames)
+        _, (wire_caller, tag), _ = request["msg"]
+        otp.exit(caller, otp.KILL)
+        assert await otp.receive(otp.Down) == otp.Down(ref, caller, otp.KILLED)
+        with trio.fail_after(5):
+            # The dead caller's DEMONITOR: it gave up on the call.
+            while True:
+                frame = await frames.receive_frame()
+                assert frame is not None
+                if frame.type is wire.MessageType.DEMONITOR:
+                    break
+        await stream.send_all(
+            _reply_to(wire_caller, reply_atom, tag, "too late")
+            + _frame(
+                wire.MessageType.REG_SEND,
+                {"from": wire.Pid(X, 1, 1), "to": "inbox", "msg": "marker"},
+            )
+        )
+        with trio.fail_after(5):
+            assert await otp.receive() == "marker"
+        assert otp.nodes() == [X]
