@@ -27,3 +27,10 @@ def _progress_logger_level_put_back() -> Iterator[None]:
     level = progress.level
     yield
     progress.setLevel(level)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first: the matching chaos runs take tens of seconds each, and with the
+    suite spread over xdist workers (pyproject's ``-n``), one started last would keep a run
+    going while the other workers idle. The order is otherwise kept."""
+    items.sort(key=lambda item: item.get_closest_marker("chaos") is None)

@@ -26,6 +26,7 @@ class EchoApp(DirtyApp):
         self.calls = 0
         self.lock = threading.Lock()
         self.stopped: dict[str, bool] = {}
+        self.stop_changed = threading.Condition()  # notified when ``stopped`` changes
         self.active = 0
         self.most_active = 0
 
@@ -79,10 +80,17 @@ class EchoApp(DirtyApp):
                 i += 1
                 time.sleep(0.001)
         finally:
-            self.stopped[tag] = True
+            with self.stop_changed:
+                self.stopped[tag] = True
+                self.stop_changed.notify_all()
 
     def was_stopped(self, tag: str) -> bool:
         return self.stopped.get(tag, False)
+
+    def wait_stopped(self, tag: str, bound: float) -> bool:
+        """Whether the stream ``tag`` was stopped within ``bound`` seconds (from now)."""
+        with self.stop_changed:
+            return self.stop_changed.wait_for(lambda: self.stopped.get(tag, False), bound)
 
     def _private(self) -> str:
         return "secret"

@@ -7,28 +7,48 @@ import contextlib
 import os
 import socket
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
 from apps import dirty
+from apps.dirty import _client_sync
 from apps.dirty._protocol import CHUNK, REQUEST, RESPONSE, decode_payload
 from wire import FrameSplitter, reply_parts
 
 BOUND = 10.0  # seconds: the generous bound on any wait for a condition
 
 
-def _wait_for(condition: Callable[[], bool], bound: float = BOUND) -> None:
-    """Wait (in a plain thread) until ``condition()`` holds; fail after ``bound`` seconds."""
-    deadline = time.monotonic() + bound
-    while not condition():
-        if time.monotonic() > deadline:
+def _wait_for(
+    condition: Callable[[], bool], changed: threading.Condition, bound: float = BOUND
+) -> None:
+    """Wait (in a plain thread) until ``condition()`` holds, woken by ``changed`` (which whatever
+    the condition reads notifies when it changes); fail after ``bound`` seconds."""
+    with changed:
+        if not changed.wait_for(condition, bound):
             raise AssertionError("condition not reached in time")
-        time.sleep(0.002)
+
+
+def watch_sync_sends(monkeypatch: pytest.MonkeyPatch) -> threading.Condition:
+    """A condition notified after each send of a sync client's connection: a call registers its
+    waiter (``_SyncConn.waiters``) before its request goes out, so a wait on it for a number of
+    waiters wakes when a call's waiter is in."""
+    changed = threading.Condition()
+    real = _client_sync._SyncConn.send
+
+    def send(self: Any, *args: Any) -> None:
+        try:
+            real(self, *args)
+        finally:
+            with changed:
+                changed.notify_all()
+
+    monkeypatch.setattr(_client_sync._SyncConn, "send", send)
+    return changed
 
 
 async def _in_asyncio(scenario: Callable[[], Awaitable[Any]]) -> Any:
@@ -64,6 +84,8 @@ class FakePool:
         self.server.listen(8)
         self.conns: list[socket.socket] = []
         self.lock = threading.Lock()
+        #: Notified (under ``lock``) when ``frames`` or ``ended`` change.
+        self.changed = threading.Condition(self.lock)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -97,8 +119,9 @@ class FakePool:
                     if mtype == REQUEST:
                         body = decode_payload(payload)
                         action = body["action"]
-                    with self.lock:
+                    with self.changed:
                         self.frames.append((n, mtype, rid, action))
+                        self.changed.notify_all()
                     if mtype != REQUEST:
                         continue
                     if action == "hold":
@@ -111,8 +134,9 @@ class FakePool:
             with self.lock:
                 self.errors.append(f"connection {n}: {exc!r}")
         finally:
-            with self.lock:
+            with self.changed:
                 self.ended.add(n)
+                self.changed.notify_all()
             conn.close()
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from apps.dirty import _client_sync
 from apps.dirty._protocol import END, REQUEST
 
 from .conftest import ECHO
-from .helpers import BOUND, FloodingPool, _wait_for
+from .helpers import BOUND, FloodingPool, _wait_for, watch_sync_sends
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_keyboard_interrupt_while_reading_leaves_the_sync_client_usable(
     assert client.execute("x:App", "echo", "next") == "next"
     # The pool was told to drop call 1: by its END, or (the interrupt came while the send was
     # being finished, so a frame may be half-sent) by the connection's close, which drops it too.
-    _wait_for(lambda: (0, END, 1, None) in pool.frames or 0 in pool.ended)
+    _wait_for(lambda: (0, END, 1, None) in pool.frames or 0 in pool.ended, pool.changed)
     client.close()
 
 
@@ -86,7 +86,7 @@ def test_an_interrupt_between_the_send_and_the_read_still_ends_the_call(
     _interrupt_once_after(monkeypatch, _client_sync._SyncConn, "send")
     with pytest.raises(KeyboardInterrupt):
         client.execute("x:App", "echo", "first")
-    _wait_for(lambda: (0, END, 1, None) in pool.frames)  # the pool is told to drop it
+    _wait_for(lambda: (0, END, 1, None) in pool.frames, pool.changed)  # the pool drops it
     assert client.execute("x:App", "echo", "next") == "next"  # the late "first" is dropped
     assert 0 not in pool.ended
     assert client._sync is not None and client._sync.waiters == {}  # nothing left behind
@@ -123,7 +123,7 @@ def test_an_interrupt_just_after_a_whole_send_drops_the_connection_safely(
     _interrupt_once_after(monkeypatch, _client_sync, "send_parts")
     with pytest.raises(KeyboardInterrupt):
         client.execute("x:App", "echo", "first")
-    _wait_for(lambda: 0 in pool.ended)
+    _wait_for(lambda: 0 in pool.ended, pool.changed)
     assert client.execute("x:App", "echo", "next") == "next"
     assert [n for n, mtype, _, _ in pool.frames if mtype == REQUEST] == [0, 1]
     client.close()
@@ -231,9 +231,10 @@ async def test_an_explicit_client_connected_before_fork_is_not_shared_with_child
 
 
 async def test_close_dirty_client_in_one_thread_spares_other_threads_calls(
-    start_pool: Any, shared_env: str
+    start_pool: Any, shared_env: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await start_pool(dirty_threads=2)
+    sends = watch_sync_sends(monkeypatch)
     outcome: list[Any] = []
 
     def run() -> None:
@@ -246,7 +247,7 @@ async def test_close_dirty_client_in_one_thread_spares_other_threads_calls(
         thread = threading.Thread(target=slow)
         thread.start()
         client = dirty.get_dirty_client()
-        _wait_for(lambda: client._sync is not None and bool(client._sync.waiters))
+        _wait_for(lambda: client._sync is not None and bool(client._sync.waiters), sends)
         dirty.close_dirty_client()  # e.g. a request's teardown, as Gunicorn's docs allow
         thread.join(BOUND)
 
@@ -279,9 +280,10 @@ async def test_get_dirty_client_is_shared_by_threads_and_fresh_after_close(
 
 
 async def test_close_from_another_thread_fails_every_sync_call_in_flight_then_reconnects(
-    start_pool: Any, socket_path: str
+    start_pool: Any, socket_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await start_pool(dirty_workers=2, dirty_threads=4)
+    sends = watch_sync_sends(monkeypatch)
     client = dirty.DirtyClient(socket_path, timeout=20)
     outcomes: list[Any] = []
 
@@ -302,7 +304,7 @@ async def test_close_from_another_thread_fails_every_sync_call_in_flight_then_re
         threads = [threading.Thread(target=f) for f in (call, call, call, stream)]
         for t in threads:
             t.start()
-        _wait_for(lambda: client._sync is not None and len(client._sync.waiters) == 4)
+        _wait_for(lambda: client._sync is not None and len(client._sync.waiters) == 4, sends)
         t0 = time.monotonic()
         client.close()
         for t in threads:
@@ -327,7 +329,7 @@ async def test_a_stream_abandoned_without_closing_is_ended_when_collected(
         assert next(it) == 0
         del it  # a view returned early; the iterator is dropped, never closed
         assert client.execute(ECHO, "echo", "x") == "x"
-        _wait_for(lambda: client.execute(ECHO, "was_stopped", "dropped"))
+        assert client.execute(ECHO, "wait_stopped", "dropped", BOUND)
 
     await trio.to_thread.run_sync(run)
     client.close()
@@ -353,10 +355,11 @@ async def test_one_thread_interleaving_two_streams_and_calls(
 
 
 async def test_calls_in_flight_when_the_pool_dies_fail_typed_never_hang(
-    start_pool: Any, socket_path: str, fake_pool: Any
+    start_pool: Any, socket_path: str, fake_pool: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A pool that goes away with calls in flight (sync leader and follower, asyncio, trio).
     pool = fake_pool()
+    sends = watch_sync_sends(monkeypatch)
     client = dirty.DirtyClient(pool.path, timeout=30)
     outcomes: list[Any] = []
 
@@ -382,6 +385,7 @@ async def test_calls_in_flight_when_the_pool_dies_fail_typed_never_hang(
             await trio.to_thread.run_sync(
                 _wait_for,
                 lambda: client._sync is not None and len(client._sync.waiters) == 2,
+                sends,
             )
             pool.server.close()
             with pool.lock:

@@ -58,14 +58,16 @@ async def test_asyncio_client_reconnects_after_the_pool_restarts(
     start_pool: Any, socket_path: str
 ) -> None:
     await start_pool()
-    client = dirty.DirtyClient(socket_path, timeout=5)
+    client = dirty.DirtyClient(socket_path, timeout=BOUND)
     restarted = threading.Event()
     first_done = threading.Event()
 
     async def scenario() -> list[Any]:
         got = [await client.execute_async(ECHO, "echo", 1)]
         first_done.set()
-        await asyncio.to_thread(restarted.wait, BOUND)
+        # (a restart, two workers stopped and two started, takes seconds on a loaded machine:
+        # the second call must follow it, not race it)
+        assert await asyncio.to_thread(restarted.wait, 2 * BOUND), "the pool did not restart"
         got.append(await client.execute_async(ECHO, "echo", 2))
         await client.close_async()
         return got
@@ -77,7 +79,7 @@ async def test_asyncio_client_reconnects_after_the_pool_restarts(
             results.append(await _in_asyncio(scenario))
 
         nursery.start_soon(run)
-        await trio.to_thread.run_sync(first_done.wait, BOUND)
+        assert await trio.to_thread.run_sync(first_done.wait, BOUND)
         await _restart(start_pool)
         restarted.set()
     assert results == [[1, 2]]

@@ -526,8 +526,9 @@ async def _settled(
 ) -> dict[str, Any]:
     """The status once exactly ``n`` workers serve, none draining and none of ``avoid``, and
     the pool's target is ``n`` (the router counts a started worker once its start is reported,
-    which may come just after the worker announced itself)."""
-    with trio.fail_after(20):
+    which may come just after the worker announced itself). The bound is generous: replacing
+    workers starts Python processes, which takes tens of seconds on a loaded machine."""
+    with trio.fail_after(60):
         while True:
             status = await _status(client)
             pids = {w["pid"] for w in status["workers"]}

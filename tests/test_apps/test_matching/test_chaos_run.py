@@ -94,7 +94,9 @@ STARTING = 64
 #: each.
 STREAMS_PER_WORKER = SLOTS + (1 + 1) * 1 + 1
 
-pytestmark = pytest.mark.chaos
+# (one xdist group: the two runs go to one worker, one after the other; side by side on 2 cores
+# their killed workers and servers restart too slowly for the dispatch wait)
+pytestmark = [pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 
 _REDELIVERY = re.compile(
     r"matching (?:engine|queue): (?:redelivery of step (?P<step>\d+) attempt \d+ of flow"

@@ -87,7 +87,7 @@ async def test_an_app_worker_id_over_the_limit_fails_registration_naming_the_lim
 
 
 async def test_the_nodes_stream_limit_leaves_the_queue_unregistered_and_names_the_limit(
-    store_kind, caplog
+    store_kind, caplog, autojump_clock
 ):
     async with matching_server(store_kind, limits=MatchingLimits(max_streams=2)) as address:
         error = await _registration_error(address, [_flow("a1"), _flow("a2")])
@@ -98,7 +98,7 @@ async def test_the_nodes_stream_limit_leaves_the_queue_unregistered_and_names_th
 
 
 async def test_the_per_worker_stream_limit_refuses_streams_beyond_it_naming_the_limit(
-    store_kind, caplog
+    store_kind, caplog, autojump_clock
 ):
     pull = PullWorkerOptions(max_concurrent_tasks=4, idle_streams_per_queue=4)
     async with matching_server(
