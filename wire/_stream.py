@@ -6,6 +6,7 @@ wrappers: one reader task and one writer task at a time, every method a checkpoi
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 
@@ -58,6 +59,8 @@ class FrameStream:
         self._ready: deque[Frame] = deque()
         self._eof = False
         self.exact = exact
+        # A plain socket is read straight from its descriptor (see _receive_some).
+        self._socket = stream.socket if type(stream) is trio.SocketStream else None
 
     @property
     def limits(self) -> Limits:
@@ -113,7 +116,7 @@ class FrameStream:
             if self._eof:
                 await trio.lowlevel.checkpoint()
                 return None
-            data = await self.stream.receive_some(self._read_size())
+            data = await self._receive_some(self._read_size())
             received = True
             if not data:
                 self._eof = True
@@ -124,6 +127,27 @@ class FrameStream:
             # receive_some was a checkpoint already; a frame from the buffer needs its own.
             await trio.lowlevel.checkpoint()
         return self._ready.popleft()
+
+    async def _receive_some(self, size: int) -> bytes | bytearray:
+        """``stream.receive_some(size)``; a plain socket's waits for the descriptor to be
+        readable, then reads it once. ``SocketStream.receive_some`` tries to read first, and
+        a reader that has taken everything (as a frame reader nearly always has) pays a failed
+        ``recv``, its ``BlockingIOError`` and two context managers for it: about 25 us of the
+        ~130 us of CPU a matching server spent per frame read."""
+        sock = self._socket
+        if sock is None:
+            return await self.stream.receive_some(size)
+        while True:
+            fd = sock.fileno()
+            if fd == -1:
+                raise trio.ClosedResourceError("the socket was closed")
+            await trio.lowlevel.wait_readable(sock)
+            try:
+                return os.read(fd, size)
+            except BlockingIOError:
+                continue  # (readable was a false alarm: wait again)
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"reading failed ({exc})") from exc
 
     def _read_size(self) -> int:
         if not self.exact:
@@ -155,7 +179,7 @@ class FrameStream:
         while True:
             # Most reads complete whole frames: hand the decoder's list over as it is.
             decoder.feed(b"")  # raises an error found after the last frame delivered
-            data = await self.stream.receive_some(self._receive_size)
+            data = await self._receive_some(self._receive_size)
             if not data:
                 self._eof = True
                 decoder.feed_eof()

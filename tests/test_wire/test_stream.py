@@ -125,3 +125,62 @@ async def test_a_receive_cancelled_mid_frame_loses_no_bytes(
     assert await stream.receive_frame() == first
     assert await stream.receive_frame() == wire.make_end(7)
     assert await stream.receive_frame() is None
+
+
+async def test_a_socket_closed_while_a_receive_waits_raises_closed_resource() -> None:
+    # A plain socket is read straight from its descriptor: closing it from another task
+    # still ends the waiting receive as SocketStream's own receive_some does.
+    a, b = trio.socket.socketpair()
+    stream = wire.FrameStream(trio.SocketStream(b))
+    raised: list[BaseException] = []
+
+    async def receive() -> None:
+        try:
+            await stream.receive_frames()
+        except trio.ClosedResourceError as exc:
+            raised.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive)
+        await trio.testing.wait_all_tasks_blocked()
+        await stream.aclose()
+    assert len(raised) == 1
+    with pytest.raises(trio.ClosedResourceError):
+        await stream.receive_frame()  # (and so does a receive after it)
+    a.close()
+
+
+async def test_a_socket_reset_by_its_peer_raises_broken_resource() -> None:
+    import socket
+    import struct
+
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = trio.socket.socket()
+    await client.connect(listener.getsockname())
+    server, _ = await listener.accept()
+    stream = wire.FrameStream(trio.SocketStream(server))
+    # Unread data at close plus SO_LINGER 0: the kernel sends RST, not FIN.
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await client.send(b"GD")
+    await trio.testing.wait_all_tasks_blocked()
+    client.close()
+    with pytest.raises((trio.BrokenResourceError, wire.WireError)):
+        while True:
+            assert await stream.receive_frames() != []
+    await stream.aclose()
+    listener.close()
+
+
+async def test_frames_a_socket_already_holds_are_read_without_waiting_for_more() -> None:
+    a, b = trio.socket.socketpair()
+    left = wire.FrameStream(trio.SocketStream(a))
+    right = wire.FrameStream(trio.SocketStream(b))
+    frames = [wire.make_request(i, "m:A", "echo", [i]) for i in range(3)]
+    await left.send_frames(frames)
+    with trio.fail_after(5):
+        assert await right.receive_frames() == frames
+    await left.aclose()
+    assert await right.receive_frames() == []
+    await right.aclose()
