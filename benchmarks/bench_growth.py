@@ -29,8 +29,8 @@ compares with it at the same N.
   (random keys of a table of N objects), set and ordered_set: us per operation. Grows: set
   lookup as a dict's does (the machine's caches; vs_dict stays flat); ordered_set's index is
   a chunked sorted list (``otp/ets/_ordered_index.py``), so its insert is O(log n)-ish.
-  At 1M objects a set's insert and lookup cost 3-4x their 1k cost, and so does the plain
-  dict's (7-9x: its table and the objects no longer fit the caches), so ``vs_dict`` stays
+  At 1M objects a set's lookup costs 3-4x its 1k cost (its insert about 2x), as the plain
+  dict's grows too (5-9x: its table and the objects no longer fit the caches), so ``vs_dict`` stays
   within 2x; ordered_set's insert grows with the comparisons of its bisects (each a cache
   miss at 1M), 5.0 / 8.1 / 13.3 CPU us at 1k / 100k / 1M (0.75 of log-scaled 1k).
 - ``growth.dirty``: a real dirty pool (``python -m otp.node --app apps.dirty``, 2 workers x 4
