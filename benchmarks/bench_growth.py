@@ -9,7 +9,18 @@ compares with it at the same N.
 
 - ``growth.spawn``: spawn N idle processes (each waiting in ``receive``), in a fresh OS process
   per N: us per spawn, tracemalloc bytes per process and RSS bytes per process (raw trio: N
-  tasks in ``trio.sleep_forever``).
+  tasks in ``trio.sleep_forever``). ``growth.spawn.cpu`` is the CPU of that first batch and
+  ``growth.spawn.gc_full`` / ``gc_young`` the part of it in the cyclic GC's collections:
+  CPython runs a full collection only once the objects that survived young collections since
+  the last one exceed a quarter of those that survived it, so each live object is scanned a
+  bounded number of times and the GC's cost per spawn levels off (none at 1k, where no full
+  collection runs; about 4 us at 10k; about 17 us of 60 at 100k and at 1M, 10 and 20 full
+  collections), while ``cpu_outside_gc`` (and ``time_nogc``, a batch with the GC off) stays
+  flat. ``gc.freeze()`` after boot saves nothing at 1M (the 42k boot objects are 0.3% of what
+  is scanned), and freezing live processes would leak the dead ones (a process and its pid
+  refer to each other, so only the cyclic GC frees them); a higher young threshold
+  (``gc.set_threshold(10000)``: 47 CPU us at 100k) only postpones the first full collections,
+  and is the application's call, as it sets the whole OS process's GC.
 - ``growth.ring``: one message around a ring of N processes, us per hop (raw trio: N tasks
   joined by memory channels).
 - ``growth.call_backlog``: ``call`` to an echo server while the caller's mailbox holds 0, 10k,
@@ -18,8 +29,10 @@ compares with it at the same N.
   (random keys of a table of N objects), set and ordered_set: us per operation. Grows: set
   lookup as a dict's does (the machine's caches; vs_dict stays flat); ordered_set's index is
   a chunked sorted list (``otp/ets/_ordered_index.py``), so its insert is O(log n)-ish.
-  ``growth.spawn.time`` grows with N because CPython's cyclic GC scans every live object;
-  ``growth.spawn.time_nogc`` (GC off) stays flat.
+  At 1M objects a set's lookup costs 3-4x its 1k cost (its insert about 2x), as the plain
+  dict's grows too (5-9x: its table and the objects no longer fit the caches), so ``vs_dict`` stays
+  within 2x; ordered_set's insert grows with the comparisons of its bisects (each a cache
+  miss at 1M), 5.0 / 8.1 / 13.3 CPU us at 1k / 100k / 1M (0.75 of log-scaled 1k).
 - ``growth.dirty``: a real dirty pool (``python -m otp.node --app apps.dirty``, 2 workers x 4
   threads) called by 1, 8, 64 and 256 concurrent asyncio tasks sharing one client: calls/s
   (baseline: 1 caller) and p99 latency (baseline: the mean latency Little's law gives for
@@ -29,7 +42,10 @@ compares with it at the same N.
   per child) (raw trio: N tasks started with ``nursery.start``, then cancelled).
 - ``growth.mesh``: a full mesh of N nodes, each its own OS process on this machine (this one and
   N - 1 peers; every node dials the nodes after it, all at once): median connect time and
-  one-way send throughput of one pair while the rest of the mesh is connected.
+  one-way send throughput of one pair while the rest of the mesh is connected. The median
+  connect grows with N as the handshakes a node has in flight do (N - 1, all at once, on a
+  2-core machine: 2.5 / 8.6 / 17.4 ms at 2 / 4 / 8 nodes in one full run);
+  ``growth.mesh.connect_per_peer`` divides by them (2.5 / 2.9 / 2.5 ms).
 """
 
 from __future__ import annotations
@@ -174,9 +190,24 @@ def spawn_probe(kind: str, n: int) -> None:
                 await trio.testing.wait_all_tasks_blocked()
                 return time.perf_counter() - start
 
+            # CPU seconds of the first batch, and of them those spent in the cyclic GC's
+            # collections (by generation): what load on the machine does not disturb.
+            in_gc = [0.0, 0.0, 0.0]
+            gc_start = [0.0]
+
+            def on_gc(phase: str, info: dict[str, int]) -> None:
+                if phase == "start":
+                    gc_start[0] = time.process_time()
+                else:
+                    in_gc[info["generation"]] += time.process_time() - gc_start[0]
+
             gc.collect()
             rss0 = _rss()
+            gc.callbacks.append(on_gc)
+            cpu = time.process_time()
             best = await timed_batch(n)
+            cpu = time.process_time() - cpu
+            gc.callbacks.remove(on_gc)
             gc.collect()
             rss = _rss() - rss0
             for _ in range(4 if n <= 10_000 else 0):
@@ -197,13 +228,30 @@ def spawn_probe(kind: str, n: int) -> None:
             grown = tracemalloc.get_traced_memory()[0] - before
             _report(
                 {"seconds": best / n, "nogc": unscanned / nogc, "rss": rss / n,
-                 "traced": grown / traced}
+                 "traced": grown / traced, "cpu": cpu / n, "gc_young": sum(in_gc[:2]) / n,
+                 "gc_full": in_gc[2] / n}
             )  # fmt: skip
 
     if kind == "otp":
         otp.run(main)
     else:
         trio.run(main)
+
+
+def _gc_rows(found: dict[int, dict[str, float]]) -> list[Result]:
+    """Per N, the CPU per spawn spent in the cyclic GC: full (generation 2) and young
+    collections, each against the whole CPU per spawn at that N (the ratio is the share)."""
+    rows = []
+    for n, f in sorted(found.items()):
+        for key, what in (("gc_full", "full"), ("gc_young", "young")):
+            rows.append(
+                Result(f"growth.spawn.gc_{what}.{_label(n)}", "CPU us/spawn", f[key] * 1e6,
+                       f"CPU per spawn, N = {_label(n)} (ratio: the GC's share)", f["cpu"] * 1e6,
+                       direction="higher",
+                       notes="" if n != min(found) else f"CPU in the cyclic GC's {what}"
+                       " collections during the first batch")
+            )  # fmt: skip
+    return rows
 
 
 def spawn(quick: bool) -> list[Result]:
@@ -221,6 +269,13 @@ def spawn(quick: bool) -> list[Result]:
         *_rows("spawn.time_nogc", "us/spawn", per(ours, "nogc", 1e6),
                raw=per(raw, "nogc", 1e6), raw_name="trio start_soon, GC off",
                notes="the same with the cyclic GC off (a batch of min(N, 100k) more)"),
+        *_rows("spawn.cpu", "CPU us/spawn", per(ours, "cpu", 1e6),
+               raw=per(raw, "cpu", 1e6), raw_name="trio start_soon",
+               notes="CPU time of the first batch of N (what load disturbs least)"),
+        *_rows("spawn.cpu_outside_gc", "CPU us/spawn",
+               {n: (f["cpu"] - f["gc_young"] - f["gc_full"]) * 1e6 for n, f in ours.items()},
+               notes="the same without the CPU of the cyclic GC's collections"),
+        *_gc_rows(ours),
         *_rows("spawn.bytes", "bytes/process", per(ours, "traced"),
                raw=per(raw, "traced"), raw_name="idle trio task",
                notes="tracemalloc, per idle process (a batch of min(N, 10k) more, N alive)"),
@@ -722,6 +777,13 @@ def _mesh(n: int, sends: int, tmp: str) -> dict[str, float]:
             peer.wait()
 
 
+def _per_peer(connect: dict[int, float]) -> dict[int, float]:
+    """Each N's median connect time over the N - 1 handshakes every node of the mesh has in
+    flight at once (it dials the nodes after it as the ones before it dial it): a connect's
+    wall time holds its node's share of all of them, so this is the cost of one."""
+    return {n: ms / (n - 1) for n, ms in connect.items()}
+
+
 def mesh(quick: bool) -> list[Result]:
     sizes = (2, 4) if quick else (2, 4, 8)
     sends = 20_000 if quick else 100_000
@@ -730,9 +792,12 @@ def mesh(quick: bool) -> list[Result]:
         for n in sizes:
             found[n] = _mesh(n, sends, tmp)
     meshed = ", ".join(f"N={n}: {found[n]['meshed']:.0f} ms" for n in sizes)
+    connect = {n: f["connect"] for n, f in found.items()}
     return [
-        *_rows("mesh.connect", "ms", {n: f["connect"] for n, f in found.items()},
+        *_rows("mesh.connect", "ms", connect,
                notes=f"median connect (dial + handshake) in a mesh of N; whole mesh: {meshed}"),
+        *_rows("mesh.connect_per_peer", "ms", _per_peer(connect),
+               notes="median connect / (N - 1): a node's N - 1 handshakes run at once"),
         *_rows("mesh.send", "messages/s", {n: f["send"] for n, f in found.items()},
                direction="higher", notes="one-way sends of one pair, the rest of the mesh idle"),
     ]  # fmt: skip

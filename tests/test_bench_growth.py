@@ -31,3 +31,17 @@ def test_quick_mode_runs_the_in_process_rows() -> None:
         "growth.call_backlog.100k",
     ]
     assert all(r.value > 0 and r.baseline_value > 0 for r in rows)
+
+
+def test_the_gc_rows_give_the_cyclic_gcs_share_of_each_ns_cpu_per_spawn() -> None:
+    found = {1_000: {"cpu": 40e-6, "gc_full": 0.0, "gc_young": 4e-6},
+             100_000: {"cpu": 60e-6, "gc_full": 15e-6, "gc_young": 3e-6}}  # fmt: skip
+    rows = {r.name: r for r in bench_growth._gc_rows(found)}
+    assert sorted(rows) == ["growth.spawn.gc_full.100k", "growth.spawn.gc_full.1k",
+                            "growth.spawn.gc_young.100k", "growth.spawn.gc_young.1k"]  # fmt: skip
+    assert rows["growth.spawn.gc_full.100k"].ratio == 0.25
+    assert rows["growth.spawn.gc_young.1k"].value == 4.0
+
+
+def test_a_mesh_connect_is_shared_among_the_handshakes_each_node_has_in_flight() -> None:
+    assert bench_growth._per_peer({2: 2.5, 4: 9.0, 8: 17.5}) == {2: 2.5, 4: 3.0, 8: 2.5}
