@@ -28,7 +28,7 @@ from ._errors import (
     WireError,
 )
 from ._limits import Limits
-from ._tlv import _decode_at
+from ._tlv import _C, _decode_at, _fast_size
 from ._tlv_encode import _encode_into
 
 __all__ = [
@@ -405,6 +405,11 @@ class FrameDecoder:
         end = len(buf)
         pos = 0
         base = self._consumed
+        # The C decoder straight on each TLV payload within its size (_decode_at's first step,
+        # without two Python calls a frame); anything else takes _decode_at's whole path.
+        fast_size = _fast_size(limits) if _C is not None else -1
+        max_depth = limits.max_depth
+        max_items = limits.max_items
         while end - pos >= HEADER_SIZE:
             magic, version, code, length, request_id = unpack(buf, pos)
             if magic != MAGIC or version not in versions:
@@ -431,9 +436,16 @@ class FrameDecoder:
             else:
                 try:
                     if codec is Codec.TLV:
-                        start = pos + HEADER_SIZE
-                        data = buf if start == 0 and stop == end else buf[start:stop]
-                        payload, used = _decode_at(data, 0, version == 2, limits)
+                        data = buf[pos + HEADER_SIZE : stop]
+                        fast = (
+                            _C.tlv_decode(data, version == 2, max_depth, max_items)
+                            if _C is not None and length <= fast_size
+                            else None
+                        )
+                        if fast is not None:
+                            payload, used = fast
+                        else:
+                            payload, used = _decode_at(data, 0, version == 2, limits)
                         if used != length:
                             raise TrailingBytes(
                                 f"{length - used} bytes remain after the payload's value; a "
