@@ -308,20 +308,6 @@ _set_version = Frame.__dict__["version"].__set__
 _set_codec = Frame.__dict__["codec"].__set__
 
 
-def _frame(mtype: MessageType, request_id: int, payload: Any, version: int, codec: Codec) -> Frame:
-    """Build a decoded frame without re-running the validators the decoder already applied.
-
-    The slot descriptors' setters cost half of ``object.__setattr__`` (this runs once per frame
-    received)."""
-    frame = _new_frame(Frame)
-    _set_type(frame, mtype)
-    _set_request_id(frame, request_id)
-    _set_payload(frame, payload)
-    _set_version(frame, version)
-    _set_codec(frame, codec)
-    return frame
-
-
 class FrameDecoder:
     """Incremental, sans-IO frame decoder: ``feed(bytes)`` returns the frames completed so far.
 
@@ -479,7 +465,15 @@ class FrameDecoder:
                         f"{type(payload).__name__})",
                         base + pos + HEADER_SIZE,
                     )
-            append(_frame(mtype, request_id, payload, version, codec))
+            # Built without re-running the validators the header checks above applied; the
+            # slots' setters cost half of object.__setattr__ (once per frame received).
+            frame = _new_frame(Frame)
+            _set_type(frame, mtype)
+            _set_request_id(frame, request_id)
+            _set_payload(frame, payload)
+            _set_version(frame, version)
+            _set_codec(frame, codec)
+            append(frame)
             pos = stop
         if pos < end and buf[pos : pos + 2] != MAGIC[: min(2, end - pos)]:
             raise BadMagic(
