@@ -159,7 +159,12 @@ def _decode_to(node: Node, proc: Process, message: Any) -> None:
         # Compared by name: a decoded atom is a new object, and its attrs __eq__ a call.
         tag = message[0].name
         if (tag == "$gen_reply" or tag == "$gen_reply_demonitor") and len(message) == 3:
-            ref = value_from_wire(message[1], node)
+            ref = message[1]
+            ref = (
+                Ref._make(ref.node, ref.id, ref.creation)
+                if ref.__class__ is wire.Ref
+                else value_from_wire(ref, node)
+            )
             if proc.aliases is not None:
                 waiter = proc.aliases.get(ref)
                 if waiter is not None:

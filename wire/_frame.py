@@ -28,7 +28,7 @@ from ._errors import (
     WireError,
 )
 from ._limits import Limits
-from ._tlv import _decode_at
+from ._tlv import _C, _decode_at, _fast_size
 from ._tlv_encode import _encode_into
 
 __all__ = [
@@ -214,6 +214,23 @@ def encode_message(
     """
     if type.__class__ is not MessageType:
         raise UnknownMessageType(f"type must be a MessageType (got {type!r})")
+    if codec is Codec.TLV and _C is not None and payload is not None:
+        # The common case in one step (what _encode does through _encode_into): the C encoder
+        # checks every limit, max_payload included, or hands the payload back.
+        body = _C.tlv_encode(
+            payload,
+            True,
+            limits.max_depth,
+            limits.max_items,
+            limits.max_total_items,
+            limits.max_str,
+            limits.max_payload,
+        )
+        if body is not None:
+            try:
+                return _HEADER.pack(MAGIC, 2, type, len(body), request_id) + body
+            except struct.error:
+                raise _bad_request_id(request_id) from None
     return _encode(type, request_id, payload, 2, codec, False, limits)
 
 
@@ -289,20 +306,6 @@ _set_request_id = Frame.__dict__["request_id"].__set__
 _set_payload = Frame.__dict__["payload"].__set__
 _set_version = Frame.__dict__["version"].__set__
 _set_codec = Frame.__dict__["codec"].__set__
-
-
-def _frame(mtype: MessageType, request_id: int, payload: Any, version: int, codec: Codec) -> Frame:
-    """Build a decoded frame without re-running the validators the decoder already applied.
-
-    The slot descriptors' setters cost half of ``object.__setattr__`` (this runs once per frame
-    received)."""
-    frame = _new_frame(Frame)
-    _set_type(frame, mtype)
-    _set_request_id(frame, request_id)
-    _set_payload(frame, payload)
-    _set_version(frame, version)
-    _set_codec(frame, codec)
-    return frame
 
 
 class FrameDecoder:
@@ -405,6 +408,11 @@ class FrameDecoder:
         end = len(buf)
         pos = 0
         base = self._consumed
+        # The C decoder straight on each TLV payload within its size (_decode_at's first step,
+        # without two Python calls a frame); anything else takes _decode_at's whole path.
+        fast_size = _fast_size(limits) if _C is not None else -1
+        max_depth = limits.max_depth
+        max_items = limits.max_items
         while end - pos >= HEADER_SIZE:
             magic, version, code, length, request_id = unpack(buf, pos)
             if magic != MAGIC or version not in versions:
@@ -431,9 +439,16 @@ class FrameDecoder:
             else:
                 try:
                     if codec is Codec.TLV:
-                        start = pos + HEADER_SIZE
-                        data = buf if start == 0 and stop == end else buf[start:stop]
-                        payload, used = _decode_at(data, 0, version == 2, limits)
+                        data = buf[pos + HEADER_SIZE : stop]
+                        fast = (
+                            _C.tlv_decode(data, version == 2, max_depth, max_items)
+                            if _C is not None and length <= fast_size
+                            else None
+                        )
+                        if fast is not None:
+                            payload, used = fast
+                        else:
+                            payload, used = _decode_at(data, 0, version == 2, limits)
                         if used != length:
                             raise TrailingBytes(
                                 f"{length - used} bytes remain after the payload's value; a "
@@ -450,7 +465,15 @@ class FrameDecoder:
                         f"{type(payload).__name__})",
                         base + pos + HEADER_SIZE,
                     )
-            append(_frame(mtype, request_id, payload, version, codec))
+            # Built without re-running the validators the header checks above applied; the
+            # slots' setters cost half of object.__setattr__ (once per frame received).
+            frame = _new_frame(Frame)
+            _set_type(frame, mtype)
+            _set_request_id(frame, request_id)
+            _set_payload(frame, payload)
+            _set_version(frame, version)
+            _set_codec(frame, codec)
+            append(frame)
             pos = stop
         if pos < end and buf[pos : pos + 2] != MAGIC[: min(2, end - pos)]:
             raise BadMagic(

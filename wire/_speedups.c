@@ -541,6 +541,67 @@ typedef struct {
 
 static PyObject *tlv_decode_value(TlvDec *d, Py_ssize_t *off, int left);
 
+/* Decoded atoms and pids, by their encoded bytes (as Erlang's distribution caches atoms per
+ * connection): the same few pids and atoms head most frames (a call's sender, "$gen_call"),
+ * and a hit costs a hash and a memcmp instead of a str decode and an object. Direct-mapped
+ * and bounded; sharing an entry is safe because wire's values are frozen. Refs are not cached
+ * (each call makes a new one). */
+#define ID_CACHE_SIZE 256
+#define ID_CACHE_MAX_KEY 300
+typedef struct {
+    PyObject *key; /* the encoded bytes (type byte to the end of the value) */
+    PyObject *value;
+} IdEntry;
+static IdEntry id_cache[ID_CACHE_SIZE];
+
+static inline size_t id_hash(const unsigned char *p, Py_ssize_t n) {
+    size_t h = 14695981039346656037ULL;
+    for (Py_ssize_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return (h ^ (h >> 29)) % ID_CACHE_SIZE;
+}
+
+static inline IdEntry *id_lookup(const unsigned char *p, Py_ssize_t n) {
+    IdEntry *e = &id_cache[id_hash(p, n)];
+    return e;
+}
+
+static inline int id_matches(IdEntry *e, const unsigned char *p, Py_ssize_t n) {
+    return e->key && PyBytes_GET_SIZE(e->key) == n && memcmp(PyBytes_AS_STRING(e->key), p, n) == 0;
+}
+
+static void id_store(IdEntry *e, const unsigned char *p, Py_ssize_t n, PyObject *value) {
+    if (n > ID_CACHE_MAX_KEY) return;
+    PyObject *key = PyBytes_FromStringAndSize((const char *)p, n);
+    if (!key) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *old_key = e->key, *old_value = e->value;
+    e->key = key;
+    e->value = Py_NewRef(value);
+    Py_XDECREF(old_key);
+    Py_XDECREF(old_value);
+}
+
+/* The slot descriptors of Atom.name, Pid's and Ref's node, id, creation (set by init() when
+ * the classes have them): a value is built as the Python constructors in _tlv_fast build it
+ * (object.__new__ and the slots' setters, no validators: the decoder checked the fields),
+ * without a Python call. */
+static PyObject *d_atom_name, *d_pid[3], *d_ref[3];
+
+static PyObject *build(PyObject *cls, PyObject **descrs, PyObject **fields, int n) {
+    PyTypeObject *t = (PyTypeObject *)cls;
+    PyObject *obj = t->tp_alloc(t, 0);
+    if (!obj) return NULL;
+    for (int i = 0; i < n; i++) {
+        if (Py_TYPE(descrs[i])->tp_descr_set(descrs[i], obj, fields[i]) < 0) {
+            Py_DECREF(obj);
+            return NULL;
+        }
+    }
+    return obj;
+}
+
 /* A u32 length or count at *off + 1 (after a type byte); -1 if the bytes are not there. */
 static inline long long tlv_u32(TlvDec *d, Py_ssize_t off) {
     if (off + 5 > d->end) return -1;
@@ -645,14 +706,36 @@ static PyObject *tlv_decode_value(TlvDec *d, Py_ssize_t *off, int left) {
         return tuple;
     }
     case 0x12: {
+        Py_ssize_t start = *off;
+        long long n = tlv_u32(d, start);
+        IdEntry *e = NULL;
+        if (n >= 0 && n <= 255 && start + 5 + n <= d->end) {
+            e = id_lookup(p, 5 + n);
+            if (id_matches(e, p, 5 + n)) {
+                *off += 5 + n;
+                return Py_NewRef(e->value);
+            }
+        }
         PyObject *name = tlv_decode_text(d, off, 255);
         if (!name) return NULL;
-        PyObject *atom = PyObject_CallOneArg(make_atom, name);
+        PyObject *atom = d_atom_name ? build(Atom_t, &d_atom_name, &name, 1)
+                                     : PyObject_CallOneArg(make_atom, name);
         Py_DECREF(name);
+        if (atom && e) id_store(e, p, *off - start, atom);
         return atom;
     }
     case 0x30:
     case 0x31: {
+        Py_ssize_t start = *off;
+        long long n = tlv_u32(d, start);
+        IdEntry *e = NULL;
+        if (p[0] == 0x30 && n >= 0 && n <= 255 && start + 17 + n <= d->end) {
+            e = id_lookup(p, 17 + n);
+            if (id_matches(e, p, 17 + n)) {
+                *off += 17 + n;
+                return Py_NewRef(e->value);
+            }
+        }
         PyObject *node = tlv_decode_text(d, off, 255);
         if (!node) return NULL;
         if (*off + 12 > d->end) {
@@ -665,11 +748,14 @@ static PyObject *tlv_decode_value(TlvDec *d, Py_ssize_t *off, int left) {
         PyObject *r = NULL;
         if (id && cr) {
             PyObject *argv[3] = {node, id, cr};
-            r = PyObject_Vectorcall(p[0] == 0x30 ? make_pid : make_ref, argv, 3, NULL);
+            PyObject **descrs = p[0] == 0x30 ? d_pid : d_ref;
+            r = descrs[0] ? build(p[0] == 0x30 ? Pid_t : Ref_t, descrs, argv, 3)
+                          : PyObject_Vectorcall(p[0] == 0x30 ? make_pid : make_ref, argv, 3, NULL);
         }
         Py_DECREF(node);
         Py_XDECREF(id);
         Py_XDECREF(cr);
+        if (r && e) id_store(e, p, *off - start, r);
         return r;
     }
     case 0x32:
@@ -792,6 +878,33 @@ static PyObject *init(PyObject *self, PyObject *args) {
     for (int i = 0; i < 8; i++) {
         Py_XDECREF(*slots[i]);
         *slots[i] = Py_NewRef(values[i]);
+    }
+    for (int i = 0; i < ID_CACHE_SIZE; i++) {
+        Py_CLEAR(id_cache[i].key);
+        Py_CLEAR(id_cache[i].value);
+    }
+    /* The slots' descriptors, if every one is a slot of the exact class (else the Python
+     * constructors build the values). */
+    PyObject *found[7];
+    PyObject *classes[7] = {a, p, p, p, r, r, r};
+    PyObject *fields[7] = {s_name, s_node, s_id, s_creation, s_node, s_id, s_creation};
+    int ok = 1;
+    for (int i = 0; i < 7; i++) {
+        found[i] = NULL;
+        if (!PyType_Check(classes[i])) {
+            ok = 0;
+            continue;
+        }
+        PyObject *descr = PyDict_GetItemWithError(((PyTypeObject *)classes[i])->tp_dict, fields[i]);
+        if (!descr || Py_TYPE(descr) != &PyMemberDescr_Type) ok = 0;
+        found[i] = descr;
+    }
+    PyErr_Clear();
+    PyObject **targets[7] = {&d_atom_name, &d_pid[0], &d_pid[1], &d_pid[2],
+                             &d_ref[0],    &d_ref[1], &d_ref[2]};
+    for (int i = 0; i < 7; i++) {
+        Py_XDECREF(*targets[i]);
+        *targets[i] = ok ? Py_NewRef(found[i]) : NULL;
     }
     Py_RETURN_NONE;
 }

@@ -248,6 +248,38 @@ def test_tlv_decoding_takes_every_ordinary_payload(value: Any, v2: bool) -> None
     assert _same(got[0], _exact_decode(data, v2, DEFAULT)[0])
 
 
+def _c_decode(data: bytes) -> Any:
+    got = C.tlv_decode(data, True, DEFAULT.max_depth, DEFAULT.max_items)
+    assert got is not None and got[1] == len(data)
+    return got[0]
+
+
+def test_a_repeated_pid_or_atom_decodes_to_one_shared_value() -> None:
+    # As Erlang's atom cache: the same bytes give the same (frozen) object, built without the
+    # Python constructors; a ref is new each time (every call makes its own).
+    pid, ref, atom = wire.Pid("a@host", 7, 3), wire.Ref("a@host", 9, 3), wire.Atom("$gen_call")
+    data = _exact_tlv((pid, ref, atom), True, DEFAULT)
+    assert data is not None
+    first, second = _c_decode(data), _c_decode(data)
+    assert _same(first, (pid, ref, atom)) and _same(second, (pid, ref, atom))
+    assert first[0] is second[0] and first[2] is second[2]
+    assert first[1] is not second[1]
+
+
+def test_cached_pids_and_atoms_each_decode_to_their_own_bytes() -> None:
+    # Far more than the cache holds, with names and fields that differ in one byte: entries
+    # collide and are replaced, and every value still decodes to itself, twice.
+    values: list[Any] = []
+    for i in range(2000):
+        values.append(wire.Pid(f"n{i % 37}@h", i // 3, i % 3))
+        values.append(wire.Ref(f"n{i % 37}@h", i // 3, i % 3))
+        values.append(wire.Atom(f"a{i % 700}"))
+    for value in values + values[::-1]:
+        data = _exact_tlv(value, True, DEFAULT)
+        assert data is not None
+        assert _same(_c_decode(data), value)
+
+
 # What cbor2 can give that is not a wire type, and values of subclasses of wire's types.
 class _Text(str):
     pass
