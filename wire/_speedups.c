@@ -803,6 +803,100 @@ static PyObject *tlv_decode(PyObject *self, PyObject *args) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Frames: FrameDecoder._parse's loop for its common case, version 2 frames with a TLV payload
+ * the fast decoder takes whole (what a distribution connection reads). It stops at the first
+ * frame it does not take (incomplete, another version or codec, an unknown type, a payload
+ * past max_payload or fast_size, one the fast decoder refuses or that leaves bytes over), and
+ * the Python loop goes on from there, which delivers or names it as it always does. */
+
+static PyObject *Frame_t, *frame_descrs[5], *frame_types[128], *codec_tlv, *version_2;
+
+static PyObject *frames_init(PyObject *self, PyObject *args) {
+    PyObject *cls, *types, *codec;
+    if (!PyArg_ParseTuple(args, "OO!O", &cls, &PyDict_Type, &types, &codec)) return NULL;
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "frames_init: Frame must be a class");
+        return NULL;
+    }
+    /* Frame's slots in the order tlv_frames sets them. */
+    const char *names[5] = {"type", "request_id", "payload", "version", "codec"};
+    PyObject *found[5];
+    for (int i = 0; i < 5; i++) {
+        found[i] = PyDict_GetItemString(((PyTypeObject *)cls)->tp_dict, names[i]);
+        if (!found[i] || Py_TYPE(found[i]) != &PyMemberDescr_Type) {
+            PyErr_Format(PyExc_TypeError, "frames_init: Frame.%s is not a slot", names[i]);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < 5; i++) Py_XSETREF(frame_descrs[i], Py_NewRef(found[i]));
+    for (int i = 0; i < 128; i++) {
+        PyObject *key = PyLong_FromLong(i);
+        if (!key) return NULL;
+        PyObject *t = PyDict_GetItemWithError(types, key);
+        Py_DECREF(key);
+        if (!t && PyErr_Occurred()) return NULL;
+        Py_XSETREF(frame_types[i], Py_XNewRef(t));
+    }
+    Py_XSETREF(codec_tlv, Py_NewRef(codec));
+    if (!version_2 && !(version_2 = PyLong_FromLong(2))) return NULL;
+    Py_XSETREF(Frame_t, Py_NewRef(cls));
+    Py_RETURN_NONE;
+}
+
+static PyObject *tlv_frames(PyObject *self, PyObject *args) {
+    PyObject *data, *frames;
+    Py_buffer buf;
+    Py_ssize_t pos, max_payload, fast_size, max_items;
+    int max_depth;
+    if (!PyArg_ParseTuple(args, "OnO!nnin", &data, &pos, &PyList_Type, &frames, &max_payload,
+                          &fast_size, &max_depth, &max_items))
+        return NULL;
+    if (!Atom_t || !Frame_t || max_depth > MAX_DEPTH || pos < 0) return PyLong_FromSsize_t(pos);
+    if (PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return PyLong_FromSsize_t(pos);
+    }
+    const unsigned char *p = buf.buf;
+    Py_ssize_t end = buf.len;
+    while (end - pos >= 16) {
+        const unsigned char *h = p + pos;
+        if (h[0] != 'G' || h[1] != 'D' || h[2] != 2 || h[3] & 0x80 || !frame_types[h[3]]) break;
+        Py_ssize_t length = (Py_ssize_t)get_be(h + 4, 4);
+        if (length > max_payload || length > fast_size || end - pos - 16 < length) break;
+        PyObject *payload;
+        if (length == 0) {
+            payload = Py_NewRef(Py_None);
+        } else {
+            TlvDec d = {h + 16, length, 1, max_items};
+            Py_ssize_t used = 0;
+            payload = tlv_decode_value(&d, &used, max_depth);
+            if (!payload) {
+                PyErr_Clear();
+                break;
+            }
+            if (used != length) {
+                Py_DECREF(payload);
+                break;
+            }
+        }
+        PyObject *request_id = PyLong_FromUnsignedLongLong(get_be(h + 8, 8));
+        PyObject *fields[5] = {frame_types[h[3]], request_id, payload, version_2, codec_tlv};
+        PyObject *frame = request_id ? build(Frame_t, frame_descrs, fields, 5) : NULL;
+        Py_XDECREF(request_id);
+        Py_DECREF(payload);
+        if (!frame || PyList_Append(frames, frame) < 0) {
+            Py_XDECREF(frame);
+            PyErr_Clear();
+            break;
+        }
+        Py_DECREF(frame);
+        pos += 16 + length;
+    }
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(pos);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* CBOR decoding's check (see _check_result in wire/_cbor.py): whether a decoded value holds only
  * wire's types, and how many NaNs it holds. cbor2 builds exact built-in types, so an exact type
  * test per item suffices; anything else (undefined, a simple value, a frozendict key, a subclass)
@@ -923,6 +1017,11 @@ static PyMethodDef methods[] = {
      "types, else None"},
     {"tlv_decode", tlv_decode, METH_VARARGS,
      "tlv_decode(data, v2, max_depth, max_items) -> (value, end) | None"},
+    {"frames_init", frames_init, METH_VARARGS,
+     "frames_init(Frame, {code: MessageType}, Codec.TLV): the class tlv_frames builds"},
+    {"tlv_frames", tlv_frames, METH_VARARGS,
+     "tlv_frames(data, pos, frames, max_payload, fast_size, max_depth, max_items) -> pos: "
+     "appends the version 2 TLV frames from pos it takes whole; returns where it stopped"},
     {NULL, NULL, 0, NULL},
 };
 

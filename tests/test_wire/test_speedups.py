@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections import OrderedDict
 from typing import Any
+from unittest import mock
 
 import cbor2
 import pytest
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wire
-from wire import _accel, _cbor, _cbor_general, _tlv, _tlv_encode
+from wire import _accel, _cbor, _cbor_general, _frame, _tlv, _tlv_encode
 
 from .strategies import v1_values, v2_scalars, v2_values
 
@@ -280,6 +281,116 @@ def test_cached_pids_and_atoms_each_decode_to_their_own_bytes() -> None:
         assert _same(_c_decode(data), value)
 
 
+@st.composite
+def frame_streams(draw: Any) -> bytes:
+    """Frames back to back as a peer sends them: mostly version 2 TLV, some CBOR, version 1
+    or empty, the stream maybe cut short or damaged (a flipped bit, an overwritten byte)."""
+    parts = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["tlv", "tlv", "tlv", "cbor", "v1", "empty"]))
+        mtype = draw(st.sampled_from(list(wire.MessageType)))
+        request_id = draw(st.integers(0, 2**64 - 1))
+        if kind == "v1":
+            frame = wire.Frame(wire.MessageType.REQUEST, request_id, draw(v1_values()))
+        else:
+            payload = None if kind == "empty" else draw(v2_values())
+            codec = wire.Codec.CBOR if kind == "cbor" else wire.Codec.TLV
+            frame = wire.Frame(mtype, request_id, payload, version=2, codec=codec)
+        try:
+            parts.append(wire.encode_frame(frame))
+        except wire.WireError:
+            continue
+    data = b"".join(parts)
+    damage = draw(st.sampled_from(["none", "none", "cut", "flip", "byte"]))
+    if damage == "cut":
+        data = data[: draw(st.integers(0, len(data)))]
+    elif damage in ("flip", "byte") and data:
+        i = draw(st.integers(0, len(data) - 1))
+        b = (
+            data[i] ^ (1 << draw(st.integers(0, 7)))
+            if damage == "flip"
+            else draw(st.integers(0, 255))
+        )
+        data = data[:i] + bytes([b]) + data[i + 1 :]
+    return data
+
+
+def _exact_frames(data: bytes, lim: wire.Limits) -> tuple[list[wire.Frame], list[int]]:
+    """What the Python loop delivers from ``data`` (the C paths off), and where each frame
+    ends."""
+    decoder = wire.FrameDecoder(limits=lim)
+    frames: list[wire.Frame] = []
+    with mock.patch.object(_frame, "_C", None), mock.patch.object(_tlv, "_C", None):
+        try:
+            frames = decoder.feed(data)
+        except wire.WireError:
+            pass
+    ends = []
+    end = 0
+    for _ in frames:
+        end += wire.HEADER_SIZE + int.from_bytes(data[end + 4 : end + 8], "big")
+        ends.append(end)
+    return frames, ends
+
+
+def _c_frames(data: bytes, lim: wire.Limits) -> tuple[list[wire.Frame], int]:
+    frames: list[wire.Frame] = []
+    fast_size = _tlv._fast_size(lim)
+    pos = C.tlv_frames(data, 0, frames, lim.max_payload, fast_size, lim.max_depth, lim.max_items)
+    return frames, pos
+
+
+def _same_frame(a: wire.Frame, b: wire.Frame) -> bool:
+    return (a.type, a.request_id, a.version, a.codec) == (
+        b.type,
+        b.request_id,
+        b.version,
+        b.codec,
+    ) and _same(a.payload, b.payload)
+
+
+@SETTINGS
+@given(frame_streams(), st.one_of(st.just(DEFAULT), decode_limits))
+def test_the_frame_loop_takes_a_prefix_of_the_python_loops_frames(data: bytes, lim: Any) -> None:
+    # It stops wherever it does not take a frame whole; what it took is what the Python loop
+    # delivers, frame for frame, and it stopped at a frame's end.
+    got, pos = _c_frames(data, lim)
+    want, ends = _exact_frames(data, lim)
+    assert len(got) <= len(want)
+    assert all(_same_frame(g, w) for g, w in zip(got, want, strict=False))
+    assert pos == (ends[len(got) - 1] if got else 0)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.sampled_from(list(wire.MessageType)), v2_values()), max_size=4))
+def test_the_frame_loop_takes_every_ordinary_tlv_frame(frames: list[tuple[Any, Any]]) -> None:
+    parts = []
+    for mtype, value in frames:
+        if _exact_tlv(value, True, DEFAULT) is not None and not _has_big_int(value):
+            parts.append(wire.encode_message(mtype, value, request_id=7))
+    data = b"".join(parts) + b"GD\x02"  # (and the start of the next frame)
+    got, pos = _c_frames(data, DEFAULT)
+    assert pos == len(data) - 3
+    assert len(got) == len(parts)
+
+
+def test_the_frame_loop_leaves_what_the_python_loop_must_deliver_or_name() -> None:
+    ok = wire.encode_message(wire.MessageType.SEND, {"to": "x", "msg": 1})
+    over = b"GD\x02\x21" + (2).to_bytes(4, "big") + bytes(8) + b"\x00\x00"  # a byte over
+    cbor = wire.encode_frame(wire.Frame(wire.MessageType.SEND, 0, 1, 2, wire.Codec.CBOR))
+    v1 = wire.encode_frame(wire.make_request(3, "m:A", "echo", [], {}))
+    big = wire.encode_message(wire.MessageType.SEND, 2**70)
+    unknown = b"GD\x02\x7f" + bytes(12)
+    for rest in (over, cbor, v1, big, unknown):
+        got, pos = _c_frames(ok + rest + ok, DEFAULT)
+        assert (len(got), pos) == (1, len(ok)), rest
+    assert _c_frames(ok + ok[:-1], DEFAULT)[1] == len(ok)  # (an incomplete frame waits)
+    decoder = wire.FrameDecoder()
+    assert len(decoder.feed(ok + over)) == 1
+    with pytest.raises(wire.TrailingBytes):  # (named by the Python loop, after the good frame)
+        decoder.feed(b"")
+
+
 # What cbor2 can give that is not a wire type, and values of subclasses of wire's types.
 class _Text(str):
     pass
@@ -352,6 +463,7 @@ def test_an_extension_built_from_an_older_source_is_not_used() -> None:
     code = (
         "import sys, types; stale = types.ModuleType('wire._speedups');"
         "stale.init = stale.cbor_encode = stale.tlv_encode = stale.tlv_decode = print;"
+        "stale.frames_init = print;"
         "sys.modules['wire._speedups'] = stale;"
         "import wire; from wire import _accel; assert _accel.C is None;"
         "v = {'a': [1, 2.5, None, b'x', (wire.Atom('ok'),)]};"
