@@ -180,8 +180,9 @@ def _decode_to(node: Node, proc: Process, message: Any) -> None:
                 ref = ref_from_wire(ref)  # (its wire form kept for the reply)
             else:
                 ref = value_from_wire(ref, node)
-            from_ = From(pid_from_wire(pid, node), ref)
-            proc.deliver(GenCall(from_, value_from_wire(message[2], node)))
+            proc.deliver(
+                GenCall(_from(pid_from_wire(pid, node), ref), value_from_wire(message[2], node))
+            )
             return
         if tag == "$gen_cast" and len(message) == 2:
             proc.deliver(GenCast(value_from_wire(message[1], node)))
@@ -200,8 +201,21 @@ def _decode_to(node: Node, proc: Process, message: Any) -> None:
 def _monitor_ref(value: Any, node: Node) -> Any:
     """A MONITOR or DEMONITOR's ref (a wire ref, the common case first)."""
     if value.__class__ is wire.Ref:
-        return Ref._make(value.node, value.id, value.creation)
+        return ref_from_wire(value)
     return value_from_wire(value, node)
+
+
+_new = object.__new__
+_set_pid = From.__dict__["pid"].__set__
+_set_tag = From.__dict__["tag"].__set__
+
+
+def _from(pid: Pid, tag: Any) -> From:
+    """``From(pid, tag)`` without attrs' ``__init__`` (its frozen setattr), once a call."""
+    from_ = _new(From)
+    _set_pid(from_, pid)
+    _set_tag(from_, tag)
+    return from_
 
 
 def _local(value: wire.Pid, node: Node) -> Process | None:

@@ -70,12 +70,22 @@ _set_field = object.__setattr__
 
 
 def ref_from_wire(value: wire.Ref) -> Ref:
-    """The ref a peer sent, its wire form remembered: a call's tag goes back in the reply."""
-    ref = Ref._make(value.node, value.id, value.creation)
+    """The ref a peer sent, its wire form remembered: a call's tag goes back in the reply.
+
+    The ref made last is handed out again for the same fields: a remote call's MONITOR and
+    request carry one ref, and the server's monitor and the call's tag then share one object,
+    which the reply's lookups find by identity."""
+    last = _LAST_REF[0]
+    if last.id == value.id and last.node == value.node and last.creation == value.creation:
+        return last
+    ref = _LAST_REF[0] = Ref._make(value.node, value.id, value.creation)
     if len(_WIRE_IDS) >= 4096:
         _WIRE_IDS.clear()
     _WIRE_IDS[ref] = value
     return ref
+
+
+_LAST_REF = [Ref._make("", -1, -1)]
 
 
 def reason_to_wire(reason: Any) -> wire.ExitReason:

@@ -404,12 +404,12 @@ class Distribution:
                 },
             )
 
-    def reply(self, from_: From, value: Any) -> None:
-        """Send a remote caller its reply. From the server the call monitors, the reply ends
-        that monitor here and says so (``$gen_reply_demonitor``): the caller drops its side
-        without a DEMONITOR, which would only remove what the reply already removed. A reply
-        from any other process (a deferred reply) leaves the monitor to the caller's
-        DEMONITOR."""
+    def reply(self, from_: From, value: Any, me: Process | None) -> None:
+        """Send a remote caller its reply from ``me`` (None: from outside any process).
+        From the server the call monitors, the reply ends that monitor here and says so
+        (``$gen_reply_demonitor``): the caller drops its side without a DEMONITOR, which
+        would only remove what the reply already removed. A reply from any other process (a
+        deferred reply) leaves the monitor to the caller's DEMONITOR."""
         pid = from_.pid
         conn = self.connections.get(pid.node)
         if conn is None:
@@ -418,12 +418,13 @@ class Distribution:
         kind = _GEN_REPLY
         if tag.__class__ is Ref:
             wire_tag = wire_id(tag)
-            me = current_process_or_none()
             if me is not None and (monitored_by := me.monitored_by) is not None:
-                watcher = monitored_by.get(tag)
-                if watcher is not None and watcher == pid:
-                    del monitored_by[tag]
-                    kind = _GEN_REPLY_DEMONITOR
+                watcher = monitored_by.pop(tag, None)
+                if watcher is not None:
+                    if watcher == pid:
+                        kind = _GEN_REPLY_DEMONITOR
+                    else:  # (another process's monitor that happens to use the tag)
+                        monitored_by[tag] = watcher
         else:
             wire_tag = value_to_wire(tag)
         conn.enqueue(_SEND, {"to": wire_id(pid), "msg": (kind, wire_tag, value_to_wire(value))})

@@ -20,7 +20,15 @@ from ._gen_server_returns import UNSET, Ignore, NoReply, Ok, Reply, Stop
 from ._ids import Pid, Ref
 from ._messages import Exit, From
 from ._node import Node, current_node, log_crash
-from ._process import TIMED_OUT, CallWaiter, KilledBySignal, Process, ProcessExit, current_process
+from ._process import (
+    TIMED_OUT,
+    CallWaiter,
+    KilledBySignal,
+    Process,
+    ProcessExit,
+    current_process,
+    current_process_or_none,
+)
 from ._reasons import KILL, NORMAL, BadReturnValue, Crash, is_abnormal
 from ._timers import checked_seconds
 
@@ -185,11 +193,16 @@ def _ack(starter: From, value: Any) -> None:
 def send_reply(from_: From, value: Any) -> None:
     """Answer the call ``from_`` (``GenServer.reply``): straight into the caller's waiting
     slot, or over the distribution to a remote caller; dropped if the caller gave up."""
-    node = current_node()
+    reply_from(current_node(), current_process_or_none(), from_, value)
+
+
+def reply_from(node: Node, me: Process | None, from_: From, value: Any) -> None:
+    """``send_reply`` from the process ``me`` (None: from outside any) of ``node``: what a
+    server's loop calls, which knows both already."""
     caller = node.resolve(from_.pid)
     if caller is None:
         if from_.pid._proc is None and node.distribution is not None:
-            node.distribution.reply(from_, value)
+            node.distribution.reply(from_, value, me)
         return
     aliases = caller.aliases
     if aliases is not None:
@@ -245,6 +258,7 @@ async def _loop(
     server: GenServer, me: Process, parent: Pid, state: Any, timeout: float | None, cont: Any
 ) -> None:
     cls = type(server)
+    node = me.node
     receive, receive_any = me.receive, me.receive_any_now
     handle_call = server.handle_call
     async_call = cls._async_call
@@ -277,7 +291,7 @@ async def _loop(
                     ret = await ret
                 rc = ret.__class__
                 if rc is Reply:
-                    send_reply(from_, ret.value)
+                    reply_from(node, me, from_, ret.value)
                     state, timeout, cont = ret.state, ret.timeout, ret.continue_
                 elif rc is NoReply:
                     state, timeout, cont = ret.state, ret.timeout, ret.continue_
