@@ -17,7 +17,13 @@ import wire
 
 from ._dist_kernel import NET_KERNEL_ATOM, peers_told
 from ._dist_records import UnknownRemoteValue
-from ._dist_values import pid_from_wire, reason_from_wire, ref_from_wire, value_from_wire
+from ._dist_values import (
+    _SCALARS,
+    pid_from_wire,
+    reason_from_wire,
+    ref_from_wire,
+    value_from_wire,
+)
 from ._gen_server_core import GenCall, GenCast, SystemTerminate
 from ._ids import Pid, Ref
 from ._messages import From
@@ -160,11 +166,8 @@ def _decode_to(node: Node, proc: Process, message: Any) -> None:
         tag = message[0].name
         if (tag == "$gen_reply" or tag == "$gen_reply_demonitor") and len(message) == 3:
             ref = message[1]
-            ref = (
-                Ref._make(ref.node, ref.id, ref.creation)
-                if ref.__class__ is wire.Ref
-                else value_from_wire(ref, node)
-            )
+            # (ref_from_wire: the call's own ref, when it is the last this node sent.)
+            ref = ref_from_wire(ref) if ref.__class__ is wire.Ref else value_from_wire(ref, node)
             if proc.aliases is not None:
                 waiter = proc.aliases.get(ref)
                 if waiter is not None:
@@ -172,7 +175,10 @@ def _decode_to(node: Node, proc: Process, message: Any) -> None:
                         # The server ended the call's monitor with its reply (see
                         # Distribution.reply): no DEMONITOR goes back for it.
                         proc.monitors.pop(ref, None)
-                    waiter.resolve(value_from_wire(message[2], node), False)
+                    value = message[2]
+                    if value.__class__ not in _SCALARS:
+                        value = value_from_wire(value, node)
+                    waiter.resolve(value, False)
             return
         if tag == "$gen_call" and len(message) == 3:
             pid, ref = message[1]

@@ -63,6 +63,9 @@ def wire_id(value: Pid | Ref) -> Any:
         _set_field(made, "id", value.id)
         _set_field(made, "creation", value.creation)
         _WIRE_IDS[value] = made
+        if value.__class__ is Ref:
+            # (A call's ref, say: its reply then finds the waiter by identity.)
+            _LAST_REF[0] = value
     return made
 
 
@@ -243,4 +246,15 @@ def pid_from_wire(value: wire.Pid, node: Node) -> Pid:
         proc = node.processes.get(value.id)
         if proc is not None:
             return proc.pid
-    return Pid._make(value.node, value.id, value.creation)
+    last = _LAST_PID
+    if value is last[0]:
+        # The decoder shares a repeated wire pid (a caller's, call after call): so is the pid
+        # made for it, with its hash, and the tables it keys find it by identity.
+        pid: Pid = last[1]
+        return pid
+    pid = Pid._make(value.node, value.id, value.creation)
+    last[0], last[1] = value, pid
+    return pid
+
+
+_LAST_PID: list[Any] = [None, None]
