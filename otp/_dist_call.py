@@ -61,7 +61,7 @@ async def call(
     conn = dist.connections.get(peer)
     if conn is None:
         conn = dist.connection(peer)
-    if conn is not None and conn.busy:
+    if conn is not None and conn.queued > dist.config.busy_limit:  # (conn.busy)
         # As a send to a busy port suspends its sender, before the request is queued.
         await conn.wait_not_busy()
         conn = dist.connection(peer)

@@ -25,7 +25,7 @@ from ._dist_values import (
     value_from_wire,
 )
 from ._gen_server_core import GenCall, GenCast, SystemTerminate
-from ._ids import Pid, Ref
+from ._ids import Pid
 from ._messages import From
 from ._pg import PG_NAME
 from ._reasons import NOPROC
@@ -64,7 +64,15 @@ def dispatch(dist: Distribution, conn: Connection, frame: wire.Frame) -> None:
     elif t is M.REG_SEND:
         _reg_send(dist, conn, p["to"], p["msg"])
     elif t is M.MONITOR:
-        _on_monitor(dist, _peer_pid(conn, p["from"], node), p["to"], _monitor_ref(p["ref"], node))
+        monitoring = _peer_pid(conn, p["from"], node)
+        to = p["to"]
+        ref = _monitor_ref(p["ref"], node)
+        # (A call's MONITOR names its server, mostly by a str name: _target's first step.)
+        target = node.names.get(to) if to.__class__ is str else _target(to, node)
+        if target is None:
+            dist.send_down(monitoring, ref, _down_label(to, node), NOPROC)
+        else:
+            target.add_monitored_by(ref, monitoring)
     elif t is M.DEMONITOR:
         target = _target(p["to"], node)
         if target is not None:
@@ -137,14 +145,6 @@ def _reg_send(dist: Distribution, conn: Connection, name: Any, message: Any) -> 
     proc = node.names.get(name)
     if proc is not None:
         _deliver_to(node, proc, message)
-
-
-def _on_monitor(dist: Distribution, watcher: Pid, to: Any, ref: Ref) -> None:
-    target = _target(to, dist.node)
-    if target is None:
-        dist.send_down(watcher, ref, _down_label(to, dist.node), NOPROC)
-    else:
-        target.add_monitored_by(ref, watcher)
 
 
 def _deliver_to(node: Node, proc: Process, message: Any) -> None:
