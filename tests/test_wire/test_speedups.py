@@ -166,15 +166,9 @@ def test_map_keys_sort_by_their_encoded_bytes() -> None:
     assert _cbor_c(value, DEFAULT) == _exact_cbor(value, DEFAULT)
 
 
-@st.composite
-def tlv_payloads(draw: Any) -> tuple[bytes, bool]:
-    """A valid payload, or one damaged by truncation, a flipped bit or an overwritten byte."""
-    v2 = draw(st.booleans())
-    value = draw(v2_values() if v2 else v1_values())
-    data = _exact_tlv(value, v2, DEFAULT)
-    if data is None:
-        data = b"\x00"
-    damage = draw(st.sampled_from(["none", "cut", "flip", "byte"]))
+def _damaged(draw: Any, data: bytes, damages: list[str]) -> bytes:
+    """``data`` as it is, cut short, with a flipped bit or an overwritten byte."""
+    damage = draw(st.sampled_from(damages))
     if damage == "cut":
         data = data[: draw(st.integers(0, len(data)))]
     elif damage in ("flip", "byte") and data:
@@ -185,7 +179,18 @@ def tlv_payloads(draw: Any) -> tuple[bytes, bool]:
             else draw(st.integers(0, 255))
         )
         data = data[:i] + bytes([b]) + data[i + 1 :]
-    return data, v2
+    return data
+
+
+@st.composite
+def tlv_payloads(draw: Any) -> tuple[bytes, bool]:
+    """A valid payload, or one damaged by truncation, a flipped bit or an overwritten byte."""
+    v2 = draw(st.booleans())
+    value = draw(v2_values() if v2 else v1_values())
+    data = _exact_tlv(value, v2, DEFAULT)
+    if data is None:
+        data = b"\x00"
+    return _damaged(draw, data, ["none", "cut", "flip", "byte"]), v2
 
 
 def _exact_decode(data: bytes, v2: bool, lim: wire.Limits) -> Any:
@@ -301,18 +306,7 @@ def frame_streams(draw: Any) -> bytes:
         except wire.WireError:
             continue
     data = b"".join(parts)
-    damage = draw(st.sampled_from(["none", "none", "cut", "flip", "byte"]))
-    if damage == "cut":
-        data = data[: draw(st.integers(0, len(data)))]
-    elif damage in ("flip", "byte") and data:
-        i = draw(st.integers(0, len(data) - 1))
-        b = (
-            data[i] ^ (1 << draw(st.integers(0, 7)))
-            if damage == "flip"
-            else draw(st.integers(0, 255))
-        )
-        data = data[:i] + bytes([b]) + data[i + 1 :]
-    return data
+    return _damaged(draw, data, ["none", "none", "cut", "flip", "byte"])
 
 
 def _exact_frames(data: bytes, lim: wire.Limits) -> tuple[list[wire.Frame], list[int]]:
