@@ -170,6 +170,8 @@ class Connection:
         #: Why it failed or ended, once it did (set where it is logged, before ``settled``).
         self.failure: ConnectionFailure | None = None
         self.hidden = False  # hidden nodes (observer-remote)
+        #: The peer accepts ``$gen_reply_demonitor`` (its handshake's ``reply_demonitor``).
+        self.reply_demonitor = False
         #: Set (and dropped) once the queue is below half DistConfig.busy_limit again: what
         #: the senders it suspended wait for (see _busy).
         self._resume: trio.Event | None = None
@@ -521,6 +523,7 @@ class Connection:
 
     def went_up(self, peer: Peer) -> None:
         self.codec = peer.codec
+        self.reply_demonitor = "reply_demonitor" in peer.features
         self.creation = peer.creation
         self.state = "up"
         pending, self._pending = self._pending, []

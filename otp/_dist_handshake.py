@@ -11,6 +11,14 @@ sides know the cookie, by HMAC challenge-response; the cookie itself never cross
 Each digest is HMAC-SHA256(cookie, role, the digester's node name, the challenge), so a digest
 cannot be reflected back or replayed under another name.
 
+Each side lists in ``auth.features`` what it understands beyond the version's base protocol
+(Erlang's distribution flags); a feature is used on a connection only when the peer listed it,
+so nodes of different releases of one wire version still understand each other:
+
+- ``reply_demonitor``: it accepts a call's reply as ``$gen_reply_demonitor`` (the server's
+  reply ended the call's monitor, so no DEMONITOR follows). A peer without it gets a plain
+  ``$gen_reply`` and demonitors itself.
+
 A node may say it is **hidden** (``auth.hidden``, as Erlang's ``-hidden``): a connection either
 side of which is hidden joins no mesh and no process groups (see :attr:`Peer.hidden`). Remote
 observers attach so, leaving the cluster they look at as it was.
@@ -37,6 +45,10 @@ PROTOCOL_VERSION = 2
 #: name never carries a newline or a control character into a log line.
 NODE_NAME = re.compile(r"[A-Za-z0-9_-]+@[A-Za-z0-9_.-]+")
 MAX_NODE_NAME = 255
+#: What this release understands beyond version 2's base protocol (the module docstring).
+FEATURES: tuple[str, ...] = ("reply_demonitor",)
+#: A peer's feature list is read only up to this many names of at most 64 characters each.
+MAX_FEATURES = 64
 
 
 def is_node_name(name: object) -> bool:
@@ -88,6 +100,8 @@ class Peer:
     codec: wire.Codec
     listen: tuple[str, ...]
     hidden: bool = False
+    #: What the peer said it understands (``auth.features``; unknown names kept, unused).
+    features: frozenset[str] = frozenset()
 
 
 def digest(cookie: bytes, role: str, node: str, challenge: bytes) -> bytes:
@@ -117,10 +131,22 @@ def _bytes(auth: dict[str, object], key: str, step: str) -> bytes:
     return value
 
 
-def _hello_auth(auth: dict[str, object], hidden: bool) -> dict[str, object]:
+def _hello_auth(
+    auth: dict[str, object], hidden: bool, features: Sequence[str]
+) -> dict[str, object]:
     if hidden:
         auth["hidden"] = True
+    auth["features"] = list(features)
     return auth
+
+
+def _features(auth: dict[str, object]) -> frozenset[str]:
+    """The peer's ``auth.features``: none when absent (an older release) or not a list of
+    names, and only the first MAX_FEATURES names (a hostile list costs nothing)."""
+    value = auth.get("features", [])
+    if not isinstance(value, list):
+        return frozenset()
+    return frozenset(f for f in value[:MAX_FEATURES] if isinstance(f, str) and len(f) <= 64)
 
 
 def _listen(auth: dict[str, object]) -> tuple[str, ...]:
@@ -140,9 +166,11 @@ async def initiate(
     listen: Sequence[str],
     expected: str | None,
     hidden: bool = False,
+    features: Sequence[str] = FEATURES,
 ) -> Peer:
     """Run the initiator's side; returns the peer, or raises :class:`HandshakeError`
-    (:class:`BadCookie`, :class:`WrongNode`, ...). ``hidden``: this node is hidden."""
+    (:class:`BadCookie`, :class:`WrongNode`, ...). ``hidden``: this node is hidden;
+    ``features``: what it says it understands (an older release's list in tests)."""
     challenge = secrets.token_bytes(CHALLENGE_BYTES)
     await stream.send_frame(
         wire.Handshake(
@@ -150,7 +178,7 @@ async def initiate(
             (PROTOCOL_VERSION,),
             tuple(codecs),
             creation,
-            _hello_auth({"challenge": challenge, "listen": list(listen)}, hidden),
+            _hello_auth({"challenge": challenge, "listen": list(listen)}, hidden, features),
         ).to_frame()
     )
     try:
@@ -184,6 +212,7 @@ async def initiate(
         answer.codecs[0],
         _listen(answer.auth),
         hidden or answer.auth.get("hidden") is True,
+        _features(answer.auth),
     )
 
 
@@ -197,9 +226,10 @@ async def accept(
     listen: Sequence[str],
     admit: object = None,
     hidden: bool = False,
+    features: Sequence[str] = FEATURES,
 ) -> Peer:
     """Run the acceptor's side; returns the peer, or raises :class:`HandshakeError`.
-    ``hidden``: this node is hidden.
+    ``hidden``: this node is hidden; ``features``: what it says it understands.
 
     ``admit(peer_name)`` (optional) may raise :class:`HandshakeError` to refuse a peer, say one
     that is already connected.
@@ -232,6 +262,7 @@ async def accept(
                     "listen": list(listen),
                 },
                 hidden,
+                features,
             ),
         ).to_frame()
     )
@@ -250,4 +281,5 @@ async def accept(
         codec,
         _listen(hello.auth),
         hidden or hello.auth.get("hidden") is True,
+        _features(hello.auth),
     )

@@ -409,7 +409,8 @@ class Distribution:
         From the server the call monitors, the reply ends that monitor here and says so
         (``$gen_reply_demonitor``): the caller drops its side without a DEMONITOR, which
         would only remove what the reply already removed. A reply from any other process (a
-        deferred reply) leaves the monitor to the caller's DEMONITOR."""
+        deferred reply) leaves the monitor to the caller's DEMONITOR, and so does every reply
+        to a peer whose handshake did not list ``reply_demonitor`` (an older release)."""
         pid = from_.pid
         conn = self.connections.get(pid.node)
         if conn is None:
@@ -418,7 +419,11 @@ class Distribution:
         kind = _GEN_REPLY
         if tag.__class__ is Ref:
             wire_tag = wire_id(tag)
-            if me is not None and (monitored_by := me.monitored_by) is not None:
+            if (
+                me is not None
+                and (monitored_by := me.monitored_by) is not None
+                and conn.reply_demonitor
+            ):
                 watcher = monitored_by.pop(tag, None)
                 if watcher is not None:
                     if watcher == pid:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import trio
 
 import otp
 import wire
-from otp._dist_handshake import initiate
+from otp._dist_handshake import FEATURES, initiate
 
 COOKIE = b"test-cookie-0123456789"
 
@@ -115,11 +115,11 @@ class PeerNode:
 
 @contextlib.asynccontextmanager
 async def raw_peer(
-    path: Path, cookie: bytes, name: str, expected: str
+    path: Path, cookie: bytes, name: str, expected: str, features: Sequence[str] = FEATURES
 ) -> AsyncIterator[tuple[trio.SocketStream, wire.FrameStream]]:
     """A connection made by hand to the node listening at ``path``, through the handshake as
-    node ``name`` (its last frame is our proof, which the node may not have read yet), that
-    then does only what the test writes on it."""
+    node ``name`` saying it understands ``features`` (its last frame is our proof, which the
+    node may not have read yet), that then does only what the test writes on it."""
     stream = await trio.open_unix_socket(str(path))
     try:
         frames = wire.FrameStream(stream, versions=frozenset({2}))
@@ -131,6 +131,7 @@ async def raw_peer(
             codecs=(wire.Codec.TLV,),
             listen=(),
             expected=expected,
+            features=features,
         )
         yield stream, frames
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import trio.testing
 
 import otp
 import wire
-from otp._dist_handshake import digest
+from otp._dist_handshake import FEATURES, digest
 
 from ..peer import COOKIE, raw_peer
 
@@ -28,9 +28,9 @@ async def _listening_at(address: str, **config: Any) -> list[str]:
 
 
 def _raw_peer(
-    path: Path, name: str = X, expected: str = B
+    path: Path, name: str = X, expected: str = B, features: Sequence[str] = FEATURES
 ) -> contextlib.AbstractAsyncContextManager[tuple[trio.SocketStream, wire.FrameStream]]:
-    return raw_peer(path, COOKIE, name, expected)
+    return raw_peer(path, COOKIE, name, expected, features)
 
 
 async def _still_serves(path: Path) -> None:

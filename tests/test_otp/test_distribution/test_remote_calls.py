@@ -4,7 +4,7 @@ many callers, and calls that cannot cross or time out leave no monitor and no la
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import trio.testing
 
 import otp
 import wire
+from otp._dist_handshake import FEATURES
 
 from ..peer import PeerNode
 from .helpers import (
@@ -250,27 +251,34 @@ async def _reply_frame(frames: wire.FrameStream) -> Any:
 
 @contextlib.asynccontextmanager
 async def _b_and_raw_x(
-    tmp_path: Path,
+    tmp_path: Path, features: Sequence[str] = FEATURES
 ) -> AsyncIterator[tuple[trio.SocketStream, wire.FrameStream]]:
     """Node b (this test's node, its main process registered as "inbox") and a connection to
-    it made by hand as node x, once b counts it as up."""
+    it made by hand as node x (saying it understands ``features``), once b counts it as up."""
     async with otp.open_node(B):
         otp.register("inbox", otp.self())
         await _listening(tmp_path / "b.sock")
-        async with _raw_peer(tmp_path / "b.sock") as (stream, frames):
+        async with _raw_peer(tmp_path / "b.sock", features=features) as (stream, frames):
             with trio.fail_after(5):
                 assert await frames.receive_frame() is not None  # b counts us as up
             yield stream, frames
 
 
 @pytest.mark.parametrize(
-    ("request_", "reply_atom", "monitor_left"),
-    [("direct", "$gen_reply_demonitor", False), ("deferred", "$gen_reply", True)],
+    ("request_", "features", "reply_atom", "monitor_left"),
+    [
+        ("direct", FEATURES, "$gen_reply_demonitor", False),
+        ("deferred", FEATURES, "$gen_reply", True),
+        # A caller of an older release (its handshake lists no reply_demonitor) would not
+        # know the demonitoring reply: it gets a plain one and demonitors itself.
+        ("direct", (), "$gen_reply", True),
+        ("direct", ("a_later_feature",), "$gen_reply", True),  # unknown names: ignored
+    ],
 )
 async def test_only_the_servers_own_reply_to_a_remote_call_ends_its_monitor(
-    tmp_path: Path, request_: str, reply_atom: str, monitor_left: bool
+    tmp_path: Path, request_: str, features: tuple[str, ...], reply_atom: str, monitor_left: bool
 ) -> None:
-    async with _b_and_raw_x(tmp_path) as (stream, frames):
+    async with _b_and_raw_x(tmp_path, features) as (stream, frames):
         server = await _Deferring.start(name="srv")
         caller, ref = wire.Pid(X, 1, 1), wire.Ref(X, 7, 1)
         await stream.send_all(_call_frames(caller, ref, request_))
