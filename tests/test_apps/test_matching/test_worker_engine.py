@@ -341,10 +341,10 @@ async def test_stop_on_permanent_rejection_ends_run_with_the_error_after_drainin
     nursery.start_soon(run)
     await engine.wait_pull_registered(timeout=30)
     conn = server.conn
+    start = trio.current_time()  # (the handler starts at once; its ACCEPT is held a while)
     _, delivery, answer = await conn.offer(WORKER, flow_type="Greeting", name="slow", args=[10])
     assert isinstance(answer, wire.MatchAccept)
     server.policy = lambda conn, m: _reject("already_registered")(m)
-    start = trio.current_time()
     await conn.send(wire.MatchClose(rid=conn.streams_of(FLOW)[0]))
     await ended.wait()
     assert outcome[0].queue == FLOW
@@ -603,8 +603,8 @@ async def test_cap_of_one_without_reservation_warns_once_naming_both_options(
 async def test_running_task_sends_pong_every_20_seconds(server, nursery, autojump_clock):
     engine = await started(make_engine(server), nursery)
     conn = server.conn
+    start = trio.current_time()  # (the call starts at once; its ACCEPT is held a while)
     stream, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[65])
-    start = trio.current_time()
     times = []
 
     def pongs():
@@ -960,8 +960,8 @@ async def test_close_drains_running_handlers_and_declines_new_tasks(
     nursery.start_soon(run)
     await engine.wait_pull_registered()
     conn = server.conn
+    start = trio.current_time()  # (the handler starts at once; its ACCEPT is held a while)
     _, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[10])
-    start = trio.current_time()
     closed = trio.Event()
 
     async def close():
