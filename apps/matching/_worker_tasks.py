@@ -301,14 +301,13 @@ class WorkerTasks:
         accept = s.accept
         first: tuple[wire.MatchMessage, ...] = ()
         if accept is not None and accept.delivery == task.delivery:
+            accept_at = s.accept_at
             self._unhold(s)
             first = (accept,)
-            if link.held_accepts == 0:
-                # Its deadline is the timer's no more: the loop is not woken for nothing.
-                link.timer.deadline = min(
-                    [x.pong_at for x in link.streams.values() if x.state == "busy"],
-                    default=math.inf,
-                )
+            if accept_at <= link.timer.deadline:
+                # It was the timer loop's next deadline: move it on to the next one, so the
+                # loop is not woken for nothing (a wake-up costs more than this scan).
+                link.timer.deadline = self._timer_due(link)
         if link.conn.closed or s.state == "closed":
             self._outcome_dropped(task, message)
             return
@@ -424,6 +423,18 @@ class WorkerTasks:
             timer.deadline = when
 
     @staticmethod
+    def _timer_due(link: Link) -> float:
+        """When the timer loop is next needed: the earliest held ACCEPT or PONG due."""
+        due = math.inf
+        for x in link.streams.values():
+            if x.accept is not None:
+                if x.accept_at < due:
+                    due = x.accept_at
+            elif x.state == "busy" and x.pong_at < due:
+                due = x.pong_at
+        return due
+
+    @staticmethod
     def _unhold(s: Stream) -> None:
         s.accept = None
         s.accept_at = math.inf
@@ -447,21 +458,16 @@ class WorkerTasks:
         interval = self._pull.keepalive_interval
         while not link.conn.closed:
             now = trio.current_time()
-            due = math.inf
             for s in list(link.streams.values()):
                 if s.accept is not None:
                     if s.accept_at > now:
-                        due = min(due, s.accept_at)
                         continue
                     self._send_accept(s)
-                if s.state != "busy":
-                    continue
-                if s.pong_at <= now:
+                if s.state == "busy" and s.pong_at <= now:
                     s.pong_at = now + interval
                     self._send_nowait(link, wire.MatchPong(rid=s.id))
-                due = min(due, s.pong_at)
             # (no checkpoint since the scan: a call that starts later moves this deadline)
-            with trio.CancelScope(deadline=due) as link.timer:
+            with trio.CancelScope(deadline=self._timer_due(link)) as link.timer:
                 await trio.sleep_forever()
 
     @staticmethod

@@ -1084,6 +1084,37 @@ async def test_a_blocking_handler_ending_within_the_accept_delay_sends_one_write
     await engine.close()
 
 
+class _TimerSteps(trio.abc.Instrument):
+    """Counts the steps of the worker's timer loop (its wake-ups) while installed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("._timer_loop"):
+            self.count += 1
+
+
+async def test_calls_ending_within_the_accept_delay_never_wake_the_timer_loop(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, accept_delay=0.005), nursery)
+    conn = server.conn
+    steps = _TimerSteps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        for _ in range(3):
+            _, delivery = await conn.offer_nowait(
+                WORKER, flow_type="Greeting", name="greeting", kind="rpc"
+            )
+            await conn.wait_outcome(delivery)
+        await trio.sleep(1)  # past every delay: the ACCEPTs went with their RESULTs
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert steps.count == 0
+    await engine.close()
+
+
 async def test_a_slower_handler_is_accepted_when_the_accept_delay_passes(
     server, nursery, autojump_clock
 ):
