@@ -91,30 +91,10 @@ class FakeConn:
                 return m
         return None
 
-    async def offer(
-        self,
-        queue: str,
-        *,
-        flow_type: str,
-        name: str,
-        kind: str = "step",
-        args: list[Any] | None = None,
-        state: dict[str, Any] | None = None,
-        stream_id: int | None = None,
-        timeout: float | None = None,
-    ) -> tuple[int, int, Any]:
-        """Offer a task on an idle stream of ``queue``; returns (stream id, delivery, the
-        ACCEPT or DECLINE)."""
-        stream_id, delivery = await self.offer_nowait(
-            queue,
-            flow_type=flow_type,
-            name=name,
-            kind=kind,
-            args=args,
-            state=state,
-            stream_id=stream_id,
-            timeout=timeout,
-        )
+    async def offer(self, queue: str, **task: Any) -> tuple[int, int, Any]:
+        """Offer a task (as :meth:`offer_nowait`) and wait for its answer; returns (stream id,
+        delivery, the ACCEPT or DECLINE)."""
+        stream_id, delivery = await self.offer_nowait(queue, **task)
         server = self.server
         await server.wait_for(lambda: self.answer_to(delivery) is not None or not self.open)
         answer = self.answer_to(delivery)

@@ -1031,6 +1031,18 @@ async def test_results_of_a_lost_connection_are_dropped_and_slots_freed(
 # -- the held ACCEPT (PullWorkerOptions.accept_delay) -----------------------------------------
 
 
+class _LoopWakes(trio.abc.Instrument):
+    """Counts the wake-ups of the worker's tasks whose name ends with ``suffix`` (a loop)."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+        self.count = 0
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith(self.suffix):
+            self.count += 1
+
+
 async def test_a_handler_ending_within_the_accept_delay_sends_accept_and_result_in_one_write(
     server, nursery, autojump_clock
 ):
@@ -1084,23 +1096,12 @@ async def test_a_blocking_handler_ending_within_the_accept_delay_sends_one_write
     await engine.close()
 
 
-class _TimerSteps(trio.abc.Instrument):
-    """Counts the steps of the worker's timer loop (its wake-ups) while installed."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if task.name.endswith("._timer_loop"):
-            self.count += 1
-
-
 async def test_calls_ending_within_the_accept_delay_never_wake_the_timer_loop(
     server, nursery, autojump_clock
 ):
     engine = await started(make_engine(server, accept_delay=0.005), nursery)
     conn = server.conn
-    steps = _TimerSteps()
+    steps = _LoopWakes("._timer_loop")
     trio.lowlevel.add_instrument(steps)
     try:
         for _ in range(3):
@@ -1255,23 +1256,12 @@ async def test_streams_fall_back_to_the_idle_target_after_load(server, nursery, 
     await engine.close()
 
 
-class _ManageWakes(trio.abc.Instrument):
-    """Counts the wake-ups of the worker's stream-managing loop."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
-        if task.name.endswith("._manage_loop"):
-            self.count += 1
-
-
 async def test_a_call_wakes_the_stream_loop_only_when_its_queue_needs_a_stream(
     server, nursery, autojump_clock
 ):
     engine = await started(make_engine(server, idle_stream_linger=1000), nursery)
     conn = server.conn
-    wakes = _ManageWakes()
+    wakes = _LoopWakes("._manage_loop")
     trio.lowlevel.add_instrument(wakes)
     # The first call takes the queue's only idle stream: one more is opened.
     _, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[0])
