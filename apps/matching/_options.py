@@ -98,6 +98,19 @@ def _seconds(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         )
 
 
+#: The longest ``PullWorkerOptions.accept_delay``: an ACCEPT is prompt, a handler's outcome may
+#: take any time.
+MAX_ACCEPT_DELAY = 1.0
+
+
+def _accept_delay(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) not in (int, float) or not 0 <= value <= MAX_ACCEPT_DELAY:
+        raise ConfigurationError(
+            f"{type(inst).__name__}.{attribute.name} must be a number of seconds from 0 to"
+            f" {MAX_ACCEPT_DELAY} (got {value!r}); 0 accepts each task at once"
+        )
+
+
 def _opt_seconds(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None:
         _seconds(inst, attribute, value)
@@ -148,6 +161,11 @@ class PullWorkerOptions:
             instead of registering one per call. After load falls the worker holds at most
             ``max_concurrent_tasks + (F + 1) * idle_streams_per_queue`` streams again.
         reconnect_initial_backoff / reconnect_max_backoff: Reconnect backoff (doubling).
+        accept_delay: Seconds the worker holds its M_ACCEPT of a task: a handler that
+            finishes by then sends it in the same write as its outcome (the server reads
+            both at once: one wake-up of its connection and stream instead of two); a slower
+            one's is sent when the delay passes. 0 sends it at once. At most 1 s, and never
+            more than a tenth of the server's ``peer_timeout`` (how long it waits for it).
 
     Raises:
         ConfigurationError: A value is invalid (``reserved_rpc_tasks`` not in 0..cap-1).
@@ -164,6 +182,7 @@ class PullWorkerOptions:
     idle_stream_linger: float = attrs.field(default=5.0, validator=_seconds)
     reconnect_initial_backoff: float = attrs.field(default=0.1, validator=_seconds)
     reconnect_max_backoff: float = attrs.field(default=10.0, validator=_seconds)
+    accept_delay: float = attrs.field(default=0.005, validator=_accept_delay)
 
     def __attrs_post_init__(self) -> None:
         cap = self.resolved_max_concurrent_tasks

@@ -308,18 +308,23 @@ class SdkConnection:
             f"the connection to {self._where} was lost while sending", retryable=True
         )
 
-    def send_nowait(self, message: wire.MatchMessage) -> None:
-        """Write one frame without waiting: straight to a plain socket when no writer is busy
-        and it takes the frame whole (the usual case); otherwise the frame (or what the socket
-        did not take) is queued and a flusher task writes it, in order, before any later frame.
-        For the trio thread's synchronous code (the worker's stream frames and call outcomes).
+    def send_nowait(self, *messages: wire.MatchMessage) -> None:
+        """Write frames without waiting, in one write (so the server reads them at once):
+        straight to a plain socket when no writer is busy and it takes them whole (the usual
+        case); otherwise they (or what the socket did not take) are queued and a flusher task
+        writes them, in order, before any later frame. For the trio thread's synchronous code
+        (the worker's stream frames and call outcomes).
 
         Raises:
             ClientClosed: The connection is closed, or the write failed (it is then lost).
-            WireError: ``message`` cannot be encoded (nothing was written).
+            WireError: A message cannot be encoded (nothing was written).
         """
         self._check_open()
-        data = message.encode(self.codec, limits=self._frames.limits)
+        codec, limits = self.codec, self._frames.limits
+        if len(messages) == 1:
+            data = messages[0].encode(codec, limits=limits)
+        else:
+            data = b"".join([m.encode(codec, limits=limits) for m in messages])
         rest = self._write_direct(data)
         if not rest:
             return

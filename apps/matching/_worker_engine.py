@@ -44,10 +44,10 @@ from ._sdk_connection import SdkConnection
 from ._worker_calls import HandlerRunner as HandlerRunner
 from ._worker_calls import TrioHandlerRunner as TrioHandlerRunner
 from ._worker_streams import Link, QueueState, Stream, plan_changes, plan_streams
+from ._worker_tasks import ACCEPT_DELAY_SHARE, WorkerTasks
 from ._worker_tasks import (
     RESERVED_DECLINE_EXTRA_IDLE_SECONDS as RESERVED_DECLINE_EXTRA_IDLE_SECONDS,
 )
-from ._worker_tasks import WorkerTasks
 
 __all__ = [
     "RESERVED_DECLINE_EXTRA_IDLE_SECONDS",
@@ -331,6 +331,10 @@ class WorkerEngine(WorkerTasks):
                 failed = exc
             else:
                 link = Link(conn, nursery)
+                # (the server waits peer_timeout for the answer to a TASK: far longer)
+                link.accept_delay = min(
+                    self._pull.accept_delay, conn.welcome.peer_timeout / ACCEPT_DELAY_SHARE
+                )
                 await self._serve(link)
         if failed is not None:
             raise failed
@@ -343,7 +347,7 @@ class WorkerEngine(WorkerTasks):
             link.nursery.start_soon(self._control_loop, link)
             await self._define_flows(link)
             link.nursery.start_soon(self._manage_loop, link)
-            link.nursery.start_soon(self._keepalive_loop, link)
+            link.nursery.start_soon(self._timer_loop, link)
             # Woken only by what can end the link (not by every kick: that was two wake-ups
             # of this task per Step).
             while not conn.closed and not (link.reconnecting and link.calls == 0):

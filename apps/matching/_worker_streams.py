@@ -17,6 +17,8 @@ from typing import Any
 import attrs
 import trio
 
+import wire
+
 from ._sdk_connection import SdkConnection
 
 __all__ = ["Link", "Plan", "QueueState", "Stream", "plan_changes", "plan_streams"]
@@ -49,8 +51,14 @@ class Link:
     #: Set when the link may have to end: the connection ended, or the server asked to
     #: reconnect, or the last call of a reconnecting link ended.
     ending: trio.Event = attrs.field(factory=trio.Event)
-    #: Set when a call starts while the keepalive loop has no busy stream to wait for.
-    keepalive_wake: trio.Event = attrs.field(factory=trio.Event)
+    #: The scope the link's timer loop (keepalive PONGs, held ACCEPTs) sleeps in: a call
+    #: brings its deadline forward when it needs the loop sooner, which wakes nothing now.
+    timer: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    #: How long a call's M_ACCEPT is held on this connection (``PullWorkerOptions.
+    #: accept_delay``, at most a tenth of the server's ``peer_timeout``), and on how many
+    #: streams it is held now.
+    accept_delay: float = 0.0
+    held_accepts: int = 0
     #: When the stream-managing loop looks again unless woken: the ``wake`` of its last plan
     #: while it sleeps, ``-inf`` while it is planning (then every change wakes it).
     manage_wake: float = -math.inf
@@ -74,6 +82,10 @@ class Stream:
     delivery: int | None = None
     cancel: Any = None
     cancelled: int | None = None
+    #: The call's M_ACCEPT while it is held (sent with the outcome, or alone at
+    #: ``accept_at``), else None.
+    accept: wire.MatchAccept | None = None
+    accept_at: float = math.inf
 
 
 @attrs.frozen

@@ -41,12 +41,14 @@ from ._worker_calls import (
 from ._worker_streams import Link, QueueState, Stream
 from ._worker_threads import HandlerThreads
 
-__all__ = ["RESERVED_DECLINE_EXTRA_IDLE_SECONDS", "WorkerTasks"]
+__all__ = ["ACCEPT_DELAY_SHARE", "RESERVED_DECLINE_EXTRA_IDLE_SECONDS", "WorkerTasks"]
 
 log = logging.getLogger("apps.matching.worker")
 
 #: How long a queue keeps one extra idle stream after its last reserved-capacity decline.
 RESERVED_DECLINE_EXTRA_IDLE_SECONDS = 30.0
+#: A held ACCEPT waits at most ``peer_timeout / ACCEPT_DELAY_SHARE`` (the server's wait for it).
+ACCEPT_DELAY_SHARE = 10
 
 
 @attrs.define(eq=False)
@@ -105,10 +107,10 @@ class WorkerTasks:
             return False
         return True
 
-    def _send_nowait(self, link: Link, message: wire.MatchMessage) -> bool:
-        """:meth:`_send_quietly` without waiting (``SdkConnection.send_nowait``)."""
+    def _send_nowait(self, link: Link, *messages: wire.MatchMessage) -> bool:
+        """:meth:`_send_quietly` without waiting, in one write (``SdkConnection.send_nowait``)."""
         try:
-            link.conn.send_nowait(message)
+            link.conn.send_nowait(*messages)
         except ClientClosed:
             return False
         return True
@@ -156,16 +158,25 @@ class WorkerTasks:
             self._decline(s, task, "no_capacity", f"all {cap} slots busy")
             return
         s.state = "busy"
-        s.pong_at = trio.current_time() + self._pull.keepalive_interval
-        link.keepalive_wake.set()
+        now = trio.current_time()
+        s.pong_at = now + self._pull.keepalive_interval
         self._busy += 1
         self._active += 1
         link.calls += 1
         self._stream_changed(s)
-        if not self._send_nowait(link, wire.MatchAccept(delivery=task.delivery, rid=s.id)):
-            self._free_slot(s)
-            self._call_over(s)
-            return
+        accept = wire.MatchAccept(delivery=task.delivery, rid=s.id)
+        if link.accept_delay > 0:
+            # Held: a handler that ends within the delay sends it in the outcome's write.
+            s.accept = accept
+            s.accept_at = now + link.accept_delay
+            link.held_accepts += 1
+            self._timer_sooner(link, s.accept_at)
+        else:
+            self._timer_sooner(link, s.pong_at)
+            if not self._send_nowait(link, accept):
+                self._free_slot(s)
+                self._call_over(s)
+                return
         s.delivery = task.delivery
         s.cancelled = None
         if self._submit_blocking(s, task, handler):
@@ -283,16 +294,27 @@ class WorkerTasks:
     def _send_outcome_nowait(
         self, s: Stream, task: wire.MatchTask, message: wire.MatchMessage
     ) -> None:
-        """Send a call's outcome (unless its stream or connection is gone, with a warning);
-        one that cannot be encoded becomes a non-retryable failure."""
+        """Send a call's outcome (unless its stream or connection is gone, with a warning),
+        in one write with its ACCEPT if that is still held; one that cannot be encoded
+        becomes a non-retryable failure."""
         link = s.link
+        accept = s.accept
+        first: tuple[wire.MatchMessage, ...] = ()
+        if accept is not None and accept.delivery == task.delivery:
+            accept_at = s.accept_at
+            self._unhold(s)
+            first = (accept,)
+            if accept_at <= link.timer.deadline:
+                # It was the timer loop's next deadline: move it on to the next one, so the
+                # loop is not woken for nothing (a wake-up costs more than this scan).
+                link.timer.deadline = self._timer_due(link)
         if link.conn.closed or s.state == "closed":
             self._outcome_dropped(task, message)
             return
         try:
-            link.conn.send_nowait(message)
+            link.conn.send_nowait(*first, message)
         except wire.WireError as exc:
-            self._send_nowait(link, self._unsendable(s, task, exc))
+            self._send_nowait(link, *first, self._unsendable(s, task, exc))
         except ClientClosed:
             log.warning(
                 "the connection was lost: the outcome of delivery %d is dropped", task.delivery
@@ -301,6 +323,8 @@ class WorkerTasks:
     # -- calls in tasks ---------------------------------------------------------------------
 
     async def _output(self, s: Stream, task: wire.MatchTask, value: Any) -> None:
+        if s.accept is not None and s.accept.delivery == task.delivery:
+            self._send_accept(s)  # (the server takes an output only from an accepted call)
         if s.state != "closed":  # (never a frame on a stream after its CLOSE)
             await send_output(s.link.conn, task.delivery, s.id, value)
 
@@ -322,6 +346,10 @@ class WorkerTasks:
 
     def _call_over(self, s: Stream) -> None:
         """The call on ``s`` is over, its outcome sent (or dropped)."""
+        if s.accept is not None:
+            # No outcome (the drain timeout cancelled it): the ACCEPT goes alone, as it would
+            # have at once; the server then reports the call lost when the connection ends.
+            self._send_accept(s)
         self._active -= 1
         link = s.link
         link.calls -= 1
@@ -384,27 +412,63 @@ class WorkerTasks:
                 self._free_slot(s)
             self._call_over(s)
 
-    async def _keepalive_loop(self, link: Link) -> None:
-        """An M_PONG every ``keepalive_interval`` on each stream while its task runs (one
-        loop per connection, not a task per call)."""
+    # -- the link's timer: keepalive PONGs and held ACCEPTs -------------------------------
+
+    @staticmethod
+    def _timer_sooner(link: Link, when: float) -> None:
+        """The link's timer loop is needed at ``when``: bring its deadline forward (this wakes
+        nothing now, unlike an event would: a call costs the loop no wake-up of its own)."""
+        timer = link.timer
+        if when < timer.deadline:
+            timer.deadline = when
+
+    @staticmethod
+    def _timer_due(link: Link) -> float:
+        """When the timer loop is next needed: the earliest held ACCEPT or PONG due."""
+        due = math.inf
+        for x in link.streams.values():
+            if x.accept is not None:
+                if x.accept_at < due:
+                    due = x.accept_at
+            elif x.state == "busy" and x.pong_at < due:
+                due = x.pong_at
+        return due
+
+    @staticmethod
+    def _unhold(s: Stream) -> None:
+        s.accept = None
+        s.accept_at = math.inf
+        s.link.held_accepts -= 1
+
+    def _send_accept(self, s: Stream) -> None:
+        """Send the held ACCEPT of the call on ``s`` alone (its delay passed, or something
+        else of the call must follow it)."""
+        accept = s.accept
+        if accept is None:
+            return
+        self._unhold(s)
+        if s.state != "closed":
+            self._send_nowait(s.link, accept)
+
+    async def _timer_loop(self, link: Link) -> None:
+        """One loop per connection (not a task per call): an M_PONG every
+        ``keepalive_interval`` on each stream while its task runs, and each held M_ACCEPT
+        when its delay passes (``PullWorkerOptions.accept_delay``). It sleeps in
+        ``link.timer``, whose deadline a call brings forward when it needs the loop sooner."""
         interval = self._pull.keepalive_interval
         while not link.conn.closed:
             now = trio.current_time()
-            due = math.inf
             for s in list(link.streams.values()):
-                if s.state != "busy":
-                    continue
-                if s.pong_at <= now:
+                if s.accept is not None:
+                    if s.accept_at > now:
+                        continue
+                    self._send_accept(s)
+                if s.state == "busy" and s.pong_at <= now:
                     s.pong_at = now + interval
-                    await self._send_quietly(link, wire.MatchPong(rid=s.id))
-                due = min(due, s.pong_at)
-            # A call that starts later is due after every one waited for here: only an idle
-            # wait (no busy stream) needs waking.
-            link.keepalive_wake = trio.Event()
-            if due == math.inf:
-                await link.keepalive_wake.wait()
-            else:
-                await trio.sleep_until(due)
+                    self._send_nowait(link, wire.MatchPong(rid=s.id))
+            # (no checkpoint since the scan: a call that starts later moves this deadline)
+            with trio.CancelScope(deadline=self._timer_due(link)) as link.timer:
+                await trio.sleep_forever()
 
     @staticmethod
     def _outcome_dropped(task: wire.MatchTask, outcome: wire.MatchMessage) -> None:

@@ -29,6 +29,10 @@ class FakeConn:
         self.hello = hello
         self.codec = hello.codecs[0]
         self.received: list[wire.MatchMessage] = []
+        #: For each message of ``received``, the number of the socket read that brought it.
+        self.reads: list[int] = []
+        #: Each message of ``received`` -> the trio time it was read at.
+        self.times: list[float] = []
         self.registers: dict[int, wire.MatchRegister] = {}
         self.registered: set[int] = set()
         self.busy: set[int] = set()
@@ -63,6 +67,18 @@ class FakeConn:
             if isinstance(m, cls) and (stream_id is None or getattr(m, "rid", None) == stream_id)
         ]
 
+    def read_together(self, *messages: wire.MatchMessage) -> bool:
+        """Whether ``messages`` (received, in this order) came in one read of the socket, one
+        right after the other (one write of the worker's)."""
+        indices = [self.received.index(m) for m in messages]
+        return all(b == a + 1 for a, b in itertools.pairwise(indices)) and (
+            len({self.reads[i] for i in indices}) == 1
+        )
+
+    def time_of(self, message: wire.MatchMessage) -> float:
+        """When ``message`` (received) was read, on trio's clock."""
+        return self.times[self.received.index(message)]
+
     def answer_to(self, delivery: int) -> Any:
         for m in self.received:
             if isinstance(m, wire.MatchAccept | wire.MatchDecline) and m.delivery == delivery:
@@ -75,7 +91,18 @@ class FakeConn:
                 return m
         return None
 
-    async def offer(
+    async def offer(self, queue: str, **task: Any) -> tuple[int, int, Any]:
+        """Offer a task (as :meth:`offer_nowait`) and wait for its answer; returns (stream id,
+        delivery, the ACCEPT or DECLINE)."""
+        stream_id, delivery = await self.offer_nowait(queue, **task)
+        server = self.server
+        await server.wait_for(lambda: self.answer_to(delivery) is not None or not self.open)
+        answer = self.answer_to(delivery)
+        if not isinstance(answer, wire.MatchAccept):
+            self.busy.discard(stream_id)
+        return stream_id, delivery, answer
+
+    async def offer_nowait(
         self,
         queue: str,
         *,
@@ -86,9 +113,9 @@ class FakeConn:
         state: dict[str, Any] | None = None,
         stream_id: int | None = None,
         timeout: float | None = None,
-    ) -> tuple[int, int, Any]:
-        """Offer a task on an idle stream of ``queue``; returns (stream id, delivery, the
-        ACCEPT or DECLINE)."""
+    ) -> tuple[int, int]:
+        """Write a TASK on an idle stream of ``queue`` without waiting for its answer;
+        returns (stream id, delivery)."""
         server = self.server
         if stream_id is None:
             await server.wait_for(lambda: bool(self.idle_of(queue)))
@@ -110,11 +137,7 @@ class FakeConn:
                 rid=stream_id,
             )
         )
-        await server.wait_for(lambda: self.answer_to(delivery) is not None or not self.open)
-        answer = self.answer_to(delivery)
-        if not isinstance(answer, wire.MatchAccept):
-            self.busy.discard(stream_id)
-        return stream_id, delivery, answer
+        return stream_id, delivery
 
     async def wait_outcome(self, delivery: int) -> Any:
         await self.server.wait_for(lambda: self.outcome_of(delivery) is not None)
@@ -129,6 +152,8 @@ class FakeServer:
         self.policy = policy
         self.welcome_error: wire.MatchError | None = None
         self.silent = False
+        #: What WELCOME tells the worker (the server's wait for a silent peer).
+        self.peer_timeout = 30.0
         self.conns: list[FakeConn] = []
         self.deliveries = itertools.count(1)
         self._changed = trio.Event()
@@ -193,29 +218,38 @@ class FakeServer:
             conn = FakeConn(self, frames, hello)
             await frames.send_frame(
                 wire.MatchWelcome(
-                    server="fake", codec=conn.codec, ping_interval=10.0, peer_timeout=30.0
+                    server="fake",
+                    codec=conn.codec,
+                    ping_interval=10.0,
+                    peer_timeout=self.peer_timeout,
                 ).to_frame()
             )
             self.conns.append(conn)
             self.kick()
+            reads = itertools.count()
             while conn.open:
                 try:
-                    frame = await frames.receive_frame()
+                    batch = await frames.receive_frames()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     break
-                if frame is None:
+                if not batch:
                     break
-                message = wire.parse_matching(frame)
-                conn.received.append(message)
-                try:
-                    await self._answer(conn, message)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    break  # the peer went away before its answer (as a real server sees it)
-                if isinstance(message, wire.MatchClose):
-                    conn.registered.discard(message.rid)
-                elif isinstance(message, wire.MatchResult | wire.MatchFailure):
-                    conn.busy.discard(message.rid)
-                self.kick()
+                read = next(reads)
+                for frame in batch:
+                    message = wire.parse_matching(frame)
+                    conn.received.append(message)
+                    conn.reads.append(read)
+                    conn.times.append(trio.current_time())
+                    try:
+                        await self._answer(conn, message)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        conn.open = False  # the peer went away before its answer
+                        break
+                    if isinstance(message, wire.MatchClose):
+                        conn.registered.discard(message.rid)
+                    elif isinstance(message, wire.MatchResult | wire.MatchFailure):
+                        conn.busy.discard(message.rid)
+                    self.kick()
             conn.open = False
             self.kick()
         finally:

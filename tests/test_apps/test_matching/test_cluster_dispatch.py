@@ -72,11 +72,13 @@ class Deep(Flow):
 REGISTRY = Registry([Hop, Deep], allow_async_handlers=True)
 
 
-def _worker(address: str, worker_id: str, slots: int = 2) -> TrioWorker:
+def _worker(
+    address: str, worker_id: str, slots: int = 2, *, accept_delay: float = 0.005
+) -> TrioWorker:
     options = WorkerOptions(
         server_address=address,
         app_worker_id=worker_id,
-        pull=PullWorkerOptions(max_concurrent_tasks=slots),
+        pull=PullWorkerOptions(max_concurrent_tasks=slots, accept_delay=accept_delay),
     )
     return TrioWorker(REGISTRY, None, options)
 
@@ -194,7 +196,9 @@ async def _until_waiting(queue: str, count: int) -> None:
 async def test_a_server_dying_mid_step_costs_a_redelivery_not_an_attempt() -> None:
     HOLD["hold"] = trio.Event()
     async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
-        doomed, survivor = _worker(m2.matching, "w-doomed"), _worker(m1, "w-survivor")
+        # (accepting at once: its handler running means the server has its ACCEPT)
+        doomed = _worker(m2.matching, "w-doomed", accept_delay=0)
+        survivor = _worker(m1, "w-survivor")
         nursery.start_soon(doomed.start)
         async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
             with trio.fail_after(BOUND):

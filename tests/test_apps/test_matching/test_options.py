@@ -127,3 +127,18 @@ def test_a_bad_idle_stream_linger_message_names_the_field_and_the_value():
     assert str(info.value) == (
         "PullWorkerOptions.idle_stream_linger must be a finite number of seconds > 0 (got -2)"
     )
+
+
+def test_the_accept_delay_defaults_to_5_ms_and_may_be_zero():
+    assert PullWorkerOptions().accept_delay == 0.005
+    assert PullWorkerOptions(accept_delay=0).accept_delay == 0
+
+
+@pytest.mark.parametrize("value", [-0.001, 1.5, float("nan"), float("inf"), "0.1", None])
+def test_a_bad_accept_delay_message_names_the_field_the_range_and_the_value(value):
+    with pytest.raises(ConfigurationError) as info:
+        PullWorkerOptions(accept_delay=value)
+    assert str(info.value) == (
+        "PullWorkerOptions.accept_delay must be a number of seconds from 0 to 1.0"
+        f" (got {value!r}); 0 accepts each task at once"
+    )

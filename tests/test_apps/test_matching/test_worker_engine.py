@@ -341,10 +341,10 @@ async def test_stop_on_permanent_rejection_ends_run_with_the_error_after_drainin
     nursery.start_soon(run)
     await engine.wait_pull_registered(timeout=30)
     conn = server.conn
+    start = trio.current_time()  # (the handler starts at once; its ACCEPT is held a while)
     _, delivery, answer = await conn.offer(WORKER, flow_type="Greeting", name="slow", args=[10])
     assert isinstance(answer, wire.MatchAccept)
     server.policy = lambda conn, m: _reject("already_registered")(m)
-    start = trio.current_time()
     await conn.send(wire.MatchClose(rid=conn.streams_of(FLOW)[0]))
     await ended.wait()
     assert outcome[0].queue == FLOW
@@ -603,8 +603,8 @@ async def test_cap_of_one_without_reservation_warns_once_naming_both_options(
 async def test_running_task_sends_pong_every_20_seconds(server, nursery, autojump_clock):
     engine = await started(make_engine(server), nursery)
     conn = server.conn
+    start = trio.current_time()  # (the call starts at once; its ACCEPT is held a while)
     stream, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[65])
-    start = trio.current_time()
     times = []
 
     def pongs():
@@ -960,8 +960,8 @@ async def test_close_drains_running_handlers_and_declines_new_tasks(
     nursery.start_soon(run)
     await engine.wait_pull_registered()
     conn = server.conn
+    start = trio.current_time()  # (the handler starts at once; its ACCEPT is held a while)
     _, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[10])
-    start = trio.current_time()
     closed = trio.Event()
 
     async def close():
@@ -1028,6 +1028,207 @@ async def test_results_of_a_lost_connection_are_dropped_and_slots_freed(
     await engine.close()
 
 
+# -- the held ACCEPT (PullWorkerOptions.accept_delay) -----------------------------------------
+
+
+class _LoopWakes(trio.abc.Instrument):
+    """Counts the wake-ups of the worker's tasks whose name ends with ``suffix`` (a loop)."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+        self.count = 0
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith(self.suffix):
+            self.count += 1
+
+
+async def test_a_handler_ending_within_the_accept_delay_sends_accept_and_result_in_one_write(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, accept_delay=0.005), nursery)
+    conn = server.conn
+    start = trio.current_time()
+    stream, delivery = await conn.offer_nowait(
+        WORKER, flow_type="Greeting", name="greeting", kind="rpc", state={"greeting": "hi"}
+    )
+    result = await conn.wait_outcome(delivery)
+    accept = conn.answer_to(delivery)
+    assert accept == wire.MatchAccept(delivery=delivery, rid=stream)
+    assert result.value == "hi"
+    assert conn.read_together(accept, result)  # ACCEPT first, in the RESULT's write
+    assert conn.time_of(result) - start < 0.005
+    await trio.sleep(1)  # the delay passes: nothing more is sent for the call
+    assert conn.of_type(wire.MatchAccept) == [accept]
+    await engine.close()
+
+
+@pytest.fixture
+def frozen_clock() -> trio.testing.MockClock:
+    """Trio's clock standing still: a handler thread always ends "within" any delay."""
+    return trio.testing.MockClock()
+
+
+async def test_a_blocking_handler_ending_within_the_accept_delay_sends_one_write(
+    server, nursery, frozen_clock
+):
+    class Sync(Flow):
+        @rpc
+        def read(self, ctx):
+            return "fast"
+
+        @step
+        def fail(self, ctx):
+            raise ValueError("no")
+
+    engine = make_engine(server, (Sync,), accept_delay=0.005)
+    await started(engine, nursery)
+    conn = server.conn
+    stream, delivery = await conn.offer_nowait(WORKER, flow_type="Sync", name="read", kind="rpc")
+    result = await conn.wait_outcome(delivery)
+    assert result.value == "fast"
+    assert conn.read_together(wire.MatchAccept(delivery=delivery, rid=stream), result)
+    stream, delivery = await conn.offer_nowait("flow:Sync", flow_type="Sync", name="fail")
+    failure = await conn.wait_outcome(delivery)
+    assert failure.type == "ValueError"
+    assert conn.read_together(wire.MatchAccept(delivery=delivery, rid=stream), failure)
+    assert engine.statistics().busy == 0
+    await engine.close()
+
+
+async def test_calls_ending_within_the_accept_delay_never_wake_the_timer_loop(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, accept_delay=0.005), nursery)
+    conn = server.conn
+    steps = _LoopWakes("._timer_loop")
+    trio.lowlevel.add_instrument(steps)
+    try:
+        for _ in range(3):
+            _, delivery = await conn.offer_nowait(
+                WORKER, flow_type="Greeting", name="greeting", kind="rpc"
+            )
+            await conn.wait_outcome(delivery)
+        await trio.sleep(1)  # past every delay: the ACCEPTs went with their RESULTs
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert steps.count == 0
+    await engine.close()
+
+
+async def test_a_slower_handler_is_accepted_when_the_accept_delay_passes(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, accept_delay=0.005), nursery)
+    conn = server.conn
+    start = trio.current_time()
+    stream, delivery, accept = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[2])
+    assert accept == wire.MatchAccept(delivery=delivery, rid=stream)
+    assert conn.time_of(accept) - start == pytest.approx(0.005)
+    result = await conn.wait_outcome(delivery)
+    assert result.value == 2
+    assert conn.time_of(result) - start == pytest.approx(2)
+    assert not conn.read_together(accept, result)
+    await engine.close()
+
+
+async def test_an_output_within_the_accept_delay_sends_the_accept_first(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, accept_delay=0.005), nursery)
+    conn = server.conn
+    start = trio.current_time()
+    stream, delivery = await conn.offer_nowait(
+        FLOW, flow_type="Greeting", name="greet", args=["world"]
+    )
+    result = await conn.wait_outcome(delivery)
+    frames = [type(m) for m in conn.received if getattr(m, "rid", None) == stream]
+    assert frames[-3:] == [wire.MatchAccept, wire.MatchOutput, wire.MatchResult]
+    assert conn.time_of(result) - start < 0.005
+    await engine.close()
+
+
+async def test_an_m_cancel_within_the_accept_delay_gets_accept_and_cancelled_in_one_write(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, accept_delay=0.005), nursery)
+    conn = server.conn
+    start = trio.current_time()
+    stream, delivery = await conn.offer_nowait(FLOW, flow_type="Greeting", name="forever")
+    await conn.send(wire.MatchCancel(delivery, rid=stream))
+    failure = await conn.wait_outcome(delivery)
+    assert (failure.type, failure.retryable) == ("Cancelled", False)
+    assert conn.read_together(wire.MatchAccept(delivery=delivery, rid=stream), failure)
+    assert conn.time_of(failure) - start < 0.005
+    assert engine.statistics().busy == 0
+    await engine.close()
+
+
+async def test_a_connection_lost_within_the_accept_delay_drops_its_accept_and_outcome(
+    server, nursery, autojump_clock
+):
+    engine = await started(
+        make_engine(server, accept_delay=0.005, reconnect_initial_backoff=1.0), nursery
+    )
+    first = server.conn
+    start = trio.current_time()
+    _, delivery = await first.offer_nowait(FLOW, flow_type="Greeting", name="slow", args=[3])
+    await trio.testing.wait_all_tasks_blocked()
+    assert (engine.statistics().busy, trio.current_time()) == (1, start)  # held: not sent
+    await first.drop()
+    second = await server.wait_conns(2)
+    await eventually(lambda: engine.statistics().busy == 0)
+    assert first.answer_to(delivery) is None and first.outcome_of(delivery) is None
+    assert second.of_type(wire.MatchAccept) == second.of_type(wire.MatchResult) == []
+    # The new connection's calls are held and sent as before.
+    stream, delivery = await second.offer_nowait(
+        WORKER, flow_type="Greeting", name="greeting", kind="rpc"
+    )
+    result = await second.wait_outcome(delivery)
+    assert second.read_together(wire.MatchAccept(delivery=delivery, rid=stream), result)
+    await engine.close()
+
+
+async def test_a_drain_cancelling_a_call_sends_its_held_accept_alone(
+    server, nursery, autojump_clock
+):
+    engine = await started(make_engine(server, accept_delay=0.5, stop_drain_timeout=0.1), nursery)
+    conn = server.conn
+    start = trio.current_time()
+    stream, delivery = await conn.offer_nowait(FLOW, flow_type="Greeting", name="forever")
+    await trio.testing.wait_all_tasks_blocked()
+    await engine.close()  # cancels the handler after 0.1 s, within the delay: no outcome
+    accept = conn.answer_to(delivery)
+    assert accept == wire.MatchAccept(delivery=delivery, rid=stream)
+    assert conn.time_of(accept) - start == pytest.approx(0.1)  # (at the cancel, not at 0.5 s)
+    assert conn.outcome_of(delivery) is None
+
+
+async def test_an_accept_delay_of_zero_accepts_each_task_at_once(server, nursery, autojump_clock):
+    engine = await started(make_engine(server, accept_delay=0), nursery)
+    conn = server.conn
+    start = trio.current_time()
+    _, delivery, accept = await conn.offer(
+        WORKER, flow_type="Greeting", name="slow_rpc", kind="rpc", args=[1]
+    )
+    assert isinstance(accept, wire.MatchAccept)
+    assert conn.time_of(accept) == start
+    await conn.wait_outcome(delivery)
+    await engine.close()
+
+
+async def test_the_accept_delay_is_at_most_a_tenth_of_the_servers_peer_timeout(
+    server, nursery, autojump_clock
+):
+    server.peer_timeout = 0.01
+    engine = await started(make_engine(server, accept_delay=0.5), nursery)
+    conn = server.conn
+    start = trio.current_time()
+    _, _, accept = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[1])
+    assert conn.time_of(accept) - start == pytest.approx(0.001)
+    await engine.close()
+
+
 # -- stream bounds ----------------------------------------------------------------------------
 
 
@@ -1055,23 +1256,12 @@ async def test_streams_fall_back_to_the_idle_target_after_load(server, nursery, 
     await engine.close()
 
 
-class _ManageWakes(trio.abc.Instrument):
-    """Counts the wake-ups of the worker's stream-managing loop."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
-        if task.name.endswith("._manage_loop"):
-            self.count += 1
-
-
 async def test_a_call_wakes_the_stream_loop_only_when_its_queue_needs_a_stream(
     server, nursery, autojump_clock
 ):
     engine = await started(make_engine(server, idle_stream_linger=1000), nursery)
     conn = server.conn
-    wakes = _ManageWakes()
+    wakes = _LoopWakes("._manage_loop")
     trio.lowlevel.add_instrument(wakes)
     # The first call takes the queue's only idle stream: one more is opened.
     _, delivery, _ = await conn.offer(FLOW, flow_type="Greeting", name="slow", args=[0])
