@@ -15,11 +15,11 @@ import attrs
 import otp
 
 from ._dispatch import Task
+from ._engine_direct import DirectDeliveries
 from ._engine_remote import RemoteDeliveries
 from ._errors import Cancelled, ConfigurationError, FlowFailed, MatchingError, error_from_code
 from ._flow_spec import FlowSpec, parse_definition
 from ._matcher import MATCHER
-from ._matcher_routes import DirectDeliveries
 from ._model import MAX_NAME_LENGTH
 from ._server_id import local_server_id
 from ._store import (

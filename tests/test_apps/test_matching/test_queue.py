@@ -31,6 +31,7 @@ from apps.matching._dispatch import (
     WorkerDraining,
     WorkerFreed,
 )
+from apps.matching._engine_direct import DirectDeliveries
 from apps.matching._matcher import (
     MATCHER,
     QUEUES,
@@ -40,7 +41,6 @@ from apps.matching._matcher import (
     statistics,
     submit,
 )
-from apps.matching._matcher_routes import DirectDeliveries
 from apps.matching._queue import QueueIdle
 from apps.matching._stream import FreedNotices, start_stream
 
