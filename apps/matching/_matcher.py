@@ -452,6 +452,12 @@ class Matcher(otp.GenServer):
             state.queue_streams.pop(entry.queue, None)
             state.remote.no_streams(entry.queue)
             self._publish(state, entry.queue)
+            kind, _, name = entry.queue.partition(":")
+            pid = state.queues.get(entry.queue)
+            if kind == "flow" and pid is not None and state.remote.member(kind, name, 0):
+                # What waits here for want of a stream goes to a server with some, as when one
+                # joins (``_joined``): the engine may have sent it straight here just before.
+                otp.send(pid, HandOff())
         worker = state.workers.get(entry.worker_id)
         if worker is not None:
             if stream in worker.streams:
