@@ -300,6 +300,7 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
             case Routed():
                 self._routed(state, message)
                 state.remote.routed(message, state.deliveries)
+                state.direct.routed(message)
             case Completed() | Failed() | NotDispatched() | Lost():
                 self._outcome(state, message)
             case BatchCommitted(tag=size, error=refused):
@@ -342,6 +343,10 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
             case otp.Down(ref=ref, reason=reason) if ref in state.remote.monitors:
                 # (another server our forwarded deliveries ran on went)
                 for lost in state.remote.down(ref, reason, state.deliveries):
+                    self._outcome(state, lost)
+            case otp.Down(ref=ref, reason=reason) if ref in state.direct.monitors:
+                # (a queue our deliveries were sent straight to went)
+                for lost in state.direct.down(ref, reason, state.deliveries):
                     self._outcome(state, lost)
             case otp.Down(ref=ref, reason=reason) if ref == state.store_monitor:
                 return otp.Stop(otp.Shutdown(("store_down", reason)), state)

@@ -28,7 +28,7 @@ import otp
 from ._dispatch import Lost, Routed
 from ._matcher import MATCHER
 
-__all__ = ["RemoteDeliveries"]
+__all__ = ["RemoteDeliveries", "lost_with"]
 
 logger = logging.getLogger("apps.matching")
 
@@ -74,16 +74,24 @@ class RemoteDeliveries:
             target = in_flight.get(delivery)
             if target is None:
                 continue
-            task = getattr(target, "task", None)
-            logger.warning(
-                "matching engine: the server on node %s went down (%s) with delivery %d"
-                " (%s %r of flow %r); redelivery: it is dispatched again, consuming no attempt",
-                node,
-                otp.reason_text(reason),
-                delivery,
-                getattr(task, "kind", "task"),
-                getattr(task, "name", "?"),
-                getattr(task, "flow_id", "?"),
-            )
-            lost.append(Lost(delivery, worker_id or f"node:{node}", after_output=False))
+            what = f"the server on node {node}"
+            lost.append(lost_with(what, reason, delivery, target, worker_id or f"node:{node}"))
         return lost
+
+
+def lost_with(what: str, reason: Any, delivery: int, target: Any, worker_id: str) -> Lost:
+    """``what`` (a server, a queue) went down with ``delivery`` (its flow or RPC call
+    ``target``) in flight: logged as a redelivery, and the ``Lost`` (before output) that
+    dispatches it again."""
+    task = getattr(target, "task", None)
+    logger.warning(
+        "matching engine: %s went down (%s) with delivery %d (%s %r of flow %r); redelivery:"
+        " it is dispatched again, consuming no attempt",
+        what,
+        otp.reason_text(reason),
+        delivery,
+        getattr(task, "kind", "task"),
+        getattr(task, "name", "?"),
+        getattr(task, "flow_id", "?"),
+    )
+    return Lost(delivery, worker_id, after_output=False)

@@ -23,7 +23,6 @@ from ._errors import (
     Unavailable,
     UnknownName,
 )
-from ._matcher import submit
 from ._model import apply_patch
 
 __all__ = ["EngineRpcs"]
@@ -34,6 +33,10 @@ class EngineRpcs(EngineReads):
 
     # (defined by EngineKinds, which FlowEngine mixes in)
     def _state_changed(self, state: _State, flow: _Flow) -> None:
+        raise NotImplementedError
+
+    # (defined by EngineSteps, which FlowEngine mixes in)
+    def _submit(self, state: _State, dispatch: Dispatch) -> None:
         raise NotImplementedError
 
     # -- RPCs -------------------------------------------------------------------------------------
@@ -95,8 +98,7 @@ class EngineRpcs(EngineReads):
         wait = state.options.dispatch_wait
         if task.deadline is not None:
             wait = max(min(wait, task.deadline - trio.current_time()), 0.001)
-        dispatch = Dispatch(task, state.me, call.flow.sticky_worker, wait)
-        submit(dispatch, matcher=state.options.matcher)
+        self._submit(state, Dispatch(task, state.me, call.flow.sticky_worker, wait))
 
     def _rpc_outcome(
         self, state: _State, call: _Rpc, outcome: Completed | Failed | NotDispatched | Lost

@@ -15,6 +15,7 @@ import attrs
 import otp
 
 from ._dispatch import Task
+from ._engine_direct import DirectDeliveries
 from ._engine_remote import RemoteDeliveries
 from ._errors import Cancelled, ConfigurationError, FlowFailed, MatchingError, error_from_code
 from ._flow_spec import FlowSpec, parse_definition
@@ -400,6 +401,11 @@ class _State:
     claimed_from: dict[str, str | None] = attrs.field(factory=dict)
     #: The deliveries forwarded to other servers, and those servers' nodes watched.
     remote: RemoteDeliveries = attrs.field(factory=RemoteDeliveries)
+    #: The deliveries sent straight to a queue (not through the matcher), and those queues
+    #: watched (``_matcher_routes``).
+    direct: DirectDeliveries = attrs.field(
+        default=attrs.Factory(lambda self: DirectDeliveries(self.options.matcher), takes_self=True)
+    )
     #: ``NoReply(self)`` and ``NoReply(self, timeout=0)``, built once (frozen values, returned
     #: by every callback: see ``EngineCommits._next``).
     carry_on: Any = None

@@ -44,7 +44,6 @@ from ._engine_state import (
 from ._engine_waiters import forget_waiter, watch_waiter
 from ._errors import ConfigurationError, FlowExists, FlowNotFound, LimitError, MatchingError
 from ._flow_spec import FlowSpec, parse_definition
-from ._matcher import submit
 from ._model import MAX_NAME_LENGTH, apply_patch
 from ._store import AttemptRecord
 from ._store_records import trusted
@@ -341,7 +340,7 @@ class EngineSteps(EngineKinds):
         wait = state.options.dispatch_wait
         if flow.deadline is not None:
             wait = max(min(wait, flow.deadline - now), 0.001)
-        submit(Dispatch(task, state.me, flow.sticky_worker, wait), matcher=state.options.matcher)
+        self._submit(state, Dispatch(task, state.me, flow.sticky_worker, wait))
 
     def _end_attempt(self, state: _State, flow: _Flow) -> None:
         """Forget the step dispatch in flight (a late outcome is ignored); a SubFlow attempt
@@ -392,6 +391,13 @@ class EngineSteps(EngineKinds):
             self._after_flow(state, flow, lambda: self._advance(state, flow))
         else:
             self._finish(state, flow, "failed", None, error)
+
+    def _submit(self, state: _State, dispatch: Dispatch) -> None:
+        """Route the dispatch: straight to its queue when the matcher publishes one (its
+        routing decision recorded here at once), else through the matcher."""
+        routed = state.direct.submit(dispatch, state.deliveries)
+        if routed is not None:
+            self._routed(state, routed)
 
     def _routed(self, state: _State, routed: Routed) -> None:
         reasons = state.routed

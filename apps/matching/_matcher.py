@@ -7,7 +7,9 @@ app worker id (monitoring them), refuses registrations past the limits or for an
 another worker process holds, and routes each submitted dispatch: to the sticky worker's queue
 while that worker has a stream there and is not draining, else to the flow type's queue. With
 other servers connected (node distribution), a dispatch whose streams are all on another server
-goes to that server's matcher (``_matcher_remote``).
+goes to that server's matcher (``_matcher_remote``). The queues it would send a fresh dispatch
+to at once it publishes as direct routes (``_matcher_routes``): the engine sends there without
+waking it.
 
 An unused queue (``QueueIdle``) is forgotten and told to stop (``StopIdle``) once nothing can
 be on its way to it: no stream of it is counted, no registration is pending, and it has received
@@ -39,6 +41,7 @@ from ._dispatch import (
 from ._matcher_checks import check_registration as _check_registration
 from ._matcher_checks import reject as _reject
 from ._matcher_remote import HandOff, RemoteQueues, joined_flow_type
+from ._matcher_routes import open_routes, publish_route
 from ._queue import Forward, Queue, QueueIdle, StopIdle, queue_spec
 from ._queue_book import QueueStatistics
 
@@ -124,6 +127,8 @@ class _State:
     pending_total: int = 0
     #: This matcher's ``pg`` groups, and other servers' matchers (``_matcher_remote``).
     remote: RemoteQueues = attrs.Factory(lambda: RemoteQueues(otp.self().node))
+    #: The direct routes' ``otp.ets`` table (``_matcher_routes``), None when unregistered.
+    routes: Any = None
     #: ``NoReply(self)``, built once (a frozen value: every callback that carries on returns it).
     carry_on: Any = None
 
@@ -137,7 +142,7 @@ async def start_matcher(
     Raises:
         otp.StartError: the name is taken.
     """
-    return await Matcher.start_link(limits or MatchingLimits(), queues, name=name)
+    return await Matcher.start_link(limits or MatchingLimits(), queues, name, name=name)
 
 
 async def register_stream(
@@ -216,7 +221,9 @@ class Matcher(otp.GenServer):
     """The matcher. Client functions are the module's :func:`register_stream`,
     :func:`submit`, :func:`notify_worker` and :func:`statistics`."""
 
-    async def init(self, limits: MatchingLimits, queues_sup: Any) -> otp.Ok:
+    async def init(
+        self, limits: MatchingLimits, queues_sup: Any, name: str | None = None
+    ) -> otp.Ok:
         # A new matcher knows no queue: the old one's queues (if it crashed) would never be
         # found again, so they go (their streams close and their workers register again).
         try:
@@ -227,6 +234,7 @@ class Matcher(otp.GenServer):
             if isinstance(pid, otp.Pid):
                 await supervisors.terminate_child(queues_sup, pid)
         state = _State(limits, queues_sup)
+        state.routes = open_routes(name)
         state.carry_on = otp.NoReply(state)
         # (every join and leave: a flow type's first streams on another server take over the
         # dispatches waiting here for want of any)
@@ -279,6 +287,7 @@ class Matcher(otp.GenServer):
                 state.queue_sent.pop(pid, None)
                 if queue_name is not None and state.queues.get(queue_name) == pid:
                     del state.queues[queue_name]
+                    self._publish(state, queue_name)
             elif ref in state.conn_refs:
                 self._conn_down(state, state.conn_refs.pop(ref))
             return state.carry_on
@@ -392,7 +401,8 @@ class Matcher(otp.GenServer):
         if (
             state.queue_streams.get(queue_name, 0)
             or state.pending_total
-            or state.queue_sent.get(pid, 0) != message.received
+            # (it counts the dispatches sent to it straight too: ``_matcher_routes``)
+            or state.queue_sent.get(pid, 0) > message.received
         ):
             return  # in use after all: it asks again after another idle timeout
         del state.queues[queue_name]
@@ -422,6 +432,8 @@ class Matcher(otp.GenServer):
         worker.streams.add(stream)
         worker.queues[queue_name] = worker.queues.get(queue_name, 0) + 1
         count = state.queue_streams[queue_name] = state.queue_streams.get(queue_name, 0) + 1
+        if count == 1:
+            self._publish(state, queue_name)
         if worker.draining:
             otp.send(message.queue_pid, WorkerDraining(message.worker_id))
         if count == 1 and not (worker.draining and queue_name.startswith("worker:")):
@@ -439,6 +451,13 @@ class Matcher(otp.GenServer):
         else:
             state.queue_streams.pop(entry.queue, None)
             state.remote.no_streams(entry.queue)
+            self._publish(state, entry.queue)
+            kind, _, name = entry.queue.partition(":")
+            pid = state.queues.get(entry.queue)
+            if kind == "flow" and pid is not None and state.remote.member(kind, name, 0):
+                # What waits here for want of a stream goes to a server with some, as when one
+                # joins (``_joined``): the engine may have sent it straight here just before.
+                otp.send(pid, HandOff())
         worker = state.workers.get(entry.worker_id)
         if worker is not None:
             if stream in worker.streams:
@@ -469,12 +488,26 @@ class Matcher(otp.GenServer):
         if type(message) is WorkerDraining:
             worker.draining = True
             state.remote.no_streams(f"worker:{message.worker_id}")  # no sticky routing here
+            self._publish(state, f"worker:{message.worker_id}")
         for queue_name in worker.queues:
             pid = state.queues.get(queue_name)
             if pid is not None:
                 otp.send(pid, message)
 
     # -- routing --------------------------------------------------------------------------------
+
+    def _publish(self, state: _State, queue_name: str) -> None:
+        """Publish whether ``queue_name`` is a direct route now: the queue a fresh dispatch
+        goes to at once (see ``_submit`` and ``_to_flow``), because it has a stream here (and,
+        a worker's queue, its worker is not draining)."""
+        pid = state.queues.get(queue_name)
+        if pid is not None and not state.queue_streams.get(queue_name):
+            pid = None
+        if pid is not None and queue_name.startswith("worker:"):
+            worker = state.workers.get(queue_name[len("worker:") :])
+            if worker is None or worker.draining:
+                pid = None
+        publish_route(state.routes, queue_name, pid)
 
     def _joined(self, state: _State, message: otp.pg.PgJoin) -> None:
         """Another server's matcher has streams for a flow type: what waits here for want of

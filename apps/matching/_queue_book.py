@@ -410,6 +410,17 @@ class QueueBook:
                 self._forward(waiting, "flow_queue", actions)
         return actions
 
+    def hand_back(self) -> list[Action]:
+        """The queue stops: its waiting dispatches go back to the matcher with the wait each has
+        left (a worker queue's to the flow-type queue, ``fallback_no_stream``; a flow-type
+        queue's to be routed again, ``flow_queue``). Only an unused queue is stopped, but a
+        dispatch sent to it straight (``_matcher_routes``) may have come in meanwhile."""
+        actions: list[Action] = []
+        reason = "fallback_no_stream" if self.kind == "worker" else "flow_queue"
+        for waiting in list(self._waiting.values()):
+            self._forward(waiting, reason, actions)
+        return actions
+
     def expire(self) -> list[Action]:
         """End the waits that are over (by the clock): a worker queue forwards them to the
         flow-type queue, a flow-type queue answers ``NotDispatched``. An offered dispatch

@@ -182,6 +182,41 @@ async def test_dispatches_waiting_for_a_flow_type_go_to_the_first_server_that_ge
     ]
 
 
+async def test_dispatches_waiting_where_the_last_stream_of_their_flow_type_went_go_elsewhere() -> (
+    None
+):
+    # m1's only worker is full (the Step held) and draining when the second flow's Step comes:
+    # it waits in m1's queue. When that worker's last stream goes, it goes to m2's worker at
+    # once, within its first attempt, not after its dispatch wait ran out there.
+    HOLD["held"] = trio.Event()
+    async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
+        here, there = _worker(m1, "w-here", slots=1), _worker(m2.matching, "w-there")
+        nursery.start_soon(here.start)
+        nursery.start_soon(there.start)
+        async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
+            with trio.fail_after(BOUND):
+                await here.wait_pull_registered()
+                await there.wait_pull_registered()
+                await _group_has(("matching", "flow", "Hop"), m2.name)
+                held = await client.start_flow(Hop, "held")
+                await until(lambda: here.statistics().busy == 1)
+                waiting = await client.start_flow(Hop, "x")
+                await _until_waiting("flow:Hop", 1)
+                nursery.start_soon(here.close)  # (draining: it takes nothing new)
+                HOLD["held"].set()
+                assert await client.result(waiting) == "x done"
+                assert await client.result(held) == "held done"
+                description = await client.describe_flow(waiting)
+        await there.close()
+    firsts = [r for r in _routes(description) if r[0] == "first"]
+    assert ("first", "node:m2@localhost", "forwarded", None) in firsts
+    assert firsts[-1] == ("first", "flow:Hop", "delivered", "w-there")
+    assert [(a["step"], a["attempt"], a["status"]) for a in description.attempts] == [
+        ("first", 1, "completed"),
+        ("second", 1, "completed"),
+    ]
+
+
 async def _until_waiting(queue: str, count: int) -> None:
     """Poll (bounded) until this server's ``queue`` holds ``count`` waiting dispatches: no
     event announces that a dispatch sits in a queue."""

@@ -54,8 +54,10 @@ from apps.matching._errors import (
     UnknownName,
 )
 from apps.matching._matcher import MATCHER
+from apps.matching._matcher_routes import routes_table
 from apps.matching._model import FlowDescription, FlowStatus, FlowSummary
 from apps.matching._store import SERVER_NAME, StoreServer
+from otp import ets
 
 from ._stores import StoreKind
 
@@ -510,6 +512,39 @@ async def test_lost_before_output_is_dispatched_again_as_the_same_attempt(
             "at": redispatched[0]["at"],
         }
     ]
+
+
+async def _holds_what_it_gets(test: otp.Pid) -> None:
+    """A queue that never acts: tells ``test`` of each message it gets, and keeps it."""
+    while True:
+        otp.send(test, ("queued", await otp.receive()))
+
+
+async def test_a_step_sent_straight_to_a_queue_that_dies_is_dispatched_again_as_the_same_attempt(
+    store_kind: StoreKind, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The matcher publishes the queues a fresh dispatch goes to (``_matcher_routes``): the
+    # engine sends there without waking it, and watches the queue; one that dies with the
+    # dispatch in it makes it Lost before output.
+    async with otp.open_node(), server(store_kind, by_step(a=[ok("x")])):
+        queue = otp.spawn(_holds_what_it_gets, otp.self())
+        routes = ets.new(routes_table(MATCHER), named=True)
+        ets.insert(routes, ("flow:T", queue))
+        await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=1)), "f")
+        _, sent = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "queued")
+        assert isinstance(sent, Dispatch) and await dispatches() == []
+        ets.delete(routes, "flow:T")  # (as the matcher does when it hears of the death)
+        otp.exit(queue, otp.KILL)
+        with trio.fail_after(60):
+            assert await FlowEngine.result("f") == "x"
+        log = [d for _, d in await dispatches()]
+        described = await describe("f")
+    assert [d.task.attempt for d in log] == [1]
+    assert log[0].task.delivery != sent.task.delivery
+    assert [(a["attempt"], a["status"]) for a in described.attempts] == [(1, "completed")]
+    reasons = [(d["queue"], d["reason"], d["worker_id"]) for d in described.dispatches]
+    assert reasons[:2] == [("flow:T", "flow_queue", None), ("flow:T", "redispatch_lost", "flow:T")]
+    assert f"queue flow:T went down (killed) with delivery {sent.task.delivery}" in caplog.text
 
 
 def forwarded(node: str, worker: str) -> Any:

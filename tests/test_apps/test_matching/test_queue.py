@@ -31,6 +31,7 @@ from apps.matching._dispatch import (
     WorkerDraining,
     WorkerFreed,
 )
+from apps.matching._engine_direct import DirectDeliveries
 from apps.matching._matcher import (
     MATCHER,
     QUEUES,
@@ -40,6 +41,7 @@ from apps.matching._matcher import (
     statistics,
     submit,
 )
+from apps.matching._queue import QueueIdle
 from apps.matching._stream import FreedNotices, start_stream
 
 CAPS = Capabilities({"Greet": ({"write"}, {"read"})})
@@ -159,10 +161,12 @@ def dispatch(
     return Dispatch(task, otp.self(), sticky, wait)
 
 
-async def outcome(d: Dispatch) -> tuple[list[Routed], Any, float]:
-    """Submit ``d``; its routing decisions, its final outcome and how long it took."""
+async def outcome(d: Dispatch, *, submitted: bool = False) -> tuple[list[Routed], Any, float]:
+    """Submit ``d`` (unless ``submitted``); its routing decisions, its final outcome and how
+    long it took."""
     start = trio.current_time()
-    submit(d)
+    if not submitted:
+        submit(d)
     routes: list[Routed] = []
     delivery = d.task.delivery
 
@@ -714,6 +718,105 @@ async def test_a_queue_with_a_stream_or_a_backlog_is_not_stopped(
         routes, final, _ = await outcome(dispatch())
         assert isinstance(final, Completed) and routes[0].queue == "flow:Greet"
         assert len(await supervisors.which_children(QUEUES)) == 1
+
+
+async def test_a_queue_told_to_stop_hands_back_a_dispatch_sent_to_it_straight_meanwhile(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The engine sends a dispatch straight to a queue with a stream (``_matcher_routes``); in
+    # a race it may reach the queue after the queue said it was unused, and so after the
+    # matcher's StopIdle is on its way: it goes back to the matcher, not down with the queue.
+    async with server(queue_idle_timeout=1000.0):
+        routes, final, _ = await outcome(dispatch(wait=1.0))  # starts the queue: unavailable
+        [first] = [p for _, p, _, _ in await supervisors.which_children(QUEUES)]
+        late = dispatch(wait=50.0)
+        otp.send(first, late)  # (as the engine sends it straight)
+        otp.cast(MATCHER, QueueIdle(first, 1))  # (what it said before the dispatch came)
+        await trio.sleep(10.0)
+        assert first not in [p for _, p, _, _ in await supervisors.which_children(QUEUES)]
+        await connect("w1")
+        routes, final, _ = await outcome(late, submitted=True)
+        assert reasons(routes) == [("flow:Greet", "flow_queue"), ("flow:Greet", "delivered")]
+        assert isinstance(final, Completed) and final.worker_id == "w1"
+
+
+async def test_the_matcher_publishes_the_queues_a_fresh_dispatch_goes_to_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # What the engine submits with: a direct route wakes no matcher, and records the routing
+    # decision the matcher would have sent.
+    async with server():
+        direct = DirectDeliveries(MATCHER)
+        other = await connect("w2")
+        sticky = await connect("w1", queue="worker", name="w1")
+        d = dispatch(sticky="w1")
+        routed = direct.submit(d, {})
+        assert routed == Routed(d.task.delivery, "worker:w1", "sticky", "w1")
+        routes, final, _ = await outcome(d, submitted=True)
+        assert reasons(routes) == [("worker:w1", "delivered")]
+        assert isinstance(final, Completed) and final.worker_id == "w1"
+        d = dispatch()
+        assert direct.submit(d, {}) == Routed(d.task.delivery, "flow:Greet", "flow_queue")
+        _, final, _ = await outcome(d, submitted=True)
+        assert isinstance(final, Completed) and final.worker_id == "w2"
+        # No stream of the sticky worker, an excluded one: through the matcher, as before.
+        d = dispatch(sticky="w9")
+        assert direct.submit(d, {}) is None
+        routes, _, _ = await outcome(d, submitted=True)
+        assert reasons(routes)[0] == ("flow:Greet", "fallback_no_stream")
+        excluded = attrs.evolve(dispatch(sticky="w1"), excluded={"w1"})
+        assert direct.submit(excluded, {}) is None
+        await outcome(excluded, submitted=True)
+        # A draining worker's queue, and a queue whose streams went, are no routes any more.
+        notify_worker(WorkerDraining("w1"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert direct.submit(dispatch(sticky="w1"), {}) is None
+        assert other.pid is not None
+        otp.exit(other.pid, otp.KILL)
+        await trio.testing.wait_all_tasks_blocked()
+        assert direct.submit(dispatch(), {}) is None
+        assert len(sticky.tasks()) == 1 and len(other.tasks()) == 3
+
+
+async def test_a_queue_killed_with_a_dispatch_sent_to_it_straight_reports_it_lost(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with server():
+        conn = await connect("w1")
+        direct = DirectDeliveries(MATCHER)
+        [(_, queue, _, _)] = await supervisors.which_children(QUEUES)
+        # It dies; the matcher has not heard yet, so its route still stands.
+        otp.exit(queue, otp.KILL)
+        d = dispatch()
+        in_flight = {d.task.delivery: d}
+        assert direct.submit(d, in_flight) is not None
+        assert direct.where[d.task.delivery] == (queue, "flow:Greet")
+        down = await otp.receive(lambda m: isinstance(m, otp.Down), timeout=10)
+        assert direct.down(down.ref, down.reason, in_flight) == [
+            Lost(d.task.delivery, "flow:Greet", after_output=False)
+        ]
+        assert conn.tasks() == [] and direct.where == {}
+        assert f"queue flow:Greet went down (killed) with delivery {d.task.delivery}" in (
+            caplog.text
+        )
+        # The matcher forgot the queue: the next dispatch goes through it, to a new queue.
+        await trio.testing.wait_all_tasks_blocked()
+        assert direct.submit(dispatch(), {}) is None
+
+
+async def test_a_queue_that_stops_normally_loses_no_dispatch_sent_to_it_straight() -> None:
+    # (it handed them back to the matcher first: the engine forgets them, no redelivery)
+    async with otp.open_node():
+        direct = DirectDeliveries(MATCHER)
+        queue = otp.spawn(otp.receive)
+        d = dispatch()
+        direct.where[d.task.delivery] = (queue, "flow:Greet")
+        ref = direct.watched[queue] = otp.monitor(queue)
+        direct.monitors[ref] = queue
+        otp.send(queue, "stop")
+        down = await otp.receive(lambda m: isinstance(m, otp.Down))
+        assert direct.down(down.ref, otp.NORMAL, {d.task.delivery: d}) == []
+        assert direct.where == {} and direct.watched == {}
 
 
 async def test_queues_left_by_gone_workers_stop(autojump_clock: trio.testing.MockClock) -> None:

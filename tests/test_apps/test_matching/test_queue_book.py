@@ -377,6 +377,30 @@ def test_worker_queue_with_no_wait_left_ends_instead_of_forwarding() -> None:
     assert rejects(b.expire()) == [(1, "no_worker_available")]
 
 
+def test_a_stopping_queue_hands_back_its_waiting_dispatches_with_the_wait_left() -> None:
+    # (a dispatch the engine sent straight to the queue after it said it was unused)
+    flow, clock = book()
+    flow.dispatch(dispatch(1, wait=10.0))
+    flow.dispatch(dispatch(2, wait=4.0))
+    clock.now += 3.0
+    found = forwards(flow.hand_back())
+    assert [(f.dispatch.task.delivery, f.reason, f.worker_id) for f in found] == [
+        (1, "flow_queue", None),
+        (2, "flow_queue", None),
+    ]
+    assert [f.dispatch.wait for f in found] == [7.0, 1.0]
+    assert flow.backlog == 0 and flow.unused
+    worker, _ = book("worker", "w1")
+    worker.stream_idle("s1", "w1", CAPS)
+    worker.dispatch(dispatch(3))
+    worker.accepted("s1", 3)
+    worker.dispatch(dispatch(4))
+    found = forwards(worker.hand_back())
+    assert [(f.dispatch.task.delivery, f.reason, f.worker_id) for f in found] == [
+        (4, "fallback_no_stream", "w1")
+    ]
+
+
 def test_forwarded_exclusions_hold_in_the_flow_queue() -> None:
     b, _ = book()
     b.stream_idle("s1", "w1", CAPS)

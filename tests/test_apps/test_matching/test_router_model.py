@@ -6,6 +6,13 @@ the clock advances, against a small model of every dispatch and stream.
 Invariants: every dispatch ends exactly once; it is never ``NotDispatched`` before its whole
 wait is over (declines and re-routes consume no attempt); a stream carries at most one call;
 excluded, draining and unable workers are never offered anything.
+
+The engine sends a fresh dispatch straight to the queue the matcher would pick at once
+(``_matcher_routes``) and watches it: the model keeps which dispatches are there so, until they
+leave that queue. A queue may die (killed) while it holds only such dispatches: each is ``Lost``
+and dispatched again as a new delivery (the engine's rule), its streams close, and a new queue
+takes its place. A queue without streams may be told to stop: it hands back what waits in it
+(a dispatch sent straight to it after it said it was unused) and a new queue takes its place.
 """
 
 from __future__ import annotations
@@ -75,6 +82,8 @@ class RouterModel(RuleBasedStateMachine):
         self.streams: dict[int, StreamModel] = {}
         self.dispatches: dict[int, DispatchModel] = {}
         self.draining: set[str] = set()
+        #: Deliveries the engine sent straight to a queue and still watched there.
+        self.direct: dict[int, str] = {}
         self.next_stream = 1
         self.next_delivery = 1
 
@@ -96,9 +105,12 @@ class RouterModel(RuleBasedStateMachine):
                 stream.state, stream.delivery = "offered", task.delivery
                 model.status, model.stream = "offered", action.stream
             elif isinstance(action, ForwardToFlow):
-                assert queue == "worker"
                 assert model.status == "waiting"
                 assert action.dispatch.excluded >= model.excluded
+                # (through the matcher: its Routed tells the engine it left this queue)
+                self.direct.pop(action.dispatch.task.delivery, None)
+                # (from a flow queue only as it stops: the new one, in place already, takes it)
+                assert queue == "worker" or action.reason == "flow_queue"
                 self.apply("flow", self.books["flow"].dispatch(action.dispatch))
             elif isinstance(action, Reject):
                 assert model.status == "waiting", model
@@ -109,7 +121,16 @@ class RouterModel(RuleBasedStateMachine):
             else:
                 assert isinstance(action, Route)
 
+    def new_book(self, queue: str) -> QueueBook:
+        name = "Greet" if queue == "flow" else STICKY
+        book = QueueBook(queue, name, clock=self.clock, limits=LIMITS)
+        for worker in self.draining:
+            # (the matcher tells a queue of a draining worker's stream as it registers)
+            assert book.worker_draining(worker) == []
+        return book
+
     def end(self, model: DispatchModel, status: str) -> None:
+        self.direct.pop(model.dispatch.task.delivery, None)
         model.ends += 1
         assert model.ends == 1, "a dispatch ends exactly once"
         model.status = status
@@ -133,19 +154,29 @@ class RouterModel(RuleBasedStateMachine):
         deadline=st.sampled_from([None, None, 2.0, 8.0]),
     )
     def submit(self, which: tuple[str, str], sticky: bool, wait: float, deadline: Any) -> None:
+        absolute = None if deadline is None else self.clock.now + deadline
+        self.dispatch(which, sticky, wait, absolute)
+
+    def dispatch(
+        self, which: tuple[str, str], sticky: bool, wait: float, deadline: float | None
+    ) -> None:
         delivery = self.next_delivery
         self.next_delivery += 1
         kind, name = which
-        absolute = None if deadline is None else self.clock.now + deadline
-        task = Task(delivery, kind, "Greet", "f", name, f"f/0/{name}", 1, [], {}, absolute)
+        task = Task(delivery, kind, "Greet", "f", name, f"f/0/{name}", 1, [], {}, deadline)
         dispatch = Dispatch(task, REPLY_TO, STICKY if sticky else None, wait)
         self.dispatches[delivery] = DispatchModel(dispatch, self.clock.now)
-        # The matcher's rule: the sticky worker's queue while it has a stream there.
-        connected = any(
-            s.queue == "worker" and s.state != "gone" for s in self.streams.values()
-        ) and (STICKY not in self.draining)
+        # The matcher's rule: the sticky worker's queue while it has a stream there; and the
+        # routes it publishes, which the engine sends along straight: that queue, or the flow
+        # queue while it has a stream.
+        connected = self._live("worker") and STICKY not in self.draining
         queue = "worker" if sticky and connected else "flow"
+        if (sticky and connected) or (not sticky and self._live("flow")):
+            self.direct[delivery] = queue
         self.apply(queue, self.books[queue].dispatch(dispatch))
+
+    def _live(self, queue: str) -> bool:
+        return any(s.queue == queue and s.state != "gone" for s in self.streams.values())
 
     def _offered(self) -> list[int]:
         return sorted(k for k, s in self.streams.items() if s.state == "offered")
@@ -164,6 +195,7 @@ class RouterModel(RuleBasedStateMachine):
         book = self.books[stream.queue]
         if answer == "accept":
             self.apply(stream.queue, book.accepted(key, delivery))
+            self.direct.pop(delivery, None)  # (its stream's Routed "delivered")
             stream.state = "busy"
             model.status = "running"
             return
@@ -222,6 +254,63 @@ class RouterModel(RuleBasedStateMachine):
         self.draining.add(worker)
         for queue, book in self.books.items():
             self.apply(queue, book.worker_draining(worker))
+
+    def _held(self, queue: str) -> list[int]:
+        book = self.books[queue]
+        held = [d.task.delivery for d in book.waiting()]
+        return held + [d.task.delivery for d in book.offered().values()]
+
+    @precondition(
+        lambda self: any(
+            self._held(q) and all(self.direct.get(d) == q for d in self._held(q))
+            for q in ("flow", "worker")
+        )
+    )
+    @rule(data=st.data())
+    def kill_queue(self, data: st.DataObject) -> None:
+        """A queue dies holding only dispatches the engine sent it straight (those the matcher
+        routed on are not the engine's to watch)."""
+        queue = data.draw(
+            st.sampled_from(
+                [
+                    q
+                    for q in ("flow", "worker")
+                    if self._held(q) and all(self.direct.get(d) == q for d in self._held(q))
+                ]
+            )
+        )
+        held = self._held(queue)
+        # Its streams close: an idle or offered one at once (an offer's answer goes nowhere),
+        # a busy one after its call, whose outcome reaches the engine all the same.
+        for stream in self.streams.values():
+            if stream.queue != queue or stream.state == "gone":
+                continue
+            if stream.state == "busy":
+                assert stream.delivery is not None
+                self.end(self.dispatches[stream.delivery], "completed")
+            stream.state, stream.delivery = "gone", None
+        self.books[queue] = self.new_book(queue)
+        for delivery in held:
+            model = self.dispatches[delivery]
+            self.end(model, "lost")  # (the engine's monitor of the queue: Lost before output)
+            task = model.dispatch.task
+            self.dispatch(
+                (task.kind, task.name),
+                model.dispatch.sticky_worker is not None,
+                model.dispatch.wait,
+                task.deadline,
+            )
+
+    @precondition(lambda self: any(not self._live(q) for q in ("flow", "worker")))
+    @rule(data=st.data())
+    def stop_unused(self, data: st.DataObject) -> None:
+        """A queue without streams is told to stop (it said it was unused; a dispatch may have
+        come straight to it since)."""
+        queue = data.draw(st.sampled_from([q for q in ("flow", "worker") if not self._live(q)]))
+        book = self.books[queue]
+        assert not book.offered()
+        self.books[queue] = self.new_book(queue)
+        self.apply(queue, book.hand_back())
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.5, 5.0, 10.0]))
     def advance(self, seconds: float) -> None:
