@@ -19,7 +19,7 @@ from ._values import Atom, ErrorValue, ExitReason, Pid, Ref
 __all__ = ["C"]
 
 #: What the codecs call; an extension built before one of these was added is not used.
-_FUNCTIONS = ("init", "cbor_encode", "cbor_check", "tlv_encode", "tlv_decode")
+_FUNCTIONS = ("init", "cbor_encode", "cbor_check", "cbor_decode", "tlv_encode", "tlv_decode")
 
 
 def _load() -> ModuleType | None:
