@@ -173,9 +173,17 @@ def tlv_payloads(draw: Any) -> tuple[bytes, bool]:
     data = _exact_tlv(value, v2, DEFAULT)
     if data is None:
         data = b"\x00"
-    damage = draw(st.sampled_from(["none", "cut", "flip", "byte"]))
+    return _damaged(draw, data, ["none", "cut", "flip", "byte"]), v2
+
+
+def _damaged(draw: Any, data: bytes, damages: list[str]) -> bytes:
+    """``data``, or (as drawn from ``damages``) cut short, with a bit flipped, a byte
+    overwritten or a byte added at the end."""
+    damage = draw(st.sampled_from(damages))
     if damage == "cut":
         data = data[: draw(st.integers(0, len(data)))]
+    elif damage == "extra":
+        data += bytes([draw(st.integers(0, 255))])
     elif damage in ("flip", "byte") and data:
         i = draw(st.integers(0, len(data) - 1))
         b = (
@@ -184,7 +192,7 @@ def tlv_payloads(draw: Any) -> tuple[bytes, bool]:
             else draw(st.integers(0, 255))
         )
         data = data[:i] + bytes([b]) + data[i + 1 :]
-    return data, v2
+    return data
 
 
 def _exact_decode(data: bytes, v2: bool, lim: wire.Limits) -> Any:
@@ -379,20 +387,7 @@ def cbor_payloads(draw: Any) -> bytes:
     """A valid payload (of any wire value: tags, big ints, ... included), or one damaged by
     truncation, a flipped bit, an overwritten byte or a byte added at the end."""
     data = _exact_cbor(draw(v2_values()), DEFAULT) or b"\x00"
-    damage = draw(st.sampled_from(["none", "cut", "flip", "byte", "extra"]))
-    if damage == "cut":
-        data = data[: draw(st.integers(0, len(data)))]
-    elif damage == "extra":
-        data += bytes([draw(st.integers(0, 255))])
-    elif damage in ("flip", "byte"):
-        i = draw(st.integers(0, len(data) - 1))
-        b = (
-            data[i] ^ (1 << draw(st.integers(0, 7)))
-            if damage == "flip"
-            else draw(st.integers(0, 255))
-        )
-        data = data[:i] + bytes([b]) + data[i + 1 :]
-    return data
+    return _damaged(draw, data, ["none", "cut", "flip", "byte", "extra"])
 
 
 def _exact_cbor_decode(data: bytes, lim: wire.Limits) -> Any:
