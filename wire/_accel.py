@@ -23,6 +23,7 @@ _FUNCTIONS = (
     "init",
     "cbor_encode",
     "cbor_check",
+    "cbor_decode",
     "tlv_encode",
     "tlv_decode",
     "frames_init",

@@ -1,11 +1,12 @@
 """The CBOR value codec of wire version 2: RFC 8949 with deterministic encoding and our tags.
 
-Encoding is ours (``_cbor_encode``); decoding is cbor2's decoder with every built-in tag switched
-off except the bignums (which get our size check), followed by a check that the result holds
-only wire's types: in C (``_speedups.cbor_check``) where it was built, which gives up on anything
-else, and otherwise, or to name what it gave up on, a Python walk over the result. Large
-inputs are walked head by head first so a huge claimed size is refused before anything is built.
-Nothing is ever unpickled.
+Encoding is ours (``_cbor_encode``); decoding is, where it was built, a C decoder of the common
+case (``_speedups.cbor_decode``: no tags, ints of 64 bits, ...), which gives up on anything else;
+then cbor2's decoder with every built-in tag switched off except the bignums (which get our size
+check), followed by a check that the result holds only wire's types: in C
+(``_speedups.cbor_check``) where it was built, which gives up on anything else, and otherwise, or
+to name what it gave up on, a Python walk over the result. Large inputs are walked head by head
+first so a huge claimed size is refused before anything is built. Nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ._errors import (
 from ._limits import Limits
 from ._values import Atom, ErrorValue, ExitReason, Pid, Ref
 
-__all__ = ["CborTag", "cbor_decode", "cbor_encode"]
+__all__ = ["CborTag", "cbor_decode", "cbor_encode", "fast_size"]
 
 _TAGS = {int(t) for t in CborTag}
 #: The fixed number of fields in the array a tag wraps.
@@ -231,6 +232,17 @@ _DEFAULT_SCAN_ABOVE = min(
 )
 
 
+def fast_size(limits: Limits) -> int:
+    """The longest payload the C decoder (``_speedups.cbor_decode``) may take under
+    ``limits``: one no longer than ``max_total_items`` and ``max_str`` cannot exceed them
+    (every item takes at least one byte), and those are the limits it does not check itself.
+    It checks depth and ``max_items``, and gives up on the rest (tags, so big ints too)."""
+    return min(limits.max_total_items, limits.max_str)
+
+
+_DEFAULT_FAST_SIZE = fast_size(_DEFAULT_LIMITS)
+
+
 def cbor_decode(data: bytes | bytearray | memoryview, *, limits: Limits = _DEFAULT_LIMITS) -> Any:
     """Decode exactly one CBOR value with wire's tags; trailing bytes are an error.
 
@@ -245,6 +257,18 @@ def cbor_decode(data: bytes | bytearray | memoryview, *, limits: Limits = _DEFAU
         WireError: A subclass naming what was wrong; the offset is exact for structural errors
             and ``None`` for errors cbor2 reports (invalid UTF-8 in a string, bad tag content).
     """
+    if _C is not None and len(data) <= (
+        _DEFAULT_FAST_SIZE if limits is _DEFAULT_LIMITS else fast_size(limits)
+    ):
+        fast = _C.cbor_decode(data, limits.max_depth, limits.max_items)
+        if fast is not None:
+            return fast[0]
+    return _decode_exact(data, limits)
+
+
+def _decode_exact(data: bytes | bytearray | memoryview, limits: Limits) -> Any:
+    """:func:`cbor_decode` without the C decoder: cbor2's, then the check of its result (the
+    definition of what the C decoder gives, and where every error is named)."""
     if type(data) is not bytes:
         data = bytes(data)
     size = len(data)

@@ -962,6 +962,221 @@ static PyObject *cbor_check(PyObject *self, PyObject *arg) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* CBOR decoding (cbor_decode in wire/_cbor.py, which runs cbor2 and then checks the result) of
+ * what matching and distribution payloads hold: definite lengths; ints from -2**63 to 2**64-1;
+ * text; bytes; arrays; maps whose keys are ints, text, bytes, false, true or null; floats;
+ * false, true, null. Anything else gives up: a tag (wire's own, bignums), an indefinite
+ * length, undefined or another simple value, a float map key (NaN keys are the Python code's),
+ * a longer int, invalid UTF-8, a duplicate key, bytes left after the value, a count over
+ * max_items or past the end of the data, nesting past the depth bound. The caller passes only
+ * payloads no longer than max_total_items and max_str, which bound those two by themselves.
+ * Arrays are lists and maps dicts, as cbor2 builds them outside a tag. */
+
+typedef struct {
+    const unsigned char *p;
+    Py_ssize_t end;
+    Py_ssize_t max_items;
+} CborDec;
+
+/* Map keys, by their encoded bytes: the same few keys head every payload ("delivery", "op",
+ * "args", ...), and a hit costs a hash and a memcmp instead of a str decode and its hash.
+ * Direct-mapped and bounded; sharing is safe because str is immutable. */
+#define KEY_CACHE_SIZE 256
+#define KEY_CACHE_MAX 32
+typedef struct {
+    Py_ssize_t len;
+    unsigned char bytes[KEY_CACHE_MAX];
+    PyObject *value;
+} KeyEntry;
+static KeyEntry key_cache[KEY_CACHE_SIZE];
+
+/* The argument of the head at *off of additional info below 28 (advancing *off past the
+ * head); -1 for 28..31 (reserved, indefinite) or a head cut short. */
+static inline int cbor_arg(CborDec *d, Py_ssize_t *off, unsigned long long *n) {
+    unsigned char ai = d->p[*off] & 0x1f;
+    Py_ssize_t o = *off + 1;
+    if (ai < 24) {
+        *n = ai;
+        *off = o;
+        return 0;
+    }
+    if (ai > 27) return -1;
+    int k = 1 << (ai - 24);
+    if (k > d->end - o) return -1;
+    *n = get_be(d->p + o, k);
+    *off = o + k;
+    return 0;
+}
+
+static PyObject *cbor_decode_value(CborDec *d, Py_ssize_t *off, int left);
+
+static PyObject *cbor_decode_text(CborDec *d, Py_ssize_t *off, int key) {
+    unsigned long long n;
+    if (cbor_arg(d, off, &n) < 0 || n > (unsigned long long)(d->end - *off)) return NULL;
+    const unsigned char *p = d->p + *off;
+    *off += (Py_ssize_t)n;
+    if (!key || n > KEY_CACHE_MAX)
+        return PyUnicode_DecodeUTF8((const char *)p, (Py_ssize_t)n, "strict");
+    size_t h = 14695981039346656037ULL;
+    for (unsigned long long i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    KeyEntry *e = &key_cache[(h ^ (h >> 29)) % KEY_CACHE_SIZE];
+    if (e->value && e->len == (Py_ssize_t)n && memcmp(e->bytes, p, n) == 0)
+        return Py_NewRef(e->value);
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, (Py_ssize_t)n, "strict");
+    if (!s) return NULL;
+    if (PyObject_Hash(s) == -1) {
+        Py_DECREF(s);
+        return NULL;
+    }
+    Py_XSETREF(e->value, Py_NewRef(s));
+    e->len = (Py_ssize_t)n;
+    memcpy(e->bytes, p, n);
+    return s;
+}
+
+static PyObject *cbor_decode_int(CborDec *d, Py_ssize_t *off) {
+    int negative = (d->p[*off] >> 5) == 1;
+    unsigned long long n;
+    if (cbor_arg(d, off, &n) < 0) return NULL;
+    if (!negative) return PyLong_FromUnsignedLongLong(n);
+    if (n > (unsigned long long)LLONG_MAX) return NULL; /* below -2**63: the Python code's */
+    return PyLong_FromLongLong(-1 - (long long)n);
+}
+
+/* A map key: an int, text, bytes, false, true or null (NULL: give up). */
+static PyObject *cbor_decode_key(CborDec *d, Py_ssize_t *off) {
+    if (*off >= d->end) return NULL;
+    unsigned char b = d->p[*off];
+    switch (b >> 5) {
+    case 0:
+    case 1:
+        return cbor_decode_int(d, off);
+    case 3:
+        return cbor_decode_text(d, off, 1);
+    case 2:
+        return cbor_decode_value(d, off, 0);
+    case 7:
+        if (b >= 0xf4 && b <= 0xf6) return cbor_decode_value(d, off, 0);
+        return NULL;
+    }
+    return NULL;
+}
+
+static PyObject *cbor_decode_value(CborDec *d, Py_ssize_t *off, int left) {
+    if (*off >= d->end) return NULL;
+    const unsigned char *p = d->p + *off;
+    unsigned long long n;
+    switch (p[0] >> 5) {
+    case 0:
+    case 1:
+        return cbor_decode_int(d, off);
+    case 2: {
+        if (cbor_arg(d, off, &n) < 0 || n > (unsigned long long)(d->end - *off)) return NULL;
+        PyObject *b = PyBytes_FromStringAndSize((const char *)d->p + *off, (Py_ssize_t)n);
+        *off += (Py_ssize_t)n;
+        return b;
+    }
+    case 3:
+        return cbor_decode_text(d, off, 0);
+    case 4: {
+        /* Every item takes at least a byte: a count the rest cannot hold is cut short. */
+        if (!left || cbor_arg(d, off, &n) < 0 || n > (unsigned long long)d->max_items ||
+            n > (unsigned long long)(d->end - *off))
+            return NULL;
+        PyObject *list = PyList_New((Py_ssize_t)n);
+        if (!list) return NULL;
+        for (Py_ssize_t i = 0; i < (Py_ssize_t)n; i++) {
+            PyObject *v = cbor_decode_value(d, off, left - 1);
+            if (!v) {
+                Py_DECREF(list);
+                return NULL;
+            }
+            PyList_SET_ITEM(list, i, v);
+        }
+        return list;
+    }
+    case 5: {
+        if (!left || cbor_arg(d, off, &n) < 0 || n > (unsigned long long)d->max_items ||
+            2 * n > (unsigned long long)(d->end - *off))
+            return NULL;
+        PyObject *dict = PyDict_New();
+        if (!dict) return NULL;
+        for (Py_ssize_t i = 0; i < (Py_ssize_t)n; i++) {
+            PyObject *k = cbor_decode_key(d, off);
+            PyObject *v = k ? cbor_decode_value(d, off, left - 1) : NULL;
+            /* A duplicate key leaves the size as it was: the Python code refuses it. */
+            if (!v || PyDict_SetItem(dict, k, v) < 0 || PyDict_GET_SIZE(dict) != i + 1) {
+                Py_XDECREF(k);
+                Py_XDECREF(v);
+                Py_DECREF(dict);
+                return NULL;
+            }
+            Py_DECREF(k);
+            Py_DECREF(v);
+        }
+        return dict;
+    }
+    case 7: {
+        double x;
+        switch (p[0] & 0x1f) {
+        case 20:
+            *off += 1;
+            Py_RETURN_FALSE;
+        case 21:
+            *off += 1;
+            Py_RETURN_TRUE;
+        case 22:
+            *off += 1;
+            Py_RETURN_NONE;
+        case 25:
+            if (d->end - *off < 3) return NULL;
+            x = PyFloat_Unpack2((const char *)p + 1, 0);
+            *off += 3;
+            break;
+        case 26:
+            if (d->end - *off < 5) return NULL;
+            x = PyFloat_Unpack4((const char *)p + 1, 0);
+            *off += 5;
+            break;
+        case 27:
+            if (d->end - *off < 9) return NULL;
+            x = PyFloat_Unpack8((const char *)p + 1, 0);
+            *off += 9;
+            break;
+        default:
+            return NULL; /* undefined, another simple value, a break */
+        }
+        if (x == -1.0 && PyErr_Occurred()) return NULL;
+        return PyFloat_FromDouble(x);
+    }
+    }
+    return NULL; /* a tag */
+}
+
+static PyObject *cbor_decode(PyObject *self, PyObject *args) {
+    PyObject *data;
+    Py_buffer buf;
+    int max_depth;
+    Py_ssize_t max_items;
+    if (!PyArg_ParseTuple(args, "Oin", &data, &max_depth, &max_items)) return NULL;
+    if (PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear(); /* (a non-contiguous buffer, say: the Python code copies it) */
+        Py_RETURN_NONE;
+    }
+    CborDec d = {buf.buf, buf.len, max_items};
+    Py_ssize_t off = 0;
+    PyObject *value =
+        cbor_decode_value(&d, &off, max_depth < MAX_DEPTH ? max_depth : MAX_DEPTH);
+    PyBuffer_Release(&buf);
+    if (!value || off != d.end) {
+        Py_XDECREF(value);
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(N)", value);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 
 static PyObject *init(PyObject *self, PyObject *args) {
     PyObject *a, *p, *r, *x, *er, *ma, *mp, *mr;
@@ -1022,6 +1237,8 @@ static PyMethodDef methods[] = {
     {"tlv_frames", tlv_frames, METH_VARARGS,
      "tlv_frames(data, pos, frames, max_payload, fast_size, max_depth, max_items) -> pos: "
      "appends the version 2 TLV frames from pos it takes whole; returns where it stopped"},
+    {"cbor_decode", cbor_decode, METH_VARARGS,
+     "cbor_decode(data, max_depth, max_items) -> (value,) | None: the one value data holds"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -166,22 +166,6 @@ def test_map_keys_sort_by_their_encoded_bytes() -> None:
     assert _cbor_c(value, DEFAULT) == _exact_cbor(value, DEFAULT)
 
 
-def _damaged(draw: Any, data: bytes, damages: list[str]) -> bytes:
-    """``data`` as it is, cut short, with a flipped bit or an overwritten byte."""
-    damage = draw(st.sampled_from(damages))
-    if damage == "cut":
-        data = data[: draw(st.integers(0, len(data)))]
-    elif damage in ("flip", "byte") and data:
-        i = draw(st.integers(0, len(data) - 1))
-        b = (
-            data[i] ^ (1 << draw(st.integers(0, 7)))
-            if damage == "flip"
-            else draw(st.integers(0, 255))
-        )
-        data = data[:i] + bytes([b]) + data[i + 1 :]
-    return data
-
-
 @st.composite
 def tlv_payloads(draw: Any) -> tuple[bytes, bool]:
     """A valid payload, or one damaged by truncation, a flipped bit or an overwritten byte."""
@@ -191,6 +175,25 @@ def tlv_payloads(draw: Any) -> tuple[bytes, bool]:
     if data is None:
         data = b"\x00"
     return _damaged(draw, data, ["none", "cut", "flip", "byte"]), v2
+
+
+def _damaged(draw: Any, data: bytes, damages: list[str]) -> bytes:
+    """``data``, or (as drawn from ``damages``) cut short, with a bit flipped, a byte
+    overwritten or a byte added at the end."""
+    damage = draw(st.sampled_from(damages))
+    if damage == "cut":
+        data = data[: draw(st.integers(0, len(data)))]
+    elif damage == "extra":
+        data += bytes([draw(st.integers(0, 255))])
+    elif damage in ("flip", "byte") and data:
+        i = draw(st.integers(0, len(data) - 1))
+        b = (
+            data[i] ^ (1 << draw(st.integers(0, 7)))
+            if damage == "flip"
+            else draw(st.integers(0, 255))
+        )
+        data = data[:i] + bytes([b]) + data[i + 1 :]
+    return data
 
 
 def _exact_decode(data: bytes, v2: bool, lim: wire.Limits) -> Any:
@@ -475,3 +478,137 @@ def test_any_buffer_decodes_a_non_contiguous_one_through_the_python_code() -> No
     assert C.tlv_decode(memoryview(spread)[::2], True, 256, 1 << 20) is None
     assert wire.tlv_decode(memoryview(spread)[::2]) == value
     assert wire.tlv_decode(bytearray(data)) == wire.tlv_decode(memoryview(data)) == value
+
+
+# -- CBOR decoding: the C decoder of the common case against cbor2 and the check -------------
+
+
+@st.composite
+def cbor_payloads(draw: Any) -> bytes:
+    """A valid payload (of any wire value: tags, big ints, ... included), or one damaged by
+    truncation, a flipped bit, an overwritten byte or a byte added at the end."""
+    data = _exact_cbor(draw(v2_values()), DEFAULT) or b"\x00"
+    return _damaged(draw, data, ["none", "cut", "flip", "byte", "extra"])
+
+
+def _exact_cbor_decode(data: bytes, lim: wire.Limits) -> Any:
+    try:
+        return _cbor._decode_exact(data, lim)
+    except wire.WireError:
+        return _REFUSED
+
+
+def _cbor_decode_c(data: bytes, lim: wire.Limits) -> Any:
+    assert len(data) <= _cbor.fast_size(lim)  # (as its callers pass it)
+    got = C.cbor_decode(data, lim.max_depth, lim.max_items)
+    if got is not None:
+        want = _exact_cbor_decode(data, lim)
+        assert want is not _REFUSED, (data, got)
+        assert _same_deep(got[0], want), (data, got[0], want)
+    return got
+
+
+def _same_deep(a: Any, b: Any) -> bool:
+    """Equal, and of the same exact types all the way down (1 is not True, 1.0 not 1)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is list:
+        return len(a) == len(b) and all(_same_deep(x, y) for x, y in zip(a, b, strict=True))
+    if type(a) is dict:
+        return list(a) == list(b) and all(
+            _same_deep(k, k2) and _same_deep(a[k], b[k2]) for k, k2 in zip(a, b, strict=True)
+        )
+    if type(a) is float and math.isnan(a):
+        return math.isnan(b)
+    return bool(a == b) and repr(a) == repr(b)
+
+
+@settings(max_examples=500, deadline=None)
+@given(cbor_payloads(), st.one_of(st.just(DEFAULT), decode_limits))
+def test_cbor_decoding_is_the_exact_path_or_none(data: bytes, lim: wire.Limits) -> None:
+    if len(data) <= _cbor.fast_size(lim):
+        _cbor_decode_c(data, lim)
+
+
+@SETTINGS
+@given(st.binary(max_size=48))
+def test_cbor_decoding_arbitrary_bytes(data: bytes) -> None:
+    _cbor_decode_c(data, DEFAULT)
+
+
+# What the C decoder takes: no tags (so no tuples, atoms, pids, refs, exit reasons, error
+# values, big ints), ints of 64 bits, no float map keys.
+_plain_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.binary(max_size=40),
+    st.text(max_size=40),
+)
+_plain_keys = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.binary(max_size=8),
+    st.text(max_size=40),
+)
+plain_values = st.recursive(
+    _plain_scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=6), st.dictionaries(_plain_keys, inner, max_size=6)
+    ),
+    max_leaves=30,
+)
+
+
+@SETTINGS
+@given(plain_values)
+def test_cbor_decoding_takes_every_plain_payload(value: Any) -> None:
+    data = _exact_cbor(value, DEFAULT)
+    assert data is not None
+    assert _cbor_decode_c(data, DEFAULT) is not None  # (and the same as the exact path's)
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"\xd8\x27\x63abc", "a tag (an atom)"),
+        (b"\xc2\x49\x01" + bytes(8), "a bignum"),
+        (b"\x3b\x80" + bytes(7), "an int below -2**63"),
+        (b"\x9f\x01\xff", "an indefinite length"),
+        (b"\xf7", "undefined"),
+        (b"\xf0", "a simple value"),
+        (b"\xa1\xf9\x7e\x00\x01", "a float key"),
+        (b"\xa2\x01\x01\x01\x02", "a duplicate key"),
+        (b"\xa2\x01\x01\xf5\x02", "true after the key 1 (a duplicate in Python)"),
+        (b"\x62\xc3\x28", "invalid UTF-8"),
+        (b"\x62\xed\xa0", "a cut string"),
+        (b"\x01\x02", "bytes after the value"),
+        (b"\x9b" + bytes(7) + b"\x05\x01", "a count past the end"),
+        (b"", "nothing"),
+    ],
+)
+def test_cbor_decoding_hands_back_what_is_not_plain(data: bytes, why: str) -> None:
+    assert C.cbor_decode(data, DEFAULT.max_depth, DEFAULT.max_items) is None, why
+
+
+def test_cbor_decoding_bounds_depth_and_items_as_the_limits_say() -> None:
+    nested = b"\x81" * 5 + b"\x01"  # [[[[[1]]]]]
+    assert C.cbor_decode(nested, 5, 10) is not None
+    assert C.cbor_decode(nested, 4, 10) is None
+    assert C.cbor_decode(b"\x83\x01\x02\x03", 10, 3) is not None
+    assert C.cbor_decode(b"\x83\x01\x02\x03", 10, 2) is None
+    with pytest.raises(wire.LimitExceeded):
+        wire.cbor_decode(b"\x83\x01\x02\x03", limits=wire.Limits(max_items=2))
+    deep = b"\x81" * 100_000 + b"\x01"
+    assert C.cbor_decode(deep, 10_000, DEFAULT.max_items) is None  # (past its own bound)
+
+
+def test_cbor_map_keys_decoded_again_are_the_same_text() -> None:
+    # Keys come from a small cache by their bytes: entries collide and are replaced, and every
+    # key still decodes to itself.
+    keys = [f"k{i}" for i in range(3000)] + ["", "é" * 10, "x" * 32, "y" * 33]
+    for key in keys + keys[::-1]:
+        got = C.cbor_decode(wire.cbor_encode({key: 1}), 256, 1 << 20)
+        assert got == ({key: 1},)

@@ -37,6 +37,7 @@ from apps.matching._store import (
     StoreServer,
     WriteBatch,
 )
+from apps.matching._store_records import trusted
 
 from ._stores import StoreKind
 
@@ -1351,3 +1352,28 @@ def test_a_trusted_dispatch_record_equals_the_checked_one() -> None:
     checked = DispatchRecord(**fields)  # type: ignore[arg-type]
     assert trusted == checked and hash(trusted) == hash(checked)
     assert repr(trusted) == repr(checked)
+
+
+@pytest.mark.parametrize(
+    "cls, values",
+    [
+        (FlowRecord, ("f1", "T", "running", [1], {"k": "v"}, 0, [1], None, None, None, 1.0, 2.0, 1,
+                      {"steps": []})),
+        (AttemptRecord, ("f1", 0, "a", "f1/0/a", 1, 3, "w1", "completed", None, 1.0, 2.0)),
+        (PendingStep, ("f1", 0, "a", "f1/0/a", 1, "server", 9.0, 0.0)),
+        (DispatchRecord, ("f1", 3, "step", "a", 1, "flow:T", "delivered", "w1", 5.0)),
+    ],
+)  # fmt: skip
+def test_a_trusted_record_equals_the_checked_one(cls: Any, values: tuple[Any, ...]) -> None:
+    # (the engine builds its own records with trusted(): one generated builder per class)
+    for _ in range(2):  # the builder made on first use, then the one kept
+        built = trusted(cls, *values)
+        checked = cls(*values)
+        assert type(built) is cls and built == checked and repr(built) == repr(checked)
+        if cls in (PendingStep, DispatchRecord):  # (the others hold lists: unhashable)
+            assert hash(built) == hash(checked)
+        assert attrs.astuple(built, recurse=False) == values
+    with pytest.raises(TypeError, match="missing 1 required positional argument"):
+        trusted(cls, *values[:-1])
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        built.flow_id = "other"
