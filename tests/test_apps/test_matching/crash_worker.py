@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+import attrs
+
 from apps.matching import Flow, PullWorkerOptions, Registry, Worker, WorkerOptions, rpc, step
 
 
@@ -43,7 +45,13 @@ def main() -> None:
         None,
         WorkerOptions(
             server_address=sys.argv[1],
-            pull=PullWorkerOptions(max_concurrent_tasks=4, stop_drain_timeout=1),
+            # In hang mode the test kills us once the handlers print that they started:
+            # each ACCEPT must have gone by then (the server then records each Step's
+            # redispatch as redispatch_lost), so none is held for a quick outcome.
+            pull=attrs.evolve(
+                PullWorkerOptions(max_concurrent_tasks=4, stop_drain_timeout=1),
+                **({"accept_delay": 0} if os.environ.get("CRASHY_MODE") == "hang" else {}),
+            ),
         ),
     )
     worker.start_background()
