@@ -405,12 +405,10 @@ class Distribution:
             )
 
     def reply(self, from_: From, value: Any, me: Process | None) -> None:
-        """Send a remote caller its reply from ``me`` (None: from outside any process).
-        From the server the call monitors, the reply ends that monitor here and says so
-        (``$gen_reply_demonitor``): the caller drops its side without a DEMONITOR, which
-        would only remove what the reply already removed. A reply from any other process (a
-        deferred reply) leaves the monitor to the caller's DEMONITOR, and so does every reply
-        to a peer whose handshake did not list ``reply_demonitor`` (an older release)."""
+        """Send a remote caller its reply from ``me`` (None: from outside any process). From
+        the server the call monitors, to a peer that listed ``reply_demonitor``, the reply
+        ends that monitor here and says so (``$gen_reply_demonitor``): the caller drops its
+        side without a DEMONITOR. Any other reply leaves the monitor to the caller's."""
         pid = from_.pid
         conn = self.connections.get(pid.node)
         if conn is None:
@@ -419,11 +417,8 @@ class Distribution:
         kind = _GEN_REPLY
         if tag.__class__ is Ref:
             wire_tag = wire_id(tag)
-            if (
-                me is not None
-                and (monitored_by := me.monitored_by) is not None
-                and conn.reply_demonitor
-            ):
+            monitored_by = me.monitored_by if me is not None and conn.reply_demonitor else None
+            if monitored_by is not None:
                 watcher = monitored_by.pop(tag, None)
                 if watcher is not None:
                     if watcher == pid:

@@ -539,6 +539,20 @@ typedef struct {
     Py_ssize_t max_items;
 } TlvDec;
 
+/* Put the decoded pair (k, v) into dict as its entry number i, taking both references;
+ * -1 (dict released too) when either is NULL, the key is unhashable, or it repeats an earlier
+ * key (the size shows it: the Python code refuses duplicates). */
+static int dict_take(PyObject *dict, PyObject *k, PyObject *v, Py_ssize_t i) {
+    int failed = !v || PyDict_SetItem(dict, k, v) < 0 || PyDict_GET_SIZE(dict) != i + 1;
+    Py_XDECREF(k);
+    Py_XDECREF(v);
+    if (failed) {
+        Py_DECREF(dict);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *tlv_decode_value(TlvDec *d, Py_ssize_t *off, int left);
 
 /* Decoded atoms and pids, by their encoded bytes (as Erlang's distribution caches atoms per
@@ -661,15 +675,7 @@ static PyObject *tlv_decode_value(TlvDec *d, Py_ssize_t *off, int left) {
                 k = NULL; /* version 1 keys are str */
             }
             PyObject *v = k ? tlv_decode_value(d, off, left - 1) : NULL;
-            /* (An unhashable key fails here; a duplicate one shows in the size.) */
-            if (!v || PyDict_SetItem(dict, k, v) < 0 || PyDict_GET_SIZE(dict) != i + 1) {
-                Py_XDECREF(k);
-                Py_XDECREF(v);
-                Py_DECREF(dict);
-                return NULL;
-            }
-            Py_DECREF(k);
-            Py_DECREF(v);
+            if (dict_take(dict, k, v, i) < 0) return NULL;
         }
         return dict;
     }
@@ -1104,15 +1110,7 @@ static PyObject *cbor_decode_value(CborDec *d, Py_ssize_t *off, int left) {
         for (Py_ssize_t i = 0; i < (Py_ssize_t)n; i++) {
             PyObject *k = cbor_decode_key(d, off);
             PyObject *v = k ? cbor_decode_value(d, off, left - 1) : NULL;
-            /* A duplicate key leaves the size as it was: the Python code refuses it. */
-            if (!v || PyDict_SetItem(dict, k, v) < 0 || PyDict_GET_SIZE(dict) != i + 1) {
-                Py_XDECREF(k);
-                Py_XDECREF(v);
-                Py_DECREF(dict);
-                return NULL;
-            }
-            Py_DECREF(k);
-            Py_DECREF(v);
+            if (dict_take(dict, k, v, i) < 0) return NULL;
         }
         return dict;
     }
