@@ -16,14 +16,24 @@ import secrets
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
 
 import trio
 
 from ._errors import BlobCorrupted, BlobNotFound, ConfigurationError, InvalidBlobKey
 
-__all__ = ["NEEDS_IO", "BlobCache", "BlobCorrupted", "InvalidBlobKey", "blob_key", "is_blob_ref"]
+__all__ = [
+    "NEEDS_IO",
+    "BlobCache",
+    "BlobIO",
+    "LocalIO",
+    "ServerIO",
+    "BlobCorrupted",
+    "InvalidBlobKey",
+    "blob_key",
+    "is_blob_ref",
+]
 
 _KEY = re.compile(r"sha256:[0-9a-f]{64}")
 _PREFIX = "sha256:"
@@ -64,6 +74,46 @@ def _default_directory() -> str:
     except AttributeError:  # pragma: no cover - Windows
         user = re.sub(r"[^A-Za-z0-9_.-]", "_", os.environ.get("USERNAME", "user"))
     return os.path.join(tempfile.gettempdir(), f"otp-matching-blobs-{user}")
+
+
+class LocalIO:
+    """A step of :meth:`BlobCache.pack_steps`: call ``fn(*args)`` (file I/O; blocks)."""
+
+    __slots__ = ("args", "fn")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+
+
+class ServerIO:
+    """A step of :meth:`BlobCache.pack_steps` (``put_blob`` of bytes) or ``unpack_steps``
+    (``get_blob`` of a key): ask the server."""
+
+    __slots__ = ("arg",)
+
+    def __init__(self, arg: Any) -> None:
+        self.arg = arg
+
+
+BlobIO = LocalIO | ServerIO
+
+
+async def _drive(
+    steps: Generator[BlobIO, Any, Any], server: Callable[[Any], Awaitable[Any]]
+) -> Any:
+    """Carry out ``steps`` on trio: files in a worker thread, the server through ``server``."""
+    answer: Any = None
+    try:
+        while True:
+            step = steps.send(answer)
+            if isinstance(step, LocalIO):
+                answer = await trio.to_thread.run_sync(step.fn, *step.args)
+            else:
+                answer = await server(step.arg)
+    except StopIteration as stop:
+        await trio.lowlevel.checkpoint()
+        return stop.value
 
 
 class BlobCache:
@@ -289,21 +339,7 @@ class BlobCache:
             # server, and a pass through the scheduler here cost a wake-up per call.
             await trio.lowlevel.checkpoint_if_cancelled()
             return copy
-        found: dict[int, tuple[bytes | bytearray, str]] = {}
-        _walk(value, self._large, lambda data: found.setdefault(id(data), (data, ""))[0])
-        keys: dict[int, str] = {}
-        uploaded: set[str] = set()
-        for ident, (data, _) in found.items():
-            key = await trio.to_thread.run_sync(self.put, data)
-            keys[ident] = key
-            if key in uploaded:
-                continue
-            answer = await upload(bytes(data))
-            if answer != key:
-                raise BlobCorrupted(f"the server stored blob {key} under another key ({answer!r})")
-            uploaded.add(key)
-        await trio.lowlevel.checkpoint()
-        return _walk(value, self._large, lambda data: _ref(keys[id(data)], len(data)))
+        return await _drive(self.pack_steps(value), upload)
 
     async def unpack_async(self, value: Any, fetch: Callable[[str], Awaitable[bytes]]) -> Any:
         """As :meth:`unpack`, fetching what is not here with ``fetch`` (the server's
@@ -321,20 +357,44 @@ class BlobCache:
         if copy is not NEEDS_IO:  # (the usual case)
             await trio.lowlevel.checkpoint_if_cancelled()  # (as pack_async's)
             return copy
+        return await _drive(self.unpack_steps(value), fetch)
+
+    def pack_steps(self, value: Any) -> Generator[BlobIO, Any, Any]:
+        """:meth:`pack_async` without I/O of its own (sans-io, for every transport): yields
+        each step to carry out, a :class:`LocalIO` (this cache's files; its result is sent
+        back) or the :class:`ServerIO` ``put_blob`` of a blob (its key is sent back), and
+        returns the packed value."""
+        found: dict[int, tuple[bytes | bytearray, str]] = {}
+        _walk(value, self._large, lambda data: found.setdefault(id(data), (data, ""))[0])
+        keys: dict[int, str] = {}
+        uploaded: set[str] = set()
+        for ident, (data, _) in found.items():
+            key = yield LocalIO(self.put, (data,))
+            keys[ident] = key
+            if key in uploaded:
+                continue
+            answer = yield ServerIO(bytes(data))
+            if answer != key:
+                raise BlobCorrupted(f"the server stored blob {key} under another key ({answer!r})")
+            uploaded.add(key)
+        return _walk(value, self._large, lambda data: _ref(keys[id(data)], len(data)))
+
+    def unpack_steps(self, value: Any) -> Generator[BlobIO, Any, Any]:
+        """:meth:`unpack_async` without I/O of its own (as :meth:`pack_steps`; its
+        :class:`ServerIO` is the ``get_blob`` of a key, the bytes are sent back)."""
         refs: dict[str, dict[str, Any]] = {}
         _walk(value, is_blob_ref, lambda ref: refs.setdefault(_check_key(ref[REF_KEY]), ref))
         loaded: dict[str, bytes] = {}
         for key in refs:
-            data = await trio.to_thread.run_sync(self._get_or_none, key)
+            data = yield LocalIO(self._get_or_none, (key,))
             if data is None:
-                data = await fetch(key)
+                data = yield ServerIO(key)
                 if not isinstance(data, bytes | bytearray) or blob_key(data) != key:
                     got = blob_key(data) if isinstance(data, bytes | bytearray) else type(data)
                     raise BlobCorrupted(f"blob {key} was fetched as other bytes ({got})")
                 data = bytes(data)
-                await trio.to_thread.run_sync(self._store, key, data)
+                yield LocalIO(self._store, (key, data))
             loaded[key] = data
-        await trio.lowlevel.checkpoint()
         return _walk(value, is_blob_ref, lambda ref: self._sized(ref, loaded[ref[REF_KEY]]))
 
     def pack_now(self, value: Any) -> Any:

@@ -12,7 +12,7 @@ connection-level M_PING is answered with M_PONG (a trio system task per connecti
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -20,10 +20,10 @@ import trio
 import wire
 
 from ._blobs import BlobCache
-from ._errors import ClientClosed, ConfigurationError, MatchingError, ProtocolError
+from ._client_ops import IDEMPOTENT, Call, ClientOps, Steps, connection_lost
+from ._errors import ClientClosed, MatchingError
 from ._model import (
     Flow,
-    FlowDefinition,
     FlowDescription,
     FlowStatus,
     FlowSummary,
@@ -32,14 +32,7 @@ from ._model import (
 )
 from ._options import ClientOptions
 
-__all__ = ["ClientEngine", "flow_definition_payload"]
-
-#: Seconds a call waits past the wait it asked the server for, so the server's own answer (an
-#: M_ERROR ``timeout``) wins over the local timeout.
-TIMEOUT_GRACE = 5.0
-
-#: Ops that may be sent again on a fresh connection when the first one was lost under them.
-_IDEMPOTENT = frozenset({"result", "describe", "list", "queues", "get_blob", "put_blob", "cancel"})
+__all__ = ["ClientEngine"]
 
 log = logging.getLogger("apps.matching.client")
 
@@ -83,38 +76,9 @@ async def _open_sdk_connection(options: ClientOptions) -> CallConnection:
     return conn
 
 
-def flow_definition_payload(definition: FlowDefinition) -> dict[str, Any]:
-    """What ``start_flow`` sends of a flow type (:meth:`FlowDefinition.to_wire`)."""
-    return definition.to_wire()
-
-
-def _connection_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` says the connection is gone (rather than the server's answer)."""
-    if isinstance(exc, ClientClosed | ProtocolError):
-        return True
-    if isinstance(exc, MatchingError):
-        return False
-    return isinstance(exc, OSError | trio.BrokenResourceError | trio.ClosedResourceError)
-
-
-def _check_flow_id(flow_id: object, where: str) -> str:
-    if type(flow_id) is not str or not flow_id:
-        raise ConfigurationError(f"{where}: flow_id must be a non-empty str (got {flow_id!r})")
-    return flow_id
-
-
-def _check_timeout(timeout: object, where: str) -> float | None:
-    if timeout is None:
-        return None
-    if type(timeout) not in (int, float) or not timeout > 0 or timeout == float("inf"):  # type: ignore[operator]
-        raise ConfigurationError(
-            f"{where}: timeout must be a finite number of seconds > 0 or None (got {timeout!r})"
-        )
-    return float(timeout)  # type: ignore[arg-type]
-
-
 class ClientEngine:
-    """A matching client on trio: one connection, dialled on the first call.
+    """A matching client on trio: one connection, dialled on the first call; the ops are
+    :class:`~._client_ops.ClientOps`' (shared with the blocking transport), run here.
 
     Args:
         registry: The flow types this client may start (their Steps' retry policies and
@@ -137,16 +101,7 @@ class ClientEngine:
         *,
         connect: Connect | None = None,
     ) -> None:
-        if not isinstance(registry, Registry):
-            raise ConfigurationError(f"the client's registry must be a Registry (got {registry!r})")
-        if cache is not None and not isinstance(cache, BlobCache):
-            raise ConfigurationError(
-                f"the client's cache must be a BlobCache or None (got {cache!r})"
-            )
-        if not isinstance(options, ClientOptions):
-            raise ConfigurationError(
-                f"the client's options must be a ClientOptions (got {options!r})"
-            )
+        self._ops = ClientOps(registry, cache, options)
         self.registry = registry
         self.cache = cache
         self.options = options
@@ -154,8 +109,6 @@ class ClientEngine:
         self._conn: CallConnection | None = None
         self._lock = trio.Lock()
         self._closed = False
-        #: flow type -> (its definition, what ``start_flow`` sends of it), built once.
-        self._payloads: dict[str, tuple[FlowDefinition, dict[str, Any]]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -226,7 +179,7 @@ class ClientEngine:
             try:
                 return await conn.call(op, args, timeout=timeout)
             except BaseException as exc:
-                if not _connection_lost(exc):
+                if not connection_lost(exc):
                     raise
                 self._drop(conn)
                 with trio.CancelScope(shield=True):
@@ -236,148 +189,43 @@ class ClientEngine:
                         pass
                 if self._closed:
                     raise ClientClosed("the client was closed during the call") from exc
-                if retry or op not in _IDEMPOTENT:
+                if retry or op not in IDEMPOTENT:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _wait(self, timeout: float | None) -> float | None:
-        """The local timeout of an op that asks the server to wait ``timeout``."""
-        return None if timeout is None else timeout + TIMEOUT_GRACE
+    async def _run(self, steps: Steps[T]) -> T:
+        """Carry out an op's steps: its calls on the connection, its file I/O in a thread."""
+        answer: Any = None
+        try:
+            while True:
+                step = steps.send(answer)
+                if isinstance(step, Call):
+                    answer = await self._call(step.op, step.args, step.timeout)
+                else:
+                    answer = await trio.to_thread.run_sync(step.fn, *step.args)
+        except StopIteration as stop:
+            return stop.value
 
-    async def _upload(self, data: bytes) -> str:
-        key: str = await self._call("put_blob", {"data": data}, self.options.call_timeout)
-        return key
-
-    async def _fetch(self, key: str) -> bytes:
-        data: bytes = await self._call("get_blob", {"key": key}, self.options.call_timeout)
-        return data
-
-    async def _pack(self, value: Any) -> Any:
-        if self.cache is None:
-            return value
-        return await self.cache.pack_async(value, self._upload)
-
-    async def _unpack(self, value: Any) -> Any:
-        if self.cache is None:
-            return value
-        return await self.cache.unpack_async(value, self._fetch)
-
-    # -- the ops ---------------------------------------------------------------------------
+    # -- the ops (ClientOps' docs) ---------------------------------------------------------
 
     async def start_flow(
         self, flow: Flow | type[Flow] | str, *args: Any, flow_id: str | None = None
     ) -> str:
-        """Start a flow of type ``flow`` (a Flow class or instance, or its name) with
-        ``args``; returns its flow id (``flow_id``, or one the server makes).
-
-        Raises:
-            UnknownFlowType: The registry has no such flow type (nothing is sent), or the
-                server knows of none.
-            FlowExists: A flow with ``flow_id`` exists already.
-        """
-        flow_type = self.registry.flow_type_of(flow)
-        definition = self.registry.get(flow_type)
-        if flow_id is not None:
-            _check_flow_id(flow_id, "start_flow")
-        cached = self._payloads.get(flow_type)
-        if cached is None or cached[0] is not definition:
-            cached = self._payloads[flow_type] = (definition, flow_definition_payload(definition))
-        packed = await self._pack(list(args))
-        answer = await self._call(
-            "start_flow",
-            {"flow_type": flow_type, "flow_id": flow_id, "args": packed, "definition": cached[1]},
-            self.options.call_timeout,
-        )
-        if type(answer) is not str or not answer:
-            raise ProtocolError(f"start_flow was answered with {answer!r}, not a flow id")
-        return answer
+        return await self._run(self._ops.start_flow(flow, *args, flow_id=flow_id))
 
     async def start_known_flow(self, flow_type: str, *args: Any, flow_id: str | None = None) -> str:
-        """Start a flow of ``flow_type``, a type this client's registry need not have, with
-        the definition the server knows for it (the ``start_known`` op): the newest one a
-        connected worker advertised or a client's ``start_flow`` sent, else the one the newest
-        stored flow of the type was pinned with. Returns its flow id.
-
-        Raises:
-            UnknownFlowType: The server knows no definition of ``flow_type``.
-            FlowExists: A flow with ``flow_id`` exists already.
-        """
-        if type(flow_type) is not str or not flow_type:
-            raise ConfigurationError(
-                f"start_known_flow: flow_type must be a non-empty str (got {flow_type!r})"
-            )
-        if flow_id is not None:
-            _check_flow_id(flow_id, "start_known_flow")
-        packed = await self._pack(list(args))
-        answer = await self._call(
-            "start_known",
-            {"flow_type": flow_type, "flow_id": flow_id, "args": packed},
-            self.options.call_timeout,
-        )
-        if type(answer) is not str or not answer:
-            raise ProtocolError(f"start_known was answered with {answer!r}, not a flow id")
-        return answer
+        return await self._run(self._ops.start_known_flow(flow_type, *args, flow_id=flow_id))
 
     async def call_rpc(
         self, flow_id: str, name: str, *args: Any, timeout: float | None = None
     ) -> Any:
-        """Call the RPC ``name`` of the flow ``flow_id``; returns what its handler returned.
-
-        Args:
-            timeout: Seconds to wait in all (dispatch and handler); None: the client's
-                ``call_timeout`` locally, the server's own waits there.
-
-        Raises:
-            FlowNotFound, Unavailable, NoWorkerAvailable, UnknownName, HandlerError,
-            CallTimeout: as the server answers.
-        """
-        _check_flow_id(flow_id, "call_rpc")
-        if type(name) is not str or not name:
-            raise ConfigurationError(f"call_rpc: name must be a non-empty str (got {name!r})")
-        wait = _check_timeout(timeout, "call_rpc")
-        packed = await self._pack(list(args))
-        local = self._wait(wait) if wait is not None else self.options.call_timeout
-        value = await self._call(
-            "call_rpc", {"flow_id": flow_id, "name": name, "args": packed, "timeout": wait}, local
-        )
-        return await self._unpack(value)
+        return await self._run(self._ops.call_rpc(flow_id, name, *args, timeout=timeout))
 
     async def result(self, flow_id: str, timeout: float | None = None) -> Any:
-        """Wait for the flow ``flow_id`` to end; returns its last Step's return value.
-
-        Args:
-            timeout: Seconds to wait; None: the client's ``call_timeout`` (no limit if that is
-                None).
-
-        Raises:
-            FlowFailed: The flow failed or was cancelled.
-            FlowNotFound: No flow has that id.
-            CallTimeout: It had not ended within ``timeout``.
-        """
-        _check_flow_id(flow_id, "result")
-        wait = _check_timeout(timeout, "result")
-        if wait is None:
-            wait = self.options.call_timeout
-        value = await self._call("result", {"flow_id": flow_id, "timeout": wait}, self._wait(wait))
-        return await self._unpack(value)
+        return await self._run(self._ops.result(flow_id, timeout))
 
     async def describe_flow(self, flow_id: str) -> FlowDescription:
-        """The flow's status, state, attempts and dispatch decisions.
-
-        Raises:
-            FlowNotFound: No flow has that id.
-        """
-        _check_flow_id(flow_id, "describe_flow")
-        data = await self._call("describe", {"flow_id": flow_id}, self.options.call_timeout)
-        if not isinstance(data, Mapping):
-            raise ProtocolError(f"describe was answered with {type(data).__name__}, not a dict")
-        data = await self._unpack(dict(data))
-        try:
-            return FlowDescription.from_wire(data)
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ProtocolError(
-                f"describe was answered with a malformed description: {exc!r}"
-            ) from exc
+        return await self._run(self._ops.describe_flow(flow_id))
 
     async def list_flows(
         self,
@@ -385,51 +233,24 @@ class ClientEngine:
         status: FlowStatus | str | None = None,
         limit: int = 100,
     ) -> list[FlowSummary]:
-        """Flows, newest first, of ``flow_type`` and ``status`` if given, at most ``limit``."""
-        name = None if flow_type is None else self.registry.flow_type_of(flow_type)
-        if status is not None:
-            try:
-                status = FlowStatus(status)
-            except ValueError:
-                known = ", ".join(s.value for s in FlowStatus)
-                raise ConfigurationError(
-                    f"list_flows: status must be one of {known} or None (got {status!r})"
-                ) from None
-        if type(limit) is not int or limit < 1:
-            raise ConfigurationError(f"list_flows: limit must be an int >= 1 (got {limit!r})")
-        rows = await self._call(
-            "list",
-            {"flow_type": name, "status": None if status is None else status.value, "limit": limit},
-            self.options.call_timeout,
-        )
-        return _rows("list", rows, FlowSummary.from_wire)
+        return await self._run(self._ops.list_flows(flow_type, status, limit))
 
     async def cancel_flow(self, flow_id: str) -> None:
-        """Cancel the flow ``flow_id``: it ends as cancelled (its ``result`` raises
-        :class:`FlowFailed`). Cancelling a flow that has ended is a no-op.
-
-        Raises:
-            FlowNotFound: No flow has that id.
-        """
-        _check_flow_id(flow_id, "cancel_flow")
-        await self._call("cancel", {"flow_id": flow_id}, self.options.call_timeout)
+        await self._run(self._ops.cancel_flow(flow_id))
 
     async def list_queues(self) -> list[QueueSummary]:
-        """The server's matching queues now (flow-type queues and app worker id queues), by
-        name, each with its streams by state, its backlog and its declines."""
-        rows = await self._call("queues", {}, self.options.call_timeout)
-        return _rows("queues", rows, QueueSummary.from_wire)
+        return await self._run(self._ops.list_queues())
 
 
-def _rows(op: str, rows: Any, read: Callable[[Any], T]) -> list[T]:
-    """An op's answer, a list of dicts, read by ``read``.
-
-    Raises:
-        ProtocolError: It is not a list, or a row is malformed.
-    """
-    if type(rows) is not list:
-        raise ProtocolError(f"{op} was answered with {type(rows).__name__}, not a list")
-    try:
-        return [read(row) for row in rows]
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ProtocolError(f"{op} was answered with a malformed row: {exc!r}") from exc
+for _name in (
+    "start_flow",
+    "start_known_flow",
+    "call_rpc",
+    "result",
+    "describe_flow",
+    "list_flows",
+    "cancel_flow",
+    "list_queues",
+):
+    getattr(ClientEngine, _name).__doc__ = getattr(ClientOps, _name).__doc__
+del _name

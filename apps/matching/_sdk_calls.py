@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from ._errors import CallTimeout, MatchingError
+from ._sdk_protocol import call_timed_out
 
 __all__ = ["PendingCalls"]
 
@@ -149,6 +150,4 @@ class PendingCalls:
                 await self._timer_wake.wait()
 
     def _timed_out(self, pending: _Pending) -> CallTimeout:
-        return CallTimeout(
-            f"call {pending.op!r} to {self._where} got no answer within {pending.timeout} s"
-        )
+        return call_timed_out(pending.op, self._where, pending.timeout)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import secrets
-import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,14 +19,12 @@ import trio
 
 import wire
 
+from . import _sdk_protocol as protocol
 from ._errors import (
-    AuthenticationError,
-    CallTimeout,
     ClientClosed,
     MatchingError,
     ProtocolError,
     Unavailable,
-    error_from_code,
 )
 from ._options import ClientOptions, WorkerOptions
 from ._sdk_calls import PendingCalls
@@ -36,15 +32,6 @@ from ._sdk_calls import PendingCalls
 __all__ = ["SdkConnection"]
 
 log = logging.getLogger("apps.matching.connection")
-
-#: Frames that belong to a stream (their request id is the stream id).
-_STREAM_MESSAGES = (
-    wire.MatchRegistered,
-    wire.MatchRejected,
-    wire.MatchTask,
-    wire.MatchClose,
-    wire.MatchCancel,
-)
 
 
 class SdkConnection:
@@ -156,26 +143,14 @@ class SdkConnection:
             with trio.fail_after(options.connect_timeout):
                 stream = await _dial(options, where)
                 frames = wire.FrameStream(stream, versions=frozenset({2}), exact=True)
-                hello = wire.MatchHello(
-                    role=role,
-                    session=session or secrets.token_hex(8),
-                    token=options.token,
-                    worker_id=worker_id,
-                    codecs=_codecs(options.codec),
-                    flows={
-                        k: {"steps": list(v["steps"]), "rpcs": list(v["rpcs"])}
-                        for k, v in (flows or {}).items()
-                    },
+                first = protocol.hello(
+                    options, role, worker_id=worker_id, session=session, flows=flows
                 )
-                welcome = await _handshake(frames, hello, where)
+                welcome = await _handshake(frames, first, where)
         except trio.TooSlowError as exc:
             if stream is not None:
                 await trio.aclose_forcefully(stream)
-            raise CallTimeout(
-                f"connecting to the matching server at {where} took longer than"
-                f" connect_timeout ({options.connect_timeout} s)",
-                retryable=True,
-            ) from exc
+            raise protocol.connect_too_slow(where, options) from exc
         except BaseException:
             if stream is not None:
                 await trio.aclose_forcefully(stream)
@@ -465,51 +440,27 @@ class SdkConnection:
             self._lost(ClientClosed("the reader stopped", retryable=True))
             self._reader_done.set()
 
-    def _deliver(self, message: wire.MatchMessage) -> None:
-        if isinstance(message, _STREAM_MESSAGES) or (
-            isinstance(message, wire.MatchPing) and message.rid != 0
-        ):
+    def _deliver(self, message: Any) -> None:
+        try:
+            where = protocol.route(message, self._where)
+        except ProtocolError as exc:
+            self._lost(exc)
+            return
+        if where == protocol.STREAM:
             deliver = self._streams.get(message.rid)
             if deliver is None:
                 log.debug("dropped %s for stream %d, which is not open", message, message.rid)
                 return
             deliver(message)
-            return
-        if isinstance(message, wire.MatchReply) or (
-            isinstance(message, wire.MatchError) and message.rid != 0
-        ):
+        elif where == protocol.ANSWER:
             if isinstance(message, wire.MatchReply):
                 answered = self._calls.answer(message.rid, message.value)
             else:
-                error = error_from_code(
-                    message.code,
-                    message.message,
-                    retryable=message.retryable,
-                    details=message.details,
-                )
-                answered = self._calls.answer(message.rid, error=error)
+                answered = self._calls.answer(message.rid, error=protocol.answer_error(message))
             if not answered:
                 log.debug("dropped a late answer to call %d", message.rid)
-            return
-        if isinstance(message, wire.MatchReconnect | wire.MatchError | wire.MatchPing):
+        else:
             self._control_send.send_nowait(message)
-            return
-        self._lost(
-            ProtocolError(
-                f"{self._where} sent {type(message).__name__}, which only a client or worker sends"
-            )
-        )
-
-
-def _codecs(preferred: str) -> tuple[wire.Codec, ...]:
-    first = wire.Codec(preferred)
-    return (first, *[c for c in (wire.Codec.CBOR, wire.Codec.TLV) if c is not first])
-
-
-def _tls_context(options: WorkerOptions | ClientOptions) -> ssl.SSLContext:
-    if options.ssl_context is not None:
-        return options.ssl_context
-    return ssl.create_default_context(cafile=options.tls_ca_file)
 
 
 async def _dial(options: WorkerOptions | ClientOptions, where: str) -> trio.abc.Stream:
@@ -519,28 +470,19 @@ async def _dial(options: WorkerOptions | ClientOptions, where: str) -> trio.abc.
             return await trio.open_unix_socket(address.path)
         tcp = await trio.open_tcp_stream(address.host, address.port)
     except OSError as exc:
-        raise Unavailable(
-            f"cannot connect to the matching server at {where}: {exc.strerror or exc}"
-        ) from exc
+        raise protocol.unreachable(where, exc) from exc
     if not options.uses_tls:
         return tcp
     tls = trio.SSLStream(
         tcp,
-        _tls_context(options),
+        protocol.tls_context(options),
         server_hostname=options.tls_server_hostname or address.host,
     )
     try:
         await tls.do_handshake()
     except trio.BrokenResourceError as exc:
         await trio.aclose_forcefully(tcp)
-        cause = exc.__cause__
-        if isinstance(cause, ssl.SSLCertVerificationError):
-            raise AuthenticationError(
-                f"the TLS certificate of the matching server at {where} failed verification:"
-                f" {cause.verify_message}; check tls_ca_file, ssl_context and"
-                " tls_server_hostname"
-            ) from exc
-        raise Unavailable(f"the TLS handshake with {where} failed: {cause or exc}") from exc
+        raise protocol.tls_failed(where, exc.__cause__ or exc) from exc
     except BaseException:
         await trio.aclose_forcefully(tcp)
         raise
@@ -557,19 +499,4 @@ async def _handshake(
         raise Unavailable(f"the matching server at {where} dropped the handshake: {exc}") from exc
     except wire.WireError as exc:
         raise ProtocolError(f"the matching server at {where} answered HELLO with {exc}") from exc
-    if frame is None:
-        raise Unavailable(f"the matching server at {where} closed the connection at HELLO")
-    try:
-        answer = wire.parse_matching(frame)
-    except wire.WireError as exc:
-        raise ProtocolError(f"the matching server at {where} answered HELLO with {exc}") from exc
-    if isinstance(answer, wire.MatchError):
-        raise error_from_code(
-            answer.code, answer.message, retryable=answer.retryable, details=answer.details
-        )
-    if not isinstance(answer, wire.MatchWelcome):
-        raise ProtocolError(
-            f"the matching server at {where} answered HELLO with {type(answer).__name__},"
-            " not MatchWelcome"
-        )
-    return answer
+    return protocol.welcome(frame, where)
