@@ -1,23 +1,24 @@
 """The SDK's blocking flavour (``Worker`` and ``Client``): the API of the asyncio flavour without
-await. The trio engine runs in a trio thread of its own (``_trio_thread``); each call blocks the
-calling thread on a future. Async handlers of a :class:`Worker` run on an asyncio loop the worker
-owns, plain functions in a thread.
+await. The worker's trio engine runs in a trio thread of its own (``_trio_thread``); each call
+blocks the calling thread on a future. The client runs the same ops (``_client_ops``) on a
+blocking socket in the calling thread (``_client_sync``). Async handlers of a :class:`Worker`
+run on an asyncio loop the worker owns, plain functions in a thread.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ._asyncio_adapters import _ClientCalls, _WorkerCore, _WorkerView
+from ._asyncio_adapters import _WorkerCore, _WorkerView
 from ._asyncio_handlers import AsyncioHandlerRunner, _has_async_handlers, _LoopThread
 from ._blobs import BlobCache
 from ._client_engine import ClientEngine
-from ._errors import ClientClosed, WorkerStopped
+from ._client_sync import SyncClientEngine
+from ._errors import WorkerStopped
 from ._model import Flow, FlowDescription, FlowStatus, FlowSummary, QueueSummary, Registry
-from ._options import WorkerOptions
+from ._options import ClientOptions, WorkerOptions
 from ._trio_thread import _call_sync
 
 __all__ = ["Client", "Worker"]
@@ -113,32 +114,35 @@ class Worker(_WorkerView):
         self.close()
 
 
-class Client(_ClientCalls):
+class Client:
     """A client for blocking programs: the API of :class:`AsyncClient` without await; safe
-    to share between threads (calls are multiplexed on one connection)."""
+    to share between threads (calls are multiplexed on one connection). No event loop runs
+    under it: each calling thread does its own I/O (``_client_sync``), so a lone caller reads
+    its answer itself, with no thread switch."""
 
-    def _do(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        return _call_sync(self._thread, functools.partial(fn, *args, **kwargs))
+    def __init__(self, registry: Registry, cache: BlobCache | None, options: ClientOptions) -> None:
+        self._engine = SyncClientEngine(registry, cache, options)
+        self._ops = self._engine.ops
 
     def open(self) -> None:
-        self._do(self._engine.open)
+        self._engine.open()
 
     def start_flow(
         self, flow: Flow | type[Flow] | str, *args: Any, flow_id: str | None = None
     ) -> str:
-        return self._do(self._engine.start_flow, flow, *args, flow_id=flow_id)
+        return self._engine.run(self._ops.start_flow(flow, *args, flow_id=flow_id))
 
     def start_known_flow(self, flow_type: str, *args: Any, flow_id: str | None = None) -> str:
-        return self._do(self._engine.start_known_flow, flow_type, *args, flow_id=flow_id)
+        return self._engine.run(self._ops.start_known_flow(flow_type, *args, flow_id=flow_id))
 
     def call_rpc(self, flow_id: str, name: str, *args: Any, timeout: float | None = None) -> Any:
-        return self._do(self._engine.call_rpc, flow_id, name, *args, timeout=timeout)
+        return self._engine.run(self._ops.call_rpc(flow_id, name, *args, timeout=timeout))
 
     def result(self, flow_id: str, timeout: float | None = None) -> Any:
-        return self._do(self._engine.result, flow_id, timeout)
+        return self._engine.run(self._ops.result(flow_id, timeout))
 
     def describe_flow(self, flow_id: str) -> FlowDescription:
-        return self._do(self._engine.describe_flow, flow_id)
+        return self._engine.run(self._ops.describe_flow(flow_id))
 
     def list_flows(
         self,
@@ -146,24 +150,18 @@ class Client(_ClientCalls):
         status: FlowStatus | str | None = None,
         limit: int = 100,
     ) -> list[FlowSummary]:
-        return self._do(self._engine.list_flows, flow_type, status, limit)
+        return self._engine.run(self._ops.list_flows(flow_type, status, limit))
 
     def cancel_flow(self, flow_id: str) -> None:
-        self._do(self._engine.cancel_flow, flow_id)
+        self._engine.run(self._ops.cancel_flow(flow_id))
 
     def list_queues(self) -> list[QueueSummary]:
-        return self._do(self._engine.list_queues)
+        return self._engine.run(self._ops.list_queues())
 
     def close(self) -> None:
-        """Close the connection and the client's thread; later calls raise ClientClosed."""
-        try:
-            if self._thread.started:
-                try:
-                    self._do(self._engine.close)
-                except ClientClosed:
-                    pass
-        finally:
-            self._thread.stop().result()
+        """Close the connection; calls in flight and later calls raise ClientClosed.
+        Idempotent."""
+        self._engine.close()
 
     def __enter__(self) -> Client:
         return self

@@ -60,6 +60,9 @@ class FakeServer:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.hellos: list[wire.MatchHello] = []
         self.connections = 0
+        #: Connection-level M_PONGs received (answers to :meth:`ping_clients`).
+        self.pongs = 0
+        self.ponged = trio.Event()
         self.peers: list[_Peer] = []
         self.streams: list[_Stream] = []
         self.flows: dict[str, dict[str, Any]] = {}
@@ -86,6 +89,11 @@ class FakeServer:
         """Close every connection (the clients see the connection lost)."""
         for peer in list(self.peers):
             await peer.fs.stream.aclose()
+
+    async def ping_clients(self) -> None:
+        """Send a connection-level M_PING on every connection (as the server's keepalive)."""
+        for peer in list(self.peers):
+            await peer.send(wire.MatchPing())
 
     async def _serve_one(self, stream: trio.abc.Stream) -> None:
         self.connections += 1
@@ -153,6 +161,10 @@ class FakeServer:
             ]
         elif isinstance(message, wire.MatchPing):
             await peer.send(wire.MatchPong(rid=message.rid))
+        elif isinstance(message, wire.MatchPong) and message.rid == 0:
+            self.pongs += 1
+            self.ponged.set()
+            self.ponged = trio.Event()
         elif isinstance(
             message, wire.MatchAccept | wire.MatchDecline | wire.MatchResult | wire.MatchFailure
         ):

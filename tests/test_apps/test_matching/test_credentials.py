@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import threading
 
 import pytest
 import trio
@@ -14,6 +15,7 @@ import trustme
 
 from apps.matching import (
     AuthenticationError,
+    Client,
     ClientOptions,
     Flow,
     Registry,
@@ -129,3 +131,44 @@ async def test_a_server_certificate_the_client_does_not_trust_is_refused(store_k
         async with TrioClient(REGISTRY, None, options) as client:
             with trio.fail_after(BOUND), pytest.raises(AuthenticationError, match="verification"):
                 await client.list_flows()
+
+
+async def test_the_blocking_client_speaks_tls_with_its_token_from_many_threads(store_kind, tls):
+    # The blocking Client's own transport: TLS on memory BIOs under its connection's lock,
+    # so threads reading and writing at once never share the SSL object unguarded.
+    _, context = tls
+    async with _server(tls, store_kind) as address, trio.open_nursery() as nursery:
+        worker = TrioWorker(
+            REGISTRY,
+            None,
+            WorkerOptions(server_address=address, credentials="w-secret", ssl_context=context),
+        )
+        nursery.start_soon(worker.start)
+        good = ClientOptions(server_address=address, credentials="c-secret", ssl_context=context)
+        bad = ClientOptions(server_address=address, credentials="nope", ssl_context=context)
+        untrusting = ClientOptions(server_address=address, credentials="c-secret")
+
+        def blocking() -> list[str]:
+            for options, match in ((bad, "the client token is wrong"), (untrusting, "verif")):
+                with Client(REGISTRY, None, options) as refused:
+                    with pytest.raises(AuthenticationError, match=match):
+                        refused.list_flows()
+            with Client(REGISTRY, None, good) as client:
+                flow_ids = [client.start_flow(Hello, f"TLS {i}") for i in range(4)]
+                results: list[str] = []
+
+                def wait(flow_id: str) -> None:
+                    results.append(client.result(flow_id, timeout=BOUND))
+
+                threads = [threading.Thread(target=wait, args=(f,)) for f in flow_ids]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                return sorted(results)
+
+        with trio.fail_after(BOUND):
+            await worker.wait_pull_registered()
+            results = await trio.to_thread.run_sync(blocking)
+        assert results == [f"Hello, TLS {i}!" for i in range(4)]
+        await worker.close()

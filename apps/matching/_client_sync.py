@@ -1,0 +1,93 @@
+"""The blocking client's engine: the client's ops (``_client_ops``, the trio engine's too) run
+in the calling thread on a :class:`~._sync_connection.SyncConnection`, no event loop under it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, TypeVar
+
+from ._blobs import BlobCache
+from ._client_ops import IDEMPOTENT, Call, ClientOps, Steps, connection_lost
+from ._errors import ClientClosed
+from ._options import ClientOptions
+from ._sync_connection import SyncConnection, dial
+
+__all__ = ["SyncClientEngine"]
+
+T = TypeVar("T")
+
+
+class SyncClientEngine:
+    """The blocking client's engine: :class:`ClientOps` run on a :class:`SyncConnection`,
+    dialled on the first call, dialled again after a loss (as ``ClientEngine`` on trio)."""
+
+    def __init__(self, registry: Any, cache: BlobCache | None, options: ClientOptions) -> None:
+        self.ops = ClientOps(registry, cache, options)
+        self.options = options
+        self._conn: SyncConnection | None = None
+        self._dial_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def run(self, steps: Steps[T]) -> T:
+        """Carry out an op's steps in the calling thread."""
+        answer: Any = None
+        try:
+            while True:
+                step = steps.send(answer)
+                if isinstance(step, Call):
+                    answer = self._call(step.op, step.args, step.timeout)
+                else:
+                    answer = step.fn(*step.args)
+        except StopIteration as stop:
+            return stop.value
+
+    def open(self) -> None:
+        self._connection()
+
+    def close(self) -> None:
+        """Close the connection; calls in flight fail with :class:`ClientClosed`, later calls
+        too. Closing twice is a no-op."""
+        self._closed = True
+        with self._dial_lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close(ClientClosed("the client was closed"))
+
+    def _connection(self) -> SyncConnection:
+        conn = self._conn
+        if conn is not None and conn.broken is None and not self._closed:
+            return conn
+        with self._dial_lock:
+            if self._closed:
+                raise ClientClosed("the client is closed; make a new one to call the server")
+            conn = self._conn
+            if conn is None or conn.broken is not None:
+                self._conn = conn = dial(self.options)
+            return conn
+
+    def _call(self, op: str, args: dict[str, Any], timeout: float | None) -> Any:
+        """Send one op; reconnect once for an idempotent op whose connection was found lost.
+        An idle connection the server dropped is noticed before sending: dialled again."""
+        for retry in (False, True):
+            conn = self._connection()
+            if not conn.idle_check():
+                conn = self._connection()
+            try:
+                return conn.call(op, args, timeout)
+            except BaseException as exc:
+                if not connection_lost(exc):
+                    raise
+                with self._dial_lock:
+                    if self._conn is conn:
+                        self._conn = None
+                conn.close(ClientClosed("a call found it lost", retryable=True))
+                if self._closed:
+                    raise ClientClosed("the client was closed during the call") from exc
+                if retry or op not in IDEMPOTENT:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,536 @@
+"""The blocking client's connection: a plain blocking socket shared by threads, with no event
+loop between a caller and the socket (``_sdk_connection`` is the trio one). The connection's
+protocol is ``_sdk_protocol``'s, shared with the trio connection; only the bytes move otherwise.
+
+Sends: a thread that finds nobody sending writes its frame and then whatever other threads
+queued meanwhile. Reads (leader/follower): one waiting thread at a time reads the socket, hands
+each answer to its call (waking that thread only) and, once its own answer is in, passes the
+reading role to a sleeping caller; a lone caller so reads its own answer with no thread switch.
+TLS runs on memory BIOs (``ssl.SSLObject``) under the connection's lock, since an ``SSLSocket``
+must not be read by one thread while another writes.
+
+Nobody reads an idle connection, so the server's connection-level M_PING goes unanswered while
+the client is idle (a thread blocked in a read between calls would take every lone caller's
+answer and cost the thread switch this transport exists to save): after ``peer_timeout`` the
+server drops it. The next call first looks, without blocking, at what the idle connection
+received (answering pings, noticing the close), and dials again before sending if it is gone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import ssl
+import struct
+import threading
+import time
+from typing import Any, TypeVar
+
+import wire
+
+from . import _sdk_protocol as protocol
+from ._errors import ClientClosed, MatchingError, ProtocolError, Unavailable
+from ._options import ClientOptions
+
+__all__ = ["SyncConnection", "dial"]
+
+log = logging.getLogger("apps.matching.client")
+
+T = TypeVar("T")
+
+_LIMITS = wire.Limits()
+#: How far SO_RCVTIMEO may be from the reading call's time left before it is set again (s).
+_RCVTIMEO_SLACK = 0.002
+_allocate_lock = threading.Lock
+_monotonic = time.monotonic
+
+
+def _timeval(seconds: float) -> bytes:
+    seconds = max(0.001, seconds)
+    return struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+
+
+class _Tls:
+    """TLS on memory BIOs; every method with the connection's lock held (or before it is
+    shared)."""
+
+    def __init__(self, obj: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO):
+        self.obj = obj
+        self.incoming = incoming
+        self.outgoing = outgoing
+
+    def encrypt(self, data: bytes) -> bytes:
+        self.obj.write(data)
+        return self.outgoing.read()
+
+    def decrypt(self, raw: bytes) -> bytes | None:
+        """The plaintext ``raw`` completes (None: the server ended the TLS session)."""
+        self.incoming.write(raw)
+        chunks = []
+        while True:
+            try:
+                chunk = self.obj.read(65536)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+class _Waiter:
+    """One call waiting for its answer; while its thread sleeps, ``lock`` is held and
+    released to wake it."""
+
+    __slots__ = ("done", "error", "lock", "value")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.value: Any = None
+        self.error: MatchingError | None = None
+        self.lock: Any = None
+
+
+class SyncConnection:
+    """One open connection to the matching server, shared by the threads of a blocking client
+    (see the module's docs). ``lock`` guards everything but the socket's own I/O."""
+
+    def __init__(
+        self, sock: socket.socket, tls: _Tls | None, welcome: wire.MatchWelcome, where: str
+    ) -> None:
+        self.sock = sock
+        self.tls = tls
+        self.codec: wire.Codec = welcome.codec
+        self.where = where
+        self.decoder = wire.FrameDecoder(limits=_LIMITS, versions=frozenset({2}))
+        self.lock = threading.Lock()
+        self.waiters: dict[int, _Waiter] = {}
+        #: Waiters whose thread sleeps on its ``lock``, by call id.
+        self.sleeping: dict[int, _Waiter] = {}
+        #: The call id whose thread reads the socket now (0: none; -1: the idle check).
+        self.reader = 0
+        self.sending = False
+        self.out: list[bytes] = []
+        self.broken: MatchingError | None = None
+        #: Call ids (``next`` of a count is atomic: no lock needed).
+        self.ids = itertools.count(1)
+        self.rcvtimeo: float | None = None
+        self.buffer = bytearray(65536)
+
+    # -- failing ---------------------------------------------------------------------------
+
+    def fail(self, error: MatchingError) -> None:
+        """Lose the connection (lock held, once): every waiting call fails with
+        :class:`ClientClosed` naming ``error``, and the socket is shut down (a thread blocked
+        reading it wakes)."""
+        if self.broken is not None:
+            return
+        self.broken = error
+        failed = ClientClosed(
+            f"the connection to {self.where} was closed: {error.message}", retryable=True
+        )
+        for waiter in self.waiters.values():
+            waiter.done = True
+            waiter.error = failed
+        self.waiters.clear()
+        for waiter in self.sleeping.values():
+            waiter.lock.release()
+        self.sleeping.clear()
+        self.out.clear()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._close_if_unused()
+
+    def _close_if_unused(self) -> None:
+        """Close the socket of a lost connection once no thread is in its I/O (lock held)."""
+        if self.broken is not None and not self.reader and not self.sending:
+            self.sock.close()
+
+    def _wake_reader(self) -> None:
+        """Pass the reading role to a sleeping waiter, if any (lock held)."""
+        if self.sleeping:
+            waiter = self.sleeping.pop(next(iter(self.sleeping)))
+            waiter.lock.release()
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send(self, message: wire.MatchMessage, rid: int = 0, waiter: _Waiter | None = None) -> None:
+        """Register ``waiter`` for call ``rid`` (if given) and send ``message``, or queue it
+        for the thread sending now.
+
+        Raises:
+            ClientClosed: The connection is lost (nothing of the call was sent), or the send
+                failed (the connection is then lost).
+            WireError: ``message`` cannot be encoded (nothing was sent).
+        """
+        data = message.encode(self.codec, limits=_LIMITS)
+        with self.lock:
+            if self.broken is not None:
+                raise self._closed_error()
+            if self.tls is not None:
+                data = self.tls.encrypt(data)
+            if waiter is not None:
+                self.waiters[rid] = waiter
+            if not self._take_turn(data):
+                return
+        self._write(data)
+
+    def _take_turn(self, data: bytes) -> bool:
+        """Queue ``data`` for the thread sending now (False), or make this thread the sender
+        (True: it must :meth:`_write` ``data``). Lock held: with TLS, bytes leave in the order
+        they were encrypted."""
+        if self.sending:
+            self.out.append(data)
+            return False
+        self.sending = True
+        return True
+
+    def _write(self, data: bytes) -> None:
+        """Write ``data`` and what others queue meanwhile (this thread has the sending role)."""
+        lock = self.lock
+        # ``whole``: no frame is half-sent and none taken from ``out`` is unsent. An interrupt
+        # (KeyboardInterrupt, between any two bytecodes) keeps the connection only then.
+        whole = False
+        try:
+            while True:
+                self.sock.sendall(data)
+                whole = True
+                with lock:
+                    if not self.out:
+                        self.sending = False
+                        return
+                    whole = False
+                    data = b"".join(self.out)
+                    self.out.clear()
+        except BaseException as exc:
+            with lock:
+                self.sending = False
+                if isinstance(exc, OSError):
+                    self.fail(ClientClosed(f"a write failed: {exc}", retryable=True))
+                elif not whole or self.out:
+                    self.fail(ClientClosed("a send was interrupted midway", retryable=True))
+                self._close_if_unused()
+            if isinstance(exc, OSError):
+                raise ClientClosed(
+                    f"the connection to {self.where} was lost while sending", retryable=True
+                ) from exc
+            raise
+
+    def _closed_error(self) -> ClientClosed:
+        assert self.broken is not None
+        return ClientClosed(
+            f"the connection to {self.where} is closed: {self.broken.message}", retryable=True
+        )
+
+    # -- calls -----------------------------------------------------------------------------
+
+    def call(self, op: str, args: dict[str, Any], timeout: float | None) -> Any:
+        """Send M_CALL ``op`` and wait for its M_REPLY value (as ``SdkConnection.call``).
+
+        Raises:
+            MatchingError: The server answered M_ERROR (the class its code names).
+            CallTimeout: No answer within ``timeout`` seconds (a late reply is dropped).
+            ClientClosed: The connection was lost before the answer (retryable).
+        """
+        waiter = _Waiter()
+        deadline = None if timeout is None else _monotonic() + timeout
+        rid = next(self.ids)
+        done = False
+        try:  # (from the send on: an interrupt anywhere in it still ends the call)
+            self.send(wire.MatchCall(op=op, args=args, rid=rid), rid, waiter)
+            self._wait(rid, waiter, deadline, op, timeout)
+            done = True
+        finally:
+            if not done:
+                self._abandon(rid, waiter)
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.value
+
+    def _wait(
+        self, rid: int, waiter: _Waiter, deadline: float | None, op: str, timeout: float | None
+    ) -> None:
+        """Wait until ``waiter`` has its answer, reading the socket for every waiting call
+        whenever no other thread does."""
+        lock = self.lock
+        while True:
+            with lock:
+                if waiter.done:
+                    return
+                remaining = None if deadline is None else deadline - _monotonic()
+                if remaining is not None and remaining <= 0:
+                    self.waiters.pop(rid, None)
+                    raise protocol.call_timed_out(op, self.where, timeout)
+                if self.reader:
+                    sleeper = waiter.lock = _allocate_lock()
+                    sleeper.acquire()
+                    self.sleeping[rid] = waiter
+                else:
+                    self.reader = rid
+                    sleeper = None
+            if sleeper is not None:
+                if not sleeper.acquire(True, -1 if remaining is None else remaining):
+                    with lock:
+                        self.sleeping.pop(rid, None)
+                continue
+            self._read(remaining, waiter)
+
+    def _abandon(self, rid: int, waiter: _Waiter) -> None:
+        """End a call left early (timeout, interrupt): its late answer will be dropped."""
+        with self.lock:
+            if self.waiters.get(rid) is waiter:
+                del self.waiters[rid]
+            self.sleeping.pop(rid, None)
+            if self.reader == rid and rid:
+                self.reader = 0  # interrupted with the reading role (before its read began)
+            if not self.reader:
+                self._wake_reader()  # the role may have been passed to this call as it ended
+            self._close_if_unused()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _read(self, remaining: float | None, waiter: _Waiter | None) -> None:
+        """One read for every waiting call (this thread has the reading role; ``remaining``:
+        its time left, None: no limit, 0: do not block)."""
+        sock = self.sock
+        n = 0
+        error: MatchingError | None = None
+        timed_out = False
+        pongs = 0
+        try:
+            if remaining == 0:
+                n = sock.recv_into(self.buffer, 0, socket.MSG_DONTWAIT)
+            else:
+                if remaining is not None:
+                    self._bound_reads(remaining)
+                n = sock.recv_into(self.buffer)
+            if not n:
+                error = ClientClosed("the server closed it", retryable=True)
+        except (BlockingIOError, InterruptedError):  # SO_RCVTIMEO expired (or nothing came)
+            timed_out = True
+        except OSError as exc:
+            error = ClientClosed(f"read failed: {exc}", retryable=True)
+        except BaseException:  # (KeyboardInterrupt, ...): another waiter reads on
+            with self.lock:
+                self.reader = 0
+                self._wake_reader()
+                self._close_if_unused()
+            raise
+        write = b""
+        with self.lock:
+            self.reader = 0
+            try:
+                if n:
+                    pongs, extra = self._take(n)
+                    if extra and self._take_turn(extra):
+                        write = extra
+            except MatchingError as exc:
+                error = exc
+            except BaseException:
+                # Interrupted while handing out answers: some may be lost, so is the connection.
+                self.fail(ClientClosed("a read was interrupted midway", retryable=True))
+                raise
+            if error is not None:
+                self.fail(error)
+            elif timed_out or waiter is None or waiter.done:
+                self._wake_reader()  # this thread is done reading: another waiter takes over
+            self._close_if_unused()
+        if write:
+            try:
+                self._write(write)
+            except MatchingError:
+                return
+        for _ in range(pongs):
+            try:
+                self.send(wire.MatchPong())
+            except MatchingError:
+                return
+
+    def _bound_reads(self, remaining: float) -> None:
+        """Make a blocking read give up after about ``remaining`` seconds: one system call a
+        read, where a socket timeout costs a poll too. Set only when off by more than
+        ``_RCVTIMEO_SLACK`` (a lone caller with the same timeout never changes it)."""
+        current = self.rcvtimeo
+        if current is not None and abs(current - remaining) <= _RCVTIMEO_SLACK:
+            return
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(remaining))
+        self.rcvtimeo = remaining
+
+    def _take(self, n: int) -> tuple[int, bytes]:
+        """Hand the answers ``n`` received bytes complete to their calls (lock held); returns
+        the server's pings to answer and TLS bytes to send back.
+
+        Raises:
+            MatchingError: The server broke the protocol, or ended the TLS session.
+        """
+        data = bytes(memoryview(self.buffer)[:n])
+        extra = b""
+        if self.tls is not None:
+            try:
+                plain = self.tls.decrypt(data)
+            except ssl.SSLError as exc:
+                raise ClientClosed(f"TLS failed: {exc}", retryable=True) from exc
+            extra = self.tls.outgoing.read()
+            if plain is None:
+                raise ClientClosed("the server closed it", retryable=True)
+            data = plain
+        try:
+            frames = self.decoder.feed(data)
+        except wire.WireError as exc:
+            raise ProtocolError(f"{self.where} sent a malformed frame: {exc}") from exc
+        return self._deliver(frames), extra
+
+    def _deliver(self, frames: list[wire.Frame]) -> int:
+        """Hand out ``frames`` (lock held); returns how many pings to answer."""
+        pongs = 0
+        waiters = self.waiters
+        sleeping = self.sleeping
+        for frame in frames:
+            try:
+                message: Any = wire.parse_matching(frame)
+            except wire.WireError as exc:
+                raise ProtocolError(f"{self.where} sent a bad frame: {exc}") from exc
+            kind = protocol.route(message, self.where)
+            if kind == protocol.ANSWER:
+                rid = message.rid
+                waiter = waiters.pop(rid, None)
+                if waiter is None:
+                    log.debug("dropped a late answer to call %d", rid)
+                    continue
+                if type(message) is wire.MatchReply:
+                    waiter.value = message.value
+                else:
+                    waiter.error = protocol.answer_error(message)
+                waiter.done = True
+                if rid in sleeping:
+                    del sleeping[rid]
+                    waiter.lock.release()
+            elif kind == protocol.CONTROL:
+                # M_RECONNECT and M_ERROR of the connection are ignored, as the trio engine
+                # does: the calls caught by a loss fail on their own.
+                if type(message) is wire.MatchPing:
+                    pongs += 1
+            else:  # a client opens no stream
+                log.debug("dropped %s for stream %d, which is not open", message, message.rid)
+        return pongs
+
+    def idle_check(self) -> bool:
+        """If no call is in flight, take in what the idle connection received (answering the
+        server's pings) without blocking; whether the connection still works."""
+        with self.lock:
+            if self.broken is not None:
+                return False
+            if self.reader or self.waiters:
+                return True
+            self.reader = -1
+        self._read(0, None)
+        return self.broken is None
+
+    def close(self, error: MatchingError) -> None:
+        with self.lock:
+            self.fail(error)
+
+
+# -- dialling ----------------------------------------------------------------------------
+
+
+def dial(options: ClientOptions, role: str = "client") -> SyncConnection:
+    """Dial the server of ``options``, say HELLO and wait for WELCOME, all within
+    ``connect_timeout`` (as ``SdkConnection.open``, whose errors it raises)."""
+    address = options.address
+    where = str(address)
+    limit = options.connect_timeout
+    deadline = None if limit is None else _monotonic() + limit
+
+    def left() -> float | None:
+        if deadline is None:
+            return None
+        rest = deadline - _monotonic()
+        if rest <= 0:
+            raise TimeoutError
+        return rest
+
+    try:
+        if address.kind == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(left())
+                sock.connect(address.path)
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            sock = socket.create_connection((address.host, address.port), timeout=left())
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except TimeoutError as exc:
+        raise protocol.connect_too_slow(where, options) from exc
+    except OSError as exc:
+        raise protocol.unreachable(where, exc) from exc
+    try:
+        tls = _tls_handshake(sock, options, where, left) if options.uses_tls else None
+        decoder = wire.FrameDecoder(limits=_LIMITS, versions=frozenset({2}))
+        data = wire.encode_frame(protocol.hello(options, role).to_frame(), limits=_LIMITS)
+        sock.settimeout(left())
+        sock.sendall(data if tls is None else tls.encrypt(data))
+        frames: list[wire.Frame] = []
+        while not frames:
+            sock.settimeout(left())
+            raw = sock.recv(65536)
+            plain = raw if tls is None or not raw else tls.decrypt(raw)
+            if not plain:
+                if plain is None or not raw:
+                    break
+                continue  # (TLS records with no data yet)
+            frames = decoder.feed(plain)
+        welcome = protocol.welcome(frames[0] if frames else None, where)
+        sock.settimeout(None)
+    except MatchingError:  # (first: AuthenticationError is an OSError, CallTimeout a TimeoutError)
+        sock.close()
+        raise
+    except TimeoutError as exc:
+        sock.close()
+        raise protocol.connect_too_slow(where, options) from exc
+    except wire.WireError as exc:
+        sock.close()
+        raise ProtocolError(f"the matching server at {where} answered HELLO with {exc}") from exc
+    except (OSError, ssl.SSLError) as exc:
+        sock.close()
+        raise Unavailable(f"the matching server at {where} dropped the handshake: {exc}") from exc
+    except BaseException:
+        sock.close()
+        raise
+    conn = SyncConnection(sock, tls, welcome, where)
+    conn.decoder = decoder
+    if len(frames) > 1:  # (the server spoke first after WELCOME: a ping, say)
+        with conn.lock:
+            conn._deliver(frames[1:])
+    return conn
+
+
+def _tls_handshake(sock: socket.socket, options: ClientOptions, where: str, left: Any) -> _Tls:
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = protocol.tls_context(options).wrap_bio(
+        incoming, outgoing, server_hostname=options.tls_server_hostname or options.address.host
+    )
+    try:
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.settimeout(left())
+                sock.sendall(outgoing.read())
+                raw = sock.recv(65536)
+                if not raw:
+                    raise protocol.tls_failed(where, ConnectionResetError("the server closed it"))
+                incoming.write(raw)
+        pending = outgoing.read()
+        if pending:
+            sock.settimeout(left())
+            sock.sendall(pending)
+    except ssl.SSLError as exc:
+        raise protocol.tls_failed(where, exc) from exc
+    return _Tls(obj, incoming, outgoing)
