@@ -1,19 +1,20 @@
-"""The SDK's asyncio flavour (the seed's ``AsyncWorker`` and ``AsyncClient``): the trio engine
-runs in a trio thread of its own (``_trio_thread``), each call awaited on the caller's loop, which
-is never blocked. Async handlers of an :class:`AsyncWorker` run as tasks of the caller's loop.
+"""The SDK's asyncio flavour (the seed's ``AsyncWorker`` and ``AsyncClient``): the worker's trio
+engine runs in a trio thread of its own (``_trio_thread``), each call awaited on the caller's
+loop, which is never blocked; the client runs the client's ops on the caller's loop itself
+(``_client_asyncio``). Async handlers of an :class:`AsyncWorker` run as tasks of the caller's loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ._asyncio_handlers import AsyncioHandlerRunner
 from ._blobs import BlobCache
+from ._client_asyncio import AsyncioClientEngine
 from ._client_engine import ClientEngine
-from ._errors import ClientClosed, WorkerStopped
+from ._errors import WorkerStopped
 from ._model import Flow, FlowDescription, FlowStatus, FlowSummary, QueueSummary, Registry
 from ._options import ClientOptions, WorkerOptions
 from ._readiness import PullRegistrationState
@@ -141,43 +142,36 @@ class AsyncWorker(_WorkerView):
         await self.close()
 
 
-class _ClientCalls:
-    """The client ops, each run by ``_do`` (awaited or blocking)."""
+class AsyncClient:
+    """A client for asyncio programs (the seed's ``AsyncClient``): its calls run on the
+    caller's loop (``_client_asyncio``), no thread in between. Cancelling a task awaiting a
+    call cancels the call (the server may still carry it out)."""
 
     def __init__(self, registry: Registry, cache: BlobCache | None, options: ClientOptions) -> None:
-        self._engine = ClientEngine(registry, cache, options)
-        self._thread = _TrioThread("matching-client", lambda: ClientClosed("the client is closed"))
-
-
-class AsyncClient(_ClientCalls):
-    """A client for asyncio programs (the seed's ``AsyncClient``); its engine runs in a trio
-    thread of its own. Cancelling a task awaiting a call cancels the call (the server may still
-    carry it out)."""
-
-    async def _do(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        return await _call_async(self._thread, functools.partial(fn, *args, **kwargs))
+        self._engine = AsyncioClientEngine(registry, cache, options)
+        self._ops = self._engine.ops
 
     async def open(self) -> None:
-        await self._do(self._engine.open)
+        await self._engine.open()
 
     async def start_flow(
         self, flow: Flow | type[Flow] | str, *args: Any, flow_id: str | None = None
     ) -> str:
-        return await self._do(self._engine.start_flow, flow, *args, flow_id=flow_id)
+        return await self._engine.run(self._ops.start_flow(flow, *args, flow_id=flow_id))
 
     async def start_known_flow(self, flow_type: str, *args: Any, flow_id: str | None = None) -> str:
-        return await self._do(self._engine.start_known_flow, flow_type, *args, flow_id=flow_id)
+        return await self._engine.run(self._ops.start_known_flow(flow_type, *args, flow_id=flow_id))
 
     async def call_rpc(
         self, flow_id: str, name: str, *args: Any, timeout: float | None = None
     ) -> Any:
-        return await self._do(self._engine.call_rpc, flow_id, name, *args, timeout=timeout)
+        return await self._engine.run(self._ops.call_rpc(flow_id, name, *args, timeout=timeout))
 
     async def result(self, flow_id: str, timeout: float | None = None) -> Any:
-        return await self._do(self._engine.result, flow_id, timeout)
+        return await self._engine.run(self._ops.result(flow_id, timeout))
 
     async def describe_flow(self, flow_id: str) -> FlowDescription:
-        return await self._do(self._engine.describe_flow, flow_id)
+        return await self._engine.run(self._ops.describe_flow(flow_id))
 
     async def list_flows(
         self,
@@ -185,24 +179,18 @@ class AsyncClient(_ClientCalls):
         status: FlowStatus | str | None = None,
         limit: int = 100,
     ) -> list[FlowSummary]:
-        return await self._do(self._engine.list_flows, flow_type, status, limit)
+        return await self._engine.run(self._ops.list_flows(flow_type, status, limit))
 
     async def cancel_flow(self, flow_id: str) -> None:
-        await self._do(self._engine.cancel_flow, flow_id)
+        await self._engine.run(self._ops.cancel_flow(flow_id))
 
     async def list_queues(self) -> list[QueueSummary]:
-        return await self._do(self._engine.list_queues)
+        return await self._engine.run(self._ops.list_queues())
 
     async def close(self) -> None:
-        """Close the connection and the client's thread; later calls raise ClientClosed."""
-        try:
-            if self._thread.started:
-                try:
-                    await self._do(self._engine.close)
-                except ClientClosed:
-                    pass
-        finally:
-            await asyncio.wrap_future(self._thread.stop())
+        """Close the connection; calls in flight and later calls raise ClientClosed.
+        Idempotent."""
+        await self._engine.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

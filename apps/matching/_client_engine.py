@@ -20,7 +20,7 @@ import trio
 import wire
 
 from ._blobs import BlobCache
-from ._client_ops import IDEMPOTENT, Call, ClientOps, Steps, connection_lost
+from ._client_ops import Call, ClientOps, Steps, after_loss, connection_lost
 from ._errors import ClientClosed, MatchingError
 from ._model import (
     Flow,
@@ -187,10 +187,7 @@ class ClientEngine:
                         await conn.aclose()
                     except Exception:
                         pass
-                if self._closed:
-                    raise ClientClosed("the client was closed during the call") from exc
-                if retry or op not in IDEMPOTENT:
-                    raise
+                after_loss(op, exc, retry, self._closed)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _run(self, steps: Steps[T]) -> T:

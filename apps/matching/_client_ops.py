@@ -31,6 +31,7 @@ __all__ = [
     "Call",
     "ClientOps",
     "Step",
+    "after_loss",
     "connection_lost",
     "flow_definition_payload",
 ]
@@ -75,6 +76,17 @@ def connection_lost(exc: BaseException) -> bool:
     import trio  # (the trio transport's own errors; the blocking one raises OSError)
 
     return isinstance(exc, OSError | trio.BrokenResourceError | trio.ClosedResourceError)
+
+
+def after_loss(op: str, exc: BaseException, retry: bool, closed: bool) -> None:
+    """What a call whose connection was lost under it (``exc``, :func:`connection_lost`) does
+    next, in every transport: returns if ``op`` may go again on a new connection (idempotent,
+    not retried yet), else raises ``exc``, or :class:`ClientClosed` if the client was closed
+    (``closed``)."""
+    if closed:
+        raise ClientClosed("the client was closed during the call") from exc
+    if retry or op not in IDEMPOTENT:
+        raise exc
 
 
 def _check_flow_id(flow_id: object, where: str) -> str:

@@ -8,7 +8,7 @@ import threading
 from typing import Any, TypeVar
 
 from ._blobs import BlobCache
-from ._client_ops import IDEMPOTENT, Call, ClientOps, Steps, connection_lost
+from ._client_ops import Call, ClientOps, Steps, after_loss, connection_lost
 from ._errors import ClientClosed
 from ._options import ClientOptions
 from ._sync_connection import SyncConnection, dial
@@ -86,8 +86,5 @@ class SyncClientEngine:
                     if self._conn is conn:
                         self._conn = None
                 conn.close(ClientClosed("a call found it lost", retryable=True))
-                if self._closed:
-                    raise ClientClosed("the client was closed during the call") from exc
-                if retry or op not in IDEMPOTENT:
-                    raise
+                after_loss(op, exc, retry, self._closed)
         raise AssertionError("unreachable")  # pragma: no cover

@@ -5,6 +5,7 @@ refusal and serves everyone else on."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 import threading
@@ -14,6 +15,7 @@ import trio
 import trustme
 
 from apps.matching import (
+    AsyncClient,
     AuthenticationError,
     Client,
     ClientOptions,
@@ -170,5 +172,36 @@ async def test_the_blocking_client_speaks_tls_with_its_token_from_many_threads(s
         with trio.fail_after(BOUND):
             await worker.wait_pull_registered()
             results = await trio.to_thread.run_sync(blocking)
+        assert results == [f"Hello, TLS {i}!" for i in range(4)]
+        await worker.close()
+
+
+async def test_the_asyncio_client_speaks_tls_with_its_token(store_kind, tls):
+    _, context = tls
+    async with _server(tls, store_kind) as address, trio.open_nursery() as nursery:
+        worker = TrioWorker(
+            REGISTRY,
+            None,
+            WorkerOptions(server_address=address, credentials="w-secret", ssl_context=context),
+        )
+        nursery.start_soon(worker.start)
+        good = ClientOptions(server_address=address, credentials="c-secret", ssl_context=context)
+        bad = ClientOptions(server_address=address, credentials="nope", ssl_context=context)
+        untrusting = ClientOptions(server_address=address, credentials="c-secret")
+
+        async def on_asyncio() -> list[str]:
+            for options, match in ((bad, "the client token is wrong"), (untrusting, "verif")):
+                async with AsyncClient(REGISTRY, None, options) as refused:
+                    with pytest.raises(AuthenticationError, match=match):
+                        await refused.list_flows()
+            async with AsyncClient(REGISTRY, None, good) as client:
+                flow_ids = [await client.start_flow(Hello, f"TLS {i}") for i in range(4)]
+                return sorted(
+                    await asyncio.gather(*(client.result(f, timeout=BOUND) for f in flow_ids))
+                )
+
+        with trio.fail_after(BOUND):
+            await worker.wait_pull_registered()
+            results = await trio.to_thread.run_sync(asyncio.run, on_asyncio())
         assert results == [f"Hello, TLS {i}!" for i in range(4)]
         await worker.close()
