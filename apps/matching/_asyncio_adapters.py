@@ -14,6 +14,7 @@ from ._asyncio_handlers import AsyncioHandlerRunner
 from ._blobs import BlobCache
 from ._client_asyncio import AsyncioClientEngine
 from ._client_engine import ClientEngine
+from ._client_ops import share_docs
 from ._errors import WorkerStopped
 from ._model import Flow, FlowDescription, FlowStatus, FlowSummary, QueueSummary, Registry
 from ._options import ClientOptions, WorkerOptions
@@ -199,12 +200,5 @@ class AsyncClient:
         await self.close()
 
 
+share_docs(AsyncClient)
 AsyncClient.open.__doc__ = ClientEngine.open.__doc__
-AsyncClient.start_flow.__doc__ = ClientEngine.start_flow.__doc__
-AsyncClient.start_known_flow.__doc__ = ClientEngine.start_known_flow.__doc__
-AsyncClient.call_rpc.__doc__ = ClientEngine.call_rpc.__doc__
-AsyncClient.result.__doc__ = ClientEngine.result.__doc__
-AsyncClient.describe_flow.__doc__ = ClientEngine.describe_flow.__doc__
-AsyncClient.list_flows.__doc__ = ClientEngine.list_flows.__doc__
-AsyncClient.cancel_flow.__doc__ = ClientEngine.cancel_flow.__doc__
-AsyncClient.list_queues.__doc__ = ClientEngine.list_queues.__doc__

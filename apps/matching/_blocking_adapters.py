@@ -15,6 +15,7 @@ from ._asyncio_adapters import _WorkerCore, _WorkerView
 from ._asyncio_handlers import AsyncioHandlerRunner, _has_async_handlers, _LoopThread
 from ._blobs import BlobCache
 from ._client_engine import ClientEngine
+from ._client_ops import share_docs
 from ._client_sync import SyncClientEngine
 from ._errors import WorkerStopped
 from ._model import Flow, FlowDescription, FlowStatus, FlowSummary, QueueSummary, Registry
@@ -170,16 +171,5 @@ class Client:
         self.close()
 
 
-for _name in (
-    "open",
-    "start_flow",
-    "start_known_flow",
-    "call_rpc",
-    "result",
-    "describe_flow",
-    "list_flows",
-    "cancel_flow",
-    "list_queues",
-):
-    getattr(Client, _name).__doc__ = getattr(ClientEngine, _name).__doc__
-del _name
+share_docs(Client)
+Client.open.__doc__ = ClientEngine.open.__doc__

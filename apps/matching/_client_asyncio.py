@@ -21,7 +21,7 @@ import wire
 
 from . import _sdk_protocol as protocol
 from ._blobs import BlobCache
-from ._client_ops import Call, ClientOps, Steps, after_loss, connection_lost
+from ._client_ops import ClientOps, Steps, after_loss, connection_lost, drive
 from ._errors import ClientClosed, MatchingError, ProtocolError
 from ._options import ClientOptions
 
@@ -84,19 +84,17 @@ class AsyncioConnection(asyncio.Protocol):
         self.lose(ClientClosed(reason, retryable=True))
 
     def _deliver(self, frame: wire.Frame) -> None:
-        try:
-            message: Any = wire.parse_matching(frame)
-        except wire.WireError as exc:
-            raise ProtocolError(f"{self.where} sent a bad frame: {exc}") from exc
-        kind = protocol.route(message, self.where)
+        kind, message = protocol.parse(frame, self.where)
         if kind == protocol.ANSWER:
             future = self.calls.pop(message.rid, None)
             if future is None or future.done():
                 log.debug("dropped a late answer to call %d", message.rid)
-            elif type(message) is wire.MatchReply:
-                future.set_result(message.value)
+                return
+            value, error = protocol.outcome(message)
+            if error is None:
+                future.set_result(value)
             else:
-                future.set_exception(protocol.answer_error(message))
+                future.set_exception(error)
         elif kind == protocol.CONTROL:
             # M_RECONNECT and M_ERROR of the connection are ignored, as the trio engine does.
             if type(message) is wire.MatchPing and self.transport is not None:
@@ -221,16 +219,7 @@ class AsyncioClientEngine:
 
     async def run(self, steps: Steps[T]) -> T:
         """Carry out an op's steps: its calls on the connection, its file I/O in a thread."""
-        answer: Any = None
-        try:
-            while True:
-                step = steps.send(answer)
-                if isinstance(step, Call):
-                    answer = await self._call(step.op, step.args, step.timeout)
-                else:
-                    answer = await asyncio.to_thread(step.fn, *step.args)
-        except StopIteration as stop:
-            return stop.value
+        return await drive(steps, self._call, asyncio.to_thread)
 
     async def open(self) -> None:
         await self._connection()

@@ -20,7 +20,7 @@ import trio
 import wire
 
 from ._blobs import BlobCache
-from ._client_ops import Call, ClientOps, Steps, after_loss, connection_lost
+from ._client_ops import ClientOps, Steps, after_loss, connection_lost, drive, share_docs
 from ._errors import ClientClosed, MatchingError
 from ._model import (
     Flow,
@@ -78,15 +78,9 @@ async def _open_sdk_connection(options: ClientOptions) -> CallConnection:
 
 class ClientEngine:
     """A matching client on trio: one connection, dialled on the first call; the ops are
-    :class:`~._client_ops.ClientOps`' (shared with the blocking transport), run here.
-
-    Args:
-        registry: The flow types this client may start (their Steps' retry policies and
-            timeouts are sent with ``start_flow``).
-        cache: Where large arguments and results are kept (see :class:`BlobCache`); None
-            sends every value inline (each frame is still bounded by the server's limits).
-        options: The server's address, credentials and the default call timeout.
-        connect: How to dial (tests); default ``SdkConnection.open(options, "client")``.
+    :class:`~._client_ops.ClientOps`' (shared with the other flavours, as are its arguments),
+    run here. ``connect``: how to dial (tests); default ``SdkConnection.open(options,
+    "client")``.
 
     Every method is a checkpoint. A call cancelled while it waits abandons its answer (the
     server may still carry out the call: a cancelled ``start_flow`` may have started the
@@ -192,16 +186,7 @@ class ClientEngine:
 
     async def _run(self, steps: Steps[T]) -> T:
         """Carry out an op's steps: its calls on the connection, its file I/O in a thread."""
-        answer: Any = None
-        try:
-            while True:
-                step = steps.send(answer)
-                if isinstance(step, Call):
-                    answer = await self._call(step.op, step.args, step.timeout)
-                else:
-                    answer = await trio.to_thread.run_sync(step.fn, *step.args)
-        except StopIteration as stop:
-            return stop.value
+        return await drive(steps, self._call, trio.to_thread.run_sync)
 
     # -- the ops (ClientOps' docs) ---------------------------------------------------------
 
@@ -239,15 +224,4 @@ class ClientEngine:
         return await self._run(self._ops.list_queues())
 
 
-for _name in (
-    "start_flow",
-    "start_known_flow",
-    "call_rpc",
-    "result",
-    "describe_flow",
-    "list_flows",
-    "cancel_flow",
-    "list_queues",
-):
-    getattr(ClientEngine, _name).__doc__ = getattr(ClientOps, _name).__doc__
-del _name
+share_docs(ClientEngine)

@@ -9,7 +9,7 @@ op's value. Argument errors raise before anything is yielded, so nothing is sent
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any, TypeVar
 
 from ._blobs import NEEDS_IO, BlobCache, BlobIO, LocalIO
@@ -31,7 +31,10 @@ __all__ = [
     "Call",
     "ClientOps",
     "Step",
+    "OPS",
     "after_loss",
+    "drive",
+    "share_docs",
     "connection_lost",
     "flow_definition_payload",
 ]
@@ -76,6 +79,44 @@ def connection_lost(exc: BaseException) -> bool:
     import trio  # (the trio transport's own errors; the blocking one raises OSError)
 
     return isinstance(exc, OSError | trio.BrokenResourceError | trio.ClosedResourceError)
+
+
+async def drive(
+    steps: Steps[T],
+    call: Callable[[str, dict[str, Any], float | None], Awaitable[Any]],
+    local: Callable[..., Awaitable[Any]],
+) -> T:
+    """Carry out an op's steps on an event loop: its calls with ``call`` (op, args, timeout),
+    its file I/O with ``local`` (``fn, *args``, off the loop)."""
+    answer: Any = None
+    try:
+        while True:
+            step = steps.send(answer)
+            if isinstance(step, Call):
+                answer = await call(step.op, step.args, step.timeout)
+            else:
+                answer = await local(step.fn, *step.args)
+    except StopIteration as stop:
+        return stop.value
+
+
+#: The ops every client flavour has (their docs are :class:`ClientOps`').
+OPS = (
+    "start_flow",
+    "start_known_flow",
+    "call_rpc",
+    "result",
+    "describe_flow",
+    "list_flows",
+    "cancel_flow",
+    "list_queues",
+)
+
+
+def share_docs(flavour: type) -> None:
+    """Give ``flavour``'s ops :class:`ClientOps`' docs."""
+    for name in OPS:
+        getattr(flavour, name).__doc__ = getattr(ClientOps, name).__doc__
 
 
 def after_loss(op: str, exc: BaseException, retry: bool, closed: bool) -> None:

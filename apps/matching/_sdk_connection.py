@@ -453,10 +453,8 @@ class SdkConnection:
                 return
             deliver(message)
         elif where == protocol.ANSWER:
-            if isinstance(message, wire.MatchReply):
-                answered = self._calls.answer(message.rid, message.value)
-            else:
-                answered = self._calls.answer(message.rid, error=protocol.answer_error(message))
+            value, error = protocol.outcome(message)
+            answered = self._calls.answer(message.rid, value, error)
             if not answered:
                 log.debug("dropped a late answer to call %d", message.rid)
         else:

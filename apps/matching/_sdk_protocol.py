@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import ssl
 from collections.abc import Mapping
+from typing import Any
 
 import wire
 
@@ -30,6 +31,8 @@ __all__ = [
     "call_timed_out",
     "connect_too_slow",
     "hello",
+    "outcome",
+    "parse",
     "route",
     "tls_context",
     "tls_failed",
@@ -103,6 +106,19 @@ def welcome(frame: wire.Frame | None, where: str) -> wire.MatchWelcome:
     return answer
 
 
+def parse(frame: wire.Frame, where: str) -> tuple[int, Any]:
+    """The message ``frame`` carries and where it goes (:func:`route`).
+
+    Raises:
+        ProtocolError: The frame is not a matching message, or not one a server sends.
+    """
+    try:
+        message = wire.parse_matching(frame)
+    except wire.WireError as exc:
+        raise ProtocolError(f"{where} sent a bad frame: {exc}") from exc
+    return route(message, where), message
+
+
 def route(message: wire.MatchMessage, where: str) -> int:
     """Where ``message`` from the server goes: :data:`STREAM` (its ``rid`` is a stream id),
     :data:`ANSWER` (M_REPLY / M_ERROR for the call ``rid``) or :data:`CONTROL` (M_RECONNECT,
@@ -124,6 +140,13 @@ def route(message: wire.MatchMessage, where: str) -> int:
     raise ProtocolError(
         f"{where} sent {type(message).__name__}, which only a client or worker sends"
     )
+
+
+def outcome(message: wire.MatchReply | wire.MatchError) -> tuple[Any, MatchingError | None]:
+    """What an answer (:data:`ANSWER`) says: the call's value, or the error to raise."""
+    if type(message) is wire.MatchReply:
+        return message.value, None
+    return None, answer_error(message)  # type: ignore[arg-type]
 
 
 def answer_error(message: wire.MatchError) -> MatchingError:

@@ -389,21 +389,14 @@ class SyncConnection:
         waiters = self.waiters
         sleeping = self.sleeping
         for frame in frames:
-            try:
-                message: Any = wire.parse_matching(frame)
-            except wire.WireError as exc:
-                raise ProtocolError(f"{self.where} sent a bad frame: {exc}") from exc
-            kind = protocol.route(message, self.where)
+            kind, message = protocol.parse(frame, self.where)
             if kind == protocol.ANSWER:
                 rid = message.rid
                 waiter = waiters.pop(rid, None)
                 if waiter is None:
                     log.debug("dropped a late answer to call %d", rid)
                     continue
-                if type(message) is wire.MatchReply:
-                    waiter.value = message.value
-                else:
-                    waiter.error = protocol.answer_error(message)
+                waiter.value, waiter.error = protocol.outcome(message)
                 waiter.done = True
                 if rid in sleeping:
                     del sleeping[rid]

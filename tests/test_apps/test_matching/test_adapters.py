@@ -39,7 +39,7 @@ from apps.matching._blobs import BlobCache
 from apps.matching._errors import ClientClosed
 from apps.matching._trio_thread import _call_async, _call_sync, _TrioThread
 
-from .fake_matching_server import FakeServer, ThreadedFakeServer
+from .fake_matching_server import FakeServer
 
 # -- the seed's example, as it stands: examples/matching/pull_workers.py -----------------------
 
@@ -63,11 +63,8 @@ def short_dir() -> Iterator[str]:
 
 
 @pytest.fixture
-def threaded_server(short_dir) -> Iterator[FakeServer]:
-    with ThreadedFakeServer(
-        os.path.join(short_dir, "s.sock"), BlobCache(os.path.join(short_dir, "server-blobs"))
-    ) as server:
-        yield server
+def threaded_server(fake_server) -> FakeServer:
+    return fake_server  # (conftest's)
 
 
 # -- asyncio ----------------------------------------------------------------------------------

@@ -87,6 +87,12 @@ async def test_a_worker_with_a_wrong_token_fails_start_and_its_waiters(store_kin
     assert "refused a worker connection from 127.0.0.1" in caplog.text
 
 
+def _worker(address: str, context: ssl.SSLContext) -> TrioWorker:
+    """A worker with the right token, trusting the server's certificate."""
+    options = WorkerOptions(server_address=address, credentials="w-secret", ssl_context=context)
+    return TrioWorker(REGISTRY, None, options)
+
+
 @pytest.mark.parametrize(
     ("token", "word"), [("wrong", "wrong"), ("w-secret", "wrong"), (None, "missing")]
 )
@@ -107,11 +113,7 @@ async def test_a_client_with_a_wrong_or_missing_token_gets_authentication_error(
 async def test_the_right_tokens_serve_a_flow_while_wrong_ones_are_refused(store_kind, tls):
     _, context = tls
     async with _server(tls, store_kind) as address, trio.open_nursery() as nursery:
-        worker = TrioWorker(
-            REGISTRY,
-            None,
-            WorkerOptions(server_address=address, credentials="w-secret", ssl_context=context),
-        )
+        worker = _worker(address, context)
         nursery.start_soon(worker.start)
         good = ClientOptions(server_address=address, credentials="c-secret", ssl_context=context)
         bad = ClientOptions(server_address=address, credentials="nope", ssl_context=context)
@@ -135,73 +137,62 @@ async def test_a_server_certificate_the_client_does_not_trust_is_refused(store_k
                 await client.list_flows()
 
 
-async def test_the_blocking_client_speaks_tls_with_its_token_from_many_threads(store_kind, tls):
-    # The blocking Client's own transport: TLS on memory BIOs under its connection's lock,
-    # so threads reading and writing at once never share the SSL object unguarded.
+def _blocking_tls(good: ClientOptions, refused: list[tuple[ClientOptions, str]]) -> list[str]:
+    for options, match in refused:
+        with Client(REGISTRY, None, options) as client:
+            with pytest.raises(AuthenticationError, match=match):
+                client.list_flows()
+    with Client(REGISTRY, None, good) as client:
+        flow_ids = [client.start_flow(Hello, f"TLS {i}") for i in range(4)]
+        results: list[str] = []
+
+        def wait(flow_id: str) -> None:
+            results.append(client.result(flow_id, timeout=BOUND))
+
+        threads = [threading.Thread(target=wait, args=(f,)) for f in flow_ids]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sorted(results)
+
+
+def _asyncio_tls(good: ClientOptions, refused: list[tuple[ClientOptions, str]]) -> list[str]:
+    async def main() -> list[str]:
+        for options, match in refused:
+            async with AsyncClient(REGISTRY, None, options) as client:
+                with pytest.raises(AuthenticationError, match=match):
+                    await client.list_flows()
+        async with AsyncClient(REGISTRY, None, good) as client:
+            flow_ids = [await client.start_flow(Hello, f"TLS {i}") for i in range(4)]
+            return sorted(
+                await asyncio.gather(*(client.result(f, timeout=BOUND) for f in flow_ids))
+            )
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("flavour", [_blocking_tls, _asyncio_tls], ids=["blocking", "asyncio"])
+async def test_the_blocking_and_asyncio_clients_speak_tls_with_their_tokens(
+    store_kind, tls, flavour
+):
+    # Their own transports (no trio under them): the blocking one's TLS runs on memory BIOs
+    # under its connection's lock, so threads reading and writing at once never share the
+    # SSL object unguarded (the calls above wait from four threads at once).
     _, context = tls
     async with _server(tls, store_kind) as address, trio.open_nursery() as nursery:
-        worker = TrioWorker(
-            REGISTRY,
-            None,
-            WorkerOptions(server_address=address, credentials="w-secret", ssl_context=context),
-        )
+        worker = _worker(address, context)
         nursery.start_soon(worker.start)
         good = ClientOptions(server_address=address, credentials="c-secret", ssl_context=context)
-        bad = ClientOptions(server_address=address, credentials="nope", ssl_context=context)
-        untrusting = ClientOptions(server_address=address, credentials="c-secret")
-
-        def blocking() -> list[str]:
-            for options, match in ((bad, "the client token is wrong"), (untrusting, "verif")):
-                with Client(REGISTRY, None, options) as refused:
-                    with pytest.raises(AuthenticationError, match=match):
-                        refused.list_flows()
-            with Client(REGISTRY, None, good) as client:
-                flow_ids = [client.start_flow(Hello, f"TLS {i}") for i in range(4)]
-                results: list[str] = []
-
-                def wait(flow_id: str) -> None:
-                    results.append(client.result(flow_id, timeout=BOUND))
-
-                threads = [threading.Thread(target=wait, args=(f,)) for f in flow_ids]
-                for thread in threads:
-                    thread.start()
-                for thread in threads:
-                    thread.join()
-                return sorted(results)
-
+        refused = [
+            (
+                ClientOptions(server_address=address, credentials="nope", ssl_context=context),
+                "the client token is wrong",
+            ),
+            (ClientOptions(server_address=address, credentials="c-secret"), "verification"),
+        ]
         with trio.fail_after(BOUND):
             await worker.wait_pull_registered()
-            results = await trio.to_thread.run_sync(blocking)
-        assert results == [f"Hello, TLS {i}!" for i in range(4)]
-        await worker.close()
-
-
-async def test_the_asyncio_client_speaks_tls_with_its_token(store_kind, tls):
-    _, context = tls
-    async with _server(tls, store_kind) as address, trio.open_nursery() as nursery:
-        worker = TrioWorker(
-            REGISTRY,
-            None,
-            WorkerOptions(server_address=address, credentials="w-secret", ssl_context=context),
-        )
-        nursery.start_soon(worker.start)
-        good = ClientOptions(server_address=address, credentials="c-secret", ssl_context=context)
-        bad = ClientOptions(server_address=address, credentials="nope", ssl_context=context)
-        untrusting = ClientOptions(server_address=address, credentials="c-secret")
-
-        async def on_asyncio() -> list[str]:
-            for options, match in ((bad, "the client token is wrong"), (untrusting, "verif")):
-                async with AsyncClient(REGISTRY, None, options) as refused:
-                    with pytest.raises(AuthenticationError, match=match):
-                        await refused.list_flows()
-            async with AsyncClient(REGISTRY, None, good) as client:
-                flow_ids = [await client.start_flow(Hello, f"TLS {i}") for i in range(4)]
-                return sorted(
-                    await asyncio.gather(*(client.result(f, timeout=BOUND) for f in flow_ids))
-                )
-
-        with trio.fail_after(BOUND):
-            await worker.wait_pull_registered()
-            results = await trio.to_thread.run_sync(asyncio.run, on_asyncio())
+            results = await trio.to_thread.run_sync(flavour, good, refused)
         assert results == [f"Hello, TLS {i}!" for i in range(4)]
         await worker.close()
