@@ -108,7 +108,7 @@ class SyncConnection:
         self.waiters: dict[int, _Waiter] = {}
         #: Waiters whose thread sleeps on its ``lock``, by call id.
         self.sleeping: dict[int, _Waiter] = {}
-        #: The call id whose thread reads the socket now (0: none; -1: the idle check).
+        #: The call id whose thread reads the socket now (0: none; < 0: an idle check).
         self.reader = 0
         self.sending = False
         self.out: list[bytes] = []
@@ -418,8 +418,14 @@ class SyncConnection:
                 return False
             if self.reader or self.waiters:
                 return True
-            self.reader = -1
-        self._read(0, None)
+            self.reader = mine = -next(self.ids)
+        try:
+            self._read(0, None)
+        finally:
+            with self.lock:
+                if self.reader == mine:  # (interrupted before its read began: give it back)
+                    self.reader = 0
+                    self._wake_reader()
         return self.broken is None
 
     def close(self, error: MatchingError) -> None:
