@@ -140,7 +140,8 @@ class Connection:
     worker_id: str = ""
     session: str = ""
     caps: Capabilities = attrs.Factory(Capabilities)
-    streams: dict[int, otp.Pid] = attrs.Factory(dict)
+    #: Stream id -> its process (and state: the reader hands frames over, ``StreamHandle``).
+    streams: dict[int, _stream.StreamHandle] = attrs.Factory(dict)
     #: Shared by the worker's stream processes: when a call's end must send ``WorkerFreed``.
     notices: _stream.FreedNotices = attrs.Factory(_stream.FreedNotices)
     #: Stream ids being registered -> the frames that came for them meanwhile.
@@ -289,9 +290,9 @@ async def _connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) ->
                 await _mailbox(conn)
     finally:
         conn.reason = conn.reason or "closed"
-        for rid, pid in conn.streams.items():
+        for rid, handle in conn.streams.items():
             # A message, not an exit signal: a RESULT the stream has not read yet comes first.
-            otp.send(pid, wire.MatchClose(rid=rid))
+            handle.deliver(wire.MatchClose(rid=rid))
         await trio.aclose_forcefully(stream)
 
 
@@ -307,7 +308,7 @@ async def _mailbox(conn: Connection) -> None:
         if type(msg) is otp.Response:
             answer_request(conn, msg)
         elif type(msg) is otp.Exit:
-            rid = next((r for r, pid in conn.streams.items() if pid == msg.pid), None)
+            rid = next((r for r, h in conn.streams.items() if h.pid == msg.pid), None)
             if rid is None:
                 if _is_shutdown(msg.reason):
                     _drain(conn)
@@ -460,15 +461,15 @@ def _bad(conn: Connection, rid: int, message: str) -> None:
 
 def _to_stream(conn: Connection, msg: Any) -> None:
     rid = msg.rid
-    pid = conn.streams.get(rid)
-    if pid is not None:
+    handle = conn.streams.get(rid)
+    if handle is not None:
         kind = type(msg)
         if kind is wire.MatchDecline:
             # Noted here, in the order the worker wrote it: the RESULT that frees its slot
             # comes after it on this connection, but may reach its own stream process before
             # this DECLINE reaches its stream; that call's end must still send WorkerFreed.
             conn.notices.note_decline(msg)
-        otp.send(pid, msg)
+        handle.deliver(msg)
         if kind is wire.MatchClose:
             conn.tasks.pop(rid, None)
         elif (
@@ -476,7 +477,7 @@ def _to_stream(conn: Connection, msg: Any) -> None:
         ) and conn.tasks.get(rid) == msg.delivery:
             del conn.tasks[rid]
             if conn.draining:
-                close_stream(conn, rid, pid)  # (after the outcome: the stream reads it first)
+                close_stream(conn, rid, handle)  # (after the outcome: the stream reads it first)
     elif rid in conn.registering:
         conn.registering[rid].append(msg)
     elif type(msg) is wire.MatchPong or type(msg) is wire.MatchClose:
@@ -507,9 +508,9 @@ def _drain(conn: Connection) -> None:
     if conn.role == "worker":
         conn.send_message(wire.MatchReconnect(STOPPING))
         _matcher.notify_worker(WorkerDraining(conn.worker_id), matcher=ctx.matcher)
-        for rid, pid in list(conn.streams.items()):
+        for rid, handle in list(conn.streams.items()):
             if rid not in conn.tasks:
-                close_stream(conn, rid, pid)
+                close_stream(conn, rid, handle)
     else:
         cancel_calls(conn, ops=("result",))  # (they wait for a flow to end: asked again later)
     assert conn.nursery is not None
