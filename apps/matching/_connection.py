@@ -8,8 +8,9 @@ serves it) and its stream frames go to that stream process as messages; M_CALLs 
 ``_call_ops.py`` (each runs in a task of its own, answered by M_REPLY or M_ERROR). Malformed
 input gets an M_ERROR (and, when the bytes cannot be decoded, the connection closes); the
 server serves everyone else on. Writes are bounded (:meth:`Connection.send_message` never
-blocks: a frame goes straight to a plain socket that takes it, else to the writer task's queue;
-a peer that stops reading is dropped), a peer silent for ``peer_timeout`` is dropped,
+blocks: the frames of one scheduling batch go to a plain socket in one write at its end
+(``_write_batches``), what it does not take to the writer task's queue; a peer that stops
+reading is dropped), a peer silent for ``peer_timeout`` is dropped,
 and an idle connection gets an M_PING every ``ping_interval``. The connection's end closes its
 streams (their reports are the routing core's).
 
@@ -43,6 +44,7 @@ from ._connection_handshake import handshake
 from ._connection_streams import close_stream, register_stream
 from ._dispatch import Capabilities, WorkerDraining
 from ._engine import ENGINE
+from ._write_batches import BatchedWrites, batched_writes
 
 __all__ = [
     "DRAIN_GRACE",
@@ -165,6 +167,10 @@ class Connection:
     fd: int | None = None
     #: The writer task has a chunk on its way (a frame written directly would overtake it).
     writing: bool = False
+    #: Frames for a plain socket, written together at the end of the scheduling batch (by
+    #: ``batches``; only while nothing is queued for the writer).
+    pending: list[bytes] = attrs.Factory(list)
+    batches: BatchedWrites | None = None
     wake: trio.Event = attrs.Factory(trio.Event)
     last_received: float = 0.0
     last_sent: float = 0.0
@@ -203,22 +209,38 @@ class Connection:
                     wire.MatchError("limit", f"the reply cannot be sent: {exc.message}", rid=rid)
                 )
             return
-        fd = self.fd
-        if fd is not None and not self.unsent and not self.writing:
-            # A plain socket takes a frame at once nearly always: written straight to its
-            # (non-blocking) descriptor, the writer task is not woken; what it cannot take
-            # now is queued for the writer.
-            try:
-                sent = os.write(fd, data)
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                self.drop(f"writing failed ({exc})")
-                return
-            if sent == len(data):
-                self.last_sent = trio.current_time()
-                return
-            data = data[sent:]
+        if self.batches is not None and not self.unsent and not self.writing:
+            # A plain socket takes the batch's frames at once nearly always (``flush``).
+            pending = self.pending
+            if not pending:
+                self.batches.due.append(self)
+            pending.append(data)
+            return
+        self._queue(data)
+
+    def flush(self) -> None:
+        """Write the frames held for the batch's end straight to the (non-blocking) socket,
+        without waking the writer task; what it does not take now is queued for the writer."""
+        pending = self.pending
+        if not pending:
+            return
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
+        if self.reason or self.fd is None:
+            return  # (closed meanwhile: its descriptor may be another socket's now)
+        try:
+            sent = os.write(self.fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self.drop(f"writing failed ({exc})")
+            return
+        if sent == len(data):
+            self.last_sent = trio.current_time()
+            return
+        self._queue(data[sent:])
+
+    def _queue(self, data: bytes) -> None:
         self.unsent.append(data)
         self.unsent_bytes += len(data)
         if self.unsent_bytes > self.ctx.config.max_unsent:
@@ -280,6 +302,7 @@ async def _connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) ->
             frames.exact = False
             if isinstance(stream, trio.SocketStream):
                 conn.fd = stream.socket.fileno()
+                conn.batches = batched_writes()
             now = trio.current_time()
             conn.last_received = conn.last_sent = now
             async with trio.open_nursery() as nursery:
@@ -335,6 +358,8 @@ async def _writer(conn: Connection) -> None:
     timeout = conn.ctx.config.peer_timeout
     stream = conn.stream
     while True:
+        if conn.pending:
+            conn.flush()  # (before the connection closes, or the writer's next chunk)
         if not conn.unsent:
             if conn.close_after_flush is not None:
                 conn.drop(conn.close_after_flush, level=conn.close_level)
