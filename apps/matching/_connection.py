@@ -4,7 +4,7 @@
 A connection reads frames under tight limits until M_HELLO, checks the bearer token for the
 role, answers M_WELCOME with the codec both sides use from then on, and serves the role:
 a worker's M_REGISTER opens a stream (the matcher picks the queue, a linked stream process
-serves it) and its stream frames go to that stream process as messages; M_CALLs go to
+serves it) and its stream frames are handed to that stream (``StreamHandle``); M_CALLs go to
 ``_call_ops.py`` (each runs in a task of its own, answered by M_REPLY or M_ERROR). Malformed
 input gets an M_ERROR (and, when the bytes cannot be decoded, the connection closes); the
 server serves everyone else on. Writes are bounded (:meth:`Connection.send_message` never
