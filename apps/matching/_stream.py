@@ -38,7 +38,7 @@ from ._dispatch import (
 )
 from ._matcher import MATCHER, StreamUp
 
-__all__ = ["FreedNotices", "StreamConn", "StreamHandle", "open_stream", "start_stream"]
+__all__ = ["FreedNotices", "StreamConn", "StreamHandle", "open_stream"]
 
 logger = logging.getLogger("apps.matching")
 
@@ -188,40 +188,6 @@ class StreamHandle:
             otp.exit(self.pid, ("stream_failed", repr(exc)))
 
 
-def start_stream(
-    conn: StreamConn,
-    stream_id: int,
-    worker_id: str,
-    caps: Capabilities,
-    queue_pid: otp.Pid,
-    *,
-    limits: MatchingLimits | None = None,
-    matcher: Any = MATCHER,
-    notices: FreedNotices | None = None,
-) -> otp.Pid:
-    """Spawn the stream process linked to the caller (the connection process) and return its
-    pid. Call it right after :func:`register_stream` returned ``queue_pid``; then forward the
-    worker's frames for ``stream_id`` (``MatchAccept``, ``MatchDecline``, ``MatchOutput``,
-    ``MatchResult``, ``MatchFailure``, ``MatchPong``, ``MatchClose``) to the returned pid as
-    plain messages. ``notices`` is shared by the connection's streams (see
-    :class:`FreedNotices`); None sends ``WorkerFreed`` after every call.
-
-    The stream ends normally when the worker closes it (``MatchClose``), when it stays silent
-    for ``limits.peer_timeout`` (it writes ``MatchClose`` then) and when its queue goes away
-    (once its call, if any, is over). It also ends when the connection does.
-    """
-    return open_stream(
-        conn,
-        stream_id,
-        worker_id,
-        caps,
-        queue_pid,
-        limits=limits,
-        matcher=matcher,
-        notices=notices,
-    ).pid
-
-
 def open_stream(
     conn: StreamConn,
     stream_id: int,
@@ -233,8 +199,19 @@ def open_stream(
     matcher: Any = MATCHER,
     notices: FreedNotices | None = None,
 ) -> StreamHandle:
-    """:func:`start_stream`, returning the connection's :class:`StreamHandle`: hand the
-    worker's frames to its ``deliver`` (in the order read) rather than sending them."""
+    """Spawn the stream process linked to the caller (the connection process) and return its
+    :class:`StreamHandle`. Call it right after :func:`register_stream` returned
+    ``queue_pid``; then hand the worker's frames for ``stream_id`` (``MatchAccept``,
+    ``MatchDecline``, ``MatchOutput``, ``MatchResult``, ``MatchFailure``, ``MatchPong``,
+    ``MatchClose``) to its ``deliver``, in the order read (sending them to its ``pid`` as
+    plain messages works too, a wake-up of the stream's task each). ``notices`` is shared by
+    the connection's streams (see :class:`FreedNotices`); None sends ``WorkerFreed`` after
+    every call.
+
+    The stream ends normally when the worker closes it (``MatchClose``), when it stays silent
+    for ``limits.peer_timeout`` (it writes ``MatchClose`` then) and when its queue goes away
+    (once its call, if any, is over). It also ends when the connection does.
+    """
     state = _Stream(
         conn,
         otp.self(),

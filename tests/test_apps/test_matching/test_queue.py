@@ -44,7 +44,7 @@ from apps.matching._matcher import (
     submit,
 )
 from apps.matching._queue import QueueIdle
-from apps.matching._stream import FreedNotices, open_stream, start_stream
+from apps.matching._stream import FreedNotices, open_stream
 
 CAPS = Capabilities({"Greet": ({"write"}, {"read"})})
 FINAL = (Completed, Failed, NotDispatched, Lost)
@@ -109,7 +109,7 @@ async def _connection(
     if isinstance(result, StreamRejection):
         otp.send(report, result)
         return
-    conn.stream = start_stream(conn, 1, conn.worker_id, caps, result)
+    conn.stream = open_stream(conn, 1, conn.worker_id, caps, result).pid
     otp.send(report, ("stream", conn.stream))
     await otp.receive(lambda m: m == "stop")
 
@@ -426,7 +426,7 @@ async def test_a_call_end_frees_the_worker_for_its_queues_only_after_a_capacity_
         me = otp.self()
         conn = FakeConn("w1", silent)
         notices = FreedNotices()
-        conn.stream = start_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=notices)
+        conn.stream = open_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=notices).pid
         frees: list[WorkerFreed] = []
 
         async def call(answer: Callable[[int], Any]) -> None:
@@ -478,8 +478,8 @@ async def test_a_call_ending_before_its_streams_decline_is_handled_still_frees_t
         me = otp.self()
         notices = FreedNotices()
         one, two = FakeConn("w1", silent), FakeConn("w1", silent)
-        one.stream = start_stream(one, 1, "w1", CAPS, me, matcher=me, notices=notices)
-        two.stream = start_stream(two, 2, "w1", CAPS, me, matcher=me, notices=notices)
+        one.stream = open_stream(one, 1, "w1", CAPS, me, matcher=me, notices=notices).pid
+        two.stream = open_stream(two, 2, "w1", CAPS, me, matcher=me, notices=notices).pid
         first, second = dispatch(), dispatch()
 
         async def frees() -> list[WorkerFreed]:
