@@ -62,6 +62,7 @@ from ._gen_server_returns import Stop as Stop
 from ._ids import Pid as Pid
 from ._ids import Ref as Ref
 from ._info import ProcessInfo as ProcessInfo
+from ._info import is_process_alive as is_process_alive
 from ._info import process_info as process_info
 from ._info import processes as processes
 from ._logger import BurstLimit as BurstLimit
@@ -181,6 +182,7 @@ __all__ = [
     "process_flag",
     "process_info",
     "processes",
+    "is_process_alive",
     "read_cookie_file",
     "read_timer",
     "reason_text",

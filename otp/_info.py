@@ -1,5 +1,5 @@
-"""Introspection: ``processes()`` and ``process_info(pid)``, as Erlang's functions of those
-names."""
+"""Introspection: ``processes()``, ``process_info(pid)`` and ``is_process_alive(pid)``, as
+Erlang's functions of those names."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from ._errors import BadArg
 from ._ids import Pid, Ref
 from ._node import NamedMonitor, current_node
 from ._process import Process, current_process_or_none
@@ -33,6 +34,23 @@ class ProcessInfo:
 def processes() -> list[Pid]:
     """The pids of every live process on this node, oldest first."""
     return [proc.pid for proc in current_node().processes.values() if proc.alive]
+
+
+def is_process_alive(pid: Pid) -> bool:
+    """Whether the process ``pid`` of this node is alive (Erlang's ``is_process_alive/1``):
+    False from the moment an exit signal dooms it, before it has unwound. Cheap (no snapshot).
+
+    Raises:
+        BadArg: ``pid`` is not a Pid, or names a process of another node (as in Erlang: ask
+            that node).
+    """
+    if pid.__class__ is not Pid:
+        raise BadArg(f"is_process_alive: not a Pid: {pid!r}")
+    node = current_node()
+    if pid.node != node.name:
+        raise BadArg(f"is_process_alive({pid!r}): a pid of another node (this is {node.name!r})")
+    proc = node.resolve(pid)
+    return proc is not None and not proc.exiting
 
 
 def process_info(pid: Pid) -> ProcessInfo | None:

@@ -4,12 +4,13 @@
 A connection reads frames under tight limits until M_HELLO, checks the bearer token for the
 role, answers M_WELCOME with the codec both sides use from then on, and serves the role:
 a worker's M_REGISTER opens a stream (the matcher picks the queue, a linked stream process
-serves it) and its stream frames go to that stream process as messages; M_CALLs go to
+serves it) and its stream frames are handed to that stream (``StreamHandle``); M_CALLs go to
 ``_call_ops.py`` (each runs in a task of its own, answered by M_REPLY or M_ERROR). Malformed
 input gets an M_ERROR (and, when the bytes cannot be decoded, the connection closes); the
 server serves everyone else on. Writes are bounded (:meth:`Connection.send_message` never
-blocks: a frame goes straight to a plain socket that takes it, else to the writer task's queue;
-a peer that stops reading is dropped), a peer silent for ``peer_timeout`` is dropped,
+blocks: the frames of one scheduling batch go to a plain socket in one write at its end
+(``_write_batches``), what it does not take to the writer task's queue; a peer that stops
+reading is dropped), a peer silent for ``peer_timeout`` is dropped,
 and an idle connection gets an M_PING every ``ping_interval``. The connection's end closes its
 streams (their reports are the routing core's).
 
@@ -43,6 +44,7 @@ from ._connection_handshake import handshake
 from ._connection_streams import close_stream, register_stream
 from ._dispatch import Capabilities, WorkerDraining
 from ._engine import ENGINE
+from ._write_batches import BatchedWrites, batched_writes
 
 __all__ = [
     "DRAIN_GRACE",
@@ -140,7 +142,8 @@ class Connection:
     worker_id: str = ""
     session: str = ""
     caps: Capabilities = attrs.Factory(Capabilities)
-    streams: dict[int, otp.Pid] = attrs.Factory(dict)
+    #: Stream id -> its process (and state: the reader hands frames over, ``StreamHandle``).
+    streams: dict[int, _stream.StreamHandle] = attrs.Factory(dict)
     #: Shared by the worker's stream processes: when a call's end must send ``WorkerFreed``.
     notices: _stream.FreedNotices = attrs.Factory(_stream.FreedNotices)
     #: Stream ids being registered -> the frames that came for them meanwhile.
@@ -164,6 +167,10 @@ class Connection:
     fd: int | None = None
     #: The writer task has a chunk on its way (a frame written directly would overtake it).
     writing: bool = False
+    #: Frames for a plain socket, written together at the end of the scheduling batch (by
+    #: ``batches``; only while nothing is queued for the writer).
+    pending: list[bytes] = attrs.Factory(list)
+    batches: BatchedWrites | None = None
     wake: trio.Event = attrs.Factory(trio.Event)
     last_received: float = 0.0
     last_sent: float = 0.0
@@ -202,22 +209,38 @@ class Connection:
                     wire.MatchError("limit", f"the reply cannot be sent: {exc.message}", rid=rid)
                 )
             return
-        fd = self.fd
-        if fd is not None and not self.unsent and not self.writing:
-            # A plain socket takes a frame at once nearly always: written straight to its
-            # (non-blocking) descriptor, the writer task is not woken; what it cannot take
-            # now is queued for the writer.
-            try:
-                sent = os.write(fd, data)
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                self.drop(f"writing failed ({exc})")
-                return
-            if sent == len(data):
-                self.last_sent = trio.current_time()
-                return
-            data = data[sent:]
+        if self.batches is not None and not self.unsent and not self.writing:
+            # A plain socket takes the batch's frames at once nearly always (``flush``).
+            pending = self.pending
+            if not pending:
+                self.batches.due.append(self)
+            pending.append(data)
+            return
+        self._queue(data)
+
+    def flush(self) -> None:
+        """Write the frames held for the batch's end straight to the (non-blocking) socket,
+        without waking the writer task; what it does not take now is queued for the writer."""
+        pending = self.pending
+        if not pending:
+            return
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
+        if self.reason or self.fd is None:
+            return  # (closed meanwhile: its descriptor may be another socket's now)
+        try:
+            sent = os.write(self.fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self.drop(f"writing failed ({exc})")
+            return
+        if sent == len(data):
+            self.last_sent = trio.current_time()
+            return
+        self._queue(data[sent:])
+
+    def _queue(self, data: bytes) -> None:
         self.unsent.append(data)
         self.unsent_bytes += len(data)
         if self.unsent_bytes > self.ctx.config.max_unsent:
@@ -279,6 +302,7 @@ async def _connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) ->
             frames.exact = False
             if isinstance(stream, trio.SocketStream):
                 conn.fd = stream.socket.fileno()
+                conn.batches = batched_writes()
             now = trio.current_time()
             conn.last_received = conn.last_sent = now
             async with trio.open_nursery() as nursery:
@@ -289,9 +313,9 @@ async def _connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) ->
                 await _mailbox(conn)
     finally:
         conn.reason = conn.reason or "closed"
-        for rid, pid in conn.streams.items():
+        for rid, handle in conn.streams.items():
             # A message, not an exit signal: a RESULT the stream has not read yet comes first.
-            otp.send(pid, wire.MatchClose(rid=rid))
+            handle.deliver(wire.MatchClose(rid=rid))
         await trio.aclose_forcefully(stream)
 
 
@@ -307,7 +331,7 @@ async def _mailbox(conn: Connection) -> None:
         if type(msg) is otp.Response:
             answer_request(conn, msg)
         elif type(msg) is otp.Exit:
-            rid = next((r for r, pid in conn.streams.items() if pid == msg.pid), None)
+            rid = next((r for r, h in conn.streams.items() if h.pid == msg.pid), None)
             if rid is None:
                 if _is_shutdown(msg.reason):
                     _drain(conn)
@@ -334,6 +358,8 @@ async def _writer(conn: Connection) -> None:
     timeout = conn.ctx.config.peer_timeout
     stream = conn.stream
     while True:
+        if conn.pending:
+            conn.flush()  # (before the connection closes, or the writer's next chunk)
         if not conn.unsent:
             if conn.close_after_flush is not None:
                 conn.drop(conn.close_after_flush, level=conn.close_level)
@@ -460,15 +486,15 @@ def _bad(conn: Connection, rid: int, message: str) -> None:
 
 def _to_stream(conn: Connection, msg: Any) -> None:
     rid = msg.rid
-    pid = conn.streams.get(rid)
-    if pid is not None:
+    handle = conn.streams.get(rid)
+    if handle is not None:
         kind = type(msg)
         if kind is wire.MatchDecline:
             # Noted here, in the order the worker wrote it: the RESULT that frees its slot
             # comes after it on this connection, but may reach its own stream process before
             # this DECLINE reaches its stream; that call's end must still send WorkerFreed.
             conn.notices.note_decline(msg)
-        otp.send(pid, msg)
+        handle.deliver(msg)
         if kind is wire.MatchClose:
             conn.tasks.pop(rid, None)
         elif (
@@ -476,7 +502,7 @@ def _to_stream(conn: Connection, msg: Any) -> None:
         ) and conn.tasks.get(rid) == msg.delivery:
             del conn.tasks[rid]
             if conn.draining:
-                close_stream(conn, rid, pid)  # (after the outcome: the stream reads it first)
+                close_stream(conn, rid, handle)  # (after the outcome: the stream reads it first)
     elif rid in conn.registering:
         conn.registering[rid].append(msg)
     elif type(msg) is wire.MatchPong or type(msg) is wire.MatchClose:
@@ -507,9 +533,9 @@ def _drain(conn: Connection) -> None:
     if conn.role == "worker":
         conn.send_message(wire.MatchReconnect(STOPPING))
         _matcher.notify_worker(WorkerDraining(conn.worker_id), matcher=ctx.matcher)
-        for rid, pid in list(conn.streams.items()):
+        for rid, handle in list(conn.streams.items()):
             if rid not in conn.tasks:
-                close_stream(conn, rid, pid)
+                close_stream(conn, rid, handle)
     else:
         cancel_calls(conn, ops=("result",))  # (they wait for a flow to end: asked again later)
     assert conn.nursery is not None

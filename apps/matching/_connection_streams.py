@@ -69,7 +69,7 @@ async def _open_stream(conn: Connection, msg: wire.MatchRegister) -> None:
             )
             return
         # No checkpoint from here on: REGISTERED is queued before the stream's first TASK.
-        pid = _stream.start_stream(
+        handle = _stream.open_stream(
             conn,
             rid,
             conn.worker_id,
@@ -79,22 +79,22 @@ async def _open_stream(conn: Connection, msg: wire.MatchRegister) -> None:
             matcher=ctx.matcher,
             notices=conn.notices,
         )
-        conn.streams[rid] = pid
+        conn.streams[rid] = handle
         conn.send_message(wire.MatchRegistered(msg.queue, msg.name, rid=rid))
         for held in conn.registering.get(rid, ()):
-            otp.send(pid, held)
+            handle.deliver(held)
         if conn.draining:
-            close_stream(conn, rid, pid)
+            close_stream(conn, rid, handle)
     finally:
         conn.registering.pop(rid, None)
         conn.settle()
 
 
-def close_stream(conn: Connection, rid: int, pid: otp.Pid) -> None:
+def close_stream(conn: Connection, rid: int, handle: _stream.StreamHandle) -> None:
     """Close an idle stream of a draining worker: M_CLOSE to the worker, and to the stream
     process as if the worker had sent it (it tells its queue it is gone, and ends)."""
     if rid in conn.closing:
         return
     conn.closing.add(rid)
     conn.send_message(wire.MatchClose(rid=rid))
-    otp.send(pid, wire.MatchClose(rid=rid))
+    handle.deliver(wire.MatchClose(rid=rid))

@@ -265,11 +265,14 @@ class Lost:
 
 @attrs.frozen(eq=False)
 class StreamIdle:
-    """The stream is registered, or finished its call, and can take one."""
+    """The stream is registered, or finished its call, and can take one. ``handle``: what the
+    queue hands its ``Offer`` to (``_stream.StreamHandle.deliver``: the offer is taken in the
+    queue's own task when the stream's mailbox holds nothing before it), or None to send it."""
 
     stream: Any
     worker_id: str
     caps: Capabilities
+    handle: Any = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen

@@ -68,7 +68,7 @@ QUEUES = "matching_queues"
 @attrs.frozen
 class StreamUp:
     """stream -> matcher: the stream process ``stream`` of ``worker_id`` runs, on queue
-    ``queue_pid``, for the connection ``conn`` (sent by ``start_stream``)."""
+    ``queue_pid``, for the connection ``conn`` (sent by ``open_stream``)."""
 
     stream: otp.Pid
     conn: otp.Pid
@@ -157,7 +157,7 @@ async def register_stream(
 ) -> otp.Pid | StreamRejection:
     """Register a stream of ``worker_id`` (a worker process's ``session``) on the queue
     ``queue`` (``"flow"`` or ``"worker"``) named ``name``. Call it from the connection process,
-    then ``start_stream(..., queue_pid)`` at once: until the stream runs, the registration is
+    then ``open_stream(..., queue_pid)`` at once: until the stream runs, the registration is
     counted for this connection (and dropped if the connection dies).
 
     Returns the queue's pid, or a :class:`StreamRejection`: ``bad_frame`` (a malformed

@@ -94,6 +94,8 @@ class _State:
     book: QueueBook
     matcher: Any
     monitors: dict[Any, otp.Ref] = attrs.Factory(dict)
+    #: Stream -> what its offers are handed to (``StreamIdle.handle``; absent: sent).
+    handles: dict[Any, Any] = attrs.Factory(dict)
     timer: otp.Ref | None = None
     timer_due: float | None = None
     token: int = 0
@@ -166,6 +168,8 @@ class Queue(otp.GenServer):
             stream = message.stream
             if stream not in state.monitors:
                 state.monitors[stream] = otp.monitor(stream)
+                if message.handle is not None:
+                    state.handles[stream] = message.handle
             actions = book.stream_idle(stream, message.worker_id, message.caps)
         elif kind is Accepted:
             # (one per call: it changes no wait, and the stream keeps the queue in use)
@@ -175,6 +179,7 @@ class Queue(otp.GenServer):
             actions = book.declined(message.stream, message.delivery, message.reason)
         elif kind is StreamGone:
             ref = state.monitors.pop(message.stream, None)
+            state.handles.pop(message.stream, None)
             if ref is not None:
                 otp.demonitor(ref, flush=True)
             _note_offer_gone(book, message.stream)
@@ -183,6 +188,7 @@ class Queue(otp.GenServer):
             if state.monitors.get(message.pid) != message.ref:
                 return state.carry_on
             del state.monitors[message.pid]
+            state.handles.pop(message.pid, None)
             _note_offer_gone(book, message.pid)
             actions = book.stream_gone(message.pid)
         elif kind is WorkerDraining:
@@ -220,7 +226,11 @@ def _carry_out(state: _State, actions: list[Action]) -> None:
     queue = state.book.queue
     for action in actions:
         if isinstance(action, OfferStream):
-            otp.send(action.stream, Offer(action.dispatch, queue))
+            handle = state.handles.get(action.stream)
+            if handle is not None:
+                handle.offer(Offer(action.dispatch, queue))
+            else:
+                otp.send(action.stream, Offer(action.dispatch, queue))
         elif isinstance(action, Route):
             dispatch = action.dispatch
             otp.send(

@@ -135,6 +135,18 @@ async def test_processes_and_process_info() -> None:
         assert otp.process_info(pid) is None
 
 
+async def test_is_process_alive_is_false_once_an_exit_signal_dooms_the_process() -> None:
+    async with otp.open_node():
+        pid = otp.spawn(idle)
+        assert otp.is_process_alive(pid) and otp.is_process_alive(otp.self())
+        otp.exit(pid, otp.KILL)
+        assert not otp.is_process_alive(pid)  # (doomed: not unwound yet)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not otp.is_process_alive(pid)
+        with pytest.raises(otp.BadArg, match="not a Pid"):
+            otp.is_process_alive("worker")  # type: ignore[arg-type]
+
+
 async def test_gen_server_info_names_its_behaviour_and_counts_messages() -> None:
     async with otp.open_node():
 

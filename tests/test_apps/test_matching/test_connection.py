@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trustme
@@ -23,6 +24,7 @@ from apps.matching._config import MatchingConfig
 from apps.matching._connection import DRAIN_GRACE, ServerContext
 from apps.matching._dispatch import Dispatch, Lost, MatchingLimits, Routed, Task
 from apps.matching._listener import CONNECTIONS, Listener, start_listener
+from apps.matching._write_batches import batched_writes
 
 from ._peers import MemoryBlobs, Peer
 
@@ -414,6 +416,38 @@ async def test_a_peer_that_stops_reading_is_dropped_past_max_unsent(
         await _connection_down()
     assert any("max_unsent=2097152" in r.getMessage() for r in caplog.records)
     await peer.aclose()
+
+
+async def test_frames_of_one_scheduling_batch_are_flushed_together_before_the_run_waits() -> None:
+    """What connections send while the run works through a batch of ready tasks is written
+    once per connection, in the order they became due, before the run waits for I/O; a
+    holder whose write fails does not stop the others, nor later batches."""
+    batches = batched_writes()
+    assert batched_writes() is batches  # (one per run)
+    flushed: list[tuple[str, list[int]]] = []
+
+    @attrs.define
+    class Holder:
+        name: str
+        frames: list[int] = attrs.Factory(list)
+
+        def flush(self) -> None:
+            if self.name == "broken":
+                raise OSError("gone")
+            flushed.append((self.name, self.frames[:]))
+            self.frames.clear()
+
+    a, b = Holder("a"), Holder("b")
+    batches.due += [b, Holder("broken"), a]
+    b.frames += [1, 2]
+    a.frames.append(3)
+    assert flushed == []  # (nothing before the batch is over)
+    await trio.lowlevel.checkpoint()
+    assert flushed == [("b", [1, 2]), ("a", [3])]
+    batches.due.append(a)
+    a.frames.append(4)
+    await trio.lowlevel.checkpoint()
+    assert flushed[-1] == ("a", [4])
 
 
 # ============================================================================ streams

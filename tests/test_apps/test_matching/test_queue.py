@@ -26,6 +26,8 @@ from apps.matching._dispatch import (
     NotDispatched,
     Offer,
     Routed,
+    StreamGone,
+    StreamIdle,
     StreamRejection,
     Task,
     WorkerDraining,
@@ -42,7 +44,7 @@ from apps.matching._matcher import (
     submit,
 )
 from apps.matching._queue import QueueIdle
-from apps.matching._stream import FreedNotices, start_stream
+from apps.matching._stream import FreedNotices, open_stream
 
 CAPS = Capabilities({"Greet": ({"write"}, {"read"})})
 FINAL = (Completed, Failed, NotDispatched, Lost)
@@ -107,7 +109,7 @@ async def _connection(
     if isinstance(result, StreamRejection):
         otp.send(report, result)
         return
-    conn.stream = start_stream(conn, 1, conn.worker_id, caps, result)
+    conn.stream = open_stream(conn, 1, conn.worker_id, caps, result).pid
     otp.send(report, ("stream", conn.stream))
     await otp.receive(lambda m: m == "stop")
 
@@ -424,7 +426,7 @@ async def test_a_call_end_frees_the_worker_for_its_queues_only_after_a_capacity_
         me = otp.self()
         conn = FakeConn("w1", silent)
         notices = FreedNotices()
-        conn.stream = start_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=notices)
+        conn.stream = open_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=notices).pid
         frees: list[WorkerFreed] = []
 
         async def call(answer: Callable[[int], Any]) -> None:
@@ -476,8 +478,8 @@ async def test_a_call_ending_before_its_streams_decline_is_handled_still_frees_t
         me = otp.self()
         notices = FreedNotices()
         one, two = FakeConn("w1", silent), FakeConn("w1", silent)
-        one.stream = start_stream(one, 1, "w1", CAPS, me, matcher=me, notices=notices)
-        two.stream = start_stream(two, 2, "w1", CAPS, me, matcher=me, notices=notices)
+        one.stream = open_stream(one, 1, "w1", CAPS, me, matcher=me, notices=notices).pid
+        two.stream = open_stream(two, 2, "w1", CAPS, me, matcher=me, notices=notices).pid
         first, second = dispatch(), dispatch()
 
         async def frees() -> list[WorkerFreed]:
@@ -505,6 +507,125 @@ async def test_a_call_ending_before_its_streams_decline_is_handled_still_frees_t
         assert await frees() == [WorkerFreed("w1")]  # ... stream 1's call ends first ...
         otp.send(two.stream, decline)  # ... and stream 2 handles the DECLINE last
         assert await frees() == []
+
+
+# -- handing over (StreamHandle: the stream's work done in its connection's or queue's task) --
+
+
+async def test_an_offer_and_the_workers_frames_handed_over_are_handled_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A running stream with nothing queued takes what is handed to it in the caller's task:
+    the TASK is written, and the worker's ACCEPT and RESULT reach ``reply_to``, before the
+    caller yields (the stream's own task is not woken for them)."""
+    async with otp.open_node():
+        me = otp.self()
+        conn = FakeConn("w1", silent)
+        handle = open_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=FreedNotices())
+        conn.stream = handle.pid
+        await trio.testing.wait_all_tasks_blocked()
+        idle = await otp.receive(lambda m: isinstance(m, StreamIdle))
+        assert idle.handle is handle  # (the queue hands its offers over too)
+        d = dispatch()
+        handle.offer(Offer(d, "flow:Greet"))
+        assert [t.delivery for t in conn.tasks()] == [d.task.delivery]  # (no checkpoint yet)
+        handle.deliver(wire.MatchAccept(delivery=d.task.delivery, rid=1))
+        handle.deliver(wire.MatchResult(d.task.delivery, "hi", rid=1))
+        routed = await otp.receive(lambda m: isinstance(m, Routed), timeout=0)
+        assert routed == Routed(d.task.delivery, "flow:Greet", "delivered", "w1", handle.pid)
+        final = await otp.receive(lambda m: isinstance(m, Completed), timeout=0)
+        assert (final.delivery, final.value) == (d.task.delivery, "hi")
+
+
+async def test_what_is_handed_over_follows_what_still_waits_in_the_streams_mailbox(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Handed over before the stream's process first ran (or while anything handed over
+    still waits in its mailbox), an offer and the worker's answers queue up in their order:
+    the ACCEPT is not taken before the offer it answers."""
+    async with otp.open_node():
+        me = otp.self()
+        conn = FakeConn("w1", silent)
+        handle = open_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=FreedNotices())
+        conn.stream = handle.pid
+        d = dispatch()
+        handle.offer(Offer(d, "flow:Greet"))
+        handle.deliver(wire.MatchAccept(delivery=d.task.delivery, rid=1))
+        handle.deliver(wire.MatchResult(d.task.delivery, "hi", rid=1))
+        assert conn.tasks() == []  # (queued: the process has not run yet)
+        final = await otp.receive(lambda m: isinstance(m, Completed | Lost), timeout=5)
+        assert isinstance(final, Completed) and final.value == "hi"
+        assert handle.state.mailed == 0
+
+
+async def test_an_offer_to_a_stream_whose_connection_is_doomed_is_not_written(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Its connection killed (the stream's end not yet seen), the stream gets the offer by
+    message, as before it ends: no TASK goes to a worker that is gone."""
+    async with otp.open_node():
+        me = otp.self()
+        conn = FakeConn("w1", silent)
+
+        async def connection() -> None:
+            handle = open_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=FreedNotices())
+            conn.stream = handle.pid
+            otp.send(me, ("handle", handle))
+            await otp.receive(lambda m: m == "stop")
+
+        owner = otp.spawn(connection)
+        _, handle = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "handle")
+        await trio.testing.wait_all_tasks_blocked()
+        otp.exit(owner, otp.KILL)
+        handle.offer(Offer(dispatch(), "flow:Greet"))
+        assert conn.tasks() == [] and handle.state.mailed == 1
+
+
+async def test_a_frame_handed_over_that_ends_the_stream_ends_its_process(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with otp.open_node():
+        me = otp.self()
+        conn = FakeConn("w1", silent)
+        handle = open_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=FreedNotices())
+        conn.stream = handle.pid
+        await trio.testing.wait_all_tasks_blocked()
+        ref = otp.monitor(handle.pid)
+        handle.deliver(wire.MatchClose(rid=1))  # (the worker closed its idle stream)
+        assert await otp.receive(lambda m: isinstance(m, StreamGone), timeout=0)
+        down = await otp.receive(lambda m: isinstance(m, otp.Down), timeout=5)
+        assert down.ref == ref and down.reason == otp.NORMAL
+        d = dispatch()
+        handle.offer(Offer(d, "flow:Greet"))  # (too late: it goes to the dead process)
+        assert conn.tasks() == []
+
+
+async def test_a_stream_failing_on_what_is_handed_over_ends_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A stream that fails on something handed to it ends with the error, as it would in its
+    own task; the caller (here the queue's stand-in) goes on."""
+
+    @attrs.define(eq=False)
+    class BrokenConn(FakeConn):
+        def send_message(self, message: Any) -> None:
+            if isinstance(message, wire.MatchTask):
+                raise RuntimeError("broken")
+            super().send_message(message)
+
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)  # (the stream is linked to its starter)
+        me = otp.self()
+        conn = BrokenConn("w1", silent)
+        handle = open_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=FreedNotices())
+        conn.stream = handle.pid
+        await trio.testing.wait_all_tasks_blocked()
+        ref = otp.monitor(handle.pid)
+        handle.offer(Offer(dispatch(), "flow:Greet"))
+        down = await otp.receive(lambda m: isinstance(m, otp.Down), timeout=5)
+        assert down.ref == ref and down.reason == ("stream_failed", "RuntimeError('broken')")
+        exit_ = await otp.receive(lambda m: isinstance(m, otp.Exit), timeout=0)
+        assert exit_.pid == handle.pid
 
 
 # -- losing streams -------------------------------------------------------------------------
