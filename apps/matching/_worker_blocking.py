@@ -203,11 +203,14 @@ class BlockingCalls:
             try:
                 conn.send_threadsafe(data)
             except ClientClosed:
+                lost = True  # (the link's timer loop may be gone)
                 log.warning(
                     "the connection was lost: the outcome of delivery %d is dropped",
                     task.delivery,
                 )
-        if not held or self._draining or link.reconnecting:
+            else:
+                lost = False
+        if lost or not held or self._draining or link.reconnecting:
             # No timer of the link is due soon for it, or someone waits for the slots.
             self._wake_for_completions()
         return True
