@@ -5,7 +5,8 @@ capacity limiter, a cancel scope, a thread hand-off through a lock per call, and
 ``run_sync_soon`` wake-up of the trio loop per call). :class:`HandlerThreads` does the same job
 for one trio run with less: jobs go through one ``queue.SimpleQueue`` (C code), and the
 outcomes of calls that finish while the trio loop is busy are handed back in one
-``run_sync_soon`` between them.
+``run_sync_soon`` between them. A job for an idle thread is handed over when the trio loop is
+about to sleep (an instrument's ``before_io_wait``), so the woken thread finds the GIL free.
 
 The engine hands a call to :meth:`HandlerThreads.submit` with a function to call with its
 outcome (in the trio thread, between tasks), so a blocking Step costs no trio task of its own;
@@ -70,6 +71,10 @@ class HandlerThreads:
         self._done: deque[tuple[_Taker, outcome.Outcome[Any]]] = deque()
         self._wake_pending = False
         self._token: trio.lowlevel.TrioToken | None = None
+        #: Jobs for idle threads, handed to them when the trio thread is about to sleep
+        #: (:class:`_BeforeSleep`): a thread woken while the trio thread still runs would
+        #: wait for the GIL, sleep again and be woken a second time when it is released.
+        self._held: deque[_Job] = deque()
 
     async def run(self, fn: Callable[[], Any]) -> Any:
         """Call ``fn()`` in a handler thread (in a copy of the caller's context) and return
@@ -98,6 +103,7 @@ class HandlerThreads:
     def _start(self, job: _Job) -> None:
         if self._token is None:
             self._token = trio.lowlevel.current_trio_token()
+            trio.lowlevel.add_instrument(_BeforeSleep(self._release))
         with self._lock:
             self._in_flight += 1
             if self._in_flight > self.threads:
@@ -108,7 +114,15 @@ class HandlerThreads:
                 )
                 thread.start()
             else:
-                self._jobs.put(job)
+                self._held.append(job)
+
+    def _release(self) -> None:
+        """(In the trio thread, about to sleep.) Hand the held jobs to the idle threads."""
+        held = self._held
+        if held:
+            with self._lock:  # (a thread exits only with no job queued nor held)
+                while held:
+                    self._jobs.put(held.popleft())
 
     def _work(self, job: _Job | None) -> None:
         """A handler thread: run jobs until idle for IDLE_SECONDS."""
@@ -125,7 +139,7 @@ class HandlerThreads:
                 job = self._jobs.get(timeout=IDLE_SECONDS)
             except queue.Empty:
                 with self._lock:
-                    if self._jobs.empty():  # (jobs are queued under the lock)
+                    if self._jobs.empty() and not self._held:  # (both change under the lock)
                         self.threads -= 1
                         return
                 continue
@@ -171,6 +185,16 @@ class HandlerThreads:
                 taker(result)  # type: ignore[operator]
             except Exception:  # (an exception here would end the trio run)
                 log.exception("handing back the outcome of a blocking handler failed")
+
+
+class _BeforeSleep(trio.abc.Instrument):
+    """Calls ``release`` each time the trio loop is about to wait for I/O."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release = release
+
+    def before_io_wait(self, timeout: float) -> None:
+        self._release()
 
 
 def _cannot_abort(_: Any) -> trio.lowlevel.Abort:

@@ -40,6 +40,7 @@ from apps.matching import (
 from apps.matching._blobs import blob_key
 from apps.matching._readiness import PullRegistrationState, QueueRegistrationState
 from apps.matching._worker_engine import WorkerEngine
+from apps.matching._worker_threads import HandlerThreads
 
 from .fake_server import FakeConn, FakeServer
 
@@ -891,6 +892,17 @@ async def test_cancelling_run_waits_for_a_running_blocking_handler(server, nurse
         release.set()
         await returned.wait()
         assert engine.statistics().busy == 0
+
+
+async def test_a_job_for_an_idle_handler_thread_is_handed_over_when_the_trio_loop_sleeps():
+    # Woken while the trio thread still runs, the thread would only wait for the GIL.
+    threads = HandlerThreads()
+    assert await threads.run(lambda: 1) == 1  # (one thread, idle now)
+    ran = threading.Event()
+    threads.submit(ran.set, lambda result: None)
+    assert not ran.wait(0.2)  # (the trio thread has not slept since: the job is held)
+    assert await trio.to_thread.run_sync(ran.wait, 10)
+    assert threads.started == 1
 
 
 class _Cache:
