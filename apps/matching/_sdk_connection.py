@@ -268,11 +268,7 @@ class SdkConnection:
         # A cancelled caller sends nothing; when nobody is writing, a plain socket takes the
         # frame at once nearly always (no lock taken, no trip through the scheduler).
         await trio.lowlevel.checkpoint_if_cancelled()
-        with self.write_lock:
-            try:
-                sent = self._write_now(data)
-            except OSError as exc:
-                raise self._write_failed(exc) from exc
+        sent = self._write_here(data)
         if sent == len(data):
             return
         lock = self._write_lock
@@ -311,6 +307,18 @@ class SdkConnection:
             self._backlog.append(memoryview(data)[sent:])
         return sent
 
+    def _write_here(self, data: bytes) -> int:
+        """(In the trio thread.) :meth:`_write_now` under the write lock.
+
+        Raises:
+            ClientClosed: The connection is lost, or the write failed (it is then lost).
+        """
+        with self.write_lock:
+            try:
+                return self._write_now(data)
+            except OSError as exc:
+                raise self._write_failed(exc) from exc
+
     def _write_failed(self, exc: BaseException) -> ClientClosed:
         """Lose the connection after a failed write; the error to raise to the writer."""
         self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
@@ -335,13 +343,10 @@ class SdkConnection:
             data = messages[0].encode(codec, limits=limits)
         else:
             data = b"".join([m.encode(codec, limits=limits) for m in messages])
+        sent = self._write_here(data)
+        if sent == len(data):
+            return
         with self.write_lock:
-            try:
-                sent = self._write_now(data)
-            except OSError as exc:
-                raise self._write_failed(exc) from exc
-            if sent == len(data):
-                return
             if sent == 0:
                 self._backlog.append(data)
             start = not self._flushing

@@ -165,23 +165,8 @@ class BlockingCalls:
             return False  # (its outputs go first: a task waits for them)
         clock = self._clock
         assert clock is not None
-        message: wire.MatchMessage
-        if clock.current_time() >= call.deadline:
-            message = timeout_failure(task, s.id)
-        elif type(returned) is outcome.Value:
-            value = returned.value
-            cache = self._cache
-            if cache is not None:
-                value = cache.pack_now(value)
-                if value is NEEDS_IO:
-                    return False
-            try:
-                message = result_of(task, value, call.ctx, s.id)
-            except Exception as exc:  # (a state the handler left that is no wire value)
-                message = failure_of(task, exc, s.id)
-        elif isinstance(returned.error, Exception):  # type: ignore[attr-defined]
-            message = failure_of(task, returned.error, s.id)  # type: ignore[attr-defined]
-        else:
+        message = self._message_of(call, returned, clock.current_time())
+        if message is None:
             return False
         try:
             data = conn.encode(message)
@@ -233,6 +218,28 @@ class BlockingCalls:
         self._take_completions()
         return self._active > 0
 
+    def _message_of(
+        self, call: BlockingCall, returned: outcome.Outcome[Any], now: float
+    ) -> wire.MatchMessage | None:
+        """The outcome frame of a fast-path call whose function ``returned`` (at ``now``), or
+        None when a task must finish it (a result with blobs to store, a BaseException)."""
+        s, task = call.stream, call.task
+        if now >= call.deadline:
+            return timeout_failure(task, s.id)
+        if type(returned) is outcome.Value:
+            value = returned.value
+            cache = self._cache
+            if cache is not None:
+                value = cache.pack_now(value)
+                if value is NEEDS_IO:
+                    return None
+            try:
+                return result_of(task, value, call.ctx, s.id)
+            except Exception as exc:  # (a state the handler left that is no wire value)
+                return failure_of(task, exc, s.id)
+        error = returned.error  # type: ignore[attr-defined]
+        return failure_of(task, error, s.id) if isinstance(error, Exception) else None
+
     def _wake_for_completions(self) -> None:
         """(In a handler thread.) Have the trio thread take the completions soon: one wake-up
         for all those queued meanwhile (the flag is cleared there before they are taken)."""
@@ -276,22 +283,8 @@ class BlockingCalls:
         does."""
         s, task = call.stream, call.task
         message: wire.MatchMessage | None = None
-        if call.outputs.pending or call.outputs.forwarding:
-            pass  # (its outputs go first: a task waits for them)
-        elif trio.current_time() >= call.deadline:
-            message = timeout_failure(task, s.id)
-        elif type(returned) is outcome.Value:
-            value = returned.value
-            cache = self._cache
-            if cache is not None:
-                value = cache.pack_now(value)
-            if value is not NEEDS_IO:
-                try:
-                    message = result_of(task, value, call.ctx, s.id)
-                except Exception as exc:  # (a state the handler left that is no wire value)
-                    message = failure_of(task, exc, s.id)
-        elif isinstance(returned.error, Exception):  # type: ignore[attr-defined]
-            message = failure_of(task, returned.error, s.id)  # type: ignore[attr-defined]
+        if not (call.outputs.pending or call.outputs.forwarding):  # (else: outputs go first)
+            message = self._message_of(call, returned, trio.current_time())
         self._call_scopes.discard(call)
         if message is None:
             scope = trio.CancelScope()
