@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,10 +25,10 @@ from ._errors import (
     ClientClosed,
     MatchingError,
     ProtocolError,
-    Unavailable,
 )
 from ._options import ClientOptions, WorkerOptions
 from ._sdk_calls import PendingCalls
+from ._sdk_dial import dial, handshake
 
 __all__ = ["SdkConnection"]
 
@@ -65,11 +66,21 @@ class SdkConnection:
         self.welcome = welcome
         self.codec: wire.Codec = welcome.codec
         self._where = where
+        #: The turn of a writer that waits (:meth:`send`, the flusher): it writes only what
+        #: is in the backlog, so a frame it has half written is always the backlog's head.
         self._write_lock = trio.Lock()
-        #: Encoded frames :meth:`send_nowait` could not write at once, in order; a flusher
-        #: task (or the next :meth:`send`) writes them before anything else.
+        #: Encoded frames not written at once, in order (the head may be half written); a
+        #: flusher task (or the next :meth:`send`) writes them before anything else.
         self._backlog: deque[bytes | memoryview] = deque()
+        #: A flusher will look at the backlog (a task is started, or a send flushes it).
         self._flushing = False
+        #: Held (by any thread) to write at once or to touch the backlog: a frame is never
+        #: written into the middle of another, whichever thread writes (see
+        #: :meth:`send_threadsafe`). Re-entrant: an owner may hold it around its own writes.
+        self.write_lock = threading.RLock()
+        #: Set (under :attr:`write_lock`) once the connection is lost: no thread writes after.
+        self._shut = False
+        self._token = trio.lowlevel.current_trio_token()
         self._nursery: trio.Nursery | None = None
         self._next_id = 1
         #: stream id -> what takes its frames (a channel's ``send_nowait``, or the owner's).
@@ -141,12 +152,12 @@ class SdkConnection:
         stream: trio.abc.Stream | None = None
         try:
             with trio.fail_after(options.connect_timeout):
-                stream = await _dial(options, where)
+                stream = await dial(options, where)
                 frames = wire.FrameStream(stream, versions=frozenset({2}), exact=True)
                 first = protocol.hello(
                     options, role, worker_id=worker_id, session=session, flows=flows
                 )
-                welcome = await _handshake(frames, first, where)
+                welcome = await handshake(frames, first, where)
         except trio.TooSlowError as exc:
             if stream is not None:
                 await trio.aclose_forcefully(stream)
@@ -234,47 +245,56 @@ class SdkConnection:
         # A cancelled caller sends nothing; when nobody is writing, a plain socket takes the
         # frame at once nearly always (no lock taken, no trip through the scheduler).
         await trio.lowlevel.checkpoint_if_cancelled()
-        rest = self._write_direct(data)
-        if not rest:
+        sent = self._write_here(data)
+        if sent == len(data):
             return
         lock = self._write_lock
-        if len(rest) < len(data):  # partly written: the rest goes before anyone else's
-            lock.acquire_nowait()
-        else:
-            try:
-                lock.acquire_nowait()
-            except trio.WouldBlock:
-                await lock.acquire()
+        # Partly written: the rest is queued first and must be written (shielded); else the
+        # frame waits for the writer's turn (cancellable: then nothing is sent).
+        with trio.CancelScope(shield=sent > 0):
+            await lock.acquire()
         try:
-            self._check_open()
-            if self._backlog:  # frames send_nowait queued go first
-                await self._flush_backlog()
-            try:
-                # Shielded: a write is never cut midway by a cancellation (which would leave
-                # the peer unable to read on); only closing the connection stops a stuck one.
-                with trio.CancelScope(shield=True):
-                    await self._frames.stream.send_all(rest)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise self._write_failed(exc) from exc
+            if sent == 0:
+                self._check_open()
+                with self.write_lock:
+                    self._backlog.append(data)
+            await self._flush_backlog()
         finally:
             lock.release()
 
-    def _write_direct(self, data: bytes) -> bytes | memoryview:
-        """Write what a plain socket takes of ``data`` now, if nobody else is writing (no
-        writer holds the turn, nothing is queued); returns the rest (empty: all written).
+    def _write_now(self, data: bytes) -> int:
+        """(:attr:`write_lock` held.) Write what a plain socket takes of ``data`` now, if
+        nobody else is writing (no writer holds the turn, nothing is queued); the rest of a
+        partly written frame is queued first. Returns the bytes written (0: none, nothing
+        queued).
 
         Raises:
-            ClientClosed: The write failed (the connection is then lost).
+            ClientClosed: The connection is lost (no thread writes after that).
+            OSError: The write failed (the caller loses the connection).
         """
+        if self._shut:
+            raise ClientClosed(f"the connection to {self._where} is closed", retryable=True)
         if self._fd is None or self._backlog or self._write_lock.locked():
-            return data
+            return 0
         try:
             sent = os.write(self._fd, data)
         except BlockingIOError:
-            return data
-        except OSError as exc:
-            raise self._write_failed(exc) from exc
-        return memoryview(data)[sent:] if sent < len(data) else b""
+            return 0
+        if sent < len(data):
+            self._backlog.append(memoryview(data)[sent:])
+        return sent
+
+    def _write_here(self, data: bytes) -> int:
+        """(In the trio thread.) :meth:`_write_now` under the write lock.
+
+        Raises:
+            ClientClosed: The connection is lost, or the write failed (it is then lost).
+        """
+        with self.write_lock:
+            try:
+                return self._write_now(data)
+            except OSError as exc:
+                raise self._write_failed(exc) from exc
 
     def _write_failed(self, exc: BaseException) -> ClientClosed:
         """Lose the connection after a failed write; the error to raise to the writer."""
@@ -300,20 +320,84 @@ class SdkConnection:
             data = messages[0].encode(codec, limits=limits)
         else:
             data = b"".join([m.encode(codec, limits=limits) for m in messages])
-        rest = self._write_direct(data)
-        if not rest:
+        sent = self._write_here(data)
+        if sent == len(data):
             return
-        self._backlog.append(rest)
-        if not self._flushing:
+        with self.write_lock:
+            if sent == 0:
+                self._backlog.append(data)
+            start = not self._flushing
             self._flushing = True
-            if self._nursery is not None:
+        if start:
+            self._spawn_flusher()
+
+    @property
+    def threadsafe_writes(self) -> bool:
+        """Whether :meth:`send_threadsafe` may be used (a plain socket: trio's TLS stream
+        is written only from the trio thread)."""
+        return self._fd is not None
+
+    def encode(self, *messages: wire.MatchMessage) -> bytes:
+        """``messages`` encoded with the connection's codec and limits, in order (safe from
+        any thread).
+
+        Raises:
+            WireError: A message cannot be encoded.
+        """
+        codec, limits = self.codec, self._frames.limits
+        return b"".join([m.encode(codec, limits=limits) for m in messages])
+
+    def send_threadsafe(self, data: bytes) -> None:
+        """From any thread (a worker's handler thread): write encoded frames (:meth:`encode`)
+        at once, in one write, when no writer is busy; otherwise (or for what the socket
+        does not take now) queue them, in order, for a flusher task the trio thread is asked
+        to start. Never blocks on the socket. Only when :attr:`threadsafe_writes`.
+
+        Raises:
+            ClientClosed: The connection is closed, or the write failed (the trio thread is
+                then asked to lose it).
+        """
+        with self.write_lock:
+            try:
+                sent = self._write_now(data)
+            except OSError as exc:
+                error = ClientClosed(f"a write failed: {exc}", retryable=True)
+                self._shut = True  # (nothing more is written; the trio thread loses it)
+                self._backlog.clear()
+                self._run_soon(self._lost, error)
+                raise ClientClosed(
+                    f"the connection to {self._where} was lost while sending", retryable=True
+                ) from exc
+            if sent == len(data):
+                return
+            if sent == 0:
+                self._backlog.append(data)
+            if self._flushing:
+                return
+            self._flushing = True
+        self._run_soon(self._spawn_flusher)
+
+    def _run_soon(self, fn: Callable[..., object], *args: object) -> None:
+        try:
+            self._token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:  # pragma: no cover - the trio thread is gone
+            pass
+
+    def _spawn_flusher(self) -> None:
+        if self._closed.is_set():
+            self._flushing = False
+            return
+        if self._nursery is not None:
+            try:
                 self._nursery.start_soon(self._flusher)
-            else:
-                trio.lowlevel.spawn_system_task(self._flusher)
+                return
+            except RuntimeError:  # (the nursery is closing: the link ends)
+                pass
+        trio.lowlevel.spawn_system_task(self._flusher)
 
     async def _flusher(self) -> None:
-        """Write the backlog :meth:`send_nowait` left (a task; it never raises: a failed
-        write loses the connection)."""
+        """Write the backlog the writes that did not wait left (a task; it never raises: a
+        failed write loses the connection)."""
         try:
             async with self._write_lock:
                 if not self._closed.is_set():
@@ -321,16 +405,25 @@ class SdkConnection:
         except ClientClosed:
             pass
         finally:
+            # (a write queued meanwhile that saw the flag asks for another flusher: harmless)
             self._flushing = False
 
     async def _flush_backlog(self) -> None:
-        """Write the queued frames (the write lock held). Shielded, as :meth:`send`'s."""
+        """Write the queued frames (the turn held), until none is left. Shielded, as
+        :meth:`send`'s."""
         backlog = self._backlog
         try:
             with trio.CancelScope(shield=True):
-                while backlog:
-                    await self._frames.stream.send_all(backlog[0])
-                    backlog.popleft()
+                while True:
+                    with self.write_lock:
+                        if not backlog:
+                            self._flushing = False
+                            return
+                        head = backlog[0]
+                    await self._frames.stream.send_all(head)
+                    with self.write_lock:
+                        if backlog and backlog[0] is head:
+                            backlog.popleft()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise self._write_failed(exc) from exc
 
@@ -390,6 +483,9 @@ class SdkConnection:
         """Mark the connection lost (once): fail the calls, end the channels."""
         if self._closed.is_set():
             return
+        with self.write_lock:  # (after this no thread writes: the socket may be closed)
+            self._shut = True
+            self._backlog.clear()
         self.error = error
         self._closed.set()
         self._reader_scope.cancel()
@@ -402,7 +498,6 @@ class SdkConnection:
             send.close()
         self._channels.clear()
         self._streams.clear()
-        self._backlog.clear()
         self._control_send.close()
 
     async def _run_timer(self) -> None:
@@ -459,42 +554,3 @@ class SdkConnection:
                 log.debug("dropped a late answer to call %d", message.rid)
         else:
             self._control_send.send_nowait(message)
-
-
-async def _dial(options: WorkerOptions | ClientOptions, where: str) -> trio.abc.Stream:
-    address = options.address
-    try:
-        if address.kind == "unix":
-            return await trio.open_unix_socket(address.path)
-        tcp = await trio.open_tcp_stream(address.host, address.port)
-    except OSError as exc:
-        raise protocol.unreachable(where, exc) from exc
-    if not options.uses_tls:
-        return tcp
-    tls = trio.SSLStream(
-        tcp,
-        protocol.tls_context(options),
-        server_hostname=options.tls_server_hostname or address.host,
-    )
-    try:
-        await tls.do_handshake()
-    except trio.BrokenResourceError as exc:
-        await trio.aclose_forcefully(tcp)
-        raise protocol.tls_failed(where, exc.__cause__ or exc) from exc
-    except BaseException:
-        await trio.aclose_forcefully(tcp)
-        raise
-    return tls
-
-
-async def _handshake(
-    frames: wire.FrameStream, hello: wire.MatchHello, where: str
-) -> wire.MatchWelcome:
-    try:
-        await frames.send_frame(hello.to_frame())
-        frame = await frames.receive_frame()
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-        raise Unavailable(f"the matching server at {where} dropped the handshake: {exc}") from exc
-    except wire.WireError as exc:
-        raise ProtocolError(f"the matching server at {where} answered HELLO with {exc}") from exc
-    return protocol.welcome(frame, where)

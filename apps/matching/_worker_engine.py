@@ -23,6 +23,7 @@ import math
 import os
 import secrets
 import socket
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -139,6 +140,9 @@ class WorkerEngine(WorkerTasks):
         self._kicked = trio.Event()
         self._fatal: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
+        self._clock: trio.abc.Clock | None = None
+        self._completions: deque[Any] = deque()
+        self._completions_wake = False
 
     # -- public API -----------------------------------------------------------------------
 
@@ -179,6 +183,8 @@ class WorkerEngine(WorkerTasks):
         await self._tracker.wait_ready(timeout)
 
     def statistics(self) -> WorkerStatistics:
+        """A snapshot (safe from any thread)."""
+        busy = self._busy_now()
         link = self._link
         idle: dict[str, int] = {q.name: 0 for q in self._queues}
         streams = 0
@@ -189,7 +195,7 @@ class WorkerEngine(WorkerTasks):
                     idle[s.queue.name] += 1
         return WorkerStatistics(
             connected=link is not None and not link.conn.closed,
-            busy=self._busy,
+            busy=busy,
             streams=streams,
             idle_streams=idle,
             reserved_rpc_declines=self._reserved_declines,
@@ -217,6 +223,7 @@ class WorkerEngine(WorkerTasks):
             raise RuntimeError("WorkerEngine.run() may be called only once")
         self._run_called = True
         self._token = trio.lowlevel.current_trio_token()
+        self._clock = trio.lowlevel.current_clock()
         try:
             if self._stop_requested.is_set():
                 await trio.lowlevel.checkpoint()
@@ -350,7 +357,10 @@ class WorkerEngine(WorkerTasks):
             link.nursery.start_soon(self._timer_loop, link)
             # Woken only by what can end the link (not by every kick: that was two wake-ups
             # of this task per Step).
-            while not conn.closed and not (link.reconnecting and link.calls == 0):
+            while True:
+                self._take_completions()
+                if conn.closed or (link.reconnecting and link.calls == 0):
+                    break
                 await link.ending.wait()
                 link.ending = trio.Event()
             if not conn.closed:
@@ -368,6 +378,8 @@ class WorkerEngine(WorkerTasks):
                 self._forget_stream(s)
             link.nursery.cancel_scope.cancel()
             await conn.aclose()
+            # (a handler thread writes on this connection only before it is closed)
+            self._take_completions()
             self._kick()
 
     async def _define_flows(self, link: Link) -> None:
@@ -410,7 +422,7 @@ class WorkerEngine(WorkerTasks):
 
     async def _drain(self) -> None:
         with trio.move_on_after(self._pull.stop_drain_timeout):
-            while self._active:
+            while self._calls_active():
                 await self._wait_kick()
         if self._active:
             log.warning(
@@ -420,7 +432,7 @@ class WorkerEngine(WorkerTasks):
             )
             for scope in list(self._call_scopes):
                 scope.cancel()
-            while self._active:
+            while self._calls_active():
                 await self._wait_kick()
 
     # -- streams --------------------------------------------------------------------------
@@ -445,6 +457,7 @@ class WorkerEngine(WorkerTasks):
         a stream chosen from a stale view could have taken a task meanwhile (and been closed
         under its call), or answered a frame after its own CLOSE.
         """
+        self._take_completions()
         plan = plan_streams(self._queues, link.streams.values(), **self._plan_inputs(link))
         for q in plan.opens:
             self._open_stream(link, q)
@@ -503,6 +516,8 @@ class WorkerEngine(WorkerTasks):
 
     def _on_stream_frame(self, s: Stream, message: wire.MatchMessage) -> None:
         """A frame of stream ``s`` (in the connection's reader task: nothing here waits)."""
+        if self._completions:  # (a call's thread wrote its outcome: its slot is free first)
+            self._take_completions()
         if s.state == "closed":
             return  # (forgotten with frames still on their way: they are not answered)
         kind = type(message)

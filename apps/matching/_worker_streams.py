@@ -86,6 +86,9 @@ class Stream:
     #: ``accept_at``), else None.
     accept: wire.MatchAccept | None = None
     accept_at: float = math.inf
+    #: Whether the call's M_ACCEPT was written (claimed under the connection's write lock
+    #: by the timer loop or by the call's handler thread: exactly one writes it).
+    accept_written: bool = True
 
 
 @attrs.frozen

@@ -14,32 +14,24 @@ import logging
 import math
 from typing import Any
 
-import attrs
-import outcome
 import trio
 
 import wire
 
-from ._blobs import NEEDS_IO, BlobCache
 from ._errors import ClientClosed
 from ._model import Registry, RpcDefinition, StepDefinition
 from ._options import PullWorkerOptions
+from ._worker_blocking import BlockingCall, BlockingCalls
 from ._worker_calls import (
     CallOutputs,
     HandlerRunner,
     Returned,
     cancelled_failure,
-    deadline_of,
     execute,
-    failure_of,
     handler_of,
-    new_context,
-    result_of,
     send_output,
-    timeout_failure,
 )
 from ._worker_streams import Link, QueueState, Stream
-from ._worker_threads import HandlerThreads
 
 __all__ = ["ACCEPT_DELAY_SHARE", "RESERVED_DECLINE_EXTRA_IDLE_SECONDS", "WorkerTasks"]
 
@@ -51,33 +43,13 @@ RESERVED_DECLINE_EXTRA_IDLE_SECONDS = 30.0
 ACCEPT_DELAY_SHARE = 10
 
 
-@attrs.define(eq=False)
-class _BlockingCall:
-    """A blocking handler's call submitted to the handler threads with no task of its own
-    (the engine's fast path): what its outcome needs once the function returned."""
-
-    stream: Stream
-    task: wire.MatchTask
-    handler: StepDefinition | RpcDefinition
-    outputs: CallOutputs
-    ctx: Any
-    deadline: float
-    cancelled: bool = False
-
-    def cancel(self) -> None:
-        """The drain timeout passed (the thread cannot be interrupted: noted only)."""
-        self.cancelled = True
-
-
-class WorkerTasks:
+class WorkerTasks(BlockingCalls):
     """Tasks and slots; the engine sets these attributes and provides :meth:`_kick`."""
 
     _registry: Registry
     _queues: list[QueueState]
     _cache: Any
     _runner: HandlerRunner
-    #: The runner's handler threads, or None (then every call runs in a task of its own).
-    _threads: HandlerThreads | None
     _pull: PullWorkerOptions
     _app_worker_id: str
     _cap: int
@@ -88,7 +60,7 @@ class WorkerTasks:
     #: Calls whose outcome is not sent yet.
     _active: int
     #: What the drain timeout cancels: the calls' scopes (and fast-path calls).
-    _call_scopes: set[trio.CancelScope | _BlockingCall]
+    _call_scopes: set[trio.CancelScope | BlockingCall]
     _calls_nursery: trio.Nursery
     _draining: bool
     _token: trio.lowlevel.TrioToken | None
@@ -169,9 +141,11 @@ class WorkerTasks:
             # Held: a handler that ends within the delay sends it in the outcome's write.
             s.accept = accept
             s.accept_at = now + link.accept_delay
+            s.accept_written = False
             link.held_accepts += 1
             self._timer_sooner(link, s.accept_at)
         else:
+            s.accept_written = True
             self._timer_sooner(link, s.pong_at)
             if not self._send_nowait(link, accept):
                 self._free_slot(s)
@@ -197,97 +171,6 @@ class WorkerTasks:
         s.cancelled = message.delivery
         s.cancel.cancel()
 
-    # -- the fast path: a blocking handler with no task of its own ---------------------------
-
-    def _submit_blocking(
-        self, s: Stream, task: wire.MatchTask, handler: StepDefinition | RpcDefinition
-    ) -> bool:
-        """Hand a plain-function handler's call straight to the handler threads when nothing
-        before it has to wait (no blob to read or fetch); its outcome is sent from
-        :meth:`_blocking_done`. Returns False (nothing done) when the call needs a task."""
-        threads = self._threads
-        if threads is None or handler.is_async:
-            return False
-        cache = self._cache
-        args = task.args
-        if cache is not None:
-            if type(cache) is not BlobCache:
-                return False
-            args = cache.unpack_now(args)
-            if args is NEEDS_IO:
-                return False
-        token = self._token
-        assert token is not None
-        outputs = CallOutputs(self._calls_nursery, functools.partial(self._output, s, task))
-        try:
-            ctx = new_context(task, cache, outputs.emitter(token))
-        except Exception:  # (a task a call in a task turns into a failure)
-            return False
-        call = _BlockingCall(s, task, handler, outputs, ctx, deadline_of(task))
-        s.cancel = call
-        self._call_scopes.add(call)
-        threads.submit(
-            functools.partial(handler.handler, ctx, *args),
-            functools.partial(self._blocking_done, call),
-        )
-        return True
-
-    def _blocking_done(self, call: _BlockingCall, returned: outcome.Outcome[Any]) -> None:
-        """(In the trio thread, between tasks.) A fast-path call's function returned: send its
-        outcome now, or, when its outputs or blobs must be written first (or it raised a
-        BaseException), finish it in a task as :meth:`_run_call` does."""
-        s, task = call.stream, call.task
-        message: wire.MatchMessage | None = None
-        if call.outputs.pending or call.outputs.forwarding:
-            pass  # (its outputs go first: a task waits for them)
-        elif trio.current_time() >= call.deadline:
-            message = timeout_failure(task, s.id)
-        elif type(returned) is outcome.Value:
-            value = returned.value
-            cache = self._cache
-            if cache is not None:
-                value = cache.pack_now(value)
-            if value is not NEEDS_IO:
-                try:
-                    message = result_of(task, value, call.ctx, s.id)
-                except Exception as exc:  # (a state the handler left that is no wire value)
-                    message = failure_of(task, exc, s.id)
-        elif isinstance(returned.error, Exception):  # type: ignore[attr-defined]
-            message = failure_of(task, returned.error, s.id)  # type: ignore[attr-defined]
-        self._call_scopes.discard(call)
-        if message is None:
-            scope = trio.CancelScope()
-            if call.cancelled:
-                scope.cancel()
-            if s.cancel is call:
-                s.cancel = scope
-            finish = Returned(returned, call.ctx, call.deadline)
-            try:
-                self._calls_nursery.start_soon(
-                    self._run_call, s, task, call.handler, scope, finish, call.outputs
-                )
-            except RuntimeError:  # run() was cancelled: nothing is sent any more
-                log.warning(
-                    "the outcome of delivery %d is dropped: the worker stopped", task.delivery
-                )
-            else:
-                self._call_scopes.add(scope)
-                return
-        call.outputs.closed = True
-        try:
-            self._free_slot(s)
-            if message is not None:
-                self._send_outcome_nowait(s, task, message)
-        finally:
-            self._call_over(s)
-
-    async def _wait_blocking_calls(self) -> None:
-        """Wait (shielded) until the functions of fast-path calls have returned, as a task
-        waiting for its thread would: ``run`` never returns under a running handler."""
-        with trio.CancelScope(shield=True):
-            while any(type(c) is _BlockingCall for c in self._call_scopes):
-                await self._wait_kick()
-
     async def _wait_kick(self, deadline: float = math.inf) -> None:
         raise NotImplementedError
 
@@ -303,7 +186,9 @@ class WorkerTasks:
         if accept is not None and accept.delivery == task.delivery:
             accept_at = s.accept_at
             self._unhold(s)
-            first = (accept,)
+            if not s.accept_written:  # (no thread writes this call's outcome: no lock)
+                s.accept_written = True
+                first = (accept,)
             if accept_at <= link.timer.deadline:
                 # It was the timer loop's next deadline: move it on to the next one, so the
                 # loop is not woken for nothing (a wake-up costs more than this scan).
@@ -447,8 +332,13 @@ class WorkerTasks:
         if accept is None:
             return
         self._unhold(s)
-        if s.state != "closed":
-            self._send_nowait(s.link, accept)
+        if s.state == "closed":
+            return
+        # (under the lock: the call's handler thread may be writing it with the outcome)
+        with s.link.conn.write_lock:
+            if not s.accept_written:
+                s.accept_written = True
+                self._send_nowait(s.link, accept)
 
     async def _timer_loop(self, link: Link) -> None:
         """One loop per connection (not a task per call): an M_PONG every
@@ -457,6 +347,7 @@ class WorkerTasks:
         ``link.timer``, whose deadline a call brings forward when it needs the loop sooner."""
         interval = self._pull.keepalive_interval
         while not link.conn.closed:
+            self._take_completions()
             now = trio.current_time()
             for s in list(link.streams.values()):
                 if s.accept is not None:

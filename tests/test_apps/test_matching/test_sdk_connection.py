@@ -363,3 +363,63 @@ async def _tls_welcome(stream: trio.abc.Stream, context: ssl.SSLContext) -> None
         pass
     finally:
         await trio.aclose_forcefully(tls)
+
+
+# -- writes from another thread (a worker's handler threads) ---------------------------------
+
+
+def _socketpair_connection() -> tuple[SdkConnection, trio.socket.SocketType]:
+    """A connection on one end of a socket pair (no reader task: nothing reads its end),
+    and the other end, where a test reads what it wrote."""
+    ours, theirs = trio.socket.socketpair()
+    frames = wire.FrameStream(trio.SocketStream(ours), versions=frozenset({2}))
+    welcome = wire.MatchWelcome(
+        server="t", codec=wire.Codec.CBOR, ping_interval=10.0, peer_timeout=30.0
+    )
+    return SdkConnection(frames, welcome, "a socket pair"), theirs
+
+
+async def _read_frames(sock: trio.socket.SocketType, n: int) -> list[wire.MatchMessage]:
+    frames = wire.FrameStream(trio.SocketStream(sock), versions=frozenset({2}))
+    return [wire.parse_matching(await frames.receive_frame()) for _ in range(n)]
+
+
+async def test_threadsafe_writes_never_block_on_a_full_socket_and_keep_frames_in_order(
+    autojump_clock,
+):
+    conn, theirs = _socketpair_connection()
+    assert conn.threadsafe_writes
+    big = bytes(range(256)) * 4096  # 1 MiB: the socket's buffer fills at once
+    data = [
+        conn.encode(wire.MatchOutput(delivery=i, value=big, rid=1), wire.MatchPong(rid=i))
+        for i in range(3)
+    ]
+    # From a thread: each call returns at once, though nobody reads (the rest is queued).
+    await trio.to_thread.run_sync(lambda: [conn.send_threadsafe(d) for d in data[:2]])
+    conn.send_nowait(wire.MatchPing(rid=9))  # (the trio thread's frames queue behind them)
+    await trio.to_thread.run_sync(conn.send_threadsafe, data[2])
+    got = await _read_frames(theirs, 7)
+    assert [(type(m).__name__, m.rid) for m in got] == [
+        ("MatchOutput", 1),
+        ("MatchPong", 0),
+        ("MatchOutput", 1),
+        ("MatchPong", 1),
+        ("MatchPing", 9),
+        ("MatchOutput", 1),
+        ("MatchPong", 2),
+    ]
+    assert all(m.value == big for m in got if isinstance(m, wire.MatchOutput))
+    await conn.aclose()
+
+
+async def test_a_threadsafe_write_to_a_closed_peer_loses_the_connection(autojump_clock):
+    conn, theirs = _socketpair_connection()
+    theirs.close()
+    data = conn.encode(wire.MatchPong(rid=1))
+    with pytest.raises(ClientClosed, match="lost while sending"):
+        await trio.to_thread.run_sync(conn.send_threadsafe, data)
+    await trio.testing.wait_all_tasks_blocked()  # (the trio thread is told to lose it)
+    assert conn.closed and conn.error is not None and "a write failed" in conn.error.message
+    with pytest.raises(ClientClosed):
+        conn.send_threadsafe(data)
+    await conn.aclose()

@@ -40,6 +40,7 @@ from apps.matching import (
 from apps.matching._blobs import blob_key
 from apps.matching._readiness import PullRegistrationState, QueueRegistrationState
 from apps.matching._worker_engine import WorkerEngine
+from apps.matching._worker_threads import HandlerThreads
 
 from .fake_server import FakeConn, FakeServer
 
@@ -893,6 +894,17 @@ async def test_cancelling_run_waits_for_a_running_blocking_handler(server, nurse
         assert engine.statistics().busy == 0
 
 
+async def test_a_job_for_an_idle_handler_thread_is_handed_over_when_the_trio_loop_sleeps():
+    # Woken while the trio thread still runs, the thread would only wait for the GIL.
+    threads = HandlerThreads()
+    assert await threads.run(lambda: 1) == 1  # (one thread, idle now)
+    ran = threading.Event()
+    threads.submit(ran.set, lambda result: None)
+    assert not ran.wait(0.2)  # (the trio thread has not slept since: the job is held)
+    assert await trio.to_thread.run_sync(ran.wait, 10)
+    assert threads.started == 1
+
+
 class _Cache:
     """BlobCache's async interface: ``blob:<key>`` args are fetched, bytes results uploaded."""
 
@@ -1202,6 +1214,169 @@ async def test_a_drain_cancelling_a_call_sends_its_held_accept_alone(
     assert accept == wire.MatchAccept(delivery=delivery, rid=stream)
     assert conn.time_of(accept) - start == pytest.approx(0.1)  # (at the cancel, not at 0.5 s)
     assert conn.outcome_of(delivery) is None
+
+
+# -- a blocking handler's outcome written by its own thread -----------------------------------
+
+
+class Quick(Flow):
+    """Blocking handlers for the handler threads' own writes (the outcome leaves from there)."""
+
+    release = threading.Event()
+
+    @rpc
+    def read(self, ctx):
+        return "fast"
+
+    @step
+    def held(self, ctx):
+        Quick.release.wait(10)
+        return "released"
+
+    @step
+    def chatty(self, ctx):
+        for i in range(2):
+            ctx.output(i)
+        return "done"
+
+
+def _quick_engine(server: FakeServer, **pull: Any) -> WorkerEngine:
+    Quick.release = threading.Event()
+    pull.setdefault("accept_delay", 0.005)
+    return make_engine(server, (Quick,), **pull)
+
+
+async def _offer_quick(conn: FakeConn, name: str = "read", **kw: Any) -> tuple[int, int]:
+    if name == "read":
+        return await conn.offer_nowait(WORKER, flow_type="Quick", name=name, kind="rpc", **kw)
+    return await conn.offer_nowait("flow:Quick", flow_type="Quick", name=name, **kw)
+
+
+async def test_a_blocking_outcome_leaves_from_its_thread_without_waking_the_trio_loop(
+    server, nursery, frozen_clock
+):
+    engine = await started(_quick_engine(server), nursery)
+    conn = server.conn
+    threads = engine._runner.threads
+    assert threads is not None
+    stream, delivery = await _offer_quick(conn)
+    result = await conn.wait_outcome(delivery)
+    assert conn.read_together(wire.MatchAccept(delivery=delivery, rid=stream), result)
+    assert threads.handed_back == 0  # (the thread wrote both frames)
+    # The trio side freed the slot exactly once: the stream takes the next task.
+    for _ in range(20):
+        _, delivery = await _offer_quick(conn, stream_id=stream)
+        assert (await conn.wait_outcome(delivery)).value == "fast"
+        assert isinstance(conn.answer_to(delivery), wire.MatchAccept)
+    assert (threads.handed_back, engine.statistics().busy) == (0, 0)
+    await engine.close()
+
+
+async def test_the_timer_and_a_thread_send_a_held_accept_exactly_once_before_the_outcome(
+    server, nursery, frozen_clock
+):
+    engine = await started(_quick_engine(server), nursery)
+    conn = server.conn
+    # The delay passes while the handler runs: the timer loop sends the ACCEPT alone, the
+    # thread then the outcome alone.
+    stream, delivery = await _offer_quick(conn, "held")
+    await trio.testing.wait_all_tasks_blocked()  # (the worker took it)
+    frozen_clock.jump(0.01)
+    await server.wait_for(lambda: conn.answer_to(delivery) is not None)
+    Quick.release.set()
+    result = await conn.wait_outcome(delivery)
+    accept = wire.MatchAccept(delivery=delivery, rid=stream)
+    assert [m for m in conn.received if getattr(m, "delivery", None) == delivery] == [
+        accept,
+        result,
+    ]
+    # The handler ends within the delay: its thread sends both; when the delay passes the
+    # timer loop frees the slot and sends nothing more (no second ACCEPT, no PONG).
+    stream, delivery = await _offer_quick(conn, "held")
+    result = await conn.wait_outcome(delivery)
+    assert conn.read_together(wire.MatchAccept(delivery=delivery, rid=stream), result)
+    frozen_clock.jump(0.01)
+    await trio.testing.wait_all_tasks_blocked()
+    assert engine.statistics().busy == 0
+    assert len(conn.of_type(wire.MatchAccept)) == 2 and conn.of_type(wire.MatchPong) == []
+    await engine.close()
+
+
+async def test_a_blocking_handlers_outputs_come_after_its_held_accept_and_before_its_outcome(
+    server, nursery, frozen_clock
+):
+    engine = await started(_quick_engine(server), nursery)
+    conn = server.conn
+    stream, delivery = await _offer_quick(conn, "chatty")
+    await conn.wait_outcome(delivery)
+    frames = [type(m) for m in conn.received if getattr(m, "rid", None) == stream]
+    assert frames[-4:] == [wire.MatchAccept, wire.MatchOutput, wire.MatchOutput, wire.MatchResult]
+    await engine.close()
+
+
+async def test_an_m_cancel_crossing_a_threads_outcome_is_ignored_and_frees_the_slot_once(
+    server, nursery, frozen_clock
+):
+    engine = _quick_engine(server, max_concurrent_tasks=2, reserved_rpc_tasks=0)
+    await started(engine, nursery)
+    conn = server.conn
+    stream, delivery = await _offer_quick(conn)
+    await conn.wait_outcome(delivery)
+    await conn.send(wire.MatchCancel(delivery, rid=stream))  # (its slot not yet taken back)
+    await trio.testing.wait_all_tasks_blocked()
+    assert [type(m) for m in conn.received if getattr(m, "delivery", None) == delivery] == [
+        wire.MatchAccept,
+        wire.MatchResult,
+    ]
+    # Exactly two slots: two calls run, a third is declined.
+    answers = []
+    for _ in range(3):
+        _, delivery = await _offer_quick(conn, "held")
+        await trio.testing.wait_all_tasks_blocked()  # (the worker took it)
+        frozen_clock.jump(0.01)  # (a held ACCEPT goes when its delay passes)
+        await server.wait_for(lambda d=delivery: conn.answer_to(d) is not None)
+        answers.append(type(conn.answer_to(delivery)))
+    assert answers == [wire.MatchAccept, wire.MatchAccept, wire.MatchDecline]
+    Quick.release.set()
+    await engine.close()
+
+
+async def test_a_drain_is_woken_by_a_blocking_call_whose_thread_sent_its_outcome(
+    server, nursery, frozen_clock
+):
+    # The clock stands still (no timer fires): only the thread's wake-up ends the drain.
+    engine = await started(_quick_engine(server), nursery)
+    conn = server.conn
+    stream, delivery = await _offer_quick(conn, "held")
+    closed = threading.Event()
+
+    async def close() -> None:
+        await engine.close()
+        closed.set()
+
+    nursery.start_soon(close)
+    await trio.testing.wait_all_tasks_blocked()
+    assert not closed.is_set()
+    Quick.release.set()
+    assert await trio.to_thread.run_sync(closed.wait, 10)
+    result = conn.outcome_of(delivery)
+    assert conn.read_together(wire.MatchAccept(delivery=delivery, rid=stream), result)
+    assert engine.statistics().busy == 0
+
+
+async def test_a_blocking_outcome_after_the_connection_was_lost_is_dropped_and_its_slot_freed(
+    server, nursery, autojump_clock, caplog
+):
+    engine = await started(_quick_engine(server, reconnect_initial_backoff=1.0), nursery)
+    first = server.conn
+    _, delivery = await _offer_quick(first, "held")
+    await first.drop()
+    second = await server.wait_conns(2)
+    Quick.release.set()
+    await eventually(lambda: engine.statistics().busy == 0)
+    assert "is dropped" in caplog.text
+    assert first.outcome_of(delivery) is None and second.of_type(wire.MatchResult) == []
+    await engine.close()
 
 
 async def test_an_accept_delay_of_zero_accepts_each_task_at_once(server, nursery, autojump_clock):
