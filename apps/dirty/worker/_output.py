@@ -47,8 +47,35 @@ class Output:
         self.loop_thread = threading.get_ident()
 
     def write(self, data: bytes) -> None:
-        """Send ``data`` now if nothing is queued (any thread)."""
-        self.write_parts([data])
+        """Send ``data`` now if nothing is queued (any thread): :meth:`write_parts` of one
+        buffer, with one ``send`` (a reply's common case)."""
+        lock = self.lock
+        with lock:
+            if self.closed:
+                return
+            if self.queue or self.corked or self.sending:
+                self._enqueue([data])
+                return
+            self.sending = True
+        try:
+            n = self.sock.send(data, _DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            n = -1
+        with lock:
+            self.sending = False
+            if self.through:
+                self.sent.notify_all()
+            if n < 0:
+                self._close()
+                return
+            if n < len(data):
+                rest = memoryview(data)[n:] if n else data
+                self.queue.insert(0, rest)
+                self.size += len(rest)
+            if self.queue:
+                self._schedule()
 
     def write_parts(self, parts: list[Any]) -> None:
         """Send the buffers (one frame or more) now if nothing is queued (any thread)."""
