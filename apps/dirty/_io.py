@@ -136,22 +136,6 @@ class Outbox:
             self._queue(parts, 0)
             return
         fd = self.fd
-        if len(parts) == 1:
-            # One buffer (a lone call's frame, the common case): one write, no loop.
-            part = parts[0]
-            try:
-                n = os.writev(fd, parts)
-            except BlockingIOError:
-                n = 0
-            except OSError:
-                self._break()
-                return
-            if n < len(part):
-                rest = bytes(memoryview(part)[n:])  # (copied: views die with the next read)
-                self.buf.append(rest)
-                self.size += len(rest)
-                self._wake.set()
-            return
         i = 0
         while i < len(parts):
             chunk = parts[i : i + _IOV_MAX]
