@@ -43,6 +43,7 @@ from ._dirty_bytes import encode_header as encode_header
 from ._dirty_bytes import peek_route as peek_route
 from ._dirty_bytes import reply_parts as reply_parts
 from ._dirty_bytes import request_parts as request_parts
+from ._dirty_bytes import route_length as route_length
 from ._dist import Demonitor as Demonitor
 from ._dist import Down as Down
 from ._dist import Exit as Exit
@@ -235,6 +236,7 @@ __all__ = [
     "reply_parts",
     "request_id_from_str",
     "request_parts",
+    "route_length",
     "tlv_decode",
     "tlv_encode",
     "to_json",

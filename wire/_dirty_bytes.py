@@ -26,6 +26,7 @@ __all__ = [
     "peek_route",
     "reply_parts",
     "request_parts",
+    "route_length",
 ]
 
 _HEADER = struct.Struct(">2sBBIQ")
@@ -195,6 +196,13 @@ def big_bytes(mtype: int, view: memoryview, start: int, stop: int) -> bytes | No
     if view[start : body - 4] != head or _U32.unpack_from(view, body - 4)[0] != stop - body:
         return None
     return bytes(view[body:stop])
+
+
+def route_length(app_path: str, action: str) -> int:
+    """How many bytes of a REQUEST payload :func:`peek_route` read to find ``(app_path,
+    action)``: any payload opening with those same bytes has the same route (a reader of many
+    requests may keep them and compare, instead of reading each route again)."""
+    return 15 + len(_K_APP) + len(_K_ACTION) + len(app_path.encode()) + len(action.encode())
 
 
 def peek_route(view: memoryview, start: int, stop: int) -> tuple[str, str] | None:

@@ -120,6 +120,11 @@ class ClientConnection:
     #: then the last reply to go out arms the idle deadline (``arm_idle``).
     waiting: trio.CancelScope = attrs.Factory(trio.CancelScope)
     idle_wait: bool = False
+    #: The payload bytes that held the route of the last REQUEST read (its dict head,
+    #: ``app_path`` and ``action``), and its app: a request opening with the same bytes goes
+    #: the same way without its route being read again (a client mostly calls one action).
+    route_head: bytes = b""
+    route_app: str = ""
 
     def __attrs_post_init__(self) -> None:
         self.paused_at = min(HIGH_WATER, self.config.dirty_client_buffer)
@@ -315,15 +320,19 @@ async def _read_frames(
             deadline = math.inf
             if began is not None:
                 deadline = began + frame_timeout
-            elif not conn.pending and not conn.controls:
-                deadline = current_time() + idle_timeout
             elif idle_timeout != math.inf:
-                conn.idle_wait = True  # the last reply arms it (``arm_idle``)
+                if not conn.pending and not conn.controls:
+                    deadline = current_time() + idle_timeout
+                else:
+                    conn.idle_wait = True  # the last reply arms it (``arm_idle``)
             if deadline != math.inf:
                 waiting.deadline = deadline
             await reader.pace()
             conn.idle_wait = False
-            if waiting.deadline != math.inf:
+            # (Only this wait or ``arm_idle``, with an idle timeout, set a deadline.)
+            if (deadline != math.inf or idle_timeout != math.inf) and (
+                waiting.deadline != math.inf
+            ):
                 waiting.deadline = math.inf
         else:
             await reader.pace()  # (after BUSY_READS reads in a row, lets the other tasks run)
@@ -412,9 +421,14 @@ def _route(
     the read's requests (``touched`` gathers the workers to flush), or at once from the receive
     buffer (``touched`` None: the read's only frame); or park it while a worker for its app
     starts. Returns the error to answer it with instead."""
-    route = wire.peek_route(view, start, stop)
-    if route is not None:
+    head = conn.route_head
+    if head and view[start : start + len(head)] == head:
+        # Opens with the bytes of the last route read: the same app (one memcmp).
+        app_path = conn.route_app
+    elif (route := wire.peek_route(view, start, stop)) is not None:
         app_path = route[0]
+        conn.route_head = bytes(view[start : start + wire.route_length(*route)])
+        conn.route_app = app_path
     else:
         try:
             msg = decode_payload(view[start:stop])

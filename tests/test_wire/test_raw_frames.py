@@ -11,6 +11,8 @@ import socket
 import threading
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import wire
 
@@ -130,6 +132,27 @@ def test_reply_parts_and_big_bytes(value: object) -> None:
 def test_peek_route_leaves_other_key_orders_to_the_decoder() -> None:
     payload = wire.tlv_encode({"action": "a", "app_path": "m:App", "args": [], "kwargs": {}})
     assert wire.peek_route(memoryview(payload), 0, len(payload)) is None
+
+
+@given(
+    app=st.text(max_size=40),
+    action=st.text(max_size=20),
+    args=st.lists(st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8), max_size=3),
+)
+def test_route_length_spans_exactly_the_bytes_peek_route_reads(
+    app: str, action: str, args: list[object]
+) -> None:
+    # A reader may keep a request's first route_length bytes and route any request opening
+    # with them the same way: they hold the whole route, and nothing after it.
+    def payload(*call: object) -> bytes:
+        return wire.request_parts(1, *call)[0][16:]  # type: ignore[arg-type]
+
+    ours = payload(app, action, args)
+    n = wire.route_length(app, action)
+    assert wire.peek_route(memoryview(ours), 0, len(ours)) == (app, action)
+    assert payload(app, action, [*args, "more"], {"k": 1})[:n] == ours[:n]
+    assert payload(app + "x", action, args)[:n] != ours[:n]
+    assert payload(app, action + "x", args)[:n] != ours[:n]
 
 
 def test_a_client_buffer_grows_only_as_a_frames_bytes_arrive() -> None:

@@ -47,24 +47,45 @@ class Output:
         self.loop_thread = threading.get_ident()
 
     def write(self, data: bytes) -> None:
-        """Send ``data`` now if nothing is queued (any thread)."""
-        self.write_parts([data])
+        """Send ``data`` now if nothing is queued (any thread): :meth:`write_parts` of one
+        buffer, with one ``send`` (a reply's common case)."""
+        if not self._claim([data]):
+            return
+        try:
+            n = self.sock.send(data, _DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            n = -1
+        self._sent(n, [] if n < 0 or n == len(data) else [memoryview(data)[n:] if n else data])
 
     def write_parts(self, parts: list[Any]) -> None:
         """Send the buffers (one frame or more) now if nothing is queued (any thread)."""
-        with self.lock:
-            if self.closed:
-                return
-            if self.queue or self.corked or self.sending:
-                self._enqueue(parts)
-                return
-            self.sending = True
+        if not self._claim(parts):
+            return
         try:
             n = self.sock.sendmsg(parts, (), _DONTWAIT)
         except (BlockingIOError, InterruptedError):
             n = 0
         except OSError:
             n = -1
+        self._sent(n, [] if n < 0 else _rest(parts, n))
+
+    def _claim(self, parts: list[Any]) -> bool:
+        """Become the sending thread (True), or queue ``parts`` behind what is queued, being
+        sent or gathered (False)."""
+        with self.lock:
+            if self.closed:
+                return False
+            if self.queue or self.corked or self.sending:
+                self._enqueue(parts)
+                return False
+            self.sending = True
+            return True
+
+    def _sent(self, n: int, rest: list[Any]) -> None:
+        """The sending thread's send is over: ``n`` bytes went (-1: the socket failed), and
+        ``rest`` goes first in the queue, for the loop."""
         with self.lock:
             self.sending = False
             if self.through:
@@ -72,7 +93,6 @@ class Output:
             if n < 0:
                 self._close()
                 return
-            rest = _rest(parts, n)
             if rest:
                 self.queue[:0] = rest
                 for part in rest:

@@ -193,30 +193,41 @@ class Worker:
             logger.exception("dirty worker %d: the pool sent garbage", os.getpid())
             return False
         view = self.buffer.view
+        if len(frames) == 1:
+            # One frame (a lone caller's request, the common case): no batch to gather, so
+            # its reply goes out from the write itself (no cork, queue and flush).
+            mtype, rid, start, stop = frames[0]
+            self._take(mtype, rid, view, start, stop)
+            return True
         out = self.out
         out.cork()
         try:
             for mtype, rid, start, stop in frames:
-                if mtype == REQUEST:
-                    try:
-                        msg = decode_payload(view[start:stop])
-                        app_path = msg["app_path"]
-                        action = msg["action"]
-                        if type(app_path) is not str or type(action) is not str:
-                            raise KeyError
-                    except DirtyProtocolError as exc:
-                        out.write(error_bytes(rid, exc))
-                        continue
-                    except (KeyError, TypeError):
-                        error = DirtyProtocolError("a REQUEST needs str app_path and action")
-                        out.write(error_bytes(rid, error))
-                        continue
-                    self._dispatch(rid, msg, app_path, action)
-                elif mtype == END:
-                    self._abandon(rid)
+                self._take(mtype, rid, view, start, stop)
         finally:
             out.uncork()
         return True
+
+    def _take(self, mtype: int, rid: int, view: memoryview, start: int, stop: int) -> None:
+        """(Reader thread.) One frame from the node: a REQUEST runs (or is dispatched), an
+        END abandons its call."""
+        if mtype == REQUEST:
+            try:
+                msg = decode_payload(view[start:stop])
+                app_path = msg["app_path"]
+                action = msg["action"]
+                if type(app_path) is not str or type(action) is not str:
+                    raise KeyError
+            except DirtyProtocolError as exc:
+                self.out.write(error_bytes(rid, exc))
+                return
+            except (KeyError, TypeError):
+                error = DirtyProtocolError("a REQUEST needs str app_path and action")
+                self.out.write(error_bytes(rid, error))
+                return
+            self._dispatch(rid, msg, app_path, action)
+        elif mtype == END:
+            self._abandon(rid)
 
     def _dispatch(self, rid: int, msg: dict[str, Any], app_path: str, action: str) -> None:
         app = self.apps.get(app_path)

@@ -84,6 +84,8 @@ class FakePool:
         self.server.listen(8)
         self.conns: list[socket.socket] = []
         self.lock = threading.Lock()
+        #: Set by ``kill``: every connection, accepted before or after, is shut down.
+        self.dead = False
         #: Notified (under ``lock``) when ``frames`` or ``ended`` change.
         self.changed = threading.Condition(self.lock)
         threading.Thread(target=self._accept, daemon=True).start()
@@ -96,6 +98,14 @@ class FakePool:
             except OSError:
                 return
             with self.lock:
+                if self.dead:
+                    # Accepted after kill(): a blocked accept() outlives the listening socket's
+                    # close(), so a client connecting late still gets here; it finds the pool
+                    # dead too (left open, a "hold" request would hang its call).
+                    with contextlib.suppress(OSError):
+                        conn.shutdown(socket.SHUT_RDWR)
+                    conn.close()
+                    continue
                 self.conns.append(conn)
             threading.Thread(target=self._serve, args=(conn, n), daemon=True).start()
             n += 1
@@ -139,14 +149,20 @@ class FakePool:
                 self.changed.notify_all()
             conn.close()
 
-    def close(self) -> None:
-        self.gate.set()
-        self.release.set()
-        self.server.close()
+    def kill(self) -> None:
+        """The pool dies with its calls in flight: no answer comes, every connection it has,
+        or accepts from now on, is shut down."""
         with self.lock:
+            self.dead = True
+            self.server.close()
             for conn in self.conns:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.gate.set()
+        self.release.set()
+        self.kill()
 
 
 class StallingPool:

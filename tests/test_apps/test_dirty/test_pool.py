@@ -153,6 +153,22 @@ async def test_round_robin_and_per_app_limits(start_pool: Any, socket_path: str)
     await client.close_async()
 
 
+async def test_requests_alternating_apps_and_actions_on_one_connection_each_go_their_way(
+    start_pool: Any, socket_path: str
+) -> None:
+    # A connection keeps the route bytes of the last request it read: the next request takes
+    # that route only if it opens with the same bytes (another app or action never does).
+    await start_pool(dirty_apps=[ECHO, LIMITED], dirty_workers=3)
+    client = dirty.DirtyClient(socket_path)
+    limited = set()
+    for i in range(6):
+        assert await trio.to_thread.run_sync(client.execute, ECHO, "echo", i) == i
+        assert await trio.to_thread.run_sync(client.execute, ECHO, "add", i, 1) == i + 1
+        limited.add(await trio.to_thread.run_sync(client.execute, LIMITED, "pid"))
+    assert len(limited) == 1
+    client.close()
+
+
 async def test_a_long_call_on_one_worker_does_not_hold_up_calls_while_another_is_idle(
     start_pool: Any, socket_path: str
 ) -> None:

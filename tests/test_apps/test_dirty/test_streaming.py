@@ -18,6 +18,7 @@ import trio.testing
 import wire
 from apps import dirty
 from apps.dirty import _connection, _protocol
+from apps.dirty._io import Outbox
 from apps.dirty._protocol import CHUNK, END, RESPONSE
 from apps.dirty._proxy import WorkerProxy
 from apps.dirty.worker._output import Output
@@ -147,6 +148,37 @@ async def test_a_slow_reader_gets_the_whole_stream_in_order_when_it_reads_again(
         sock.close()
     assert [chunk[:4] for chunk in got] == [i.to_bytes(4, "big") for i in range(chunks)]
     assert all(len(chunk) == MIB for chunk in got)
+
+
+async def test_a_frame_the_clients_socket_takes_in_part_reaches_it_whole_and_in_order() -> None:
+    # The node writes a lone frame from the receive buffer it was read into; what the socket
+    # does not take is copied (the buffer is read into again) and sent before what follows.
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    try:
+        outbox = Outbox(ours.fileno())
+        received = bytearray(b"a" * (8 << 20))
+        second = b"b" * 100
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(outbox.run)
+            outbox.writev([memoryview(received)])
+            assert outbox.size, "the socket took all of it: the test needs a larger frame"
+            received[:] = b"z" * len(received)  # (the next read into the buffer)
+            outbox.writev([second])
+            got = bytearray()
+
+            def read() -> None:
+                while len(got) < (8 << 20) + len(second):
+                    got.extend(theirs.recv(1 << 20))
+
+            await trio.to_thread.run_sync(read)
+            await outbox.flush()
+            nursery.cancel_scope.cancel()
+        assert got == b"a" * (8 << 20) + second
+        assert not outbox.size
+    finally:
+        ours.close()
+        theirs.close()
 
 
 async def test_a_client_reading_nothing_is_dropped_and_the_held_worker_serves_on(

@@ -17,6 +17,7 @@ from apps import dirty
 from apps.dirty import _protocol
 from apps.dirty._protocol import CHUNK, END, ERROR, RESPONSE, STATUS
 from apps.dirty.worker import _server as worker_server
+from apps.dirty.worker._output import Output
 from apps.dirty.worker._server import Worker
 
 from .conftest import APPS
@@ -243,3 +244,32 @@ def test_an_exception_whose_str_raises_still_becomes_an_app_error() -> None:
     error = worker_server._app_error(Broken(), "m:A", "act")
     assert isinstance(error, dirty.DirtyAppError)
     assert "Broken" in str(error) and error.action == "act"
+
+
+def test_a_reply_the_socket_takes_in_part_goes_out_whole_before_the_next() -> None:
+    # Output.write sends a lone frame at once; what the socket does not take is queued first,
+    # and the loop sends it (then what was written behind it) as the socket takes it.
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        out = Output(loop, ours)
+        first, second = b"a" * (8 << 20), b"b" * 100
+        out.write(first)
+        assert out.queue, "the socket took all of it: the test needs a larger frame"
+        out.write(second)
+        got = bytearray()
+
+        def read() -> None:
+            while len(got) < len(first) + len(second):
+                got.extend(theirs.recv(1 << 20))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        loop.run_until_complete(out.wait_drained(10.0))
+        reader.join(10)
+        assert bytes(got) == first + second
+        assert not out.queue and not out.size
+    finally:
+        loop.close()
+        ours.close()
+        theirs.close()
