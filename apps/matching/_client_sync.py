@@ -1,10 +1,18 @@
 """The blocking client's engine: the client's ops (``_client_ops``, the trio engine's too) run
 in the calling thread on a :class:`~._sync_connection.SyncConnection`, no event loop under it.
+
+A client made before a fork (a pre-fork server's master, say) works in the child too: the child
+dials a connection of its own on its first call and leaves the parent's alone (its socket is
+closed in the child only, never shut down, which would end it for the parent as well), and the
+engine's locks are new in the child (a lock some other thread of the parent held at the fork
+would never be released there).
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from typing import Any, TypeVar
 
 from ._blobs import BlobCache
@@ -28,6 +36,14 @@ class SyncClientEngine:
         self._conn: SyncConnection | None = None
         self._dial_lock = threading.Lock()
         self._closed = False
+        _ENGINES.add(self)
+
+    def _forked(self) -> None:
+        """(In a forked child.) Let go of the parent's connection without touching it."""
+        self._dial_lock = threading.Lock()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.sock.close()  # (the child's copy of the descriptor only)
 
     @property
     def closed(self) -> bool:
@@ -88,3 +104,14 @@ class SyncClientEngine:
                 conn.close(ClientClosed("a call found it lost", retryable=True))
                 after_loss(op, exc, retry, self._closed)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+_ENGINES: weakref.WeakSet[SyncClientEngine] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for engine in list(_ENGINES):
+        engine._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -4,6 +4,7 @@ and credentials: ``test_credentials.py``)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -212,3 +213,50 @@ def test_a_keyboard_interrupt_anywhere_in_a_call_leaves_the_client_usable(fake_s
                 client.describe_flow("x")
             thread.join()
             assert client.start_flow(Greeting, flow_id=f"after-{i}") == f"after-{i}"
+
+
+def _in_child(fn: Any) -> int:
+    """Run ``fn`` in a forked child (bounded by an alarm: a hang fails it); its exit code."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child's coverage is not collected)
+        code = 1
+        try:
+            signal.alarm(10)
+            fn()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_forked_child_dials_its_own_connection_and_leaves_the_parents_alone(
+    fake_server, fake_dir
+):
+    # A pre-fork server's master made the client: each child calls on a connection of its own,
+    # and the parent's (never read nor shut down by a child) goes on as it was.
+    with _client(fake_server, fake_dir) as client:
+        client.start_flow(Greeting, flow_id="parent-1")
+        parents = client._engine._conn
+
+        def child() -> None:
+            client.start_flow(Greeting, flow_id="child")
+            assert client._engine._conn is not parents
+            client.close()
+
+        assert _in_child(child) == 0
+        client.start_flow(Greeting, flow_id="parent-2")
+        assert client._engine._conn is parents and parents.broken is None
+    assert {"parent-1", "child", "parent-2"} <= set(fake_server.flows)
+    assert fake_server.connections == 2
+
+
+def test_a_fork_while_another_thread_dials_leaves_the_child_a_client_that_works(
+    fake_server, fake_dir
+):
+    # The parent's dial lock, held by a thread at the fork, is a new lock in the child.
+    with _client(fake_server, fake_dir) as client:
+        with client._engine._dial_lock:
+            code = _in_child(lambda: client.start_flow(Greeting, flow_id="child"))
+        assert code == 0
+    assert "child" in fake_server.flows
