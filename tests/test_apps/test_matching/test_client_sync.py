@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -166,15 +165,14 @@ def test_close_fails_calls_in_flight_with_client_closed_and_is_idempotent(fake_s
         client.describe_flow("x")
 
 
-def _interrupt(started: threading.Event, ready: Any = lambda: True) -> threading.Thread:
-    """A thread that interrupts this one (SIGINT) once the server ``started`` a call and
-    ``ready()`` holds."""
+def _interrupt(started: threading.Event, ready: threading.Event | None = None) -> threading.Thread:
+    """A thread that interrupts this one (SIGINT) once the server ``started`` a call (and
+    ``ready`` is set, if given)."""
     main = threading.get_ident()
 
     def interrupt() -> None:
         assert started.wait(10)
-        while not ready():
-            time.sleep(0.001)
+        assert ready is None or ready.wait(10)
         signal.pthread_kill(main, signal.SIGINT)
 
     thread = threading.Thread(target=interrupt)
@@ -189,9 +187,18 @@ def test_a_keyboard_interrupt_mid_read_leaves_the_connection_usable(fake_server,
         client.open()
         conn = client._engine._conn
         assert conn is not None
-        # No event says the caller is past its send and reading (an interrupt during the send
-        # may close the connection instead, see the next test): look.
-        thread = _interrupt(started, lambda: conn.reader)
+        # The interrupt waits until the caller is past its send and reading (an interrupt
+        # during the send may close the connection instead, see the next test).
+        reading = threading.Event()
+        read = conn._read
+
+        def read_after_telling(remaining: Any, waiter: Any) -> None:
+            if waiter is not None:  # (a call's read, after its send; not the idle check's)
+                reading.set()
+            read(remaining, waiter)
+
+        conn._read = read_after_telling  # type: ignore[method-assign]
+        thread = _interrupt(started, reading)
         with pytest.raises(KeyboardInterrupt):
             client.describe_flow("x")
         thread.join()
