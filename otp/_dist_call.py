@@ -1,5 +1,6 @@
 """``GenServer.call`` and ``GenServer.stop`` of a server on another node (the caller's side of
-OTP's ``gen:call`` across nodes): the callee is monitored and the request sent in one write,
+OTP's ``gen:call`` across nodes): the callee is monitored and the request sent in one write
+(one MONITOR_SEND frame, or MONITOR then the request to a peer without ``monitor_send``),
 and the reply or the DOWN comes back to the caller's waiter through the monitor's ref, an
 alias, as in OTP 24+. A reply from the monitored server ends the monitor on both sides
 (``$gen_reply_demonitor``, as OTP's ``{alias, reply_demonitor}`` does on the caller's), so a
@@ -29,6 +30,7 @@ _GEN_CALL = wire.Atom("$gen_call")
 _SEND = wire.MessageType.SEND
 _REG_SEND = wire.MessageType.REG_SEND
 _MONITOR = wire.MessageType.MONITOR
+_MONITOR_SEND = wire.MessageType.MONITOR_SEND
 
 
 def bad_name(dest: Any) -> TypeError:
@@ -42,11 +44,12 @@ async def call(
     dist: Distribution, me: Process, server: Any, request: Any, timeout: float | None
 ) -> Any:
     """``GenServer.call`` of a server on another node: monitor it and send the request in
-    one write (the MONITOR first: its DOWN then always carries the reason the server exited
-    with), then wait for the reply or the DOWN, which the monitor's ref (an alias) routes
-    to this call's waiter. A reply from the server itself ends the monitor on both sides
-    (see Distribution.reply); otherwise (a deferred reply from another process, a timeout,
-    a cancelled caller) the DEMONITOR goes lazily, with the next frame.
+    one write (the MONITOR first, in one MONITOR_SEND frame where the peer takes it: its DOWN
+    then always carries the reason the server exited with), then wait for the reply or the
+    DOWN, which the monitor's ref (an alias) routes to this call's waiter. A reply from the
+    server itself ends the monitor on both sides (see Distribution.reply); otherwise (a
+    deferred reply from another process, a timeout, a cancelled caller) the DEMONITOR goes
+    lazily, with the next frame.
 
     Raises:
         BadArg: the request cannot cross to another node (nothing is sent or recorded).
@@ -79,15 +82,19 @@ async def call(
         wire_me = wire_id(me.pid)
         wire_ref = wire_id(ref)
         message = (_GEN_CALL, (wire_me, wire_ref), value_to_wire(request))
-        if server.__class__ is Pid:
-            to = wire_id(server)
-            sent = {"to": to, "msg": message}
-            mtype = _SEND
+        to = wire_id(server) if server.__class__ is Pid else name
+        if conn.monitor_send:
+            conn.send_now(
+                _MONITOR_SEND, {"from": wire_me, "to": to, "ref": wire_ref, "msg": message}
+            )
         else:
-            to = name
-            sent = {"from": wire_me, "to": name, "msg": message}
-            mtype = _REG_SEND
-        conn.send_now(_MONITOR, {"from": wire_me, "to": to, "ref": wire_ref}, mtype, sent)
+            if server.__class__ is Pid:
+                sent = {"to": to, "msg": message}
+                mtype = _SEND
+            else:
+                sent = {"from": wire_me, "to": name, "msg": message}
+                mtype = _REG_SEND
+            conn.send_now(_MONITOR, {"from": wire_me, "to": to, "ref": wire_ref}, mtype, sent)
         waiter = _watch(me, server, ref)
     timer = (
         node.timers.start(timeout, waiter.time_out, private=True) if timeout is not None else None

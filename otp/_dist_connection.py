@@ -172,6 +172,8 @@ class Connection:
         self.hidden = False  # hidden nodes (observer-remote)
         #: The peer accepts ``$gen_reply_demonitor`` (its handshake's ``reply_demonitor``).
         self.reply_demonitor = False
+        #: The peer accepts MONITOR_SEND frames (its handshake's ``monitor_send``).
+        self.monitor_send = False
         #: Set (and dropped) once the queue is below half DistConfig.busy_limit again: what
         #: the senders it suspended wait for (see _busy).
         self._resume: trio.Event | None = None
@@ -451,12 +453,17 @@ class Connection:
         return data[written:] if written < len(data) else b""
 
     def send_now(
-        self, first: wire.MessageType, payload: Any, second: wire.MessageType, then: Any
+        self,
+        first: wire.MessageType,
+        payload: Any,
+        second: wire.MessageType | None = None,
+        then: Any = None,
     ) -> None:
-        """Queue two frames that go out together and at once (a remote call's MONITOR and
-        request, whose sender waits for the answer): written straight to the socket, whatever
-        the burst gap, unless something is being written or waits (then they queue behind it);
-        encoded first, so a bad value raises and sends nothing.
+        """Queue a frame, or two that go out together (``second`` with the payload ``then``),
+        at once: a remote call's MONITOR_SEND (or MONITOR and request), whose sender waits for
+        the answer. Written straight to the socket, whatever the burst gap, unless something
+        is being written or waits (then they queue behind it); encoded first, so a bad value
+        raises and sends nothing.
 
         Raises:
             BadArg: a payload cannot be encoded.
@@ -466,7 +473,8 @@ class Connection:
         limits = self.dist.config.limits
         try:
             data = wire.encode_message(first, payload, codec=codec, limits=limits)
-            data += wire.encode_message(second, then, codec=codec, limits=limits)
+            if second is not None:
+                data += wire.encode_message(second, then, codec=codec, limits=limits)
         except wire.WireError as exc:
             raise BadArg(f"cannot send to node {self.peer!r}: {exc}") from exc
         if self.state == "down":
@@ -524,6 +532,7 @@ class Connection:
     def went_up(self, peer: Peer) -> None:
         self.codec = peer.codec
         self.reply_demonitor = "reply_demonitor" in peer.features
+        self.monitor_send = "monitor_send" in peer.features
         self.creation = peer.creation
         self.state = "up"
         pending, self._pending = self._pending, []

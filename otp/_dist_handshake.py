@@ -18,6 +18,9 @@ so nodes of different releases of one wire version still understand each other:
 - ``reply_demonitor``: it accepts a call's reply as ``$gen_reply_demonitor`` (the server's
   reply ended the call's monitor, so no DEMONITOR follows). A peer without it gets a plain
   ``$gen_reply`` and demonitors itself.
+- ``monitor_send``: it accepts MONITOR_SEND frames, a call's MONITOR and request in one frame
+  (one frame to encode, read and dispatch a call instead of two). A peer without it gets the
+  two frames, MONITOR then the request.
 
 A node may say it is **hidden** (``auth.hidden``, as Erlang's ``-hidden``): a connection either
 side of which is hidden joins no mesh and no process groups (see :attr:`Peer.hidden`). Remote
@@ -46,7 +49,7 @@ PROTOCOL_VERSION = 2
 NODE_NAME = re.compile(r"[A-Za-z0-9_-]+@[A-Za-z0-9_.-]+")
 MAX_NODE_NAME = 255
 #: What this release understands beyond version 2's base protocol (the module docstring).
-FEATURES: tuple[str, ...] = ("reply_demonitor",)
+FEATURES: tuple[str, ...] = ("reply_demonitor", "monitor_send")
 #: A peer's feature list is read only up to this many names of at most 64 characters each.
 MAX_FEATURES = 64
 

@@ -1,7 +1,8 @@
 """What each frame from a peer node does (the receiving half of Erlang's distribution
 protocol): messages are delivered, and LINK, UNLINK, EXIT, EXIT2, MONITOR, DEMONITOR and DOWN
-apply to local processes through the same code as the local signals (``Process.add_link``,
-``Node.link_exit``, ``Node.exit_signal``, ``Node.deliver_down``, ...).
+(and MONITOR_SEND, a MONITOR and a message in one frame) apply to local processes through the
+same code as the local signals (``Process.add_link``, ``Node.link_exit``,
+``Node.exit_signal``, ``Node.deliver_down``, ...).
 
 A peer is trusted with what it sends once it proved the cookie, but not with malformed
 frames: a bad payload raises, and the connection is dropped (see ``_dist_session``).
@@ -54,25 +55,34 @@ def dispatch(dist: Distribution, conn: Connection, frame: wire.Frame) -> None:
     t = frame.type
     p = frame.payload
     M = wire.MessageType
-    # The most frequent first: a remote call is a MONITOR, a SEND or REG_SEND and a
-    # DEMONITOR each way.
+    # The most frequent first: a remote call is a MONITOR_SEND (or a MONITOR and a SEND or
+    # REG_SEND) one way, its reply a SEND the other.
     if t is M.SEND:
         message = p["msg"]
         proc = _local(p["to"], node)
         if proc is not None:
             _deliver_to(node, proc, message)
-    elif t is M.REG_SEND:
-        _reg_send(dist, conn, p["to"], p["msg"])
-    elif t is M.MONITOR:
+    elif t is M.MONITOR_SEND or t is M.MONITOR:
         monitoring = _peer_pid(conn, p["from"], node)
         to = p["to"]
         ref = _monitor_ref(p["ref"], node)
+        message = p["msg"] if t is M.MONITOR_SEND else None  # (read before acting on any)
         # (A call's MONITOR names its server, mostly by a str name: _target's first step.)
         target = node.names.get(to) if to.__class__ is str else _target(to, node)
         if target is None:
             dist.send_down(monitoring, ref, _down_label(to, node), NOPROC)
         else:
             target.add_monitored_by(ref, monitoring)
+        if t is M.MONITOR_SEND:
+            # Then the message, as the SEND (to a pid) or REG_SEND (a name) after the
+            # MONITOR would be: to the process just monitored, or nobody if it is gone.
+            if to.__class__ is str or isinstance(to, wire.Pid):
+                if target is not None:
+                    _deliver_to(node, target, message)
+            else:
+                _reg_send(dist, conn, to, message)
+    elif t is M.REG_SEND:
+        _reg_send(dist, conn, p["to"], p["msg"])
     elif t is M.DEMONITOR:
         target = _target(p["to"], node)
         if target is not None:

@@ -51,6 +51,7 @@ from ._dist import Exit2 as Exit2
 from ._dist import Handshake as Handshake
 from ._dist import Link as Link
 from ._dist import Monitor as Monitor
+from ._dist import MonitorSend as MonitorSend
 from ._dist import Ping as Ping
 from ._dist import Pong as Pong
 from ._dist import RegSend as RegSend
@@ -184,6 +185,7 @@ __all__ = [
     "MatchWelcome",
     "MessageType",
     "Monitor",
+    "MonitorSend",
     "Pid",
     "Ping",
     "Pong",

@@ -2,7 +2,8 @@
 
 They follow the control messages of Erlang's distribution protocol (SEND, REG_SEND, LINK,
 UNLINK, EXIT, MONITOR_P, DEMONITOR_P, MONITOR_P_EXIT), with payloads as dicts of wire values
-so that each field has a name in ``wire/SPEC.md``.
+so that each field has a name in ``wire/SPEC.md``; MONITOR_SEND is a MONITOR and the message
+that follows it in one frame (a call's two control messages).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "Handshake",
     "Link",
     "Monitor",
+    "MonitorSend",
     "Ping",
     "Pong",
     "RegSend",
@@ -236,6 +238,19 @@ class Monitor(_Message):
 
 
 @attrs.frozen
+class MonitorSend(_Message):
+    """MONITOR_SEND: ``sender`` monitors ``to`` (a pid or a registered name) under ``ref``,
+    then ``message`` is delivered to ``to``: exactly a MONITOR followed by a SEND (``to`` a
+    pid) or a REG_SEND (a name), in one frame. Sent only to a peer whose handshake lists the
+    ``monitor_send`` feature (see SPEC.md)."""
+
+    sender: Pid = attrs.field(validator=_pid)
+    to: Pid | Atom | str = attrs.field(validator=_target)
+    ref: Ref = attrs.field(validator=_ref)
+    message: Any
+
+
+@attrs.frozen
 class Demonitor(_Message):
     """DEMONITOR: ``sender`` drops its monitor ``ref`` on ``to``."""
 
@@ -279,6 +294,7 @@ DistMessage = (
     | Exit
     | Exit2
     | Monitor
+    | MonitorSend
     | Demonitor
     | Down
     | Ping
@@ -302,6 +318,10 @@ _LAYOUT: dict[type, tuple[MessageType, tuple[tuple[str, str], ...]]] = {
     Exit: (MessageType.EXIT, (("sender", "from"), ("to", "to"), ("reason", "reason"))),
     Exit2: (MessageType.EXIT2, (("sender", "from"), ("to", "to"), ("reason", "reason"))),
     Monitor: (MessageType.MONITOR, (("sender", "from"), ("to", "to"), ("ref", "ref"))),
+    MonitorSend: (
+        MessageType.MONITOR_SEND,
+        (("sender", "from"), ("to", "to"), ("ref", "ref"), ("message", "msg")),
+    ),
     Demonitor: (MessageType.DEMONITOR, (("sender", "from"), ("to", "to"), ("ref", "ref"))),
     Down: (
         MessageType.DOWN,

@@ -56,8 +56,8 @@ _DEFAULT_LIMITS = Limits()
 class MessageType(enum.IntEnum):
     """Frame message types.
 
-    0x01..0x12 are Gunicorn's dirty protocol (versions 1 and 2); 0x20..0x2D are distribution
-    messages (version 2 only; 0x2E..0x3F reserved for distribution); 0x40..0x53 are the
+    0x01..0x12 are Gunicorn's dirty protocol (versions 1 and 2); 0x20..0x2E are distribution
+    messages (version 2 only; 0x2F..0x3F reserved for distribution); 0x40..0x53 are the
     matching service's messages (version 2 only, ``M_`` names, see ``wire/_matching.py``;
     0x54..0x5F reserved for the matching service); 0x60..0x7F are reserved.
     """
@@ -84,6 +84,7 @@ class MessageType(enum.IntEnum):
     EXIT2 = 0x2B
     SEND_BATCH = 0x2C
     REG_SEND_BATCH = 0x2D
+    MONITOR_SEND = 0x2E
     M_HELLO = 0x40
     M_WELCOME = 0x41
     M_REGISTER = 0x42

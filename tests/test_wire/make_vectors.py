@@ -228,6 +228,15 @@ V2_FRAMES: list[tuple[str, wire.Frame]] = [
     ("PING seq=9", wire.Ping(9).to_frame()),
     ("PONG seq=9", wire.Pong(9).to_frame()),
     *MATCHING_FRAMES,
+    # Listed after the matching frames, before the last entry: the earlier vectors stay put.
+    (
+        "MONITOR_SEND to a name",
+        wire.MonitorSend(P, "echo", R, (wire.Atom("$gen_call"), (P, R), "ping")).to_frame(),
+    ),
+    (
+        "MONITOR_SEND to a pid cbor",
+        wire.MonitorSend(P, wire.Pid("b@host", 5, 1), R, 1).to_frame(wire.Codec.CBOR),
+    ),
     (
         "REQUEST v2 cbor with a pid argument",
         wire.Frame(

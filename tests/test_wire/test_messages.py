@@ -82,6 +82,8 @@ def test_replies_are_checked_against_the_request_id() -> None:
         wire.Exit(P, Q, wire.ExitReason("shutdown", "bye")),
         wire.Monitor(P, Q, R),
         wire.Monitor(P, wire.Atom("name"), R),
+        wire.MonitorSend(P, Q, R, (wire.Atom("$gen_call"), (P, R), [1, "x"])),
+        wire.MonitorSend(P, "name", R, None),
         wire.Demonitor(P, Q, R),
         wire.Down(Q, P, R, wire.ExitReason("noconnection")),
         wire.Ping(3),
@@ -169,6 +171,11 @@ def test_malformed_dist_payload_names_the_field() -> None:
         wire.parse_dist(frame)
     frame = wire.Frame(wire.MessageType.EXIT, 0, {"from": P, "to": Q}, version=2)
     with pytest.raises(wire.MalformedMessage, match="lacks the key 'reason'"):
+        wire.parse_dist(frame)
+    frame = wire.Frame(
+        wire.MessageType.MONITOR_SEND, 0, {"from": P, "to": "x", "ref": R}, version=2
+    )
+    with pytest.raises(wire.MalformedMessage, match="MONITOR_SEND payload lacks the key 'msg'"):
         wire.parse_dist(frame)
 
 

@@ -165,8 +165,8 @@ async def test_a_process_registered_as_pg_or_net_kernel_gets_its_remote_messages
 async def test_a_peers_messages_to_names_that_are_not_str_reach_nobody(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    # A peer naming a list (or any non-str) in REG_SEND, MONITOR or DEMONITOR: dropped, or
-    # answered noproc, as for an unregistered name; the connection stays.
+    # A peer naming a list (or any non-str) in REG_SEND, MONITOR, MONITOR_SEND or DEMONITOR:
+    # dropped, or answered noproc, as for an unregistered name; the connection stays.
     async with otp.open_node(B):
         otp.register("inbox", otp.self())
         await _listening(tmp_path / "b.sock")
@@ -174,21 +174,29 @@ async def test_a_peers_messages_to_names_that_are_not_str_reach_nobody(
             with trio.fail_after(5):
                 assert await frames.receive_frame() is not None
             sender = wire.Pid(X, 1, 1)
-            ref = wire.Ref(X, 9, 1)
+            ref, ref2 = wire.Ref(X, 9, 1), wire.Ref(X, 10, 1)
             await stream.send_all(
                 _frame(wire.MessageType.REG_SEND, {"from": sender, "to": ["inbox"], "msg": 1})
                 + _frame(wire.MessageType.MONITOR, {"from": sender, "to": ["inbox"], "ref": ref})
+                + _frame(
+                    wire.MessageType.MONITOR_SEND,
+                    {"from": sender, "to": ["inbox"], "ref": ref2, "msg": 3},
+                )
                 + _frame(wire.MessageType.DEMONITOR, {"from": sender, "to": {"x": 1}, "ref": ref})
                 + _frame(wire.MessageType.REG_SEND, {"from": sender, "to": "inbox", "msg": 2})
             )
             assert await otp.receive(timeout=5, default=None) == 2
+            downs = []
             with trio.fail_after(5):
                 async for frame in frames:
                     if frame.type is wire.MessageType.DOWN:
-                        break
-            assert frame.payload["ref"] == ref
-            assert frame.payload["from"] == ["inbox"]
-            assert frame.payload["reason"] == wire.ExitReason("noproc")
+                        downs.append(frame.payload)
+                        if len(downs) == 2:
+                            break
+            assert [down["ref"] for down in downs] == [ref, ref2]
+            for down in downs:
+                assert down["from"] == ["inbox"]
+                assert down["reason"] == wire.ExitReason("noproc")
             assert otp.nodes() == [X]
 
 

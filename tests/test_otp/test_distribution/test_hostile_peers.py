@@ -162,6 +162,10 @@ async def test_a_monitor_or_link_for_a_third_nodes_process_is_refused(
         third = wire.Pid("c@localhost", 5, 1)
         for frame in (
             _frame(wire.MessageType.MONITOR, {"from": third, "to": me, "ref": wire.Ref("c", 1, 1)}),
+            _frame(
+                wire.MessageType.MONITOR_SEND,
+                {"from": third, "to": me, "ref": wire.Ref("c", 1, 1), "msg": "planted"},
+            ),
             _frame(wire.MessageType.LINK, {"from": third, "to": me}),
         ):
             async with raw_peer(tmp_path / "b.sock", COOKIE, "x@localhost", "b@localhost") as (
@@ -178,6 +182,7 @@ async def test_a_monitor_or_link_for_a_third_nodes_process_is_refused(
             info = otp.process_info(otp.self())
             assert info is not None
             assert info.monitored_by == () and info.links == ()
+        assert await otp.receive(timeout=0, default=None) is None  # nor the message delivered
     assert any("no process of that node" in r.getMessage() for r in caplog.records)
 
 

@@ -188,11 +188,11 @@ async def test_a_remote_call_that_times_out_drops_the_late_reply_and_demonitors(
                     frame = await frames.receive_frame()
                     assert frame is not None
                     seen[frame.type] = frame.payload
-            monitor = seen[wire.MessageType.MONITOR]
+            # (The peer listed monitor_send: the MONITOR and the request are one frame.)
+            monitor = seen[wire.MessageType.MONITOR_SEND]
             assert monitor["to"] == "srv"
             assert seen[wire.MessageType.DEMONITOR]["ref"] == monitor["ref"]
-            request = seen.get(wire.MessageType.REG_SEND) or seen[wire.MessageType.REG_SEND_BATCH]
-            _, (caller, tag), _ = request["msg"] if "msg" in request else request["msgs"][0]
+            _, (caller, tag), _ = monitor["msg"]
             # The reply and a DOWN, late: neither reaches the caller's mailbox.
             await stream.send_all(
                 _reply_to(caller, reply_atom, tag, "late")
@@ -232,11 +232,17 @@ async def _reply_later(from_: otp.From) -> None:
     otp.GenServer.reply(from_, ("answer", "deferred"))
 
 
-def _call_frames(caller: wire.Pid, ref: wire.Ref, request: Any) -> bytes:
-    """What a node's call of ``srv`` on b writes: MONITOR, then the request."""
+def _call_frames(caller: wire.Pid, ref: wire.Ref, request: Any, *, combined: bool) -> bytes:
+    """What a node's call of ``srv`` on b writes: one MONITOR_SEND (``combined``), or MONITOR
+    then the request (a node of an older release)."""
+    message = (wire.Atom("$gen_call"), (caller, ref), request)
+    if combined:
+        return _frame(
+            wire.MessageType.MONITOR_SEND,
+            {"from": caller, "to": "srv", "ref": ref, "msg": message},
+        )
     return _frame(wire.MessageType.MONITOR, {"from": caller, "to": "srv", "ref": ref}) + _frame(
-        wire.MessageType.REG_SEND,
-        {"from": caller, "to": "srv", "msg": (wire.Atom("$gen_call"), (caller, ref), request)},
+        wire.MessageType.REG_SEND, {"from": caller, "to": "srv", "msg": message}
     )
 
 
@@ -264,6 +270,7 @@ async def _b_and_raw_x(
             yield stream, frames
 
 
+@pytest.mark.parametrize("combined", [True, False])
 @pytest.mark.parametrize(
     ("request_", "features", "reply_atom", "monitor_left"),
     [
@@ -276,12 +283,17 @@ async def _b_and_raw_x(
     ],
 )
 async def test_only_the_servers_own_reply_to_a_remote_call_ends_its_monitor(
-    tmp_path: Path, request_: str, features: tuple[str, ...], reply_atom: str, monitor_left: bool
+    tmp_path: Path,
+    request_: str,
+    features: tuple[str, ...],
+    reply_atom: str,
+    monitor_left: bool,
+    combined: bool,
 ) -> None:
     async with _b_and_raw_x(tmp_path, features) as (stream, frames):
         server = await _Deferring.start(name="srv")
         caller, ref = wire.Pid(X, 1, 1), wire.Ref(X, 7, 1)
-        await stream.send_all(_call_frames(caller, ref, request_))
+        await stream.send_all(_call_frames(caller, ref, request_, combined=combined))
         # The server's reply says the monitor is gone, and it is: no DEMONITOR need follow.
         # Another process's (deferred) reply holds no monitor, so it ends none.
         reply = await _reply_frame(frames)
@@ -302,12 +314,15 @@ async def test_only_the_servers_own_reply_to_a_remote_call_ends_its_monitor(
 
 
 async def _call_to_srv(frames: wire.FrameStream) -> tuple[Any, Any]:
-    """The MONITOR and the request of a call of ``srv`` on the hand-made peer."""
+    """The MONITOR and the request of a call of ``srv`` on the hand-made peer (both in one
+    MONITOR_SEND frame, or two frames to a peer that did not list ``monitor_send``)."""
     monitor = None
     with trio.fail_after(5):
         while True:
             frame = await frames.receive_frame()
             assert frame is not None
+            if frame.type is wire.MessageType.MONITOR_SEND and frame.payload["to"] == "srv":
+                return frame.payload, frame.payload
             if frame.type is wire.MessageType.MONITOR:
                 monitor = frame.payload
             elif frame.type is wire.MessageType.REG_SEND and frame.payload["to"] == "srv":
@@ -377,4 +392,120 @@ async def test_a_reply_after_the_remote_caller_died_is_dropped(
         )
         with trio.fail_after(5):
             assert await otp.receive() == "marker"
+        assert otp.nodes() == [X]
+
+
+# -- a call's MONITOR and request in one MONITOR_SEND frame ---------------------------------------
+
+_X_SERVER = otp.Pid._make(X, 3, 1)
+
+
+async def _call_x_and_report(report_to: otp.Pid, server: Any) -> None:
+    otp.send(report_to, ("called", await otp.call(server, "req", timeout=30)))
+
+
+@pytest.mark.parametrize("server", [("srv", X), _X_SERVER], ids=["name", "pid"])
+@pytest.mark.parametrize(
+    ("features", "combined"),
+    [
+        (FEATURES, True),
+        # A peer of an older release (no monitor_send): the MONITOR, then the request.
+        (("reply_demonitor",), False),
+        ((), False),
+    ],
+)
+async def test_a_remote_call_is_one_monitor_send_frame_only_to_a_peer_that_takes_it(
+    tmp_path: Path, server: Any, features: tuple[str, ...], combined: bool
+) -> None:
+    to = "srv" if server.__class__ is tuple else wire.Pid(X, 3, 1)
+    async with _b_and_raw_x(tmp_path, features) as (stream, frames):
+        otp.spawn(_call_x_and_report, otp.self(), server)
+        calls: list[tuple[wire.MessageType, Any]] = []
+        with trio.fail_after(5):
+            while not calls or calls[-1][0] is wire.MessageType.MONITOR:
+                frame = await frames.receive_frame()
+                assert frame is not None
+                if frame.payload is not None and frame.payload.get("to") == to:
+                    calls.append((frame.type, frame.payload))
+        caller = calls[0][1]["from"]
+        ref = calls[0][1]["ref"]
+        request = (wire.Atom("$gen_call"), (caller, ref), "req")
+        if combined:
+            assert calls == [
+                (
+                    wire.MessageType.MONITOR_SEND,
+                    {"from": caller, "to": to, "ref": ref, "msg": request},
+                )
+            ]
+        else:
+            send = wire.MessageType.REG_SEND if to == "srv" else wire.MessageType.SEND
+            assert [t for t, _ in calls] == [wire.MessageType.MONITOR, send]
+            assert calls[0][1] == {"from": caller, "to": to, "ref": ref}
+            assert calls[1][1]["msg"] == request
+        await stream.send_all(_reply_to(caller, "$gen_reply", ref, "the reply"))
+        with trio.fail_after(5):
+            assert await otp.receive() == ("called", "the reply")
+
+
+def _monitor_send(to: Any, ref: wire.Ref, message: Any) -> bytes:
+    """A MONITOR_SEND from x's process 1."""
+    return _frame(
+        wire.MessageType.MONITOR_SEND,
+        {"from": wire.Pid(X, 1, 1), "to": to, "ref": ref, "msg": message},
+    )
+
+
+async def _down(frames: wire.FrameStream) -> Any:
+    """The payload of the next DOWN the hand-made peer reads."""
+    with trio.fail_after(5):
+        async for frame in frames:
+            if frame.type is wire.MessageType.DOWN:
+                return frame.payload
+    raise AssertionError("the connection closed before a DOWN came")
+
+
+async def _exit_on_message(reason: Any) -> None:
+    await otp.receive()
+    otp.exit_self(reason)
+
+
+@pytest.mark.parametrize("by", ["name", "pid"])
+async def test_a_monitor_send_monitors_before_it_delivers(tmp_path: Path, by: str) -> None:
+    # The process exits on the message the frame brings: the monitor was in place by then, so
+    # the DOWN carries its exit reason (not noproc), as a MONITOR then a SEND would.
+    async with _b_and_raw_x(tmp_path) as (stream, frames):
+        target = otp.spawn(_exit_on_message, ("bye", 1))
+        otp.register("short", target)
+        to = "short" if by == "name" else wire.Pid(B, target.id, target.creation)
+        ref = wire.Ref(X, 8, 1)
+        await stream.send_all(_monitor_send(to, ref, "go"))
+        down = await _down(frames)
+        assert down["ref"] == ref and down["to"] == wire.Pid(X, 1, 1)
+        assert down["reason"] == wire.ExitReason("term", ("bye", 1))
+        assert otp.nodes() == [X]
+
+
+@pytest.mark.parametrize("by", ["name", "pid"])
+async def test_a_monitor_send_to_no_process_is_answered_noproc_and_delivers_nothing(
+    tmp_path: Path, by: str
+) -> None:
+    async with _b_and_raw_x(tmp_path) as (stream, frames):
+        gone = otp.spawn(_exit_on_message, otp.NORMAL)
+        ref = otp.monitor(gone)
+        otp.send(gone, "go")
+        assert await otp.receive(otp.Down) == otp.Down(ref, gone, otp.NORMAL)
+        to = "nobody" if by == "name" else wire.Pid(B, gone.id, gone.creation)
+        wref = wire.Ref(X, 9, 1)
+        await stream.send_all(
+            _monitor_send(to, wref, "lost")
+            + _frame(
+                wire.MessageType.REG_SEND,
+                {"from": wire.Pid(X, 1, 1), "to": "inbox", "msg": "after"},
+            )
+        )
+        down = await _down(frames)
+        assert down["ref"] == wref
+        assert down["from"] == (wire.Atom("nobody") if by == "name" else to)
+        assert down["reason"] == wire.ExitReason("noproc")
+        assert await otp.receive(timeout=5, default=None) == "after"
         assert otp.nodes() == [X]
