@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import wire
 
-from ._dist_values import value_to_wire, wire_id
+from ._dist_values import call_ref_to_wire, value_to_wire, wire_id
 from ._errors import CallError, CallTimeout
 from ._gen_server_core import GenCall, SystemTerminate, wait_reply
 from ._ids import Pid, Ref
@@ -80,7 +80,7 @@ async def call(
                 dist.send(server, GenCall(From(me.pid, ref), request))
     else:
         wire_me = wire_id(me.pid)
-        wire_ref = wire_id(ref)
+        wire_ref = call_ref_to_wire(ref)
         message = (_GEN_CALL, (wire_me, wire_ref), value_to_wire(request))
         to = wire_id(server) if server.__class__ is Pid else name
         if conn.monitor_send:

@@ -72,6 +72,19 @@ def wire_id(value: Pid | Ref) -> Any:
 _set_field = object.__setattr__
 
 
+def call_ref_to_wire(ref: Ref) -> Any:
+    """The wire form of a remote call's new ``ref``: made, not cached (no lookup can find a
+    ref just made, and a call answered by its server needs it no more: a DEMONITOR after a
+    timeout makes it again); remembered as the ref made last, so the reply's lookups find
+    the call's own ref by identity (see ref_from_wire)."""
+    made = object.__new__(wire.Ref)
+    _set_field(made, "node", ref.node)
+    _set_field(made, "id", ref.id)
+    _set_field(made, "creation", ref.creation)
+    _LAST_REF[0] = ref
+    return made
+
+
 def ref_from_wire(value: wire.Ref) -> Ref:
     """The ref a peer sent, its wire form remembered: a call's tag goes back in the reply.
 

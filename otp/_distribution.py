@@ -421,7 +421,7 @@ class Distribution:
             if monitored_by is not None:
                 watcher = monitored_by.pop(tag, None)
                 if watcher is not None:
-                    if watcher == pid:
+                    if watcher is pid or watcher == pid:
                         kind = _GEN_REPLY_DEMONITOR
                     else:  # (another process's monitor that happens to use the tag)
                         monitored_by[tag] = watcher

@@ -127,6 +127,16 @@ class GenServer:
             timeout = checked_timeout(timeout, "GenServer.call(timeout=...)")
         me = current_process()
         node = me.node
+        if (
+            server.__class__ is tuple
+            and len(server) == 2
+            and server[0].__class__ is str
+            and server[1] != node.name
+            and node.distribution is not None
+        ):
+            # ``(name, node)`` of another node: a remote call's hot path, without the two
+            # calls resolve_server and is_remote would take to find that out.
+            return await node.distribution.call(me, server, request, timeout)
         try:
             target = resolve_server(node, server)
         except BadArg:

@@ -55,6 +55,8 @@ class TimerService:
         self._targets: dict[Ref, Process] = {}
         self._order = itertools.count()
         self._scope: trio.CancelScope | None = None
+        #: The trio run's clock (trio.current_time's, without its two calls on the way).
+        self._clock: trio.abc.Clock | None = None
 
     def __len__(self) -> int:
         return len(self._actions)
@@ -64,7 +66,10 @@ class TimerService:
         (a call's timeout) is named by a bare object instead: cheaper to make than a ref, and
         out of reach of ``cancel_timer`` and ``read_timer``, whatever ref they are given."""
         ref = object() if private else self._node.make_ref()
-        deadline = trio.current_time() + max(0.0, delay)
+        clock = self._clock
+        if clock is None:
+            clock = self._clock = trio.lowlevel.current_clock()
+        deadline = clock.current_time() + max(0.0, delay)
         self._actions[ref] = (deadline, action)
         heap = self._heap
         heapq.heappush(heap, (deadline, next(self._order), ref))

@@ -342,6 +342,9 @@ class FrameDecoder:
         self._need = 2
         self._consumed = 0
         self._error: WireError | None = None
+        #: The fast decoders' payload sizes for the limits they were worked out for (a frozen
+        #: Limits: worked out again only when ``limits`` is replaced, not on every feed).
+        self._sizes: tuple[Limits | None, int, int] = (None, -1, -1)
 
     @property
     def buffered(self) -> int:
@@ -415,8 +418,14 @@ class FrameDecoder:
         base = self._consumed
         # The C decoder straight on each TLV payload within its size (_decode_at's first step,
         # without two Python calls a frame); anything else takes _decode_at's whole path.
-        fast_size = _fast_size(limits) if _C is not None else -1
-        cbor_fast_size = _cbor_fast_size(limits) if _C is not None else -1
+        sizes = self._sizes
+        if sizes[0] is not limits:
+            sizes = self._sizes = (
+                limits,
+                _fast_size(limits) if _C is not None else -1,
+                _cbor_fast_size(limits) if _C is not None else -1,
+            )
+        fast_size, cbor_fast_size = sizes[1], sizes[2]
         max_depth = limits.max_depth
         max_items = limits.max_items
         if _C is not None and fast_size >= 0 and 2 in versions:
