@@ -15,9 +15,11 @@ Which floor each ratio uses:
   node or worker code runs, so nothing built this way can beat it. Ours and the floor are
   measured in slices that alternate (:func:`_alternate`), so both see the same load on a shared
   machine. Their notes show CPU us per call of each process beside its stand-in in the floor
-  (node and forwarder, workers and echoes, client and bare callers, from ``/proc`` and
-  ``os.times``), and the node's trio wake-ups per call (counted with ``benchmarks._wakeups``
-  inside the node, read with SIGUSR2). With one caller a call is a chain, so every process's
+  (node and forwarder, workers and echoes, client and bare callers, in nanoseconds from
+  ``/proc/PID/task/*/schedstat`` and ``time.process_time``), and the node's trio wake-ups per
+  call (counted with ``benchmarks._wakeups`` inside the node, in slices of their own after the
+  timed ones: the counter costs trio a hook call per wake-up, which the forwarder does not
+  pay). With one caller a call is a chain, so every process's
   CPU adds to its latency: the node pays the forwarder's syscalls and its 2 wake-ups per call
   (frames are forwarded by header, never decoded), and the gap to the floor is Python per
   frame in the client, the node and the worker (which the floor's bare caller and echoes do
@@ -109,7 +111,16 @@ def _raw_pingpong(path: str, n: int, size: int = 64) -> float:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` has used (``/proc/PID/stat``)."""
+    """CPU seconds process ``pid`` has used: its threads' run time, counted in nanoseconds
+    (``/proc/PID/task/*/schedstat``; ``/proc/PID/stat`` counts clock ticks of 10 ms, as
+    coarse as a whole slice of calls), or from ``/proc/PID/stat`` where there is none."""
+    tasks = f"/proc/{pid}/task"
+    if os.path.exists(f"{tasks}/{pid}/schedstat"):
+        total = 0
+        for task in os.listdir(tasks):
+            with contextlib.suppress(FileNotFoundError), open(f"{tasks}/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -416,6 +427,10 @@ class _Side:
 
     calls: list[Callable[[], object]]
     probe: Callable[[], tuple[float, float, float]]
+    #: Turns the node's wake-up counter on (True) or off; None for the floor (it has none).
+    count: Callable[[bool], object] | None = None
+    #: Wake-ups per call by number of callers, from :meth:`count_wakeups`' slices.
+    wakeups: dict[int, float] = attrs.Factory(dict)
     latencies: list[float] = attrs.Factory(list)
     made: int = 0
     seconds: float = 0.0
@@ -435,14 +450,31 @@ class _Side:
 
     @contextlib.contextmanager
     def _counting(self, callers: int) -> Iterator[None]:
-        before, mine = self.probe(), os.times()
+        before, mine = self.probe(), time.process_time()
         yield
-        after, now = self.probe(), os.times()
+        after, now = self.probe(), time.process_time()
         deltas = [b - a for a, b in zip(before, after, strict=True)]
-        deltas.append((now.user - mine.user) + (now.system - mine.system))
+        deltas.append(now - mine)
         total = self.spent.setdefault(callers, [0.0] * len(deltas))
         for i, d in enumerate(deltas):
             total[i] += d
+
+    def count_wakeups(self, n: int, seconds: float) -> None:
+        """The node's wake-ups per call (``wakeups``), over a slice of ``n`` calls by one
+        caller and one of ``seconds`` with every caller, counted apart from the timed slices
+        (the counter costs the node a hook call per wake-up)."""
+        if self.count is None:
+            return
+        before = self.count(True)
+        try:
+            self.wakeups[1] = before
+            _round_trips(self.calls[0], n)
+            after = self.probe()[1]
+            self.wakeups[1] = (after - before) / n
+            made, _ = _calls_within(self.calls, seconds)
+            self.wakeups[len(self.calls)] = (self.probe()[1] - after) / max(made, 1)
+        finally:
+            self.count(False)
 
     def per_call(self, callers: int) -> list[float]:
         """The counters' increase per call over the slices with ``callers`` callers."""
@@ -471,6 +503,8 @@ def _alternate(sides: list[_Side], quick: bool) -> None:
             side.one(n)
         for side in order:
             side.many(seconds)
+    for side in sides:
+        side.count_wakeups(n, seconds)
 
 
 def _run_gunicorn(quick: bool) -> dict[str, float] | None:
@@ -544,9 +578,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+#: Signals to the counted node (:func:`_counted_node`): turn its wake-up counter on, off.
+_COUNT_ON = signal.SIGRTMIN
+_COUNT_OFF = signal.SIGRTMIN + 1
+
+
 def _counted_node(report: str, *argv: str) -> None:
-    """(Its own process.) ``python -m otp.node *argv`` with the trio run's wake-ups counted
-    (``benchmarks._wakeups``): each SIGUSR2 writes the count so far to ``report``."""
+    """(Its own process.) ``python -m otp.node *argv`` whose trio wake-ups can be counted
+    (``benchmarks._wakeups``): ``_COUNT_ON`` installs the counter, ``_COUNT_OFF`` removes it
+    (an installed instrument costs trio a hook call per wake-up, which the floor's forwarder
+    does not pay: the timed slices run without it), and each of them and SIGUSR2 write the
+    count so far to ``report`` once done."""
     import runpy
     import signal
 
@@ -556,18 +598,38 @@ def _counted_node(report: str, *argv: str) -> None:
 
     counter = WakeupCounter()
     run = trio.run
+    token: list[trio.lowlevel.TrioToken] = []
 
-    def counted_run(*args: Any, **kwargs: Any) -> Any:
-        kwargs["instruments"] = (*kwargs.get("instruments", ()), counter)
-        return run(*args, **kwargs)
+    def counted_run(async_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        async def main() -> Any:
+            token.append(trio.lowlevel.current_trio_token())
+            return await async_fn(*args)
 
-    def write_count(signum: int, frame: Any) -> None:
+        return run(main, **kwargs)
+
+    def write_count() -> None:
         with open(report + ".tmp", "w") as f:
             f.write(str(counter.count))
         os.replace(report + ".tmp", report)
 
+    def switch(on: bool) -> None:
+        # (In the run, not in the signal handler: trio may be inside an instrument hook.)
+        if on:
+            trio.lowlevel.add_instrument(counter)
+        else:
+            with contextlib.suppress(KeyError):
+                trio.lowlevel.remove_instrument(counter)
+        write_count()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if signum == signal.SIGUSR2 or not token:
+            write_count()
+        else:
+            token[0].run_sync_soon(switch, signum == _COUNT_ON)
+
     trio.run = counted_run  # type: ignore[assignment]
-    signal.signal(signal.SIGUSR2, write_count)
+    for signum in (signal.SIGUSR2, _COUNT_ON, _COUNT_OFF):
+        signal.signal(signum, on_signal)
     sys.argv = ["otp.node", *argv]
     runpy.run_module("otp.node", run_name="__main__", alter_sys=True)
 
@@ -583,23 +645,29 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _probe_node(pid: int, report: str) -> tuple[float, float, float]:
-    """The node's CPU seconds, trio wake-ups (see :func:`_counted_node`) and its worker
-    processes' CPU seconds so far."""
+    """The node's CPU seconds, trio wake-ups counted so far (see :func:`_counted_node`) and
+    its worker processes' CPU seconds so far."""
     cpu = _cpu_seconds(pid)
     workers = 0.0
     for child in _descendants(pid):
         with contextlib.suppress(OSError):
             workers += _cpu_seconds(child)
+    return cpu, _signal_node(pid, report, signal.SIGUSR2), workers
+
+
+def _signal_node(pid: int, report: str, signum: int) -> float:
+    """Send the counted node ``signum`` (:func:`_counted_node`); its wake-up count once it has
+    acted on it (nan if it does not answer)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(report)
-    os.kill(pid, signal.SIGUSR2)
+    os.kill(pid, signum)
     deadline = time.monotonic() + 5
     while not os.path.exists(report):
         if time.monotonic() > deadline:
-            return cpu, math.nan, workers
+            return math.nan
         time.sleep(0.001)
     with open(report) as f:
-        return cpu, float(f.read()), workers
+        return float(f.read())
 
 
 def _start_pool(path: str, report: str) -> subprocess.Popen[bytes]:
@@ -644,7 +712,11 @@ def _run_pool(quick: bool) -> tuple[dict[str, float], _Side, _Side]:
         try:
             for _ in range(50):
                 client.execute(APP, "echo", "warm")
-            ours = _Side([_echo_call(client)] * 8, lambda: _probe_node(proc.pid, report))
+            ours = _Side(
+                [_echo_call(client)] * 8,
+                lambda: _probe_node(proc.pid, report),
+                lambda on: _signal_node(proc.pid, report, _COUNT_ON if on else _COUNT_OFF),
+            )
             with _floor_rig() as floor:
                 _alternate([ours, floor], quick)
             out = {"execute": ours.latency(), "execute_8": ours.rate()}
@@ -666,12 +738,13 @@ def run(quick: bool) -> list[Result]:
     raw_rate = 1 / raw_small
 
     def node_cost(callers: int) -> str:
-        node, wakeups, workers, client = (x * 1e6 for x in pool.per_call(callers))
+        node, _, workers, client = (x * 1e6 for x in pool.per_call(callers))
         forwarder, _, echoes, bare = (x * 1e6 for x in floor.per_call(callers))
+        wakeups = pool.wakeups.get(callers, math.nan)
         return (
             f"; CPU us/call: node {node:.0f} (forwarder {forwarder:.0f}), workers"
             f" {workers:.0f} (echoes {echoes:.0f}), client {client:.0f} (bare callers"
-            f" {bare:.0f}); {wakeups / 1e6:.1f} node wake-ups/call"
+            f" {bare:.0f}); {wakeups:.1f} node wake-ups/call"
         )
 
     results = [

@@ -263,20 +263,61 @@ def test_bench_dirty_ours_and_the_floor_alternate_with_the_order_flipped_each_ro
     assert ours.made > 0 and floor.made > 0
 
 
-def test_bench_dirty_probe_counts_the_nodes_cpu_and_wakeups(tmp_path: Path) -> None:
+def test_bench_dirty_wakeups_are_counted_in_slices_of_their_own_after_the_timed_ones() -> None:
+    from benchmarks.bench_dirty import _alternate, _Side
+
+    switched: list[bool] = []
+    count = [0.0]
+
+    def call() -> None:
+        count[0] += 2 if switched[-1:] == [True] else 0  # (counted only while on)
+
+    def toggle(on: bool) -> float:
+        switched.append(on)
+        return count[0]
+
+    ours = _Side([call, call], lambda: (0.0, count[0], 0.0), toggle)
+    _alternate([ours], quick=True)
+    assert switched == [True, False]
+    assert ours.wakeups == {1: 2.0, 2: 2.0}
+    assert ours.per_call(1)[1] == ours.per_call(2)[1] == 0  # the timed slices: counter off
+
+
+def test_bench_dirty_probe_counts_the_nodes_cpu_and_its_wakeups_only_while_asked(
+    tmp_path: Path,
+) -> None:
     from apps import dirty
-    from benchmarks.bench_dirty import APP, _probe_node, _start_pool, _stop
+    from benchmarks.bench_dirty import (
+        _COUNT_OFF,
+        _COUNT_ON,
+        APP,
+        _probe_node,
+        _signal_node,
+        _start_pool,
+        _stop,
+    )
 
     path, report = str(tmp_path / "pool.sock"), str(tmp_path / "wakeups")
     proc = _start_pool(path, report)
     try:
-        cpu0, wakeups0, workers0 = _probe_node(proc.pid, report)
         with dirty.DirtyClient(path, timeout=10) as client:
+            cpu0, wakeups0, workers0 = _probe_node(proc.pid, report)
             for _ in range(50):
                 client.execute(APP, "echo", "x")
-        cpu1, wakeups1, workers1 = _probe_node(proc.pid, report)
+            cpu1, wakeups1, workers1 = _probe_node(proc.pid, report)
+            on = _signal_node(proc.pid, report, _COUNT_ON)
+            for _ in range(50):
+                client.execute(APP, "echo", "x")
+            _, counted, _ = _probe_node(proc.pid, report)
+            off = _signal_node(proc.pid, report, _COUNT_OFF)
+            for _ in range(50):
+                client.execute(APP, "echo", "x")
+            _, after, _ = _probe_node(proc.pid, report)
     finally:
         _stop(proc)
+    # the timed slices run without the counter (it costs the node a hook per wake-up)
+    assert wakeups1 == wakeups0 == on
     # each call wakes the node's connection reader and its worker reader at least
-    assert wakeups1 - wakeups0 >= 50
-    assert cpu1 >= cpu0 and workers1 >= workers0 > 0
+    assert counted - on >= 50
+    assert after == off >= counted
+    assert cpu1 > cpu0 and workers1 > workers0 > 0
