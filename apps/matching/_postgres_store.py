@@ -32,11 +32,11 @@ import psycopg.errors
 import trio
 from psycopg.pq import TransactionStatus
 
-from ._postgres_batches import apply_rows, group_rows
+from ._postgres_batches import apply_rows
 from ._postgres_schema import MIGRATIONS, SCHEMA_VERSION
-from ._sql_store import SqlStore, puts_free
-from ._store_records import StoreError, WriteBatch
-from ._store_sql import redact
+from ._sql_store import SqlStore
+from ._store_records import StoreError
+from ._store_sql import GroupRows, redact
 
 __all__ = ["CHANNEL", "SCHEMA_VERSION", "PostgresStore"]
 
@@ -100,6 +100,7 @@ class PostgresStore(SqlStore):
     _CLAIM_LOCK: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
     _ROW_LOCK: ClassVar[str] = " FOR UPDATE"
     _SHARED: ClassVar[bool] = True
+    _GROUPS: ClassVar[bool] = True
     _INTEGRITY = psycopg.errors.IntegrityError
     _DB_ERRORS = psycopg.Error
 
@@ -190,28 +191,20 @@ class PostgresStore(SqlStore):
 
     # -- group commits ---------------------------------------------------------------------------
 
-    def _commit_many(self, conn: Any, batches: list[WriteBatch]) -> list[StoreError | None]:
-        """As ``SqlStore._commit_many``, in one statement per table when the batches allow it
-        (``_postgres_batches``); else, or when one of them is refused, one by one."""
-        rows = group_rows(batches)
-        if rows is not None:
-            free = any(puts_free(batch) for batch in batches)
+    def _commit_group(self, conn: Any, rows: GroupRows, free: bool) -> bool:
+        """As ``SqlStore._commit_group``: ``BEGIN``, the rows (one statement per table,
+        ``_postgres_batches``) and the ``NOTIFY`` in one round trip, then ``COMMIT``."""
+        try:
             try:
-                try:
-                    applied = apply_rows(conn.raw, rows, (CHANNEL, self._origin) if free else None)
-                except psycopg.errors.IntegrityError:
-                    applied = False  # (one batch names a missing flow: the batches tell which)
-                conn.execute("COMMIT" if applied else "ROLLBACK")
-                if applied:
-                    self._transactions += 1
-                    self._batches += len(batches)
-                    return [None] * len(batches)
-            except psycopg.Error as exc:
-                if not conn.raw.closed and self._in_transaction(conn):
-                    conn.execute("ROLLBACK")
-                self._refused += len(batches)
-                raise StoreError(f"{self!r}: the transaction failed: {exc}") from exc
-        return super()._commit_many(conn, batches)
+                applied = apply_rows(conn.raw, rows, (CHANNEL, self._origin) if free else None)
+            except psycopg.errors.IntegrityError:
+                applied = False  # (one batch names a missing flow: the batches tell which)
+            conn.execute("COMMIT" if applied else "ROLLBACK")
+        except psycopg.Error:
+            if not conn.raw.closed and self._in_transaction(conn):
+                conn.execute("ROLLBACK")
+            raise
+        return applied
 
     # -- pending-step wake-ups -------------------------------------------------------------------
 

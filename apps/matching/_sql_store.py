@@ -36,12 +36,14 @@ from ._store_sql import (
     DISPATCH_COLUMNS,
     FLOW_COLUMNS,
     PENDING_COLUMNS,
+    GroupRows,
     SqlConnection,
     apply_refusable,
     attempt_from_row,
     check_limit,
     dispatch_from_row,
     flow_from_row,
+    group_rows,
     pending_from_row,
 )
 
@@ -63,6 +65,8 @@ class SqlStore(SqlServers):
     #: Whether several servers may share the database (else every lease is this server's:
     #: ``adopt_leases`` takes them all at start).
     _SHARED: ClassVar[bool] = False
+    #: Whether a group commit may go in one statement per table (``_commit_group``).
+    _GROUPS: ClassVar[bool] = False
     #: The driver's integrity-violation errors, and every error of the driver.
     _INTEGRITY: ClassVar[type[Exception] | tuple[type[Exception], ...]] = ()
     _DB_ERRORS: ClassVar[type[Exception] | tuple[type[Exception], ...]] = ()
@@ -298,6 +302,50 @@ class SqlStore(SqlServers):
         """(Inside a commit that puts pending steps.) Tell other servers; nothing on SQLite."""
 
     def _commit_many(self, conn: Any, batches: list[WriteBatch]) -> list[StoreError | None]:
+        """Every batch in one transaction: in one statement per table (``_commit_group``) when
+        ``group_rows`` allows it and no batch is refused; else one by one (``_commit_each``)."""
+        rows = group_rows(batches) if self._GROUPS else None
+        if rows is not None:
+            try:
+                committed = self._commit_group(conn, rows, any(map(puts_free, batches)))
+            except _as_tuple(self._DB_ERRORS) as exc:
+                self._refused += len(batches)
+                raise StoreError(f"{self!r}: the transaction failed: {exc}") from exc
+            if committed:
+                self._transactions += 1
+                self._batches += len(batches)
+                return [None] * len(batches)
+        return self._commit_each(conn, batches)
+
+    def _commit_group(self, conn: Any, rows: GroupRows, free: bool) -> bool:
+        """Write a group's ``rows`` in one transaction (telling other servers when it puts
+        ``free`` pending steps): True once committed, False once rolled back because a batch
+        must be refused or the rows need what only the one-by-one path does. On the driver's
+        error the transaction is rolled back and the error raised."""
+        conn.execute(self._BEGIN)
+        try:
+            try:
+                applied = self._write_rows(conn, rows)
+            except self._INTEGRITY:
+                applied = False  # (one batch names a missing flow: one by one tells which)
+            if applied and free:
+                self._notify_pending(conn)
+            conn.execute("COMMIT" if applied else "ROLLBACK")
+        except BaseException:
+            if self._in_transaction(conn):
+                conn.execute("ROLLBACK")
+            raise
+        return applied
+
+    def _write_rows(self, conn: Any, rows: GroupRows) -> bool:
+        """(Inside ``_commit_group``'s transaction; a subclass's, with ``_GROUPS``.) Write
+        ``rows``: True when every create inserted and every update found the version it
+        follows, else False."""
+        raise NotImplementedError
+
+    def _commit_each(self, conn: Any, batches: list[WriteBatch]) -> list[StoreError | None]:
+        """The batches one by one in one transaction, each in its savepoint when there are
+        several: a refused batch is rolled back alone."""
         outcomes: list[StoreError | None] = []
         self._transactions += 1
         try:

@@ -4,19 +4,26 @@ One connection, used by one thread at a time (``trio.to_thread``, behind a lock)
 WAL mode with ``synchronous=NORMAL``; values are wire CBOR in BLOB columns (never pickle). The
 schema, in ``_sqlite_schema``, is versioned in ``schema_migrations`` as Django's and Alembic's
 are, applied in order, and a database newer than the code is refused; the rows and batches it
-shares with PostgreSQL are in ``_store_sql``.
+shares with PostgreSQL are in ``_store_sql``. A group commit goes in one statement per table
+(``_sqlite_batches``) when its batches allow it.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ._sql_store import SqlStore
+from ._sqlite_batches import apply_rows
 from ._sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 from ._store_records import StoreError
+from ._store_sql import GroupRows
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore"]
+
+#: Prepared statements the connection keeps: the group path's vary with a group's size
+#: (``_sqlite_batches``: up to six per size), and preparing one costs more than running it.
+_STATEMENTS = 1024
 
 
 class SqliteStore(SqlStore):
@@ -37,6 +44,8 @@ class SqliteStore(SqlStore):
     _BEGIN: ClassVar[str] = "BEGIN IMMEDIATE"
     _INTEGRITY = sqlite3.IntegrityError
     _DB_ERRORS = sqlite3.Error
+    #: (``UPDATE ... FROM`` came in SQLite 3.33: an older library goes one by one.)
+    _GROUPS = sqlite3.sqlite_version_info >= (3, 33, 0)
 
     def __init__(self, path: str, *, threads: bool = True) -> None:
         if not isinstance(path, str) or not path:
@@ -51,12 +60,20 @@ class SqliteStore(SqlStore):
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=_STATEMENTS,
+            )
         except sqlite3.Error as exc:
             raise StoreError(f"{self!r}: cannot open the database: {exc}") from exc
         try:
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("PRAGMA busy_timeout = 5000")
+            # (A statement of many rows keeps a journal of its own, to undo itself alone; in
+            # memory, not a temp file's writes: the group path's statements are such.)
+            conn.execute("PRAGMA temp_store = MEMORY")
             if self.path != ":memory:":
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
@@ -67,6 +84,10 @@ class SqliteStore(SqlStore):
                 raise StoreError(f"{self!r}: cannot open the database: {exc}") from exc
             raise
         return conn
+
+    def _write_rows(self, conn: Any, rows: GroupRows) -> bool:
+        """As ``SqlStore._write_rows``, one statement per table (``_sqlite_batches``)."""
+        return apply_rows(conn, rows)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute(

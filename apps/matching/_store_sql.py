@@ -1,6 +1,7 @@
 """What the matching server's SQL stores share (SQLite and PostgreSQL): the columns, rows to
-and from records (values as wire CBOR in binary columns, never pickle), and applying one
-``WriteBatch`` inside a transaction.
+and from records (values as wire CBOR in binary columns, never pickle), applying one
+``WriteBatch`` inside a transaction, and a group's rows per table (``group_rows``) for the
+stores' one-statement-per-table path (``_sqlite_batches``, ``_postgres_batches``).
 
 The SQL here is written once, with ``?`` parameters and what both databases accept (``INSERT
 ... ON CONFLICT ... DO UPDATE``); a PostgreSQL connection adapter turns ``?`` into ``%s``. A
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import operator
 import urllib.parse
+from collections.abc import Sequence
+from itertools import chain
 from typing import Any, Protocol
 
 import attrs
@@ -34,6 +37,11 @@ __all__ = [
     "DISPATCH_COLUMNS",
     "FLOW_COLUMNS",
     "PENDING_COLUMNS",
+    "ROWS_CREATE_FLOWS",
+    "ROWS_INSERT_ATTEMPTS",
+    "ROWS_INSERT_DISPATCHES",
+    "ROWS_PUT_PENDING",
+    "GroupRows",
     "SqlConnection",
     "apply_refusable",
     "attempt_from_row",
@@ -43,6 +51,7 @@ __all__ = [
     "dispatch_row",
     "flow_from_row",
     "flow_row",
+    "group_rows",
     "pending_from_row",
     "pending_row",
     "redact",
@@ -83,15 +92,23 @@ _UPDATE_OWNED_FLOW = (
     _UPDATE_FLOW + " AND NOT EXISTS (SELECT 1 FROM pending WHERE pending.flow_id = ?"
     " AND pending.lease_owner <> ?)"
 )
-_INSERT_ATTEMPT = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES ({', '.join('?' * 11)})"
-_INSERT_DISPATCH = f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) VALUES ({', '.join('?' * 9)})"
-_PUT_PENDING = (
-    f"INSERT INTO pending ({PENDING_COLUMNS}) VALUES ({', '.join('?' * 8)})"
+#: A group's inserts, ``{}`` for its rows of placeholders (``_sqlite_batches``,
+#: ``_postgres_batches``; a batch's own below are the same with one row of ``?``).
+ROWS_CREATE_FLOWS = (
+    f"INSERT INTO flows ({FLOW_COLUMNS}) VALUES {{}} ON CONFLICT (flow_id) DO NOTHING"
+)
+ROWS_INSERT_ATTEMPTS = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES {{}}"
+ROWS_INSERT_DISPATCHES = f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) VALUES {{}}"
+ROWS_PUT_PENDING = (
+    f"INSERT INTO pending ({PENDING_COLUMNS}) VALUES {{}}"
     " ON CONFLICT (flow_id, step_index) DO UPDATE SET step = excluded.step,"
     " execution_id = excluded.execution_id, attempt = excluded.attempt,"
     " lease_owner = excluded.lease_owner, lease_expires = excluded.lease_expires,"
     " not_before = excluded.not_before"
 )
+_INSERT_ATTEMPT = ROWS_INSERT_ATTEMPTS.format(f"({', '.join('?' * 11)})")
+_INSERT_DISPATCH = ROWS_INSERT_DISPATCHES.format(f"({', '.join('?' * 9)})")
+_PUT_PENDING = ROWS_PUT_PENDING.format(f"({', '.join('?' * 8)})")
 
 
 def _encode(value: Any, what: str) -> bytes:
@@ -289,6 +306,100 @@ def _no_nul(row: tuple[Any, ...]) -> tuple[Any, ...]:
                 details={"text": value},
             )
     return row
+
+
+@attrs.frozen
+class GroupRows:
+    """A group's rows, per table, in the order the batches wrote them."""
+
+    created: list[tuple[Any, ...]]
+    #: ``(*flow_row[1:], flow_id, version - 1, owner)``
+    updated: list[tuple[Any, ...]]
+    attempts: list[tuple[Any, ...]]
+    dispatches: list[tuple[Any, ...]]
+    pending_put: list[tuple[Any, ...]]
+    pending_done: list[tuple[Any, ...]]
+
+
+def group_rows(batches: Sequence[WriteBatch]) -> GroupRows | None:
+    """The rows of ``batches`` for a store's one-statement-per-table path, or None when they
+    must go one by one (each batch in its savepoint, :func:`apply_refusable`).
+
+    Only when that gives what applying the batches one by one would: every flow named in at
+    most one batch, no flow created or updated twice, no pending key put twice, no text holding
+    a NUL, every value encodable. Then the batches cannot see each other's rows, and each
+    table's statement does in one go what the batches' records did in order. The store still
+    checks that every create inserted and every update found the version it follows (else it
+    rolls back and goes one by one, which names the batch refused and why).
+    """
+    created: list[tuple[Any, ...]] = []
+    updated: list[tuple[Any, ...]] = []
+    attempts: list[tuple[Any, ...]] = []
+    dispatches: list[tuple[Any, ...]] = []
+    pending_put: list[tuple[Any, ...]] = []
+    pending_done: list[tuple[Any, ...]] = []
+    written: set[str] = set()
+    put: set[tuple[str, int]] = set()
+    owners: dict[str, int] = {}
+    try:
+        for index, batch in enumerate(batches):
+            for record in batch.flows_created:
+                if record.flow_id in written:
+                    return None
+                written.add(record.flow_id)
+                created.append(flow_row(record))
+            for record in batch.flows_upserted:
+                if record.flow_id in written:
+                    return None
+                written.add(record.flow_id)
+                row = flow_row(record)
+                updated.append((*row[1:], record.flow_id, record.version - 1, batch.owner))
+            attempts += map(attempt_row, batch.attempts)
+            dispatches += map(dispatch_row, batch.dispatches)
+            for step in batch.pending_put:
+                if step.key in put:
+                    return None
+                put.add(step.key)
+            pending_put += map(pending_row, batch.pending_put)
+            pending_done += batch.pending_done
+            if len(batches) > 1 and not _alone(batch, index, owners):
+                return None
+    except StoreError:
+        return None  # (a value with no wire form: that batch alone is refused)
+    rows = GroupRows(created, updated, attempts, dispatches, pending_put, pending_done)
+    if _any_nul(created, _FLOW_TEXT) or _any_nul(updated, _UPDATED_TEXT):
+        return None
+    if _any_nul(attempts, _ATTEMPT_TEXT) or _any_nul(dispatches, _DISPATCH_TEXT):
+        return None
+    if _any_nul(pending_put, _PENDING_TEXT) or _any_nul(pending_done, _DONE_TEXT):
+        return None
+    return rows
+
+
+def _alone(batch: WriteBatch, index: int, owners: dict[str, int]) -> bool:
+    """Whether no batch before ``index`` named a flow ``batch`` names (recording its flows)."""
+    names = {r.flow_id for r in batch.flows_created}
+    names.update(r.flow_id for r in batch.flows_upserted)
+    names.update(r.flow_id for r in batch.attempts)
+    names.update(r.flow_id for r in batch.dispatches)
+    names.update(step.flow_id for step in batch.pending_put)
+    names.update(flow_id for flow_id, _ in batch.pending_done)
+    return all(owners.setdefault(flow_id, index) == index for flow_id in names)
+
+
+# Where each table's rows may hold text (the rest are numbers, bytes, or None).
+_FLOW_TEXT = operator.itemgetter(0, 1, 2, 9)
+_UPDATED_TEXT = operator.itemgetter(0, 1, 8, 13, 15)
+_ATTEMPT_TEXT = operator.itemgetter(0, 2, 3, 6, 7)
+_DISPATCH_TEXT = operator.itemgetter(0, 2, 3, 5, 6, 7)
+_PENDING_TEXT = operator.itemgetter(0, 2, 3, 5)
+_DONE_TEXT = operator.itemgetter(0, 0)  # (twice: a tuple, as the others give)
+
+
+def _any_nul(rows: list[tuple[Any, ...]], texts: operator.itemgetter[Any]) -> bool:
+    """Whether a text in ``rows`` holds a NUL, in one pass in C (``str`` of a None, a number
+    or bytes holds none: bytes print escaped)."""
+    return bool(rows) and "\x00" in "".join(map(str, chain.from_iterable(map(texts, rows))))
 
 
 def _lease_conflict(conn: SqlConnection, flow_id: str, owner: str | None) -> StoreConflict:

@@ -605,9 +605,10 @@ async def test_a_group_of_batches_on_separate_flows_refuses_only_the_refused_one
     assert (after.batches, after.refused) == (before.batches + 2, before.refused + 3)
 
 
-def test_postgres_group_rows_go_one_by_one_when_batches_could_meet() -> None:
-    # (_postgres_batches: only batches whose rows cannot meet go in one statement per table)
-    from apps.matching._postgres_batches import group_rows
+def test_group_rows_go_one_by_one_when_batches_could_meet() -> None:
+    # (_store_sql: only batches whose rows cannot meet go in one statement per table, on
+    # SQLite and PostgreSQL alike)
+    from apps.matching._store_sql import group_rows
 
     rows = group_rows(
         [
@@ -623,10 +624,65 @@ def test_postgres_group_rows_go_one_by_one_when_batches_could_meet() -> None:
         [WriteBatch(flows_created=[flow("a")], flows_upserted=[flow("a", version=2)])],
         [WriteBatch(pending_put=[pending("a"), pending("a", attempt=2)])],
         [WriteBatch(flows_created=[flow("a\x00")])],
+        [WriteBatch(flows_upserted=[flow("a", version=2, sticky_worker="w\x00")])],
+        [WriteBatch(attempts=[attempt("a", status="failed", step="s\x00")])],
+        [WriteBatch(dispatches=[dispatch("a", reason="r\x00")])],
+        [WriteBatch(pending_put=[pending("a", lease_owner="s\x00", lease_expires=1.0)])],
+        [WriteBatch(pending_done=[("a\x00", 0)])],
         [WriteBatch(flows_created=[flow("a", state={"x": object()})])],
     ]
     for batches in one_by_one:
         assert group_rows(batches) is None, batches
+    # (bytes and numbers hold no text: a NUL in them goes in the group)
+    assert group_rows([WriteBatch(flows_created=[flow("a", state={"b": b"\x00"})])]) is not None
+
+
+async def test_a_group_commit_on_sqlite_runs_one_statement_per_table() -> None:
+    # (_sqlite_batches: a group's batches in at most six statements, without savepoints)
+    store = SqliteStore(":memory:", threads=False)
+    await store.open()
+    try:
+        await store.commit(WriteBatch(flows_created=[flow("a")], pending_put=[pending("a")]))
+        statements: list[str] = []
+        store._conn.set_trace_callback(statements.append)
+        group = [
+            WriteBatch(
+                flows_created=[flow("b"), flow("c")],
+                attempts=[attempt("b", 1), attempt("c", 1)],
+                dispatches=[dispatch("b", 1), dispatch("c", 2)],
+                pending_put=[pending("b"), pending("c")],
+            ),
+            WriteBatch(
+                flows_upserted=[flow("a", version=2, status="completed")],
+                pending_done=[("a", 0)],
+                owner="s1",
+            ),
+        ]
+        assert await store.commit_many(group) == [None, None]
+        kinds = " ".join(statement.split()[0] for statement in statements)
+        assert kinds == "BEGIN INSERT UPDATE INSERT INSERT INSERT DELETE COMMIT"
+        assert await store.get_flow("a") == flow("a", version=2, status="completed")
+        assert await store.pending("a") == [] and await store.pending("c") == [pending("c")]
+        assert await store.attempts("c") == [attempt("c", 1)]
+    finally:
+        await store.close()
+
+
+async def test_a_grouped_update_of_a_flows_type_and_creation_time_is_stored(
+    store: SqliteStore,
+) -> None:
+    # (SQLite's group update sets only what a Step changes; one that changes more is rolled
+    # back and goes one by one, in one transaction all the same)
+    await store.commit(WriteBatch(flows_created=[flow("a"), flow("b")]))
+    before = store.statistics()
+    moved = flow("a", version=2, flow_type="refunds", created_at=5.0)
+    done = flow("b", version=2, status="completed")
+    group = [WriteBatch(flows_upserted=[moved]), WriteBatch(flows_upserted=[done])]
+    assert await store.commit_many(group) == [None, None]
+    assert await store.get_flow("a") == moved and await store.get_flow("b") == done
+    assert await store.list_flows(flow_type="refunds") == [moved]
+    after = store.statistics()
+    assert (after.transactions, after.batches) == (before.transactions + 1, before.batches + 2)
 
 
 # -- pending steps, claims, leases --------------------------------------------------------------
