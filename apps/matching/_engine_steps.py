@@ -183,7 +183,7 @@ class EngineSteps(EngineKinds):
         now = time.time()
         definition = spec.to_wire()
         if parent is not None:
-            definition[PARENT_KEY] = parent
+            definition = {**definition, PARENT_KEY: parent}
         flow = _Flow(
             flow_id=flow_id,
             flow_type=flow_type,
@@ -412,12 +412,13 @@ class EngineSteps(EngineKinds):
         if routed is not None:
             self._routed(state, routed)
 
-    def _routed(self, state: _State, routed: Routed) -> None:
+    def _routed(self, state: _State, routed: Routed, *, call_over: bool = False) -> None:
+        """Note a routing decision (``call_over``: it came with the call's outcome)."""
         reasons = state.routed
         reasons[routed.reason] = reasons.get(routed.reason, 0) + 1
         target = state.deliveries.get(routed.delivery)
         if target is None:
-            if routed.reason == "delivered" and routed.stream is not None:
+            if routed.reason == "delivered" and routed.stream is not None and not call_over:
                 # A call nobody waits for any more (its flow was cancelled while it was
                 # offered, or its attempt or RPC timed out): the worker may as well stop it.
                 otp.send(routed.stream, CancelCall(routed.delivery))
