@@ -223,6 +223,10 @@ class EngineSteps(EngineKinds):
     ) -> None:
         _check_id("result", flow_id)
         timeout = _check_timeout("result", timeout)
+        flow = state.flows.get(flow_id)
+        if flow is not None and flow.running:
+            watch_waiter(state, flow, from_, timeout)  # (the common case: ``then``'s last arm)
+            return
         request = (from_, marked(("result", flow_id, timeout), forwarded))
 
         def then(flow: _Flow | None) -> None:
@@ -307,13 +311,20 @@ class EngineSteps(EngineKinds):
             flow.retry_timer = otp.send_after(flow.retry_at - now, state.me, due)
             return
         flow.retry_at = None
-        self._dispatch_step(state, flow, new_attempt=True)
+        self._dispatch_step(state, flow, new_attempt=True, now=now)
 
     def _dispatch_step(
-        self, state: _State, flow: _Flow, *, new_attempt: bool, delivery: int | None = None
+        self,
+        state: _State,
+        flow: _Flow,
+        *,
+        new_attempt: bool,
+        delivery: int | None = None,
+        now: float | None = None,
     ) -> None:
         step = flow.spec.steps[flow.step_index]
-        now = trio.current_time()
+        if now is None:
+            now = trio.current_time()
         if new_attempt:
             flow.started_at = time.time()
             flow.worker_id = None

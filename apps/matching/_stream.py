@@ -319,14 +319,16 @@ def _sooner(state: _Stream) -> None:
             scope.deadline = due
 
 
-def _to_idle(state: _Stream) -> None:
+def _to_idle(state: _Stream, now: float | None = None) -> None:
     """Idle (registered, or its offer declined, or its call over); a stream whose queue is gone
-    ends instead."""
+    ends instead. ``now``: the clock, if read."""
     if state.queue_gone:
         _close(state)
         raise _End
     state.phase = _IDLE
-    state.next_ping = trio.current_time() + state.limits.ping_interval
+    if now is None:
+        now = trio.current_time()
+    state.next_ping = now + state.limits.ping_interval
     _sooner(state)
 
 
@@ -420,7 +422,7 @@ def _handle(state: _Stream, message: Any) -> None:
         assert call is not None
         delivery = call.task.delivery
         if (kind is wire.MatchResult or kind is wire.MatchFailure) and message.delivery == delivery:
-            _call_ended(state, call, message)
+            _call_ended(state, call, message, None, state.last_heard)  # (the clock, just read)
         elif kind is wire.MatchOutput and message.delivery == delivery:
             state.after_output = True
         elif kind is wire.MatchClose:
@@ -441,10 +443,10 @@ def _served(
         _handle(state, accept)
         _handle(state, outcome)
         return
-    state.last_heard = trio.current_time()
+    state.last_heard = now = trio.current_time()
     state.offered = None
     routed = Routed(accept.delivery, state.offered_by, "delivered", state.worker_id, state.me)
-    _call_ended(state, offered, outcome, routed)
+    _call_ended(state, offered, outcome, routed, now)
 
 
 def _call_ended(
@@ -452,9 +454,11 @@ def _call_ended(
     call: Dispatch,
     message: wire.MatchResult | wire.MatchFailure,
     delivered: Routed | None = None,
+    now: float | None = None,
 ) -> None:
     """The worker's RESULT or FAILURE of ``call``: its outcome to ``reply_to`` (carrying
-    ``delivered``, the call's routing not sent yet, if any), then the stream is idle again."""
+    ``delivered``, the call's routing not sent yet, if any), then the stream is idle again
+    (``now``: the clock, if read)."""
     state.call = None
     delivery = call.task.delivery
     worker_id = state.worker_id
@@ -474,7 +478,7 @@ def _call_ended(
         assert type(message) is wire.MatchFailure
         error = ErrorInfo(message.type, message.message, message.retryable)
         otp.send(call.reply_to, Failed(delivery, worker_id, error, delivered))
-    _call_over(state, None if delivered is None else delivery)
+    _call_over(state, None if delivered is None else delivery, now)
 
 
 def _offer(state: _Stream, dispatch: Dispatch, queue: str) -> None:
@@ -529,7 +533,7 @@ def _accepted(state: _Stream, dispatch: Dispatch) -> None:
     _sooner(state)
 
 
-def _call_over(state: _Stream, accepted: int | None = None) -> None:
+def _call_over(state: _Stream, accepted: int | None = None, now: float | None = None) -> None:
     """The call's outcome went to its ``reply_to``: the worker's queues may offer it what it
     declined for capacity, and the stream is idle again (``accepted``: the call's delivery,
     when its queue has not been told ``Accepted`` yet)."""
@@ -538,7 +542,7 @@ def _call_over(state: _Stream, accepted: int | None = None) -> None:
         if notices is not None:
             notices.declined = False
         otp.cast(state.matcher, WorkerFreed(state.worker_id))
-    _to_idle(state)
+    _to_idle(state, now)
     otp.send(state.queue, StreamIdle(state.me, state.worker_id, state.caps, state.handle, accepted))
 
 
