@@ -148,6 +148,10 @@ class Connection:
     notices: _stream.FreedNotices = attrs.Factory(_stream.FreedNotices)
     #: Stream ids being registered -> the frames that came for them meanwhile.
     registering: dict[int, list[Any]] = attrs.Factory(dict)
+    #: An ACCEPT read and not yet handed to its stream: if the next frame of the same read is
+    #: that call's outcome (a worker writes both at once when its handler ends within
+    #: ``accept_delay``), both go over together (``StreamHandle.deliver_served``).
+    held: wire.MatchAccept | None = None
     calls: set[int] = attrs.Factory(set)
     #: Call id -> (op, the cancel scope of its task), for the drain.
     call_scopes: dict[int, tuple[str, trio.CancelScope]] = attrs.Factory(dict)
@@ -442,6 +446,8 @@ async def _reader(conn: Connection, frames: wire.FrameStream) -> None:
         conn.last_received = trio.current_time()
         for frame in batch:
             _handle(conn, frame)
+        if conn.held is not None:  # (never held past the read it came in)
+            _release(conn)
 
 
 def _handle(conn: Connection, frame: wire.Frame) -> None:
@@ -451,6 +457,17 @@ def _handle(conn: Connection, frame: wire.Frame) -> None:
         _bad(conn, frame.request_id, exc.message)
         return
     kind = type(msg)
+    held = conn.held
+    if held is not None:
+        if (
+            (kind is wire.MatchResult or kind is wire.MatchFailure)
+            and msg.rid == held.rid  # type: ignore[union-attr]
+            and msg.delivery == held.delivery  # type: ignore[union-attr]
+        ):
+            conn.held = None
+            _to_stream(conn, msg, held)
+            return
+        _release(conn)
     if kind is wire.MatchPong and msg.rid == 0:  # type: ignore[union-attr]
         return
     if kind is wire.MatchCall:
@@ -484,17 +501,35 @@ def _bad(conn: Connection, rid: int, message: str) -> None:
 # ==================================================================== worker streams
 
 
-def _to_stream(conn: Connection, msg: Any) -> None:
+def _release(conn: Connection) -> None:
+    """Hand the held ACCEPT to its stream (what follows it is not its outcome)."""
+    held = conn.held
+    assert held is not None
+    conn.held = None
+    handle = conn.streams.get(held.rid)
+    if handle is not None:
+        handle.deliver(held)
+
+
+def _to_stream(conn: Connection, msg: Any, accept: wire.MatchAccept | None = None) -> None:
+    """Hand ``msg`` to its stream (``accept``: the ACCEPT held before it, see ``held``)."""
     rid = msg.rid
     handle = conn.streams.get(rid)
     if handle is not None:
         kind = type(msg)
-        if kind is wire.MatchDecline:
-            # Noted here, in the order the worker wrote it: the RESULT that frees its slot
-            # comes after it on this connection, but may reach its own stream process before
-            # this DECLINE reaches its stream; that call's end must still send WorkerFreed.
-            conn.notices.note_decline(msg)
-        handle.deliver(msg)
+        if kind is wire.MatchAccept:
+            conn.held = msg  # (held until the next frame: see ``Connection.held``)
+            return
+        if accept is not None:
+            handle.deliver_served(accept, msg)
+        else:
+            if kind is wire.MatchDecline:
+                # Noted here, in the order the worker wrote it: the RESULT that frees its slot
+                # comes after it on this connection, but may reach its own stream process
+                # before this DECLINE reaches its stream; that call's end must still send
+                # WorkerFreed.
+                conn.notices.note_decline(msg)
+            handle.deliver(msg)
         if kind is wire.MatchClose:
             conn.tasks.pop(rid, None)
         elif (

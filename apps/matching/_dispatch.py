@@ -218,22 +218,26 @@ class CancelCall:
 @attrs.frozen(eq=False)
 class Completed:
     """The worker returned ``value`` and the state ``patch``; ``not_yet``: a WaitFor check
-    answered "not yet" (``value`` and ``patch`` mean nothing then)."""
+    answered "not yet" (``value`` and ``patch`` mean nothing then). ``delivered``: the
+    ``Routed(..., "delivered", ...)`` of this call, when the stream read the worker's ACCEPT
+    and this outcome at once (it takes effect first; one message instead of two)."""
 
     delivery: int
     worker_id: str
     value: Any
     patch: dict[str, Any]
     not_yet: bool = False
+    delivered: Routed | None = None
 
 
 @attrs.frozen
 class Failed:
-    """The handler raised: ``error`` says what."""
+    """The handler raised: ``error`` says what. ``delivered`` as ``Completed``'s."""
 
     delivery: int
     worker_id: str
     error: ErrorInfo
+    delivered: Routed | None = None
 
 
 @attrs.frozen
@@ -267,12 +271,15 @@ class Lost:
 class StreamIdle:
     """The stream is registered, or finished its call, and can take one. ``handle``: what the
     queue hands its ``Offer`` to (``_stream.StreamHandle.deliver``: the offer is taken in the
-    queue's own task when the stream's mailbox holds nothing before it), or None to send it."""
+    queue's own task when the stream's mailbox holds nothing before it), or None to send it.
+    ``accepted``: the delivery whose ``Accepted`` this stands for too (the worker's ACCEPT and
+    the call's outcome were read at once: one message instead of two), else None."""
 
     stream: Any
     worker_id: str
     caps: Capabilities
     handle: Any = attrs.field(default=None, eq=False)
+    accepted: int | None = None
 
 
 @attrs.frozen

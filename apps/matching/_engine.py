@@ -289,6 +289,11 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
             logger.warning("matching engine: unexpected cast %r", message)
         return self._next(state)
 
+    def _note_routed(self, state: _State, routed: Routed, *, call_over: bool = False) -> None:
+        self._routed(state, routed, call_over=call_over)
+        state.remote.routed(routed, state.deliveries)
+        state.direct.routed(routed)
+
     def handle_info(self, message: Any, state: _State) -> Any:
         match message:
             case "timeout":
@@ -297,11 +302,13 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                 self._definition_loaded(state, message)
             case ChildRead():
                 self._child_read(state, message)
+            case Completed() | Failed():
+                if message.delivered is not None:  # (its Routed, sent with it)
+                    self._note_routed(state, message.delivered, call_over=True)
+                self._outcome(state, message)
             case Routed():
-                self._routed(state, message)
-                state.remote.routed(message, state.deliveries)
-                state.direct.routed(message)
-            case Completed() | Failed() | NotDispatched() | Lost():
+                self._note_routed(state, message)
+            case NotDispatched() | Lost():
                 self._outcome(state, message)
             case BatchCommitted(tag=size, error=refused):
                 if refused is not None:

@@ -84,7 +84,13 @@ class EngineKinds(EngineReads):
         raise NotImplementedError
 
     def _dispatch_step(
-        self, state: _State, flow: _Flow, *, new_attempt: bool, delivery: int | None = None
+        self,
+        state: _State,
+        flow: _Flow,
+        *,
+        new_attempt: bool,
+        delivery: int | None = None,
+        now: float | None = None,
     ) -> None:
         raise NotImplementedError
 

@@ -183,7 +183,7 @@ class EngineSteps(EngineKinds):
         now = time.time()
         definition = spec.to_wire()
         if parent is not None:
-            definition[PARENT_KEY] = parent
+            definition = {**definition, PARENT_KEY: parent}
         flow = _Flow(
             flow_id=flow_id,
             flow_type=flow_type,
@@ -223,6 +223,10 @@ class EngineSteps(EngineKinds):
     ) -> None:
         _check_id("result", flow_id)
         timeout = _check_timeout("result", timeout)
+        flow = state.flows.get(flow_id)
+        if flow is not None and flow.running:
+            watch_waiter(state, flow, from_, timeout)  # (the common case: ``then``'s last arm)
+            return
         request = (from_, marked(("result", flow_id, timeout), forwarded))
 
         def then(flow: _Flow | None) -> None:
@@ -307,13 +311,20 @@ class EngineSteps(EngineKinds):
             flow.retry_timer = otp.send_after(flow.retry_at - now, state.me, due)
             return
         flow.retry_at = None
-        self._dispatch_step(state, flow, new_attempt=True)
+        self._dispatch_step(state, flow, new_attempt=True, now=now)
 
     def _dispatch_step(
-        self, state: _State, flow: _Flow, *, new_attempt: bool, delivery: int | None = None
+        self,
+        state: _State,
+        flow: _Flow,
+        *,
+        new_attempt: bool,
+        delivery: int | None = None,
+        now: float | None = None,
     ) -> None:
         step = flow.spec.steps[flow.step_index]
-        now = trio.current_time()
+        if now is None:
+            now = trio.current_time()
         if new_attempt:
             flow.started_at = time.time()
             flow.worker_id = None
@@ -412,12 +423,13 @@ class EngineSteps(EngineKinds):
         if routed is not None:
             self._routed(state, routed)
 
-    def _routed(self, state: _State, routed: Routed) -> None:
+    def _routed(self, state: _State, routed: Routed, *, call_over: bool = False) -> None:
+        """Note a routing decision (``call_over``: it came with the call's outcome)."""
         reasons = state.routed
         reasons[routed.reason] = reasons.get(routed.reason, 0) + 1
         target = state.deliveries.get(routed.delivery)
         if target is None:
-            if routed.reason == "delivered" and routed.stream is not None:
+            if routed.reason == "delivered" and routed.stream is not None and not call_over:
                 # A call nobody waits for any more (its flow was cancelled while it was
                 # offered, or its attempt or RPC timed out): the worker may as well stop it.
                 otp.send(routed.stream, CancelCall(routed.delivery))

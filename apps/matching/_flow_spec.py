@@ -60,10 +60,19 @@ class FlowSpec:
 
     steps: tuple[StepSpec, ...]
     rpcs: frozenset[str]
+    #: ``to_wire``'s answer, built once (every flow started with this spec pins it).
+    _wire: dict[str, Any] | None = attrs.field(
+        default=None, init=False, eq=False, hash=False, repr=False
+    )
 
     def to_wire(self) -> dict[str, Any]:
-        """``{"steps": [{"name", "max_attempts", ...}], "rpcs": [names]}``."""
-        return {"steps": [s.to_wire() for s in self.steps], "rpcs": sorted(self.rpcs)}
+        """``{"steps": [{"name", "max_attempts", ...}], "rpcs": [names]}``: the same dict on
+        every call (shared by the flows that pin it: copy it before changing it)."""
+        wire = self._wire
+        if wire is None:
+            wire = {"steps": [s.to_wire() for s in self.steps], "rpcs": sorted(self.rpcs)}
+            object.__setattr__(self, "_wire", wire)
+        return wire
 
 
 def _bad_definition(where: str, expected: str, got: Any) -> ConfigurationError:

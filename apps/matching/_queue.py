@@ -170,6 +170,8 @@ class Queue(otp.GenServer):
                 state.monitors[stream] = otp.monitor(stream)
                 if message.handle is not None:
                     state.handles[stream] = message.handle
+            if message.accepted is not None:  # (its Accepted, sent with it)
+                book.accepted(stream, message.accepted)
             actions = book.stream_idle(stream, message.worker_id, message.caps)
         elif kind is Accepted:
             # (one per call: it changes no wait, and the stream keeps the queue in use)

@@ -307,7 +307,7 @@ class QueueBook:
                 self._forward(waiting, "reroute_unknown_name", actions)
                 return actions
         self._waiting[waiting.seq] = waiting
-        self._settle(waiting, actions)
+        self._settle(waiting, actions, now)
         if waiting.seq in self._waiting:
             # (only a dispatch left waiting needs its expiry watched: one offered at once is
             # pushed again if it comes back, by ``_requeue``)
@@ -477,10 +477,11 @@ class QueueBook:
                 self._offer(waiting, entry, actions)
                 return
 
-    def _settle(self, waiting: _Waiting, actions: list[Action]) -> None:
+    def _settle(self, waiting: _Waiting, actions: list[Action], now: float | None = None) -> None:
         """A dispatch (back) in the waiting list: offer it, or end its wait if it is over (at
-        once, unoffered, if the task's deadline has passed)."""
-        now = self._clock()
+        once, unoffered, if the task's deadline has passed); ``now`` the clock, if read."""
+        if now is None:
+            now = self._clock()
         deadline = waiting.dispatch.task.deadline
         if deadline is None or deadline > now:
             self._match_dispatch(waiting, actions)

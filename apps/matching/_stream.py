@@ -175,10 +175,26 @@ class StreamHandle:
             self.state.mailed += 1
             otp.send(self.pid, offer)
 
-    def _take(self, frame: Any) -> None:
+    def deliver_served(
+        self, accept: wire.MatchAccept, outcome: wire.MatchResult | wire.MatchFailure
+    ) -> None:
+        """Hand over a worker's ACCEPT and the outcome of the same delivery that followed it at
+        once (from the connection): as :meth:`deliver` of each, in one message to the call's
+        ``reply_to`` and one to the queue instead of two each, when it is taken here."""
+        state = self.state
+        if state.mailed or state.me is None or state.ended or not otp.is_process_alive(self.pid):
+            self.deliver(accept)
+            self.deliver(outcome)
+            return
+        self._take(accept, outcome)
+
+    def _take(self, frame: Any, outcome: Any = None) -> None:
         state = self.state
         try:
-            _handle(state, frame)
+            if outcome is None:
+                _handle(state, frame)
+            else:
+                _served(state, frame, outcome)
         except _End:
             state.ended = True
             otp.send(self.pid, _Ended())
@@ -303,14 +319,16 @@ def _sooner(state: _Stream) -> None:
             scope.deadline = due
 
 
-def _to_idle(state: _Stream) -> None:
+def _to_idle(state: _Stream, now: float | None = None) -> None:
     """Idle (registered, or its offer declined, or its call over); a stream whose queue is gone
-    ends instead."""
+    ends instead. ``now``: the clock, if read."""
     if state.queue_gone:
         _close(state)
         raise _End
     state.phase = _IDLE
-    state.next_ping = trio.current_time() + state.limits.ping_interval
+    if now is None:
+        now = trio.current_time()
+    state.next_ping = now + state.limits.ping_interval
     _sooner(state)
 
 
@@ -403,24 +421,8 @@ def _handle(state: _Stream, message: Any) -> None:
         call = state.call
         assert call is not None
         delivery = call.task.delivery
-        if kind is wire.MatchResult and message.delivery == delivery:
-            state.call = None
-            outcome = Completed(
-                delivery, state.worker_id, message.value, message.patch, message.not_yet is True
-            )
-            try:
-                otp.send(call.reply_to, outcome)
-            except otp.BadArg as exc:
-                # The flow's engine is on another node, and this result is past the
-                # distribution's limits (a value nested deeper than they allow, say): the
-                # attempt fails, saying why, rather than this stream (and its connection).
-                otp.send(call.reply_to, Failed(delivery, state.worker_id, _cannot_cross(exc)))
-            _call_over(state)
-        elif kind is wire.MatchFailure and message.delivery == delivery:
-            state.call = None
-            error = ErrorInfo(message.type, message.message, message.retryable)
-            otp.send(call.reply_to, Failed(delivery, state.worker_id, error))
-            _call_over(state)
+        if (kind is wire.MatchResult or kind is wire.MatchFailure) and message.delivery == delivery:
+            _call_ended(state, call, message, None, state.last_heard)  # (the clock, just read)
         elif kind is wire.MatchOutput and message.delivery == delivery:
             state.after_output = True
         elif kind is wire.MatchClose:
@@ -428,6 +430,55 @@ def _handle(state: _Stream, message: Any) -> None:
     elif kind is wire.MatchClose:
         otp.send(state.queue, StreamGone(state.me))
         raise _End
+
+
+def _served(
+    state: _Stream, accept: wire.MatchAccept, outcome: wire.MatchResult | wire.MatchFailure
+) -> None:
+    """The worker's ACCEPT and the outcome of the same delivery, read at once: ``_handle`` of
+    each, with the ``Routed`` "delivered" carried by the outcome and the queue's ``Accepted``
+    by its ``StreamIdle``."""
+    offered = state.offered
+    if state.phase is not _OFFERED or offered is None or accept.delivery != offered.task.delivery:
+        _handle(state, accept)
+        _handle(state, outcome)
+        return
+    state.last_heard = now = trio.current_time()
+    state.offered = None
+    routed = Routed(accept.delivery, state.offered_by, "delivered", state.worker_id, state.me)
+    _call_ended(state, offered, outcome, routed, now)
+
+
+def _call_ended(
+    state: _Stream,
+    call: Dispatch,
+    message: wire.MatchResult | wire.MatchFailure,
+    delivered: Routed | None = None,
+    now: float | None = None,
+) -> None:
+    """The worker's RESULT or FAILURE of ``call``: its outcome to ``reply_to`` (carrying
+    ``delivered``, the call's routing not sent yet, if any), then the stream is idle again
+    (``now``: the clock, if read)."""
+    state.call = None
+    delivery = call.task.delivery
+    worker_id = state.worker_id
+    if type(message) is wire.MatchResult:
+        value, patch, not_yet = message.value, message.patch, message.not_yet is True
+        try:
+            otp.send(
+                call.reply_to, Completed(delivery, worker_id, value, patch, not_yet, delivered)
+            )
+        except otp.BadArg as exc:
+            # The flow's engine is on another node, and this result is past the
+            # distribution's limits (a value nested deeper than they allow, say): the
+            # attempt fails, saying why, rather than this stream (and its connection).
+            failed = Failed(delivery, worker_id, _cannot_cross(exc), delivered)
+            otp.send(call.reply_to, failed)
+    else:
+        assert type(message) is wire.MatchFailure
+        error = ErrorInfo(message.type, message.message, message.retryable)
+        otp.send(call.reply_to, Failed(delivery, worker_id, error, delivered))
+    _call_over(state, None if delivered is None else delivery, now)
 
 
 def _offer(state: _Stream, dispatch: Dispatch, queue: str) -> None:
@@ -482,16 +533,17 @@ def _accepted(state: _Stream, dispatch: Dispatch) -> None:
     _sooner(state)
 
 
-def _call_over(state: _Stream) -> None:
+def _call_over(state: _Stream, accepted: int | None = None, now: float | None = None) -> None:
     """The call's outcome went to its ``reply_to``: the worker's queues may offer it what it
-    declined for capacity, and the stream is idle again."""
+    declined for capacity, and the stream is idle again (``accepted``: the call's delivery,
+    when its queue has not been told ``Accepted`` yet)."""
     notices = state.notices
     if notices is None or notices.declined:
         if notices is not None:
             notices.declined = False
         otp.cast(state.matcher, WorkerFreed(state.worker_id))
-    _to_idle(state)
-    otp.send(state.queue, StreamIdle(state.me, state.worker_id, state.caps, state.handle))
+    _to_idle(state, now)
+    otp.send(state.queue, StreamIdle(state.me, state.worker_id, state.caps, state.handle, accepted))
 
 
 def _refuse(state: _Stream, dispatch: Dispatch) -> None:

@@ -22,7 +22,7 @@ import wire
 from apps.matching import _matcher
 from apps.matching._config import MatchingConfig
 from apps.matching._connection import DRAIN_GRACE, ServerContext
-from apps.matching._dispatch import Dispatch, Lost, MatchingLimits, Routed, Task
+from apps.matching._dispatch import Completed, Dispatch, Lost, MatchingLimits, Routed, Task
 from apps.matching._listener import CONNECTIONS, Listener, start_listener
 from apps.matching._write_batches import batched_writes
 
@@ -467,6 +467,47 @@ async def test_register_gets_registered_and_the_stream_pings(
     assert stats.streams == 2
     seen = {(await peer.receive()).rid for _ in range(3)}
     assert seen >= {1, 2}  # each idle stream is pinged
+    await peer.aclose()
+
+
+async def test_an_accept_read_with_its_outcome_reaches_the_engine_in_the_outcome(
+    serve: Any, sock: str
+) -> None:
+    """A worker's ACCEPT followed at once, in one read, by the same call's outcome goes to the
+    call's ``reply_to`` as one ``Completed`` carrying the ``Routed`` "delivered"; an ACCEPT
+    read alone (the outcome later, or a frame between them) is its own ``Routed``."""
+    await serve()
+    peer = await Peer.unix(sock)
+    await peer.hello("worker", worker_id="w1", flows=FLOWS)
+    await peer.send(wire.MatchRegister("flow", "greeting", rid=1))
+    assert type(await peer.receive_not_ping()) is wire.MatchRegistered
+
+    async def offered(delivery: int) -> None:
+        task = Task(delivery, "step", "greeting", "f1", "write", f"f1/{delivery}/write", 1)
+        _matcher.submit(Dispatch(task, otp.self()), matcher=_matcher.MATCHER)
+        got = await peer.receive_not_ping()
+        assert type(got) is wire.MatchTask and got.delivery == delivery
+
+    await offered(7)
+    accept, result = wire.MatchAccept(7, rid=1), wire.MatchResult(7, "hi", rid=1)
+    await peer.send_bytes(accept.encode(peer.codec) + result.encode(peer.codec))
+    done = await otp.receive(lambda m: type(m) is Completed)
+    assert done.value == "hi"
+    assert done.delivered == Routed(7, "flow:greeting", "delivered", "w1", done.delivered.stream)
+    await offered(8)
+    await peer.send(wire.MatchAccept(8, rid=1))
+    routed = await otp.receive(lambda m: type(m) is Routed and m.reason == "delivered")
+    await peer.send(wire.MatchResult(8, "again", rid=1))
+    done = await otp.receive(lambda m: type(m) is Completed)
+    assert (routed.delivery, done.value, done.delivered) == (8, "again", None)
+    await offered(9)
+    pong, accept = wire.MatchPong(rid=1), wire.MatchAccept(9, rid=1)
+    await peer.send_bytes(
+        accept.encode(peer.codec) + pong.encode(peer.codec) + result.encode(peer.codec)
+    )  # (the RESULT of another delivery: ignored)
+    routed = await otp.receive(lambda m: type(m) is Routed and m.reason == "delivered")
+    assert routed.delivery == 9
+    assert await otp.receive(lambda m: type(m) is Completed, timeout=0, default=None) is None
     await peer.aclose()
 
 

@@ -656,6 +656,45 @@ async def test_every_routed_outcome_becomes_a_dispatch_record(store_kind: StoreK
     ]
 
 
+async def test_an_outcome_carrying_its_delivered_routing_counts_as_both(
+    store_kind: StoreKind,
+) -> None:
+    """``Completed.delivered`` (the stream read the worker's ACCEPT and RESULT at once) is
+    recorded and counted as its own ``Routed`` would be, before the outcome; a late one (the
+    flow was cancelled meanwhile) tells the stream nothing, the call being over."""
+    async with otp.open_node(), server(store_kind, lambda task: []):
+        await FlowEngine.start_flow("T", [], definition(step("a"), step("b")), "f")
+        await FlowEngine.start_flow("T", [], definition(step("a")), "late")
+        await trio.testing.wait_all_tasks_blocked()
+        (_, d), (_, late) = await dispatches()
+        me = otp.self()
+        delivery = d.task.delivery
+        delivered = Routed(delivery, "worker:w1", "delivered", "w1", me)
+        otp.send(
+            ENGINE, Completed(delivery, "w1", "x", {"set": {}, "delete": []}, False, delivered)
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        (_, d), (_, _), (_, second) = await dispatches()
+        assert second.sticky_worker == "w1"  # (the worker it was delivered to)
+        await FlowEngine.cancel("late")
+        late_delivered = Routed(late.task.delivery, "worker:w2", "delivered", "w2", me)
+        otp.send(
+            ENGINE, Failed(late.task.delivery, "w2", ErrorInfo("E", "m", True), late_delivered)
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        assert (
+            await otp.receive(lambda m: isinstance(m, CancelCall), timeout=0, default=None) is None
+        )
+        records = (await describe("f")).dispatches
+        stats = await FlowEngine.statistics()
+    assert [(r["delivery"], r["name"], r["queue"], r["reason"]) for r in records] == [
+        (delivery, "a", "flow:T", "flow_queue"),
+        (delivery, "a", "worker:w1", "delivered"),
+        (second.task.delivery, "b", "flow:T", "flow_queue"),
+    ]
+    assert stats.dispatch_reasons["delivered"] == 2
+
+
 # -- WaitFor steps --------------------------------------------------------------------------------
 
 

@@ -270,6 +270,7 @@ def test_a_subflow_definition_carries_its_childs_and_round_trips():
     assert steps[3]["non_retryable_errors"] == ["Fatal"]
     spec = parse_definition(wire_form)
     assert spec.to_wire() == wire_form
+    assert spec.to_wire() is spec.to_wire()  # (built once: every flow of the spec pins it)
     assert spec.steps[1].child == parse_definition(Charge().definition().to_wire())
     assert spec.steps[3].retry.non_retryable_errors == ("Fatal",)
 

@@ -17,6 +17,7 @@ import otp
 import supervisors
 import wire
 from apps.matching._dispatch import (
+    Accepted,
     Capabilities,
     Completed,
     Dispatch,
@@ -43,8 +44,8 @@ from apps.matching._matcher import (
     statistics,
     submit,
 )
-from apps.matching._queue import QueueIdle
-from apps.matching._stream import FreedNotices, open_stream
+from apps.matching._queue import Queue, QueueIdle, start_queue
+from apps.matching._stream import FreedNotices, StreamHandle, open_stream
 
 CAPS = Capabilities({"Greet": ({"write"}, {"read"})})
 FINAL = (Completed, Failed, NotDispatched, Lost)
@@ -512,6 +513,19 @@ async def test_a_call_ending_before_its_streams_decline_is_handled_still_frees_t
 # -- handing over (StreamHandle: the stream's work done in its connection's or queue's task) --
 
 
+async def _idle_stream() -> tuple[FakeConn, StreamHandle]:
+    """A stream process of a silent worker, with this process as its connection, queue and
+    matcher, idle (its ``StreamIdle`` received)."""
+    me = otp.self()
+    conn = FakeConn("w1", silent)
+    handle = open_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=FreedNotices())
+    conn.stream = handle.pid
+    await trio.testing.wait_all_tasks_blocked()
+    idle = await otp.receive(lambda m: isinstance(m, StreamIdle))
+    assert idle.handle is handle  # (the queue hands its offers over too)
+    return conn, handle
+
+
 async def test_an_offer_and_the_workers_frames_handed_over_are_handled_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -519,13 +533,7 @@ async def test_an_offer_and_the_workers_frames_handed_over_are_handled_at_once(
     the TASK is written, and the worker's ACCEPT and RESULT reach ``reply_to``, before the
     caller yields (the stream's own task is not woken for them)."""
     async with otp.open_node():
-        me = otp.self()
-        conn = FakeConn("w1", silent)
-        handle = open_stream(conn, 1, "w1", CAPS, me, matcher=me, notices=FreedNotices())
-        conn.stream = handle.pid
-        await trio.testing.wait_all_tasks_blocked()
-        idle = await otp.receive(lambda m: isinstance(m, StreamIdle))
-        assert idle.handle is handle  # (the queue hands its offers over too)
+        conn, handle = await _idle_stream()
         d = dispatch()
         handle.offer(Offer(d, "flow:Greet"))
         assert [t.delivery for t in conn.tasks()] == [d.task.delivery]  # (no checkpoint yet)
@@ -535,6 +543,66 @@ async def test_an_offer_and_the_workers_frames_handed_over_are_handled_at_once(
         assert routed == Routed(d.task.delivery, "flow:Greet", "delivered", "w1", handle.pid)
         final = await otp.receive(lambda m: isinstance(m, Completed), timeout=0)
         assert (final.delivery, final.value) == (d.task.delivery, "hi")
+
+
+async def test_an_accept_and_its_outcome_handed_over_at_once_make_one_message_each_way(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``deliver_served`` (the connection read a call's ACCEPT and its outcome together): the
+    call's ``reply_to`` gets the outcome carrying its ``Routed`` "delivered", and the queue a
+    ``StreamIdle`` carrying its ``Accepted``, one message each; an ACCEPT that answers no
+    offer of the stream is taken as ``deliver`` would take it."""
+    async with otp.open_node():
+        _, handle = await _idle_stream()
+        for outcome in (
+            lambda delivery: wire.MatchResult(delivery, "hi", rid=1),
+            lambda delivery: wire.MatchFailure(delivery, "ValueError", "bad", False, rid=1),
+        ):
+            d = dispatch()
+            delivery = d.task.delivery
+            handle.offer(Offer(d, "flow:Greet"))
+            handle.deliver_served(wire.MatchAccept(delivery, rid=1), outcome(delivery))
+            got = []
+            while (message := await otp.receive(timeout=0, default=None)) is not None:
+                if isinstance(message, Completed | Failed | Routed | StreamIdle | Accepted):
+                    got.append(message)  # (not the casts to the matcher, also ``me`` here)
+            final, idle = got
+            assert isinstance(final, Completed | Failed) and final.delivery == delivery
+            assert final.delivered == Routed(delivery, "flow:Greet", "delivered", "w1", handle.pid)
+            assert isinstance(idle, StreamIdle) and idle.accepted == delivery
+        d = dispatch()
+        handle.offer(Offer(d, "flow:Greet"))
+        other = d.task.delivery + 1000
+        handle.deliver_served(
+            wire.MatchAccept(other, rid=1), wire.MatchResult(other, "hi", rid=1)
+        )  # (nothing the stream offered: ignored, as each frame alone would be)
+        assert await otp.receive(timeout=0, default=None) is None
+        assert handle.state.offered is d
+
+
+async def test_a_stream_idle_carrying_its_accepted_frees_the_stream_without_an_offer_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A queue told ``StreamIdle(accepted=delivery)`` by the stream it offered ``delivery``
+    to takes it as ``Accepted`` and then ``StreamIdle``: the call is over, nothing is offered
+    again; without ``accepted`` the offer was unanswered and goes to the stream again."""
+    async with otp.open_node():
+        me = otp.self()
+        queue = await start_queue("flow", "Greet", MatchingLimits(), me)
+        otp.send(queue, StreamIdle(me, "w1", CAPS))
+        d = dispatch()
+        otp.send(queue, d)
+        offer = await otp.receive(lambda m: isinstance(m, Offer), timeout=1)
+        assert offer.dispatch is d
+        otp.send(queue, StreamIdle(me, "w1", CAPS, accepted=d.task.delivery))
+        stats = await Queue.statistics(queue)
+        assert (stats.idle, stats.offered, stats.busy, stats.waiting) == (1, 0, 0, 0)
+        assert await otp.receive(lambda m: isinstance(m, Offer), timeout=0, default=None) is None
+        d2 = dispatch()
+        otp.send(queue, d2)
+        assert (await otp.receive(lambda m: isinstance(m, Offer), timeout=1)).dispatch is d2
+        otp.send(queue, StreamIdle(me, "w1", CAPS))  # (no answer: the offer is taken back)
+        assert (await otp.receive(lambda m: isinstance(m, Offer), timeout=1)).dispatch is d2
 
 
 async def test_what_is_handed_over_follows_what_still_waits_in_the_streams_mailbox(
