@@ -341,9 +341,10 @@ class StreamRejection:
 
 
 # What crosses between the servers of a cluster (a dispatch forwarded to another server's
-# matcher, the outcomes its queues and streams send the origin engine), under names that do
-# not move with the modules.
-for _cls in (Task, Forwarded, ErrorInfo, Routed, Completed, Failed, NotDispatched, Lost):
+# matcher, the outcomes its queues and streams send the origin engine, the engine's
+# ``CancelCall`` to a stream there), under names that do not move with the modules.
+_CROSSING = (Task, Forwarded, ErrorInfo, Routed, CancelCall, Completed, Failed, NotDispatched, Lost)
+for _cls in _CROSSING:
     otp.remote_value(_cls, name=f"matching.{_cls.__name__}")
 
 

@@ -84,13 +84,7 @@ class EngineKinds(EngineReads):
         raise NotImplementedError
 
     def _dispatch_step(
-        self,
-        state: _State,
-        flow: _Flow,
-        *,
-        new_attempt: bool,
-        delivery: int | None = None,
-        now: float | None = None,
+        self, state: _State, flow: _Flow, *, new_attempt: bool, delivery: int | None = None
     ) -> None:
         raise NotImplementedError
 

@@ -7,6 +7,8 @@ step a redelivery, not an attempt."""
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from apps.matching import (
     ClientOptions,
     Flow,
     FlowFailed,
+    FlowStatus,
     PullWorkerOptions,
     Registry,
     TrioClient,
@@ -97,6 +100,21 @@ async def _group_has(group: tuple[str, ...], node: str, present: bool = True) ->
         otp.pg.demonitor(ref)
 
 
+@asynccontextmanager
+async def _worker_there(worker_id: str) -> AsyncIterator[tuple[Any, TrioWorker, TrioClient]]:
+    """Two servers, a worker ``worker_id`` of the second (``m2``) serving Hop there, and a
+    client of the first; yields ``(m2, worker, client)`` within ``BOUND``."""
+    async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
+        worker = _worker(m2.matching, worker_id)
+        nursery.start_soon(worker.start)
+        async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
+            with trio.fail_after(BOUND):
+                await worker.wait_pull_registered()
+                await _group_has(("matching", "flow", "Hop"), m2.name)
+                yield m2, worker, client
+        await worker.close()
+
+
 def _routes(description: Any) -> list[tuple[str, str, str, str | None]]:
     return [(d["name"], d["queue"], d["reason"], d["worker_id"]) for d in description.dispatches]
 
@@ -104,19 +122,12 @@ def _routes(description: Any) -> list[tuple[str, str, str, str | None]]:
 async def test_a_flow_started_on_one_server_runs_on_a_worker_of_the_other_sticky_there_too() -> (
     None
 ):
-    async with two_servers() as (m1, m2), trio.open_nursery() as nursery:
-        worker = _worker(m2.matching, "w2")
-        nursery.start_soon(worker.start)
-        async with TrioClient(REGISTRY, None, ClientOptions(server_address=m1)) as client:
-            with trio.fail_after(BOUND):
-                await worker.wait_pull_registered()
-                await _group_has(("matching", "flow", "Hop"), m2.name)
-                await _group_has(("matching", "worker", "w2"), m2.name)
-                flow_id = await client.start_flow(Hop, "x")
-                assert await client.result(flow_id) == "x done"
-                assert await client.call_rpc(flow_id, "ping") == "pong"
-                description = await client.describe_flow(flow_id)
-        await worker.close()
+    async with _worker_there("w2") as (m2, _, client):
+        await _group_has(("matching", "worker", "w2"), m2.name)
+        flow_id = await client.start_flow(Hop, "x")
+        assert await client.result(flow_id) == "x done"
+        assert await client.call_rpc(flow_id, "ping") == "pong"
+        description = await client.describe_flow(flow_id)
     assert description.sticky_worker == "w2"
     assert _routes(description) == [
         ("first", "node:m2@localhost", "forwarded", None),  # no stream for Hop on m1
@@ -305,6 +316,19 @@ async def test_a_step_waiting_on_a_server_whose_matcher_crashes_is_dispatched_ag
     ]
     # No stream had it: only m1's watch of m2's matcher could tell it was lost.
     assert "the server on node m2@localhost went down (killed) with delivery" in caplog.text
+
+
+async def test_cancelling_a_flow_whose_step_runs_on_another_servers_worker_stops_it_there() -> None:
+    # The engine tells the stream that owns the call (CancelCall), across the nodes.
+    HOLD["never"] = trio.Event()
+    async with _worker_there("w-there") as (_, worker, client):
+        flow_id = await client.start_flow(Hop, "never")
+        await until(lambda: worker.statistics().busy == 1)
+        await client.cancel_flow(flow_id)
+        await until(lambda: worker.statistics().busy == 0)  # (its handler cancelled)
+        assert (await client.describe_flow(flow_id)).status is FlowStatus.CANCELLED
+        after = await client.start_flow(Hop, "after")
+        assert await client.result(after) == "after done"
 
 
 async def test_a_result_that_cannot_cross_to_the_flows_server_fails_the_step_saying_why() -> None:
