@@ -27,7 +27,7 @@ from ._errors import (
     ProtocolError,
 )
 from ._options import ClientOptions, WorkerOptions
-from ._sdk_calls import PendingCalls
+from ._sdk_calls import HeldCalls, PendingCalls
 from ._sdk_dial import dial, handshake
 
 __all__ = ["SdkConnection"]
@@ -96,6 +96,10 @@ class SdkConnection:
         self._reader_scope = trio.CancelScope()
         self.error: MatchingError | None = None
         self._reader_started = False
+        #: Whether :meth:`call` holds its M_CALL for the end of the scheduling batch (a
+        #: client's plain socket), and those held.
+        self.batch_calls = False
+        self._held = HeldCalls(self._write_held)
         stream = frames.stream
         #: The descriptor of a plain socket (not TLS), written to directly by :meth:`send`.
         self._fd: int | None = (
@@ -169,6 +173,7 @@ class SdkConnection:
         frames.exact = False
         frames.codec = welcome.codec
         conn = cls(frames, welcome, where)
+        conn.batch_calls = role == "client" and conn._fd is not None
         conn._reader_started = True
         conn._nursery = nursery
         if nursery is not None:
@@ -242,6 +247,8 @@ class SdkConnection:
         """
         self._check_open()
         data = message.encode(self.codec, limits=self._frames.limits)
+        if self._held.frames:
+            self._held.flush()  # (the calls held for the batch's end go first)
         # A cancelled caller sends nothing; when nobody is writing, a plain socket takes the
         # frame at once nearly always (no lock taken, no trip through the scheduler).
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -320,6 +327,12 @@ class SdkConnection:
             data = messages[0].encode(codec, limits=limits)
         else:
             data = b"".join([m.encode(codec, limits=limits) for m in messages])
+        if self._held.frames:
+            self._held.flush()  # (the calls held for the batch's end go first)
+        self._write_nowait(data)
+
+    def _write_nowait(self, data: bytes) -> None:
+        """:meth:`send_nowait`'s write of encoded frames (raises as it does)."""
         sent = self._write_here(data)
         if sent == len(data):
             return
@@ -428,7 +441,8 @@ class SdkConnection:
             raise self._write_failed(exc) from exc
 
     async def call(self, op: str, args: Mapping[str, Any], timeout: float | None = None) -> Any:
-        """Send M_CALL ``op`` and wait for its M_REPLY value.
+        """Send M_CALL ``op`` and wait for its M_REPLY value (a client's M_CALL goes at the
+        end of the scheduling batch, with the other calls of the batch: :attr:`batch_calls`).
 
         Raises:
             MatchingError: The server answered M_ERROR (the class its code names).
@@ -444,10 +458,25 @@ class SdkConnection:
         calls = self._calls
         pending = calls.add(rid, op, timeout)
         try:
-            await self.send(wire.MatchCall(op=op, args=dict(args), rid=rid))
+            message = wire.MatchCall(op=op, args=dict(args), rid=rid)
+            if self.batch_calls:
+                data = message.encode(self.codec, limits=self._frames.limits)
+                await trio.lowlevel.checkpoint_if_cancelled()
+                self._held.hold(data)
+            else:
+                await self.send(message)
             return await calls.wait(rid, pending)
         finally:
             calls.forget(rid)
+
+    def _write_held(self, data: bytes) -> None:
+        """Write held calls (never raises: a failed write loses the connection, which fails
+        those calls)."""
+        if not self._closed.is_set():
+            try:
+                self._write_nowait(data)
+            except ClientClosed:
+                pass
 
     # -- closing --------------------------------------------------------------------------
 
@@ -486,6 +515,7 @@ class SdkConnection:
         with self.write_lock:  # (after this no thread writes: the socket may be closed)
             self._shut = True
             self._backlog.clear()
+        self._held.frames.clear()
         self.error = error
         self._closed.set()
         self._reader_scope.cancel()
@@ -510,24 +540,31 @@ class SdkConnection:
     async def _read(self) -> None:
         try:
             with self._reader_scope:
+                receive = self._frames.receive_frames
+                closed = self._closed
                 while True:
+                    # One checkpoint for every frame a read brought (under load tens of a
+                    # client's replies, several TASKs of a worker's), not one each.
                     try:
-                        frame = await self._frames.receive_frame()
+                        frames = await receive()
                     except wire.WireError as exc:
                         self._lost(ProtocolError(f"{self._where} sent a malformed frame: {exc}"))
                         return
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                         self._lost(ClientClosed(f"read failed: {exc}", retryable=True))
                         return
-                    if frame is None:
+                    if not frames:
                         self._lost(ClientClosed("the server closed it", retryable=True))
                         return
-                    try:
-                        message = wire.parse_matching(frame)
-                    except wire.WireError as exc:
-                        self._lost(ProtocolError(f"{self._where} sent a bad frame: {exc}"))
-                        return
-                    self._deliver(message)
+                    for frame in frames:
+                        try:
+                            message = wire.parse_matching(frame)
+                        except wire.WireError as exc:
+                            self._lost(ProtocolError(f"{self._where} sent a bad frame: {exc}"))
+                            return
+                        self._deliver(message)
+                        if closed.is_set():
+                            return  # (a frame broke the protocol: the rest is not delivered)
         except Exception as exc:  # never let a system task crash the run
             log.exception("the reader of the connection to %s failed", self._where)
             self._lost(ClientClosed(f"the reader failed: {exc!r}", retryable=True))

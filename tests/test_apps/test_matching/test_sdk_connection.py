@@ -3,6 +3,7 @@ stream and call demultiplexing, control frames, connection loss, dial failures, 
 
 from __future__ import annotations
 
+import os
 import shutil
 import ssl
 import tempfile
@@ -18,6 +19,7 @@ from apps.matching import (
     ClientClosed,
     ClientOptions,
     FlowNotFound,
+    ProtocolError,
     Unavailable,
     WorkerOptions,
 )
@@ -105,6 +107,75 @@ async def test_a_frame_larger_than_the_socket_buffer_arrives_whole_and_in_order(
     call, pong = server.conn.received
     assert (call.op, call.rid, call.args["data"] == big) == ("put_blob", 7, True)
     assert pong == wire.MatchPong()
+    await conn.aclose()
+
+
+async def test_a_clients_calls_of_one_batch_go_in_one_write(
+    server, autojump_clock, nursery, monkeypatch
+):
+    # Held until the run waits for I/O: the calls tasks make in one scheduling batch go to
+    # the socket in one write, and reach the server in one read.
+    conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
+    writes: list[int] = []
+    write = os.write
+
+    def recording(fd: int, data: bytes) -> int:
+        if fd == conn._fd:
+            writes.append(len(data))
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", recording)
+    answers: dict[str, object] = {}
+
+    async def call(flow_id: str) -> None:
+        answers[flow_id] = await conn.call("describe", {"flow_id": flow_id})
+
+    for flow_id in ("f0", "f1", "f2"):
+        nursery.start_soon(call, flow_id)
+    fake = server.conn
+    await server.wait_for(lambda: len(fake.received) == 3)
+    calls = fake.of_type(wire.MatchCall)
+    assert sorted(c.args["flow_id"] for c in calls) == ["f0", "f1", "f2"]
+    assert fake.read_together(*calls)
+    assert len(writes) == 1
+    for c in calls:
+        await fake.send(wire.MatchReply(value=c.args["flow_id"].upper(), rid=c.rid))
+    await trio.testing.wait_all_tasks_blocked()
+    assert answers == {"f0": "F0", "f1": "F1", "f2": "F2"}
+    await conn.aclose()
+
+
+async def test_frames_read_together_are_delivered_until_one_breaks_the_protocol(
+    server, autojump_clock, nursery
+):
+    conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
+    outcomes: dict[str, object] = {}
+
+    async def call(flow_id: str) -> None:
+        try:
+            outcomes[flow_id] = await conn.call("describe", {"flow_id": flow_id})
+        except ClientClosed as exc:
+            outcomes[flow_id] = exc
+
+    nursery.start_soon(call, "first")
+    nursery.start_soon(call, "second")
+    fake = server.conn
+    await server.wait_for(lambda: len(fake.of_type(wire.MatchCall)) == 2)
+    first, second = fake.of_type(wire.MatchCall)
+    bad = wire.Frame(wire.MessageType.M_REPLY, 0, {"value": 1}, version=2, codec=fake.codec)
+    data = b"".join(
+        [
+            wire.MatchReply(value="one", rid=first.rid).encode(fake.codec),
+            wire.encode_frame(bad),  # (a reply needs a call id)
+            wire.MatchReply(value="two", rid=second.rid).encode(fake.codec),
+        ]
+    )
+    await fake.frames.stream.send_all(data)  # (one write: one read of the client's)
+    await trio.testing.wait_all_tasks_blocked()
+    assert outcomes["first"] == "one"
+    assert isinstance(outcomes["second"], ClientClosed)
+    assert isinstance(conn.error, ProtocolError)
+    assert "M_REPLY" in conn.error.message
     await conn.aclose()
 
 
