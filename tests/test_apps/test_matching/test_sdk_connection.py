@@ -161,7 +161,9 @@ async def test_frames_read_together_are_delivered_until_one_breaks_the_protocol(
     nursery.start_soon(call, "second")
     fake = server.conn
     await server.wait_for(lambda: len(fake.of_type(wire.MatchCall)) == 2)
-    first, second = fake.of_type(wire.MatchCall)
+    # (by flow id: trio may start the two callers in either order)
+    by_flow = {c.args["flow_id"]: c for c in fake.of_type(wire.MatchCall)}
+    first, second = by_flow["first"], by_flow["second"]
     bad = wire.Frame(wire.MessageType.M_REPLY, 0, {"value": 1}, version=2, codec=fake.codec)
     data = b"".join(
         [
