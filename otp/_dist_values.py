@@ -51,7 +51,11 @@ _WIRE_IDS: dict[Pid | Ref, Any] = {}
 def wire_id(value: Pid | Ref) -> Any:
     """The wire form of a pid or ref, cached: the same few pids send most messages, and a call's
     ref crosses two or three times (MONITOR, the request, a DEMONITOR); the wire classes
-    validate."""
+    validate. The pid converted last is found by identity, without hashing it: a caller's
+    own pid, call after call, or a server's caller (which pid_from_wire hands out again)."""
+    last = _LAST_WIRE_PID
+    if value is last[0]:
+        return last[1]
     made = _WIRE_IDS.get(value)
     if made is None:
         if len(_WIRE_IDS) >= 4096:
@@ -66,7 +70,13 @@ def wire_id(value: Pid | Ref) -> Any:
         if value.__class__ is Ref:
             # (A call's ref, say: its reply then finds the waiter by identity.)
             _LAST_REF[0] = value
+            return made
+    if value.__class__ is Pid:
+        last[0], last[1] = value, made
     return made
+
+
+_LAST_WIRE_PID: list[Any] = [None, None]
 
 
 _set_field = object.__setattr__
