@@ -63,6 +63,9 @@ _INLINE_MAX = 0.001
 
 _INLINE_AFTER = 3
 _INLINE_PENALTY = 50
+#: ``Worker.kinds``' mark of a sync public method of an app whose ``__call__`` is DirtyApp's.
+_METHOD = "method"
+_perf_counter = time.perf_counter
 
 
 class Worker:
@@ -91,7 +94,8 @@ class Worker:
         self.abandoned: set[int] = set()
         #: Sync requests waiting for a free thread (the node was told: see ``notice``).
         self.queued: set[int] = set()
-        #: (app_path, action) -> "async" or "" (a sync call), for real actions only.
+        #: (app_path, action) -> "async", or a sync call: ``_METHOD`` (a method run directly
+        #: inline) or "" (the app's own ``__call__``); for real actions only (see ``_kind``).
         self.kinds: dict[tuple[str, str], str] = {}
         #: (app_path, action) -> fast runs in a row (>= _INLINE_AFTER: run on the loop); for
         #: actions in ``kinds`` only.
@@ -242,7 +246,7 @@ class Worker:
             return
         # A sync action (or no such action: the app's ``__call__`` raises the error).
         if self.fast.get(key, 0) >= _INLINE_AFTER and len(self.running) < self.threads:
-            self._run_inline(rid, app, msg, key)
+            self._run_inline(rid, app, msg, key, kind == _METHOD)
         else:
             # A thread runs it and writes its reply itself. One that must wait for a thread
             # says so, and again when it starts (dirty_timeout counts from then).
@@ -270,9 +274,11 @@ class Worker:
             task.cancel()
 
     def _kind(self, app: Any, action: str) -> str | None:
-        """How ``action`` runs: "async" (an async method, on the loop), "" (a sync method, or
-        the app's own ``__call__`` decides, in a thread), or None: no such public method (run
-        as a sync call, whose ``__call__`` raises the error the caller gets)."""
+        """How ``action`` runs: "async" (an async method, on the loop), ``_METHOD`` (a sync
+        method of an app whose ``__call__`` is ``DirtyApp``'s), "" (the app's own ``__call__``
+        decides), both sync calls (in a thread, or inline once proved quick), or None: no such
+        public method (run as a sync call, whose ``__call__`` raises the error the caller
+        gets)."""
         if type(app).__call__ is not DirtyApp.__call__:
             return ""
         if action.startswith("_"):
@@ -285,7 +291,7 @@ class Worker:
             return None
         if inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method):
             return "async"
-        return ""
+        return _METHOD
 
     def _method(self, app: Any, action: str) -> Any:
         """The bound method an unmodified ``DirtyApp.__call__`` would run, if it is async."""
@@ -296,20 +302,27 @@ class Worker:
             return method
         return None
 
-    def _run_inline(self, rid: int, app: Any, msg: dict[str, Any], key: tuple[str, str]) -> None:
+    def _run_inline(
+        self, rid: int, app: Any, msg: dict[str, Any], key: tuple[str, str], direct: bool
+    ) -> None:
         """On the reader thread: run a sync action known to be quick; its reply joins the
-        batch."""
+        batch. ``direct``: the app's ``__call__`` is ``DirtyApp``'s, so the method it would
+        look up and run is run here (it is looked up on every call, as ``__call__`` does)."""
         app_path, action = key
         args = msg.get("args") or []
         kwargs = msg.get("kwargs") or {}
-        began = time.perf_counter()
+        began = _perf_counter()
         try:
-            result = app(action, *args, **kwargs)
+            method = getattr(app, action, None) if direct else None
+            if method is not None and callable(method):
+                result = method(*args, **kwargs)
+            else:
+                result = app(action, *args, **kwargs)
         except _APP_ERRORS as exc:
             self.out.write(error_bytes(rid, _app_error(exc, app_path, action)))
             return
         finally:
-            if time.perf_counter() - began > _INLINE_MAX:
+            if _perf_counter() - began > _INLINE_MAX:
                 self.fast[key] = -_INLINE_PENALTY
         if not isinstance(result, _LATER):
             self._respond(rid, result, app_path, action)

@@ -264,6 +264,13 @@ class ProbeApp(dirty.DirtyApp):
     def echo(self, value: Any) -> Any:
         return value
 
+    def step(self) -> str:
+        return "method"
+
+    def rebind(self, callable_: bool) -> None:
+        """Replace ``step`` on the instance: by another callable, or by a value."""
+        self.step = (lambda: "rebound") if callable_ else 42  # type: ignore[assignment,method-assign]
+
     def nested(self, depth: int) -> Any:
         """A list ``depth`` lists deep (the protocol's depth limit is on the whole payload)."""
         value: Any = []

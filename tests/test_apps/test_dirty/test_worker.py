@@ -165,6 +165,23 @@ def test_a_result_goes_out_as_wires_own_response_bytes_up_to_the_depth_limit(
     assert worker.worker.fast, "the later calls ran inline"
 
 
+def test_an_inline_action_is_looked_up_on_every_call_as_dirty_apps_call_does(
+    worker: WorkerHarness,
+) -> None:
+    """Once quick, a method runs inline, called directly rather than through
+    ``DirtyApp.__call__``: it is still looked up on every call, so an instance attribute that
+    replaces it is what runs, and one that is not callable is an unknown action."""
+    for rid in range(1, 6):
+        assert worker.call(rid, "step") == (RESPONSE, {"result": "method"})
+    assert worker.worker.fast[(worker.APP, "step")] >= 3, "step runs inline now"
+    assert worker.call(6, "rebind", True) == (RESPONSE, {"result": None})
+    assert worker.call(7, "step") == (RESPONSE, {"result": "rebound"})
+    assert worker.call(8, "rebind", False) == (RESPONSE, {"result": None})
+    mtype, body = worker.call(9, "step")
+    assert _error_class(mtype, body) == "DirtyAppError"
+    assert body["error"]["message"] == "Unknown action: step"
+
+
 def test_an_action_naming_a_raising_property_is_an_app_error(worker: WorkerHarness) -> None:
     mtype, body = worker.call(1, "model", timeout=HANG)
     assert _error_class(mtype, body) == "DirtyAppError"
