@@ -100,8 +100,8 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> str:
         """Start a flow of ``flow_type`` with ``args`` and the flow type's ``definition`` (from
-        the client's registry, pinned for this flow); returns its id (a new uuid4 hex when
-        ``flow_id`` is None) once the flow is stored.
+        the client's registry, pinned for this flow); returns its id (a new UUIDv7 hex,
+        time-ordered, when ``flow_id`` is None) once the flow is stored.
 
         Raises:
             FlowExists: a flow with ``flow_id`` exists.

@@ -12,6 +12,7 @@ otherwise jump while a worker thread ran, and fire every timer early.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -294,20 +295,34 @@ async def test_a_flow_without_steps_completes_at_once_with_result_none(
         assert await dispatches() == []
 
 
-async def test_start_flow_without_an_id_makes_a_uuid4_hex(store_kind: StoreKind) -> None:
+async def test_start_flow_without_an_id_makes_a_time_ordered_uuid7_hex(
+    store_kind: StoreKind,
+) -> None:
     async with otp.open_node(), server(store_kind):
         first = await FlowEngine.start_flow("T", [], definition(step("a")))
         second = await FlowEngine.start_flow("T", [], definition(step("a")))
     assert len(first) == 32 and int(first, 16) >= 0 and first != second
+    assert uuid.UUID(first).version == uuid.UUID(second).version == 7
+    assert first[:12] <= second[:12]  # (their milliseconds: in the order they started)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.one_of(st.binary(min_size=16, max_size=16), st.sampled_from([bytes(16), b"\xff" * 16])))
-def test_a_new_flow_id_is_the_uuid4_hex_of_its_random_bytes(random: bytes) -> None:
-    # (new_flow_id skips uuid.UUID, which costs seven times as much, on every start_flow)
-    assert new_flow_id(random) == uuid.UUID(bytes=random, version=4).hex
+@given(
+    st.one_of(st.binary(min_size=10, max_size=10), st.sampled_from([bytes(10), b"\xff" * 10])),
+    st.one_of(st.integers(0, 2**48 - 1), st.sampled_from([0, 2**48 - 1])),
+)
+def test_a_new_flow_id_is_the_uuid7_of_its_time_and_random_bytes(random: bytes, ms: int) -> None:
+    # RFC 9562's layout, byte by byte: 48 bits of milliseconds, version 7, variant 0b10.
+    expected = bytearray(ms.to_bytes(6, "big") + random)
+    expected[6] = expected[6] & 0x0F | 0x70
+    expected[8] = expected[8] & 0x3F | 0x80
+    assert new_flow_id(random, ms) == bytes(expected).hex()
+    assert uuid.UUID(bytes=bytes(expected)).variant == uuid.RFC_4122
+    before = time.time_ns() // 1_000_000
     fresh = new_flow_id()
-    assert uuid.UUID(fresh).version == 4 and uuid.UUID(fresh).hex == fresh
+    after = time.time_ns() // 1_000_000
+    assert uuid.UUID(fresh).version == 7 and uuid.UUID(fresh).hex == fresh
+    assert before <= int(fresh[:12], 16) <= after
 
 
 async def test_start_flow_with_a_taken_id_raises_flow_exists_running_or_ended(
