@@ -4,7 +4,8 @@ instead of one statement per record: what ``_postgres_batches`` does for Postgre
 Why: each statement is a pass through ``sqlite3``'s Python binding (a cursor, the statement
 cache, the GIL released and taken back around each step, which on a busy server waits for the
 trio thread) and a VDBE program start; a group of a dozen Steps was ~100 statements. Here it
-is at most six, whatever its size (more only past ``_CHUNK`` rows).
+is a few per table: a power of two rows each, so that a few prepared statements serve every
+group size.
 
 ``_store_sql.group_rows`` says when the batches may go this way and builds the rows. A flow's
 update sets only what a Step changes: ``flow_type`` and ``created_at`` are compared, not set,
@@ -26,7 +27,7 @@ from ._store_sql import FLOW_COLUMNS, GroupRows
 __all__ = ["apply_rows"]
 
 #: Rows per statement at most (SQLite takes 32,766 parameters; an updated flow's row has 16).
-_CHUNK = 1000
+_CHUNK = 1024
 
 #: ``GroupRows.updated``'s columns, as SQLite names a VALUES list's (``column1``, ...).
 _U = {
@@ -61,12 +62,17 @@ def _sql(template: str, width: int, rows: int) -> str:
 
 
 def _run(conn: sqlite3.Connection, template: str, rows: list[tuple[Any, ...]]) -> int:
-    """Run ``template`` over ``rows`` in chunks; the rows it changed."""
+    """Run ``template`` over ``rows`` in chunks of a power of two rows each (13 rows: 8, 4
+    and 1), so that a few prepared statements serve every group size (preparing one costs
+    several times running it); the rows it changed."""
     changed = 0
-    for start in range(0, len(rows), _CHUNK):
-        chunk = rows[start : start + _CHUNK]
-        statement = _sql(template, len(chunk[0]), len(chunk))
+    start = 0
+    while start < len(rows):
+        size = min(_CHUNK, 1 << ((len(rows) - start).bit_length() - 1))
+        chunk = rows[start : start + size]
+        statement = _sql(template, len(chunk[0]), size)
         changed += conn.execute(statement, list(chain.from_iterable(chunk))).rowcount
+        start += size
     return changed
 
 

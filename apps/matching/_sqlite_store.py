@@ -21,9 +21,10 @@ from ._store_sql import GroupRows
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore"]
 
-#: Prepared statements the connection keeps: the group path's vary with a group's size
-#: (``_sqlite_batches``: up to six per size), and preparing one costs more than running it.
-_STATEMENTS = 1024
+#: Prepared statements the connection keeps (the default, 128, is near what it uses: the
+#: group path's are up to eleven sizes of six, ``_sqlite_batches``, and preparing one costs
+#: several times running it).
+_STATEMENTS = 256
 
 
 class SqliteStore(SqlStore):

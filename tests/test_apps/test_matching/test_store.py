@@ -664,6 +664,14 @@ async def test_a_group_commit_on_sqlite_runs_one_statement_per_table() -> None:
         assert await store.get_flow("a") == flow("a", version=2, status="completed")
         assert await store.pending("a") == [] and await store.pending("c") == [pending("c")]
         assert await store.attempts("c") == [attempt("c", 1)]
+        # (a power of two rows per statement: three flows go in two, of 2 and 1 rows)
+        statements.clear()
+        three = [flow("x"), flow("y"), flow("z")]
+        assert await store.commit_many([WriteBatch(flows_created=three)]) == [None]
+        assert " ".join(statement.split()[0] for statement in statements) == (
+            "BEGIN INSERT INSERT COMMIT"
+        )
+        assert [await store.get_flow(f.flow_id) for f in three] == three
     finally:
         await store.close()
 
