@@ -499,6 +499,8 @@ class WorkerEngine(WorkerTasks):
             self._kick()
 
     def _open_stream(self, link: Link, q: QueueState) -> None:
+        if link.conn.closed:  # (a write of this rebalance lost it: the connect loop redials)
+            return
         s = Stream(0, q, link)
         s.id = link.conn.open_stream_handler(functools.partial(self._on_stream_frame, s))
         link.streams[s.id] = s

@@ -1379,6 +1379,23 @@ async def test_a_blocking_outcome_after_the_connection_was_lost_is_dropped_and_i
     await engine.close()
 
 
+async def test_a_stream_to_open_on_a_connection_just_lost_is_left_to_the_next_connection(
+    server, nursery, autojump_clock
+):
+    # A write in the stream loop's pass (an ACCEPT held with an outcome, a REGISTER) can lose
+    # the connection before the pass opens its next stream: that must not end the worker.
+    engine = await started(make_engine(server), nursery)
+    link = engine._link
+    assert link is not None
+    await link.conn.aclose()
+    streams = dict(link.streams)
+    engine._open_stream(link, engine._queues[0])  # (raised ClientClosed, which ended run)
+    assert link.streams == streams
+    await server.wait_conns(2)
+    await eventually(engine.is_ready)
+    await engine.close()
+
+
 async def test_an_accept_delay_of_zero_accepts_each_task_at_once(server, nursery, autojump_clock):
     engine = await started(make_engine(server, accept_delay=0), nursery)
     conn = server.conn
