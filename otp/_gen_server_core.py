@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
+from trio.lowlevel import cancel_shielded_checkpoint, current_task
 
 from ._api import register, unlink
 from ._errors import BadArg, StartError, StartIgnored
@@ -21,13 +22,14 @@ from ._ids import Pid, Ref
 from ._messages import Exit, From
 from ._node import Node, current_node, log_crash
 from ._process import (
+    CURRENT_PROCESS,
+    FAIRNESS_BUDGET,
     TIMED_OUT,
     CallWaiter,
     KilledBySignal,
     Process,
     ProcessExit,
     current_process,
-    current_process_or_none,
 )
 from ._reasons import KILL, NORMAL, BadReturnValue, Crash, is_abnormal
 from ._timers import checked_seconds
@@ -193,7 +195,8 @@ def _ack(starter: From, value: Any) -> None:
 def send_reply(from_: From, value: Any) -> None:
     """Answer the call ``from_`` (``GenServer.reply``): straight into the caller's waiting
     slot, or over the distribution to a remote caller; dropped if the caller gave up."""
-    reply_from(current_node(), current_process_or_none(), from_, value)
+    me = CURRENT_PROCESS.get(None)
+    reply_from(me.node if me is not None else current_node(), me, from_, value)
 
 
 def reply_from(node: Node, me: Process | None, from_: From, value: Any) -> None:
@@ -264,6 +267,12 @@ async def _loop(
     async_call = cls._async_call
     message: Any = None
     ret: Any
+    # A message already queued is taken here, without the three coroutine calls of
+    # ``receive_any_now`` (most messages of a busy server are: it is woken once for many). It is
+    # the same checkpoint: a cancelled task (an exit signal, its node stopping) takes the slow
+    # path, which raises; every ``FAIRNESS_BUDGET`` messages it yields once.
+    task = current_task()
+    fast = task is not task._runner.main_task  # (the main task also checks for KeyboardInterrupt)
     try:
         while True:
             if cont is not UNSET:
@@ -279,7 +288,21 @@ async def _loop(
                     await _terminate(server, me, ret.reason, ret.state, message)
                 raise _Bad(ret)
             if timeout is None:
-                message = await receive_any()
+                mailbox = me._mailbox
+                if (
+                    mailbox
+                    and fast
+                    and me.suspended is None
+                    and not task._cancel_status.effectively_cancelled
+                ):
+                    message = mailbox.popleft()
+                    me.handled += 1
+                    me._fast += 1
+                    if me._fast >= FAIRNESS_BUDGET:
+                        me._fast = 0
+                        await cancel_shielded_checkpoint()
+                else:
+                    message = await receive_any()
             else:
                 message = await receive(None, timeout, "timeout")
             me.last_message = message

@@ -10,7 +10,7 @@ import attrs
 from ._errors import BadArg
 from ._ids import Pid, Ref
 from ._node import NamedMonitor, current_node
-from ._process import Process, current_process_or_none
+from ._process import CURRENT_PROCESS, Process, current_process_or_none
 
 
 @attrs.frozen
@@ -46,6 +46,13 @@ def is_process_alive(pid: Pid) -> bool:
     """
     if pid.__class__ is not Pid:
         raise BadArg(f"is_process_alive: not a Pid: {pid!r}")
+    proc = pid._proc
+    if proc is not None:
+        # A pid made here carries its process: asked from a process of the same node (the
+        # common case), that is the answer without looking the node up.
+        me = CURRENT_PROCESS.get(None)
+        if me is not None and me.node is proc.node:
+            return proc.alive and not proc.exiting
     node = current_node()
     if pid.node != node.name:
         raise BadArg(f"is_process_alive({pid!r}): a pid of another node (this is {node.name!r})")

@@ -24,7 +24,7 @@ from ._errors import ProcessExited
 from ._ids import Pid, Ref
 from ._logger import log_report, reason_text
 from ._messages import Down, Exit
-from ._process import CURRENT_PROCESS, Process, ProcessExit, current_process_or_none
+from ._process import CURRENT_PROCESS, Process, ProcessExit
 from ._reasons import KILL, KILLED, NORMAL, Crash
 from ._timers import TimerService
 
@@ -350,9 +350,14 @@ def log_crash(proc: Process, reason: Any, *, last_message: Any = None, state: An
     )
 
 
+#: ``current_process_or_none`` without its call (``current_node`` runs on every send_reply,
+#: is_process_alive and cast).
+_current_process = CURRENT_PROCESS.get
+
+
 def current_node() -> Node:
     """The node of the running ``trio.run``; raises ``RuntimeError`` if none was opened."""
-    proc = current_process_or_none()
+    proc = _current_process(None)
     if proc is not None:
         return proc.node
     try:
