@@ -139,8 +139,10 @@ class Queue(otp.GenServer):
     # -- callbacks ------------------------------------------------------------------------------
 
     def init(self, kind: str, name: str, limits: MatchingLimits, matcher: Any) -> otp.Ok:
+        # The run's clock itself (``trio.current_time`` is two calls more a read).
+        clock = trio.lowlevel.current_clock().current_time
         state = _State(
-            QueueBook(kind, name, clock=trio.current_time, limits=limits),
+            QueueBook(kind, name, clock=clock, limits=limits),
             matcher,
             idle_after=limits.queue_idle_timeout,
         )
