@@ -7,10 +7,16 @@ the request, goes on, and later receives a :class:`Response` naming the request:
 reply, or the server's exit reason if it died (or was not alive) first. The caller monitors the
 server while the request is outstanding, exactly as ``call`` does; there is no timeout (as in
 OTP, the caller decides how long to wait for the message).
+
+A caller whose handling of the answer never waits may pass ``on_response`` instead: the answer of
+a local server is then handed to it where it is resolved (in the server's task, or as the server
+exits), with no message and no wake-up of the caller (issue 15: the matching server's
+connections answer two requests a Step so).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -21,9 +27,9 @@ from ._gen_server import call
 from ._gen_server_core import GenCall, is_remote, resolve_server, unwatch, watch
 from ._ids import Ref
 from ._messages import From
-from ._node import current_node
+from ._node import current_node, log_crash
 from ._process import Process, current_process
-from ._reasons import NOPROC
+from ._reasons import NOPROC, Crash
 
 __all__ = ["Response", "send_request"]
 
@@ -47,34 +53,67 @@ class Response:
 
 class _ResponseSlot:
     """The alias of one outstanding request (duck-typed as a call's waiter): its reply or the
-    server's DOWN becomes a :class:`Response` in the caller's mailbox."""
+    server's DOWN becomes a :class:`Response` in the caller's mailbox, or goes to the caller's
+    ``on_response``."""
 
-    __slots__ = ("caller", "done", "ref", "target")
+    __slots__ = ("caller", "done", "on_response", "ref", "target")
 
-    def __init__(self, caller: Process, target: Process, ref: Ref) -> None:
+    def __init__(
+        self,
+        caller: Process,
+        target: Process,
+        ref: Ref,
+        on_response: Callable[[Response], None] | None,
+    ) -> None:
         self.caller = caller
         self.target = target
         self.ref = ref
+        self.on_response = on_response
         self.done = False
 
     def resolve(self, value: Any, is_down: bool) -> None:
         if self.done:
             return
         self.done = True
-        unwatch(self.caller, self.target, self.ref)
+        caller = self.caller
+        unwatch(caller, self.target, self.ref)
         if is_down:
-            self.caller.deliver(Response(self.ref, None, value))
+            response = Response(self.ref, None, value)
         else:
-            self.caller.deliver(Response(self.ref, value, None))
+            response = Response(self.ref, value, None)
+        on_response = self.on_response
+        if on_response is None:
+            caller.deliver(response)
+            return
+        if not caller.alive or caller.exiting:
+            return  # (what its mailbox would have dropped)
+        try:
+            on_response(response)
+        except Exception as exc:
+            # A bug of the caller's: it ends the caller, as it would have in its own task,
+            # not the server whose task ran it.
+            reason = Crash(exc)
+            log_crash(caller, reason, last_message=response)
+            caller.die(reason)
 
     def time_out(self) -> None:  # (never armed: a request has no timeout)
         pass
 
 
-def send_request(server: Any, request: Any) -> Ref:
+def send_request(
+    server: Any, request: Any, *, on_response: Callable[[Response], None] | None = None
+) -> Ref:
     """Send ``request`` to the GenServer ``server`` (pid, name or ``(name, node)``) as a call,
     without waiting; return the request id. Exactly one :class:`Response` with that id reaches
     the caller's mailbox later: the reply, or the server's exit reason.
+
+    With ``on_response``, the :class:`Response` of a live local server is not sent: it is
+    passed to ``on_response`` by whoever resolves the request, in the server's task when it
+    replies, or as it exits; never before ``send_request`` has returned, and never once the
+    caller is dead or exiting. ``on_response`` must not block (it is no coroutine) and should
+    not raise: an exception it raises is a crash of the caller (logged, the caller exits with
+    it), not of the server. A request answered at once (``noproc``, ``calling_self``) or sent
+    to another node still answers with a message.
 
     Raises:
         TypeError: ``server`` is not a pid, a name or ``(name, node)``.
@@ -93,7 +132,7 @@ def send_request(server: Any, request: Any) -> Ref:
     if target is me:
         me.deliver(Response(ref, None, "calling_self"))
         return ref
-    watch(me, target, ref, _ResponseSlot(me, target, ref))  # type: ignore[arg-type]
+    watch(me, target, ref, _ResponseSlot(me, target, ref, on_response))  # type: ignore[arg-type]
     target.deliver(GenCall(From(me.pid, ref), request))
     return ref
 

@@ -3,8 +3,9 @@
 ``define_flows`` and everyone's ``put_blob`` / ``get_blob``.
 
 The engine's ops (flows, RPCs, results, reads) go to the engine with ``otp.send_request``: no
-task waits for them, the engine's answer reaches the connection's mailbox as an ``otp.Response``
-(:func:`answer_request`), so a connection with a thousand calls in flight parks nothing. The
+task waits for them, the engine's answer is an ``otp.Response`` handed to :func:`answer_request`
+where the engine gives it (``on_response``; a message to the connection's mailbox when the
+engine was not there to ask), so a connection with a thousand calls in flight parks nothing. The
 other ops run in a task of their own on the connection. Each call is answered by M_REPLY, or by
 an M_ERROR carrying the error's code (``bad_frame`` for arguments of the wrong shape). While
 the connection drains (a graceful stop) new calls, and the calls :func:`cancel_calls` gives up,
@@ -71,7 +72,8 @@ def start_call(conn: Connection, msg: wire.MatchCall) -> None:
             conn.error(rid, "bad_frame", str(exc))
             return
         conn.calls.add(rid)
-        conn.requests[otp.send_request(conn.ctx.engine, engine_request)] = (rid, msg.op)
+        ref = otp.send_request(conn.ctx.engine, engine_request, on_response=conn.answer)
+        conn.requests[ref] = (rid, msg.op)
         return
     op = _TASK_OPS[msg.op]
     conn.calls.add(rid)

@@ -26,6 +26,7 @@ given up: a worker's calls are lost, a client's get ``draining``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections import deque
@@ -38,8 +39,9 @@ import otp
 import wire
 
 from . import _matcher, _stream
-from ._call_ops import answer_request, cancel_calls, start_call
+from ._call_ops import answer_request, start_call
 from ._config import MatchingConfig
+from ._connection_drain import DRAIN_GRACE, STOPPING, drain, is_shutdown
 from ._connection_handshake import handshake
 from ._connection_streams import close_stream, register_stream
 from ._dispatch import Capabilities, WorkerDraining
@@ -69,11 +71,6 @@ HELLO_LIMITS = wire.Limits(
 WRITE_CHUNK = 256 * 1024
 #: What the server sends: the peers' decoders enforce the protocol's own limits.
 _OUT_LIMITS = wire.Limits()
-#: After ``stop_drain_timeout`` a draining connection gives its last answers this long to be
-#: written, then drops.
-DRAIN_GRACE = 1.0
-#: Why a draining worker is asked to reconnect (M_RECONNECT's ``reason``).
-STOPPING = "server stopping"
 #: The codecs the server speaks.
 #: The frames a worker may send after HELLO on a stream (non-zero request id).
 _STREAM_FRAMES = (
@@ -157,6 +154,10 @@ class Connection:
     call_scopes: dict[int, tuple[str, trio.CancelScope]] = attrs.Factory(dict)
     #: The engine requests in flight (``otp.send_request``) -> (call id, op).
     requests: dict[otp.Ref, tuple[int, str]] = attrs.Factory(dict)
+    #: What answers them: ``answer_request`` of this connection, run where the engine answers
+    #: (``send_request``'s ``on_response``; it never waits): no message, no wake-up of the
+    #: connection's task (two a Step, issue 15). None: the answers come as messages.
+    answer: Any = None
     tasks: dict[int, int] = attrs.Factory(dict)
     draining: bool = False
     #: Set once ``stop_drain_timeout`` has passed: what still runs is given up.
@@ -295,6 +296,7 @@ class Connection:
 async def _connection(stream: trio.abc.Stream, ctx: ServerContext, peer: str) -> None:
     otp.process_flag(trap_exit=True)
     conn = Connection(otp.self(), stream, ctx, peer)
+    conn.answer = functools.partial(answer_request, conn)
     frames = wire.FrameStream(
         stream, limits=HELLO_LIMITS, versions=frozenset({2}), exact=True, receive_size=65536
     )
@@ -337,8 +339,8 @@ async def _mailbox(conn: Connection) -> None:
         elif type(msg) is otp.Exit:
             rid = next((r for r, h in conn.streams.items() if h.pid == msg.pid), None)
             if rid is None:
-                if _is_shutdown(msg.reason):
-                    _drain(conn)
+                if is_shutdown(msg.reason):
+                    drain(conn)
                     continue
                 conn.drop(f"exit signal from {msg.pid!r} ({otp.format_reason(msg.reason)})")
                 return
@@ -544,55 +546,3 @@ def _to_stream(conn: Connection, msg: Any, accept: wire.MatchAccept | None = Non
         pass  # (crossed the stream's own close)
     else:
         _bad(conn, rid, f"unknown stream id {rid}: register it first (M_REGISTER)")
-
-
-# ==================================================================== a graceful stop
-
-
-def _is_shutdown(reason: Any) -> bool:
-    return reason == otp.SHUTDOWN or isinstance(reason, otp.Shutdown)
-
-
-def _drain(conn: Connection) -> None:
-    """Begin the drain (a second ``shutdown`` changes nothing): see the module's docstring."""
-    if conn.draining:
-        return
-    conn.draining = True
-    ctx = conn.ctx
-    logger.info(
-        "matching: draining %s (%d streams with a call, %d calls in flight)",
-        conn.label,
-        len(conn.tasks),
-        len(conn.calls),
-    )
-    if conn.role == "worker":
-        conn.send_message(wire.MatchReconnect(STOPPING))
-        _matcher.notify_worker(WorkerDraining(conn.worker_id), matcher=ctx.matcher)
-        for rid, handle in list(conn.streams.items()):
-            if rid not in conn.tasks:
-                close_stream(conn, rid, handle)
-    else:
-        cancel_calls(conn, ops=("result",))  # (they wait for a flow to end: asked again later)
-    assert conn.nursery is not None
-    deadline = trio.current_time() + ctx.config.stop_drain_timeout
-    conn.nursery.start_soon(_drain_deadline, conn, deadline)
-    conn.settle()
-
-
-async def _drain_deadline(conn: Connection, deadline: float) -> None:
-    """At ``deadline`` give up what still runs; drop the connection :data:`DRAIN_GRACE` later
-    if its last answers are not written by then."""
-    await trio.sleep_until(deadline)
-    if conn.tasks or conn.calls:
-        logger.warning(
-            "matching: %s still has %d calls running after stop_drain_timeout (%s s):"
-            " closing it (a worker's are re-dispatched after the restart)",
-            conn.label,
-            len(conn.tasks) + len(conn.calls),
-            conn.ctx.config.stop_drain_timeout,
-        )
-    conn.drain_over = True
-    cancel_calls(conn)
-    conn.settle()
-    await trio.sleep(DRAIN_GRACE)
-    conn.drop(f"{STOPPING}: the drain is over")

@@ -95,3 +95,72 @@ def test_a_server_of_the_wrong_type_is_a_type_error() -> None:
             otp.send_request(3.5, "x")
 
     otp.run(main)
+
+
+async def test_on_response_gets_the_reply_in_the_servers_task_instead_of_a_message() -> None:
+    async with otp.open_node():
+        server = await Echo.start_link()
+        seen: list[tuple[otp.Response, otp.Pid]] = []
+        ref = otp.send_request(server, 1, on_response=lambda r: seen.append((r, otp.self())))
+        assert seen == []  # (never before send_request returned)
+        await otp.call(server, "sync")  # (the request was served before this call)
+        assert seen == [(otp.Response(ref, ("echo", 1), None), server)]
+        assert await otp.receive(timeout=0, default=None) is None
+
+
+async def test_on_response_gets_the_exit_reason_of_a_server_that_dies() -> None:
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)
+        server = await Echo.start_link()
+        seen: list[otp.Response] = []
+        ref = otp.send_request(server, "crash", on_response=seen.append)
+        exit_signal = await otp.receive(otp.Exit)
+        assert isinstance(exit_signal.reason, otp.Crash)
+        [response] = seen
+        assert response.request_id == ref
+        assert response.value is None
+        assert isinstance(response.error, otp.Crash)
+        assert await otp.receive(timeout=0, default=None) is None
+
+
+async def test_a_request_answered_at_once_comes_as_a_message_even_with_on_response() -> None:
+    async with otp.open_node():
+        seen: list[otp.Response] = []
+        ref = otp.send_request("nobody_registered_this", "hello", on_response=seen.append)
+        assert await otp.receive(timeout=0, default=None) == otp.Response(ref, None, "noproc")
+        assert seen == []
+
+
+async def test_an_on_response_that_raises_crashes_the_caller_not_the_server() -> None:
+    async with otp.open_node():
+        server = await Echo.start()
+
+        async def caller() -> None:
+            def broken(response: otp.Response) -> None:
+                raise RuntimeError("cannot take it")
+
+            otp.send_request(server, 1, on_response=broken)
+            await otp.receive()  # (ended by its crash while it waits)
+
+        pid = otp.spawn(caller)
+        ref = otp.monitor(pid)
+        down = await otp.receive(otp.Down)
+        assert down.ref == ref
+        assert isinstance(down.reason, otp.Crash)
+        assert str(down.reason.exception) == "cannot take it"
+        assert otp.is_process_alive(server)
+        assert await otp.call(server, 2) == ("echo", 2)
+
+
+async def test_on_response_is_not_called_once_the_caller_is_dead() -> None:
+    async with otp.open_node():
+        server = await Echo.start()
+        seen: list[otp.Response] = []
+
+        async def caller() -> None:
+            otp.send_request(server, "later", on_response=seen.append)
+
+        ref = otp.monitor(otp.spawn(caller))
+        assert (await otp.receive(otp.Down)).ref == ref
+        assert await otp.call(server, "answer_later") == "done"
+        assert seen == []

@@ -241,6 +241,8 @@ class _HeldEngine(otp.GenServer):
         return otp.Ok([])
 
     def handle_call(self, request: Any, from_: otp.From, state: list[Any]) -> Any:
+        if request == "release_none":
+            return otp.Reply(list(state), state)
         if request == "release":
             for held_from, held in reversed(state):
                 if held[0] == "result":
@@ -271,6 +273,26 @@ async def test_engine_calls_in_flight_are_answered_by_call_id_whatever_the_order
         answers[msg.rid] = msg
     assert all(answers[rid] == wire.MatchReply(f"f{rid}", rid=rid) for rid in range(1, 201))
     assert answers[500].code == "flow_not_found" and answers[500].message == "no such flow"
+    await peer.aclose()
+
+
+async def test_engine_calls_in_flight_when_the_engine_dies_are_answered_internal_at_once(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    engine = await _HeldEngine.start(name="matching_engine")
+    peer = await Peer.unix(sock)
+    await peer.hello("client")
+    await peer.send(wire.MatchCall("result", {"flow_id": "f1"}, rid=1))
+    await peer.send(wire.MatchCall("describe", {"flow_id": "f2"}, rid=2))
+    while len(await otp.call(engine, "release_none")) < 2:
+        pass  # (until both requests are held)
+    otp.exit(engine, otp.KILL)
+    answers = [await peer.receive_not_ping(), await peer.receive_not_ping()]
+    assert sorted(a.rid for a in answers) == [1, 2]
+    for answer in answers:
+        assert answer.code == "internal" and answer.retryable and "killed" in answer.message
+    assert (await peer.call(3, "result", flow_id="f1")).code == "internal"  # (no engine now)
     await peer.aclose()
 
 
