@@ -205,6 +205,17 @@ async def _get_blob(conn: Connection, args: dict[Any, Any]) -> Any:
 
 
 def _start_flow(args: dict[Any, Any]) -> tuple[Any, ...]:
+    # Every argument of the usual shape, checked inline (one ``start_flow`` a Step: issue 15);
+    # anything else goes through ``_arg``, which names what is wrong.
+    flow_type, flow_args = args.get("flow_type"), args.get("args")
+    flow_id, definition = args.get("flow_id"), args.get("definition")
+    if (
+        type(flow_type) is str
+        and type(flow_args) is list
+        and (flow_id is None or type(flow_id) is str)
+        and type(definition) is dict
+    ):
+        return ("start_flow", flow_type, flow_args, flow_id, definition)
     return (
         "start_flow",
         _arg(args, "flow_type", str),
@@ -234,6 +245,11 @@ def _call_rpc(args: dict[Any, Any]) -> tuple[Any, ...]:
 
 
 def _result(args: dict[Any, Any]) -> tuple[Any, ...]:
+    flow_id, timeout = args.get("flow_id"), args.get("timeout")
+    if type(flow_id) is str and (  # (the usual shape, inline: see _start_flow)
+        timeout is None or (type(timeout) in (int, float) and timeout >= 0)
+    ):
+        return ("result", flow_id, None if timeout is None else float(timeout))
     return ("result", _arg(args, "flow_id", str), _arg(args, "timeout", float, optional=True))
 
 
