@@ -254,13 +254,20 @@ class _HeldEngine(otp.GenServer):
         return otp.NoReply(state)
 
 
+async def _held_engine_and_client(serve: Any, sock: str, *, link: bool) -> tuple[Any, Peer]:
+    """The server's network half with a ``_HeldEngine`` as its engine, and a client on it."""
+    await serve()
+    start = _HeldEngine.start_link if link else _HeldEngine.start
+    engine = await start(name="matching_engine")
+    peer = await Peer.unix(sock)
+    await peer.hello("client")
+    return engine, peer
+
+
 async def test_engine_calls_in_flight_are_answered_by_call_id_whatever_the_order(
     serve: Any, sock: str
 ) -> None:
-    await serve()
-    engine = await _HeldEngine.start_link(name="matching_engine")
-    peer = await Peer.unix(sock)
-    await peer.hello("client")
+    engine, peer = await _held_engine_and_client(serve, sock, link=True)
     for rid in range(1, 201):
         await peer.send(wire.MatchCall("result", {"flow_id": f"f{rid}"}, rid=rid))
     await peer.send(wire.MatchCall("describe", {"flow_id": "gone"}, rid=500))
@@ -279,10 +286,7 @@ async def test_engine_calls_in_flight_are_answered_by_call_id_whatever_the_order
 async def test_engine_calls_in_flight_when_the_engine_dies_are_answered_internal_at_once(
     serve: Any, sock: str
 ) -> None:
-    await serve()
-    engine = await _HeldEngine.start(name="matching_engine")
-    peer = await Peer.unix(sock)
-    await peer.hello("client")
+    engine, peer = await _held_engine_and_client(serve, sock, link=False)
     await peer.send(wire.MatchCall("result", {"flow_id": "f1"}, rid=1))
     await peer.send(wire.MatchCall("describe", {"flow_id": "f2"}, rid=2))
     while len(await otp.call(engine, "release_none")) < 2:
