@@ -44,6 +44,7 @@ from ._readiness import (
 from ._sdk_connection import SdkConnection
 from ._worker_calls import HandlerRunner as HandlerRunner
 from ._worker_calls import TrioHandlerRunner as TrioHandlerRunner
+from ._worker_quick import QuickHandlers
 from ._worker_streams import Link, QueueState, Stream, plan_changes, plan_streams
 from ._worker_tasks import ACCEPT_DELAY_SHARE, WorkerTasks
 from ._worker_tasks import (
@@ -115,6 +116,7 @@ class WorkerEngine(WorkerTasks):
         self._pull = options.pull
         self._runner: HandlerRunner = runner if runner is not None else TrioHandlerRunner()
         self._threads = self._runner.threads
+        self._quick = QuickHandlers(self._pull.inline_quick_handlers)
         self._app_worker_id = options.app_worker_id or generate_app_worker_id()
         self._session = secrets.token_hex(8)
         self._cap = self._pull.resolved_max_concurrent_tasks
