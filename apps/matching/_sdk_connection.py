@@ -251,13 +251,12 @@ class SdkConnection(SdkWrites):
         calls = self._calls
         pending = calls.add(rid, op, timeout)
         try:
-            message = wire.MatchCall(op=op, args=dict(args), rid=rid)
             if self.batch_calls:
-                data = message.encode(self.codec, limits=self._frames.limits)
+                data = wire.encode_call(op, dict(args), rid, self.codec, limits=self._frames.limits)
                 await trio.lowlevel.checkpoint_if_cancelled()
                 self._held.hold(data)
             else:
-                await self.send(message)
+                await self.send(wire.MatchCall(op=op, args=dict(args), rid=rid))
             return await calls.wait(rid, pending)
         finally:
             calls.forget(rid)
