@@ -7,8 +7,9 @@ Like the dirty worker's quick sync actions (``apps/dirty/worker/_server.py``), a
 it by returning within :data:`QUICK_SECONDS` :data:`QUICK_AFTER` times in a row in a thread;
 one run on the trio thread slower than that (it blocked, or the thread was preempted) sends it
 back to the threads, and it must then prove itself twice as often as before (up to
-:data:`MAX_PROOF` runs): a handler that blocks now and then stalls the trio loop rarely, and a
-blocking one never runs there. ``PullWorkerOptions.inline_quick_handlers`` turns it off.
+:data:`MAX_PROOF` runs; each :data:`MAX_PROOF` quick runs in a row on the trio thread halve it
+again): a handler that blocks now and then stalls the trio loop rarely, and a blocking one
+never runs there. ``PullWorkerOptions.inline_quick_handlers`` turns it off.
 """
 
 from __future__ import annotations
@@ -55,10 +56,18 @@ class QuickHandlers:
 
     def ran_inline(self, handler: Any, seconds: float) -> None:
         """(The trio thread.) ``handler`` returned after ``seconds`` on the trio thread: a
-        slow run sends it back to the threads, to prove itself twice as long."""
-        if seconds <= QUICK_SECONDS:
-            return
+        slow run sends it back to the threads, to prove itself twice as long; every
+        :data:`MAX_PROOF` quick runs in a row there halve what it must prove (a preempted
+        thread's run looks slow too, and it should not keep a quick handler off for good)."""
         key = id(handler)
+        if seconds <= QUICK_SECONDS:
+            runs = self._runs.get(key, 0) + 1
+            proof = self._proof.get(key, QUICK_AFTER)
+            if runs >= proof + MAX_PROOF and proof > QUICK_AFTER:
+                proof = self._proof[key] = proof // 2
+                runs = proof
+            self._runs[key] = runs
+            return
         proof = min(self._proof.get(key, QUICK_AFTER) * 2, MAX_PROOF)
         self._proof[key] = proof
         self._runs[key] = 0

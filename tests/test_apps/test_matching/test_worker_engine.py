@@ -1024,6 +1024,28 @@ def test_a_handler_must_prove_itself_twice_as_long_after_each_slow_run_up_to_a_b
     assert quick._proof[id(handler)] == MAX_PROOF
 
 
+def test_quick_runs_on_the_trio_thread_halve_what_a_sent_back_handler_must_prove():
+    quick = QuickHandlers()
+    handler = object()
+    for _ in range(QUICK_AFTER):
+        quick.ran_in_thread(handler, 0.0)
+    quick.ran_inline(handler, QUICK_SECONDS * 2)  # (a preempted thread, say)
+    quick.ran_inline(handler, QUICK_SECONDS * 2)
+    assert quick._proof[id(handler)] == QUICK_AFTER * 4
+    for _ in range(QUICK_AFTER * 4):
+        quick.ran_in_thread(handler, 0.0)
+    for _ in range(MAX_PROOF - 1):
+        quick.ran_inline(handler, 0.0)
+    assert quick._proof[id(handler)] == QUICK_AFTER * 4
+    quick.ran_inline(handler, 0.0)
+    assert quick._proof[id(handler)] == QUICK_AFTER * 2
+    assert quick.is_quick(handler)
+    for _ in range(MAX_PROOF * 3):
+        quick.ran_inline(handler, 0.0)
+    assert quick._proof[id(handler)] == QUICK_AFTER
+    assert quick.is_quick(handler)
+
+
 class _Cache:
     """BlobCache's async interface: ``blob:<key>`` args are fetched, bytes results uploaded."""
 
