@@ -23,7 +23,6 @@ import contextvars
 import functools
 import logging
 import math
-import time
 from collections import deque
 from typing import Any
 
@@ -199,9 +198,10 @@ class BlockingCalls:
             return False
         call, args = ready
         ctx, outputs = call.ctx, call.outputs
-        began = time.perf_counter()
+        clock = self._quick.clock
+        began = clock()
         returned = outcome.capture(contextvars.copy_context().run, handler.handler, ctx, *args)
-        self._quick.ran_inline(handler, time.perf_counter() - began)
+        self._quick.ran_inline(handler, clock() - began)
         if outputs.pending or outputs.forwarding:
             return call, returned
         message = self._message_of(
@@ -402,8 +402,9 @@ def _timed(
     quick: QuickHandlers, handler: StepDefinition | RpcDefinition, ctx: Any, args: Any
 ) -> Any:
     """(In a handler thread.) ``handler(ctx, *args)``, its time told to ``quick``."""
-    began = time.perf_counter()
+    clock = quick.clock
+    began = clock()
     try:
         return handler.handler(ctx, *args)
     finally:
-        quick.ran_in_thread(handler, time.perf_counter() - began)
+        quick.ran_in_thread(handler, clock() - began)

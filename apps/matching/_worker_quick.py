@@ -15,6 +15,8 @@ never runs there. ``PullWorkerOptions.inline_quick_handlers`` turns it off.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["MAX_PROOF", "QUICK_AFTER", "QUICK_SECONDS", "QuickHandlers"]
@@ -35,8 +37,13 @@ class QuickHandlers:
     handler threads call :meth:`ran_in_thread` (a lost update under a race costs one more or
     one fewer run in a thread, nothing else)."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(
+        self, enabled: bool = True, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.enabled = enabled
+        #: What a handler's run is timed with (seconds; the wall clock: a blocked handler
+        #: uses no CPU).
+        self.clock = clock
         #: id(handler) -> quick runs in a row in a thread so far (>= its proof: inline).
         self._runs: dict[int, int] = {}
         #: id(handler) -> the runs in a row it must prove (absent: QUICK_AFTER).
