@@ -113,6 +113,7 @@ from ._matching import MatchReply as MatchReply
 from ._matching import MatchResult as MatchResult
 from ._matching import MatchTask as MatchTask
 from ._matching import MatchWelcome as MatchWelcome
+from ._matching import encode_call as encode_call
 from ._matching import parse_matching as parse_matching
 from ._raw_frames import FrameBuffer as FrameBuffer
 from ._raw_frames import FrameSplitter as FrameSplitter
@@ -218,6 +219,7 @@ __all__ = [
     "encode_dirty",
     "encode_frame",
     "encode_header",
+    "encode_call",
     "encode_message",
     "encode_value",
     "frame_from_json",

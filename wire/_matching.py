@@ -70,6 +70,7 @@ __all__ = [
     "MatchResult",
     "MatchTask",
     "MatchWelcome",
+    "encode_call",
     "parse_matching",
 ]
 
@@ -485,6 +486,31 @@ def _payload(message: Any, layout: _Layout) -> dict[str, Any] | None:
             continue
         payload[key] = value if encode is None else encode(value)
     return payload
+
+
+def encode_call(
+    op: str,
+    args: dict[Any, Any],
+    rid: int,
+    codec: Codec = Codec.TLV,
+    *,
+    limits: Limits = _NO_LIMITS,
+) -> bytes:
+    """``MatchCall(op=op, args=args, rid=rid).encode(codec, limits=limits)``: the same bytes
+    and the same errors, without building the message (a client writes one per call).
+
+    Raises:
+        InvalidValue: A field is invalid (as :class:`MatchCall` says).
+        WireError: as :func:`encode_frame`.
+    """
+    if type(op) is str and op and type(args) is dict and type(rid) is int and 0 < rid <= _U64:
+        return encode_message(
+            MessageType.M_CALL, {"op": op, "args": args}, codec=codec, request_id=rid, limits=limits
+        )
+    return MatchCall(op=op, args=args, rid=rid).encode(codec, limits=limits)
+
+
+_U64 = (1 << 64) - 1
 
 
 def _to_frame(message: Any, codec: Codec) -> Frame:

@@ -401,6 +401,8 @@ class BlobCache:
         """A copy of ``value`` as :meth:`pack_async` sends it when it carries no ``bytes``
         over ``inline_limit`` (nothing to store or upload), else :data:`NEEDS_IO`. Never
         blocks: for the trio thread's code that must not wait."""
+        if _plain(value):  # (the usual values: nothing to walk)
+            return list(value) if type(value) is list else value
         large = False
 
         def mark(data: Any) -> Any:
@@ -414,6 +416,8 @@ class BlobCache:
     def unpack_now(self, value: Any) -> Any:
         """A copy of ``value`` when it carries no blob reference (nothing to read or fetch),
         else :data:`NEEDS_IO`. Never blocks."""
+        if _plain(value):  # (the usual values: nothing to walk)
+            return list(value) if type(value) is list else value
         refs = False
 
         def mark(ref: Any) -> Any:
@@ -437,6 +441,16 @@ class BlobCache:
                 f"blob {ref[REF_KEY]} has {len(data)} bytes, its reference says {ref['size']}"
             )
         return data
+
+
+#: Values that hold no bytes and are no blob reference: packed and unpacked as they are.
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is a scalar (no bytes, no reference) or a list of scalars."""
+    kind = type(value)
+    return kind in _SCALARS or (kind is list and all(type(v) in _SCALARS for v in value))
 
 
 def _ref(key: str, size: int) -> dict[str, Any]:

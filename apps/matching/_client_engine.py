@@ -169,7 +169,9 @@ class ClientEngine:
     async def _call(self, op: str, args: dict[str, Any], timeout: float | None) -> Any:
         """Send one op; reconnect once for an idempotent op whose connection was found lost."""
         for retry in (False, True):
-            conn = await self._connection()
+            conn = self._conn
+            if conn is None or conn.closed or self._closed:
+                conn = await self._connection()
             try:
                 return await conn.call(op, args, timeout=timeout)
             except BaseException as exc:

@@ -166,6 +166,12 @@ class PullWorkerOptions:
             both at once: one wake-up of its connection and stream instead of two); a slower
             one's is sent when the delay passes. 0 sends it at once. At most 1 s, and never
             more than a tenth of the server's ``peer_timeout`` (how long it waits for it).
+        inline_quick_handlers: Run a plain-function handler on the worker's own event loop
+            thread, with no hand-off to a handler thread, once it has returned within 1 ms
+            16 times in a row in a thread; one run there slower than 1 ms sends it back to
+            the threads, to prove itself twice as long (``_worker_quick.py``). Set False
+            when a handler that is quick for a long time may then block: until it returns
+            the worker reads nothing, starts nothing and answers no ping.
 
     Raises:
         ConfigurationError: A value is invalid (``reserved_rpc_tasks`` not in 0..cap-1).
@@ -183,6 +189,9 @@ class PullWorkerOptions:
     reconnect_initial_backoff: float = attrs.field(default=0.1, validator=_seconds)
     reconnect_max_backoff: float = attrs.field(default=10.0, validator=_seconds)
     accept_delay: float = attrs.field(default=0.005, validator=_accept_delay)
+    inline_quick_handlers: bool = attrs.field(
+        default=True, validator=attrs.validators.instance_of(bool)
+    )
 
     def __attrs_post_init__(self) -> None:
         cap = self.resolved_max_concurrent_tasks

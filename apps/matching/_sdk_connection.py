@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -29,13 +28,14 @@ from ._errors import (
 from ._options import ClientOptions, WorkerOptions
 from ._sdk_calls import HeldCalls, PendingCalls
 from ._sdk_dial import dial, handshake
+from ._sdk_writes import SdkWrites
 
 __all__ = ["SdkConnection"]
 
 log = logging.getLogger("apps.matching.connection")
 
 
-class SdkConnection:
+class SdkConnection(SdkWrites):
     """One open connection to the matching server (a worker's or a client's).
 
     Build it with :meth:`open`. Frames are sorted by one reader task:
@@ -105,6 +105,7 @@ class SdkConnection:
         self._fd: int | None = (
             stream.socket.fileno() if isinstance(stream, trio.SocketStream) else None
         )
+        self._cork: list[bytes] | None = None
 
     # -- opening --------------------------------------------------------------------------
 
@@ -232,214 +233,6 @@ class SdkConnection:
         """The open stream ids."""
         return frozenset(self._streams)
 
-    async def send(self, message: wire.MatchMessage) -> None:
-        """Write one frame (writers take turns).
-
-        Raises:
-            ClientClosed: The connection is closed or the write failed (the connection is
-                then lost: everything waiting on it fails).
-            WireError: ``message`` cannot be encoded (nothing was written).
-
-        Cancellation while waiting for the writer's turn sends nothing; once writing, the
-        frame is written whole (the write is shielded, and ends early only if the connection
-        is closed). It is always a cancel point, but on a plain socket that takes the frame at
-        once (the usual case) not a schedule point: every caller waits for something next.
-        """
-        self._check_open()
-        data = message.encode(self.codec, limits=self._frames.limits)
-        if self._held.frames:
-            self._held.flush()  # (the calls held for the batch's end go first)
-        # A cancelled caller sends nothing; when nobody is writing, a plain socket takes the
-        # frame at once nearly always (no lock taken, no trip through the scheduler).
-        await trio.lowlevel.checkpoint_if_cancelled()
-        sent = self._write_here(data)
-        if sent == len(data):
-            return
-        lock = self._write_lock
-        # Partly written: the rest is queued first and must be written (shielded); else the
-        # frame waits for the writer's turn (cancellable: then nothing is sent).
-        with trio.CancelScope(shield=sent > 0):
-            await lock.acquire()
-        try:
-            if sent == 0:
-                self._check_open()
-                with self.write_lock:
-                    self._backlog.append(data)
-            await self._flush_backlog()
-        finally:
-            lock.release()
-
-    def _write_now(self, data: bytes) -> int:
-        """(:attr:`write_lock` held.) Write what a plain socket takes of ``data`` now, if
-        nobody else is writing (no writer holds the turn, nothing is queued); the rest of a
-        partly written frame is queued first. Returns the bytes written (0: none, nothing
-        queued).
-
-        Raises:
-            ClientClosed: The connection is lost (no thread writes after that).
-            OSError: The write failed (the caller loses the connection).
-        """
-        if self._shut:
-            raise ClientClosed(f"the connection to {self._where} is closed", retryable=True)
-        if self._fd is None or self._backlog or self._write_lock.locked():
-            return 0
-        try:
-            sent = os.write(self._fd, data)
-        except BlockingIOError:
-            return 0
-        if sent < len(data):
-            self._backlog.append(memoryview(data)[sent:])
-        return sent
-
-    def _write_here(self, data: bytes) -> int:
-        """(In the trio thread.) :meth:`_write_now` under the write lock.
-
-        Raises:
-            ClientClosed: The connection is lost, or the write failed (it is then lost).
-        """
-        with self.write_lock:
-            try:
-                return self._write_now(data)
-            except OSError as exc:
-                raise self._write_failed(exc) from exc
-
-    def _write_failed(self, exc: BaseException) -> ClientClosed:
-        """Lose the connection after a failed write; the error to raise to the writer."""
-        self._lost(ClientClosed(f"a write failed: {exc}", retryable=True))
-        return ClientClosed(
-            f"the connection to {self._where} was lost while sending", retryable=True
-        )
-
-    def send_nowait(self, *messages: wire.MatchMessage) -> None:
-        """Write frames without waiting, in one write (so the server reads them at once):
-        straight to a plain socket when no writer is busy and it takes them whole (the usual
-        case); otherwise they (or what the socket did not take) are queued and a flusher task
-        writes them, in order, before any later frame. For the trio thread's synchronous code
-        (the worker's stream frames and call outcomes).
-
-        Raises:
-            ClientClosed: The connection is closed, or the write failed (it is then lost).
-            WireError: A message cannot be encoded (nothing was written).
-        """
-        self._check_open()
-        codec, limits = self.codec, self._frames.limits
-        if len(messages) == 1:
-            data = messages[0].encode(codec, limits=limits)
-        else:
-            data = b"".join([m.encode(codec, limits=limits) for m in messages])
-        if self._held.frames:
-            self._held.flush()  # (the calls held for the batch's end go first)
-        self._write_nowait(data)
-
-    def _write_nowait(self, data: bytes) -> None:
-        """:meth:`send_nowait`'s write of encoded frames (raises as it does)."""
-        sent = self._write_here(data)
-        if sent == len(data):
-            return
-        with self.write_lock:
-            if sent == 0:
-                self._backlog.append(data)
-            start = not self._flushing
-            self._flushing = True
-        if start:
-            self._spawn_flusher()
-
-    @property
-    def threadsafe_writes(self) -> bool:
-        """Whether :meth:`send_threadsafe` may be used (a plain socket: trio's TLS stream
-        is written only from the trio thread)."""
-        return self._fd is not None
-
-    def encode(self, *messages: wire.MatchMessage) -> bytes:
-        """``messages`` encoded with the connection's codec and limits, in order (safe from
-        any thread).
-
-        Raises:
-            WireError: A message cannot be encoded.
-        """
-        codec, limits = self.codec, self._frames.limits
-        return b"".join([m.encode(codec, limits=limits) for m in messages])
-
-    def send_threadsafe(self, data: bytes) -> None:
-        """From any thread (a worker's handler thread): write encoded frames (:meth:`encode`)
-        at once, in one write, when no writer is busy; otherwise (or for what the socket
-        does not take now) queue them, in order, for a flusher task the trio thread is asked
-        to start. Never blocks on the socket. Only when :attr:`threadsafe_writes`.
-
-        Raises:
-            ClientClosed: The connection is closed, or the write failed (the trio thread is
-                then asked to lose it).
-        """
-        with self.write_lock:
-            try:
-                sent = self._write_now(data)
-            except OSError as exc:
-                error = ClientClosed(f"a write failed: {exc}", retryable=True)
-                self._shut = True  # (nothing more is written; the trio thread loses it)
-                self._backlog.clear()
-                self._run_soon(self._lost, error)
-                raise ClientClosed(
-                    f"the connection to {self._where} was lost while sending", retryable=True
-                ) from exc
-            if sent == len(data):
-                return
-            if sent == 0:
-                self._backlog.append(data)
-            if self._flushing:
-                return
-            self._flushing = True
-        self._run_soon(self._spawn_flusher)
-
-    def _run_soon(self, fn: Callable[..., object], *args: object) -> None:
-        try:
-            self._token.run_sync_soon(fn, *args)
-        except trio.RunFinishedError:  # pragma: no cover - the trio thread is gone
-            pass
-
-    def _spawn_flusher(self) -> None:
-        if self._closed.is_set():
-            self._flushing = False
-            return
-        if self._nursery is not None:
-            try:
-                self._nursery.start_soon(self._flusher)
-                return
-            except RuntimeError:  # (the nursery is closing: the link ends)
-                pass
-        trio.lowlevel.spawn_system_task(self._flusher)
-
-    async def _flusher(self) -> None:
-        """Write the backlog the writes that did not wait left (a task; it never raises: a
-        failed write loses the connection)."""
-        try:
-            async with self._write_lock:
-                if not self._closed.is_set():
-                    await self._flush_backlog()
-        except ClientClosed:
-            pass
-        finally:
-            # (a write queued meanwhile that saw the flag asks for another flusher: harmless)
-            self._flushing = False
-
-    async def _flush_backlog(self) -> None:
-        """Write the queued frames (the turn held), until none is left. Shielded, as
-        :meth:`send`'s."""
-        backlog = self._backlog
-        try:
-            with trio.CancelScope(shield=True):
-                while True:
-                    with self.write_lock:
-                        if not backlog:
-                            self._flushing = False
-                            return
-                        head = backlog[0]
-                    await self._frames.stream.send_all(head)
-                    with self.write_lock:
-                        if backlog and backlog[0] is head:
-                            backlog.popleft()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            raise self._write_failed(exc) from exc
-
     async def call(self, op: str, args: Mapping[str, Any], timeout: float | None = None) -> Any:
         """Send M_CALL ``op`` and wait for its M_REPLY value (a client's M_CALL goes at the
         end of the scheduling batch, with the other calls of the batch: :attr:`batch_calls`).
@@ -458,25 +251,15 @@ class SdkConnection:
         calls = self._calls
         pending = calls.add(rid, op, timeout)
         try:
-            message = wire.MatchCall(op=op, args=dict(args), rid=rid)
             if self.batch_calls:
-                data = message.encode(self.codec, limits=self._frames.limits)
+                data = wire.encode_call(op, dict(args), rid, self.codec, limits=self._frames.limits)
                 await trio.lowlevel.checkpoint_if_cancelled()
                 self._held.hold(data)
             else:
-                await self.send(message)
+                await self.send(wire.MatchCall(op=op, args=dict(args), rid=rid))
             return await calls.wait(rid, pending)
         finally:
             calls.forget(rid)
-
-    def _write_held(self, data: bytes) -> None:
-        """Write held calls (never raises: a failed write loses the connection, which fails
-        those calls)."""
-        if not self._closed.is_set():
-            try:
-                self._write_nowait(data)
-            except ClientClosed:
-                pass
 
     # -- closing --------------------------------------------------------------------------
 
@@ -556,15 +339,21 @@ class SdkConnection:
                     if not frames:
                         self._lost(ClientClosed("the server closed it", retryable=True))
                         return
-                    for frame in frames:
-                        try:
-                            message = wire.parse_matching(frame)
-                        except wire.WireError as exc:
-                            self._lost(ProtocolError(f"{self._where} sent a bad frame: {exc}"))
-                            return
-                        self._deliver(message)
-                        if closed.is_set():
-                            return  # (a frame broke the protocol: the rest is not delivered)
+                    # What the deliveries write (a worker's answers to its TASKs) goes in one
+                    # write once they are done (_sdk_writes.py).
+                    self._cork = []
+                    try:
+                        for frame in frames:
+                            try:
+                                message = wire.parse_matching(frame)
+                            except wire.WireError as exc:
+                                self._lost(ProtocolError(f"{self._where} sent a bad frame: {exc}"))
+                                return
+                            self._deliver(message)
+                            if closed.is_set():
+                                return  # (a frame broke the protocol: the rest is not delivered)
+                    finally:
+                        self._uncork()
         except Exception as exc:  # never let a system task crash the run
             log.exception("the reader of the connection to %s failed", self._where)
             self._lost(ClientClosed(f"the reader failed: {exc!r}", retryable=True))

@@ -12,10 +12,14 @@ timer due at the ACCEPT's time (``accept_delay``, 5 ms by default), any other ca
 and a reconnect wake it at once. A call the thread cannot finish (outputs to write first,
 blobs to store, a ``BaseException``, a call cancelled meanwhile, a TLS connection, which only
 the trio thread may write, a lost connection) is handed back to the trio thread as before.
+
+A handler that proved quick (``_worker_quick.py``) skips the threads altogether: its call runs
+on the trio thread where its TASK is read (:meth:`BlockingCalls._run_inline`).
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import math
@@ -40,6 +44,7 @@ from ._worker_calls import (
     result_of,
     timeout_failure,
 )
+from ._worker_quick import QuickHandlers
 from ._worker_streams import Link, Stream
 from ._worker_threads import HandlerThreads
 
@@ -86,6 +91,8 @@ class BlockingCalls:
     _completions: deque[BlockingCall]
     #: A wake-up of the trio thread to take ``_completions`` is on its way.
     _completions_wake: bool
+    #: The handlers that run on the trio thread (``_worker_quick.py``).
+    _quick: QuickHandlers
 
     # (provided by WorkerTasks)
     def _free_slot(self, s: Stream) -> None:
@@ -108,11 +115,40 @@ class BlockingCalls:
     def _unhold(self, s: Stream) -> None:
         raise NotImplementedError
 
+    @staticmethod
+    def _unsendable(s: Stream, task: wire.MatchTask, exc: wire.WireError) -> wire.MatchFailure:
+        raise NotImplementedError
+
+    def _send_nowait(self, link: Link, *messages: wire.MatchMessage) -> bool:
+        raise NotImplementedError
+
     def _timer_due(self, link: Link) -> float:
         raise NotImplementedError
 
     async def _wait_kick(self, deadline: float = math.inf) -> None:
         raise NotImplementedError
+
+    def _blocking_call(
+        self, s: Stream, task: wire.MatchTask, handler: StepDefinition | RpcDefinition
+    ) -> tuple[BlockingCall, Any] | None:
+        """The call of a plain-function handler that needs no task, and its arguments; None
+        when it needs one (a blob to fetch, a context that cannot be built)."""
+        cache = self._cache
+        args = task.args
+        if cache is not None:
+            if type(cache) is not BlobCache:
+                return None
+            args = cache.unpack_now(args)
+            if args is NEEDS_IO:
+                return None
+        token = self._token
+        assert token is not None
+        outputs = CallOutputs(self._calls_nursery, functools.partial(self._output, s, task))
+        try:
+            ctx = new_context(task, cache, outputs.emitter(token))
+        except Exception:  # (a task a call in a task turns into a failure)
+            return None
+        return BlockingCall(s, task, handler, outputs, ctx, deadline_of(task)), args
 
     def _submit_blocking(
         self, s: Stream, task: wire.MatchTask, handler: StepDefinition | RpcDefinition
@@ -124,31 +160,70 @@ class BlockingCalls:
         threads = self._threads
         if threads is None or handler.is_async:
             return False
-        cache = self._cache
-        args = task.args
-        if cache is not None:
-            if type(cache) is not BlobCache:
-                return False
-            args = cache.unpack_now(args)
-            if args is NEEDS_IO:
-                return False
-        token = self._token
-        assert token is not None
-        outputs = CallOutputs(self._calls_nursery, functools.partial(self._output, s, task))
-        try:
-            ctx = new_context(task, cache, outputs.emitter(token))
-        except Exception:  # (a task a call in a task turns into a failure)
+        ready = self._blocking_call(s, task, handler)
+        if ready is None:
             return False
-        call = BlockingCall(s, task, handler, outputs, ctx, deadline_of(task))
+        call, args = ready
+        ctx = call.ctx
         s.cancel = call
         self._call_scopes.add(call)
+        quick = self._quick
         threads.submit(
-            functools.partial(handler.handler, ctx, *args),
+            functools.partial(_timed, quick, handler, ctx, args)
+            if quick.enabled
+            else functools.partial(handler.handler, ctx, *args),
             functools.partial(self._blocking_done, call),
             functools.partial(self._finish_in_thread, call)
             if s.link.conn.threadsafe_writes
             else None,
         )
+        return True
+
+    def _run_inline(
+        self,
+        s: Stream,
+        task: wire.MatchTask,
+        handler: StepDefinition | RpcDefinition,
+        accept: wire.MatchAccept,
+    ) -> bool | tuple[BlockingCall, outcome.Outcome[Any]]:
+        """Run a quick plain-function handler's call (``_worker_quick.py``) here, on the trio
+        thread, with nothing held nor handed over, and send its ACCEPT and outcome in one
+        write. Returns True when the call is over (its slot free again), False when it is not
+        for this path (nothing done), or the call and its outcome when its outputs or blobs
+        must be written first (its ACCEPT is not sent yet: ``_blocking_done`` finishes it)."""
+        if self._threads is None or handler.is_async or not self._quick.is_quick(handler):
+            return False
+        ready = self._blocking_call(s, task, handler)
+        if ready is None:
+            return False
+        call, args = ready
+        ctx, outputs = call.ctx, call.outputs
+        clock = self._quick.clock
+        began = clock()
+        returned = outcome.capture(contextvars.copy_context().run, handler.handler, ctx, *args)
+        self._quick.ran_inline(handler, clock() - began)
+        if outputs.pending or outputs.forwarding:
+            return call, returned
+        message = self._message_of(
+            call, returned, trio.current_time() if call.deadline < math.inf else 0.0
+        )
+        if message is None:
+            return call, returned
+        outputs.closed = True
+        link = s.link
+        self._free_slot(s)
+        try:
+            link.conn.send_nowait(accept, message)
+        except wire.WireError as exc:
+            self._send_nowait(link, accept, self._unsendable(s, task, exc))
+        except ClientClosed:
+            log.warning(
+                "the connection was lost: the outcome of delivery %d is dropped", task.delivery
+            )
+        # (_call_over's bookkeeping; the stream is idle again as before the call: its queue's
+        # plan is unchanged)
+        self._active -= 1
+        link.calls -= 1
         return True
 
     def _finish_in_thread(self, call: BlockingCall, returned: outcome.Outcome[Any]) -> bool:
@@ -321,3 +396,15 @@ class BlockingCalls:
                 if not any(type(c) is BlockingCall for c in self._call_scopes):
                     return
                 await self._wait_kick()
+
+
+def _timed(
+    quick: QuickHandlers, handler: StepDefinition | RpcDefinition, ctx: Any, args: Any
+) -> Any:
+    """(In a handler thread.) ``handler(ctx, *args)``, its time told to ``quick``."""
+    clock = quick.clock
+    began = clock()
+    try:
+        return handler.handler(ctx, *args)
+    finally:
+        quick.ran_in_thread(handler, clock() - began)

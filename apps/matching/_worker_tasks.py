@@ -135,30 +135,44 @@ class WorkerTasks(BlockingCalls):
         self._busy += 1
         self._active += 1
         link.calls += 1
-        self._stream_changed(s)
-        accept = wire.MatchAccept(delivery=task.delivery, rid=s.id)
-        if link.accept_delay > 0:
-            # Held: a handler that ends within the delay sends it in the outcome's write.
-            s.accept = accept
-            s.accept_at = now + link.accept_delay
-            s.accept_written = False
-            link.held_accepts += 1
-            self._timer_sooner(link, s.accept_at)
-        else:
-            s.accept_written = True
-            self._timer_sooner(link, s.pong_at)
-            if not self._send_nowait(link, accept):
-                self._free_slot(s)
-                self._call_over(s)
-                return
         s.delivery = task.delivery
         s.cancelled = None
+        accept = wire.MatchAccept(delivery=task.delivery, rid=s.id)
+        ran = self._run_inline(s, task, handler, accept)
+        if ran is True:
+            return  # (its outcome is sent, its slot free again: no change to plan for)
+        self._stream_changed(s)
+        if not self._start_accept(s, accept, now):
+            return
+        if ran is not False:
+            self._blocking_done(*ran)  # (outputs or blobs first: the usual way from here)
+            return
         if self._submit_blocking(s, task, handler):
             return
         scope = trio.CancelScope()
         s.cancel = scope
         self._call_scopes.add(scope)
         self._calls_nursery.start_soon(self._run_call, s, task, handler, scope)
+
+    def _start_accept(self, s: Stream, accept: wire.MatchAccept, now: float) -> bool:
+        """Hold the ACCEPT of the call ``s`` just took (a handler that ends within the delay
+        sends it in the outcome's write), or send it now; False when the connection was lost
+        sending it (the call is then over)."""
+        link = s.link
+        if link.accept_delay > 0:
+            s.accept = accept
+            s.accept_at = now + link.accept_delay
+            s.accept_written = False
+            link.held_accepts += 1
+            self._timer_sooner(link, s.accept_at)
+            return True
+        s.accept_written = True
+        self._timer_sooner(link, s.pong_at)
+        if not self._send_nowait(link, accept):
+            self._free_slot(s)
+            self._call_over(s)
+            return False
+        return True
 
     def _on_cancel(self, s: Stream, message: wire.MatchCancel) -> None:
         """M_CANCEL: the server no longer wants the call's outcome (its flow was cancelled).

@@ -226,6 +226,27 @@ def test_encode_writes_the_bytes_of_the_messages_frame(message: Any, codec: wire
     assert message.encode(codec) == wire.encode_frame(frame, codec=frame.codec)
 
 
+@SETTINGS
+@given(names, dicts, rids, st.sampled_from(list(wire.Codec)))
+def test_encode_call_writes_the_bytes_of_its_match_call(
+    op: str, args: dict[Any, Any], rid: int, codec: wire.Codec
+) -> None:
+    assert wire.encode_call(op, args, rid, codec) == wire.MatchCall(op, args, rid=rid).encode(codec)
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "rid", "field"),
+    [("", {}, 1, "op"), (1, {}, 1, "op"), ("x", [], 1, "args"), ("x", {}, 0, "rid")],
+)
+def test_encode_call_refuses_what_match_call_refuses(
+    op: Any, args: Any, rid: Any, field: str
+) -> None:
+    with pytest.raises(wire.InvalidValue, match=f"MatchCall.{field}"):
+        wire.encode_call(op, args, rid)
+    with pytest.raises(wire.LimitExceeded):
+        wire.encode_call("x", {"a": "x" * 100}, 1, limits=wire.Limits(max_payload=50))
+
+
 def test_encode_checks_the_limits_it_is_given() -> None:
     reply = wire.MatchReply("x" * 100, rid=1)
     with pytest.raises(wire.LimitExceeded):

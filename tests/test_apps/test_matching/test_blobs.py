@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from apps.matching import ConfigurationError
-from apps.matching._blobs import BlobCache, BlobCorrupted, InvalidBlobKey, blob_key
+from apps.matching._blobs import NEEDS_IO, BlobCache, BlobCorrupted, InvalidBlobKey, blob_key
 
 
 def _key(data: bytes) -> str:
@@ -152,6 +152,27 @@ def test_pack_replaces_large_bytes_at_any_depth_and_unpack_restores(cache):
 
 def test_bytes_of_exactly_the_inline_limit_stay_inline(cache):
     assert cache.pack([b"12345678"]) == [b"12345678"]
+
+
+@pytest.mark.parametrize(
+    "value", [1, "s", None, 2.5, True, b"small", [], [1, "a", None, 2.5], [[1]], {"a": [1]}, (1,)]
+)
+def test_a_value_without_blobs_packs_and_unpacks_now_as_an_equal_copy(cache, value):
+    for now in (cache.pack_now, cache.unpack_now):
+        copy = now(value)
+        assert copy == value
+        assert type(copy) is type(value)
+        if isinstance(value, list):
+            assert copy is not value
+
+
+def test_a_value_with_blobs_needs_io_to_pack_or_unpack(cache):
+    large = b"x" * (cache.inline_limit + 1)
+    assert cache.pack_now([1, large]) is NEEDS_IO
+    assert cache.pack_now(large) is NEEDS_IO
+    ref = {"$blob": blob_key(large), "size": len(large)}
+    assert cache.unpack_now([1, ref]) is NEEDS_IO
+    assert cache.unpack_now(ref) is NEEDS_IO
 
 
 def test_unpack_checks_the_reference_size(cache):

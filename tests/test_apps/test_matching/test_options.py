@@ -24,6 +24,7 @@ def test_defaults_follow_the_seed():
     assert pull.idle_streams_per_queue == 1
     assert pull.stop_drain_timeout == 30.0
     assert pull.stop_on_permanent_stream_rejection is False
+    assert pull.inline_quick_handlers is True
     assert pull.keepalive_interval == 20.0
     assert pull.idle_stream_linger == 5.0
 
@@ -64,6 +65,7 @@ def test_the_cap_is_bounded_by_the_servers_per_worker_cap():
         ("stop_drain_timeout", float("inf")),
         ("keepalive_interval", -1),
         ("stop_on_permanent_stream_rejection", 1),
+        ("inline_quick_handlers", "yes"),
         ("idle_stream_linger", 0),
         ("idle_stream_linger", "5"),
     ],

@@ -7,6 +7,7 @@ import os
 import shutil
 import ssl
 import tempfile
+import threading
 
 import pytest
 import trio
@@ -40,6 +41,20 @@ async def server(sock_dir, nursery):
     fake = FakeServer(f"{sock_dir}/s.sock", policy=lambda conn, message: None)
     await nursery.start(fake.serve)
     return fake
+
+
+def _record_writes(conn: SdkConnection, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the writes to ``conn``'s socket from now on."""
+    writes: list[int] = []
+    write = os.write
+
+    def recording(fd: int, data: bytes) -> int:
+        if fd == conn._fd:
+            writes.append(len(data))
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", recording)
+    return writes
 
 
 def _worker_options(server: FakeServer, **kw) -> WorkerOptions:
@@ -116,15 +131,7 @@ async def test_a_clients_calls_of_one_batch_go_in_one_write(
     # Held until the run waits for I/O: the calls tasks make in one scheduling batch go to
     # the socket in one write, and reach the server in one read.
     conn = await SdkConnection.open(ClientOptions(server_address=server.address), "client")
-    writes: list[int] = []
-    write = os.write
-
-    def recording(fd: int, data: bytes) -> int:
-        if fd == conn._fd:
-            writes.append(len(data))
-        return write(fd, data)
-
-    monkeypatch.setattr(os, "write", recording)
+    writes = _record_writes(conn, monkeypatch)
     answers: dict[str, object] = {}
 
     async def call(flow_id: str) -> None:
@@ -282,6 +289,35 @@ async def test_stream_frames_reach_their_own_stream_channel(server, autojump_clo
     conn.close_stream(a)
     with pytest.raises(trio.EndOfChannel):
         await a_frames.receive()
+    await conn.aclose()
+
+
+async def test_what_the_frames_of_one_read_are_answered_with_goes_in_one_write_in_order(
+    server, autojump_clock, monkeypatch
+):
+    # The reader corks the writes its deliveries make (on a handler thread too) and writes
+    # them once it delivered every frame of the read.
+    conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
+    writes = _record_writes(conn, monkeypatch)
+
+    def answer(message: wire.MatchMessage) -> None:
+        pong = wire.MatchPong(rid=message.rid)
+        if message.rid != b:
+            conn.send_nowait(pong)
+        else:  # (as a worker's handler thread writes a call's outcome)
+            thread = threading.Thread(target=conn.send_threadsafe, args=(conn.encode(pong),))
+            thread.start()
+            thread.join()
+
+    a, b, c = (conn.open_stream_handler(answer) for _ in range(3))
+    fake = server.conn
+    pings = [wire.MatchPing(rid=rid).encode(fake.codec) for rid in (a, b, c)]
+    await fake.frames.stream.send_all(b"".join(pings))  # (one write: one read of the SDK's)
+    await server.wait_for(lambda: len(fake.received) == 3)
+    expected = [wire.MatchPong(rid=rid) for rid in (a, b, c)]
+    assert fake.received == expected
+    assert fake.read_together(*expected)
+    assert len(writes) == 1
     await conn.aclose()
 
 

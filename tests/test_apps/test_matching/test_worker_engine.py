@@ -40,6 +40,7 @@ from apps.matching import (
 from apps.matching._blobs import blob_key
 from apps.matching._readiness import PullRegistrationState, QueueRegistrationState
 from apps.matching._worker_engine import WorkerEngine
+from apps.matching._worker_quick import MAX_PROOF, QUICK_AFTER, QUICK_SECONDS, QuickHandlers
 from apps.matching._worker_threads import HandlerThreads
 
 from .fake_server import FakeConn, FakeServer
@@ -903,6 +904,150 @@ async def test_a_job_for_an_idle_handler_thread_is_handed_over_when_the_trio_loo
     assert not ran.wait(0.2)  # (the trio thread has not slept since: the job is held)
     assert await trio.to_thread.run_sync(ran.wait, 10)
     assert threads.started == 1
+
+
+# -- quick plain-function handlers on the trio thread (_worker_quick.py) --------------------
+
+
+class Proven(Flow):
+    #: The engine's clock for timing handlers (a run takes as long as it moves it on).
+    now = 0.0
+
+    @step
+    def work(self, ctx, n=None):
+        if n == "output":
+            ctx.output("first")
+        if n == "slow":
+            Proven.now += QUICK_SECONDS * 3  # (blocking work, as its clock sees it)
+        return threading.get_ident()
+
+
+def _proven_engine(server: FakeServer, **pull: Any) -> WorkerEngine:
+    options = WorkerOptions(
+        server_address=server.address,
+        app_worker_id="w1",
+        pull=PullWorkerOptions(max_concurrent_tasks=2, **pull),
+    )
+    engine = WorkerEngine(Registry((Proven,)), None, options)
+    engine._quick.clock = lambda: Proven.now  # (no wall clock: a loaded machine is slow)
+    return engine
+
+
+async def _run_proven(conn: FakeConn, n: Any = None) -> tuple[int, Any]:
+    """One Step of Proven (one at a time); (its stream, its M_RESULT)."""
+    stream, delivery = await conn.offer_nowait(
+        "flow:Proven", flow_type="Proven", name="work", args=[n]
+    )
+    return stream, await conn.wait_outcome(delivery)
+
+
+async def _proven(server: FakeServer, nursery: trio.Nursery) -> tuple[WorkerEngine, FakeConn]:
+    """A started engine whose Proven Step proved quick: each of those runs in a thread."""
+    engine = await started(_proven_engine(server), nursery)
+    conn = server.conn
+    for _ in range(QUICK_AFTER):
+        _, result = await _run_proven(conn)
+        assert result.value != threading.get_ident()
+    return engine, conn
+
+
+async def test_a_handler_quick_in_threads_runs_on_the_trio_thread_with_no_hand_off(server, nursery):
+    here = threading.get_ident()
+    with trio.fail_after(10):
+        engine, conn = await _proven(server, nursery)
+        threads = engine._threads
+        assert threads is not None
+        started_threads = threads.started
+        stream, result = await _run_proven(conn)
+        assert result.value == here
+        accept = wire.MatchAccept(delivery=result.delivery, rid=stream)
+        assert conn.read_together(accept, result)
+        assert threads.started == started_threads
+        assert engine.statistics().busy == 0
+        await engine.close()
+
+
+async def test_an_output_on_the_trio_thread_comes_after_the_accept_and_before_the_outcome(
+    server, nursery
+):
+    with trio.fail_after(10):
+        engine, conn = await _proven(server, nursery)
+        stream, result = await _run_proven(conn, "output")
+        assert result.value == threading.get_ident()
+        frames = [m for m in conn.received if getattr(m, "rid", None) == stream]
+        delivery = result.delivery
+        mine = [m for m in frames if getattr(m, "delivery", None) == delivery]
+        assert [type(m) for m in mine] == [wire.MatchAccept, wire.MatchOutput, wire.MatchResult]
+        assert mine[1].value == "first"
+        assert engine.statistics().busy == 0
+        await engine.close()
+
+
+async def test_a_slow_run_on_the_trio_thread_sends_the_handler_back_to_the_threads(server, nursery):
+    here = threading.get_ident()
+    with trio.fail_after(10):
+        engine, conn = await _proven(server, nursery)
+        _, result = await _run_proven(conn, "slow")
+        assert result.value == here  # (it ran here: only its time tells it blocked)
+        for _ in range(QUICK_AFTER * 2):
+            _, result = await _run_proven(conn)
+            assert result.value != here
+        _, result = await _run_proven(conn)
+        assert result.value == here
+        await engine.close()
+
+
+async def test_handlers_stay_in_threads_when_inline_quick_handlers_is_off(server, nursery):
+    engine = _proven_engine(server, inline_quick_handlers=False)
+    with trio.fail_after(10):
+        await started(engine, nursery)
+        conn = server.conn
+        for _ in range(QUICK_AFTER + 2):
+            _, result = await _run_proven(conn)
+            assert result.value != threading.get_ident()
+        await engine.close()
+
+
+def test_a_handler_must_prove_itself_twice_as_long_after_each_slow_run_up_to_a_bound():
+    quick = QuickHandlers()
+    handler = object()
+    for proof in (QUICK_AFTER, QUICK_AFTER * 2, QUICK_AFTER * 4):
+        for _ in range(proof - 1):
+            quick.ran_in_thread(handler, 0.0)
+        assert not quick.is_quick(handler)
+        quick.ran_in_thread(handler, 0.0)
+        assert quick.is_quick(handler)
+        quick.ran_inline(handler, QUICK_SECONDS / 2)  # (quick: it stays)
+        assert quick.is_quick(handler)
+        quick.ran_inline(handler, QUICK_SECONDS * 2)
+        assert not quick.is_quick(handler)
+    quick.ran_in_thread(handler, QUICK_SECONDS * 2)  # a slow run in a thread starts over
+    assert quick.demoted == 3
+    for _ in range(20):
+        quick.ran_inline(handler, 1.0)
+    assert quick._proof[id(handler)] == MAX_PROOF
+
+
+def test_quick_runs_on_the_trio_thread_halve_what_a_sent_back_handler_must_prove():
+    quick = QuickHandlers()
+    handler = object()
+    for _ in range(QUICK_AFTER):
+        quick.ran_in_thread(handler, 0.0)
+    quick.ran_inline(handler, QUICK_SECONDS * 2)  # (a preempted thread, say)
+    quick.ran_inline(handler, QUICK_SECONDS * 2)
+    assert quick._proof[id(handler)] == QUICK_AFTER * 4
+    for _ in range(QUICK_AFTER * 4):
+        quick.ran_in_thread(handler, 0.0)
+    for _ in range(MAX_PROOF - 1):
+        quick.ran_inline(handler, 0.0)
+    assert quick._proof[id(handler)] == QUICK_AFTER * 4
+    quick.ran_inline(handler, 0.0)
+    assert quick._proof[id(handler)] == QUICK_AFTER * 2
+    assert quick.is_quick(handler)
+    for _ in range(MAX_PROOF * 3):
+        quick.ran_inline(handler, 0.0)
+    assert quick._proof[id(handler)] == QUICK_AFTER
+    assert quick.is_quick(handler)
 
 
 class _Cache:
