@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +37,7 @@ from ._io import BIG, send_parts, tune_socket
 from ._protocol import CHUNK, END, ERROR
 
 _allocate_lock = threading.Lock
+_monotonic = time.monotonic
 
 #: How far SO_RCVTIMEO may be from a reading call's time left before it is set again (s).
 _RCVTIMEO_SLACK = 0.002
@@ -267,7 +269,12 @@ class _SyncCalls(_ClientBase):
                     return waiter.frames.popleft()
                 if conn.broken is not None:
                     raise conn.broken
-                remaining = self._time_left(deadline)
+                # (``_time_left``, inline: this runs once per call at least)
+                remaining = None
+                if deadline is not None:
+                    remaining = deadline - _monotonic()
+                    if remaining <= 0:
+                        raise self._timed_out()
                 if conn.reader:
                     sleeper = waiter.lock = _allocate_lock()
                     sleeper.acquire()
@@ -296,7 +303,9 @@ class _SyncCalls(_ClientBase):
         timed_out = False
         try:
             if remaining is not None:
-                conn.bound_reads(remaining)
+                current = conn.rcvtimeo  # (``bound_reads``' own check first: mostly it is on)
+                if current is None or abs(current - remaining) > _RCVTIMEO_SLACK:
+                    conn.bound_reads(remaining)
             missing = conn.buffer.missing()
             if missing >= BIG:
                 # The rest of a large frame, in one read.
@@ -362,7 +371,9 @@ class _SyncCalls(_ClientBase):
         done = False
         try:  # (from the send on: an interrupt anywhere in it still ends the call)
             conn = self._open(rid, parts, waiter)
-            mtype, payload = self._next(conn, rid, waiter, self._deadline(), True)
+            timeout = self.timeout
+            deadline = None if timeout is None else _monotonic() + timeout
+            mtype, payload = self._next(conn, rid, waiter, deadline, True)
             done = True
         finally:
             if not done:
