@@ -25,7 +25,7 @@ from ._errors import (
     DirtyTimeoutError,
     error_from_dict,
 )
-from ._protocol import CHUNK, ERROR, RESPONSE, decode_payload, encode
+from ._protocol import CHUNK, ERROR, REQUEST, RESPONSE, decode_payload, encode
 
 _pid = os.getpid()
 
@@ -85,6 +85,14 @@ class _Value:
 
 def _result(mtype: int, payload: Any) -> Any:
     """The value a final frame carries, or raise the error it carries."""
+    if mtype == RESPONSE and type(payload) is bytes:
+        # The common case in one step (decode_payload's checks, for a valid RESPONSE).
+        try:
+            body = _tlv_decode(payload, version=1)
+        except wire.WireError:
+            body = None
+        if type(body) is dict:
+            return body.get("result")
     if type(payload) is _Value:
         return payload.value
     if mtype == ERROR:
@@ -98,10 +106,30 @@ def _result(mtype: int, payload: Any) -> Any:
 
 
 def _request(rid: int, app_path: str, action: str, args: Any, kwargs: Any) -> list[Any]:
+    """A REQUEST frame as buffers (``wire.request_parts``' bytes). Without a large ``bytes``
+    argument (the common case) it is one buffer, encoded in one step: the scan for one is
+    all ``request_parts`` would add.
+
+    Raises:
+        DirtyProtocolError: The request cannot be encoded (nothing was sent).
+    """
     try:
-        return wire.request_parts(rid, app_path, action, args, kwargs)
+        for value in args:
+            if type(value) is bytes and len(value) >= _BIG:
+                return wire.request_parts(rid, app_path, action, args, kwargs)
+        if kwargs:
+            for value in kwargs.values():
+                if type(value) is bytes and len(value) >= _BIG:
+                    return wire.request_parts(rid, app_path, action, args, kwargs)
+        payload = {"app_path": app_path, "action": action, "args": list(args), "kwargs": kwargs}
+        return [_encode_dirty(REQUEST, rid, payload)]
     except wire.WireError as exc:
         raise _unsendable(exc) from exc
+
+
+_BIG = wire.BIG_BYTES
+_encode_dirty = wire.encode_dirty
+_tlv_decode = wire.tlv_decode
 
 
 def _frame_bytes(frame: wire.Frame) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,9 +16,11 @@ import pytest
 import trio
 import trio.testing
 
+import wire
 from apps import dirty
 from apps.dirty import _client_sync
-from apps.dirty._protocol import END, REQUEST
+from apps.dirty._protocol import END, REQUEST, RESPONSE, decode_payload, encode
+from wire import FrameSplitter
 
 from .conftest import ECHO
 from .helpers import BOUND, FloodingPool, _wait_for, watch_sync_sends
@@ -420,3 +423,88 @@ async def test_a_slow_stream_consumer_leaves_the_stream_in_the_socket(
         await client.close_async()
         pool.close()
     assert pool.taken < 8 << 20, f"{pool.taken >> 20} MiB taken for one chunk consumed"
+
+
+def test_threads_whose_replies_come_in_one_read_are_all_woken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The reader wakes the first of them and each the next (``_SyncConn.ready``): every call
+    # returns its own reply, none is left asleep.
+    a, b = socket.socketpair()
+    # (A call left asleep would wake at its timeout only: past the bound of the joins below.)
+    client = dirty.DirtyClient("/nowhere", timeout=3 * BOUND)
+    client._sync = _client_sync._SyncConn(a)
+    sends = watch_sync_sends(monkeypatch)
+    asleep = threading.Condition()
+    sleepers = [0]
+
+    class Sleeper:
+        """A call's lock to sleep on, which says when its call goes to sleep."""
+
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            if self.lock.locked():
+                with asleep:
+                    sleepers[0] += 1
+                    asleep.notify_all()
+            return self.lock.acquire(blocking, timeout)
+
+        def release(self) -> None:
+            self.lock.release()
+
+    monkeypatch.setattr(_client_sync, "_allocate_lock", Sleeper)
+    results: dict[int, Any] = {}
+
+    def call(i: int) -> None:
+        results[i] = client.execute("x:App", "echo", i)
+
+    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(6)]
+    try:
+        for thread in threads:
+            thread.start()
+        _wait_for(lambda: len(client._sync.waiters) == 6, sends)  # type: ignore[union-attr]
+        _wait_for(lambda: sleepers[0] == 5, asleep)  # (the sixth reads)
+        splitter = FrameSplitter()
+        requests: list[tuple[int, Any]] = []
+        while len(requests) < 6:
+            for _, rid, payload in splitter.feed(b.recv(1 << 16)):
+                requests.append((rid, decode_payload(payload)["args"][0]))
+        b.sendall(b"".join(encode(wire.make_response(rid, arg)) for rid, arg in requests))
+        deadline = time.monotonic() + BOUND
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        assert not any(thread.is_alive() for thread in threads)
+        assert results == {i: i for i in range(6)}
+        assert not client._sync.ready and not client._sync.sleeping  # type: ignore[union-attr]
+    finally:
+        client.close()
+        b.close()
+
+
+def test_a_call_woken_to_wake_the_next_and_abandoned_wakes_it_still() -> None:
+    # An interrupt (or its timeout) may end a call woken by the chain before it takes its
+    # frame: its end passes the wake on, or the next call would sleep until its own timeout.
+    a, b = socket.socketpair()
+    client = dirty.DirtyClient("/nowhere", timeout=BOUND)
+    conn = client._sync = _client_sync._SyncConn(a)
+    waiters = []
+    for rid in (1, 2):
+        waiter = _client_sync._Waiter()
+        waiter.conn = conn
+        waiter.lock = threading.Lock()
+        waiter.lock.acquire()  # (asleep on it)
+        waiter.frames.append((RESPONSE, b""))
+        conn.waiters[rid] = waiter
+        conn.ready.append(waiter)
+        waiters.append(waiter)
+    try:
+        conn.wake_one()  # the reader wakes call 1 ...
+        assert not waiters[1].lock.acquire(False)
+        client._abandon(waiters[0], 1)  # ... which ends before it takes its frame
+        assert waiters[1].lock.acquire(False)  # call 2 was woken
+        assert not conn.ready and list(conn.waiters) == [2]
+    finally:
+        client.close()
+        b.close()

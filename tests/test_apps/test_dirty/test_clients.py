@@ -16,8 +16,10 @@ import trio
 import trio.testing
 
 import supervisors
+import wire
 from apps import dirty
-from apps.dirty import _client
+from apps.dirty import _client, _client_shared
+from apps.dirty._protocol import RESPONSE
 
 from .conftest import ECHO
 from .helpers import BOUND, EchoPool, _in_asyncio
@@ -370,3 +372,42 @@ async def test_close_async_on_asyncio_of_a_connection_an_ended_trio_run_opened(
         assert held[0].stream.socket.fileno() == -1
     finally:
         held[0].stream.socket.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((), {}),
+        (("hello",), {}),
+        ((1, 2.5, None, True, [1, {"a": b"x"}]), {"k": "v", "n": {1: 2}}),
+        ((b"\x00" * (1 << 16), "small"), {}),  # a large bytes goes by reference
+        ((), {"blob": b"\x01" * (1 << 16)}),
+    ],
+)
+def test_every_client_sends_a_request_as_wire_request_parts_encodes_it(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    parts = _client_shared._request(7, ECHO, "echo", args, kwargs)
+    expected = wire.request_parts(7, ECHO, "echo", args, kwargs)
+    assert b"".join(bytes(p) for p in parts) == b"".join(bytes(p) for p in expected)
+    assert len(parts) == len(expected)
+
+
+def test_a_request_that_cannot_be_encoded_is_the_callers_protocol_error() -> None:
+    with pytest.raises(dirty.DirtyProtocolError, match="cannot be sent"):
+        _client_shared._request(7, ECHO, "echo", ({1, 2},), {})
+    with pytest.raises(dirty.DirtyProtocolError, match="cannot be sent"):
+        _client_shared._request(7, ECHO, "echo", (), {"big": 1 << 70})
+
+
+def test_a_reply_payload_gives_its_result_or_a_typed_error() -> None:
+    def payload(value: Any) -> bytes:
+        return wire.tlv_encode(value, version=1)
+
+    assert _client_shared._result(RESPONSE, payload({"result": [1, "x"]})) == [1, "x"]
+    assert _client_shared._result(RESPONSE, payload({"other": 1})) is None
+    assert _client_shared._result(RESPONSE, b"") is None  # (an empty payload: no result)
+    with pytest.raises(dirty.DirtyProtocolError, match="must be a dict"):
+        _client_shared._result(RESPONSE, payload([1]))
+    with pytest.raises(dirty.DirtyProtocolError, match="malformed payload"):
+        _client_shared._result(RESPONSE, b"\x21\x00\x00\x00\x09")
