@@ -1,6 +1,6 @@
 """A registered tool's lane: what :func:`dispatch` would otherwise look up on every call (the
 tool's breaker, latency histogram and counters, and whether its calls may take the fast path),
-resolved once per registered tool and rebuilt when the registry holds another tool by its name.
+resolved once per registered tool name and resolved again when the registry has changed.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ class Lane:
 
     ``fast``: an async handler whose schema accepts any object and that needs no concurrency
     slot, on a dispatcher without a limit of its own. Such a tool's call without an idempotency
-    key or budget runs its first attempt inline in ``dispatch`` (no validation, no slot to
-    wait for, no layer of coroutines between the caller and the handler); a failure of that
-    attempt goes on through the general retry path.
+    key or budget, while its breaker is closed, runs its first attempt inline in ``dispatch``
+    (no validation, no slot to wait for, no layer of coroutines between the caller and the
+    handler); a failure of that attempt goes on through the general retry path.
     """
 
     tool: Tool
