@@ -117,8 +117,6 @@ async def run_attempt(
     name = tool.name
     counters = state.counters
     result: Any = None
-    error: DispatchError | None = None
-    retry_after: float | None = None
     finished = False
     tool_limiter = None if tool.max_concurrency is None else state.tool_limiter(tool)
     limiter = state.limiter
@@ -147,6 +145,7 @@ async def run_attempt(
         state.count_for(name, "dispatch.attempt")
         if logger.isEnabledFor(_DEBUG):
             state.log(_DEBUG, "dispatch.attempt", name, attempt=attempt)
+        failure: Exception | None = None
         try:
             with scope:
                 mode = tool.mode
@@ -159,43 +158,18 @@ async def run_attempt(
                     )
                 else:
                     result = await tool.handler.invoke(tool, args)
-        except TransientError as exc:
-            error = DispatchError.make(
-                ErrorKind.TRANSIENT,
-                f"tool {name!r} failed transiently on attempt {attempt}: {exc}",
-                attempts=attempt,
-                data={"tool": name, **exc.data},
-            )
-            error.__cause__ = exc
-            retry_after = exc.retry_after
-        except _RemoteTimeout as exc:
-            error = _timeout_error(tool, attempt, timeout, remote=str(exc))
-            error.__cause__ = exc
         except Exception as exc:
-            error = DispatchError.make(
-                ErrorKind.INTERNAL,
-                f"tool {name!r} raised {type(exc).__name__}: {exc} (a bug in the handler"
-                " or an unexpected failure; the cause is chained; a handler raises"
-                " apps.dispatcher.TransientError for failures worth retrying)",
-                attempts=attempt,
-                data={"tool": name, "exception": type(exc).__name__},
-            )
-            error.__cause__ = exc
+            failure = exc
         finally:
             state.running -= 1
-        if scope.cancelled_caught:
-            if deadline <= limit:
-                state.event("dispatch.timeout", _WARNING, name, attempt=attempt, timeout=timeout)
-                error = _timeout_error(tool, attempt, timeout)
-            else:
-                error = _deadline_error(tool, attempt)
         finished = True
     finally:
         if slots is not None:
             slots.let_go()
         if not finished and breaker is not None:
             breaker.release(probe)  # cancelled from outside: no verdict on the tool
-    if error is None:
+    caught = scope.cancelled_caught
+    if failure is None and not caught:
         counters["dispatch.ok"] += 1
         state.count_for(name, "dispatch.ok")
         if logger.isEnabledFor(_DEBUG):
@@ -203,13 +177,64 @@ async def run_attempt(
         if breaker is not None and probe and breaker.success(probe):
             state.event("breaker.close", _INFO, name)
         return result, None, None
+    failure = None if caught else failure
+    error, retry_after = attempt_failed(
+        state, tool, attempt, failure, deadline <= limit, timeout, breaker, probe
+    )
+    return None, error, retry_after
+
+
+def attempt_failed(
+    state: _State,
+    tool: Tool,
+    attempt: int,
+    failure: Exception | None,
+    timed_out: bool,
+    timeout: float | None,
+    breaker: CircuitBreaker | None,
+    probe: bool,
+) -> tuple[DispatchError, float | None]:
+    """The verdict on an attempt that raised ``failure``, or (None) whose cancel scope caught
+    its deadline (which wins over anything the cancelled handler raised): ``timed_out`` if
+    that was the attempt's own timeout, else the caller's budget deadline. Returns
+    ``(error, retry_after)``; records the verdict on the breaker."""
+    name = tool.name
+    retry_after: float | None = None
+    if failure is None:
+        if timed_out:
+            state.event("dispatch.timeout", _WARNING, name, attempt=attempt, timeout=timeout)
+            error = _timeout_error(tool, attempt, timeout)
+        else:
+            error = _deadline_error(tool, attempt)
+    elif isinstance(failure, TransientError):
+        error = DispatchError.make(
+            ErrorKind.TRANSIENT,
+            f"tool {name!r} failed transiently on attempt {attempt}: {failure}",
+            attempts=attempt,
+            data={"tool": name, **failure.data},
+        )
+        error.__cause__ = failure
+        retry_after = failure.retry_after
+    elif isinstance(failure, _RemoteTimeout):
+        error = _timeout_error(tool, attempt, timeout, remote=str(failure))
+        error.__cause__ = failure
+    else:
+        error = DispatchError.make(
+            ErrorKind.INTERNAL,
+            f"tool {name!r} raised {type(failure).__name__}: {failure} (a bug in the handler"
+            " or an unexpected failure; the cause is chained; a handler raises"
+            " apps.dispatcher.TransientError for failures worth retrying)",
+            attempts=attempt,
+            data={"tool": name, "exception": type(failure).__name__},
+        )
+        error.__cause__ = failure
     if breaker is not None:
         if error.kind in _COUNTED:
             if breaker.failure(trio.current_time(), probe):
                 state.event("breaker.open", _WARNING, name, cooldown=breaker.policy.cooldown)
         else:
             breaker.release(probe)
-    return None, error, retry_after
+    return error, retry_after
 
 
 def _timeout_error(

@@ -33,7 +33,7 @@ def observer_view(dispatcher: str | otp.Pid = DEFAULT_NAME) -> dict[str, Any]:
         DispatcherNotRunning: no dispatcher runs as ``dispatcher``.
     """
     state = _find(dispatcher)
-    stats = state.statistics()
+    stats = state.statistics()  # settles the counters of by_tool too
     now = trio.current_time()
     tools = {}
     for name in stats.tools:

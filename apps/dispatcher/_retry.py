@@ -67,10 +67,13 @@ async def execute(
     run: KeyedRun | None = None,
     spent: float = 0.0,
     now: float | None = None,
+    failed: tuple[DispatchError, float | None] | None = None,
 ) -> Any:
     """Run ``tool`` with retries in the current task; return its result or raise the
     envelope of its last failure. ``run`` (a keyed call's) learns when an attempt begins;
-    ``now``, if given, is the clock's reading for the first attempt."""
+    ``now``, if given, is the clock's reading for the first attempt. ``failed`` is the
+    ``(error, retry_after)`` of a first attempt that already ran (dispatch's fast path):
+    the call goes on from its retry verdict."""
     name = tool.name
     policy = tool.retry
     if timeout is None:
@@ -81,31 +84,36 @@ async def execute(
     last: DispatchError | None = None
     while True:
         attempt += 1
-        if now is None or attempt > 1:
-            now = trio.current_time()
-        probe = False
-        if breaker is not None and breaker.state is not BreakerState.CLOSED:
-            was = breaker.state
-            admitted, probe = breaker.admit(now)
-            if was is BreakerState.OPEN and breaker.state is BreakerState.HALF_OPEN:
-                state.event("breaker.half_open", logging.INFO, name)
-            if not admitted:
-                state.event("breaker.reject", logging.DEBUG, name)
-                return await state.reject(_circuit_error(tool, breaker, now, attempt), name)
-        if budget is not None:
-            if budget.exhausted(now):
-                if breaker is not None:
-                    breaker.release(probe)
-                return await state.reject(last or budget_error(tool, budget, attempt - 1), name)
-            budget.spend()
-        if run is not None:
-            run.started = True
-        result, error, retry_after = await run_attempt(
-            state, tool, args, attempt, now, timeout, limit, breaker, probe, spent
-        )
-        spent = 0.0
-        if error is None:
-            return result
+        if failed is not None:
+            error, retry_after = failed
+            failed = None
+        else:
+            if now is None or attempt > 1:
+                now = trio.current_time()
+            probe = False
+            if breaker is not None and breaker.state is not BreakerState.CLOSED:
+                was = breaker.state
+                admitted, probe = breaker.admit(now)
+                if was is BreakerState.OPEN and breaker.state is BreakerState.HALF_OPEN:
+                    state.event("breaker.half_open", logging.INFO, name)
+                if not admitted:
+                    state.event("breaker.reject", logging.DEBUG, name)
+                    return await state.reject(_circuit_error(tool, breaker, now, attempt), name)
+            if budget is not None:
+                if budget.exhausted(now):
+                    if breaker is not None:
+                        breaker.release(probe)
+                    return await state.reject(last or budget_error(tool, budget, attempt - 1), name)
+                budget.spend()
+            if run is not None:
+                run.started = True
+            result, outcome, retry_after = await run_attempt(
+                state, tool, args, attempt, now, timeout, limit, breaker, probe, spent
+            )
+            spent = 0.0
+            if outcome is None:
+                return result
+            error = outcome
         last = error
         verdict = _retry_verdict(tool, error, attempt, budget)
         if verdict is None:

@@ -6,9 +6,12 @@ buckets, the counters, the in-flight idempotency map and the result cache (an ``
 table with a time to live). ``dispatch`` does no round trip to it: all processes of a node share
 one trio thread, so ``dispatch`` reads and updates that state in synchronous sections (as the
 ``ets`` functions do) and runs the handler in the caller's task under a cancel scope, sleeping
-between retries on trio's clock (:mod:`._retry`, :mod:`._attempt`). Calls with an idempotency
-key run in a task of the dispatcher's *runner* process instead (:mod:`._idempotency`), so that a
-caller's cancellation never strands the callers that joined its run.
+between retries on trio's clock (:mod:`._retry`, :mod:`._attempt`). What a call needs of its
+tool is resolved once per registered tool (its :class:`~._lane.Lane`); a call that needs no
+validation, slot, key or budget runs its first attempt inline in ``dispatch``. Calls with an
+idempotency key run in a task of the dispatcher's *runner* process instead
+(:mod:`._idempotency`), so that a caller's cancellation never strands the callers that joined
+its run.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ._breaker import Budget, CircuitBreaker, TokenBucket
 from ._config import DispatcherConfig
 from ._errors import DispatcherNotRunning, DispatchError, ErrorKind
 from ._idempotency import KeyedRun, keyed_call
+from ._lane import Lane
 from ._latency import Latency
 from ._retry import budget_error, execute
 from ._runner import Job
@@ -89,6 +93,7 @@ class _State:
     tool_limiters: dict[str, tuple[int, trio.Semaphore]] = attrs.Factory(dict)
     #: How long each registered tool's calls took (from ``dispatch`` to result or error).
     latency: dict[str, Latency] = attrs.Factory(dict)
+    lanes: dict[str, Lane] = attrs.Factory(dict)
 
     def __attrs_post_init__(self) -> None:
         self.jobs, self.backlog = trio.open_memory_channel[Job](math.inf)
@@ -156,6 +161,33 @@ class _State:
         if breaker is None or breaker.policy is not policy:
             breaker = self.breakers[tool.name] = CircuitBreaker(policy)
         return breaker
+
+    def lane(self, name: str) -> Lane | None:
+        """The lane of the tool registered as ``name`` (None if none is), resolved again
+        when the registry has changed since. A name keeps its lane (and so the counts of its
+        calls in flight) when its tool is replaced or removed."""
+        registry = self.registry
+        lane = self.lanes.get(name)
+        if lane is not None and lane.version == registry.version:
+            return lane
+        tool = registry.get(name)
+        if tool is None:
+            return None
+        if lane is None:
+            latency = self.latency.get(name)
+            if latency is None:
+                latency = self.latency[name] = Latency()
+            counts = self.by_tool.get(name)
+            if counts is None:
+                counts = self.by_tool[name] = Counter()
+            lane = self.lanes[name] = Lane(tool, registry.version, latency, counts)
+        lane.resolve(tool, registry.version, self.breaker(tool), self.limiter is not None)
+        return lane
+
+    def settle(self) -> None:
+        """Bring the counters up to date with the fast path's (see :meth:`Lane.settle`)."""
+        for lane in self.lanes.values():
+            lane.settle(self.counters)
 
     def take_retry_token(self, tool: Tool, now: float) -> bool:
         policy = tool.retry.budget
@@ -241,6 +273,7 @@ class _State:
     # -- lifecycle -------------------------------------------------------------------------
 
     def statistics(self) -> DispatcherStatistics:
+        self.settle()
         now = trio.current_time()
         info = ets.info(self.table) if self.alive else None
         return DispatcherStatistics(

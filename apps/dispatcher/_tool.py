@@ -474,6 +474,9 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterator[Tool] | list[Tool] | tuple[Tool, ...] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        #: Changes whenever a tool is registered or removed, so that what a dispatcher
+        #: resolved from the tools it holds is known to be current by one comparison.
+        self.version = 0
         for tool in tools:
             self.register(tool)
 
@@ -492,9 +495,11 @@ class ToolRegistry:
                 " (pass replace=True to replace it, or unregister it first)"
             )
         self._tools[tool.name] = tool
+        self.version += 1
 
     def unregister(self, name: str) -> Tool | None:
         """Remove the tool named ``name``; returns it, or None if there was none."""
+        self.version += 1
         return self._tools.pop(name, None)
 
     def get(self, name: str) -> Tool | None:

@@ -470,3 +470,56 @@ async def test_handler_data_cannot_override_the_envelopes_kind(
 def test_a_retry_budget_that_can_never_grant_a_retry_is_rejected() -> None:
     with pytest.raises(d.ConfigurationError, match="capacity"):
         d.RetryBudget(capacity=0.5)
+
+
+async def test_a_tool_replaced_while_its_call_runs_keeps_the_calls_counts(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    first = Script([5.0])
+    async with running(d.Tool("work", first, idempotent=True)):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(d.dispatch, "work")
+            await trio.testing.wait_all_tasks_blocked()
+            stats = d.statistics()
+            assert (stats.running, stats.counters["dispatch.attempt"]) == (1, 1)
+            second = Script()
+            d.register_tool(d.Tool("work", second, idempotent=True), replace=True)
+            assert (await d.dispatch("work"))["run"] == 1
+        assert (first.runs, second.runs) == (1, 1)
+        stats = d.statistics()
+        assert stats.counters["dispatch.attempt"] == stats.counters["dispatch.ok"] == 2
+        view = d.observer_view()["tools"]["work"]
+        assert (view["calls"], view["attempts"], view["ok"]) == (2, 2, 2)
+        assert view["latency_seconds"]["count"] == 2
+
+
+async def test_a_call_without_a_timeout_is_cancelled_with_its_caller(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    endless = Script(["timeout"])
+    async with running(d.Tool("endless", endless, timeout=None, idempotent=True)):
+        with trio.move_on_after(3.0) as scope:
+            await d.dispatch("endless")
+        assert scope.cancelled_caught
+        assert endless.cancelled == 1
+        stats = d.statistics()
+        assert stats.running == 0
+        assert stats.counters["dispatch.attempt"] == 1
+        assert "dispatch.timeout" not in stats.counters
+        assert d.observer_view()["tools"]["endless"]["latency_seconds"]["count"] == 1
+
+
+@pytest.mark.parametrize("schema", [None, ADD_SCHEMA])
+async def test_a_timeout_wins_over_what_the_cancelled_handler_raises(
+    autojump_clock: trio.abc.Clock, schema: dict[str, Any] | None
+) -> None:
+    async def stubborn(**_args: Any) -> None:
+        try:
+            await trio.sleep(10)
+        except trio.Cancelled as cancelled:
+            raise BaseExceptionGroup("cleanup", [cancelled, ValueError("cleanup failed")])
+
+    async with running(d.Tool("stubborn", stubborn, schema, timeout=1.0, idempotent=False)):
+        with pytest.raises(d.DispatchTimeout, match="did not answer within 1 s"):
+            await d.dispatch("stubborn", {"a": 1, "b": 2})
+        assert d.statistics().counters["dispatch.timeout"] == 1
