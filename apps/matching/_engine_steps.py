@@ -292,7 +292,8 @@ class EngineSteps(EngineKinds):
         flow.status = status
         flow.result = result
         flow.error = error
-        self._pending_done(state, flow)
+        if flow.step_index < len(flow.spec.steps):  # (past the last step: no row was put)
+            self._pending_done(state, flow)
         self._dirty(state, flow)
         self._after_flow(state, flow, lambda: self._settle(state, flow))
 

@@ -80,6 +80,8 @@ class GatedStore:
 
     def __init__(self, store: Any) -> None:
         self.store = store
+        #: Every batch committed, in order.
+        self.batches: list[Any] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -87,6 +89,7 @@ class GatedStore:
     async def commit_many(self, batches: Sequence[Any]) -> Any:
         if self.gate is not None:
             await self.gate.wait()
+        self.batches += batches
         return await self.store.commit_many(batches)
 
 
@@ -283,6 +286,17 @@ async def test_steps_run_in_order_each_getting_the_previous_return_value(
     assert tasks[1].args == [{"step": "a", "got": [1, 2]}]
     assert tasks[2].args == [{"step": "b", "got": [{"step": "a", "got": [1, 2]}]}]
     assert result == {"step": "c", "got": tasks[2].args}
+
+
+async def test_a_flow_deletes_only_the_pending_rows_it_put(store_kind: StoreKind) -> None:
+    # (its last step's outcome deletes that step's row, and no row past its last step)
+    async with otp.open_node(), server(store_kind, by_step(a=[ok()], b=[fail(), ok(2)])) as store:
+        await FlowEngine.start_flow("T", [], definition(step("a"), step("b")), "f1")
+        assert await FlowEngine.result("f1") == 2
+    put = [step.key for batch in store.batches for step in batch.pending_put]
+    done = [key for batch in store.batches for key in batch.pending_done]
+    assert put == [("f1", 0), ("f1", 1), ("f1", 1)]
+    assert done == [("f1", 0), ("f1", 1)]
 
 
 async def test_a_flow_without_steps_completes_at_once_with_result_none(
