@@ -7,7 +7,6 @@ their attempts as ``_engine_kinds`` says.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -27,6 +26,7 @@ from ._engine_definitions import (
 )
 from ._engine_family import PARENT_KEY
 from ._engine_forward import marked
+from ._engine_ids import new_flow_id
 from ._engine_kinds import EngineKinds
 from ._engine_state import (
     _RUNNING,
@@ -51,28 +51,6 @@ from ._store_records import trusted
 __all__ = ["EngineSteps"]
 
 logger = logging.getLogger("apps.matching")
-
-
-#: A UUIDv7's version (7) and variant (RFC 9562) bits, over its 80 bits below the timestamp.
-_UUID7_KEEP = ~((0xF << 76) | (0x3 << 62))
-_UUID7_SET = (0x7 << 76) | (0x2 << 62)
-
-
-def new_flow_id(random: bytes | None = None, ms: int | None = None) -> str:
-    """A new flow's id: a UUIDv7 (RFC 9562) as 32 hex digits: the Unix time in milliseconds
-    (``ms``, now by default) in its first 48 bits, then 74 random bits (of ``random``, 10
-    bytes, when given) around its version and variant bits.
-
-    Time-ordered, not uuid4: the stores' indexes on flow ids (the flows, their attempts and
-    dispatch records) then grow at their right edge, so a group commit of tens of new flows
-    writes a few index pages instead of a random page per flow and index (measured on SQLite:
-    the store's CPU per Step about halved, 120-140 -> 67-74 us). 74 random bits keep ids of
-    one millisecond apart, across servers too. Built from one integer, without ``uuid.UUID``
-    (one per flow started)."""
-    if ms is None:
-        ms = time.time_ns() // 1_000_000
-    n = int.from_bytes(os.urandom(10) if random is None else random, "big")
-    return f"{(ms & 0xFFFF_FFFF_FFFF) << 80 | n & _UUID7_KEEP | _UUID7_SET:032x}"
 
 
 def _check_start(state: _State, where: str, flow_type: Any, args: Any) -> None:
@@ -292,7 +270,8 @@ class EngineSteps(EngineKinds):
         flow.status = status
         flow.result = result
         flow.error = error
-        self._pending_done(state, flow)
+        if flow.step_index < len(flow.spec.steps):  # (past the last step: no row was put)
+            self._pending_done(state, flow)
         self._dirty(state, flow)
         self._after_flow(state, flow, lambda: self._settle(state, flow))
 

@@ -12,6 +12,8 @@ otherwise jump while a worker thread ran, and fire every timer early.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -44,7 +46,7 @@ from apps.matching._engine import (
     FlowEngine,
     parse_definition,
 )
-from apps.matching._engine_steps import new_flow_id
+from apps.matching._engine_ids import new_flow_id
 from apps.matching._errors import (
     CallTimeout,
     Cancelled,
@@ -80,6 +82,8 @@ class GatedStore:
 
     def __init__(self, store: Any) -> None:
         self.store = store
+        #: Every batch committed, in order.
+        self.batches: list[Any] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -87,6 +91,7 @@ class GatedStore:
     async def commit_many(self, batches: Sequence[Any]) -> Any:
         if self.gate is not None:
             await self.gate.wait()
+        self.batches += batches
         return await self.store.commit_many(batches)
 
 
@@ -285,6 +290,17 @@ async def test_steps_run_in_order_each_getting_the_previous_return_value(
     assert result == {"step": "c", "got": tasks[2].args}
 
 
+async def test_a_flow_deletes_only_the_pending_rows_it_put(store_kind: StoreKind) -> None:
+    # (its last step's outcome deletes that step's row, and no row past its last step)
+    async with otp.open_node(), server(store_kind, by_step(a=[ok()], b=[fail(), ok(2)])) as store:
+        await FlowEngine.start_flow("T", [], definition(step("a"), step("b")), "f1")
+        assert await FlowEngine.result("f1") == 2
+    put = [step.key for batch in store.batches for step in batch.pending_put]
+    done = [key for batch in store.batches for key in batch.pending_done]
+    assert put == [("f1", 0), ("f1", 1), ("f1", 1)]
+    assert done == [("f1", 0), ("f1", 1)]
+
+
 async def test_a_flow_without_steps_completes_at_once_with_result_none(
     store_kind: StoreKind,
 ) -> None:
@@ -323,6 +339,36 @@ def test_a_new_flow_id_is_the_uuid7_of_its_time_and_random_bytes(random: bytes, 
     after = time.time_ns() // 1_000_000
     assert uuid.UUID(fresh).version == 7 and uuid.UUID(fresh).hex == fresh
     assert before <= int(fresh[:12], 16) <= after
+
+
+def test_new_flow_ids_of_one_millisecond_are_distinct_across_pools_and_threads() -> None:
+    # (_engine_ids: their random bytes come from a pool of os.urandom, 400 ids a pool)
+    ids: list[str] = []
+
+    def make() -> None:
+        ids.extend(new_flow_id(ms=1) for _ in range(1000))
+
+    threads = [threading.Thread(target=make) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(ids)) == len(ids) == 4000
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_process_makes_flow_ids_of_its_own_random_bytes() -> None:
+    new_flow_id()  # (a pool both would share)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.write(write, new_flow_id(ms=1).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as child:
+        theirs = child.read()
+    assert len(theirs) == 32 and theirs != new_flow_id(ms=1)
 
 
 async def test_start_flow_with_a_taken_id_raises_flow_exists_running_or_ended(

@@ -373,6 +373,28 @@ async def test_create_flow_round_trips_every_field(store: SqliteStore) -> None:
     assert await store.get_flow("f1") == record
 
 
+async def test_flows_sharing_a_definition_store_it_and_others_store_their_own(
+    store: SqliteStore,
+) -> None:
+    # (_store_sql encodes a definition dict shared by many flows once, known by identity, and
+    # forgets what it knows past a few hundred definitions)
+    shared = {"steps": [{"name": "charge"}], "rpcs": []}
+    others = [{"steps": [{"name": f"refund{n}"}], "rpcs": ["r"]} for n in range(300)]
+    batches = [WriteBatch(flows_created=[flow("a", definition=shared)])]
+    batches += [
+        WriteBatch(flows_created=[flow(f"o{n}", definition=d)]) for n, d in enumerate(others)
+    ]
+    batches.append(WriteBatch(flows_upserted=[flow("a", version=2, definition=shared)]))
+    batches.append(WriteBatch(flows_created=[flow("b", definition=shared)]))
+    for batch in batches:
+        await store.commit(batch)
+    assert await store.get_flow("a") == flow("a", version=2, definition=shared)
+    assert await store.get_flow("b") == flow("b", definition=shared)
+    assert [(await store.get_flow(f"o{n}")).definition for n in (0, 255, 256, 299)] == [
+        others[n] for n in (0, 255, 256, 299)
+    ]
+
+
 async def test_get_flow_of_an_unknown_id_is_none(store: SqliteStore) -> None:
     assert await store.get_flow("nope") is None
 
