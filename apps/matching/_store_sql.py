@@ -11,6 +11,7 @@ and ``executemany(sql, rows)``.
 
 from __future__ import annotations
 
+import copy
 import operator
 import urllib.parse
 from collections.abc import Sequence
@@ -132,21 +133,22 @@ def _blob(value: Any) -> bytearray:
     return bytearray(wire.cbor_encode(value))
 
 
-#: ``id(definition) -> (definition, its CBOR)``: a flow type's definition is one dict shared
-#: by every flow that pins it (``FlowSpec.to_wire``, never changed in place), written with
-#: each of their rows (twice a one-Step flow): encoded once. Cleared when full.
-_DEFINITIONS: dict[int, tuple[dict[str, Any], bytearray]] = {}
+#: ``id(definition) -> (definition, a copy of it as encoded, its CBOR)``: a flow type's
+#: definition is one dict shared by every flow that pins it (``FlowSpec.to_wire``), written
+#: with each of their rows (twice a one-Step flow). Comparing it with the copy costs half of
+#: encoding it again, and still sees a dict changed in place since. Cleared when full.
+_DEFINITIONS: dict[int, tuple[dict[str, Any], dict[str, Any], bytearray]] = {}
 _MAX_DEFINITIONS = 256
 
 
 def _definition_blob(definition: dict[str, Any]) -> bytearray:
     known = _DEFINITIONS.get(id(definition))
-    if known is not None and known[0] is definition:
-        return known[1]
+    if known is not None and known[0] is definition and known[1] == definition:
+        return known[2]
     blob = _blob(definition)
     if len(_DEFINITIONS) >= _MAX_DEFINITIONS:
         _DEFINITIONS.clear()
-    _DEFINITIONS[id(definition)] = (definition, blob)
+    _DEFINITIONS[id(definition)] = (definition, copy.deepcopy(definition), blob)
     return blob
 
 

@@ -376,8 +376,8 @@ async def test_create_flow_round_trips_every_field(store: SqliteStore) -> None:
 async def test_flows_sharing_a_definition_store_it_and_others_store_their_own(
     store: SqliteStore,
 ) -> None:
-    # (_store_sql encodes a definition dict shared by many flows once, known by identity, and
-    # forgets what it knows past a few hundred definitions)
+    # (_store_sql encodes a definition dict shared by many flows once, known by identity and
+    # compared with a copy, and forgets what it knows past a few hundred definitions)
     shared = {"steps": [{"name": "charge"}], "rpcs": []}
     others = [{"steps": [{"name": f"refund{n}"}], "rpcs": ["r"]} for n in range(300)]
     batches = [WriteBatch(flows_created=[flow("a", definition=shared)])]
@@ -393,6 +393,12 @@ async def test_flows_sharing_a_definition_store_it_and_others_store_their_own(
     assert [(await store.get_flow(f"o{n}")).definition for n in (0, 255, 256, 299)] == [
         others[n] for n in (0, 255, 256, 299)
     ]
+    shared["rpcs"].append("refund")  # (a dict changed in place is encoded again)
+    await store.commit(WriteBatch(flows_created=[flow("c", definition=shared)]))
+    assert (await store.get_flow("c")).definition == {
+        "steps": [{"name": "charge"}],
+        "rpcs": ["refund"],
+    }
 
 
 async def test_get_flow_of_an_unknown_id_is_none(store: SqliteStore) -> None:
