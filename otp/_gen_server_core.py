@@ -272,7 +272,10 @@ async def _loop(
     # the same checkpoint: a cancelled task (an exit signal, its node stopping) takes the slow
     # path, which raises; every ``FAIRNESS_BUDGET`` messages it yields once.
     task = current_task()
-    fast = task is not task._runner.main_task  # (the main task also checks for KeyboardInterrupt)
+    # (trio's own check, on its private fields; a trio without them takes the slow path. The
+    # main task also checks for KeyboardInterrupt.)
+    runner = getattr(task, "_runner", None)
+    fast = hasattr(task, "_cancel_status") and runner is not None and task is not runner.main_task
     try:
         while True:
             if cont is not UNSET:

@@ -171,7 +171,9 @@ class PullWorkerOptions:
             16 times in a row in a thread; one run there slower than 1 ms sends it back to
             the threads, to prove itself twice as long (``_worker_quick.py``). Set False
             when a handler that is quick for a long time may then block: until it returns
-            the worker reads nothing, starts nothing and answers no ping.
+            the worker reads nothing, starts nothing and answers no ping (a handler that
+            calls an RPC through a blocking ``Client`` may wait for this very worker, which
+            then serves it only once the server's sticky wait sends it elsewhere).
 
     Raises:
         ConfigurationError: A value is invalid (``reserved_rpc_tasks`` not in 0..cap-1).
