@@ -40,10 +40,14 @@ log = logging.getLogger("apps.matching.client")
 T = TypeVar("T")
 
 _LIMITS = wire.Limits()
-#: How far SO_RCVTIMEO may be from the reading call's time left before it is set again (s).
+#: How far SO_RCVTIMEO may be over the reading call's time left and still stay (s).
 _RCVTIMEO_SLACK = 0.002
 _allocate_lock = threading.Lock
 _monotonic = time.monotonic
+
+
+#: SO_RCVTIMEO's "no timeout".
+_NO_TIMEOUT = struct.pack("ll", 0, 0)
 
 
 def _timeval(seconds: float) -> bytes:
@@ -304,8 +308,7 @@ class SyncConnection:
             if remaining == 0:
                 n = sock.recv_into(self.buffer, 0, socket.MSG_DONTWAIT)
             else:
-                if remaining is not None:
-                    self._bound_reads(remaining)
+                self._bound_reads(remaining)
                 n = sock.recv_into(self.buffer)
             if not n:
                 error = ClientClosed("the server closed it", retryable=True)
@@ -349,14 +352,22 @@ class SyncConnection:
             except MatchingError:
                 return
 
-    def _bound_reads(self, remaining: float) -> None:
-        """Make a blocking read give up after about ``remaining`` seconds: one system call a
-        read, where a socket timeout costs a poll too. Set only when off by more than
-        ``_RCVTIMEO_SLACK`` (a lone caller with the same timeout never changes it)."""
+    def _bound_reads(self, remaining: float | None) -> None:
+        """Make a blocking read give up after about ``remaining`` seconds (None: never): one
+        system call a read, where a socket timeout costs a poll too. The timeout set stays
+        while it ends no read late and at most one early: not over ``remaining`` (plus
+        ``_RCVTIMEO_SLACK``) and at least half of it (a read it ends early is read again,
+        the timeout then set anew). So a lone caller whose calls alternate two timeouts (a
+        Step's ``start_flow`` and ``result``) sets it once, not twice a Step."""
         current = self.rcvtimeo
-        if current is not None and abs(current - remaining) <= _RCVTIMEO_SLACK:
+        if remaining is None:
+            if current is None:
+                return
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _NO_TIMEOUT)
+        elif current is not None and remaining / 2 <= current <= remaining + _RCVTIMEO_SLACK:
             return
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(remaining))
+        else:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(remaining))
         self.rcvtimeo = remaining
 
     def _take(self, n: int) -> tuple[int, bytes]:

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import struct
 import threading
 from typing import Any
 
 import pytest
 
+import wire
 from apps.matching import (
     CallTimeout,
     Client,
     ClientClosed,
     FlowNotFound,
 )
+from apps.matching._sync_connection import SyncConnection
 
 from .fake_matching_server import FakeServer
 from .sdk_clients import Greeting, client_args, stuck
@@ -133,6 +137,35 @@ def test_a_timed_out_call_leaves_the_connection_usable(fake_server, fake_dir):
             client.describe_flow("x")
         assert client.start_flow(Greeting, flow_id="after") == "after"
     assert fake_server.connections == 1
+
+
+def test_the_read_timeout_is_set_again_only_when_it_would_end_a_read_late_or_twice_early():
+    ours, theirs = socket.socketpair()
+    welcome = wire.MatchWelcome(server="s", codec="cbor", ping_interval=5.0, peer_timeout=15.0)
+    conn = SyncConnection(ours, None, welcome, "test")
+
+    def kernel() -> float:
+        sec, usec = struct.unpack("ll", ours.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16))
+        return sec + usec / 1e6
+
+    try:
+        conn._bound_reads(59.0)
+        assert kernel() == pytest.approx(59.0, abs=0.01)
+        conn._bound_reads(34.0)  # (59 s would end the read late)
+        assert kernel() == pytest.approx(34.0, abs=0.01)
+        conn._bound_reads(59.0)  # (34 s ends it at most once early: kept)
+        assert kernel() == pytest.approx(34.0, abs=0.01)
+        conn._bound_reads(34.001)  # (late by less than the slack)
+        assert kernel() == pytest.approx(34.0, abs=0.01)
+        conn._bound_reads(100.0)
+        assert kernel() == pytest.approx(100.0, abs=0.01)
+        conn._bound_reads(None)  # a call with no timeout reads with none
+        assert kernel() == 0.0
+        conn._bound_reads(None)
+        assert kernel() == 0.0
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def test_a_sleeping_caller_times_out_while_another_thread_reads(fake_server, fake_dir):
