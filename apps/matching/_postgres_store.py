@@ -8,7 +8,7 @@ once; and a commit that puts free pending steps (or a release of leases) sends a
 :data:`CHANNEL`, which wakes ``wait_pending`` on every server (``LISTEN`` on a second
 connection).
 
-The driver is psycopg's blocking API, each call in a worker thread (``trio.to_thread``), as
+The driver is psycopg's blocking API, each call in a worker thread (of trio's cache), as
 ``SqliteStore`` runs sqlite3. psycopg's async API runs on asyncio only, so under trio the
 choice is a thread hand-off per call or blocking the loop for a network round trip; measured
 on this project's 2-core machine (loaded), a one-row commit took 1.2 ms on the loop and 1.9 ms
@@ -85,7 +85,7 @@ class PostgresStore(SqlStore):
         url: A libpq connection URL, ``postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE``
             (query parameters as libpq takes them, e.g. ``?sslmode=require``).
         connect_timeout: Seconds a connection attempt may take.
-        threads: Run each psycopg call in a worker thread (``trio.to_thread``), the default,
+        threads: Run each psycopg call in a worker thread (of trio's cache), the default,
             so the trio loop never waits for the network. ``False`` runs them on trio's own
             thread, after a checkpoint: for tests on ``trio.testing.MockClock`` only, whose
             autojump would otherwise jump (and fire every timer early) while the database

@@ -11,6 +11,8 @@ store's own commits; PostgreSQL: ``LISTEN/NOTIFY`` too).
 from __future__ import annotations
 
 import contextlib
+import functools
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -76,6 +78,7 @@ class SqlStore(SqlServers):
             raise TypeError(f"{type(self).__name__}.threads must be a bool (got {threads!r})")
         self.threads = threads
         self._conn: Any = None
+        self._calls: _ThreadCalls | None = None
         self._closed = False
         self._lock = trio.Lock()
         self._transactions = 0
@@ -135,6 +138,8 @@ class SqlStore(SqlServers):
                 await trio.lowlevel.checkpoint()
                 state = "closed" if self._closed else "not open: await store.open() first"
                 raise StoreError(f"{self!r} is {state}")
+            if self._calls is not None:
+                return await self._calls.run(fn, self._conn, *args)
             return await self._call(fn, self._conn, *args)
         finally:
             lock.release()
@@ -189,6 +194,7 @@ class SqlStore(SqlServers):
                 await trio.lowlevel.checkpoint()
                 return
             self._conn = await self._call(self._connect)
+            self._calls = _ThreadCalls() if self.threads else None
             self._closed = False
             self._generation = 0
 
@@ -200,6 +206,9 @@ class SqlStore(SqlServers):
             if conn is None:
                 await trio.lowlevel.checkpoint()
                 return
+            calls, self._calls = self._calls, None
+            if calls is not None:
+                calls.close()
             await self._call(self._disconnect, conn)
 
     def statistics(self) -> StoreStatistics:
@@ -510,3 +519,41 @@ def _as_tuple(
     errors: type[Exception] | tuple[type[Exception], ...],
 ) -> tuple[type[Exception], ...]:
     return errors if isinstance(errors, tuple) else (errors,)
+
+
+class _ThreadCalls:
+    """The store's calls on its open connection, each in a thread of trio's cache, one at a
+    time (under the store's lock); the thread wakes its caller through a socket pair the caller
+    waits on. One pass of the scheduler, where ``trio.to_thread.run_sync`` costs three: its
+    capacity limiter's checkpoint before the thread starts (the lock already admits one call),
+    its ``run_sync_soon`` task and then the caller after it (issue 15: four wake-ups less a
+    Step, whose two commits take them)."""
+
+    def __init__(self) -> None:
+        self._ours, self._theirs = socket.socketpair()
+        self._ours.setblocking(False)
+        self._outcome: Any = None
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a thread. Cancellation waits for it to return (the connection is
+        never left mid-call) and takes effect at the caller's next checkpoint, as
+        ``run_sync``'s does."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        trio.lowlevel.start_thread_soon(functools.partial(fn, *args), self._deliver)
+        with trio.CancelScope(shield=True):
+            await trio.lowlevel.wait_readable(self._ours)
+        self._ours.recv(16)
+        outcome, self._outcome = self._outcome, None
+        value: T = outcome.unwrap()
+        return value
+
+    def _deliver(self, outcome: Any) -> None:
+        """(In the thread.) Hand the call's ``outcome.Outcome`` over and wake the caller."""
+        self._outcome = outcome
+        self._theirs.send(b"\0")
+
+    def close(self) -> None:
+        """(No call running: the store's lock is held.)"""
+        trio.lowlevel.notify_closing(self._ours)
+        self._ours.close()
+        self._theirs.close()

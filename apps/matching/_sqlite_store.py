@@ -1,6 +1,6 @@
 """``SqliteStore``: the matching server's embedded :class:`Store`, on the stdlib's sqlite3.
 
-One connection, used by one thread at a time (``trio.to_thread``, behind a lock); files run in
+One connection, used by one thread at a time (trio's thread cache, behind a lock); files run in
 WAL mode with ``synchronous=NORMAL``; values are wire CBOR in BLOB columns (never pickle). The
 schema, in ``_sqlite_schema``, is versioned in ``schema_migrations`` as Django's and Alembic's
 are, applied in order, and a database newer than the code is refused; the rows and batches it
@@ -32,7 +32,7 @@ class SqliteStore(SqlStore):
 
     Args:
         path: A file path, or ``":memory:"`` for a private in-memory database (tests).
-        threads: Run each sqlite call in a worker thread (``trio.to_thread``), the default, so
+        threads: Run each sqlite call in a worker thread (of trio's cache), the default, so
             the trio loop never blocks on the disk. ``False`` runs them on trio's own thread,
             after a checkpoint: for tests on ``trio.testing.MockClock``, whose autojump would
             otherwise jump (and fire every timer early) while a worker thread ran.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import re
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,17 @@ class _Schedules(trio.abc.Instrument):
         self.count += task is self.task
 
 
+async def _trips_of_get_flow(store: SqliteStore) -> int:
+    """How often this task goes through the scheduler in one ``get_flow`` (of no flow)."""
+    counter = _Schedules(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(counter)
+    try:
+        assert await store.get_flow("f1") is None
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+    return counter.count
+
+
 async def test_a_call_on_a_free_connection_goes_through_the_scheduler_once(
     store_kind: StoreKind,
 ) -> None:
@@ -177,15 +189,45 @@ async def test_a_call_on_a_free_connection_goes_through_the_scheduler_once(
     s = store_kind.store(threads=False)
     await s.open()
     try:
-        counter = _Schedules(trio.lowlevel.current_task())
-        trio.lowlevel.add_instrument(counter)
-        try:
-            assert await s.get_flow("f1") is None
-        finally:
-            trio.lowlevel.remove_instrument(counter)
-        assert counter.count == 1
+        assert await _trips_of_get_flow(s) == 1
     finally:
         await s.close()
+
+
+async def test_a_call_in_a_thread_is_woken_by_its_thread_through_the_scheduler_once(
+    store: SqliteStore,
+) -> None:
+    """In a worker thread (as a server runs it) the call's thread wakes it directly: one trip
+    through the scheduler, where ``trio.to_thread.run_sync`` took two (its capacity limiter's
+    checkpoint, then a task of its own rescheduling the caller)."""
+    assert await _trips_of_get_flow(store) == 1
+
+
+async def test_a_call_cancelled_while_its_thread_runs_returns_its_work_then_takes_the_cancel(
+    store: SqliteStore,
+) -> None:
+    """The connection is never left mid-call: the caller waits for the thread, gets what it
+    returned, and the cancellation takes effect at its next checkpoint; the store still works."""
+    token = trio.lowlevel.current_trio_token()
+    cancelled = threading.Event()
+    returned: list[str] = []
+
+    def work(conn: Any) -> str:
+        def cancel() -> None:
+            scope.cancel()
+            cancelled.set()
+
+        token.run_sync_soon(cancel)
+        assert cancelled.wait(10)  # (the caller's scope is cancelled while this runs)
+        return "done"
+
+    with trio.CancelScope() as scope:
+        returned.append(await store._run(work))
+        await trio.lowlevel.checkpoint()
+        returned.append("not reached")
+    assert returned == ["done"]
+    assert scope.cancelled_caught
+    assert await store.get_flow("f1") is None
 
 
 async def test_a_store_without_threads_runs_on_the_trio_thread(
