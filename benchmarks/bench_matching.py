@@ -670,9 +670,40 @@ def _latencies(fn: Callable[[], object], warm: int, n: int) -> list[float]:
     return times
 
 
-def _measure_latency(server: _Server, quick: bool) -> dict[str, list[float]]:
+def _cpu_ns(pid: int) -> int:
+    """Nanoseconds on a CPU so far of every thread of ``pid`` (Linux ``schedstat``: finer than
+    ``_cpu_seconds``' clock ticks, for the few hundred calls of a quick run; 0 elsewhere)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+    return total
+
+
+def _costs(server: _Server, fn: Callable[[], object], warm: int, n: int) -> tuple[list[float], str]:
+    """``_latencies`` of ``fn``, and what one call cost (the server's trio wake-ups, the CPU
+    of the server, of its first worker and of this process), as a note."""
+    for _ in range(warm):
+        fn()
+    assert server.proc is not None
+    pids = (server.proc.pid, server.workers[0].pid, os.getpid())
+    wakeups = server.wakeups()
+    cpu = [_cpu_ns(pid) for pid in pids]
+    times = _latencies(fn, 0, n)
+    cpu = [(_cpu_ns(pid) - before) / n / 1e3 for pid, before in zip(pids, cpu, strict=True)]
+    wakeups = (server.wakeups() - wakeups) / n
+    note = (
+        f"server {wakeups:.1f} trio wake-ups, CPU server {cpu[0]:.0f} us, worker {cpu[1]:.0f} us,"
+        f" client {cpu[2]:.0f} us"
+    )
+    return times, note
+
+
+def _measure_latency(server: _Server, quick: bool) -> tuple[dict[str, list[float]], dict[str, str]]:
     """RPC and Step round trips (s) of 1 caller, with the blocking ``Client`` (as sync code
-    calls the server) and with ``TrioClient`` from a trio task."""
+    calls the server) and with ``TrioClient`` from a trio task; and what one blocking RPC and
+    one Step cost (``_costs``' notes)."""
     import trio
 
     from apps.matching import BlobCache, Client, ClientOptions, Registry, TrioClient
@@ -682,16 +713,19 @@ def _measure_latency(server: _Server, quick: bool) -> dict[str, list[float]]:
     n_rpc = 200 if quick else 2000
     n_step = 80 if quick else 500
     out: dict[str, list[float]] = {}
+    costs: dict[str, str] = {}
     client = Client(registry, BlobCache(server.blobs), options)
     try:
         flow_id = client.start_flow(BenchFlow, 0)
         client.result(flow_id, timeout=30)
-        out["rpc"] = _latencies(lambda: client.call_rpc(flow_id, "ping"), 50, n_rpc)
+        out["rpc"], costs["rpc"] = _costs(
+            server, lambda: client.call_rpc(flow_id, "ping"), 50, n_rpc
+        )
 
         def one_step() -> None:
             client.result(client.start_flow(BenchFlow, 1), timeout=30)
 
-        out["step"] = _latencies(one_step, 20, n_step)
+        out["step"], costs["step"] = _costs(server, one_step, 20, n_step)
     finally:
         client.close()
 
@@ -717,7 +751,7 @@ def _measure_latency(server: _Server, quick: bool) -> dict[str, list[float]]:
             await trio_client.close()
 
     trio.run(in_trio)
-    return out
+    return out, costs
 
 
 def _measure_throughput(servers: _Server | list[_Server], quick: bool) -> dict[str, float]:
@@ -1016,7 +1050,7 @@ def run(quick: bool) -> list[Result]:
     try:
         with _Server() as server:
             server.add_workers(1, SLOTS)
-            lat = _measure_latency(server, quick)
+            lat, costs = _measure_latency(server, quick)
             server.add_workers(WORKERS - 1, SLOTS)
             thr = _measure_throughput(server, quick)
     except Exception as exc:  # a broken server is reported, not a failed run
@@ -1042,14 +1076,14 @@ def run(quick: bool) -> list[Result]:
     rpc_notes = (
         f"blocking Client, 1 caller, 1 worker process (empty sync RPC); p99 {us(lat['rpc'], 0.99)};"
         f" TrioClient p50 {us(lat['rpc_trio'], 0.5)} p99 {us(lat['rpc_trio'], 0.99)};"
-        f" {floor_note}; target: ratio >= 0.3 and p50 <= 1 ms"
+        f" {floor_note}; target: ratio >= 0.3 and p50 <= 1 ms; per RPC: {costs['rpc']}"
     )
     step_notes = (
         f"start_flow + result of a one-Step flow (empty sync Step), blocking Client, 1 caller;"
         f" p99 {us(lat['step'], 0.99)}; TrioClient p50 {us(lat['step_trio'], 0.5)}"
         f" p99 {us(lat['step_trio'], 0.99)}; a Step is 2 client calls, a TASK/ACCEPT/RESULT"
         f" exchange with the worker and durable SQLite commits, against a floor of one round"
-        f" trip; {floor_note}"
+        f" trip; {floor_note}; per Step: {costs['step']}"
     )
     thr_notes = (
         f"{WORKERS} worker processes x {SLOTS} slots, {CONCURRENCY} flows in flight from one"
