@@ -63,6 +63,7 @@ from ._ids import Pid as Pid
 from ._ids import Ref as Ref
 from ._info import ProcessInfo as ProcessInfo
 from ._info import is_process_alive as is_process_alive
+from ._info import message_queue_len as message_queue_len
 from ._info import process_info as process_info
 from ._info import processes as processes
 from ._logger import BurstLimit as BurstLimit
@@ -168,6 +169,7 @@ __all__ = [
     "link",
     "log_report",
     "make_ref",
+    "message_queue_len",
     "monitor",
     "monitor_node",
     "node_name",

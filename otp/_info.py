@@ -10,7 +10,7 @@ import attrs
 from ._errors import BadArg
 from ._ids import Pid, Ref
 from ._node import NamedMonitor, current_node
-from ._process import CURRENT_PROCESS, Process, current_process_or_none
+from ._process import CURRENT_PROCESS, Process, current_process, current_process_or_none
 
 
 @attrs.frozen
@@ -58,6 +58,16 @@ def is_process_alive(pid: Pid) -> bool:
         raise BadArg(f"is_process_alive({pid!r}): a pid of another node (this is {node.name!r})")
     proc = node.resolve(pid)
     return proc is not None and not proc.exiting
+
+
+def message_queue_len() -> int:
+    """How many messages wait in the calling process's mailbox (Erlang's
+    ``process_info(self(), message_queue_len)``), without a snapshot of the rest: cheap.
+
+    Raises:
+        NotAProcess: Called outside a process.
+    """
+    return current_process().message_queue_len
 
 
 def process_info(pid: Pid) -> ProcessInfo | None:

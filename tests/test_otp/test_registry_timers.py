@@ -107,6 +107,18 @@ async def test_many_cancelled_timers_do_not_pile_up(autojump_clock: trio.testing
         assert len(node.timers._heap) <= 2048
 
 
+async def test_message_queue_len_counts_what_waits_in_the_callers_mailbox() -> None:
+    async with otp.open_node():
+        assert otp.message_queue_len() == 0
+        otp.send(otp.self(), "one")
+        otp.send(otp.self(), "two")
+        assert otp.message_queue_len() == 2
+        assert await otp.receive() == "one"
+        assert otp.message_queue_len() == 1
+    with pytest.raises(otp.NotAProcess):
+        otp.message_queue_len()
+
+
 async def test_processes_and_process_info() -> None:
     async with otp.open_node():
         me = otp.self()
