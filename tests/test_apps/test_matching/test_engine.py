@@ -1284,6 +1284,35 @@ async def test_64_concurrent_one_step_flows_share_a_few_group_commits(
     assert engine.largest_batch >= 64 * 2  # (a flow and its pending step, in one batch)
 
 
+class _Passes(trio.abc.Instrument):
+    """Counts the tasks the run schedules (each made runnable again once)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        self.count += 1
+
+
+async def test_a_lone_calls_batch_is_committed_without_another_pass_over_the_empty_mailbox(
+    store_kind: StoreKind,
+) -> None:
+    """The engine commits once its mailbox is empty, as Erlang's ``after 0`` looks at it:
+    a lone call's batch goes to the store at once, not after one more pass of the scheduler
+    (a wake-up of the engine a commit, two a Step, on the path of every lone caller)."""
+    async with otp.open_node(), server(store_kind):
+        await FlowEngine.start_flow("T", [], definition())  # (the first run's costs)
+        passes = _Passes()
+        trio.lowlevel.add_instrument(passes)
+        try:
+            await FlowEngine.start_flow("T", [], definition())
+        finally:
+            trio.lowlevel.remove_instrument(passes)
+    # the caller's call, the engine's pass over it, the store's commit (a cast, its reply),
+    # the engine's pass over that, the reply: 7 (8 with a pass over the empty mailbox)
+    assert passes.count <= 7
+
+
 async def test_a_killed_engine_recovers_its_running_flows_from_the_store(
     store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
