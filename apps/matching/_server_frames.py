@@ -32,23 +32,8 @@ _M_ACCEPT = wire.MessageType.M_ACCEPT
 _M_RESULT = wire.MessageType.M_RESULT
 
 
-def _fields(cls: type) -> tuple[str, ...]:
-    return tuple(field.name for field in attrs.fields(cls))
-
-
 #: ``wire.MatchTask``'s fields in their order (which ``task_message``'s arguments follow).
-_TASK_FIELDS = _fields(wire.MatchTask)
-_CALL_FIELDS = _fields(wire.MatchCall)
-_ACCEPT_FIELDS = _fields(wire.MatchAccept)
-_RESULT_FIELDS = _fields(wire.MatchResult)
-
-
-def _made(cls: type, names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
-    """An instance of the frozen attrs class ``cls`` with these values (checked already)."""
-    msg: Any = _new(cls)
-    for field, value in zip(names, values, strict=True):
-        _set(msg, field, value)
-    return msg
+_TASK_FIELDS = tuple(field.name for field in attrs.fields(wire.MatchTask))
 
 
 def task_message(
@@ -112,9 +97,11 @@ def task_message(
             step_kind=step_kind,
             rid=rid,
         )
+    msg = _new(wire.MatchTask)
     values = (delivery, kind, flow_type, flow_id, name, execution_id, attempt, args, state)
-    made: wire.MatchTask = _made(wire.MatchTask, _TASK_FIELDS, (*values, timeout, step_kind, rid))
-    return made
+    for field, value in zip(_TASK_FIELDS, (*values, timeout, step_kind, rid), strict=True):
+        _set(msg, field, value)
+    return msg
 
 
 def encode_task(msg: wire.MatchTask, codec: wire.Codec, limits: wire.Limits) -> bytes:
@@ -160,17 +147,22 @@ def parse_frame(frame: wire.Frame) -> wire.MatchMessage:
     t = frame.type
     payload = frame.payload
     rid = frame.request_id
-    msg: wire.MatchMessage
+    msg: Any
     if type(payload) is dict and 0 < rid <= _U64_MAX:
         if t is _M_CALL:
             op, args = payload.get("op"), payload.get("args")
             if type(op) is str and op and type(args) is dict:
-                msg = _made(wire.MatchCall, _CALL_FIELDS, (op, args, rid))
+                msg = _new(wire.MatchCall)  # (its fields one by one: the usual 3 are all)
+                _set(msg, "op", op)
+                _set(msg, "args", args)
+                _set(msg, "rid", rid)
                 return msg
         elif t is _M_ACCEPT:
             delivery = payload.get("delivery")
             if type(delivery) is int and 0 <= delivery <= _U64_MAX:
-                msg = _made(wire.MatchAccept, _ACCEPT_FIELDS, (delivery, rid))
+                msg = _new(wire.MatchAccept)
+                _set(msg, "delivery", delivery)
+                _set(msg, "rid", rid)
                 return msg
         elif t is _M_RESULT:
             delivery, patch = payload.get("delivery"), payload.get("patch")
@@ -184,7 +176,11 @@ def parse_frame(frame: wire.Frame) -> wire.MatchMessage:
                 and type(patch.get("delete")) is list
                 and (not_yet is None or type(not_yet) is bool)
             ):
-                values = (delivery, payload["value"], patch, not_yet, rid)
-                msg = _made(wire.MatchResult, _RESULT_FIELDS, values)
+                msg = _new(wire.MatchResult)
+                _set(msg, "delivery", delivery)
+                _set(msg, "value", payload["value"])
+                _set(msg, "patch", patch)
+                _set(msg, "not_yet", not_yet)
+                _set(msg, "rid", rid)
                 return msg
     return wire.parse_matching(frame)
