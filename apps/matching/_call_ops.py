@@ -96,7 +96,7 @@ def answer_request(conn: Connection, response: otp.Response) -> None:
         reason = otp.format_reason(response.error)
         conn.error(rid, "internal", f"the server failed the call: {reason}", retryable=True)
     elif reply[0] == "ok":
-        conn.send_message(wire.MatchReply(reply[1], rid=rid))
+        conn.send_reply(rid, reply[1])
     else:
         _, code, message, retryable, details = reply
         conn.send_message(wire.MatchError(code, message, retryable, dict(details), rid=rid))
@@ -149,7 +149,7 @@ async def _run_call(
     except otp.CallError as exc:
         conn.error(rid, "internal", f"the server failed the call: {exc}", retryable=True)
     else:
-        conn.send_message(wire.MatchReply(value, rid=rid))
+        conn.send_reply(rid, value)
     finally:
         conn.calls.discard(rid)
         conn.call_scopes.pop(rid, None)

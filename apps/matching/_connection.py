@@ -46,6 +46,7 @@ from ._connection_handshake import handshake
 from ._connection_streams import close_stream, register_stream
 from ._dispatch import Capabilities, WorkerDraining
 from ._engine import ENGINE
+from ._server_frames import encode_reply, encode_task, parse_frame
 from ._write_batches import BatchedWrites, batched_writes
 
 __all__ = [
@@ -203,17 +204,39 @@ class Connection:
             if kind is wire.MatchTask:
                 self.tasks[msg.rid] = msg.delivery
         try:
-            data = msg.encode(self.codec, limits=_OUT_LIMITS)
+            if kind is wire.MatchTask:
+                data = encode_task(msg, self.codec, _OUT_LIMITS)
+            else:
+                data = msg.encode(self.codec, limits=_OUT_LIMITS)
         except wire.WireError as exc:
             logger.warning(
                 "matching: cannot encode %s for %s: %s", type(msg).__name__, self.peer, exc
             )
-            rid = getattr(msg, "rid", 0)
             if isinstance(msg, wire.MatchReply):
-                self.send_message(
-                    wire.MatchError("limit", f"the reply cannot be sent: {exc.message}", rid=rid)
-                )
+                self._unsendable_reply(msg.rid, exc)
             return
+        self._write(data)
+
+    def send_reply(self, rid: int, value: Any) -> None:
+        """``send_message(wire.MatchReply(value, rid=rid))`` for the call ``rid`` this
+        connection read (the answer of every engine call, two a Step), without the message."""
+        if self.reason:
+            return
+        try:
+            data = encode_reply(value, rid, self.codec, _OUT_LIMITS)
+        except wire.WireError as exc:
+            logger.warning("matching: cannot encode MatchReply for %s: %s", self.peer, exc)
+            self._unsendable_reply(rid, exc)
+            return
+        self._write(data)
+
+    def _unsendable_reply(self, rid: int, exc: wire.WireError) -> None:
+        self.send_message(
+            wire.MatchError("limit", f"the reply cannot be sent: {exc.message}", rid=rid)
+        )
+
+    def _write(self, data: bytes) -> None:
+        """Queue an encoded frame: held for the batch's end, else for the writer task."""
         if self.batches is not None and not self.unsent and not self.writing:
             # A plain socket takes the batch's frames at once nearly always (``flush``).
             pending = self.pending
@@ -454,7 +477,7 @@ async def _reader(conn: Connection, frames: wire.FrameStream) -> None:
 
 def _handle(conn: Connection, frame: wire.Frame) -> None:
     try:
-        msg = wire.parse_matching(frame)
+        msg = parse_frame(frame)
     except wire.WireError as exc:
         _bad(conn, frame.request_id, exc.message)
         return

@@ -221,8 +221,10 @@ class Queue(otp.GenServer):
             return state.carry_on
         if actions:
             _carry_out(state, actions)
-        _rearm(state)
-        _watch_idle(state)
+        if book.expiries or state.timer_due is not None:  # (else _rearm has nothing to do)
+            _rearm(state)
+        if state.idle_timer is not None or book.unused:  # (else neither has _watch_idle)
+            _watch_idle(state)
         return state.carry_on
 
 

@@ -154,7 +154,9 @@ class QueueBook:
         self._draining: set[str] = set()
         #: ``worker_freed`` notices per worker with streams here (a count).
         self._freed: dict[str, int] = {}
-        self._heap: list[tuple[float, int]] = []
+        #: (expiry, seq) of the dispatches left waiting, a heap (with stale entries, dropped
+        #: by :meth:`next_expiry`): empty, no wait is watched (the queue skips its timer then).
+        self.expiries: list[tuple[float, int]] = []
         self._seq = 0
         self._declines = 0
 
@@ -172,7 +174,7 @@ class QueueBook:
 
     def next_expiry(self) -> float | None:
         """When the earliest waiting dispatch's wait ends (call :meth:`expire` then), or None."""
-        heap = self._heap
+        heap = self.expiries
         while heap:
             expiry, seq = heap[0]
             waiting = self._waiting.get(seq)
@@ -272,7 +274,7 @@ class QueueBook:
         actions: list[Action] = []
         now = self._clock()
         task = dispatch.task
-        if self.backlog >= self.limits.max_backlog:
+        if len(self._waiting) + self._offered >= self.limits.max_backlog:
             actions.append(
                 Reject(
                     dispatch,
@@ -293,7 +295,8 @@ class QueueBook:
         self._seq += 1
         waiting = _Waiting(self._seq, dispatch, now, expiry, set(dispatch.excluded))
         waiting.capacity = dispatch.declined_no_capacity
-        waiting.drained.update(dispatch.drained)
+        if dispatch.drained:
+            waiting.drained.update(dispatch.drained)
         if self.kind == "worker":
             worker = self.name
             if not self._streams or worker in self._draining:
@@ -311,7 +314,7 @@ class QueueBook:
         if waiting.seq in self._waiting:
             # (only a dispatch left waiting needs its expiry watched: one offered at once is
             # pushed again if it comes back, by ``_requeue``)
-            heapq.heappush(self._heap, (expiry, waiting.seq))
+            heapq.heappush(self.expiries, (expiry, waiting.seq))
         return actions
 
     def accepted(self, stream: Any, delivery: int) -> list[Action]:
@@ -427,7 +430,7 @@ class QueueBook:
         waits for its answer first."""
         actions: list[Action] = []
         now = self._clock()
-        heap = self._heap
+        heap = self.expiries
         while heap and heap[0][0] <= now:
             expiry, seq = heapq.heappop(heap)
             waiting = self._waiting.get(seq)
@@ -492,7 +495,7 @@ class QueueBook:
         """Back in the waiting list, ahead of the rest (it came before most of them)."""
         self._waiting[waiting.seq] = waiting
         self._waiting.move_to_end(waiting.seq, last=False)
-        heapq.heappush(self._heap, (waiting.expiry, waiting.seq))
+        heapq.heappush(self.expiries, (waiting.expiry, waiting.seq))
 
     def _take_back(self, entry: _Stream, actions: list[Action]) -> _Waiting | None:
         waiting = entry.offered

@@ -38,6 +38,7 @@ from ._dispatch import (
     WorkerFreed,
 )
 from ._matcher import MATCHER, StreamUp
+from ._server_frames import task_message
 
 __all__ = ["FreedNotices", "StreamConn", "StreamHandle", "open_stream"]
 
@@ -121,6 +122,8 @@ class _Stream:
     #: The cancel scope the stream waits in: its deadline is at or before the phase's (it is
     #: only ever brought forward; when it passes, the phase's real deadline is checked).
     scope: trio.CancelScope | None = None
+    #: The scope's deadline as last set (read here without trio's property).
+    scope_due: float = 0.0
     #: The worker's frames sent to the process's mailbox and not handled yet: while there
     #: are any, a frame handed over (``StreamHandle.deliver``) follows them there.
     mailed: int = 0
@@ -172,11 +175,18 @@ class StreamHandle:
     def offer(self, offer: Offer) -> None:
         """Hand over an offer (from the queue). A stream whose connection is doomed gets it
         by message, as it would have before it ends: its queue takes it back then."""
-        if otp.is_process_alive(self.state.owner):
-            self.deliver(offer)
-        else:
-            self.state.mailed += 1
+        state = self.state
+        if (
+            state.mailed
+            or state.me is None
+            or state.ended
+            or not otp.is_process_alive(state.owner)
+            or not otp.is_process_alive(self.pid)
+        ):
+            state.mailed += 1
             otp.send(self.pid, offer)
+            return
+        self._take(offer)
 
     def deliver_served(
         self, accept: wire.MatchAccept, outcome: wire.MatchResult | wire.MatchFailure
@@ -275,7 +285,8 @@ async def _run(state: _Stream) -> None:
         while True:
             # One cancel scope for many messages (not one per receive): its deadline is the
             # phase's at most, and only moves when it passes (see _Stream.scope).
-            with trio.CancelScope(deadline=_due(state)) as scope:
+            state.scope_due = due = _due(state)
+            with trio.CancelScope(deadline=due) as scope:
                 state.scope = scope
                 while True:
                     _mailed(state, await receive())
@@ -313,26 +324,27 @@ def _due(state: _Stream) -> float:
     return state.last_heard + limits.peer_timeout
 
 
-def _sooner(state: _Stream) -> None:
-    """A new phase may be due sooner than the scope's deadline: bring it forward."""
-    scope = state.scope
-    if scope is not None:
-        due = _due(state)
-        if due < scope.deadline:
-            scope.deadline = due
-
-
 def _to_idle(state: _Stream, now: float | None = None) -> None:
     """Idle (registered, or its offer declined, or its call over); a stream whose queue is gone
-    ends instead. ``now``: the clock, if read."""
+    ends instead. ``now``: the clock, if read.
+
+    The idle phase may be due sooner than the scope's deadline: it is brought forward. Only
+    going idle needs that: an offer's answer (``now + peer_timeout``) and a call's silence
+    (from the ACCEPT just heard) are due no sooner than the phase before them."""
     if state.queue_gone:
         _close(state)
         raise _End
     state.phase = _IDLE
     if now is None:
         now = state.clock()
-    state.next_ping = now + state.limits.ping_interval
-    _sooner(state)
+    limits = state.limits
+    state.next_ping = next_ping = now + limits.ping_interval
+    scope = state.scope
+    if scope is not None:
+        silent = state.last_heard + limits.peer_timeout
+        due = next_ping if next_ping < silent else silent  # (_due's, written out)
+        if due < state.scope_due:
+            state.scope_due = scope.deadline = due
 
 
 def _deadline_passed(state: _Stream) -> None:
@@ -491,19 +503,19 @@ def _offer(state: _Stream, dispatch: Dispatch, queue: str) -> None:
     now = state.clock()
     timeout = None if task.deadline is None else max(0.0, task.deadline - now)
     try:
-        frame = wire.MatchTask(
-            rid=state.stream_id,
-            delivery=delivery,
-            kind=task.kind,
-            flow_type=task.flow_type,
-            flow_id=task.flow_id,
-            name=task.name,
-            execution_id=task.execution_id,
-            attempt=task.attempt,
-            args=task.args if type(task.args) is list else list(task.args),
-            state=task.state if type(task.state) is dict else dict(task.state),
-            timeout=timeout,
-            step_kind=task.step_kind,
+        frame = task_message(
+            state.stream_id,
+            delivery,
+            task.kind,
+            task.flow_type,
+            task.flow_id,
+            task.name,
+            task.execution_id,
+            task.attempt,
+            task.args if type(task.args) is list else list(task.args),
+            task.state if type(task.state) is dict else dict(task.state),
+            timeout,
+            task.step_kind,
         )
     except wire.WireError as exc:
         # The engine's task is not writable: it fails (the stream itself is fine).
@@ -520,7 +532,7 @@ def _offer(state: _Stream, dispatch: Dispatch, queue: str) -> None:
     state.offered = dispatch
     state.offered_by = queue
     state.answer_by = now + state.limits.peer_timeout
-    _sooner(state)
+    # (the scope's deadline stands: the idle phase was due by then, see _to_idle)
 
 
 def _accepted(state: _Stream, dispatch: Dispatch) -> None:
@@ -533,7 +545,7 @@ def _accepted(state: _Stream, dispatch: Dispatch) -> None:
     routed = Routed(delivery, state.offered_by, "delivered", state.worker_id, state.me)
     otp.send(dispatch.reply_to, routed)
     otp.send(state.queue, Accepted(state.me, delivery))
-    _sooner(state)
+    # (the scope's deadline stands: the offer was due by then, see _to_idle)
 
 
 def _call_over(state: _Stream, accepted: int | None = None, now: float | None = None) -> None:

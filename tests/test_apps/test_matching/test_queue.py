@@ -21,6 +21,7 @@ from apps.matching._dispatch import (
     Capabilities,
     Completed,
     Dispatch,
+    ErrorInfo,
     Failed,
     Lost,
     MatchingLimits,
@@ -543,6 +544,57 @@ async def test_an_offer_and_the_workers_frames_handed_over_are_handled_at_once(
         assert routed == Routed(d.task.delivery, "flow:Greet", "delivered", "w1", handle.pid)
         final = await otp.receive(lambda m: isinstance(m, Completed), timeout=0)
         assert (final.delivery, final.value) == (d.task.delivery, "hi")
+
+
+async def test_the_task_written_for_an_offer_is_the_wire_message_of_its_dispatch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The TASK a stream writes (built without wire's per-field validators) is the message
+    ``wire.MatchTask`` makes of the dispatch's task: the same fields, equal, as wire encodes."""
+    async with otp.open_node():
+        conn, handle = await _idle_stream()
+        d = dispatch(deadline=trio.current_time() + 30)
+        handle.offer(Offer(d, "flow:Greet"))
+        [task] = conn.tasks()
+        t = d.task
+        assert task == wire.MatchTask(
+            delivery=t.delivery,
+            kind=t.kind,
+            flow_type=t.flow_type,
+            flow_id=t.flow_id,
+            name=t.name,
+            execution_id=t.execution_id,
+            attempt=t.attempt,
+            args=t.args,
+            state=t.state,
+            timeout=30.0,
+            step_kind=None,
+            rid=1,
+        )
+
+
+async def test_an_offer_whose_task_cannot_be_written_fails_it_and_the_stream_stays_idle(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A task the wire cannot carry (an empty step name) is answered ``Failed`` with wire's own
+    message (its queue is told it was taken, then the stream is idle again), and nothing is
+    written; the stream takes the next offer."""
+    async with otp.open_node():
+        conn, handle = await _idle_stream()
+        bad = dispatch(name="")
+        handle.offer(Offer(bad, "flow:Greet"))
+        assert conn.tasks() == []
+        failed = await otp.receive(lambda m: isinstance(m, Failed), timeout=0)
+        assert failed.delivery == bad.task.delivery
+        assert failed.error == ErrorInfo(
+            "InvalidTask", "MatchTask.name must be a non-empty str (got '')", False
+        )
+        accepted = await otp.receive(lambda m: isinstance(m, Accepted), timeout=0)
+        assert accepted == Accepted(handle.pid, bad.task.delivery)
+        assert await otp.receive(lambda m: isinstance(m, StreamIdle), timeout=0)
+        good = dispatch()
+        handle.offer(Offer(good, "flow:Greet"))
+        assert [t.delivery for t in conn.tasks()] == [good.task.delivery]
 
 
 async def test_an_accept_and_its_outcome_handed_over_at_once_make_one_message_each_way(
