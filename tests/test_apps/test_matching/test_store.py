@@ -373,6 +373,29 @@ async def test_create_flow_round_trips_every_field(store: SqliteStore) -> None:
     assert await store.get_flow("f1") == record
 
 
+async def test_empty_values_nones_and_args_that_are_the_step_input_round_trip(
+    store_kind: StoreKind,
+) -> None:
+    # (_store_sql writes None and an empty map or list as blobs shared by every row, and a
+    # flow's args once when its step input is the same list; sqlite binds None through an
+    # adapter registered for it)
+    s = store_kind.store()
+    await s.open()
+    args = [1, "two"]
+    records = [
+        flow("f1", args=args, step_input=args, state={}, result=None, sticky_worker=None),
+        flow("f2", args=[], step_input=[], state={"k": []}, result={}),
+        flow("f3", args=[{}], step_input=[[]], state={}, error=None, result=[]),
+    ]
+    await s.commit(WriteBatch(flows_created=records))
+    moved = flow("f1", version=2, args=args, step_input=[], state={"n": None}, result=args)
+    dispatch = DispatchRecord("f1", 1, "step", "charge", 1, "flow:orders", "queue", None, 1.0)
+    await s.commit(WriteBatch(flows_upserted=[moved], dispatches=[dispatch]))
+    assert [await s.get_flow(f"f{n}") for n in (1, 2, 3)] == [moved, *records[1:]]
+    assert await s.dispatches("f1") == [dispatch]
+    await s.close()
+
+
 async def test_flows_sharing_a_definition_store_it_and_others_store_their_own(
     store: SqliteStore,
 ) -> None:
