@@ -8,6 +8,7 @@ import copy
 import re
 import sqlite3
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from apps.matching._store import (
     StoreServer,
     WriteBatch,
 )
-from apps.matching._store_records import trusted
+from apps.matching._store_records import trusted, trusted_builder
 
 from ._stores import StoreKind
 
@@ -1480,9 +1481,11 @@ def test_a_trusted_dispatch_record_equals_the_checked_one() -> None:
     ],
 )  # fmt: skip
 def test_a_trusted_record_equals_the_checked_one(cls: Any, values: tuple[Any, ...]) -> None:
-    # (the engine builds its own records with trusted(): one generated builder per class)
-    for _ in range(2):  # the builder made on first use, then the one kept
-        built = trusted(cls, *values)
+    # (the engine builds its own records with trusted(), or with the builder trusted_builder()
+    # gives it: one generated builder per class)
+    for build in (partial(trusted, cls), partial(trusted, cls), trusted_builder(cls)):
+        # (the builder made on first use, then the one kept, and the same one given)
+        built = build(*values)
         checked = cls(*values)
         assert type(built) is cls and built == checked and repr(built) == repr(checked)
         if cls in (PendingStep, DispatchRecord):  # (the others hold lists: unhashable)
