@@ -22,9 +22,13 @@ from ._store import (
     StoreServer,
     WriteBatch,
 )
-from ._store_records import trusted
+from ._store_records import trusted_builder
 
 __all__ = ["EngineCommits"]
+
+#: Build the engine's own records (``trusted``: no validators run; several per Step).
+_new_pending_step = trusted_builder(PendingStep)
+_new_dispatch_record = trusted_builder(DispatchRecord)
 
 
 class EngineCommits:
@@ -172,8 +176,8 @@ class EngineCommits:
         options = state.options
         # (leased to this server: the flow is ours, and no other server may claim the step
         # while ``matching_leases`` renews the lease)
-        pending = trusted(
-            PendingStep, flow.flow_id, flow.step_index, step.name, flow.execution_id(),
+        pending = _new_pending_step(
+            flow.flow_id, flow.step_index, step.name, flow.execution_id(),
             flow.attempt, options.server_id, time.time() + options.lease_seconds, not_before,
         )  # fmt: skip
         state.building.pending_put[pending.key] = pending
@@ -204,7 +208,7 @@ class EngineCommits:
         reason: str,
         worker_id: str | None,
     ) -> None:
-        record = DispatchRecord.trusted(
+        record = _new_dispatch_record(
             flow.flow_id,
             task.delivery,
             task.kind,

@@ -31,7 +31,7 @@ from ._store import (
     PendingStep,
     WriteBatch,
 )
-from ._store_records import trusted
+from ._store_records import trusted_builder
 
 __all__ = [
     "ENGINE",
@@ -73,6 +73,10 @@ CALL_MARGIN = 30.0
 #: Most flows one ``list_flows`` returns.
 MAX_LIST_LIMIT = 10_000
 _RUNNING = "running"
+
+
+#: Builds a ``FlowRecord`` of the engine's own values (``trusted``: no validators run).
+_new_flow_record = trusted_builder(FlowRecord)
 
 
 # -- options and statistics -----------------------------------------------------------------------
@@ -274,8 +278,8 @@ class _Flow:
 
     def record(self) -> FlowRecord:
         # (trusted: the engine's own values, checked as they came in; two per Step)
-        return trusted(
-            FlowRecord, self.flow_id, self.flow_type, self.status, self.args, self.state,
+        return _new_flow_record(
+            self.flow_id, self.flow_type, self.status, self.args, self.state,
             self.step_index, self.step_input, self.result, self.error, self.sticky_worker,
             self.created_at, self.updated_at, self.version, self.definition,
         )  # fmt: skip

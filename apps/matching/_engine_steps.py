@@ -46,11 +46,13 @@ from ._errors import ConfigurationError, FlowExists, FlowNotFound, LimitError, M
 from ._flow_spec import FlowSpec, parse_definition
 from ._model import MAX_NAME_LENGTH, apply_patch
 from ._store import AttemptRecord
-from ._store_records import trusted
+from ._store_records import trusted_builder
 
 __all__ = ["EngineSteps"]
 
 logger = logging.getLogger("apps.matching")
+#: Builds an ``AttemptRecord`` of the engine's own values (``trusted``: no validators run).
+_new_attempt_record = trusted_builder(AttemptRecord)
 
 
 def _check_start(state: _State, where: str, flow_type: Any, args: Any) -> None:
@@ -372,8 +374,8 @@ class EngineSteps(EngineKinds):
         self, flow: _Flow, delivery: int, status: str, worker_id: str | None, error: Any
     ) -> AttemptRecord:
         # (trusted: the engine's own values; one per attempt)
-        return trusted(
-            AttemptRecord, flow.flow_id, flow.step_index, flow.spec.steps[flow.step_index].name,
+        return _new_attempt_record(
+            flow.flow_id, flow.step_index, flow.spec.steps[flow.step_index].name,
             flow.execution_id(), flow.attempt, delivery, worker_id, status, error,
             flow.started_at, time.time(),
         )  # fmt: skip

@@ -123,13 +123,25 @@ def _encode(value: Any, what: str) -> bytearray:
 
 
 _NULL = wire.cbor_encode(None)
+#: The blobs of None and of an empty map and list, shared by every row that writes one (a new
+#: flow's result and error, an empty state): never changed in place, and both drivers copy
+#: what they bind.
+_NULL_BLOB = bytearray(_NULL)
+_EMPTY_BLOBS: dict[type, bytearray] = {
+    dict: bytearray(wire.cbor_encode({})),
+    list: bytearray(wire.cbor_encode([])),
+}
 
 
 def _blob(value: Any) -> bytearray:
-    """``value`` as wire CBOR in a ``bytearray`` (see :func:`_encode`), None without the
-    encoder (a new flow's result and error, a completed one's error)."""
+    """``value`` as wire CBOR in a ``bytearray`` (see :func:`_encode`); None and an empty
+    map or list without the encoder."""
     if value is None:
-        return bytearray(_NULL)
+        return _NULL_BLOB
+    if not value:
+        empty = _EMPTY_BLOBS.get(type(value))
+        if empty is not None:
+            return empty
     return bytearray(wire.cbor_encode(value))
 
 
@@ -154,14 +166,16 @@ def _definition_blob(definition: dict[str, Any]) -> bytearray:
 
 def flow_row(r: FlowRecord) -> tuple[Any, ...]:
     try:
+        args = _blob(r.args)
         return (
             r.flow_id,
             r.flow_type,
             r.status,
-            _blob(r.args),
+            args,
             _blob(r.state),
             r.step_index,
-            _blob(r.step_input),
+            # (a new flow's first step gets its args: the same list, encoded once)
+            args if r.step_input is r.args else _blob(r.step_input),
             _blob(r.result),
             _blob(r.error),
             r.sticky_worker,
@@ -221,9 +235,7 @@ def attempt_row(a: AttemptRecord) -> tuple[Any, ...]:
         a.delivery,
         a.worker_id,
         a.status,
-        bytearray(_NULL)
-        if error is None
-        else _encode(error, f"AttemptRecord of {a.flow_id!r}: error"),
+        _NULL_BLOB if error is None else _encode(error, f"AttemptRecord of {a.flow_id!r}: error"),
         a.started_at,
         a.finished_at,
     )
