@@ -122,8 +122,7 @@ async def dispatch(
     began = now()
     try:
         deadline = _INF if timeout is None else began + timeout
-        state.running += 1
-        lane.attempts += 1
+        lane.started += 1  # (running until lane.ok or lane.ended_otherwise counts it)
         debug = logger.isEnabledFor(_DEBUG)
         if debug:
             state.log(_DEBUG, "dispatch.attempt", name, attempt=1)
@@ -139,14 +138,16 @@ async def dispatch(
                     result = await tool.handler(**args)
         except Exception as exc:
             failure = exc
-        finally:
-            state.running -= 1
+        except BaseException:
+            lane.ended_otherwise += 1  # cancelled from outside
+            raise
         caught = scope is not None and scope.cancelled_caught
         if failure is None and not caught:
             lane.ok += 1
             if debug:
                 state.log(_DEBUG, "dispatch.ok", name, attempts=1)
             return result
+        lane.ended_otherwise += 1
         failed = attempt_failed(
             state, tool, 1, None if caught else failure, True, timeout, breaker, False
         )

@@ -84,6 +84,7 @@ class _State:
     #: The receive side of ``jobs`` until a runner takes it.
     backlog: trio.MemoryReceiveChannel[Job] | None = attrs.field(init=False)
     alive: bool = True
+    #: Handler attempts running now on the general path (the fast path's: ``Lane.running``).
     running: int = 0
     counters: Counter[str] = attrs.Factory(Counter)
     #: The same events per registered tool, for observers (see ``count_for``).
@@ -282,7 +283,7 @@ class _State:
         info = ets.info(self.table) if self.alive else None
         return DispatcherStatistics(
             counters=dict(self.counters),
-            running=self.running,
+            running=self.running + sum(lane.running() for lane in self.lanes.values()),
             in_flight_keys=len(self.keyed),
             cached_results=info.size if info is not None else 0,
             breakers={name: str(b.current(now)) for name, b in sorted(self.breakers.items())},
