@@ -33,6 +33,15 @@ _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _CancelScope = trio.CancelScope
 _FIRST_BOUND = BOUNDS[0]
 
+# Two answers dispatch needs on every call, read where their public functions read them (each
+# function call costs about a handler's worth of a fast call): trio.lowlevel.current_task()
+# is ``GLOBAL_RUN_CONTEXT.task``, and Logger.isEnabledFor answers from the logger's ``_cache``
+# (which logging clears, never replaces, whenever a level changes) unless it is disabled. Where
+# either is missing the public function answers.
+_RUN_CONTEXT: Any = getattr(getattr(trio, "_core", None), "_run", None)
+_RUN_CONTEXT = getattr(_RUN_CONTEXT, "GLOBAL_RUN_CONTEXT", None)
+_LEVELS: dict[int, bool] = getattr(logger, "_cache", {})
+
 
 async def dispatch(
     name: str,
@@ -83,7 +92,10 @@ async def dispatch(
     # The entry's cancellation check is trio's checkpoint_if_cancelled, inline when the
     # dispatcher was found in this run before (see _state.FOUND); a cancelled caller (or the
     # main task with a KeyboardInterrupt pending) takes trio's own, which raises.
-    task = _current_task()
+    try:
+        task = _RUN_CONTEXT.task
+    except AttributeError:
+        task = _current_task()  # (outside a trio run it raises trio's RuntimeError)
     runner, key, state = FOUND[0]
     if (
         key is dispatcher
@@ -123,7 +135,9 @@ async def dispatch(
     try:
         deadline = _INF if timeout is None else began + timeout
         lane.started += 1  # (running until lane.ok or lane.ended_otherwise counts it)
-        debug = logger.isEnabledFor(_DEBUG)
+        debug = _LEVELS.get(_DEBUG)
+        if debug is None or logger.disabled:
+            debug = logger.isEnabledFor(_DEBUG)
         if debug:
             state.log(_DEBUG, "dispatch.attempt", name, attempt=1)
         failure: Exception | None = None

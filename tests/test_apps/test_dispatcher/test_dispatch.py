@@ -557,3 +557,29 @@ async def test_calls_after_a_restart_reach_the_new_dispatcher(
         # The call was counted by the restarted server's state, not the dead one's.
         assert d.statistics().counters["dispatch.ok"] == 1
         assert work.runs == 2
+
+
+async def test_debug_events_follow_the_loggers_level_from_one_call_to_the_next(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    def events() -> list[str]:
+        found = [r.dispatch_event["event"] for r in caplog.records if hasattr(r, "dispatch_event")]
+        caplog.clear()
+        return found
+
+    async with running(d.Tool("work", Script(), idempotent=True)):
+        caplog.set_level(logging.INFO, logger="apps.dispatcher")
+        await d.dispatch("work")
+        assert events() == []
+        caplog.set_level(logging.DEBUG, logger="apps.dispatcher")
+        await d.dispatch("work")
+        assert events() == ["dispatch.attempt", "dispatch.ok"]
+        logging.getLogger("apps.dispatcher").disabled = True
+        try:
+            await d.dispatch("work")
+        finally:
+            logging.getLogger("apps.dispatcher").disabled = False
+        assert events() == []
+        caplog.set_level(logging.INFO, logger="apps.dispatcher")
+        await d.dispatch("work")
+        assert events() == []
