@@ -236,7 +236,7 @@ class _State:
                 ),
                 name,
             )
-        began = trio.current_time()
+        began = self.now()
         try:
             if budget is not None and budget.exhausted(began):
                 return await self.reject(budget_error(tool, budget, 0), name)
@@ -260,7 +260,7 @@ class _State:
                 if error is not None:
                     return await self.reject(error, name)
                 # Validation is part of the call: it counts against the first attempt's timeout.
-                spent = trio.current_time() - began
+                spent = self.now() - began
                 allowed = tool.timeout if timeout is None else timeout
                 if spent and allowed is not None and spent >= allowed:
                     return await self.reject(validation_timeout(tool, spent), name)
@@ -273,7 +273,7 @@ class _State:
             latency = self.latency.get(name)
             if latency is None:
                 latency = self.latency[name] = Latency()
-            latency.observe(trio.current_time() - began)
+            latency.observe(self.now() - began)
 
     # -- lifecycle -------------------------------------------------------------------------
 
