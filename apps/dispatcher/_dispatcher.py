@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,8 +18,9 @@ import otp
 from ._attempt import attempt_failed
 from ._breaker import BreakerState, Budget
 from ._config import DEFAULT_NAME
+from ._latency import BOUNDS
 from ._retry import execute
-from ._state import DispatcherStatistics, _find
+from ._state import FOUND, DispatcherStatistics, _find, found
 from ._tool import Tool, ToolRegistry
 from ._validation import check_options, deeper_than, timeout_of
 
@@ -26,6 +28,19 @@ logger = logging.getLogger("apps.dispatcher")
 _DEBUG = logging.DEBUG
 _CLOSED = BreakerState.CLOSED
 _INF = math.inf
+_current_task = trio.lowlevel.current_task
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+_CancelScope = trio.CancelScope
+_FIRST_BOUND = BOUNDS[0]
+
+# Two answers dispatch needs on every call, read where their public functions read them (each
+# function call costs about a handler's worth of a fast call): trio.lowlevel.current_task()
+# is ``GLOBAL_RUN_CONTEXT.task``, and Logger.isEnabledFor answers from the logger's ``_cache``
+# (which logging clears, never replaces, whenever a level changes) unless it is disabled. Where
+# either is missing the public function answers.
+_RUN_CONTEXT: Any = getattr(getattr(trio, "_core", None), "_run", None)
+_RUN_CONTEXT = getattr(_RUN_CONTEXT, "GLOBAL_RUN_CONTEXT", None)
+_LEVELS: dict[int, bool] = getattr(logger, "_cache", {})
 
 
 async def dispatch(
@@ -74,10 +89,27 @@ async def dispatch(
             :class:`InvalidOption` (kind ``schema``) when an option itself is malformed.
         DispatcherNotRunning: no dispatcher runs as ``dispatcher``.
     """
-    await trio.lowlevel.checkpoint_if_cancelled()
+    # The entry's cancellation check is trio's checkpoint_if_cancelled, inline when the
+    # dispatcher was found in this run before (see _state.FOUND); a cancelled caller (or the
+    # main task with a KeyboardInterrupt pending) takes trio's own, which raises.
+    try:
+        task = _RUN_CONTEXT.task
+    except AttributeError:
+        task = _current_task()  # (outside a trio run it raises trio's RuntimeError)
+    runner, key, state = FOUND[0]
+    if (
+        key is dispatcher
+        and runner is task._runner
+        and state.alive
+        and not task._cancel_status.effectively_cancelled
+        and not (runner.ki_pending and task is runner.main_task)
+    ):
+        task._cancel_points += 1
+    else:
+        await _checkpoint_if_cancelled()
+        state = found(task, dispatcher)
     if timeout_ms is not None:
         timeout = timeout_of(name, timeout, timeout_ms)
-    state = _find(dispatcher)
     if args is None:
         args = {}
     # The fast path (see _lane.Lane): the first attempt runs here, in this coroutine, and does
@@ -98,12 +130,14 @@ async def dispatch(
         timeout = tool.timeout
     else:
         check_options(name, None, timeout, None)
-    began = trio.current_time()
+    now = state.now
+    began = now()
     try:
         deadline = _INF if timeout is None else began + timeout
-        state.running += 1
-        lane.attempts += 1
-        debug = logger.isEnabledFor(_DEBUG)
+        lane.started += 1  # (running until lane.ok or lane.ended_otherwise counts it)
+        debug = _LEVELS.get(_DEBUG)
+        if debug is None or logger.disabled:
+            debug = logger.isEnabledFor(_DEBUG)
         if debug:
             state.log(_DEBUG, "dispatch.attempt", name, attempt=1)
         failure: Exception | None = None
@@ -113,25 +147,32 @@ async def dispatch(
                 # Nothing could cancel a scope without a deadline: the handler needs none.
                 result = await tool.handler(**args)
             else:
-                scope = trio.CancelScope(deadline=deadline)
+                scope = _CancelScope(deadline=deadline)
                 with scope:
                     result = await tool.handler(**args)
         except Exception as exc:
             failure = exc
-        finally:
-            state.running -= 1
+        except BaseException:
+            lane.ended_otherwise += 1  # cancelled from outside
+            raise
         caught = scope is not None and scope.cancelled_caught
         if failure is None and not caught:
             lane.ok += 1
             if debug:
                 state.log(_DEBUG, "dispatch.ok", name, attempts=1)
             return result
+        lane.ended_otherwise += 1
         failed = attempt_failed(
             state, tool, 1, None if caught else failure, True, timeout, breaker, False
         )
         return await execute(state, tool, args, timeout, None, failed=failed)
     finally:
-        lane.latency.observe(trio.current_time() - began)
+        # Latency.observe, inline; a call shorter than the first bound (a tool that answers at
+        # once, where this costs most in proportion) needs no bisection.
+        elapsed = now() - began
+        latency = lane.latency
+        latency.counts[0 if elapsed <= _FIRST_BOUND else bisect_left(BOUNDS, elapsed)] += 1
+        latency.sum += elapsed
 
 
 def statistics(dispatcher: str | otp.Pid = DEFAULT_NAME) -> DispatcherStatistics:

@@ -33,10 +33,16 @@ class Lane:
     counts: Counter[str]
     fast: bool = False
     breaker: CircuitBreaker | None = None
-    #: Attempts and successes of fast-path calls not yet in the counters: two additions to
-    #: ints instead of four to Counters per call; :meth:`settle` adds them before a read.
-    attempts: int = 0
+    #: The fast path's attempts since the lane was made: begun, succeeded, and ended otherwise
+    #: (failed, timed out, or cancelled from outside). A successful call adds one to two ints,
+    #: instead of four additions to Counters and two to ``_State.running``: the attempts running
+    #: are :meth:`running`, and :meth:`settle` adds the rest to the counters before a read.
+    started: int = 0
     ok: int = 0
+    ended_otherwise: int = 0
+    #: ``started`` and ``ok`` as of the last :meth:`settle`.
+    settled_started: int = 0
+    settled_ok: int = 0
 
     def resolve(
         self, tool: Tool, version: int, breaker: CircuitBreaker | None, dispatcher_limited: bool
@@ -52,13 +58,19 @@ class Lane:
             and not dispatcher_limited
         )
 
+    def running(self) -> int:
+        """Fast-path attempts running now."""
+        return self.started - self.ok - self.ended_otherwise
+
     def settle(self, counters: Counter[str]) -> None:
-        """Add the fast path's attempts and successes to ``counters`` and the tool's own."""
-        if self.attempts:
-            counters["dispatch.attempt"] += self.attempts
-            self.counts["dispatch.attempt"] += self.attempts
-            self.attempts = 0
-        if self.ok:
-            counters["dispatch.ok"] += self.ok
-            self.counts["dispatch.ok"] += self.ok
-            self.ok = 0
+        """Add the fast path's attempts and successes since the last settling to ``counters``
+        and the tool's own."""
+        started, ok = self.started, self.ok
+        if started != self.settled_started:
+            self.counts["dispatch.attempt"] += started - self.settled_started
+            counters["dispatch.attempt"] += started - self.settled_started
+            self.settled_started = started
+        if ok != self.settled_ok:
+            self.counts["dispatch.ok"] += ok - self.settled_ok
+            counters["dispatch.ok"] += ok - self.settled_ok
+            self.settled_ok = ok

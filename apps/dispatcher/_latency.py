@@ -2,8 +2,9 @@
 read by its observer view (p50/p99 and the buckets) and by the node's ``/metrics``
 (``otp_dispatcher_call_duration_seconds``).
 
-Recording a call is one bisection and three additions; quantiles are estimated from the
-buckets when a view is read (as Prometheus's ``histogram_quantile``), so no sample is kept.
+Recording a call is one bisection and two additions (:meth:`Latency.observe`; ``dispatch``'s
+fast path does the same inline); the count is the buckets' sum, and quantiles are estimated from
+the buckets when a view is read (as Prometheus's ``histogram_quantile``), so no sample is kept.
 """
 
 from __future__ import annotations
@@ -27,19 +28,23 @@ class Latency:
 
     counts: list[int] = attrs.Factory(lambda: [0] * (len(BOUNDS) + 1))
     sum: float = 0.0
-    count: int = 0
+
+    @property
+    def count(self) -> int:
+        """How many calls were recorded."""
+        return sum(self.counts)
 
     def observe(self, seconds: float) -> None:
         self.counts[bisect_left(BOUNDS, seconds)] += 1
         self.sum += seconds
-        self.count += 1
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile estimated from the buckets (linear within the bucket it falls
         in; the last finite bound if it falls past them); None before any call."""
-        if not self.count:
+        total = self.count
+        if not total:
             return None
-        rank = q * self.count
+        rank = q * total
         seen = 0
         for index, count in enumerate(self.counts):
             if count and seen + count >= rank:
@@ -58,4 +63,4 @@ class Latency:
         for bound, count in zip((*BOUNDS, "+Inf"), self.counts, strict=True):
             total += count
             buckets.append([bound, total])
-        return {"buckets": buckets, "sum": self.sum, "count": self.count}
+        return {"buckets": buckets, "sum": self.sum, "count": total}

@@ -7,7 +7,8 @@ table with a time to live). ``dispatch`` does no round trip to it: all processes
 one trio thread, so ``dispatch`` reads and updates that state in synchronous sections (as the
 ``ets`` functions do) and runs the handler in the caller's task under a cancel scope, sleeping
 between retries on trio's clock (:mod:`._retry`, :mod:`._attempt`). What a call needs of its
-tool is resolved once per registered tool (its :class:`~._lane.Lane`); a call that needs no
+tool is resolved once per registered tool (its :class:`~._lane.Lane`), and the dispatcher a call
+names is remembered for the next call of the same trio run (:data:`FOUND`); a call that needs no
 validation, slot, key or budget runs its first attempt inline in ``dispatch``. Calls with an
 idempotency key run in a task of the dispatcher's *runner* process instead
 (:mod:`._idempotency`), so that a caller's cancellation never strands the callers that joined
@@ -20,7 +21,7 @@ import logging
 import math
 import random
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -83,6 +84,7 @@ class _State:
     #: The receive side of ``jobs`` until a runner takes it.
     backlog: trio.MemoryReceiveChannel[Job] | None = attrs.field(init=False)
     alive: bool = True
+    #: Handler attempts running now on the general path (the fast path's: ``Lane.running``).
     running: int = 0
     counters: Counter[str] = attrs.Factory(Counter)
     #: The same events per registered tool, for observers (see ``count_for``).
@@ -94,9 +96,12 @@ class _State:
     #: How long each registered tool's calls took (from ``dispatch`` to result or error).
     latency: dict[str, Latency] = attrs.Factory(dict)
     lanes: dict[str, Lane] = attrs.Factory(dict)
+    #: ``trio.current_time`` without its two calls in between: the run's clock's own method.
+    now: Callable[[], float] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.jobs, self.backlog = trio.open_memory_channel[Job](math.inf)
+        self.now = trio.lowlevel.current_clock().current_time
 
     # -- the runner ------------------------------------------------------------------------
 
@@ -231,7 +236,7 @@ class _State:
                 ),
                 name,
             )
-        began = trio.current_time()
+        began = self.now()
         try:
             if budget is not None and budget.exhausted(began):
                 return await self.reject(budget_error(tool, budget, 0), name)
@@ -255,7 +260,7 @@ class _State:
                 if error is not None:
                     return await self.reject(error, name)
                 # Validation is part of the call: it counts against the first attempt's timeout.
-                spent = trio.current_time() - began
+                spent = self.now() - began
                 allowed = tool.timeout if timeout is None else timeout
                 if spent and allowed is not None and spent >= allowed:
                     return await self.reject(validation_timeout(tool, spent), name)
@@ -268,7 +273,7 @@ class _State:
             latency = self.latency.get(name)
             if latency is None:
                 latency = self.latency[name] = Latency()
-            latency.observe(trio.current_time() - began)
+            latency.observe(self.now() - began)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -278,7 +283,7 @@ class _State:
         info = ets.info(self.table) if self.alive else None
         return DispatcherStatistics(
             counters=dict(self.counters),
-            running=self.running,
+            running=self.running + sum(lane.running() for lane in self.lanes.values()),
             in_flight_keys=len(self.keyed),
             cached_results=info.size if info is not None else 0,
             breakers={name: str(b.current(now)) for name, b in sorted(self.breakers.items())},
@@ -292,6 +297,8 @@ class _State:
         for key in (self.pid, self.name, self.owner):
             if key is not None and states.get(key) is self:
                 del states[key]
+        if FOUND[0][2] is self:
+            FOUND[0] = _NOT_FOUND  # (nothing keeps the run's runner and this state alive)
         self.jobs.close()
 
 
@@ -307,6 +314,31 @@ def _states() -> dict[otp.Pid | str, _State]:
         states: dict[otp.Pid | str, _State] = {}
         _STATES.set(states)
         return states
+
+
+#: Whether trio's tasks have the private fields its ``checkpoint_if_cancelled`` reads, which
+#: :func:`dispatch` reads too, to check for cancellation without that coroutine's call (a trio
+#: without them takes the general path).
+TASK_FIELDS = all(
+    hasattr(trio.lowlevel.Task, field) for field in ("_runner", "_cancel_status", "_cancel_points")
+)
+
+_NOT_FOUND: tuple[Any, Any, Any] = (None, object(), None)
+
+#: The dispatcher :func:`dispatch` found last: ``(the trio run's runner, key, state)``. A call
+#: in the same run with the same key object takes ``state`` from here instead of the
+#: ``RunVar`` while ``state.alive`` (a live state keeps its keys: no other takes them). One
+#: tuple, replaced whole, so that a run in another thread never reads half of another's entry.
+FOUND: list[tuple[Any, Any, Any]] = [_NOT_FOUND]
+
+
+def found(task: Any, dispatcher: str | otp.Pid) -> _State:
+    """The dispatcher ``dispatcher`` (see :func:`_find`), remembered in :data:`FOUND` for the
+    next call from ``task``'s run."""
+    state = _find(dispatcher)
+    if TASK_FIELDS:
+        FOUND[0] = (task._runner, dispatcher, state)
+    return state
 
 
 def _find(dispatcher: str | otp.Pid) -> _State:

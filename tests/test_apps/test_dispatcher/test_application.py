@@ -277,6 +277,22 @@ async def test_the_observer_view_has_each_tools_latency_histogram_and_quantiles(
     assert idle["latency_seconds"]["count"] == 0 and idle["p50_seconds"] is None
 
 
+async def test_a_call_that_skips_validation_is_timed_into_the_same_buckets(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # A schema that accepts any object: the call runs its attempt inline in dispatch.
+    tools = [d.Tool("nap", _sleep_for, {"type": "object"}, idempotent=True)]
+    async with otp.open_node():
+        await supervisors.start_application(d.application(tools=tools))
+        for seconds in (0.0, 0.00004, 0.00006, 0.3):
+            assert await d.dispatch("nap", {"seconds": seconds}) == "slept"
+        histogram = d.observer_view()["tools"]["nap"]["latency_seconds"]
+    assert histogram["count"] == 4
+    assert histogram["sum"] == pytest.approx(0.30010)
+    buckets = dict((le, count) for le, count in histogram["buckets"])
+    assert (buckets[0.00005], buckets[0.0001], buckets[0.25], buckets[0.5]) == (2, 3, 3, 4)
+
+
 async def test_metrics_show_each_tools_call_duration_histogram(
     autojump_clock: trio.abc.Clock,
 ) -> None:

@@ -523,3 +523,63 @@ async def test_a_timeout_wins_over_what_the_cancelled_handler_raises(
         with pytest.raises(d.DispatchTimeout, match="did not answer within 1 s"):
             await d.dispatch("stubborn", {"a": 1, "b": 2})
         assert d.statistics().counters["dispatch.timeout"] == 1
+
+
+@pytest.mark.parametrize("called_before", [False, True])
+async def test_a_cancelled_caller_never_runs_the_handler(
+    autojump_clock: trio.abc.Clock, called_before: bool
+) -> None:
+    work = Script()
+    async with running(d.Tool("work", work, idempotent=True)):
+        if called_before:  # the dispatcher is remembered: the check is made inline
+            await d.dispatch("work")
+        runs = work.runs
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await d.dispatch("work")
+        assert scope.cancelled_caught
+        assert work.runs == runs
+        assert d.statistics().running == 0
+
+
+async def test_calls_after_a_restart_reach_the_new_dispatcher(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    work = Script()
+    async with running(d.Tool("work", work, idempotent=True)):
+        await d.dispatch("work")
+        first = otp.whereis("dispatcher")
+        assert first is not None
+        otp.exit(first, "kill")
+        await trio.testing.wait_all_tasks_blocked()
+        assert otp.whereis("dispatcher") not in (None, first)
+        await d.dispatch("work")
+        # The call was counted by the restarted server's state, not the dead one's.
+        assert d.statistics().counters["dispatch.ok"] == 1
+        assert work.runs == 2
+
+
+async def test_debug_events_follow_the_loggers_level_from_one_call_to_the_next(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    def events() -> list[str]:
+        found = [r.dispatch_event["event"] for r in caplog.records if hasattr(r, "dispatch_event")]
+        caplog.clear()
+        return found
+
+    async with running(d.Tool("work", Script(), idempotent=True)):
+        caplog.set_level(logging.INFO, logger="apps.dispatcher")
+        await d.dispatch("work")
+        assert events() == []
+        caplog.set_level(logging.DEBUG, logger="apps.dispatcher")
+        await d.dispatch("work")
+        assert events() == ["dispatch.attempt", "dispatch.ok"]
+        logging.getLogger("apps.dispatcher").disabled = True
+        try:
+            await d.dispatch("work")
+        finally:
+            logging.getLogger("apps.dispatcher").disabled = False
+        assert events() == []
+        caplog.set_level(logging.INFO, logger="apps.dispatcher")
+        await d.dispatch("work")
+        assert events() == []
