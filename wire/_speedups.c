@@ -502,13 +502,51 @@ static int tlv_value(TlvEnc *e, PyObject *x, int left) {
     return -1;
 }
 
-static PyObject *tlv_encode(PyObject *self, PyObject *args) {
+/* Arguments of the METH_FASTCALL functions (the codecs' per-value calls, where a format string's
+ * parsing cost as much as encoding a small value): what PyArg_ParseTuple's "n", "i" and "p"
+ * take, with its errors. Each returns -1 with an exception set on a bad argument. */
+static int arg_count(const char *name, Py_ssize_t nargs, Py_ssize_t least, Py_ssize_t most) {
+    if (nargs >= least && nargs <= most) return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd to %zd arguments (%zd given)", name, least, most,
+                 nargs);
+    return -1;
+}
+
+static int arg_ssize(PyObject *o, Py_ssize_t *out) {
+    Py_ssize_t v = PyNumber_AsSsize_t(o, PyExc_OverflowError);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
+static int arg_int(PyObject *o, int *out) {
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < INT_MIN || v > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "signed integer is out of range for a C int");
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int arg_bool(PyObject *o, int *out) {
+    int v = PyObject_IsTrue(o);
+    if (v < 0) return -1;
+    *out = v;
+    return 0;
+}
+
+static PyObject *tlv_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *value;
     int v2, max_depth;
     Py_ssize_t max_items, max_total, max_str, max_payload = PY_SSIZE_T_MAX;
-    if (!PyArg_ParseTuple(args, "Opinnn|n", &value, &v2, &max_depth, &max_items, &max_total,
-                          &max_str, &max_payload))
+    if (arg_count("tlv_encode", nargs, 6, 7) < 0 || arg_bool(args[1], &v2) < 0 ||
+        arg_int(args[2], &max_depth) < 0 || arg_ssize(args[3], &max_items) < 0 ||
+        arg_ssize(args[4], &max_total) < 0 || arg_ssize(args[5], &max_str) < 0 ||
+        (nargs == 7 && arg_ssize(args[6], &max_payload) < 0))
         return NULL;
+    value = args[0];
     if (!Atom_t || max_depth > MAX_DEPTH) Py_RETURN_NONE;
     TlvEnc e;
     out_init(&e.out, max_payload);
@@ -785,12 +823,15 @@ static PyObject *tlv_decode_value(TlvDec *d, Py_ssize_t *off, int left) {
     return NULL; /* a big int, an unknown type code */
 }
 
-static PyObject *tlv_decode(PyObject *self, PyObject *args) {
+static PyObject *tlv_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *data;
     Py_buffer buf;
     int v2, max_depth;
     Py_ssize_t max_items;
-    if (!PyArg_ParseTuple(args, "Opin", &data, &v2, &max_depth, &max_items)) return NULL;
+    if (arg_count("tlv_decode", nargs, 4, 4) < 0 || arg_bool(args[1], &v2) < 0 ||
+        arg_int(args[2], &max_depth) < 0 || arg_ssize(args[3], &max_items) < 0)
+        return NULL;
+    data = args[0];
     if (!Atom_t || max_depth > MAX_DEPTH) Py_RETURN_NONE;
     if (PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE) < 0) {
         PyErr_Clear(); /* (a non-contiguous buffer, say: the Python code copies it) */
@@ -1222,13 +1263,13 @@ static PyMethodDef methods[] = {
     {"cbor_encode", cbor_encode, METH_VARARGS,
      "cbor_encode(value, max_depth, max_items, max_total_items, max_str[, max_payload]) -> "
      "bytes | None"},
-    {"tlv_encode", tlv_encode, METH_VARARGS,
+    {"tlv_encode", (PyCFunction)(void (*)(void))tlv_encode, METH_FASTCALL,
      "tlv_encode(value, v2, max_depth, max_items, max_total_items, max_str[, max_payload]) -> "
      "bytes | None"},
     {"cbor_check", cbor_check, METH_O,
      "cbor_check(value) -> int | None: the NaNs a decoded value holds if it holds only wire's "
      "types, else None"},
-    {"tlv_decode", tlv_decode, METH_VARARGS,
+    {"tlv_decode", (PyCFunction)(void (*)(void))tlv_decode, METH_FASTCALL,
      "tlv_decode(data, v2, max_depth, max_items) -> (value, end) | None"},
     {"frames_init", frames_init, METH_VARARGS,
      "frames_init(Frame, {code: MessageType}, Codec.TLV): the class tlv_frames builds"},

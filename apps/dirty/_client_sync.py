@@ -282,7 +282,8 @@ class _SyncCalls(_ClientBase):
                 if waiter.frames:
                     if last:
                         conn.waiters.pop(rid, None)
-                    conn.wake_one()  # (the next thread whose frames came: see ``ready``)
+                    if conn.ready:
+                        conn.wake_one()  # (the next thread whose frames came: see ``ready``)
                     return waiter.frames.popleft()
                 if conn.broken is not None:
                     raise conn.broken
@@ -324,12 +325,14 @@ class _SyncCalls(_ClientBase):
                 current = conn.rcvtimeo  # (``bound_reads``' own check first: mostly it is on)
                 if current is None or abs(current - remaining) > _RCVTIMEO_SLACK:
                     conn.bound_reads(remaining)
-            missing = conn.buffer.missing()
+            buffer = conn.buffer
+            # (``missing()`` only with a frame's head held: mostly the buffer is empty)
+            missing = buffer.missing() if buffer.end - buffer.start >= 16 else 0
             if missing >= BIG:
                 # The rest of a large frame, in one read.
-                n = conn.sock.recv_into(conn.buffer.space(), missing, _WAITALL)
+                n = conn.sock.recv_into(buffer.space(), missing, _WAITALL)
             else:
-                n = conn.sock.recv_into(conn.buffer.space())
+                n = conn.sock.recv_into(buffer.space())
             if not n:
                 error = self._lost("the pool closed the connection")
         except (BlockingIOError, InterruptedError):  # SO_RCVTIMEO expired
@@ -352,10 +355,12 @@ class _SyncCalls(_ClientBase):
                     error = exc
             if error is not None:
                 conn.fail(error)
-            conn.wake_one()  # (the first thread whose frames this read brought)
+            if conn.ready:
+                conn.wake_one()  # (the first thread whose frames this read brought)
             frames = waiter.frames
             if frames:
-                conn.wake_reader()  # this thread is done reading: another waiter takes over
+                if conn.sleeping:
+                    conn.wake_reader()  # this thread is done reading: another waiter takes over
                 if last:
                     conn.waiters.pop(rid, None)
                 return frames.popleft()

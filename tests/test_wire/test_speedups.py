@@ -444,6 +444,27 @@ def test_deep_nesting_is_handed_back_not_a_crash() -> None:
     assert C.cbor_check(deep) is None
 
 
+def test_the_tlv_functions_take_their_arguments_as_their_formats_said() -> None:
+    # (METH_FASTCALL with its own parsing: the errors PyArg_ParseTuple's "Opinnn|n" gave.)
+    lim = DEFAULT
+    assert C.tlv_encode("x", 0, 8, 10, 10, 10) == wire.tlv_encode("x", version=1)
+    assert C.tlv_encode("xyz", False, 8, 10, 10, 10, 7) is None  # over its max_payload
+    assert C.tlv_encode("xyz", False, 8, 10, 10, 10, 8) == wire.tlv_encode("xyz", version=1)
+    assert C.tlv_decode(b"\x11\x00\x00\x00\x01x", [], 8, 10) == ("x", 6)  # (v2: any truth)
+    with pytest.raises(TypeError, match=r"tlv_encode\(\) takes 6 to 7 arguments \(5 given\)"):
+        C.tlv_encode("x", False, 8, 10, 10)
+    with pytest.raises(TypeError, match=r"tlv_decode\(\) takes 4 to 4 arguments \(5 given\)"):
+        C.tlv_decode(b"\x00", False, 8, 10, 1)
+    with pytest.raises(TypeError):
+        C.tlv_encode("x", False, "8", 10, 10, 10)
+    with pytest.raises(TypeError):
+        C.tlv_decode(b"\x00", False, 8, 1.5)
+    with pytest.raises(OverflowError):
+        C.tlv_decode(b"\x00", False, 1 << 40, lim.max_items)
+    with pytest.raises(OverflowError):
+        C.tlv_encode("x", False, 8, 1 << 70, 10, 10)
+
+
 def test_the_pure_python_code_runs_when_the_extension_is_off() -> None:
     code = (
         "import wire; from wire import _accel; assert _accel.C is None;"

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import socket
+import struct
 import threading
 import time
 import traceback
@@ -215,23 +216,29 @@ class Worker:
     def _take(self, mtype: int, rid: int, view: memoryview, start: int, stop: int) -> None:
         """(Reader thread.) One frame from the node: a REQUEST runs (or is dispatched), an
         END abandons its call."""
-        if mtype == REQUEST:
-            try:
-                msg = decode_payload(view[start:stop])
-                app_path = msg["app_path"]
-                action = msg["action"]
-                if type(app_path) is not str or type(action) is not str:
-                    raise KeyError
-            except DirtyProtocolError as exc:
-                self.out.write(error_bytes(rid, exc))
-                return
-            except (KeyError, TypeError):
-                error = DirtyProtocolError("a REQUEST needs str app_path and action")
-                self.out.write(error_bytes(rid, error))
-                return
+        if mtype != REQUEST:
+            if mtype == END:
+                self._abandon(rid)
+            return
+        try:
+            msg = decode_payload(view[start:stop])
+            app_path = msg["app_path"]
+            action = msg["action"]
+            if type(app_path) is not str or type(action) is not str:
+                raise KeyError
+        except DirtyProtocolError as exc:
+            self.out.write(error_bytes(rid, exc))
+            return
+        except (KeyError, TypeError):
+            error = DirtyProtocolError("a REQUEST needs str app_path and action")
+            self.out.write(error_bytes(rid, error))
+            return
+        key = (app_path, action)
+        # (An action proved quick is a remembered one: its app and kind are known.)
+        if self.fast.get(key, 0) >= _INLINE_AFTER and len(self.running) < self.threads:
+            self._run_inline(rid, self.apps[app_path], msg, key, self.kinds[key] == _METHOD)
+        else:
             self._dispatch(rid, msg, app_path, action)
-        elif mtype == END:
-            self._abandon(rid)
 
     def _dispatch(self, rid: int, msg: dict[str, Any], app_path: str, action: str) -> None:
         app = self.apps.get(app_path)
@@ -244,17 +251,15 @@ class Worker:
         if kind == "async" or app is None:
             self.loop.call_soon_threadsafe(self._start, rid, msg)
             return
-        # A sync action (or no such action: the app's ``__call__`` raises the error).
-        if self.fast.get(key, 0) >= _INLINE_AFTER and len(self.running) < self.threads:
-            self._run_inline(rid, app, msg, key, kind == _METHOD)
-        else:
-            # A thread runs it and writes its reply itself. One that must wait for a thread
-            # says so, and again when it starts (dirty_timeout counts from then).
-            if len(self.running) >= self.threads:
-                self.queued.add(rid)
-                self.out.write(notice(QUEUED, rid))
-            self.running.add(rid)
-            self.executor.submit(self._run_sync, rid, app, msg, key)
+        # A sync action (or no such action: the app's ``__call__`` raises the error). A quick
+        # one was run inline by ``_take``; a thread runs this one and writes its reply itself.
+        # One that must wait for a thread says so, and again when it starts (dirty_timeout
+        # counts from then).
+        if len(self.running) >= self.threads:
+            self.queued.add(rid)
+            self.out.write(notice(QUEUED, rid))
+        self.running.add(rid)
+        self.executor.submit(self._run_sync, rid, app, msg, key)
 
     def _start(self, rid: int, msg: dict[str, Any]) -> None:
         self.tasks[rid] = asyncio.create_task(self._handle(rid, msg))
@@ -334,10 +339,9 @@ class Worker:
 
     def _respond(self, rid: int, result: Any, app_path: str, action: str) -> None:
         try:
-            body = _RESULT_HEAD + _tlv_encode(
-                result, version=1, coerce_keys=True, limits=_RESULT_LIMITS
-            )
-            if len(body) >= wire.BIG_BYTES:
+            value = _tlv_encode(result, version=1, coerce_keys=True, limits=_RESULT_LIMITS)
+            size = _RESULT_HEAD_LEN + len(value)
+            if size >= wire.BIG_BYTES:
                 raise wire.LimitExceeded("(large: reply_parts decides)")
         except wire.WireError:
             # Large (a big bytes goes by reference), or over a limit: the exact encoding says.
@@ -348,7 +352,7 @@ class Worker:
                 return
             self.out.write_parts(parts)
             return
-        self.out.write(_encode_header(RESPONSE, len(body), rid) + body)
+        self.out.write(_pack_header(b"GD", 1, RESPONSE, size, rid) + _RESULT_HEAD + value)
 
     def _run_sync(self, rid: int, app: Any, msg: dict[str, Any], key: tuple[str, str]) -> None:
         """In a thread: run a sync action and write its reply (or stream its chunks)."""
@@ -518,8 +522,11 @@ _RESULT_LIMITS = wire.Limits(
 #: What an action returns that is not its result yet: a coroutine or async generator (run on
 #: the loop) or a generator (a stream); one isinstance for the common case, a plain value.
 _LATER = (types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType)
+_RESULT_HEAD_LEN = len(_RESULT_HEAD)
 _tlv_encode = wire.tlv_encode
 _encode_header = wire.encode_header
+#: ``wire.encode_header`` without its call: (b"GD", 1, type, payload length, request id).
+_pack_header = struct.Struct(">2sBBIQ").pack
 
 
 def _chunk(rid: int, item: Any) -> bytes:
