@@ -216,36 +216,25 @@ def encode_message(
     """
     if type.__class__ is not MessageType:
         raise UnknownMessageType(f"type must be a MessageType (got {type!r})")
-    if codec is Codec.TLV and _C is not None and payload is not None:
-        # The common case in one step (what _encode does through _encode_into): the C encoder
-        # checks every limit, max_payload included, or hands the payload back.
-        body = _C.tlv_encode(
-            payload,
-            True,
+    if _C is not None and payload is not None and (codec is Codec.TLV or codec is Codec.CBOR):
+        # The common case in one step (what _encode does through _encode_into or
+        # cbor_encode): the C encoder checks every limit, max_payload included, or hands the
+        # payload back.
+        tlv = codec is Codec.TLV
+        limited = (
             limits.max_depth,
             limits.max_items,
             limits.max_total_items,
             limits.max_str,
             limits.max_payload,
         )
+        body = _C.tlv_encode(payload, True, *limited) if tlv else _C.cbor_encode(payload, *limited)
         if body is not None:
             try:
-                return _HEADER.pack(MAGIC, 2, type, len(body), request_id) + body
-            except struct.error:
-                raise _bad_request_id(request_id) from None
-    elif codec is Codec.CBOR and _C is not None and payload is not None:
-        # The same for CBOR (what _encode does through cbor_encode).
-        body = _C.cbor_encode(
-            payload,
-            limits.max_depth,
-            limits.max_items,
-            limits.max_total_items,
-            limits.max_str,
-            limits.max_payload,
-        )
-        if body is not None:
-            try:
-                return _HEADER.pack(MAGIC, 2, type | CBOR_FLAG, len(body), request_id) + body
+                return (
+                    _HEADER.pack(MAGIC, 2, type if tlv else type | CBOR_FLAG, len(body), request_id)
+                    + body
+                )
             except struct.error:
                 raise _bad_request_id(request_id) from None
     return _encode(type, request_id, payload, 2, codec, False, limits)
