@@ -114,6 +114,7 @@ from ._matching import MatchResult as MatchResult
 from ._matching import MatchTask as MatchTask
 from ._matching import MatchWelcome as MatchWelcome
 from ._matching import encode_call as encode_call
+from ._matching import encode_result as encode_result
 from ._matching import parse_matching as parse_matching
 from ._raw_frames import FrameBuffer as FrameBuffer
 from ._raw_frames import FrameSplitter as FrameSplitter
@@ -220,6 +221,7 @@ __all__ = [
     "encode_frame",
     "encode_header",
     "encode_call",
+    "encode_result",
     "encode_message",
     "encode_value",
     "frame_from_json",

@@ -28,6 +28,7 @@ _FUNCTIONS = (
     "tlv_decode",
     "frames_init",
     "tlv_frames",
+    "frames_v2",
 )
 
 

@@ -216,21 +216,25 @@ def encode_message(
     """
     if type.__class__ is not MessageType:
         raise UnknownMessageType(f"type must be a MessageType (got {type!r})")
-    if codec is Codec.TLV and _C is not None and payload is not None:
-        # The common case in one step (what _encode does through _encode_into): the C encoder
-        # checks every limit, max_payload included, or hands the payload back.
-        body = _C.tlv_encode(
-            payload,
-            True,
+    if _C is not None and payload is not None and (codec is Codec.TLV or codec is Codec.CBOR):
+        # The common case in one step (what _encode does through _encode_into or
+        # cbor_encode): the C encoder checks every limit, max_payload included, or hands the
+        # payload back.
+        tlv = codec is Codec.TLV
+        limited = (
             limits.max_depth,
             limits.max_items,
             limits.max_total_items,
             limits.max_str,
             limits.max_payload,
         )
+        body = _C.tlv_encode(payload, True, *limited) if tlv else _C.cbor_encode(payload, *limited)
         if body is not None:
             try:
-                return _HEADER.pack(MAGIC, 2, type, len(body), request_id) + body
+                return (
+                    _HEADER.pack(MAGIC, 2, type if tlv else type | CBOR_FLAG, len(body), request_id)
+                    + body
+                )
             except struct.error:
                 raise _bad_request_id(request_id) from None
     return _encode(type, request_id, payload, 2, codec, False, limits)
@@ -303,7 +307,7 @@ def _bad_codec(codec: object) -> InvalidValue:
 
 
 if _C is not None:
-    _C.frames_init(Frame, _V2_TYPES, Codec.TLV)
+    _C.frames_init(Frame, _V2_TYPES, Codec.TLV, Codec.CBOR)
 
 _new_frame = object.__new__
 _set_type = Frame.__dict__["type"].__set__
@@ -429,9 +433,11 @@ class FrameDecoder:
         max_depth = limits.max_depth
         max_items = limits.max_items
         if _C is not None and fast_size >= 0 and 2 in versions:
-            # The C loop takes the version 2 TLV frames it decodes whole; this loop goes on
-            # from where it stopped, and delivers or names what it left.
-            pos = _C.tlv_frames(buf, 0, frames, max_payload, fast_size, max_depth, max_items)
+            # The C loop takes the version 2 frames (TLV and CBOR) it decodes whole; this loop
+            # goes on from where it stopped, and delivers or names what it left.
+            pos = _C.frames_v2(
+                buf, 0, frames, max_payload, fast_size, cbor_fast_size, max_depth, max_items
+            )
         while end - pos >= HEADER_SIZE:
             magic, version, code, length, request_id = unpack(buf, pos)
             if magic != MAGIC or version not in versions:

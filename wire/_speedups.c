@@ -856,11 +856,12 @@ static PyObject *tlv_decode(PyObject *self, PyObject *const *args, Py_ssize_t na
  * past max_payload or fast_size, one the fast decoder refuses or that leaves bytes over), and
  * the Python loop goes on from there, which delivers or names it as it always does. */
 
-static PyObject *Frame_t, *frame_descrs[5], *frame_types[128], *codec_tlv, *version_2;
+static PyObject *Frame_t, *frame_descrs[5], *frame_types[128], *codec_tlv, *codec_cbor, *version_2;
 
 static PyObject *frames_init(PyObject *self, PyObject *args) {
-    PyObject *cls, *types, *codec;
-    if (!PyArg_ParseTuple(args, "OO!O", &cls, &PyDict_Type, &types, &codec)) return NULL;
+    PyObject *cls, *types, *codec, *cbor_codec;
+    if (!PyArg_ParseTuple(args, "OO!OO", &cls, &PyDict_Type, &types, &codec, &cbor_codec))
+        return NULL;
     if (!PyType_Check(cls)) {
         PyErr_SetString(PyExc_TypeError, "frames_init: Frame must be a class");
         return NULL;
@@ -885,63 +886,16 @@ static PyObject *frames_init(PyObject *self, PyObject *args) {
         Py_XSETREF(frame_types[i], Py_XNewRef(t));
     }
     Py_XSETREF(codec_tlv, Py_NewRef(codec));
+    Py_XSETREF(codec_cbor, Py_NewRef(cbor_codec));
     if (!version_2 && !(version_2 = PyLong_FromLong(2))) return NULL;
     Py_XSETREF(Frame_t, Py_NewRef(cls));
     Py_RETURN_NONE;
 }
 
-static PyObject *tlv_frames(PyObject *self, PyObject *args) {
-    PyObject *data, *frames;
-    Py_buffer buf;
-    Py_ssize_t pos, max_payload, fast_size, max_items;
-    int max_depth;
-    if (!PyArg_ParseTuple(args, "OnO!nnin", &data, &pos, &PyList_Type, &frames, &max_payload,
-                          &fast_size, &max_depth, &max_items))
-        return NULL;
-    if (!Atom_t || !Frame_t || max_depth > MAX_DEPTH || pos < 0) return PyLong_FromSsize_t(pos);
-    if (PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE) < 0) {
-        PyErr_Clear();
-        return PyLong_FromSsize_t(pos);
-    }
-    const unsigned char *p = buf.buf;
-    Py_ssize_t end = buf.len;
-    while (end - pos >= 16) {
-        const unsigned char *h = p + pos;
-        if (h[0] != 'G' || h[1] != 'D' || h[2] != 2 || h[3] & 0x80 || !frame_types[h[3]]) break;
-        Py_ssize_t length = (Py_ssize_t)get_be(h + 4, 4);
-        if (length > max_payload || length > fast_size || end - pos - 16 < length) break;
-        PyObject *payload;
-        if (length == 0) {
-            payload = Py_NewRef(Py_None);
-        } else {
-            TlvDec d = {h + 16, length, 1, max_items};
-            Py_ssize_t used = 0;
-            payload = tlv_decode_value(&d, &used, max_depth);
-            if (!payload) {
-                PyErr_Clear();
-                break;
-            }
-            if (used != length) {
-                Py_DECREF(payload);
-                break;
-            }
-        }
-        PyObject *request_id = PyLong_FromUnsignedLongLong(get_be(h + 8, 8));
-        PyObject *fields[5] = {frame_types[h[3]], request_id, payload, version_2, codec_tlv};
-        PyObject *frame = request_id ? build(Frame_t, frame_descrs, fields, 5) : NULL;
-        Py_XDECREF(request_id);
-        Py_DECREF(payload);
-        if (!frame || PyList_Append(frames, frame) < 0) {
-            Py_XDECREF(frame);
-            PyErr_Clear();
-            break;
-        }
-        Py_DECREF(frame);
-        pos += 16 + length;
-    }
-    PyBuffer_Release(&buf);
-    return PyLong_FromSsize_t(pos);
-}
+/* The frame loop of tlv_frames and frames (below, after the CBOR decoder it uses). */
+static PyObject *frames_loop(PyObject *args, int cbor);
+
+static PyObject *tlv_frames(PyObject *self, PyObject *args) { return frames_loop(args, 0); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* CBOR decoding's check (see _check_result in wire/_cbor.py): whether a decoded value holds only
@@ -1216,6 +1170,78 @@ static PyObject *cbor_decode(PyObject *self, PyObject *args) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* The frame loop: the version 2 frames from pos that it decodes whole (TLV payloads no longer
+ * than fast_size; with cbor, CBOR payloads no longer than cbor_fast_size too), each built as
+ * FrameDecoder._parse builds it; it stops at the first frame it does not take (incomplete,
+ * over a limit, a value the C decoders give up on), which the Python loop then delivers or
+ * names. */
+
+static PyObject *frames_loop(PyObject *args, int cbor) {
+    PyObject *data, *frames;
+    Py_buffer buf;
+    Py_ssize_t pos, max_payload, fast_size, cbor_fast_size = -1, max_items;
+    int max_depth;
+    if (cbor ? !PyArg_ParseTuple(args, "OnO!nnnin", &data, &pos, &PyList_Type, &frames,
+                                 &max_payload, &fast_size, &cbor_fast_size, &max_depth,
+                                 &max_items)
+             : !PyArg_ParseTuple(args, "OnO!nnin", &data, &pos, &PyList_Type, &frames,
+                                 &max_payload, &fast_size, &max_depth, &max_items))
+        return NULL;
+    if (!Atom_t || !Frame_t || max_depth > MAX_DEPTH || pos < 0) return PyLong_FromSsize_t(pos);
+    if (PyObject_GetBuffer(data, &buf, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return PyLong_FromSsize_t(pos);
+    }
+    const unsigned char *p = buf.buf;
+    Py_ssize_t end = buf.len;
+    while (end - pos >= 16) {
+        const unsigned char *h = p + pos;
+        int is_cbor = h[3] & 0x80;
+        if (h[0] != 'G' || h[1] != 'D' || h[2] != 2 || !frame_types[h[3] & 0x7f]) break;
+        Py_ssize_t length = (Py_ssize_t)get_be(h + 4, 4);
+        if (length > max_payload || length > (is_cbor ? cbor_fast_size : fast_size) ||
+            end - pos - 16 < length)
+            break;
+        PyObject *payload;
+        Py_ssize_t used = 0;
+        if (length == 0) {
+            payload = Py_NewRef(Py_None);
+        } else if (is_cbor) {
+            CborDec d = {h + 16, length, max_items};
+            payload = cbor_decode_value(&d, &used, max_depth);
+        } else {
+            TlvDec d = {h + 16, length, 1, max_items};
+            payload = tlv_decode_value(&d, &used, max_depth);
+        }
+        if (!payload) {
+            PyErr_Clear();
+            break;
+        }
+        if (length && used != length) {
+            Py_DECREF(payload);
+            break;
+        }
+        PyObject *request_id = PyLong_FromUnsignedLongLong(get_be(h + 8, 8));
+        PyObject *fields[5] = {frame_types[h[3] & 0x7f], request_id, payload, version_2,
+                               is_cbor ? codec_cbor : codec_tlv};
+        PyObject *frame = request_id ? build(Frame_t, frame_descrs, fields, 5) : NULL;
+        Py_XDECREF(request_id);
+        Py_DECREF(payload);
+        if (!frame || PyList_Append(frames, frame) < 0) {
+            Py_XDECREF(frame);
+            PyErr_Clear();
+            break;
+        }
+        Py_DECREF(frame);
+        pos += 16 + length;
+    }
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(pos);
+}
+
+static PyObject *frames_v2(PyObject *self, PyObject *args) { return frames_loop(args, 1); }
+
+/* ------------------------------------------------------------------------------------------ */
 
 static PyObject *init(PyObject *self, PyObject *args) {
     PyObject *a, *p, *r, *x, *er, *ma, *mp, *mr;
@@ -1272,10 +1298,14 @@ static PyMethodDef methods[] = {
     {"tlv_decode", (PyCFunction)(void (*)(void))tlv_decode, METH_FASTCALL,
      "tlv_decode(data, v2, max_depth, max_items) -> (value, end) | None"},
     {"frames_init", frames_init, METH_VARARGS,
-     "frames_init(Frame, {code: MessageType}, Codec.TLV): the class tlv_frames builds"},
+     "frames_init(Frame, {code: MessageType}, Codec.TLV, Codec.CBOR): the class the frame loops"
+     " build"},
     {"tlv_frames", tlv_frames, METH_VARARGS,
      "tlv_frames(data, pos, frames, max_payload, fast_size, max_depth, max_items) -> pos: "
      "appends the version 2 TLV frames from pos it takes whole; returns where it stopped"},
+    {"frames_v2", frames_v2, METH_VARARGS,
+     "frames_v2(data, pos, frames, max_payload, fast_size, cbor_fast_size, max_depth, "
+     "max_items) -> pos: tlv_frames taking CBOR frames too"},
     {"cbor_decode", cbor_decode, METH_VARARGS,
      "cbor_decode(data, max_depth, max_items) -> (value,) | None: the one value data holds"},
     {NULL, NULL, 0, NULL},

@@ -165,6 +165,23 @@ class SdkWrites:
             self._held.flush()  # (the calls held for the batch's end go first)
         self._write_nowait(data)
 
+    @property
+    def limits(self) -> wire.Limits:
+        """The limits frames are encoded under (:meth:`encode`'s)."""
+        return self._frames.limits
+
+    def send_encoded_nowait(self, data: bytes) -> None:
+        """:meth:`send_nowait` of frames already encoded with :attr:`codec` and
+        :attr:`limits` (the trio thread).
+
+        Raises:
+            ClientClosed: The connection is closed, or the write failed (it is then lost).
+        """
+        self._check_open()
+        if self._held.frames:
+            self._held.flush()  # (the calls held for the batch's end go first)
+        self._write_nowait(data)
+
     def _write_nowait(self, data: bytes) -> None:
         """:meth:`send_nowait`'s write of encoded frames (raises as it does)."""
         sent = self._write_here(data)

@@ -34,7 +34,7 @@ import wire
 
 from ._blobs import NEEDS_IO, BlobCache
 from ._errors import ClientClosed
-from ._model import RpcDefinition, StepDefinition
+from ._model import NOT_YET, RpcDefinition, StepDefinition, state_patch
 from ._worker_calls import (
     CallOutputs,
     Returned,
@@ -198,22 +198,40 @@ class BlockingCalls:
             return False
         call, args = ready
         ctx, outputs = call.ctx, call.outputs
-        clock = self._quick.clock
+        quick = self._quick
+        clock = quick.clock
         began = clock()
-        returned = outcome.capture(contextvars.copy_context().run, handler.handler, ctx, *args)
-        self._quick.ran_inline(handler, clock() - began)
+        try:
+            value = contextvars.copy_context().run(handler.handler, ctx, *args)
+        except BaseException as exc:  # (as outcome.capture: the threaded path's outcome)
+            returned: outcome.Outcome[Any] | None = outcome.Error(exc)
+        else:
+            returned = None
+        quick.ran_inline(handler, clock() - began)
         if outputs.pending or outputs.forwarding:
-            return call, returned
-        message = self._message_of(
-            call, returned, trio.current_time() if call.deadline < math.inf else 0.0
-        )
-        if message is None:
-            return call, returned
-        outputs.closed = True
+            return call, outcome.Value(value) if returned is None else returned
+        now = trio.current_time() if call.deadline < math.inf else 0.0
         link = s.link
+        conn = link.conn
+        data = None
+        if returned is None and now < call.deadline:
+            # The usual outcome, a value: its ACCEPT and RESULT encoded with no message built
+            # (anything unusual takes the general way below, which names it).
+            data = self._result_bytes(call, value, conn)
+        message = None
+        if data is None:
+            if returned is None:
+                returned = outcome.Value(value)
+            message = self._message_of(call, returned, now)
+            if message is None:
+                return call, returned
+        outputs.closed = True
         self._free_slot(s)
         try:
-            link.conn.send_nowait(accept, message)
+            if data is not None:
+                conn.send_encoded_nowait(data)
+            else:
+                conn.send_nowait(accept, message)  # type: ignore[arg-type]
         except wire.WireError as exc:
             self._send_nowait(link, accept, self._unsendable(s, task, exc))
         except ClientClosed:
@@ -225,6 +243,33 @@ class BlockingCalls:
         self._active -= 1
         link.calls -= 1
         return True
+
+    def _result_bytes(self, call: BlockingCall, value: Any, conn: Any) -> bytes | None:
+        """The ACCEPT and RESULT of an inline call that returned ``value`` in time, encoded
+        (``wire.encode_result``: no message built); None when they are not the usual ones (a
+        WaitFor's NOT_YET, blobs to store, a state or value that is no wire value), which
+        :meth:`_message_of` then builds or names."""
+        if value is NOT_YET:
+            return None
+        cache = self._cache
+        if cache is not None:
+            value = cache.pack_now(value)
+            if value is NEEDS_IO:
+                return None
+        task = call.task
+        try:
+            patch = state_patch(task.state, call.ctx.state)
+            return wire.encode_result(
+                task.delivery,
+                value,
+                patch,
+                call.stream.id,
+                conn.codec,
+                limits=conn.limits,
+                accept=True,
+            )
+        except Exception:
+            return None
 
     def _finish_in_thread(self, call: BlockingCall, returned: outcome.Outcome[Any]) -> bool:
         """(In the call's handler thread, once its function returned.) Write the call's

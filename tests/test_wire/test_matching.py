@@ -4,15 +4,18 @@ trips in both codecs, every validator's message, malformed payloads, forward com
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wire
+from wire import _matching
 
 from .strategies import hashable, v2_values
 
@@ -614,6 +617,62 @@ def test_any_missing_required_key_is_malformed(message: Any, data: Any) -> None:
         wire.parse_matching(_frame(frame.type, payload, frame.request_id))
 
 
+# What a field of the messages parse_matching builds without their constructor may be instead
+# (``wire/_matching_fast.py``): every shape the validators tell apart, and a missing key.
+_MISSING = object()
+odd_values = st.one_of(
+    st.sampled_from(
+        [_MISSING, None, True, False, 0, 1, -1, 2**64 - 1, 2**64, 0.0, 1.5, -1.0, "", "x"]
+    ),
+    st.sampled_from(["step", "rpc", "execute", "wait_for", math.inf, math.nan, [], {}]),
+    st.sampled_from([{"set": {}}, {"set": {}, "delete": []}, {"set": [], "delete": []}]),
+    v2_values(),
+)
+
+
+@SETTINGS
+@given(
+    st.sampled_from(
+        [
+            _task(),
+            _task(timeout=None, step_kind="execute"),
+            wire.MatchReply([1], rid=3),
+            wire.MatchAccept(7, rid=2),
+            wire.MatchResult(7, "v", {"set": {"a": 1}, "delete": ["b"]}, rid=2),
+            wire.MatchResult(7, None, not_yet=True, rid=2),
+            wire.MatchFailure(7, "E", "m", True, rid=2),
+            wire.MatchCall("start_flow", {"a": 1}, rid=5),
+        ]
+    ),
+    st.data(),
+)
+def test_the_fast_builds_give_what_the_constructors_give(message: Any, data: Any) -> None:
+    # A valid message with its fields changed: the same message or the same error, with the
+    # fast builders and without them.
+    frame = message.to_frame()
+    payload = dict(frame.payload)
+    keys = [*payload, "step_kind", "not_yet"]
+    for key in data.draw(st.lists(st.sampled_from(keys), max_size=3)):
+        value = data.draw(odd_values)
+        if value is _MISSING:
+            payload.pop(key, None)
+        else:
+            payload[key] = value
+    rid = data.draw(st.sampled_from([frame.request_id, 0, 2**64 - 1]))
+    changed = _frame(frame.type, payload, rid)
+
+    def parse() -> tuple[str, Any]:
+        try:
+            got = wire.parse_matching(changed)
+        except wire.MalformedMessage as exc:
+            return "error", exc.message
+        return "message", (type(got), repr(got))
+
+    fast = parse()
+    with mock.patch.object(_matching, "_FAST", {}):
+        assert parse() == fast
+
+
 def test_hello_optional_keys_may_be_left_out() -> None:
     client = {"role": "client", "session": "s", "token": "", "codecs": ["tlv"]}
     assert wire.parse_matching(_frame(T.M_HELLO, client)) == wire.MatchHello(
@@ -672,3 +731,37 @@ def test_further_keys_of_a_flow_entry_and_a_patch_are_kept() -> None:
     assert _roundtrip(hello.to_frame()).flows == flows
     result = wire.MatchResult(1, None, {"set": {}, "delete": [], "merge": {}}, rid=1)
     assert _roundtrip(result.to_frame(CBOR)) == result
+
+
+@SETTINGS
+@given(
+    st.one_of(st.just(7), odd_values),
+    st.one_of(v2_values(), odd_values),
+    st.one_of(st.just({"set": {"a": 1}, "delete": ["b"]}), odd_values),
+    st.one_of(st.just(3), odd_values),
+    st.sampled_from(list(wire.Codec)),
+    st.booleans(),
+)
+def test_encode_result_gives_the_bytes_of_the_messages(
+    delivery: Any, value: Any, patch: Any, rid: Any, codec: wire.Codec, accept: bool
+) -> None:
+    # The same bytes as the messages built and encoded, or the same error.
+    def built() -> tuple[str, Any]:
+        try:
+            data = wire.MatchResult(delivery, value, patch, rid=rid).encode(codec)
+            if accept:
+                data = wire.MatchAccept(delivery, rid=rid).encode(codec) + data
+        except wire.WireError as exc:
+            return type(exc).__name__, exc.message
+        return "bytes", data
+
+    def direct() -> tuple[str, Any]:
+        try:
+            data = wire.encode_result(
+                delivery, value, patch, rid, codec, limits=wire.Limits(), accept=accept
+            )
+        except wire.WireError as exc:
+            return type(exc).__name__, exc.message
+        return "bytes", data
+
+    assert direct() == built()

@@ -317,7 +317,11 @@ def _exact_frames(data: bytes, lim: wire.Limits) -> tuple[list[wire.Frame], list
     ends."""
     decoder = wire.FrameDecoder(limits=lim)
     frames: list[wire.Frame] = []
-    with mock.patch.object(_frame, "_C", None), mock.patch.object(_tlv, "_C", None):
+    with (
+        mock.patch.object(_frame, "_C", None),
+        mock.patch.object(_tlv, "_C", None),
+        mock.patch.object(_cbor, "_C", None),
+    ):
         try:
             frames = decoder.feed(data)
         except wire.WireError:
@@ -330,10 +334,20 @@ def _exact_frames(data: bytes, lim: wire.Limits) -> tuple[list[wire.Frame], list
     return frames, ends
 
 
-def _c_frames(data: bytes, lim: wire.Limits) -> tuple[list[wire.Frame], int]:
+def _c_frames(data: bytes, lim: wire.Limits, *, cbor: bool = True) -> tuple[list[wire.Frame], int]:
+    """The C frame loop's frames from ``data`` and where it stopped: ``frames_v2`` (TLV and
+    CBOR frames), or ``tlv_frames`` (TLV only) when not ``cbor``."""
     frames: list[wire.Frame] = []
     fast_size = _tlv._fast_size(lim)
-    pos = C.tlv_frames(data, 0, frames, lim.max_payload, fast_size, lim.max_depth, lim.max_items)
+    if cbor:
+        cbor_size = _cbor.fast_size(lim)
+        pos = C.frames_v2(
+            data, 0, frames, lim.max_payload, fast_size, cbor_size, lim.max_depth, lim.max_items
+        )
+    else:
+        pos = C.tlv_frames(
+            data, 0, frames, lim.max_payload, fast_size, lim.max_depth, lim.max_items
+        )
     return frames, pos
 
 
@@ -347,11 +361,14 @@ def _same_frame(a: wire.Frame, b: wire.Frame) -> bool:
 
 
 @SETTINGS
-@given(frame_streams(), st.one_of(st.just(DEFAULT), decode_limits))
-def test_the_frame_loop_takes_a_prefix_of_the_python_loops_frames(data: bytes, lim: Any) -> None:
+@given(frame_streams(), st.one_of(st.just(DEFAULT), decode_limits), st.booleans())
+def test_the_frame_loop_takes_a_prefix_of_the_python_loops_frames(
+    data: bytes, lim: Any, cbor: bool
+) -> None:
     # It stops wherever it does not take a frame whole; what it took is what the Python loop
-    # delivers, frame for frame, and it stopped at a frame's end.
-    got, pos = _c_frames(data, lim)
+    # delivers, frame for frame, and it stopped at a frame's end (both loops: frames_v2, and
+    # tlv_frames, which stops at a CBOR frame).
+    got, pos = _c_frames(data, lim, cbor=cbor)
     want, ends = _exact_frames(data, lim)
     assert len(got) <= len(want)
     assert all(_same_frame(g, w) for g, w in zip(got, want, strict=False))
@@ -366,9 +383,26 @@ def test_the_frame_loop_takes_every_ordinary_tlv_frame(frames: list[tuple[Any, A
         if _exact_tlv(value, True, DEFAULT) is not None and not _has_big_int(value):
             parts.append(wire.encode_message(mtype, value, request_id=7))
     data = b"".join(parts) + b"GD\x02"  # (and the start of the next frame)
+    for cbor in (True, False):
+        got, pos = _c_frames(data, DEFAULT, cbor=cbor)
+        assert pos == len(data) - 3
+        assert len(got) == len(parts)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.sampled_from(list(wire.MessageType)), v2_values()), max_size=4))
+def test_the_frame_loop_takes_every_ordinary_cbor_frame(frames: list[tuple[Any, Any]]) -> None:
+    parts = []
+    for mtype, value in frames:
+        if _exact_tlv(value, True, DEFAULT) is not None and not _has_big_int(value):
+            data = wire.encode_message(mtype, value, codec=wire.Codec.CBOR, request_id=7)
+            if C.cbor_decode(data[wire.HEADER_SIZE :], DEFAULT.max_depth, DEFAULT.max_items):
+                parts.append(data)
+    data = b"".join(parts) + b"GD\x02"  # (and the start of the next frame)
     got, pos = _c_frames(data, DEFAULT)
     assert pos == len(data) - 3
-    assert len(got) == len(parts)
+    assert [f.codec for f in got] == [wire.Codec.CBOR] * len(parts)
+    assert _c_frames(data, DEFAULT, cbor=False) == ([], 0)  # (tlv_frames takes none)
 
 
 def test_the_frame_loop_leaves_what_the_python_loop_must_deliver_or_name() -> None:
@@ -378,9 +412,12 @@ def test_the_frame_loop_leaves_what_the_python_loop_must_deliver_or_name() -> No
     v1 = wire.encode_frame(wire.make_request(3, "m:A", "echo", [], {}))
     big = wire.encode_message(wire.MessageType.SEND, 2**70)
     unknown = b"GD\x02\x7f" + bytes(12)
-    for rest in (over, cbor, v1, big, unknown):
+    for rest in (over, v1, big, unknown):
         got, pos = _c_frames(ok + rest + ok, DEFAULT)
         assert (len(got), pos) == (1, len(ok)), rest
+    # A CBOR frame: frames_v2 takes it, tlv_frames leaves it.
+    assert _c_frames(ok + cbor + ok, DEFAULT)[1] == len(ok + cbor + ok)
+    assert _c_frames(ok + cbor + ok, DEFAULT, cbor=False)[1] == len(ok)
     assert _c_frames(ok + ok[:-1], DEFAULT)[1] == len(ok)  # (an incomplete frame waits)
     decoder = wire.FrameDecoder()
     assert len(decoder.feed(ok + over)) == 1
