@@ -46,7 +46,7 @@ from ._connection_handshake import handshake
 from ._connection_streams import close_stream, register_stream
 from ._dispatch import Capabilities, WorkerDraining
 from ._engine import ENGINE
-from ._server_frames import encode_reply, encode_task, parse_frame
+from ._server_frames import encode_reply, encode_task
 from ._write_batches import BatchedWrites, batched_writes
 
 __all__ = [
@@ -477,7 +477,7 @@ async def _reader(conn: Connection, frames: wire.FrameStream) -> None:
 
 def _handle(conn: Connection, frame: wire.Frame) -> None:
     try:
-        msg = parse_frame(frame)
+        msg = wire.parse_matching(frame)
     except wire.WireError as exc:
         _bad(conn, frame.request_id, exc.message)
         return

@@ -1,9 +1,9 @@
-"""The server's frames of every Step, made straight from their fields: M_TASK (one a Step) and
-M_REPLY (two a Step, ``start_flow``'s and ``result``'s) written, M_CALL (two), M_ACCEPT and
-M_RESULT read.
+"""The frames the server writes every Step, made straight from their fields: M_TASK (one a
+Step) and M_REPLY (two a Step, ``start_flow``'s and ``result``'s). (What it reads, M_CALL,
+M_ACCEPT and M_RESULT, ``wire.parse_matching`` builds as cheaply itself.)
 
 The same messages and bytes as ``wire.MatchTask(...)`` / ``wire.MatchReply(...)`` and their
-``encode``, and as ``wire.parse_matching``, with the same errors, for less: each message's
+``encode``, with the same errors, for less: each message's
 fields go through one function of checks instead of a validator call per field, and a payload
 is written as a dict literal instead of a loop over the fields (issue 15: about 60 Python
 calls a Step less). Anything the checks do not pass goes to wire's own code, which says what is
@@ -19,7 +19,7 @@ import attrs
 
 import wire
 
-__all__ = ["encode_reply", "encode_task", "parse_frame", "task_message"]
+__all__ = ["encode_reply", "encode_task", "task_message"]
 
 _new = object.__new__
 _set = object.__setattr__
@@ -27,9 +27,6 @@ _U64_MAX = 2**64 - 1
 _M_TASK = wire.MessageType.M_TASK
 _M_REPLY = wire.MessageType.M_REPLY
 _encode = wire.encode_message
-_M_CALL = wire.MessageType.M_CALL
-_M_ACCEPT = wire.MessageType.M_ACCEPT
-_M_RESULT = wire.MessageType.M_RESULT
 
 
 #: ``wire.MatchTask``'s fields in their order (which ``task_message``'s arguments follow).
@@ -135,52 +132,3 @@ def encode_reply(value: Any, rid: int, codec: wire.Codec, limits: wire.Limits) -
         WireError: as ``wire.MatchReply.encode`` (a value past the limits, say).
     """
     return _encode(_M_REPLY, {"value": value}, codec=codec, request_id=rid, limits=limits)
-
-
-def parse_frame(frame: wire.Frame) -> wire.MatchMessage:
-    """``wire.parse_matching(frame)``: an M_CALL, M_ACCEPT or M_RESULT of the usual shape is
-    checked here, anything else by wire (which raises its errors).
-
-    Raises:
-        MalformedMessage: as ``wire.parse_matching``.
-    """
-    t = frame.type
-    payload = frame.payload
-    rid = frame.request_id
-    msg: Any
-    if type(payload) is dict and 0 < rid <= _U64_MAX:
-        if t is _M_CALL:
-            op, args = payload.get("op"), payload.get("args")
-            if type(op) is str and op and type(args) is dict:
-                msg = _new(wire.MatchCall)  # (its fields one by one: the usual 3 are all)
-                _set(msg, "op", op)
-                _set(msg, "args", args)
-                _set(msg, "rid", rid)
-                return msg
-        elif t is _M_ACCEPT:
-            delivery = payload.get("delivery")
-            if type(delivery) is int and 0 <= delivery <= _U64_MAX:
-                msg = _new(wire.MatchAccept)
-                _set(msg, "delivery", delivery)
-                _set(msg, "rid", rid)
-                return msg
-        elif t is _M_RESULT:
-            delivery, patch = payload.get("delivery"), payload.get("patch")
-            not_yet = payload.get("not_yet")
-            if (
-                type(delivery) is int
-                and 0 <= delivery <= _U64_MAX
-                and "value" in payload
-                and type(patch) is dict
-                and type(patch.get("set")) is dict
-                and type(patch.get("delete")) is list
-                and (not_yet is None or type(not_yet) is bool)
-            ):
-                msg = _new(wire.MatchResult)
-                _set(msg, "delivery", delivery)
-                _set(msg, "value", payload["value"])
-                _set(msg, "patch", patch)
-                _set(msg, "not_yet", not_yet)
-                _set(msg, "rid", rid)
-                return msg
-    return wire.parse_matching(frame)

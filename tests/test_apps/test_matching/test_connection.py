@@ -25,7 +25,7 @@ from apps.matching._config import MatchingConfig
 from apps.matching._connection import DRAIN_GRACE, ServerContext
 from apps.matching._dispatch import Completed, Dispatch, Lost, MatchingLimits, Routed, Task
 from apps.matching._listener import CONNECTIONS, Listener, start_listener
-from apps.matching._server_frames import encode_reply, encode_task, parse_frame, task_message
+from apps.matching._server_frames import encode_reply, encode_task, task_message
 from apps.matching._write_batches import batched_writes
 
 from ._peers import MemoryBlobs, Peer
@@ -838,63 +838,4 @@ def test_a_reply_is_encoded_as_wire_encodes_it_and_fails_as_it_fails(codec: wire
         wire.MatchReply(deep, rid=9).encode(codec, limits=limits)
     with pytest.raises(type(expected.value)) as made:
         encode_reply(deep, 9, codec, limits)
-    assert str(made.value) == str(expected.value)
-
-
-_READ = [
-    wire.MatchCall("start_flow", {"flow_type": "Greet", "args": [1]}, rid=5),
-    wire.MatchAccept(delivery=0, rid=2**64 - 1),
-    wire.MatchResult(delivery=7, value={"v": [1]}, patch={"set": {"a": 1}, "delete": ["b"]}, rid=1),
-    wire.MatchResult(delivery=7, value=None, patch={"set": {}, "delete": []}, not_yet=True, rid=1),
-    wire.MatchFailure(delivery=7, type="ValueError", message="no", retryable=False, rid=1),
-    wire.MatchPong(rid=1),
-]
-
-
-@pytest.mark.parametrize("message", _READ, ids=lambda m: type(m).__name__)
-def test_a_frame_is_read_as_wire_reads_it(message: Any) -> None:
-    frame = message.to_frame(wire.Codec.CBOR)
-    made = parse_frame(frame)
-    assert made == wire.parse_matching(frame) == message
-    assert type(made) is type(message)
-
-
-def _frame(mtype: wire.MessageType, payload: Any, rid: int = 1) -> wire.Frame:
-    return wire.Frame(mtype, rid, payload, version=2, codec=wire.Codec.CBOR)
-
-
-_CALL, _ACCEPT, _RESULT = (
-    wire.MessageType.M_CALL,
-    wire.MessageType.M_ACCEPT,
-    wire.MessageType.M_RESULT,
-)
-_PATCH = {"set": {}, "delete": []}
-
-
-@pytest.mark.parametrize(
-    "frame",
-    [
-        _frame(_CALL, {"op": "", "args": {}}),
-        _frame(_CALL, {"op": "result", "args": []}),
-        _frame(_CALL, {"args": {}}),
-        _frame(_CALL, {"op": "result", "args": {}}, rid=0),
-        _frame(_CALL, ["op", "args"]),
-        _frame(_ACCEPT, {"delivery": -1}),
-        _frame(_ACCEPT, {"delivery": True}),
-        _frame(_ACCEPT, {"delivery": 2**64}),
-        _frame(_ACCEPT, {}),
-        _frame(_ACCEPT, None),
-        _frame(_RESULT, {"delivery": 1, "patch": _PATCH}),
-        _frame(_RESULT, {"delivery": 1, "value": 1}),
-        _frame(_RESULT, {"delivery": 1, "value": 1, "patch": {"set": {}}}),
-        _frame(_RESULT, {"delivery": 1, "value": 1, "patch": {"set": [], "delete": []}}),
-        _frame(_RESULT, {"delivery": 1, "value": 1, "patch": _PATCH, "not_yet": 1}),
-        _frame(_RESULT, {"delivery": "1", "value": 1, "patch": _PATCH}),
-    ],
-)
-def test_a_frame_wire_refuses_is_refused_with_wires_own_error(frame: wire.Frame) -> None:
-    with pytest.raises(wire.WireError) as expected:
-        wire.parse_matching(frame)
-    with pytest.raises(type(expected.value)) as made:
-        parse_frame(frame)
     assert str(made.value) == str(expected.value)
