@@ -300,6 +300,18 @@ class SdkWrites:
             except ClientClosed:
                 pass
 
+    def write_corked(self) -> None:
+        """(The trio thread, the reader.) Write what the cork holds now, and go on corking the
+        rest of the read: for a frame that must be on the wire before the reader goes on (an
+        ACCEPT a worker sends at once, ``accept_delay=0``, is there before its handler starts,
+        so a worker killed once the handler runs leaves the server an accepted call). Never
+        raises: a failed write loses the connection."""
+        if self._cork:
+            self._uncork()
+            with self.write_lock:
+                if not self._shut:
+                    self._cork = []
+
     def _uncork(self) -> None:
         """(The trio thread, the reader.) Write what was written while corked, in one write,
         and stop corking. Never raises: a failed write loses the connection."""

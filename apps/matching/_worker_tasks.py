@@ -172,6 +172,7 @@ class WorkerTasks(BlockingCalls):
             self._free_slot(s)
             self._call_over(s)
             return False
+        link.conn.write_corked()  # (not held to the read's end: sent at once, as asked)
         return True
 
     def _on_cancel(self, s: Stream, message: wire.MatchCancel) -> None:

@@ -321,6 +321,33 @@ async def test_what_the_frames_of_one_read_are_answered_with_goes_in_one_write_i
     await conn.aclose()
 
 
+async def test_what_is_written_corked_goes_at_once_and_the_rest_of_the_read_stays_corked(
+    server, autojump_clock, monkeypatch
+):
+    # A worker's ACCEPT sent at once (accept_delay=0) is on the socket before its handler
+    # starts, not at the read's end: a worker killed once the handler runs is known to have
+    # taken the call.
+    conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
+    writes = _record_writes(conn, monkeypatch)
+    seen: list[int] = []
+
+    def answer(message: wire.MatchMessage) -> None:
+        conn.send_nowait(wire.MatchPong(rid=message.rid))
+        if message.rid == a:
+            conn.write_corked()
+        seen.append(len(writes))
+
+    a, b, c = (conn.open_stream_handler(answer) for _ in range(3))
+    fake = server.conn
+    pings = [wire.MatchPing(rid=rid).encode(fake.codec) for rid in (a, b, c)]
+    await fake.frames.stream.send_all(b"".join(pings))  # (one write: one read of the SDK's)
+    await server.wait_for(lambda: len(fake.received) == 3)
+    assert fake.received == [wire.MatchPong(rid=rid) for rid in (a, b, c)]
+    assert seen == [1, 1, 1]  # a's PONG written at once; b's and c's held to the read's end
+    assert len(writes) == 2
+    await conn.aclose()
+
+
 async def test_stream_handler_gets_its_frames_in_the_reader(server, autojump_clock):
     conn = await SdkConnection.open(_worker_options(server), "worker", worker_id="w1")
     got: list[wire.MatchMessage] = []
