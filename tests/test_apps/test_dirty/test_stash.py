@@ -670,7 +670,9 @@ async def test_stash_ttl_expiry_while_counters_run(start_pool: Any, socket_path:
     s = dirty.stash.StashClient(client)
 
     def go() -> None:
-        assert s.insert_new("ttlc", "lock", "a", ttl=0.3) is True
+        # (a TTL the next calls, the first from a thread just started, come well within on a
+        # loaded machine: at 0.3 s the lock once expired before the second insert_new)
+        assert s.insert_new("ttlc", "lock", "a", ttl=1.0) is True
         stop = threading.Event()
 
         def noise() -> None:
