@@ -175,18 +175,11 @@ class StreamHandle:
     def offer(self, offer: Offer) -> None:
         """Hand over an offer (from the queue). A stream whose connection is doomed gets it
         by message, as it would have before it ends: its queue takes it back then."""
-        state = self.state
-        if (
-            state.mailed
-            or state.me is None
-            or state.ended
-            or not otp.is_process_alive(state.owner)
-            or not otp.is_process_alive(self.pid)
-        ):
-            state.mailed += 1
+        if otp.is_process_alive(self.state.owner):
+            self.deliver(offer)
+        else:
+            self.state.mailed += 1
             otp.send(self.pid, offer)
-            return
-        self._take(offer)
 
     def deliver_served(
         self, accept: wire.MatchAccept, outcome: wire.MatchResult | wire.MatchFailure
@@ -337,12 +330,10 @@ def _to_idle(state: _Stream, now: float | None = None) -> None:
     state.phase = _IDLE
     if now is None:
         now = state.clock()
-    limits = state.limits
-    state.next_ping = next_ping = now + limits.ping_interval
+    state.next_ping = now + state.limits.ping_interval
     scope = state.scope
     if scope is not None:
-        silent = state.last_heard + limits.peer_timeout
-        due = next_ping if next_ping < silent else silent  # (_due's, written out)
+        due = _due(state)
         if due < state.scope_due:
             state.scope_due = scope.deadline = due
 

@@ -48,31 +48,16 @@ class Output:
 
     def write(self, data: bytes) -> None:
         """Send ``data`` now if nothing is queued (any thread): :meth:`write_parts` of one
-        buffer, with one ``send`` (a reply's common case, whose claim and release of the
-        socket are :meth:`_claim` and :meth:`_sent` inline)."""
-        lock = self.lock
-        with lock:
-            if self.closed:
-                return
-            if self.queue or self.corked or self.sending:
-                self._enqueue([data])
-                return
-            self.sending = True
+        buffer, with one ``send`` (a reply's common case)."""
+        if not self._claim([data]):
+            return
         try:
             n = self.sock.send(data, _DONTWAIT)
         except (BlockingIOError, InterruptedError):
             n = 0
         except OSError:
             n = -1
-        if n == len(data):
-            with lock:
-                self.sending = False
-                if self.through:
-                    self.sent.notify_all()
-                if self.queue:
-                    self._schedule()
-            return
-        self._sent(n, [] if n < 0 else [memoryview(data)[n:] if n else data])
+        self._sent(n, [] if n < 0 or n == len(data) else [memoryview(data)[n:] if n else data])
 
     def write_parts(self, parts: list[Any]) -> None:
         """Send the buffers (one frame or more) now if nothing is queued (any thread)."""
