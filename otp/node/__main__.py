@@ -2,4 +2,4 @@
 
 from ._main import main
 
-raise SystemExit(main())
+raise SystemExit(main(own_process=True))

@@ -70,6 +70,19 @@ def echo_stdout(config: Any) -> supervisors.Application:
     return second
 
 
+class GcReporter(otp.GenServer):
+    """Prints the collector's thresholds and frozen object count as the node runs them."""
+
+    def init(self) -> otp.Ok:
+        import gc
+
+        print(f"gc thresholds {gc.get_threshold()} frozen {gc.get_freeze_count()}", flush=True)
+        return otp.Ok(None)
+
+
+gc_report = _app("gc_report", supervisors.ChildSpec("gc", GcReporter))
+
+
 def _echo_start() -> Any:
     from test_otp.peer import Echo
 

@@ -150,6 +150,17 @@ async def test_an_application_factory_gets_the_node_config() -> None:
         assert await node.exit_code() == 0
 
 
+async def test_the_cli_node_tunes_its_garbage_collector() -> None:
+    from otp.node._main import GC_THRESHOLDS
+
+    async with Node("--app", "test_node.node_apps:gc_report") as node:
+        line = await node.line_with("gc thresholds")
+        assert line.startswith(f"gc thresholds {GC_THRESHOLDS} frozen ")
+        assert int(line.rsplit(" ", 1)[1]) > 1000  # (what booting allocated: modules, classes)
+        node.signal(signal.SIGTERM)
+        assert await node.exit_code() == 0
+
+
 def test_a_bad_application_path_is_a_clear_error() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "otp.node", "--app", "no_such_module:app"],
