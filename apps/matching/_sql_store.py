@@ -303,9 +303,14 @@ class SqlStore(SqlServers):
         for batch in batches:
             check_batch(batch)
         outcomes = await self._run(self._commit_many, list(batches))
+        self._committed()
         if any(o is None and puts_free(b) for b, o in zip(batches, outcomes, strict=True)):
             self._wake()
         return outcomes
+
+    def _committed(self) -> None:
+        """(After a ``commit_many`` transaction.) Nothing here; SQLite counts them for its
+        checkpoints."""
 
     def _notify_pending(self, conn: Any) -> None:
         """(Inside a commit that puts pending steps.) Tell other servers; nothing on SQLite."""

@@ -1,7 +1,8 @@
 """``SqliteStore``: the matching server's embedded :class:`Store`, on the stdlib's sqlite3.
 
 One connection, used by one thread at a time (trio's thread cache, behind a lock); files run in
-WAL mode with ``synchronous=NORMAL``; values are wire CBOR in BLOB columns (never pickle). The
+WAL mode with ``synchronous=NORMAL``, checkpointed on a connection of their own, off the commit
+path (``_sqlite_checkpoints``); values are wire CBOR in BLOB columns (never pickle). The
 schema, in ``_sqlite_schema``, is versioned in ``schema_migrations`` as Django's and Alembic's
 are, applied in order, and a database newer than the code is refused; the rows and batches it
 shares with PostgreSQL are in ``_store_sql``. A group commit goes in one statement per table
@@ -16,6 +17,7 @@ from typing import Any, ClassVar, cast
 
 from ._sql_store import SqlStore
 from ._sqlite_batches import apply_rows
+from ._sqlite_checkpoints import WalCheckpoints
 from ._sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 from ._store_records import StoreError
 from ._store_sql import GroupRows
@@ -62,6 +64,8 @@ class SqliteStore(SqlStore):
             raise TypeError(f'SqliteStore.path must be a file path or ":memory:" (got {path!r})')
         super().__init__(threads=threads)
         self.path = path
+        #: The WAL's checkpoints off the commit path (a file's, with threads), while open.
+        self._checkpoints: WalCheckpoints | None = None
 
     def __repr__(self) -> str:
         if not self.threads:
@@ -87,13 +91,29 @@ class SqliteStore(SqlStore):
             if self.path != ":memory:":
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
+            if self.path != ":memory:" and self.threads:
+                # (never inside a COMMIT: WalCheckpoints runs them; without threads, as in
+                # tests on MockClock, SQLite's own run as before)
+                conn.execute("PRAGMA wal_autocheckpoint = 0")
+                self._checkpoints = WalCheckpoints(self.path)
             self._migrate(conn)
         except BaseException as exc:
             conn.close()
+            self._checkpoints = None
             if isinstance(exc, sqlite3.Error):
                 raise StoreError(f"{self!r}: cannot open the database: {exc}") from exc
             raise
         return conn
+
+    def _disconnect(self, conn: Any) -> None:
+        conn.close()
+        checkpoints, self._checkpoints = self._checkpoints, None
+        if checkpoints is not None:
+            checkpoints.close()
+
+    def _committed(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.committed()
 
     def _write_rows(self, conn: Any, rows: GroupRows) -> bool:
         """As ``SqlStore._write_rows``, one statement per table (``_sqlite_batches``)."""

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import otp
 from apps.matching._postgres_store import PostgresStore
+from apps.matching._sqlite_checkpoints import CHECKPOINT_EVERY, WalCheckpoints
 from apps.matching._sqlite_schema import MIGRATIONS
 from apps.matching._sqlite_store import SCHEMA_VERSION, SqliteStore
 from apps.matching._store import (
@@ -768,6 +769,56 @@ async def test_a_group_commit_on_sqlite_runs_one_statement_per_table() -> None:
         assert [await store.get_flow(f.flow_id) for f in three] == three
     finally:
         await store.close()
+
+
+async def test_a_threaded_sqlite_store_checkpoints_its_wal_off_the_commit_path(
+    tmp_path: Path,
+) -> None:
+    # (_sqlite_checkpoints: no COMMIT runs SQLite's own checkpoint; every CHECKPOINT_EVERY
+    # transactions one runs in a thread, on a connection of its own)
+    path = str(tmp_path / "store.sqlite3")
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        checkpoints = store._checkpoints
+        assert checkpoints is not None
+        assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+        size = Path(path).stat().st_size
+        for i in range(CHECKPOINT_EVERY - 1):
+            await store.commit(WriteBatch(flows_created=[flow(f"f{i}")]))
+        await trio.to_thread.run_sync(checkpoints.wait_idle)
+        assert checkpoints.checkpoints == 0 and Path(path).stat().st_size == size
+        await store.commit(WriteBatch(flows_created=[flow("last")]))
+        await trio.to_thread.run_sync(checkpoints.wait_idle)
+        assert checkpoints.checkpoints == 1
+        assert Path(path).stat().st_size > size  # (the WAL's pages, copied into the file)
+    finally:
+        await store.close()
+    assert store._checkpoints is None and checkpoints._conn is None
+    again = SqliteStore(path, threads=False)
+    await again.open()
+    try:
+        assert await again.get_flow("last") == flow("last")
+        assert again._checkpoints is None  # (without threads, SQLite's own checkpoints)
+        assert again._conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (1000,)
+    finally:
+        await again.close()
+
+
+async def test_a_failed_wal_checkpoint_is_logged_and_the_next_one_tries_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    checkpoints = WalCheckpoints(str(tmp_path), every=2)  # (a directory: it cannot open)
+    for _ in range(4):
+        checkpoints.committed()
+        await trio.to_thread.run_sync(checkpoints.wait_idle)
+    assert checkpoints.checkpoints == 0
+    failed = [r for r in caplog.records if "a checkpoint of" in r.getMessage()]
+    assert len(failed) == 2 and "the next one tries again" in failed[0].getMessage()
+    checkpoints.close()
+    checkpoints.committed()
+    checkpoints.committed()
+    assert checkpoints._idle.is_set()  # (closed: none starts)
 
 
 async def test_a_grouped_update_of_a_flows_type_and_creation_time_is_stored(
