@@ -3,11 +3,15 @@ own, off the commit path (as PostgreSQL's checkpointer is a process of its own, 
 backend's commit).
 
 Why: SQLite's own, ``wal_autocheckpoint``, runs inside the COMMIT that takes the WAL past 1,000
-pages: it syncs the WAL, copies its pages into the database and syncs that, 10-25 ms on this
+pages: it syncs the WAL, copies its pages into the database and syncs that, 10-140 ms on this
 machine, and meanwhile no other commit of the server can start (one writer). Under load that
 was ~50 commits in 3 s and ~15% of the time (issue 15). A PASSIVE checkpoint on another
-connection takes no writer lock: commits go on while it copies, and the WAL starts again from
-its beginning at the first commit after a complete one.
+connection takes no writer lock: commits go on while it copies.
+
+The WAL starts again from its beginning only at a write transaction that finds every frame
+copied, which a checkpoint racing a steady stream of commits never leaves behind (the WAL grew
+~25 MB a second under load). So the writer still checkpoints past ``WRITER_CHECKPOINT_PAGES``
+(16 MB of WAL), with nothing else writing: it finds little left to copy, and the WAL restarts.
 """
 
 from __future__ import annotations
@@ -19,20 +23,22 @@ from typing import Any
 
 import trio
 
-__all__ = ["CHECKPOINT_EVERY", "WalCheckpoints"]
+__all__ = ["CHECKPOINT_EVERY", "WRITER_CHECKPOINT_PAGES", "WalCheckpoints"]
 
 logger = logging.getLogger("apps.matching")
 
 #: Write transactions between two checkpoints (a Step's commits dirty ~15 pages of WAL: one
 #: in 64 keeps it near SQLite's own 1,000 pages).
 CHECKPOINT_EVERY = 64
+#: The store's own connection's ``wal_autocheckpoint``, in pages (SQLite's default is 1,000).
+WRITER_CHECKPOINT_PAGES = 4000
 
 
 class WalCheckpoints:
     """Checkpoints of the WAL of the database at ``path``, one at a time, each in a thread of
     trio's cache (``start_thread_soon``: no task waits for it), started by :meth:`committed`
-    every ``every`` write transactions while none runs. The store's own connection has
-    ``wal_autocheckpoint`` off (``SqliteStore``).
+    every ``every`` write transactions while none runs. The store's own connection checkpoints
+    only past ``WRITER_CHECKPOINT_PAGES`` (``SqliteStore``).
 
     A checkpoint that fails is logged (the next one tries again; the WAL only grows
     meanwhile). :meth:`close` waits for a running checkpoint, then closes the connection.

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, cast
 
 from ._sql_store import SqlStore
 from ._sqlite_batches import apply_rows
-from ._sqlite_checkpoints import WalCheckpoints
+from ._sqlite_checkpoints import WRITER_CHECKPOINT_PAGES, WalCheckpoints
 from ._sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 from ._store_records import StoreError
 from ._store_sql import GroupRows
@@ -92,9 +92,10 @@ class SqliteStore(SqlStore):
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
             if self.path != ":memory:" and self.threads:
-                # (never inside a COMMIT: WalCheckpoints runs them; without threads, as in
-                # tests on MockClock, SQLite's own run as before)
-                conn.execute("PRAGMA wal_autocheckpoint = 0")
+                # (WalCheckpoints runs them; a COMMIT only past WRITER_CHECKPOINT_PAGES, which
+                # restarts the WAL. Without threads, as in tests on MockClock, SQLite's own
+                # run as before.)
+                conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_CHECKPOINT_PAGES}")
                 self._checkpoints = WalCheckpoints(self.path)
             self._migrate(conn)
         except BaseException as exc:

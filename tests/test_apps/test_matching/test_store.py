@@ -22,7 +22,11 @@ from hypothesis import strategies as st
 
 import otp
 from apps.matching._postgres_store import PostgresStore
-from apps.matching._sqlite_checkpoints import CHECKPOINT_EVERY, WalCheckpoints
+from apps.matching._sqlite_checkpoints import (
+    CHECKPOINT_EVERY,
+    WRITER_CHECKPOINT_PAGES,
+    WalCheckpoints,
+)
 from apps.matching._sqlite_schema import MIGRATIONS
 from apps.matching._sqlite_store import SCHEMA_VERSION, SqliteStore
 from apps.matching._store import (
@@ -774,15 +778,17 @@ async def test_a_group_commit_on_sqlite_runs_one_statement_per_table() -> None:
 async def test_a_threaded_sqlite_store_checkpoints_its_wal_off_the_commit_path(
     tmp_path: Path,
 ) -> None:
-    # (_sqlite_checkpoints: no COMMIT runs SQLite's own checkpoint; every CHECKPOINT_EVERY
-    # transactions one runs in a thread, on a connection of its own)
+    # (_sqlite_checkpoints: a COMMIT runs SQLite's own checkpoint only past
+    # WRITER_CHECKPOINT_PAGES; every CHECKPOINT_EVERY transactions one runs in a thread, on a
+    # connection of its own)
     path = str(tmp_path / "store.sqlite3")
     store = SqliteStore(path)
     await store.open()
     try:
         checkpoints = store._checkpoints
         assert checkpoints is not None
-        assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+        pages = store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()
+        assert pages == (WRITER_CHECKPOINT_PAGES,)
         size = Path(path).stat().st_size
         for i in range(CHECKPOINT_EVERY - 1):
             await store.commit(WriteBatch(flows_created=[flow(f"f{i}")]))
@@ -803,6 +809,27 @@ async def test_a_threaded_sqlite_store_checkpoints_its_wal_off_the_commit_path(
         assert again._conn.execute("PRAGMA wal_autocheckpoint").fetchone() == (1000,)
     finally:
         await again.close()
+
+
+async def test_a_threaded_sqlite_stores_wal_starts_again_under_steady_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (a checkpoint racing the commits never finds every frame copied: the writer's own, past
+    # WRITER_CHECKPOINT_PAGES, lets the WAL start again from its beginning)
+    monkeypatch.setattr("apps.matching._sqlite_store.WRITER_CHECKPOINT_PAGES", 16)
+    path = str(tmp_path / "store.sqlite3")
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        await store.commit(WriteBatch(flows_created=[flow("a")]))
+        for version in range(2, 300):  # (~2 pages of WAL a commit: ~600 pages in all)
+            state = {"blob": bytes([version % 256]) * 6000}
+            await store.commit(WriteBatch(flows_upserted=[flow("a", version=version, state=state)]))
+        wal_pages = Path(path + "-wal").stat().st_size // 4096
+        assert wal_pages < 200, wal_pages
+        assert (await store.get_flow("a")) == flow("a", version=299, state=state)
+    finally:
+        await store.close()
 
 
 async def test_a_failed_wal_checkpoint_is_logged_and_the_next_one_tries_again(
