@@ -61,7 +61,7 @@ from apps.matching._errors import (
     UnknownName,
 )
 from apps.matching._matcher import MATCHER
-from apps.matching._matcher_routes import routes_table
+from apps.matching._matcher_routes import publish_route, routes_table
 from apps.matching._model import FlowDescription, FlowStatus, FlowSummary
 from apps.matching._store import SERVER_NAME, StoreServer
 from otp import ets
@@ -603,7 +603,7 @@ async def test_a_step_sent_straight_to_a_queue_that_dies_is_dispatched_again_as_
     async with otp.open_node(), server(store_kind, by_step(a=[ok("x")])):
         queue = otp.spawn(_holds_what_it_gets, otp.self())
         routes = ets.new(routes_table(MATCHER), named=True)
-        ets.insert(routes, ("flow:T", queue))
+        publish_route(routes, "flow:T", queue)
         await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=1)), "f")
         _, sent = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "queued")
         assert isinstance(sent, Dispatch) and await dispatches() == []
@@ -1027,6 +1027,30 @@ async def test_result_waiters_all_get_the_result_once_the_flow_ends(store_kind: 
         otp.send(ENGINE, Completed(d.task.delivery, "w1", 42, {}))
         assert [await outcome(tag) for tag in tags] == [42, 42, 42]
         assert await FlowEngine.result("f") == 42
+
+
+async def test_result_of_a_flow_that_ended_here_is_answered_without_reading_the_store(
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A ``result`` asked after its flow ended and was let go (a lone caller's short flow has
+    often ended by then) is answered from what the engine kept of that end, even while a
+    commit is in flight (a read of the store waits for that commit); a failure too."""
+    script = by_step(a=[ok("x")], b=[fail("Fatal", "no", retryable=False)])
+    async with otp.open_node(), server(store_kind, script) as store:
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        await FlowEngine.start_flow("T", [], definition(step("b")), "g")
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await FlowEngine.statistics()).flows_resident == 0
+        store.gate = trio.Event()  # every commit waits from now on
+        started = await spawn_call(FlowEngine.start_flow, "T", [], definition(step("a")), "h")
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await FlowEngine.statistics()).commit_in_flight is True
+        with trio.fail_after(1):
+            assert await FlowEngine.result("f") == "x"
+            with pytest.raises(FlowFailed, match="Fatal: no"):
+                await FlowEngine.result("g")
+        store.gate.set()
+        assert await outcome(started) == "h"
 
 
 async def test_result_raises_call_timeout_when_its_timeout_passes(

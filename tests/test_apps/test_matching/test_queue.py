@@ -45,7 +45,7 @@ from apps.matching._matcher import (
     statistics,
     submit,
 )
-from apps.matching._queue import Queue, QueueIdle, start_queue
+from apps.matching._queue import Forward, Queue, QueueHandle, QueueIdle, StopIdle, start_queue
 from apps.matching._stream import FreedNotices, StreamHandle, open_stream
 
 CAPS = Capabilities({"Greet": ({"write"}, {"read"})})
@@ -746,6 +746,79 @@ async def test_a_stream_failing_on_what_is_handed_over_ends_alone(
         assert down.ref == ref and down.reason == ("stream_failed", "RuntimeError('broken')")
         exit_ = await otp.receive(lambda m: isinstance(m, otp.Exit), timeout=0)
         assert exit_.pid == handle.pid
+
+
+async def test_a_dispatch_handed_to_its_queue_is_handled_in_the_callers_task(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``QueueHandle.dispatch`` (the engine's direct route): the queue's handling runs at once
+    in the caller's task, without waking the queue: the offer is made before it returns; one
+    that waits is timed by the queue's own timer, as if it had come by message."""
+    async with otp.open_node():
+        me = otp.self()  # (it stands for the matcher and for the queue's one stream)
+        handle = QueueHandle()
+        queue = await start_queue("flow", "Greet", MatchingLimits(), me, handle)
+        assert handle.pid == queue
+        otp.send(queue, StreamIdle(me, "w1", CAPS))
+        await trio.testing.wait_all_tasks_blocked()
+        d = dispatch()
+        handle.dispatch(d)
+        offer = await otp.receive(lambda m: isinstance(m, Offer), timeout=0, default=None)
+        assert offer is not None and offer.dispatch is d
+        waits = dispatch(wait=5.0)  # (the one stream has its offer: this one waits)
+        handle.dispatch(waits)
+        assert (await Queue.statistics(queue)).waiting == 1
+        final = await otp.receive(lambda m: isinstance(m, NotDispatched), timeout=10)
+        assert final.delivery == waits.task.delivery
+        assert (await Queue.statistics(queue)).waiting == 0
+
+
+async def test_a_dispatch_handed_to_a_queue_told_to_stop_goes_back_to_the_matcher(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Handed over while the queue's ``StopIdle`` still waits in its mailbox, a dispatch is
+    handed back to the matcher when the queue stops, as one that came by message is; once
+    the queue is gone, a dispatch handed to it is sent (and goes nowhere, as before)."""
+    async with otp.open_node():
+        me = otp.self()
+        handle = QueueHandle()
+        queue = await start_queue("flow", "Greet", MatchingLimits(), me, handle)
+        ref = otp.monitor(queue)
+        await trio.testing.wait_all_tasks_blocked()
+        otp.send(queue, StopIdle())
+        late = dispatch(wait=50.0)
+        handle.dispatch(late)
+        forward = lambda m: isinstance(getattr(m, "request", None), Forward)  # noqa: E731
+        cast = await otp.receive(forward, timeout=5)
+        assert cast.request.dispatch.task == late.task
+        down = await otp.receive(lambda m: isinstance(m, otp.Down), timeout=5)
+        assert down.ref == ref and down.reason == otp.NORMAL
+        handle.dispatch(dispatch())
+        assert handle.state is not None and handle.state.received == 1
+
+
+async def test_a_queue_failing_on_a_dispatch_handed_to_it_ends_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A queue that fails on a dispatch handed to it ends with the error, as it would in its
+    own task; the caller (here the engine's stand-in) goes on."""
+
+    @attrs.define(eq=False)
+    class BrokenStream:
+        def offer(self, offer: Offer) -> None:
+            raise RuntimeError("broken")
+
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)  # (the queue is linked to its starter)
+        me = otp.self()
+        handle = QueueHandle()
+        queue = await start_queue("flow", "Greet", MatchingLimits(), me, handle)
+        ref = otp.monitor(queue)
+        otp.send(queue, StreamIdle(me, "w1", CAPS, BrokenStream()))
+        await trio.testing.wait_all_tasks_blocked()
+        handle.dispatch(dispatch())
+        down = await otp.receive(lambda m: isinstance(m, otp.Down), timeout=5)
+        assert down.ref == ref and down.reason == ("queue_failed", "RuntimeError('broken')")
 
 
 # -- losing streams -------------------------------------------------------------------------
