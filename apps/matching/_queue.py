@@ -285,6 +285,7 @@ class Queue(otp.GenServer):
         elif kind is StopIdle:
             # (a dispatch sent straight to it may have come after it said it was unused: it
             # goes back to the matcher, and the engine forgets it was here on this normal exit)
+            state.stopped = True
             _carry_out(state, book.hand_back())
             return otp.Stop(otp.NORMAL, state)
         else:
