@@ -797,6 +797,81 @@ async def test_a_dispatch_handed_to_a_queue_told_to_stop_goes_back_to_the_matche
         assert handle.state is not None and handle.state.received == 1
 
 
+async def _queue_with_stream() -> tuple[QueueHandle, FakeConn, StreamHandle]:
+    """A queue started with its handle (this process its matcher), and a stream of a silent
+    worker (this process its connection) idle in it, the queue's handle given to it."""
+    me = otp.self()
+    handle = QueueHandle()
+    queue = await start_queue("flow", "Greet", MatchingLimits(), me, handle)
+    conn = FakeConn("w1", silent)
+    stream = open_stream(conn, 1, "w1", CAPS, queue, matcher=me, notices=FreedNotices())
+    conn.stream = stream.pid
+    await trio.testing.wait_all_tasks_blocked()
+    assert stream.state.queue_handle is handle  # (given as the queue heard of the stream)
+    return handle, conn, stream
+
+
+def _states(handle: QueueHandle) -> tuple[int, int, int]:
+    """The queue's streams idle, offered and busy now (read without yielding)."""
+    assert handle.state is not None
+    stats = handle.state.book.statistics()
+    return stats.idle, stats.offered, stats.busy
+
+
+async def test_a_streams_messages_are_handed_to_its_queue_once_the_queue_knows_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Once the queue has heard of a stream (its first ``StreamIdle``, by message), what the
+    stream tells it is handled in the stream's caller's task: a call's end frees the stream
+    in the queue before the connection's reader yields, and a decline too."""
+    async with otp.open_node():
+        handle, conn, stream = await _queue_with_stream()
+        d = dispatch()
+        handle.dispatch(d)
+        assert [t.delivery for t in conn.tasks()] == [d.task.delivery]
+        assert _states(handle) == (0, 1, 0)
+        delivery = d.task.delivery
+        stream.deliver_served(
+            wire.MatchAccept(delivery, rid=1), wire.MatchResult(delivery, "hi", rid=1)
+        )
+        assert _states(handle) == (1, 0, 0)
+        assert (await otp.receive(lambda m: isinstance(m, Completed), timeout=0)).value == "hi"
+        d = dispatch()
+        handle.dispatch(d)
+        stream.deliver(wire.MatchAccept(d.task.delivery, rid=1))
+        assert _states(handle) == (0, 0, 1)
+        stream.deliver(wire.MatchResult(d.task.delivery, "hi", rid=1))
+        assert _states(handle) == (1, 0, 0)
+        declined = dispatch(wait=5.0)
+        handle.dispatch(declined)
+        stream.deliver(wire.MatchDecline(declined.task.delivery, "no_capacity", "", rid=1))
+        assert handle.state is not None and handle.state.book.statistics().waiting == 1
+        assert handle.state.mailed == {}
+
+
+async def test_a_stream_answering_its_queue_while_the_queue_works_is_heard_after(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A stream that answers an offer while the queue is still making it (a task it cannot
+    write is taken and failed at once) tells the queue by message, and so does the stream
+    until the queue has heard those: the queue takes them in their order, after it is done."""
+    async with otp.open_node():
+        handle, conn, stream = await _queue_with_stream()
+        assert handle.state is not None
+        d = dispatch()
+        bad = attrs.evolve(d, task=attrs.evolve(d.task, flow_id=""))  # (wire refuses it)
+        handle.dispatch(bad)
+        assert handle.state.mailed == {stream.pid: 2}  # (its Accepted, then its StreamIdle)
+        assert _states(handle) == (0, 1, 0)
+        failed = await otp.receive(lambda m: isinstance(m, Failed), timeout=0)
+        assert failed.delivery == bad.task.delivery
+        await trio.testing.wait_all_tasks_blocked()
+        assert handle.state.mailed == {} and _states(handle) == (1, 0, 0)
+        good = dispatch()
+        handle.dispatch(good)
+        assert [t.delivery for t in conn.tasks()] == [good.task.delivery]
+
+
 async def test_a_queue_failing_on_a_dispatch_handed_to_it_ends_alone(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -805,6 +880,9 @@ async def test_a_queue_failing_on_a_dispatch_handed_to_it_ends_alone(
 
     @attrs.define(eq=False)
     class BrokenStream:
+        def bind_queue(self, queue_handle: QueueHandle) -> None:
+            pass
+
         def offer(self, offer: Offer) -> None:
             raise RuntimeError("broken")
 
