@@ -63,7 +63,7 @@ from apps.matching._errors import (
 from apps.matching._matcher import MATCHER
 from apps.matching._matcher_routes import publish_route, routes_table
 from apps.matching._model import FlowDescription, FlowStatus, FlowSummary
-from apps.matching._store import SERVER_NAME, StoreServer
+from apps.matching._store import SERVER_NAME, StoreConflict, StoreServer
 from otp import ets
 
 from ._stores import StoreKind
@@ -84,6 +84,8 @@ class GatedStore:
         self.store = store
         #: Every batch committed, in order.
         self.batches: list[Any] = []
+        #: Flows whose next batch is refused as another server's conflict (then forgotten).
+        self.conflicts: set[str] = set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -91,6 +93,11 @@ class GatedStore:
     async def commit_many(self, batches: Sequence[Any]) -> Any:
         if self.gate is not None:
             await self.gate.wait()
+        for flow_id in list(self.conflicts):
+            if any(r.flow_id == flow_id for b in batches for r in b.flows_upserted):
+                self.conflicts.discard(flow_id)
+                conflict = StoreConflict("another server wrote it", details={"flow_id": flow_id})
+                return [conflict] * len(batches)
         self.batches += batches
         return await self.store.commit_many(batches)
 
@@ -1051,6 +1058,23 @@ async def test_result_of_a_flow_that_ended_here_is_answered_without_reading_the_
                 await FlowEngine.result("g")
         store.gate.set()
         assert await outcome(started) == "h"
+
+
+async def test_result_of_a_flow_whose_end_another_server_refused_is_not_kept(
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
+) -> None:
+    """An end whose commit was refused for a conflict (another server took the flow over) is
+    not kept for ``result``: the flow is that server's, and so is its answer (here, on one
+    store, this engine takes the flow back from the store, its step not done)."""
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]) as store:
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        (_, d), *_ = await dispatches()
+        store.conflicts.add("f")
+        otp.send(ENGINE, Completed(d.task.delivery, "w1", 42, {}))
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await FlowEngine.statistics()).moved == 1
+        with pytest.raises(CallTimeout, match="still running"):
+            await FlowEngine.result("f", 1.0)
 
 
 async def test_result_raises_call_timeout_when_its_timeout_passes(
