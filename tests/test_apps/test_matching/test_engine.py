@@ -35,6 +35,7 @@ from apps.matching._dispatch import (
     ErrorInfo,
     Failed,
     Lost,
+    MatchingLimits,
     NotDispatched,
     Routed,
     Task,
@@ -63,6 +64,7 @@ from apps.matching._errors import (
 from apps.matching._matcher import MATCHER
 from apps.matching._matcher_routes import publish_route, routes_table
 from apps.matching._model import FlowDescription, FlowStatus, FlowSummary
+from apps.matching._queue import QueueHandle, start_queue
 from apps.matching._store import SERVER_NAME, StoreConflict, StoreServer
 from otp import ets
 
@@ -626,6 +628,34 @@ async def test_a_step_sent_straight_to_a_queue_that_dies_is_dispatched_again_as_
     reasons = [(d["queue"], d["reason"], d["worker_id"]) for d in described.dispatches]
     assert reasons[:2] == [("flow:T", "flow_queue", None), ("flow:T", "redispatch_lost", "flow:T")]
     assert f"queue flow:T went down (killed) with delivery {sent.task.delivery}" in caplog.text
+
+
+async def test_a_step_handed_to_a_queue_that_dies_is_dispatched_again_as_the_same_attempt(
+    store_kind: StoreKind, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A queue published with its handle (as the matcher publishes them) is handed the
+    # dispatch, which waits in it (no stream); the queue dies: Lost before output, as a
+    # dispatch sent to it by message would be.
+    async with otp.open_node(), server(store_kind, by_step(a=[ok("x")])):
+        handle = QueueHandle()
+        queue = await start_queue("flow", "T", MatchingLimits(), MATCHER, handle)
+        otp.unlink(queue)
+        routes = ets.new(routes_table(MATCHER), named=True)
+        publish_route(routes, "flow:T", queue, handle)
+        await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=1)), "f")
+        assert handle.state is not None and handle.state.book.statistics().waiting == 1
+        assert await dispatches() == []
+        ets.delete(routes, "flow:T")  # (as the matcher does when it hears of the death)
+        otp.exit(queue, otp.KILL)
+        with trio.fail_after(60):
+            assert await FlowEngine.result("f") == "x"
+        log = [d for _, d in await dispatches()]
+        described = await describe("f")
+    assert [d.task.attempt for d in log] == [1]
+    assert [(a["attempt"], a["status"]) for a in described.attempts] == [(1, "completed")]
+    reasons = [(d["queue"], d["reason"]) for d in described.dispatches]
+    assert reasons[:2] == [("flow:T", "flow_queue"), ("flow:T", "redispatch_lost")]
+    assert "queue flow:T went down (killed) with delivery" in caplog.text
 
 
 def forwarded(node: str, worker: str) -> Any:
