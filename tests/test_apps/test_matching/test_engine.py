@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -603,47 +604,33 @@ async def _holds_what_it_gets(test: otp.Pid) -> None:
         otp.send(test, ("queued", await otp.receive()))
 
 
+@pytest.mark.parametrize("handed", [False, True], ids=["sent", "handed_over"])
 async def test_a_step_sent_straight_to_a_queue_that_dies_is_dispatched_again_as_the_same_attempt(
-    store_kind: StoreKind, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+    store_kind: StoreKind,
+    caplog: pytest.LogCaptureFixture,
+    autojump_clock: trio.testing.MockClock,
+    handed: bool,
 ) -> None:
     # The matcher publishes the queues a fresh dispatch goes to (``_matcher_routes``): the
     # engine sends there without waking it, and watches the queue; one that dies with the
-    # dispatch in it makes it Lost before output.
+    # dispatch in it makes it Lost before output. Sent to a stand-in that keeps it, or handed
+    # over to a queue published with its handle (as the matcher publishes them), where it
+    # waits (no stream).
     async with otp.open_node(), server(store_kind, by_step(a=[ok("x")])):
-        queue = otp.spawn(_holds_what_it_gets, otp.self())
-        routes = ets.new(routes_table(MATCHER), named=True)
-        publish_route(routes, "flow:T", queue)
-        await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=1)), "f")
-        _, sent = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "queued")
-        assert isinstance(sent, Dispatch) and await dispatches() == []
-        ets.delete(routes, "flow:T")  # (as the matcher does when it hears of the death)
-        otp.exit(queue, otp.KILL)
-        with trio.fail_after(60):
-            assert await FlowEngine.result("f") == "x"
-        log = [d for _, d in await dispatches()]
-        described = await describe("f")
-    assert [d.task.attempt for d in log] == [1]
-    assert log[0].task.delivery != sent.task.delivery
-    assert [(a["attempt"], a["status"]) for a in described.attempts] == [(1, "completed")]
-    reasons = [(d["queue"], d["reason"], d["worker_id"]) for d in described.dispatches]
-    assert reasons[:2] == [("flow:T", "flow_queue", None), ("flow:T", "redispatch_lost", "flow:T")]
-    assert f"queue flow:T went down (killed) with delivery {sent.task.delivery}" in caplog.text
-
-
-async def test_a_step_handed_to_a_queue_that_dies_is_dispatched_again_as_the_same_attempt(
-    store_kind: StoreKind, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
-) -> None:
-    # A queue published with its handle (as the matcher publishes them) is handed the
-    # dispatch, which waits in it (no stream); the queue dies: Lost before output, as a
-    # dispatch sent to it by message would be.
-    async with otp.open_node(), server(store_kind, by_step(a=[ok("x")])):
-        handle = QueueHandle()
-        queue = await start_queue("flow", "T", MatchingLimits(), MATCHER, handle)
-        otp.unlink(queue)
+        handle = QueueHandle() if handed else None
+        if handle is not None:
+            queue = await start_queue("flow", "T", MatchingLimits(), MATCHER, handle)
+            otp.unlink(queue)
+        else:
+            queue = otp.spawn(_holds_what_it_gets, otp.self())
         routes = ets.new(routes_table(MATCHER), named=True)
         publish_route(routes, "flow:T", queue, handle)
         await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=1)), "f")
-        assert handle.state is not None and handle.state.book.statistics().waiting == 1
+        if handle is None:
+            _, sent = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "queued")
+            assert isinstance(sent, Dispatch)
+        else:
+            assert handle.state is not None and handle.state.book.statistics().waiting == 1
         assert await dispatches() == []
         ets.delete(routes, "flow:T")  # (as the matcher does when it hears of the death)
         otp.exit(queue, otp.KILL)
@@ -651,11 +638,15 @@ async def test_a_step_handed_to_a_queue_that_dies_is_dispatched_again_as_the_sam
             assert await FlowEngine.result("f") == "x"
         log = [d for _, d in await dispatches()]
         described = await describe("f")
+    lost = re.search(r"queue flow:T went down \(killed\) with delivery (\d+)", caplog.text)
+    assert lost is not None
+    if handle is None:
+        assert int(lost[1]) == sent.task.delivery
     assert [d.task.attempt for d in log] == [1]
+    assert log[0].task.delivery != int(lost[1])
     assert [(a["attempt"], a["status"]) for a in described.attempts] == [(1, "completed")]
-    reasons = [(d["queue"], d["reason"]) for d in described.dispatches]
-    assert reasons[:2] == [("flow:T", "flow_queue"), ("flow:T", "redispatch_lost")]
-    assert "queue flow:T went down (killed) with delivery" in caplog.text
+    reasons = [(d["queue"], d["reason"], d["worker_id"]) for d in described.dispatches]
+    assert reasons[:2] == [("flow:T", "flow_queue", None), ("flow:T", "redispatch_lost", "flow:T")]
 
 
 def forwarded(node: str, worker: str) -> Any:
