@@ -51,7 +51,7 @@ class DirectDeliveries:
         if found is None:
             otp.cast(self.matcher, dispatch)
             return None
-        pid, routed = found
+        pid, handle, routed = found
         delivery = routed.delivery
         where = self.where
         where[delivery] = (pid, routed.queue)
@@ -63,10 +63,13 @@ class DirectDeliveries:
             # Deliveries that ended are forgotten now and then, not one by one (an outcome
             # needs no look-up here).
             self.where = {d: w for d, w in where.items() if d in in_flight}
-        otp.send(pid, dispatch)
+        if handle is not None:
+            handle.dispatch(dispatch)  # (its queue's handling, here when it is free)
+        else:
+            otp.send(pid, dispatch)
         return routed
 
-    def _route(self, dispatch: Dispatch) -> tuple[otp.Pid, Routed] | None:
+    def _route(self, dispatch: Dispatch) -> tuple[otp.Pid, Any, Routed] | None:
         table = self.table
         if table is None:
             name = routes_table(self.matcher)
@@ -91,7 +94,8 @@ class DirectDeliveries:
             return None
         if not found:
             return None
-        return found[0][1], Routed(dispatch.task.delivery, key, reason, sticky)
+        _, pid, handle = found[0]
+        return pid, handle, Routed(dispatch.task.delivery, key, reason, sticky)
 
     def routed(self, routed: Routed) -> None:
         """Note a routing decision that came by message: a dispatch sent straight to a queue

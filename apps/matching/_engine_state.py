@@ -72,6 +72,8 @@ DEFAULT_TIMEOUT = 30.0
 CALL_MARGIN = 30.0
 #: Most flows one ``list_flows`` returns.
 MAX_LIST_LIMIT = 10_000
+#: How many ended flows' answers to ``result`` the engine keeps (``_State.ended``).
+MAX_ENDED = 256
 _RUNNING = "running"
 
 
@@ -377,6 +379,10 @@ class _State:
     #: Flow type -> the definition a client sent last and what it parsed to: a client sends
     #: its type's definition with every ``start_flow``, and comparing is cheaper than parsing.
     parsed: dict[str, tuple[Any, FlowSpec]] = attrs.field(factory=dict)
+    #: Flow id -> the answer to ``result`` of a flow that ended here, its end committed (the
+    #: newest ``MAX_ENDED``): a lone caller's ``result`` often comes after its short flow
+    #: ended and was let go, and needs no read of the store then.
+    ended: dict[str, Any] = attrs.field(factory=dict)
     #: The processes waiting in ``result``, and their monitors (``_engine_waiters``).
     callers: dict[otp.Pid, _Caller] = attrs.field(factory=dict)
     caller_refs: dict[otp.Ref, otp.Pid] = attrs.field(factory=dict)

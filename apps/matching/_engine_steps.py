@@ -30,6 +30,7 @@ from ._engine_ids import new_flow_id
 from ._engine_kinds import EngineKinds
 from ._engine_state import (
     _RUNNING,
+    MAX_ENDED,
     _check_id,
     _check_timeout,
     _err,
@@ -199,9 +200,12 @@ class EngineSteps(EngineKinds):
             self._pending_put(state, flow)
 
         def started() -> None:
+            # The first step first: its TASK then goes out ahead of the reply (in the same
+            # write batch), so a lone caller's Step is not queued behind its reply's write and
+            # the caller's wake-up (issue 15).
+            self._advance(state, flow)
             if from_ is not None:
                 otp.reply(from_, _ok(flow_id))
-            self._advance(state, flow)
             if not flow.running and parent is not None:
                 self._child_ended(state, flow)  # (a child without steps)
 
@@ -215,6 +219,9 @@ class EngineSteps(EngineKinds):
         flow = state.flows.get(flow_id)
         if flow is not None and flow.running:
             watch_waiter(state, flow, from_, timeout)  # (the common case: ``then``'s last arm)
+            return
+        if flow is None and (answer := state.ended.get(flow_id)) is not None:
+            otp.reply(from_, answer)  # (it ended here, and that is committed)
             return
         request = (from_, marked(("result", flow_id, timeout), forwarded))
 
@@ -281,6 +288,11 @@ class EngineSteps(EngineKinds):
         """Answer the flow's waiters, and its parent if a SubFlow step started it (it has
         ended, and that is committed)."""
         answer = _outcome_of(flow)
+        if not flow.moved:  # (else that end was refused: another server holds the flow)
+            ended = state.ended
+            ended[flow.flow_id] = answer
+            if len(ended) > MAX_ENDED:
+                del ended[next(iter(ended))]
         waiters, flow.waiters = flow.waiters, {}
         for key, waiter in waiters.items():
             forget_waiter(state, key, waiter)

@@ -42,7 +42,7 @@ from ._matcher_checks import check_registration as _check_registration
 from ._matcher_checks import reject as _reject
 from ._matcher_remote import HandOff, RemoteQueues, joined_flow_type
 from ._matcher_routes import open_routes, publish_route
-from ._queue import Forward, Queue, QueueIdle, StopIdle, queue_spec
+from ._queue import Forward, Queue, QueueHandle, QueueIdle, StopIdle, queue_spec
 from ._queue_book import QueueStatistics
 
 __all__ = [
@@ -113,6 +113,8 @@ class _State:
     queues_sup: Any
     queues: dict[str, otp.Pid] = attrs.Factory(dict)
     queue_names: dict[otp.Pid, str] = attrs.Factory(dict)
+    #: Each queue's handle, published with its direct route (``QueueHandle``).
+    queue_handles: dict[otp.Pid, QueueHandle] = attrs.Factory(dict)
     queue_refs: dict[otp.Ref, otp.Pid] = attrs.Factory(dict)
     #: Dispatches sent to each queue (``QueueIdle.received`` tells whether all arrived).
     queue_sent: dict[otp.Pid, int] = attrs.Factory(dict)
@@ -284,6 +286,7 @@ class Matcher(otp.GenServer):
             elif ref in state.queue_refs:
                 pid = state.queue_refs.pop(ref)
                 queue_name = state.queue_names.pop(pid, None)
+                state.queue_handles.pop(pid, None)
                 state.queue_sent.pop(pid, None)
                 if queue_name is not None and state.queues.get(queue_name) == pid:
                     del state.queues[queue_name]
@@ -376,7 +379,8 @@ class Matcher(otp.GenServer):
                     " matching.max_flow_types",
                     permanent=True,
                 )
-        spec = queue_spec(kind, name, limits, otp.self())
+        handle = QueueHandle()
+        spec = queue_spec(kind, name, limits, otp.self(), handle)
         result = await supervisors.start_child(state.queues_sup, spec)
         if not (isinstance(result, tuple) and result[0] == "ok"):
             logger.error("matching: queue %s could not start: %r", queue_name, result)
@@ -388,6 +392,7 @@ class Matcher(otp.GenServer):
         pid = result[1]
         state.queues[queue_name] = pid
         state.queue_names[pid] = queue_name
+        state.queue_handles[pid] = handle
         state.queue_refs[otp.monitor(pid)] = pid
         return pid
 
@@ -507,7 +512,8 @@ class Matcher(otp.GenServer):
             worker = state.workers.get(queue_name[len("worker:") :])
             if worker is None or worker.draining:
                 pid = None
-        publish_route(state.routes, queue_name, pid)
+        handle = None if pid is None else state.queue_handles.get(pid)
+        publish_route(state.routes, queue_name, pid, handle)
 
     def _joined(self, state: _State, message: otp.pg.PgJoin) -> None:
         """Another server's matcher has streams for a flow type: what waits here for want of

@@ -4,9 +4,11 @@ waking the matcher (issue 15: the matcher's wake-up was a hop on every Step's an
 The matcher publishes, in an ``otp.ets`` table named after it (``routes_table``), the queues it
 would send a fresh dispatch straight to: a sticky worker's queue while that worker has a stream
 there and is not draining (``worker:<id>``), and a flow type's queue while it has a stream
-(``flow:<type>``). Every other case (no such stream, exclusions, another server's streams,
-bad names) still goes through the matcher, which applies the seed's rules as before. Erlang's
-``pg`` and ``global`` publish their state the same way, for reads that wake nobody.
+(``flow:<type>``), each with the queue's ``QueueHandle`` (the engine hands its dispatches
+over rather than sending them, see ``_queue``). Every other case (no such stream,
+exclusions, another server's streams, bad names) still goes through the matcher, which
+applies the seed's rules as before. Erlang's ``pg`` and ``global`` publish their state the
+same way, for reads that wake nobody.
 
 The engine's side (what it sends straight, and the queues it watches for it) is
 ``_engine_direct``.
@@ -18,6 +20,8 @@ from typing import Any
 
 import otp
 from otp import ets
+
+from ._queue import QueueHandle
 
 __all__ = ["open_routes", "publish_route", "routes_table"]
 
@@ -37,11 +41,14 @@ def open_routes(matcher_name: str | None) -> Any:
     return ets.new(name, type=ets.SET, access=ets.PROTECTED, named=True)
 
 
-def publish_route(table: Any, queue_name: str, pid: otp.Pid | None) -> None:
-    """(In the matcher.) ``queue_name`` is a direct route to ``pid`` now, or none (None)."""
+def publish_route(
+    table: Any, queue_name: str, pid: otp.Pid | None, handle: QueueHandle | None = None
+) -> None:
+    """(In the matcher.) ``queue_name`` is a direct route to ``pid`` now (its dispatches handed
+    to ``handle``, else sent), or none (None)."""
     if table is None:
         return
     if pid is None:
         ets.delete(table, queue_name)
     else:
-        ets.insert(table, (queue_name, pid))
+        ets.insert(table, (queue_name, pid, handle))

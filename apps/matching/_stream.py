@@ -131,6 +131,8 @@ class _Stream:
     ended: bool = False
     #: Its handle (given to its queue in ``StreamIdle``, so offers are handed over too).
     handle: StreamHandle | None = None
+    #: Its queue's handle, once the queue gave it (what it tells the queue is handed over).
+    queue_handle: Any = None
     #: The trio run's clock (``trio.current_time`` without its two calls on the way).
     clock: Callable[[], float] = attrs.Factory(lambda: trio.lowlevel.current_clock().current_time)
 
@@ -171,6 +173,11 @@ class StreamHandle:
             otp.send(self.pid, frame)
             return
         self._take(frame)
+
+    def bind_queue(self, queue_handle: Any) -> None:
+        """(From its queue, as it first hears of the stream.) What the stream tells the queue
+        from now on goes to ``queue_handle`` (``_queue.QueueHandle.from_stream``)."""
+        self.state.queue_handle = queue_handle
 
     def offer(self, offer: Offer) -> None:
         """Hand over an offer (from the queue). A stream whose connection is doomed gets it
@@ -303,6 +310,16 @@ def _mailed(state: _Stream, message: Any) -> None:
     _handle(state, message)
 
 
+def _tell_queue(state: _Stream, message: Any) -> None:
+    """Tell the stream's queue ``message``: handed over once the queue gave its handle (its
+    first ``StreamIdle``, which has the queue monitor the stream, is sent)."""
+    queue_handle = state.queue_handle
+    if queue_handle is None:
+        otp.send(state.queue, message)
+    else:
+        queue_handle.from_stream(message)
+
+
 def _close(state: _Stream) -> None:
     state.conn.send_message(wire.MatchClose(rid=state.stream_id))
 
@@ -350,7 +367,7 @@ def _deadline_passed(state: _Stream) -> None:
                 state.stream_id,
                 limits.peer_timeout,
             )
-            otp.send(state.queue, StreamGone(state.me))
+            _tell_queue(state, StreamGone(state.me))
             _close(state)
             raise _End
         if now >= state.next_ping:
@@ -367,7 +384,7 @@ def _deadline_passed(state: _Stream) -> None:
                 state.stream_id,
                 limits.peer_timeout,
             )
-            otp.send(state.queue, StreamGone(state.me))
+            _tell_queue(state, StreamGone(state.me))
             _close(state)
             raise _End
     elif now >= state.last_heard + limits.peer_timeout:
@@ -418,10 +435,10 @@ def _handle(state: _Stream, message: Any) -> None:
         elif kind is wire.MatchDecline and message.delivery == offered.task.delivery:
             state.offered = None
             # (its connection noted a capacity decline in its FreedNotices as it read it)
-            otp.send(state.queue, Declined(state.me, offered.task.delivery, message.reason))
+            _tell_queue(state, Declined(state.me, offered.task.delivery, message.reason))
             _to_idle(state)
         elif kind is wire.MatchClose:
-            otp.send(state.queue, StreamGone(state.me))
+            _tell_queue(state, StreamGone(state.me))
             raise _End
     elif phase is _BUSY:
         call = state.call
@@ -434,7 +451,7 @@ def _handle(state: _Stream, message: Any) -> None:
         elif kind is wire.MatchClose:
             raise _End  # the exit hook reports Lost
     elif kind is wire.MatchClose:
-        otp.send(state.queue, StreamGone(state.me))
+        _tell_queue(state, StreamGone(state.me))
         raise _End
 
 
@@ -510,13 +527,13 @@ def _offer(state: _Stream, dispatch: Dispatch, queue: str) -> None:
         )
     except wire.WireError as exc:
         # The engine's task is not writable: it fails (the stream itself is fine).
-        otp.send(state.queue, Accepted(state.me, delivery))
+        _tell_queue(state, Accepted(state.me, delivery))
         otp.send(
             dispatch.reply_to,
             Failed(delivery, state.worker_id, ErrorInfo("InvalidTask", str(exc), False)),
         )
         _to_idle(state)
-        otp.send(state.queue, StreamIdle(state.me, state.worker_id, state.caps, state.handle))
+        _tell_queue(state, StreamIdle(state.me, state.worker_id, state.caps, state.handle))
         return
     state.conn.send_message(frame)
     state.phase = _OFFERED
@@ -535,7 +552,7 @@ def _accepted(state: _Stream, dispatch: Dispatch) -> None:
     state.phase = _BUSY
     routed = Routed(delivery, state.offered_by, "delivered", state.worker_id, state.me)
     otp.send(dispatch.reply_to, routed)
-    otp.send(state.queue, Accepted(state.me, delivery))
+    _tell_queue(state, Accepted(state.me, delivery))
     # (the scope's deadline stands: the offer was due by then, see _to_idle)
 
 
@@ -549,7 +566,7 @@ def _call_over(state: _Stream, accepted: int | None = None, now: float | None = 
             notices.declined = False
         otp.cast(state.matcher, WorkerFreed(state.worker_id))
     _to_idle(state, now)
-    otp.send(state.queue, StreamIdle(state.me, state.worker_id, state.caps, state.handle, accepted))
+    _tell_queue(state, StreamIdle(state.me, state.worker_id, state.caps, state.handle, accepted))
 
 
 def _refuse(state: _Stream, dispatch: Dispatch) -> None:
@@ -560,7 +577,7 @@ def _refuse(state: _Stream, dispatch: Dispatch) -> None:
         state.worker_id,
         dispatch.task.delivery,
     )
-    otp.send(state.queue, Declined(state.me, dispatch.task.delivery, "no_capacity"))
+    _tell_queue(state, Declined(state.me, dispatch.task.delivery, "no_capacity"))
 
 
 def _cannot_cross(exc: otp.BadArg) -> ErrorInfo:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -35,6 +36,7 @@ from apps.matching._dispatch import (
     ErrorInfo,
     Failed,
     Lost,
+    MatchingLimits,
     NotDispatched,
     Routed,
     Task,
@@ -61,9 +63,10 @@ from apps.matching._errors import (
     UnknownName,
 )
 from apps.matching._matcher import MATCHER
-from apps.matching._matcher_routes import routes_table
+from apps.matching._matcher_routes import publish_route, routes_table
 from apps.matching._model import FlowDescription, FlowStatus, FlowSummary
-from apps.matching._store import SERVER_NAME, StoreServer
+from apps.matching._queue import QueueHandle, start_queue
+from apps.matching._store import SERVER_NAME, StoreConflict, StoreServer
 from otp import ets
 
 from ._stores import StoreKind
@@ -84,6 +87,8 @@ class GatedStore:
         self.store = store
         #: Every batch committed, in order.
         self.batches: list[Any] = []
+        #: Flows whose next batch is refused as another server's conflict (then forgotten).
+        self.conflicts: set[str] = set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -91,6 +96,11 @@ class GatedStore:
     async def commit_many(self, batches: Sequence[Any]) -> Any:
         if self.gate is not None:
             await self.gate.wait()
+        for flow_id in list(self.conflicts):
+            if any(r.flow_id == flow_id for b in batches for r in b.flows_upserted):
+                self.conflicts.discard(flow_id)
+                conflict = StoreConflict("another server wrote it", details={"flow_id": flow_id})
+                return [conflict] * len(batches)
         self.batches += batches
         return await self.store.commit_many(batches)
 
@@ -594,31 +604,49 @@ async def _holds_what_it_gets(test: otp.Pid) -> None:
         otp.send(test, ("queued", await otp.receive()))
 
 
+@pytest.mark.parametrize("handed", [False, True], ids=["sent", "handed_over"])
 async def test_a_step_sent_straight_to_a_queue_that_dies_is_dispatched_again_as_the_same_attempt(
-    store_kind: StoreKind, caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+    store_kind: StoreKind,
+    caplog: pytest.LogCaptureFixture,
+    autojump_clock: trio.testing.MockClock,
+    handed: bool,
 ) -> None:
     # The matcher publishes the queues a fresh dispatch goes to (``_matcher_routes``): the
     # engine sends there without waking it, and watches the queue; one that dies with the
-    # dispatch in it makes it Lost before output.
+    # dispatch in it makes it Lost before output. Sent to a stand-in that keeps it, or handed
+    # over to a queue published with its handle (as the matcher publishes them), where it
+    # waits (no stream).
     async with otp.open_node(), server(store_kind, by_step(a=[ok("x")])):
-        queue = otp.spawn(_holds_what_it_gets, otp.self())
+        handle = QueueHandle() if handed else None
+        if handle is not None:
+            queue = await start_queue("flow", "T", MatchingLimits(), MATCHER, handle)
+            otp.unlink(queue)
+        else:
+            queue = otp.spawn(_holds_what_it_gets, otp.self())
         routes = ets.new(routes_table(MATCHER), named=True)
-        ets.insert(routes, ("flow:T", queue))
+        publish_route(routes, "flow:T", queue, handle)
         await FlowEngine.start_flow("T", [], definition(step("a", max_attempts=1)), "f")
-        _, sent = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "queued")
-        assert isinstance(sent, Dispatch) and await dispatches() == []
+        if handle is None:
+            _, sent = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "queued")
+            assert isinstance(sent, Dispatch)
+        else:
+            assert handle.state is not None and handle.state.book.statistics().waiting == 1
+        assert await dispatches() == []
         ets.delete(routes, "flow:T")  # (as the matcher does when it hears of the death)
         otp.exit(queue, otp.KILL)
         with trio.fail_after(60):
             assert await FlowEngine.result("f") == "x"
         log = [d for _, d in await dispatches()]
         described = await describe("f")
+    lost = re.search(r"queue flow:T went down \(killed\) with delivery (\d+)", caplog.text)
+    assert lost is not None
+    if handle is None:
+        assert int(lost[1]) == sent.task.delivery
     assert [d.task.attempt for d in log] == [1]
-    assert log[0].task.delivery != sent.task.delivery
+    assert log[0].task.delivery != int(lost[1])
     assert [(a["attempt"], a["status"]) for a in described.attempts] == [(1, "completed")]
     reasons = [(d["queue"], d["reason"], d["worker_id"]) for d in described.dispatches]
     assert reasons[:2] == [("flow:T", "flow_queue", None), ("flow:T", "redispatch_lost", "flow:T")]
-    assert f"queue flow:T went down (killed) with delivery {sent.task.delivery}" in caplog.text
 
 
 def forwarded(node: str, worker: str) -> Any:
@@ -1027,6 +1055,47 @@ async def test_result_waiters_all_get_the_result_once_the_flow_ends(store_kind: 
         otp.send(ENGINE, Completed(d.task.delivery, "w1", 42, {}))
         assert [await outcome(tag) for tag in tags] == [42, 42, 42]
         assert await FlowEngine.result("f") == 42
+
+
+async def test_result_of_a_flow_that_ended_here_is_answered_without_reading_the_store(
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A ``result`` asked after its flow ended and was let go (a lone caller's short flow has
+    often ended by then) is answered from what the engine kept of that end, even while a
+    commit is in flight (a read of the store waits for that commit); a failure too."""
+    script = by_step(a=[ok("x")], b=[fail("Fatal", "no", retryable=False)])
+    async with otp.open_node(), server(store_kind, script) as store:
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        await FlowEngine.start_flow("T", [], definition(step("b")), "g")
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await FlowEngine.statistics()).flows_resident == 0
+        store.gate = trio.Event()  # every commit waits from now on
+        started = await spawn_call(FlowEngine.start_flow, "T", [], definition(step("a")), "h")
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await FlowEngine.statistics()).commit_in_flight is True
+        with trio.fail_after(1):
+            assert await FlowEngine.result("f") == "x"
+            with pytest.raises(FlowFailed, match="Fatal: no"):
+                await FlowEngine.result("g")
+        store.gate.set()
+        assert await outcome(started) == "h"
+
+
+async def test_result_of_a_flow_whose_end_another_server_refused_is_not_kept(
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
+) -> None:
+    """An end whose commit was refused for a conflict (another server took the flow over) is
+    not kept for ``result``: the flow is that server's, and so is its answer (here, on one
+    store, this engine takes the flow back from the store, its step not done)."""
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]) as store:
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        (_, d), *_ = await dispatches()
+        store.conflicts.add("f")
+        otp.send(ENGINE, Completed(d.task.delivery, "w1", 42, {}))
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await FlowEngine.statistics()).moved == 1
+        with pytest.raises(CallTimeout, match="still running"):
+            await FlowEngine.result("f", 1.0)
 
 
 async def test_result_raises_call_timeout_when_its_timeout_passes(

@@ -45,7 +45,7 @@ from apps.matching._matcher import (
     statistics,
     submit,
 )
-from apps.matching._queue import Queue, QueueIdle, start_queue
+from apps.matching._queue import Forward, Queue, QueueHandle, QueueIdle, StopIdle, start_queue
 from apps.matching._stream import FreedNotices, StreamHandle, open_stream
 
 CAPS = Capabilities({"Greet": ({"write"}, {"read"})})
@@ -746,6 +746,157 @@ async def test_a_stream_failing_on_what_is_handed_over_ends_alone(
         assert down.ref == ref and down.reason == ("stream_failed", "RuntimeError('broken')")
         exit_ = await otp.receive(lambda m: isinstance(m, otp.Exit), timeout=0)
         assert exit_.pid == handle.pid
+
+
+async def test_a_dispatch_handed_to_its_queue_is_handled_in_the_callers_task(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``QueueHandle.dispatch`` (the engine's direct route): the queue's handling runs at once
+    in the caller's task, without waking the queue: the offer is made before it returns; one
+    that waits is timed by the queue's own timer, as if it had come by message."""
+    async with otp.open_node():
+        me = otp.self()  # (it stands for the matcher and for the queue's one stream)
+        handle = QueueHandle()
+        queue = await start_queue("flow", "Greet", MatchingLimits(), me, handle)
+        assert handle.pid == queue
+        otp.send(queue, StreamIdle(me, "w1", CAPS))
+        await trio.testing.wait_all_tasks_blocked()
+        d = dispatch()
+        handle.dispatch(d)
+        offer = await otp.receive(lambda m: isinstance(m, Offer), timeout=0, default=None)
+        assert offer is not None and offer.dispatch is d
+        waits = dispatch(wait=5.0)  # (the one stream has its offer: this one waits)
+        handle.dispatch(waits)
+        assert (await Queue.statistics(queue)).waiting == 1
+        final = await otp.receive(lambda m: isinstance(m, NotDispatched), timeout=10)
+        assert final.delivery == waits.task.delivery
+        assert (await Queue.statistics(queue)).waiting == 0
+
+
+async def test_a_dispatch_handed_to_a_queue_told_to_stop_goes_back_to_the_matcher(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Handed over while the queue's ``StopIdle`` still waits in its mailbox, a dispatch is
+    handed back to the matcher when the queue stops, as one that came by message is; once
+    the queue is gone, a dispatch handed to it is sent (and goes nowhere, as before)."""
+    async with otp.open_node():
+        me = otp.self()
+        handle = QueueHandle()
+        queue = await start_queue("flow", "Greet", MatchingLimits(), me, handle)
+        ref = otp.monitor(queue)
+        await trio.testing.wait_all_tasks_blocked()
+        otp.send(queue, StopIdle())
+        late = dispatch(wait=50.0)
+        handle.dispatch(late)
+        forward = lambda m: isinstance(getattr(m, "request", None), Forward)  # noqa: E731
+        cast = await otp.receive(forward, timeout=5)
+        assert cast.request.dispatch.task == late.task
+        down = await otp.receive(lambda m: isinstance(m, otp.Down), timeout=5)
+        assert down.ref == ref and down.reason == otp.NORMAL
+        handle.dispatch(dispatch())
+        assert handle.state is not None and handle.state.received == 1
+
+
+async def _queue_with_stream() -> tuple[QueueHandle, FakeConn, StreamHandle]:
+    """A queue started with its handle (this process its matcher), and a stream of a silent
+    worker (this process its connection) idle in it, the queue's handle given to it."""
+    me = otp.self()
+    handle = QueueHandle()
+    queue = await start_queue("flow", "Greet", MatchingLimits(), me, handle)
+    conn = FakeConn("w1", silent)
+    stream = open_stream(conn, 1, "w1", CAPS, queue, matcher=me, notices=FreedNotices())
+    conn.stream = stream.pid
+    await trio.testing.wait_all_tasks_blocked()
+    assert stream.state.queue_handle is handle  # (given as the queue heard of the stream)
+    return handle, conn, stream
+
+
+def _states(handle: QueueHandle) -> tuple[int, int, int]:
+    """The queue's streams idle, offered and busy now (read without yielding)."""
+    assert handle.state is not None
+    stats = handle.state.book.statistics()
+    return stats.idle, stats.offered, stats.busy
+
+
+async def test_a_streams_messages_are_handed_to_its_queue_once_the_queue_knows_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Once the queue has heard of a stream (its first ``StreamIdle``, by message), what the
+    stream tells it is handled in the stream's caller's task: a call's end frees the stream
+    in the queue before the connection's reader yields, and a decline too."""
+    async with otp.open_node():
+        handle, conn, stream = await _queue_with_stream()
+        d = dispatch()
+        handle.dispatch(d)
+        assert [t.delivery for t in conn.tasks()] == [d.task.delivery]
+        assert _states(handle) == (0, 1, 0)
+        delivery = d.task.delivery
+        stream.deliver_served(
+            wire.MatchAccept(delivery, rid=1), wire.MatchResult(delivery, "hi", rid=1)
+        )
+        assert _states(handle) == (1, 0, 0)
+        assert (await otp.receive(lambda m: isinstance(m, Completed), timeout=0)).value == "hi"
+        d = dispatch()
+        handle.dispatch(d)
+        stream.deliver(wire.MatchAccept(d.task.delivery, rid=1))
+        assert _states(handle) == (0, 0, 1)
+        stream.deliver(wire.MatchResult(d.task.delivery, "hi", rid=1))
+        assert _states(handle) == (1, 0, 0)
+        declined = dispatch(wait=5.0)
+        handle.dispatch(declined)
+        stream.deliver(wire.MatchDecline(declined.task.delivery, "no_capacity", "", rid=1))
+        assert handle.state is not None and handle.state.book.statistics().waiting == 1
+        assert handle.state.mailed == {}
+
+
+async def test_a_stream_answering_its_queue_while_the_queue_works_is_heard_after(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A stream that answers an offer while the queue is still making it (a task it cannot
+    write is taken and failed at once) tells the queue by message, and so does the stream
+    until the queue has heard those: the queue takes them in their order, after it is done."""
+    async with otp.open_node():
+        handle, conn, stream = await _queue_with_stream()
+        assert handle.state is not None
+        d = dispatch()
+        bad = attrs.evolve(d, task=attrs.evolve(d.task, flow_id=""))  # (wire refuses it)
+        handle.dispatch(bad)
+        assert handle.state.mailed == {stream.pid: 2}  # (its Accepted, then its StreamIdle)
+        assert _states(handle) == (0, 1, 0)
+        failed = await otp.receive(lambda m: isinstance(m, Failed), timeout=0)
+        assert failed.delivery == bad.task.delivery
+        await trio.testing.wait_all_tasks_blocked()
+        assert handle.state.mailed == {} and _states(handle) == (1, 0, 0)
+        good = dispatch()
+        handle.dispatch(good)
+        assert [t.delivery for t in conn.tasks()] == [good.task.delivery]
+
+
+async def test_a_queue_failing_on_a_dispatch_handed_to_it_ends_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A queue that fails on a dispatch handed to it ends with the error, as it would in its
+    own task; the caller (here the engine's stand-in) goes on."""
+
+    @attrs.define(eq=False)
+    class BrokenStream:
+        def bind_queue(self, queue_handle: QueueHandle) -> None:
+            pass
+
+        def offer(self, offer: Offer) -> None:
+            raise RuntimeError("broken")
+
+    async with otp.open_node():
+        otp.process_flag(trap_exit=True)  # (the queue is linked to its starter)
+        me = otp.self()
+        handle = QueueHandle()
+        queue = await start_queue("flow", "Greet", MatchingLimits(), me, handle)
+        ref = otp.monitor(queue)
+        otp.send(queue, StreamIdle(me, "w1", CAPS, BrokenStream()))
+        await trio.testing.wait_all_tasks_blocked()
+        handle.dispatch(dispatch())
+        down = await otp.receive(lambda m: isinstance(m, otp.Down), timeout=5)
+        assert down.ref == ref and down.reason == ("queue_failed", "RuntimeError('broken')")
 
 
 # -- losing streams -------------------------------------------------------------------------
