@@ -235,6 +235,19 @@ def _start_known(args: dict[Any, Any]) -> tuple[Any, ...]:
 
 
 def _call_rpc(args: dict[Any, Any]) -> tuple[Any, ...]:
+    flow_id, name, rpc_args, timeout = (
+        args.get("flow_id"),
+        args.get("name"),
+        args.get("args"),
+        args.get("timeout"),
+    )
+    if (  # (the usual shape, inline: see _start_flow)
+        type(flow_id) is str
+        and type(name) is str
+        and type(rpc_args) is list
+        and (timeout is None or (type(timeout) in (int, float) and timeout >= 0))
+    ):
+        return ("call_rpc", flow_id, name, rpc_args, None if timeout is None else float(timeout))
     return (
         "call_rpc",
         _arg(args, "flow_id", str),

@@ -284,12 +284,22 @@ class ClientOps:
         if type(name) is not str or not name:
             raise ConfigurationError(f"call_rpc: name must be a non-empty str (got {name!r})")
         wait = _check_timeout(timeout, "call_rpc")
-        packed = yield from self._pack(list(args))
+        # (``_pack``/``_unpack`` written out for what needs no I/O, the usual case: no
+        # generator of theirs per call)
+        cache = self.cache
+        packed: Any = list(args)
+        if cache is not None:
+            packed = cache.pack_now(packed)
+            if packed is NEEDS_IO:
+                packed = yield from self._pack(list(args))
         local = _wait(wait) if wait is not None else self.options.call_timeout
         value = yield Call(
             "call_rpc", {"flow_id": flow_id, "name": name, "args": packed, "timeout": wait}, local
         )
-        return (yield from self._unpack(value))
+        if cache is None:
+            return value
+        unpacked = cache.unpack_now(value)
+        return (yield from self._unpack(value)) if unpacked is NEEDS_IO else unpacked
 
     def result(self, flow_id: str, timeout: float | None = None) -> Steps[Any]:
         """Wait for the flow ``flow_id`` to end; returns its last Step's return value.

@@ -57,40 +57,57 @@ class EngineRpcs(EngineReads):
         if not isinstance(args, list | tuple):
             raise ConfigurationError(f"call_rpc: args must be a list (got {args!r})")
         timeout = _check_timeout("call_rpc", timeout)
+        flow = state.flows.get(flow_id)
+        if flow is not None:  # (``_with_flow``'s first case, with no closure nor request built)
+            self._rpc_to(state, from_, flow, flow_id, name, args, timeout)
+            return
         request = (from_, marked(("call_rpc", flow_id, name, list(args), timeout), forwarded))
 
         def then(flow: _Flow | None) -> None:
-            if flow is None:
-                otp.reply(from_, _err(FlowNotFound(f"no flow has id {flow_id!r}")))
-            elif name not in flow.spec.rpcs:
-                known = ", ".join(sorted(flow.spec.rpcs)) or "none"
-                exc = UnknownName(
-                    f"flow type {flow.flow_type!r} (as flow {flow_id!r} was started) has no RPC"
-                    f" named {name!r} (it has: {known})"
-                )
-                otp.reply(from_, _err(exc))
-            else:
-                delivery = state.delivery()
-                deadline = None if timeout is None else trio.current_time() + timeout
-                task = Task(
-                    delivery=delivery,
-                    kind="rpc",
-                    flow_type=flow.flow_type,
-                    flow_id=flow_id,
-                    name=name,
-                    execution_id=f"{flow_id}/rpc/{delivery}",
-                    attempt=1,
-                    args=list(args),
-                    state=flow.state,
-                    deadline=deadline,
-                )
-                call = _Rpc(flow, from_, task, timeout)
-                flow.rpcs += 1
-                if timeout is not None:
-                    call.deadline_timer = otp.send_after(timeout, state.me, _RpcDeadline(delivery))
-                self._submit_rpc(state, call)
+            self._rpc_to(state, from_, flow, flow_id, name, args, timeout)
 
         self._with_flow(state, flow_id, then, request)
+
+    def _rpc_to(
+        self,
+        state: _State,
+        from_: otp.From,
+        flow: _Flow | None,
+        flow_id: str,
+        name: str,
+        args: Any,
+        timeout: float | None,
+    ) -> None:
+        """Dispatch the RPC ``name`` of ``flow`` (None: no flow has ``flow_id``)."""
+        if flow is None:
+            otp.reply(from_, _err(FlowNotFound(f"no flow has id {flow_id!r}")))
+        elif name not in flow.spec.rpcs:
+            known = ", ".join(sorted(flow.spec.rpcs)) or "none"
+            exc = UnknownName(
+                f"flow type {flow.flow_type!r} (as flow {flow_id!r} was started) has no RPC"
+                f" named {name!r} (it has: {known})"
+            )
+            otp.reply(from_, _err(exc))
+        else:
+            delivery = state.delivery()
+            deadline = None if timeout is None else trio.current_time() + timeout
+            task = Task(
+                delivery=delivery,
+                kind="rpc",
+                flow_type=flow.flow_type,
+                flow_id=flow_id,
+                name=name,
+                execution_id=f"{flow_id}/rpc/{delivery}",
+                attempt=1,
+                args=list(args),
+                state=flow.state,
+                deadline=deadline,
+            )
+            call = _Rpc(flow, from_, task, timeout)
+            flow.rpcs += 1
+            if timeout is not None:
+                call.deadline_timer = otp.send_after(timeout, state.me, _RpcDeadline(delivery))
+            self._submit_rpc(state, call)
 
     def _submit_rpc(self, state: _State, call: _Rpc) -> None:
         task = call.task
@@ -106,14 +123,16 @@ class EngineRpcs(EngineReads):
         flow = call.flow
         match outcome:
             case Completed(value=value, patch=patch):
-                try:
-                    new_state = apply_patch(flow.state, patch)
-                except (ValueError, TypeError, AttributeError) as exc:
-                    details = {"type": "bad_patch"}
-                    error = HandlerError(f"the RPC's state patch: {exc}", details=details)
-                    self._rpc_done(state, call, _err(error))
-                    return
+                # (a patch that changes nothing is not applied: wire checked its shape, and
+                # applying it would give a copy of the state, dropped)
                 if patch and (patch.get("set") or patch.get("delete")):
+                    try:
+                        new_state = apply_patch(flow.state, patch)
+                    except (ValueError, TypeError, AttributeError) as exc:
+                        details = {"type": "bad_patch"}
+                        error = HandlerError(f"the RPC's state patch: {exc}", details=details)
+                        self._rpc_done(state, call, _err(error))
+                        return
                     flow.state = new_state
                     self._dirty(state, flow)
                     # (a WaitFor step checks again once the change is committed)
@@ -162,6 +181,11 @@ class EngineRpcs(EngineReads):
             otp.cancel_timer(call.deadline_timer)
             call.deadline_timer = None
         flow = call.flow
+        if flow.unsaved is None and not flow.moved:
+            # (``_after_flow`` and ``_answer`` with nothing to wait for: at once, no closure)
+            flow.rpcs -= 1
+            otp.reply(call.from_, answer)
+            return
 
         def answered() -> None:
             flow.rpcs -= 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import select
 import socket
 import ssl
 import struct
@@ -121,6 +122,11 @@ class SyncConnection:
         self.ids = itertools.count(1)
         self.rcvtimeo: float | None = None
         self.buffer = bytearray(65536)
+        #: Whether the socket has anything to read (``idle_check``; None: no ``poll`` here).
+        self.poller: Any = None
+        if hasattr(select, "poll"):
+            self.poller = select.poll()
+            self.poller.register(sock, select.POLLIN)
 
     # -- failing ---------------------------------------------------------------------------
 
@@ -170,7 +176,10 @@ class SyncConnection:
                 failed (the connection is then lost).
             WireError: ``message`` cannot be encoded (nothing was sent).
         """
-        data = message.encode(self.codec, limits=_LIMITS)
+        self._send_data(message.encode(self.codec, limits=_LIMITS), rid, waiter)
+
+    def _send_data(self, data: bytes, rid: int, waiter: _Waiter | None) -> None:
+        """:meth:`send` of a message's bytes (the same errors but ``WireError``)."""
         with self.lock:
             if self.broken is not None:
                 raise self._closed_error()
@@ -244,7 +253,8 @@ class SyncConnection:
         rid = next(self.ids)
         done = False
         try:  # (from the send on: an interrupt anywhere in it still ends the call)
-            self.send(wire.MatchCall(op=op, args=args, rid=rid), rid, waiter)
+            data = wire.encode_call(op, args, rid, self.codec, limits=_LIMITS)
+            self._send_data(data, rid, waiter)
             self._wait(rid, waiter, deadline, op, timeout)
             done = True
         finally:
@@ -281,6 +291,8 @@ class SyncConnection:
                         self.sleeping.pop(rid, None)
                 continue
             self._read(remaining, waiter)
+            if waiter.done:  # (set for good, under the lock: no need to take it to look)
+                return
 
     def _abandon(self, rid: int, waiter: _Waiter) -> None:
         """End a call left early (timeout, interrupt): its late answer will be dropped."""
@@ -423,11 +435,18 @@ class SyncConnection:
 
     def idle_check(self) -> bool:
         """If no call is in flight, take in what the idle connection received (answering the
-        server's pings) without blocking; whether the connection still works."""
+        server's pings) without blocking; whether the connection still works.
+
+        Nothing received is the usual case between a lone caller's calls: a poll with no
+        timeout tells it without a read (a read of nothing raises, and takes the reading role
+        under the lock twice). Under the lock: a poll object is for one thread at a time."""
         with self.lock:
             if self.broken is not None:
                 return False
             if self.reader or self.waiters:
+                return True
+            poller = self.poller
+            if poller is not None and not poller.poll(0):
                 return True
             self.reader = mine = -next(self.ids)
         try:

@@ -184,7 +184,6 @@ class BlockingCalls:
         s: Stream,
         task: wire.MatchTask,
         handler: StepDefinition | RpcDefinition,
-        accept: wire.MatchAccept,
     ) -> bool | tuple[BlockingCall, outcome.Outcome[Any]]:
         """Run a quick plain-function handler's call (``_worker_quick.py``) here, on the trio
         thread, with nothing held nor handed over, and send its ACCEPT and outcome in one
@@ -227,12 +226,16 @@ class BlockingCalls:
                 return call, returned
         outputs.closed = True
         self._free_slot(s)
+        accept = None
         try:
             if data is not None:
                 conn.send_encoded_nowait(data)
             else:
+                accept = wire.MatchAccept(delivery=task.delivery, rid=s.id)
                 conn.send_nowait(accept, message)  # type: ignore[arg-type]
         except wire.WireError as exc:
+            if accept is None:
+                accept = wire.MatchAccept(delivery=task.delivery, rid=s.id)
             self._send_nowait(link, accept, self._unsendable(s, task, exc))
         except ClientClosed:
             log.warning(

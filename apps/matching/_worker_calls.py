@@ -104,7 +104,8 @@ def handler_of(
         handler = flow.step(task.name)
     else:
         handler = flow.rpcs.get(task.name)
-    if handler is None or getattr(handler, "kind", None) == "subflow":  # (runs on the server)
+    if handler is None or (isinstance(handler, StepDefinition) and handler.kind == "subflow"):
+        # (a SubFlow runs on the server)
         return (
             f"worker {worker_id} has no {task.kind} {task.name!r} in flow type {task.flow_type!r}"
         )

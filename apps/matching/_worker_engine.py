@@ -112,6 +112,7 @@ class WorkerEngine(WorkerStreams):
         runner: HandlerRunner | None = None,
     ) -> None:
         self._registry = registry
+        self._handlers = {}
         self._cache = cache
         self._options = options
         self._pull = options.pull

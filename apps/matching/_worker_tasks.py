@@ -47,6 +47,8 @@ class WorkerTasks(BlockingCalls):
     """Tasks and slots; the engine sets these attributes and provides :meth:`_kick`."""
 
     _registry: Registry
+    #: (flow type, kind, name) -> its handler, for the tasks served so far (``handler_of``).
+    _handlers: dict[tuple[str, str, str], StepDefinition | RpcDefinition]
     _queues: list[QueueState]
     _cache: Any
     _runner: HandlerRunner
@@ -102,10 +104,16 @@ class WorkerTasks(BlockingCalls):
         if self._draining or link.reconnecting:
             self._decline(s, task, "draining", f"worker {self._app_worker_id} is stopping")
             return
-        handler = handler_of(self._registry, self._app_worker_id, task)
-        if isinstance(handler, str):
-            self._decline(s, task, "unknown_name", handler)
-            return
+        key = (task.flow_type, task.kind, task.name)
+        handler = self._handlers.get(key)
+        if handler is None:
+            found = handler_of(self._registry, self._app_worker_id, task)
+            if isinstance(found, str):
+                self._decline(s, task, "unknown_name", found)
+                return
+            # (only what the registry has: as many keys as it has handlers, whatever the
+            # server sends)
+            handler = self._handlers[key] = found
         busy, cap = self._busy, self._cap
         if task.kind == "step" and busy >= cap - self._reserved:
             if busy < cap:
@@ -137,10 +145,10 @@ class WorkerTasks(BlockingCalls):
         link.calls += 1
         s.delivery = task.delivery
         s.cancelled = None
-        accept = wire.MatchAccept(delivery=task.delivery, rid=s.id)
-        ran = self._run_inline(s, task, handler, accept)
+        ran = self._run_inline(s, task, handler)
         if ran is True:
             return  # (its outcome is sent, its slot free again: no change to plan for)
+        accept = wire.MatchAccept(delivery=task.delivery, rid=s.id)
         self._stream_changed(s)
         if not self._start_accept(s, accept, now):
             return

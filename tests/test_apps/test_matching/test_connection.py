@@ -316,6 +316,27 @@ async def test_an_engine_call_with_no_engine_running_is_a_retryable_internal_err
     await peer.aclose()
 
 
+async def test_call_rpc_arguments_of_another_shape_are_bad_frames_naming_the_argument(
+    serve: Any, sock: str
+) -> None:
+    await serve()
+    peer = await Peer.unix(sock)
+    await peer.hello("client")
+    for rid, args, named in [
+        (1, {"flow_id": "f", "name": "r", "args": [], "timeout": -1}, "'timeout' must be"),
+        (2, {"flow_id": "f", "name": "r", "args": [], "timeout": True}, "'timeout' must be"),
+        (3, {"flow_id": "f", "name": "r", "args": {}}, "'args' must be a list"),
+        (4, {"flow_id": "f", "name": 7, "args": []}, "'name' must be a str"),
+        (5, {"flow_id": "f", "args": []}, "needs the argument 'name'"),
+    ]:
+        bad = await peer.call(rid, "call_rpc", **args)
+        assert bad.rid == rid and bad.code == "bad_frame" and named in bad.message
+    # (an int timeout is of the usual shape: the engine is asked, and none runs here)
+    answer = await peer.call(6, "call_rpc", flow_id="f", name="r", args=[], timeout=3)
+    assert answer.rid == 6 and answer.code == "internal" and "noproc" in answer.message
+    await peer.aclose()
+
+
 async def test_an_unknown_op_is_unsupported(serve: Any, sock: str) -> None:
     await serve()
     peer = await Peer.unix(sock)

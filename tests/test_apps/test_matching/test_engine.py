@@ -962,6 +962,29 @@ async def test_an_rpc_on_a_running_flow_patches_its_state(store_kind: StoreKind)
         assert (await describe("f")).state == {"k": "v"}
 
 
+async def test_an_rpc_patch_that_changes_nothing_is_not_applied_one_of_another_shape_fails(
+    store_kind: StoreKind,
+) -> None:
+    # (wire gives the engine only patches of state_patch's shape; these come from the script:
+    # an empty one is not even looked at, a non-empty one of another shape fails the RPC)
+    patches = iter([{}, {"set": [], "delete": ()}, {"set": {"k": 1}, "delete": "k"}])
+
+    def script(task: Task) -> Any:
+        if task.kind != "rpc":
+            return [hang()]
+        patch = next(patches)
+        return [lambda delivery: [Completed(delivery, "w1", "done", patch)]]
+
+    async with otp.open_node(), server(store_kind, script):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        assert await FlowEngine.call_rpc("f", "r") == "done"
+        assert await FlowEngine.call_rpc("f", "r") == "done"
+        with pytest.raises(HandlerError, match="the RPC's state patch") as info:
+            await FlowEngine.call_rpc("f", "r")
+        assert info.value.error_type == "bad_patch"
+        assert (await describe("f")).state == {}
+
+
 @pytest.mark.parametrize(
     ("reason", "error"),
     [
