@@ -338,6 +338,19 @@ def test_the_gd1_scan_takes_its_arguments_as_it_says() -> None:
         C.gd1_scan(frame, 0, 19)
 
 
+def test_the_gd1_frame_encoder_hands_back_what_the_header_cannot_hold() -> None:
+    lim = (DEFAULT.max_depth, DEFAULT.max_items, DEFAULT.max_total_items, DEFAULT.max_str)
+    assert C.gd1_frame(2, 7, {"result": "x"}, *lim, 100) == wire.encode_dirty(2, 7, {"result": "x"})
+    assert C.gd1_frame(2, -1, {"result": "x"}, *lim, 100) is None
+    assert C.gd1_frame(2, 2**64, {"result": "x"}, *lim, 100) is None
+    assert C.gd1_frame(2, 1.0, {"result": "x"}, *lim, 100) is None
+    assert C.gd1_frame(256, 7, {"result": "x"}, *lim, 100) is None
+    assert C.gd1_frame(2, 7, {"result": "x"}, *lim, 2**32) is None
+    assert C.gd1_frame(2, 7, {"result": "x"}, *lim, 15) is None  # (a 16-byte payload)
+    with pytest.raises(TypeError, match=r"gd1_frame\(\) takes 8 to 8 arguments \(7 given\)"):
+        C.gd1_frame(2, 7, {}, *lim)
+
+
 @st.composite
 def frame_streams(draw: Any) -> bytes:
     """Frames back to back as a peer sends them: mostly version 2 TLV, some CBOR, version 1
