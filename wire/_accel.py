@@ -29,6 +29,8 @@ _FUNCTIONS = (
     "frames_init",
     "tlv_frames",
     "frames_v2",
+    "gd1_scan",
+    "gd1_frame",
 )
 
 

@@ -13,6 +13,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ._accel import C
 from ._errors import LimitExceeded
 from ._frame import MessageType
 from ._limits import MAX_PAYLOAD, Limits
@@ -51,27 +52,46 @@ def _body(value: Any) -> bytes:
     return tlv_encode(value, version=1, coerce_keys=True)
 
 
-def _too_big(mtype: int, length: int) -> LimitExceeded:
+def _too_big(mtype: int, length: int, limit: int = MAX_PAYLOAD) -> LimitExceeded:
     name = MessageType(mtype).name
     return LimitExceeded(
-        f"{name} payload of {length} bytes exceeds max_payload={MAX_PAYLOAD}; split it into"
-        " CHUNK frames"
+        f"{name} payload of {length} bytes exceeds max_payload={limit}; split it into CHUNK frames"
     )
 
 
-def encode_dirty(mtype: int, request_id: int, payload: dict[str, Any]) -> bytes:
+def encode_dirty(
+    mtype: int, request_id: int, payload: dict[str, Any], max_payload: int = MAX_PAYLOAD
+) -> bytes:
     """A GD v1 frame's bytes: ``encode_frame(Frame(mtype, request_id, payload), coerce_keys=True)``
-    without building the Frame.
+    without building the Frame (in one step where wire's C fast paths are built).
+
+    Args:
+        max_payload: The payload's bound (at most 64 MiB): a caller that sends larger payloads
+            another way (:func:`reply_parts`) learns early that this one is one.
 
     Raises:
-        WireError: The payload cannot be encoded or exceeds 64 MiB.
+        WireError: The payload cannot be encoded or exceeds ``max_payload``.
     """
+    if _frame is not None and max_payload <= MAX_PAYLOAD:
+        data = _frame(mtype, request_id, payload, _DEPTH, _ITEMS, _TOTAL, _STR, max_payload)
+        if data is not None:
+            return data
     body = _body(payload)
-    if len(body) > MAX_PAYLOAD:
-        raise _too_big(mtype, len(body))
+    limit = min(max_payload, MAX_PAYLOAD)
+    if len(body) > limit:
+        raise _too_big(mtype, len(body), limit)
     return _pack(b"GD", 1, mtype, len(body), request_id) + body
 
 
+#: The C encoder of :func:`encode_dirty` (None where wire's C fast paths are off), and the
+#: default limits it is given (those of ``_body``'s ``tlv_encode``).
+_frame = None if C is None else C.gd1_frame
+_DEPTH, _ITEMS, _TOTAL, _STR = (
+    _LIMITS.max_depth,
+    _LIMITS.max_items,
+    _LIMITS.max_total_items,
+    _LIMITS.max_str,
+)
 _SCALARS = (str, int, float, bool, type(None))
 _DICT4 = b"\x21\x00\x00\x00\x04"
 _DICT1 = b"\x21\x00\x00\x00\x01"

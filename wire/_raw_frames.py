@@ -18,6 +18,7 @@ import termios
 from collections.abc import Callable
 from typing import Any
 
+from ._accel import C
 from ._errors import BadFrameHeader
 from ._frame import MessageType
 from ._limits import MAX_PAYLOAD
@@ -28,6 +29,9 @@ _HEADER = struct.Struct(">2sBBIQ")
 _U32 = struct.Struct(">I")
 #: The message types of version 1 (Gunicorn's).
 _TYPES = frozenset(int(t) for t in MessageType if t < 0x20)
+
+#: The C scan of :meth:`FrameBuffer.frames` (None where wire's C fast paths are off).
+_scan = None if C is None else C.gd1_scan
 
 #: What a bad header raises: ``error(message, raw_bytes)``.
 ErrorFactory = Callable[[str, bytes], Exception]
@@ -164,6 +168,12 @@ class FrameBuffer:
         end = self.end = self.end + n
         pos = self.start
         buf = self.buf
+        if _scan is not None:
+            found = _scan(buf, pos, end, self._max)
+            if found is not None:
+                out, self.start = found
+                return out
+            # (a bad header: the loop below names it)
         unpack = _HEADER.unpack_from
         out = []
         limit = self._max

@@ -1242,6 +1242,106 @@ static PyObject *frames_loop(PyObject *args, int cbor) {
 static PyObject *frames_v2(PyObject *self, PyObject *args) { return frames_loop(args, 1); }
 
 /* ------------------------------------------------------------------------------------------ */
+/* GD v1 raw frames (FrameBuffer.frames' scan, run on every read of the dirty pool's client,
+ * node and workers): headers are checked, payloads are not decoded. */
+
+/* Gunicorn's message types (MessageType below 0x20: what version 1 frames may carry). */
+static int gd1_type(unsigned char t) { return (t >= 0x01 && t <= 0x05) || (t >= 0x10 && t <= 0x12); }
+
+static PyObject *gd1_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t pos, end, max_payload;
+    if (arg_count("gd1_scan", nargs, 4, 4) < 0 || arg_ssize(args[1], &pos) < 0 ||
+        arg_ssize(args[2], &end) < 0 || arg_ssize(args[3], &max_payload) < 0)
+        return NULL;
+    Py_buffer buf;
+    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *frames = NULL;
+    if (pos < 0 || pos > end || end > buf.len || !(frames = PyList_New(0))) goto give_up;
+    const unsigned char *p = buf.buf;
+    while (end - pos >= 16) {
+        const unsigned char *h = p + pos;
+        if (h[0] != 'G' || h[1] != 'D' || h[2] != 1 || !gd1_type(h[3])) goto give_up;
+        Py_ssize_t length = (Py_ssize_t)get_be(h + 4, 4);
+        if (length > max_payload) goto give_up;
+        Py_ssize_t stop = pos + 16 + length;
+        if (stop > end) break;
+        PyObject *frame = PyTuple_New(4);
+        if (!frame) goto give_up;
+        PyObject *fields[4] = {PyLong_FromLong(h[3]), PyLong_FromUnsignedLongLong(get_be(h + 8, 8)),
+                               PyLong_FromSsize_t(pos + 16), PyLong_FromSsize_t(stop)};
+        for (int i = 0; i < 4; i++) {
+            if (!fields[i]) {
+                for (int j = i; j < 4; j++) Py_XDECREF(fields[j]);
+                Py_DECREF(frame);
+                goto give_up;
+            }
+            PyTuple_SET_ITEM(frame, i, fields[i]);
+        }
+        int failed = PyList_Append(frames, frame) < 0;
+        Py_DECREF(frame);
+        if (failed) goto give_up;
+        pos = stop;
+    }
+    /* The start of an incomplete header must be the magic's (as far as it has come). */
+    if (pos < end && end - pos < 16 && (p[pos] != 'G' || (end - pos > 1 && p[pos + 1] != 'D')))
+        goto give_up;
+    PyBuffer_Release(&buf);
+    PyObject *result = Py_BuildValue("(Nn)", frames, pos);
+    return result;
+give_up:
+    PyErr_Clear();
+    Py_XDECREF(frames);
+    PyBuffer_Release(&buf);
+    Py_RETURN_NONE;
+}
+
+/* A whole GD v1 frame in one step (a dirty request or reply: wire.encode_dirty): its header,
+ * then the version 1 TLV of ``payload``; None where tlv_encode gives None, or the payload would
+ * exceed max_payload, or the type or request id is out of the header's range (the Python code
+ * names what is wrong). */
+static PyObject *gd1_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    int mtype, max_depth;
+    Py_ssize_t max_items, max_total, max_str, max_payload;
+    if (arg_count("gd1_frame", nargs, 8, 8) < 0 || arg_int(args[0], &mtype) < 0 ||
+        arg_int(args[3], &max_depth) < 0 || arg_ssize(args[4], &max_items) < 0 ||
+        arg_ssize(args[5], &max_total) < 0 || arg_ssize(args[6], &max_str) < 0 ||
+        arg_ssize(args[7], &max_payload) < 0)
+        return NULL;
+    if (!PyLong_Check(args[1])) Py_RETURN_NONE;
+    unsigned long long rid = PyLong_AsUnsignedLongLong(args[1]);
+    if (rid == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (!Atom_t || max_depth > MAX_DEPTH || mtype < 0 || mtype > 0xff || max_payload < 0 ||
+        max_payload > 0xffffffffLL)
+        Py_RETURN_NONE;
+    TlvEnc e;
+    out_init(&e.out, max_payload + 16);
+    e.v2 = 0;
+    e.max_items = max_items;
+    e.max_total = max_total;
+    e.max_str = max_str;
+    e.total = 1;
+    unsigned char header[16] = {'G', 'D', 1, (unsigned char)mtype};
+    PyObject *result;
+    if (out_write(&e.out, header, 16) < 0 || tlv_value(&e, args[2], max_depth) < 0 ||
+        e.out.len - 16 > max_payload) {
+        PyErr_Clear();
+        result = Py_NewRef(Py_None);
+    } else {
+        put_be((unsigned char *)e.out.buf + 4, (unsigned long long)(e.out.len - 16), 4);
+        put_be((unsigned char *)e.out.buf + 8, rid, 8);
+        result = out_bytes(&e.out);
+    }
+    out_free(&e.out);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 
 static PyObject *init(PyObject *self, PyObject *args) {
     PyObject *a, *p, *r, *x, *er, *ma, *mp, *mr;
@@ -1306,6 +1406,13 @@ static PyMethodDef methods[] = {
     {"frames_v2", frames_v2, METH_VARARGS,
      "frames_v2(data, pos, frames, max_payload, fast_size, cbor_fast_size, max_depth, "
      "max_items) -> pos: tlv_frames taking CBOR frames too"},
+    {"gd1_scan", (PyCFunction)(void (*)(void))gd1_scan, METH_FASTCALL,
+     "gd1_scan(buffer, pos, end, max_payload) -> ([(type, request_id, start, stop), ...], pos)"
+     " | None: the complete GD v1 frames of buffer[pos:end] and where the rest starts; None if"
+     " a header is bad"},
+    {"gd1_frame", (PyCFunction)(void (*)(void))gd1_frame, METH_FASTCALL,
+     "gd1_frame(type, request_id, payload, max_depth, max_items, max_total_items, max_str,"
+     " max_payload) -> bytes | None: a GD v1 frame, its payload the version 1 TLV of payload"},
     {"cbor_decode", cbor_decode, METH_VARARGS,
      "cbor_decode(data, max_depth, max_items) -> (value,) | None: the one value data holds"},
     {NULL, NULL, 0, NULL},

@@ -8,13 +8,18 @@ import os
 import random
 import select
 import socket
+import struct
 import threading
+from unittest import mock
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import wire
+from wire import _dirty_bytes
+
+from .strategies import v1_values
 
 
 def _encode(frame: wire.Frame) -> bytes:
@@ -127,6 +132,35 @@ def test_reply_parts_and_big_bytes(value: object) -> None:
     view = memoryview(parts[0])
     assert wire.peek_route(view, 16, len(parts[0])) == ("m:App", "act")
     assert wire.peek_route(view, 16, 30) is None
+
+
+@given(
+    st.sampled_from([t for t in wire.MessageType if t < 0x20]),
+    st.integers(0, 2**64 - 1),
+    st.dictionaries(st.one_of(st.text(max_size=5), st.integers()), v1_values(), max_size=4),
+    st.booleans(),
+)
+def test_encode_dirty_is_the_encoders_bytes(
+    mtype: int, rid: int, payload: dict, c_path: bool
+) -> None:
+    # (in one C call, or in Python where wire's C fast paths are off: the same bytes)
+    with mock.patch.object(_dirty_bytes, "_frame", _dirty_bytes._frame if c_path else None):
+        data = wire.encode_dirty(mtype, rid, payload)
+        assert data == _encode(wire.Frame(wire.MessageType(mtype), rid, payload))
+        assert wire.encode_dirty(mtype, rid, payload, len(data) - 16) == data
+        with pytest.raises(wire.LimitExceeded, match=f"exceeds max_payload={len(data) - 17}"):
+            wire.encode_dirty(mtype, rid, payload, len(data) - 17)
+
+
+@pytest.mark.parametrize("c_path", [True, False])
+def test_encode_dirty_refuses_what_the_encoder_refuses(c_path: bool) -> None:
+    with mock.patch.object(_dirty_bytes, "_frame", _dirty_bytes._frame if c_path else None):
+        with pytest.raises(wire.UnknownValueType):
+            wire.encode_dirty(2, 1, {"result": {1, 2}})
+        with pytest.raises(wire.ValueOutOfRange):
+            wire.encode_dirty(2, 1, {"result": 2**63})
+        with pytest.raises(struct.error):
+            wire.encode_dirty(2, -1, {"result": 1})  # (a request id the header cannot hold)
 
 
 def test_peek_route_leaves_other_key_orders_to_the_decoder() -> None:

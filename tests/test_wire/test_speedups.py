@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wire
-from wire import _accel, _cbor, _cbor_general, _frame, _tlv, _tlv_encode
+from wire import _accel, _cbor, _cbor_general, _frame, _raw_frames, _tlv, _tlv_encode
 
 from .strategies import v1_values, v2_scalars, v2_values
 
@@ -287,6 +287,68 @@ def test_cached_pids_and_atoms_each_decode_to_their_own_bytes() -> None:
         data = _exact_tlv(value, True, DEFAULT)
         assert data is not None
         assert _same(_c_decode(data), value)
+
+
+@st.composite
+def gd1_streams(draw: Any) -> bytes:
+    """GD v1 frames back to back (any message type, payload sizes from none to a few bytes),
+    maybe cut short or damaged, or with a byte added."""
+    parts = []
+    for _ in range(draw(st.integers(0, 5))):
+        mtype = draw(st.sampled_from([t for t in wire.MessageType if t < 0x20]))
+        payload = draw(st.binary(max_size=40))
+        parts.append(wire.encode_header(mtype, len(payload), draw(st.integers(0, 2**64 - 1))))
+        parts.append(payload)
+    return _damaged(draw, b"".join(parts), ["none", "cut", "flip", "byte", "extra"])
+
+
+def _buffer_frames(data: bytes, offset: int, max_payload: int) -> Any:
+    """What ``FrameBuffer.frames`` gives for ``data`` received after ``offset`` bytes it has
+    already taken: the frames and where the rest starts, or the error's text and raw bytes."""
+    buffer = wire.FrameBuffer(size=256, max_payload=max_payload)
+    buffer.buf[:offset] = bytes(offset)
+    buffer.start = buffer.end = offset
+    buffer.buf[offset : offset + len(data)] = data
+    try:
+        return buffer.frames(len(data)), buffer.start
+    except wire.BadFrameHeader as exc:
+        return str(exc), exc.raw, buffer.start
+
+
+@SETTINGS
+@given(gd1_streams(), st.integers(0, 16), st.sampled_from([wire.MAX_PAYLOAD, 0, 20]))
+def test_the_gd1_scan_is_the_python_loop(data: bytes, offset: int, max_payload: int) -> None:
+    # (FrameBuffer.frames: the C scan, or the Python loop naming what the scan handed back.)
+    exact = None
+    with mock.patch.object(_raw_frames, "_scan", None):
+        exact = _buffer_frames(data, offset, max_payload)
+    assert _buffer_frames(data, offset, max_payload) == exact
+    found = C.gd1_scan(bytearray(bytes(offset) + data), offset, offset + len(data), max_payload)
+    assert found == (exact if len(exact) == 2 else None)
+
+
+def test_the_gd1_scan_takes_its_arguments_as_it_says() -> None:
+    frame = wire.encode_header(2, 3, 7) + b"abc"
+    assert C.gd1_scan(frame, 0, 19, 100) == ([(2, 7, 16, 19)], 19)
+    assert C.gd1_scan(frame, 0, 18, 100) == ([], 0)  # (incomplete)
+    assert C.gd1_scan(frame, 3, 2, 100) is None  # (an end before the start)
+    assert C.gd1_scan(frame, 0, 20, 100) is None  # (beyond the buffer)
+    assert C.gd1_scan("not a buffer", 0, 0, 100) is None
+    with pytest.raises(TypeError, match=r"gd1_scan\(\) takes 4 to 4 arguments \(3 given\)"):
+        C.gd1_scan(frame, 0, 19)
+
+
+def test_the_gd1_frame_encoder_hands_back_what_the_header_cannot_hold() -> None:
+    lim = (DEFAULT.max_depth, DEFAULT.max_items, DEFAULT.max_total_items, DEFAULT.max_str)
+    assert C.gd1_frame(2, 7, {"result": "x"}, *lim, 100) == wire.encode_dirty(2, 7, {"result": "x"})
+    assert C.gd1_frame(2, -1, {"result": "x"}, *lim, 100) is None
+    assert C.gd1_frame(2, 2**64, {"result": "x"}, *lim, 100) is None
+    assert C.gd1_frame(2, 1.0, {"result": "x"}, *lim, 100) is None
+    assert C.gd1_frame(256, 7, {"result": "x"}, *lim, 100) is None
+    assert C.gd1_frame(2, 7, {"result": "x"}, *lim, 2**32) is None
+    assert C.gd1_frame(2, 7, {"result": "x"}, *lim, 15) is None  # (a 16-byte payload)
+    with pytest.raises(TypeError, match=r"gd1_frame\(\) takes 8 to 8 arguments \(7 given\)"):
+        C.gd1_frame(2, 7, {}, *lim)
 
 
 @st.composite

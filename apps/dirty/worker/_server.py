@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import socket
-import struct
 import threading
 import time
 import traceback
@@ -339,10 +338,7 @@ class Worker:
 
     def _respond(self, rid: int, result: Any, app_path: str, action: str) -> None:
         try:
-            value = _tlv_encode(result, version=1, coerce_keys=True, limits=_RESULT_LIMITS)
-            size = _RESULT_HEAD_LEN + len(value)
-            if size >= wire.BIG_BYTES:
-                raise wire.LimitExceeded("(large: reply_parts decides)")
+            frame = _encode_dirty(RESPONSE, rid, {"result": result}, _SMALL_PAYLOAD)
         except wire.WireError:
             # Large (a big bytes goes by reference), or over a limit: the exact encoding says.
             try:
@@ -352,7 +348,7 @@ class Worker:
                 return
             self.out.write_parts(parts)
             return
-        self.out.write(_pack_header(b"GD", 1, RESPONSE, size, rid) + _RESULT_HEAD + value)
+        self.out.write(frame)
 
     def _run_sync(self, rid: int, app: Any, msg: dict[str, Any], key: tuple[str, str]) -> None:
         """In a thread: run a sync action and write its reply (or stream its chunks)."""
@@ -513,20 +509,15 @@ class Worker:
 
 
 _CHUNK_HEAD = b"\x21\x00\x00\x00\x01" + wire.tlv_encode("data", version=1)
-_RESULT_HEAD = b"\x21\x00\x00\x00\x01" + wire.tlv_encode("result", version=1)
-#: A result's own limits inside ``{result: ...}`` (one level and the key deeper): within them,
-#: the whole payload is within the protocol's.
-_RESULT_LIMITS = wire.Limits(
-    max_depth=wire.Limits().max_depth - 1, max_total_items=wire.Limits().max_total_items - 2
-)
+#: A reply's payload below ``wire.BIG_BYTES``: larger ones go out as ``wire.reply_parts`` (a
+#: large bytes by reference).
+_SMALL_PAYLOAD = wire.BIG_BYTES - 1
+_encode_dirty = wire.encode_dirty
 #: What an action returns that is not its result yet: a coroutine or async generator (run on
 #: the loop) or a generator (a stream); one isinstance for the common case, a plain value.
 _LATER = (types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType)
-_RESULT_HEAD_LEN = len(_RESULT_HEAD)
 _tlv_encode = wire.tlv_encode
 _encode_header = wire.encode_header
-#: ``wire.encode_header`` without its call: (b"GD", 1, type, payload length, request id).
-_pack_header = struct.Struct(">2sBBIQ").pack
 
 
 def _chunk(rid: int, item: Any) -> bytes:
