@@ -42,8 +42,9 @@ async def test_a_timeout_cancels_the_handler_and_is_typed(autojump_clock: trio.a
         assert trio.current_time() == 1.5
 
 
+@pytest.mark.parametrize("key", [None, "k1"])  # keyed: the attempt runs in the runner
 async def test_a_timeout_passed_during_a_schedule_point_cancels_the_handler(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, key: str | None
 ) -> None:
     # The handler never parks: its cancel scope is entered when it is resumed past the deadline.
     steps: list[str] = []
@@ -56,7 +57,7 @@ async def test_a_timeout_passed_during_a_schedule_point_cancels_the_handler(
     async with running(d.Tool("busy", busy, timeout=1.0, idempotent=False)):
         outside = trio.current_effective_deadline()
         with pytest.raises(d.DispatchTimeout, match="did not answer within 1 s"):
-            await d.dispatch("busy")
+            await d.dispatch("busy", idempotency_key=key)
         assert steps == []
         assert trio.current_effective_deadline() == outside  # no scope left behind
 
@@ -83,9 +84,10 @@ async def test_a_timeout_reaches_a_handler_that_waits_after_schedule_points(
         assert d.statistics().counters["dispatch.timeout"] == 1
 
 
+@pytest.mark.parametrize("key", [None, "k1"])
 @pytest.mark.parametrize("opens", ["scope", "nursery"])
 async def test_a_timeout_reaches_a_handler_that_opened_its_own_scope_first(
-    autojump_clock: trio.abc.Clock, opens: str
+    autojump_clock: trio.abc.Clock, opens: str, key: str | None
 ) -> None:
     seen: list[float] = []
     children_cancelled: list[bool] = []
@@ -112,7 +114,7 @@ async def test_a_timeout_reaches_a_handler_that_opened_its_own_scope_first(
     async with running(d.Tool("nested", nested, timeout=1.0, idempotent=False)):
         outside = trio.current_effective_deadline()
         with pytest.raises(d.DispatchTimeout):
-            await d.dispatch("nested")
+            await d.dispatch("nested", idempotency_key=key)
         assert trio.current_time() == 1.0
         assert seen == [min(outside, 1.0)]
         assert children_cancelled == ([True] if opens == "nursery" else [])
