@@ -30,15 +30,10 @@ def _schedule_point_message() -> Any:
 
 
 _SCHEDULE_POINT = _schedule_point_message()
-_COROUTINE = types.CoroutineType
 
 #: What :func:`under_deadline` returns when the scope caught its deadline (the timeout wins
 #: over anything the cancelled handler raised).
 TIMED_OUT: Any = object()
-
-
-async def _awaiting(awaitable: Any) -> Any:
-    return await awaitable
 
 
 @types.coroutine
@@ -50,8 +45,6 @@ def under_deadline(
 
     Cancellation: as under ``with trio.CancelScope(deadline=deadline)`` around ``await coro``.
     """
-    if coro.__class__ is not _COROUTINE:
-        coro = _awaiting(coro)  # (an awaitable of another kind)
     status = task._cancel_status
     value: Any = None
     while True:
@@ -140,9 +133,15 @@ def _enter(scope: trio.CancelScope, task: Any, status: Any) -> None:
 async def _plainly(
     coro: Coroutine[Any, Any, Any], task: Any, deadline: float, now: Callable[[], float]
 ) -> Any:
-    with trio.CancelScope(deadline=deadline) as scope:
-        return await coro
-    return TIMED_OUT if scope.cancelled_caught else None
+    scope = trio.CancelScope(deadline=deadline)
+    try:
+        with scope:
+            return await coro
+    except Exception:
+        if scope.cancelled_caught:
+            return TIMED_OUT  # what the scope did not take of a group goes with it
+        raise
+    return TIMED_OUT  # (the scope took the Cancelled its deadline raised)
 
 
 #: Whether trio's tasks have the private fields a cancel scope is entered with late (a trio

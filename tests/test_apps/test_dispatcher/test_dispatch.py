@@ -42,6 +42,80 @@ async def test_a_timeout_cancels_the_handler_and_is_typed(autojump_clock: trio.a
         assert trio.current_time() == 1.5
 
 
+async def _scenario(name: str, clock: trio.testing.MockClock) -> Any:
+    """A handler's run, as :func:`test_a_late_scope_ends_a_handler_as_an_early_one_would`
+    plays it under a deadline 1 s away."""
+    if name == "at_once":
+        return "value"
+    if name == "schedule_points":
+        await trio.lowlevel.checkpoint()
+        await trio.sleep(0)
+        return "value"
+    if name == "busy_past_the_deadline":
+        clock.jump(2.0)
+        await trio.lowlevel.checkpoint()
+        return "value"
+    if name == "waits_past_the_deadline":
+        await trio.lowlevel.checkpoint()
+        await trio.sleep(2.0)
+    if name == "own_scope_then_waits":
+        with trio.CancelScope(deadline=trio.current_time() + 100):
+            await trio.sleep(2.0)
+    if name == "own_shorter_scope":
+        with trio.move_on_after(0.5):
+            await trio.sleep(2.0)
+        return "value"
+    if name == "raises":
+        await trio.lowlevel.checkpoint()
+        raise ValueError("bad state")
+    if name == "group_with_the_cancellation":
+        try:
+            await trio.sleep(2.0)
+        except trio.Cancelled as cancelled:
+            raise BaseExceptionGroup("cleanup", [cancelled, ValueError("x")]) from None
+    if name == "swallows_the_cancellation":
+        try:
+            await trio.sleep(2.0)
+        except trio.Cancelled:
+            return "swallowed"
+    return "not reached"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "at_once",
+        "schedule_points",
+        "busy_past_the_deadline",
+        "waits_past_the_deadline",
+        "own_scope_then_waits",
+        "own_shorter_scope",
+        "raises",
+        "group_with_the_cancellation",
+        "swallows_the_cancellation",
+    ],
+)
+async def test_a_late_scope_ends_a_handler_as_an_early_one_would(
+    autojump_clock: trio.testing.MockClock, name: str
+) -> None:
+    from apps.dispatcher import _deadline
+
+    outcomes = []
+    for driver in (_deadline.under_deadline, _deadline._plainly):
+        began = trio.current_time()
+        task = trio.lowlevel.current_task()
+        try:
+            value = await driver(
+                _scenario(name, autojump_clock), task, began + 1.0, trio.current_time
+            )
+            outcome: Any = "timed out" if value is _deadline.TIMED_OUT else value
+        except ValueError as exc:
+            outcome = exc.args
+        outcomes.append((outcome, trio.current_time() - began))
+        assert trio.current_effective_deadline() == math.inf
+    assert outcomes[0] == outcomes[1]
+
+
 @pytest.mark.parametrize("key", [None, "k1"])  # keyed: the attempt runs in the runner
 async def test_a_timeout_passed_during_a_schedule_point_cancels_the_handler(
     autojump_clock: trio.testing.MockClock, key: str | None
