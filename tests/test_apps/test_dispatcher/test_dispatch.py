@@ -195,6 +195,29 @@ async def test_a_timeout_reaches_a_handler_that_opened_its_own_scope_first(
         assert trio.current_effective_deadline() == outside
 
 
+async def test_a_handlers_timeout_reaches_the_tool_it_dispatches_first(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # Both scopes are entered at the inner handler's first wait: the outer one beneath.
+    inner = Script(["timeout"])
+
+    async def outer(**_args: Any) -> Any:
+        return await d.dispatch("inner", timeout=5.0)
+
+    tools = [
+        d.Tool("outer", outer, timeout=1.0, idempotent=False),
+        d.Tool("inner", inner, idempotent=False),
+    ]
+    async with running(*tools):
+        outside = trio.current_effective_deadline()
+        with pytest.raises(d.DispatchTimeout, match="'outer' did not answer within 1 s"):
+            await d.dispatch("outer")
+        assert trio.current_time() == 1.0
+        assert inner.cancelled == 1
+        assert trio.current_effective_deadline() == outside
+        assert d.statistics().counters["dispatch.timeout"] == 1  # the outer call's only
+
+
 async def test_a_handlers_own_shorter_scope_ends_first(autojump_clock: trio.abc.Clock) -> None:
     async def patient(**_args: Any) -> str:
         with trio.move_on_after(0.5):
