@@ -46,56 +46,38 @@ def under_deadline(
     Cancellation: as under ``with trio.CancelScope(deadline=deadline)`` around ``await coro``.
     """
     status = task._cancel_status
+    scope: trio.CancelScope | None = None
     value: Any = None
-    while True:
-        try:
-            message = coro.send(value)
-        except StopIteration as stop:
-            return stop.value
-        if message is not _SCHEDULE_POINT or task._cancel_status is not status:
-            return (yield from _scoped(coro, task, status, deadline, message, None, None))
-        try:
-            value = yield message
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:  # (trio resumes a schedule point with send)
-            return (yield from _scoped(coro, task, status, deadline, None, coro.throw, exc))
-        if now() >= deadline:
-            # Where trio's run loop would have expired the scope: it is entered cancelled.
-            return (yield from _scoped(coro, task, status, deadline, None, coro.send, value))
-
-
-def _scoped(
-    coro: Any,
-    task: Any,
-    status: Any,
-    deadline: float,
-    message: Any,
-    resume: Callable[[Any], Any] | None,
-    argument: Any,
-) -> Generator[Any, Any, Any]:
-    """The rest of the handler's run under the cancel scope: from yielding ``message`` to the
-    run loop or, given ``resume``, from ``resume(argument)`` (``coro.send`` or ``coro.throw``).
-    """
-    scope = trio.CancelScope(deadline=deadline)
-    _enter(scope, task, status)
+    error: BaseException | None = None
     try:
-        if resume is not None:
-            message = resume(argument)
         while True:
+            if error is None:
+                message = coro.send(value)
+            else:
+                message, error = coro.throw(error), None
+            if scope is None and (
+                message is not _SCHEDULE_POINT or task._cancel_status is not status
+            ):
+                scope = _entered(deadline, task, status)
             try:
                 value = yield message
             except GeneratorExit:
                 coro.close()
                 raise
-            except BaseException as exc:
-                message = coro.throw(exc)
+            except BaseException as exc:  # (trio resumes a task with send: a foreign await)
+                value, error = None, exc
+                if scope is None:
+                    scope = _entered(deadline, task, status)
             else:
-                message = coro.send(value)
+                if scope is None and now() >= deadline:
+                    # Where trio's run loop would have expired it: the scope is entered
+                    # cancelled, before the handler goes on.
+                    scope = _entered(deadline, task, status)
     except StopIteration as stop:
         result = stop.value
     except BaseException as exc:
+        if scope is None:
+            raise
         try:
             swallowed = scope.__exit__(type(exc), exc, exc.__traceback__)
         except Exception:
@@ -105,18 +87,20 @@ def _scoped(
         if swallowed:
             return TIMED_OUT
         raise
-    scope.__exit__(None, None, None)
+    if scope is not None:
+        scope.__exit__(None, None, None)
     return result
 
 
-def _enter(scope: trio.CancelScope, task: Any, status: Any) -> None:
-    """Enter ``scope`` in ``task`` directly beneath ``status``, the cancel status the handler
-    began in. If the handler has opened scopes (or nurseries) of its own since, the outermost
-    of them moves beneath ``scope``, as if ``scope`` had been entered first."""
+def _entered(deadline: float, task: Any, status: Any) -> trio.CancelScope:
+    """A scope of ``deadline`` entered in ``task`` directly beneath ``status``, the cancel
+    status the handler began in. If the handler has opened scopes (or nurseries) of its own
+    since, the outermost of them moves beneath it, as if it had been entered first."""
+    scope = trio.CancelScope(deadline=deadline)
     inner = task._cancel_status
     if inner is status:
         scope.__enter__()
-        return
+        return scope
     task._activate_cancel_status(status)
     try:
         scope.__enter__()
@@ -128,6 +112,7 @@ def _enter(scope: trio.CancelScope, task: Any, status: Any) -> None:
         outermost = outermost.parent
     if outermost is not None:
         outermost.parent = ours
+    return scope
 
 
 async def _plainly(
