@@ -64,7 +64,7 @@ def under_deadline(
             except GeneratorExit:
                 coro.close()
                 raise
-            except BaseException as exc:  # (trio resumes a task with send: a foreign await)
+            except BaseException as exc:  # (trio throws in only after a foreign yield)
                 value, error = None, exc
                 if scope is None:
                     scope = _entered(deadline, task, status)
