@@ -2,15 +2,16 @@
 
 ``dispatch.overhead``: a no-op async tool dispatched 100k times against calling the handler
 directly in the same run; target ratio >= 0.35 (issue 22). The tool yields once
-(``checkpoint()``), as every trio async function does. Its notes give the ceiling of any
-dispatcher that keeps a per-call timeout: the direct call under ``trio.move_on_after`` against
-the direct call (entering and leaving a trio cancel scope with a deadline costs more than the
-handler itself). ``dispatch.overhead.nonyielding`` is the same with a handler that never
-yields, where the baseline is a bare coroutine call (no checkpoint, no cancel scope) and the
-ratio is far lower: the per-call cost is then all dispatch (lookup, cancel scope for the
-timeout, breaker, counters).
+(``checkpoint()``), as every trio async function does. Its notes give what a dispatcher that
+entered a cancel scope for every call's timeout could reach at best: the direct call under
+``trio.move_on_after`` against the direct call (entering and leaving a trio cancel scope with a
+deadline costs more than the handler itself). ``dispatch`` enters it only when the handler
+waits (``apps/dispatcher/_deadline.py``), which this handler never does.
+``dispatch.overhead.nonyielding`` is the same with a handler that never yields, where the
+baseline is a bare coroutine call (no checkpoint) and the ratio is far lower: the per-call cost
+is then all dispatch (lookup, the deadline's bookkeeping, breaker, counters).
 ``dispatch.overhead.vs_timeout`` compares with the direct call under ``trio.move_on_after``,
-since a per-call timeout needs a cancel scope, which alone costs more than the yielding handler.
+the plain way to keep a per-call timeout promise.
 ``dispatch.fanout``: 1,000 calls of a tool that sleeps 1 ms through
 ``gather_bounded(limit=8)`` against a raw trio nursery with a semaphore of 8.
 ``dispatch.keyed``: 20k keyed calls of the no-op tool, each with a new key (the run goes through
@@ -99,8 +100,9 @@ def overhead(quick: bool) -> list[Result]:
             n / t["direct"],
             notes=(
                 f"{n:,} calls of a no-op async tool that yields once; target ratio >= 0.35;"
-                f" ceiling with a per-call timeout {t['direct'] / t['scoped']:.2f} (the same"
-                " handler under trio.move_on_after, against it called directly)"
+                f" with a cancel scope entered every call it could reach at best"
+                f" {t['direct'] / t['scoped']:.2f} (the same handler under trio.move_on_after,"
+                " against it called directly)"
             ),
         ),
         Result(

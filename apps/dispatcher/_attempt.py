@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from ._breaker import CircuitBreaker
+from ._deadline import TIMED_OUT, under_deadline
 from ._errors import DispatchError, ErrorKind, TransientError, fmt_seconds
 from ._tool import ASYNC, SYNC, Tool, _RemoteTimeout
 
@@ -139,25 +140,37 @@ async def run_attempt(
                 return None, _slot_deadline_error(tool, attempt), None
             now = trio.current_time()
         deadline = now + timeout - spent if timeout is not None else math.inf
-        scope = trio.CancelScope(deadline=deadline if deadline < limit else limit)
+        until = deadline if deadline < limit else limit
         state.running += 1
         counters["dispatch.attempt"] += 1
         state.count_for(name, "dispatch.attempt")
         if logger.isEnabledFor(_DEBUG):
             state.log(_DEBUG, "dispatch.attempt", name, attempt=attempt)
         failure: Exception | None = None
+        caught = False
+        scope = None
+        mode = tool.mode
         try:
-            with scope:
-                mode = tool.mode
-                if mode is ASYNC:
+            if mode is ASYNC:
+                if until == math.inf:
                     result = await tool.handler(**args)
-                elif slots is not None and mode is SYNC:
-                    result = await trio.to_thread.run_sync(
-                        slots.in_thread(functools.partial(tool.handler, **args)),
-                        abandon_on_cancel=True,
-                    )
                 else:
-                    result = await tool.handler.invoke(tool, args)
+                    # Its cancel scope is entered at the handler's first wait (see _deadline).
+                    result = await under_deadline(
+                        tool.handler(**args), trio.lowlevel.current_task(), until, state.now
+                    )
+                    if result is TIMED_OUT:
+                        caught, result = True, None
+            else:
+                scope = trio.CancelScope(deadline=until)
+                with scope:
+                    if slots is not None and mode is SYNC:
+                        result = await trio.to_thread.run_sync(
+                            slots.in_thread(functools.partial(tool.handler, **args)),
+                            abandon_on_cancel=True,
+                        )
+                    else:
+                        result = await tool.handler.invoke(tool, args)
         except Exception as exc:
             failure = exc
         finally:
@@ -168,7 +181,8 @@ async def run_attempt(
             slots.let_go()
         if not finished and breaker is not None:
             breaker.release(probe)  # cancelled from outside: no verdict on the tool
-    caught = scope.cancelled_caught
+    if scope is not None:
+        caught = scope.cancelled_caught
     if failure is None and not caught:
         counters["dispatch.ok"] += 1
         state.count_for(name, "dispatch.ok")

@@ -18,6 +18,7 @@ import otp
 from ._attempt import attempt_failed
 from ._breaker import BreakerState, Budget
 from ._config import DEFAULT_NAME
+from ._deadline import TIMED_OUT, under_deadline
 from ._latency import BOUNDS
 from ._retry import execute
 from ._state import FOUND, DispatcherStatistics, _find, found
@@ -30,7 +31,6 @@ _CLOSED = BreakerState.CLOSED
 _INF = math.inf
 _current_task = trio.lowlevel.current_task
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
-_CancelScope = trio.CancelScope
 _FIRST_BOUND = BOUNDS[0]
 
 # Two answers dispatch needs on every call, read where their public functions read them (each
@@ -58,7 +58,10 @@ async def dispatch(
     The arguments are validated against the tool's JSON Schema first. Each attempt runs the
     handler in the caller's task (a sync handler in a worker thread) under a cancel scope of
     ``timeout`` seconds, or ``timeout_ms`` milliseconds (the tool's by default; ``math.inf``
-    for none). ``timeout`` and
+    for none). (On the fast path the scope is entered at the handler's first wait, with the
+    deadline checked at each schedule point before it, see ``_deadline``: only
+    ``trio.current_effective_deadline()`` read before that wait leaves the timeout out.)
+    ``timeout`` and
     ``transient`` failures are retried by the tool's :class:`RetryPolicy` (a timeout only if
     the tool is idempotent), within the tool's shared retry budget and the caller's ``budget``.
 
@@ -141,21 +144,20 @@ async def dispatch(
         if debug:
             state.log(_DEBUG, "dispatch.attempt", name, attempt=1)
         failure: Exception | None = None
-        scope = None
+        result = None
         try:
             if deadline == _INF:
                 # Nothing could cancel a scope without a deadline: the handler needs none.
                 result = await tool.handler(**args)
             else:
-                scope = _CancelScope(deadline=deadline)
-                with scope:
-                    result = await tool.handler(**args)
+                # Its cancel scope is entered at the handler's first wait (see _deadline).
+                result = await under_deadline(tool.handler(**args), task, deadline, now)
         except Exception as exc:
             failure = exc
         except BaseException:
             lane.ended_otherwise += 1  # cancelled from outside
             raise
-        caught = scope is not None and scope.cancelled_caught
+        caught = result is TIMED_OUT
         if failure is None and not caught:
             lane.ok += 1
             if debug:

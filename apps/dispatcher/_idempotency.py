@@ -266,8 +266,11 @@ async def _wait_run(
     it gave one); the run goes on without a caller that stops waiting."""
     limit = budget.limit() if budget is not None else math.inf
     until = limit if timeout is None else min(limit, trio.current_time() + timeout)
-    with trio.move_on_at(until):
-        await run.done.wait()
+    if until == math.inf:
+        await run.done.wait()  # (a scope without a deadline would cancel nothing)
+    else:
+        with trio.move_on_at(until):
+            await run.done.wait()
     if not run.done.is_set():
         goes_on = (
             f" for the call with idempotency key {key!r} (the call goes on; its result is"

@@ -22,7 +22,8 @@ class Lane:
     slot, on a dispatcher without a limit of its own. Such a tool's call without an idempotency
     key or budget, while its breaker is closed, runs its first attempt inline in ``dispatch``
     (no validation, no slot to wait for, no layer of coroutines between the caller and the
-    handler); a failure of that attempt goes on through the general retry path.
+    handler, whose timeout's cancel scope is entered only at its first wait: see
+    :mod:`._deadline`); a failure of that attempt goes on through the general retry path.
     """
 
     tool: Tool

@@ -161,7 +161,7 @@ async def _start_runner() -> otp.Pid:
     if state is None or not state.alive:
         # The runner starts after its server, under the same supervisor.
         raise otp.StartError(("no_dispatcher_server", otp.self()))
-    return otp.spawn_link(serve_jobs, state.take_jobs())
+    return otp.spawn_link(serve_jobs, state.take_jobs(), state.serve)
 
 
 def dispatcher_supervisor_spec(

@@ -37,7 +37,7 @@ from ._idempotency import KeyedRun, keyed_call
 from ._lane import Lane
 from ._latency import Latency
 from ._retry import budget_error, execute
-from ._runner import Job
+from ._runner import Intake, Job
 from ._tool import Tool, ToolRegistry
 from ._validation import check_options, deeper_than, depth_error, schema_error, validation_timeout
 
@@ -83,6 +83,8 @@ class _State:
     jobs: trio.MemorySendChannel[Job] = attrs.field(init=False)
     #: The receive side of ``jobs`` until a runner takes it.
     backlog: trio.MemoryReceiveChannel[Job] | None = attrs.field(init=False)
+    #: Where a serving runner takes jobs directly (see ``serve``); else they go to ``jobs``.
+    intake: Intake | None = None
     alive: bool = True
     #: Handler attempts running now on the general path (the fast path's: ``Lane.running``).
     running: int = 0
@@ -115,12 +117,24 @@ class _State:
         self.jobs, receive = trio.open_memory_channel[Job](math.inf)
         return receive
 
+    def serve(self, intake: Intake, serving: bool) -> None:
+        """A runner takes jobs through ``intake`` from now on, or (not ``serving``) no
+        longer does."""
+        if serving:
+            self.intake = intake if self.alive else None
+        elif self.intake is intake:
+            self.intake = None
+
     def submit(self, job: Job) -> None:
         """Hand ``job`` to the runner; with no runner to take it (it is being restarted, the
         dispatcher stopped, or no supervisor started one: a ``Dispatcher`` started on its own)
         the job is abandoned at once, so no one waits for nothing."""
         if self.owner is None:
             job.abandon()
+            return
+        intake = self.intake
+        if intake is not None:
+            intake.start(job)
             return
         try:
             self.jobs.send_nowait(job)
@@ -293,6 +307,7 @@ class _State:
     def close(self) -> None:
         """The server died: the dispatcher is gone (its cache table went with the server)."""
         self.alive = False
+        self.intake = None  # (a job submitted from now on is abandoned, as its channel is closed)
         states = _states()
         for key in (self.pid, self.name, self.owner):
             if key is not None and states.get(key) is self:

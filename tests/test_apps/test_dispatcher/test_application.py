@@ -66,6 +66,27 @@ async def test_the_runner_is_a_supervised_child_restarted_on_the_same_dispatcher
     assert handler.runs == 2
 
 
+async def test_a_keyed_call_runs_as_the_runner_process_not_its_caller(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    ran_as: list[otp.Pid] = []
+
+    async def whoami(**_args: Any) -> None:
+        ran_as.append(otp.self())
+        await trio.sleep(0.5)  # (and after a wait)
+        ran_as.append(otp.self())
+
+    async with otp.open_node():
+        await supervisors.start_application(
+            d.application(tools=[d.Tool("whoami", whoami, idempotent=True)])
+        )
+        runner = (await _children("dispatcher"))["runner"]
+        for key in ("k1", "k2"):  # the first keyed call and one after it
+            await d.dispatch("whoami", idempotency_key=key)
+        assert ran_as == [runner] * 4 and otp.self() != runner
+        await supervisors.stop_application("dispatcher")
+
+
 async def test_a_keyed_call_cut_short_by_a_dying_runner_answers_its_waiters(
     autojump_clock: trio.abc.Clock,
 ) -> None:

@@ -42,6 +42,206 @@ async def test_a_timeout_cancels_the_handler_and_is_typed(autojump_clock: trio.a
         assert trio.current_time() == 1.5
 
 
+async def _scenario(name: str, clock: trio.testing.MockClock) -> Any:
+    """A handler's run, as :func:`test_a_late_scope_ends_a_handler_as_an_early_one_would`
+    plays it under a deadline 1 s away."""
+    if name == "at_once":
+        return "value"
+    if name == "schedule_points":
+        await trio.lowlevel.checkpoint()
+        await trio.sleep(0)
+        return "value"
+    if name == "busy_past_the_deadline":
+        clock.jump(2.0)
+        await trio.lowlevel.checkpoint()
+        return "value"
+    if name == "waits_past_the_deadline":
+        await trio.lowlevel.checkpoint()
+        await trio.sleep(2.0)
+    if name == "own_scope_then_waits":
+        with trio.CancelScope(deadline=trio.current_time() + 100):
+            await trio.sleep(2.0)
+    if name == "own_shorter_scope":
+        with trio.move_on_after(0.5):
+            await trio.sleep(2.0)
+        return "value"
+    if name == "raises":
+        await trio.lowlevel.checkpoint()
+        raise ValueError("bad state")
+    if name == "group_with_the_cancellation":
+        try:
+            await trio.sleep(2.0)
+        except trio.Cancelled as cancelled:
+            raise BaseExceptionGroup("cleanup", [cancelled, ValueError("x")]) from None
+    if name == "swallows_the_cancellation":
+        try:
+            await trio.sleep(2.0)
+        except trio.Cancelled:
+            return "swallowed"
+    return "not reached"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "at_once",
+        "schedule_points",
+        "busy_past_the_deadline",
+        "waits_past_the_deadline",
+        "own_scope_then_waits",
+        "own_shorter_scope",
+        "raises",
+        "group_with_the_cancellation",
+        "swallows_the_cancellation",
+    ],
+)
+async def test_a_late_scope_ends_a_handler_as_an_early_one_would(
+    autojump_clock: trio.testing.MockClock, name: str
+) -> None:
+    from apps.dispatcher import _deadline
+
+    outcomes = []
+    for driver in (_deadline.under_deadline, _deadline._plainly):
+        began = trio.current_time()
+        task = trio.lowlevel.current_task()
+        try:
+            value = await driver(
+                _scenario(name, autojump_clock), task, began + 1.0, trio.current_time
+            )
+            outcome: Any = "timed out" if value is _deadline.TIMED_OUT else value
+        except ValueError as exc:
+            outcome = exc.args
+        outcomes.append((outcome, trio.current_time() - began))
+        assert trio.current_effective_deadline() == math.inf
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("key", [None, "k1"])  # keyed: the attempt runs in the runner
+async def test_a_timeout_passed_during_a_schedule_point_cancels_the_handler(
+    autojump_clock: trio.testing.MockClock, key: str | None
+) -> None:
+    # The handler never parks: its cancel scope is entered when it is resumed past the deadline.
+    steps: list[str] = []
+
+    async def busy(**_args: Any) -> None:
+        autojump_clock.jump(2.0)
+        await trio.lowlevel.checkpoint()
+        steps.append("past the deadline")
+
+    async with running(d.Tool("busy", busy, timeout=1.0, idempotent=False)):
+        outside = trio.current_effective_deadline()
+        with pytest.raises(d.DispatchTimeout, match="did not answer within 1 s"):
+            await d.dispatch("busy", idempotency_key=key)
+        assert steps == []
+        assert trio.current_effective_deadline() == outside  # no scope left behind
+
+
+async def test_a_timeout_reaches_a_handler_that_waits_after_schedule_points(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    deadlines: list[float] = []
+
+    async def later(**_args: Any) -> None:
+        await trio.lowlevel.checkpoint()
+        await trio.sleep(0)
+        deadlines.append(trio.current_effective_deadline())  # nothing has waited yet
+        await trio.sleep(0.5)
+        deadlines.append(trio.current_effective_deadline())
+        await trio.sleep(10)
+
+    async with running(d.Tool("later", later, timeout=1.5, idempotent=False)):
+        outside = trio.current_effective_deadline()
+        with pytest.raises(d.DispatchTimeout):
+            await d.dispatch("later")
+        assert trio.current_time() == 1.5
+        assert deadlines == [outside, min(outside, 1.5)]
+        assert d.statistics().counters["dispatch.timeout"] == 1
+
+
+@pytest.mark.parametrize("key", [None, "k1"])
+@pytest.mark.parametrize("opens", ["scope", "nursery"])
+async def test_a_timeout_reaches_a_handler_that_opened_its_own_scope_first(
+    autojump_clock: trio.abc.Clock, opens: str, key: str | None
+) -> None:
+    seen: list[float] = []
+    children_cancelled: list[bool] = []
+
+    async def child() -> None:
+        try:
+            await trio.sleep(10)
+        except trio.Cancelled:
+            children_cancelled.append(True)
+            raise
+
+    async def nested(**_args: Any) -> None:
+        if opens == "scope":
+            with trio.CancelScope(deadline=100.0):
+                await trio.sleep(0.5)
+                seen.append(trio.current_effective_deadline())
+                await trio.sleep(10)
+        else:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(child)
+                await trio.sleep(0.5)
+                seen.append(trio.current_effective_deadline())
+
+    async with running(d.Tool("nested", nested, timeout=1.0, idempotent=False)):
+        outside = trio.current_effective_deadline()
+        with pytest.raises(d.DispatchTimeout):
+            await d.dispatch("nested", idempotency_key=key)
+        assert trio.current_time() == 1.0
+        assert seen == [min(outside, 1.0)]
+        assert children_cancelled == ([True] if opens == "nursery" else [])
+        assert trio.current_effective_deadline() == outside
+
+
+async def test_a_handlers_timeout_reaches_the_tool_it_dispatches_first(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # Both scopes are entered at the inner handler's first wait: the outer one beneath.
+    inner = Script(["timeout"])
+
+    async def outer(**_args: Any) -> Any:
+        return await d.dispatch("inner", timeout=5.0)
+
+    tools = [
+        d.Tool("outer", outer, timeout=1.0, idempotent=False),
+        d.Tool("inner", inner, idempotent=False),
+    ]
+    async with running(*tools):
+        outside = trio.current_effective_deadline()
+        with pytest.raises(d.DispatchTimeout, match="'outer' did not answer within 1 s"):
+            await d.dispatch("outer")
+        assert trio.current_time() == 1.0
+        assert inner.cancelled == 1
+        assert trio.current_effective_deadline() == outside
+        assert d.statistics().counters["dispatch.timeout"] == 1  # the outer call's only
+
+
+async def test_a_handlers_own_shorter_scope_ends_first(autojump_clock: trio.abc.Clock) -> None:
+    async def patient(**_args: Any) -> str:
+        with trio.move_on_after(0.5):
+            await trio.sleep(10)
+        await trio.sleep(0.25)
+        return "gave up waiting"
+
+    async with running(d.Tool("patient", patient, timeout=1.0, idempotent=False)):
+        assert await d.dispatch("patient") == "gave up waiting"
+        assert trio.current_time() == 0.75
+
+
+async def test_a_caller_cancelled_while_its_handler_waits_is_cancelled_not_timed_out(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    endless = Script(["timeout"])
+    async with running(d.Tool("endless", endless, timeout=5.0, idempotent=True)):
+        with trio.move_on_after(2.0) as scope:
+            await d.dispatch("endless")
+        assert scope.cancelled_caught
+        assert endless.cancelled == 1
+        assert "dispatch.timeout" not in d.statistics().counters
+
+
 async def test_timeouts_in_milliseconds_as_the_seed_writes_them(
     autojump_clock: trio.abc.Clock,
 ) -> None:
