@@ -129,10 +129,26 @@ async def _plainly(
     return TIMED_OUT  # (the scope took the Cancelled its deadline raised)
 
 
-#: Whether trio's tasks have the private fields a cancel scope is entered with late (a trio
-#: without them has every handler's scope entered at its start).
-TASK_FIELDS = all(
-    hasattr(trio.lowlevel.Task, field) for field in ("_cancel_status", "_activate_cancel_status")
-)
+#: The trio releases whose cancel-status tree the late scope was tested against (its
+#: ``CancelStatus`` parent links have not changed since 0.12; a release after these gets the
+#: plain scope until it is tested: slower, never wrong).
+TESTED_TRIO = ((0, 25), (0, 35))
+
+
+def late_scopes_supported(version: str, task_type: type) -> bool:
+    """Whether trio ``version`` (``trio.__version__``), whose tasks are ``task_type``, may
+    have a cancel scope entered late: a tested release with the private fields it needs."""
+    try:
+        release = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:  # (a development build: "0.36.0+dev" parses; "main" does not)
+        return False
+    low, high = TESTED_TRIO
+    return low <= release <= high and all(
+        hasattr(task_type, field) for field in ("_cancel_status", "_activate_cancel_status")
+    )
+
+
+#: Whether handlers' scopes are entered late here (else each at its handler's start).
+TASK_FIELDS = late_scopes_supported(trio.__version__, trio.lowlevel.Task)
 if not TASK_FIELDS:
     under_deadline = _plainly  # type: ignore[assignment]

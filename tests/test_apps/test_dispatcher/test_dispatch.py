@@ -116,6 +116,20 @@ async def test_a_late_scope_ends_a_handler_as_an_early_one_would(
     assert outcomes[0] == outcomes[1]
 
 
+def test_a_late_scope_is_used_only_on_a_tested_trio_with_the_fields_it_needs() -> None:
+    from apps.dispatcher import _deadline
+
+    task = trio.lowlevel.Task
+    assert _deadline.late_scopes_supported(trio.__version__, task) is _deadline.TASK_FIELDS
+    assert _deadline.late_scopes_supported("0.35.0", task)
+    assert _deadline.late_scopes_supported("0.25.1", task)
+    assert not _deadline.late_scopes_supported("0.24.0", task)  # older than tested
+    assert not _deadline.late_scopes_supported("0.36.0", task)  # newer: the plain scope
+    assert not _deadline.late_scopes_supported("1.0.0", task)
+    assert not _deadline.late_scopes_supported("main", task)
+    assert not _deadline.late_scopes_supported("0.35.0", object)  # no private fields
+
+
 @pytest.mark.parametrize("key", [None, "k1"])  # keyed: the attempt runs in the runner
 async def test_a_timeout_passed_during_a_schedule_point_cancels_the_handler(
     autojump_clock: trio.testing.MockClock, key: str | None
