@@ -90,8 +90,8 @@ class _Committed:
 
 @attrs.frozen
 class _Crashed:
-    """A group's transaction raised what is not a :class:`StoreError` (a bug): the server
-    crashes with it, as with its worker's."""
+    """A group's transaction raised what is not a :class:`StoreError`, or answering its senders
+    raised (a bug): the server crashes with it, as with its worker's."""
 
     error: BaseException
 
@@ -507,7 +507,11 @@ def _ended(
         outcomes = [error] * len(group)
     else:
         outcomes = result.unwrap()
-    _answer(group, outcomes)
+    try:
+        _answer(group, outcomes)
+    except Exception as exc:  # (in no process: one raising here would end trio's run)
+        otp.send(server, _Crashed(exc))
+        return
     otp.send(server, _Committed(len(group)))
 
 

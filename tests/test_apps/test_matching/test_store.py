@@ -1318,6 +1318,23 @@ async def test_server_whose_transaction_raises_a_bug_crashes_with_it_and_tells_n
         await held.store.get_flow("f1")
 
 
+async def test_server_whose_answer_to_a_group_raises_crashes_with_it_not_the_node(
+    store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bug = RuntimeError("a bug in the answers")
+
+    def answer(group: Any, outcomes: Any) -> None:
+        raise bug
+
+    monkeypatch.setattr("apps.matching._store_server._answer", answer)
+    async with held_server(store_kind) as held:
+        ref = otp.monitor(held.server)
+        held.send("t")
+        held.go.release()
+        down = await otp.receive(timeout=5)
+        assert (down.ref, down.pid, down.reason) == (ref, held.server, otp.Crash(bug))
+
+
 # -- the servers sharing the database (schema version 2) ---------------------------------------
 
 
