@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
+import outcome
 import trio
 
 import wire
@@ -48,6 +48,7 @@ from ._store_sql import (
     group_rows,
     pending_from_row,
 )
+from ._store_threads import ThreadCalls
 
 __all__ = ["SqlStore", "puts_free"]
 
@@ -78,9 +79,11 @@ class SqlStore(SqlServers):
             raise TypeError(f"{type(self).__name__}.threads must be a bool (got {threads!r})")
         self.threads = threads
         self._conn: Any = None
-        self._calls: _ThreadCalls | None = None
+        self._calls: ThreadCalls | None = None
         self._closed = False
-        self._lock = trio.Lock()
+        #: One call on the connection at a time: a semaphore, not a lock, so that a commit
+        #: started by ``commit_soon`` (no task waits for it) frees it from its thread's hand-back.
+        self._lock = trio.Semaphore(1, max_value=1)
         self._transactions = 0
         self._batches = 0
         self._refused = 0
@@ -194,7 +197,7 @@ class SqlStore(SqlServers):
                 await trio.lowlevel.checkpoint()
                 return
             self._conn = await self._call(self._connect)
-            self._calls = _ThreadCalls() if self.threads else None
+            self._calls = ThreadCalls() if self.threads else None
             self._closed = False
             self._generation = 0
 
@@ -307,6 +310,40 @@ class SqlStore(SqlServers):
         if any(o is None and puts_free(b) for b, o in zip(batches, outcomes, strict=True)):
             self._wake()
         return outcomes
+
+    def commit_soon(
+        self,
+        batches: list[WriteBatch],
+        done: Callable[[outcome.Outcome[list[StoreError | None]]], None],
+    ) -> bool:
+        """As :meth:`Store.commit_soon`: in a thread when the store has them (``threads``) and its
+        connection is free; the thread's end calls ``done`` through trio's ``run_sync_soon``,
+        with the connection free again."""
+        calls = self._calls
+        if calls is None:
+            return False
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        ended = functools.partial(self._commit_ended, batches, done)
+        calls.start(functools.partial(self._commit_many, self._conn, batches), ended)
+        return True
+
+    def _commit_ended(
+        self,
+        batches: list[WriteBatch],
+        done: Callable[[outcome.Outcome[list[StoreError | None]]], None],
+        result: outcome.Outcome[list[StoreError | None]],
+    ) -> None:
+        """(On trio's thread, a ``commit_soon`` transaction ended.) What ``commit_many`` does
+        after its transaction, then ``done``."""
+        self._lock.release()
+        if isinstance(result, outcome.Value):
+            self._committed()
+            if any(o is None and puts_free(b) for b, o in zip(batches, result.value, strict=True)):
+                self._wake()
+        done(result)
 
     def _committed(self) -> None:
         """(After a ``commit_many`` transaction.) Nothing here; SQLite counts them for its
@@ -524,41 +561,3 @@ def _as_tuple(
     errors: type[Exception] | tuple[type[Exception], ...],
 ) -> tuple[type[Exception], ...]:
     return errors if isinstance(errors, tuple) else (errors,)
-
-
-class _ThreadCalls:
-    """The store's calls on its open connection, each in a thread of trio's cache, one at a
-    time (under the store's lock); the thread wakes its caller through a socket pair the caller
-    waits on. One pass of the scheduler, where ``trio.to_thread.run_sync`` costs three: its
-    capacity limiter's checkpoint before the thread starts (the lock already admits one call),
-    its ``run_sync_soon`` task and then the caller after it (issue 15: four wake-ups less a
-    Step, whose two commits take them)."""
-
-    def __init__(self) -> None:
-        self._ours, self._theirs = socket.socketpair()
-        self._ours.setblocking(False)
-        self._outcome: Any = None
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a thread. Cancellation waits for it to return (the connection is
-        never left mid-call) and takes effect at the caller's next checkpoint, as
-        ``run_sync``'s does."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        trio.lowlevel.start_thread_soon(functools.partial(fn, *args), self._deliver)
-        with trio.CancelScope(shield=True):
-            await trio.lowlevel.wait_readable(self._ours)
-        self._ours.recv(16)
-        outcome, self._outcome = self._outcome, None
-        value: T = outcome.unwrap()
-        return value
-
-    def _deliver(self, outcome: Any) -> None:
-        """(In the thread.) Hand the call's ``outcome.Outcome`` over and wake the caller."""
-        self._outcome = outcome
-        self._theirs.send(b"\0")
-
-    def close(self) -> None:
-        """(No call running: the store's lock is held.)"""
-        trio.lowlevel.notify_closing(self._ours)
-        self._ours.close()
-        self._theirs.close()

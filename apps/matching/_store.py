@@ -10,8 +10,10 @@ and group-commits the batches written through it, as a database's WAL writer doe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
+
+import outcome
 
 from ._store_records import (
     ATTEMPT_STATUSES,
@@ -140,6 +142,19 @@ class Store(Protocol):
         Raises:
             StoreError: the transaction itself failed; no batch was committed.
         """
+        ...
+
+    def commit_soon(
+        self,
+        batches: list[WriteBatch],
+        done: Callable[[outcome.Outcome[list[StoreError | None]]], None],
+    ) -> bool:
+        """``commit_many(batches)`` started now, with no task waiting for it (the
+        ``StoreServer``'s commits: no hand-off to a task of its own), if the store can: True
+        once started (``done`` then gets, on trio's thread, the outcome ``commit_many`` would
+        return or raise; later calls wait for it as for any other), False when it cannot (no
+        threads, or another call holds the connection): nothing started, await ``commit_many``.
+        The batches are checked (``check_batch``) already."""
         ...
 
     async def claim_pending(

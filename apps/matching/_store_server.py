@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import outcome
 import trio
 
 import otp
@@ -88,6 +89,14 @@ class _Committed:
 
 
 @attrs.frozen
+class _Crashed:
+    """A group's transaction raised what is not a :class:`StoreError`, or answering its senders
+    raised (a bug): the server crashes with it, as with its worker's."""
+
+    error: BaseException
+
+
+@attrs.frozen
 class _PendingChanged:
     generation: int
 
@@ -95,6 +104,7 @@ class _PendingChanged:
 @attrs.define
 class _State:
     store: Store
+    me: otp.Pid
     jobs: trio.MemorySendChannel[_Read | _Group]
     worker: otp.Pid
     watcher: otp.Pid
@@ -134,8 +144,9 @@ _OPS: dict[str, Callable[[Store], Callable[..., Awaitable[Any]]]] = {
 class StoreServer(otp.GenServer):
     """Owns one :class:`Store`; registered as ``matching_store`` by the application.
 
-    Writes are group-committed: while one transaction runs (in a worker thread, driven by a
-    process the server links to), batches sent meanwhile queue up and all go into the next
+    Writes are group-committed: while one transaction runs (in a worker thread, started by the
+    server itself when the connection is free, else by a process the server links to, behind
+    the reads it runs), batches sent meanwhile queue up and all go into the next
     transaction, each batch atomic on its own; each caller is answered once its batch is
     durable (or refused). Reads, claims and lease changes run on the same connection in the
     order they arrive, between transactions, so the server's mailbox is read all the while.
@@ -143,7 +154,8 @@ class StoreServer(otp.GenServer):
     Start it with ``StoreServer.start_link(store, name=SERVER_NAME)``; ``init`` opens the store
     (a schema newer than the code fails the start) and ``terminate`` closes it. It traps exits:
     if its worker or wake-up process dies, the server stops with that reason, and callers
-    waiting for it get a ``CallError`` (a batch then in flight may or may not have committed).
+    waiting for it get a ``CallError`` (a batch then in flight may or may not have committed);
+    a transaction that raises what is not a :class:`StoreError` crashes it the same way.
     """
 
     # ======================================== client side ====================================
@@ -382,7 +394,7 @@ class StoreServer(otp.GenServer):
         me = otp.self()
         worker = otp.spawn_link(_worker, store, receive, me)
         watcher = otp.spawn_link(_watcher, store, me)
-        state = _State(store=store, jobs=send, worker=worker, watcher=watcher)
+        state = _State(store=store, me=me, jobs=send, worker=worker, watcher=watcher)
         state.carry_on = otp.NoReply(state)
         return otp.Ok(state)
 
@@ -454,6 +466,8 @@ class StoreServer(otp.GenServer):
                 state.waiters = still
             case otp.Exit(pid=pid, reason=reason) if pid in (state.worker, state.watcher):
                 return otp.Stop(reason, state)
+            case _Crashed(error=error):
+                raise error
         return state.carry_on
 
     async def terminate(self, reason: Any, state: _State) -> None:
@@ -464,10 +478,50 @@ class StoreServer(otp.GenServer):
 
 
 def _flush(state: _State) -> None:
-    """Hand every queued batch to the worker as one group (one transaction)."""
+    """Start every queued batch as one group (one transaction): in the store's thread at once
+    when its connection is free (``Store.commit_soon``: no pass of the worker before the thread
+    starts, nor after it ends), else through the worker, behind the reads it runs."""
     group, state.queued = state.queued, []
     state.in_flight = len(group)
-    state.jobs.send_nowait(_Group(group))
+    batches = [batch for batch, _ in group]
+    if not state.store.commit_soon(batches, functools.partial(_ended, state.me, group)):
+        state.jobs.send_nowait(_Group(group))
+
+
+def _ended(
+    server: otp.Pid,
+    group: list[tuple[WriteBatch, _To]],
+    result: outcome.Outcome[list[StoreError | None]],
+) -> None:
+    """(On trio's thread: a group ``commit_soon`` started ended.) Answer its senders and tell
+    the server, as the worker does after a group. Once the server died nobody is told (its
+    senders learn it by its DOWN, as when the worker dies with it mid-transaction)."""
+    if not otp.is_process_alive(server):
+        return
+    outcomes: list[StoreError | None]
+    if isinstance(result, outcome.Error):
+        error = result.error
+        if not isinstance(error, StoreError):
+            otp.send(server, _Crashed(error))
+            return
+        outcomes = [error] * len(group)
+    else:
+        outcomes = result.unwrap()
+    try:
+        _answer(group, outcomes)
+    except Exception as exc:  # (in no process: one raising here would end trio's run)
+        otp.send(server, _Crashed(exc))
+        return
+    otp.send(server, _Committed(len(group)))
+
+
+def _answer(group: list[tuple[WriteBatch, _To]], outcomes: list[StoreError | None]) -> None:
+    """Tell each sender of a group its batch's outcome."""
+    for (_, to), outcome_ in zip(group, outcomes, strict=True):
+        if isinstance(to, _Notify):
+            otp.send(to.pid, BatchCommitted(to.tag, outcome_))
+        else:
+            otp.reply(to, ("ok", None) if outcome_ is None else _error_reply(outcome_))
 
 
 async def _worker(
@@ -480,11 +534,7 @@ async def _worker(
                 outcomes = await store.commit_many([batch for batch, _ in job.entries])
             except StoreError as exc:
                 outcomes = [exc] * len(job.entries)
-            for (_, to), outcome in zip(job.entries, outcomes, strict=True):
-                if isinstance(to, _Notify):
-                    otp.send(to.pid, BatchCommitted(to.tag, outcome))
-                else:
-                    otp.reply(to, ("ok", None) if outcome is None else _error_reply(outcome))
+            _answer(job.entries, outcomes)
             otp.send(server, _Committed(len(job.entries)))
         else:
             try:

@@ -4,6 +4,7 @@ and a model-based property (random batches on the store and on a dict model)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import sqlite3
@@ -1190,6 +1191,148 @@ async def test_server_closes_its_store_when_stopped(store_kind: StoreKind) -> No
         await otp.GenServer.stop("matching_store")
     with pytest.raises(StoreError, match="is closed"):
         await store.get_flow("f1")
+
+
+class HeldCommits:
+    """Holds a threaded store's transactions in their thread (``_commit_many``) until the test
+    lets each go; ``fail`` makes the next one raise instead of running."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.real = store._commit_many
+        self.entered = threading.Semaphore(0)
+        self.go = threading.Semaphore(0)
+        self.fail: BaseException | None = None
+        self.server: Any = None
+        store._commit_many = self
+
+    def __call__(self, conn: Any, batches: list[WriteBatch]) -> Any:
+        self.entered.release()
+        assert self.go.acquire(timeout=30)
+        error, self.fail = self.fail, None
+        if error is not None:
+            raise error
+        return self.real(conn, batches)
+
+    async def running(self) -> None:
+        """Once a transaction runs in its thread."""
+        assert await trio.to_thread.run_sync(self.entered.acquire, True, 30)
+
+    @staticmethod
+    def send(tag: str, flow_id: str = "f1") -> None:
+        """``commit_nowait`` of a batch creating ``flow_id``, answered to the caller."""
+        StoreServer.commit_nowait(WriteBatch(flows_created=[flow(flow_id)]), otp.self(), tag)
+
+    async def started(self, tag: str, flow_id: str = "f1") -> None:
+        """``send``, then wait until its transaction runs."""
+        self.send(tag, flow_id)
+        await self.running()
+
+
+@contextlib.asynccontextmanager
+async def held_server(store_kind: StoreKind) -> AsyncIterator[HeldCommits]:
+    """A node running a ``StoreServer`` (not linked) on a threaded store whose transactions
+    are held (``HeldCommits``)."""
+    held = HeldCommits(store_kind.store(threads=True))
+    async with otp.open_node():
+        held.server = await StoreServer.start(held.store, name="matching_store")
+        yield held
+
+
+async def test_server_groups_what_came_during_a_transaction_and_tells_each_sender_its_failure(
+    store_kind: StoreKind,
+) -> None:
+    async with held_server(store_kind) as held:
+        await held.started("a", "a")
+        held.send("b", "b")
+        held.send("c", "c")
+        await trio.testing.wait_all_tasks_blocked()
+        held.go.release()  # "a" commits; "b" and "c" go in the next transaction together
+        assert await otp.receive(timeout=5) == BatchCommitted("a", None)
+        await held.running()
+        failure = held.fail = StoreError("the transaction failed: disk I/O error")
+        held.go.release()
+        b, c = await otp.receive(timeout=5), await otp.receive(timeout=5)
+        assert (b.tag, c.tag) == ("b", "c")
+        assert b.error is c.error is failure
+        held.go.release()  # (the server carries on)
+        await StoreServer.create_flow(flow("d"))
+        stats = await StoreServer.statistics()
+        assert [r.flow_id for r in await StoreServer.list_flows()] == ["d", "a"]
+    assert (stats.groups, stats.batches, stats.largest_group) == (3, 4, 2)
+
+
+async def test_server_reads_between_transactions_in_the_order_they_came(
+    store_kind: StoreKind,
+) -> None:
+    async with held_server(store_kind) as held:
+        await held.started("a", "a")
+        read: list[list[str]] = []
+
+        async def reader() -> None:
+            read.append([r.flow_id for r in await StoreServer.list_flows()])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()  # (the read waits for the connection)
+            held.send("b", "b")
+            await trio.testing.wait_all_tasks_blocked()
+            held.go.release()
+            held.go.release()
+        assert read == [["a"]]  # after the transaction before it, before the one after it
+        assert [await otp.receive(timeout=5) for _ in range(2)] == [
+            BatchCommitted("a", None),
+            BatchCommitted("b", None),
+        ]
+
+
+async def test_server_killed_with_a_commit_in_flight_tells_its_sender_nothing_but_down(
+    store_kind: StoreKind,
+) -> None:
+    async with held_server(store_kind) as held:
+        ref = otp.monitor(held.server)
+        await held.started("t")
+        otp.exit(held.server, otp.KILL)
+        assert await otp.receive(timeout=5) == otp.Down(ref, held.server, otp.KILLED)
+        held.go.release()
+        # (the connection is free once the transaction ends; it had begun, so it committed)
+        assert await held.store.get_flow("f1") == flow()
+        assert await otp.receive(timeout=0, default=None) is None
+        await held.store.close()
+
+
+async def test_server_whose_transaction_raises_a_bug_crashes_with_it_and_tells_nobody_else(
+    store_kind: StoreKind,
+) -> None:
+    async with held_server(store_kind) as held:
+        bug = held.fail = RuntimeError("a bug in the store")
+        ref = otp.monitor(held.server)
+        held.send("t")
+        held.go.release()
+        down = await otp.receive(timeout=5)
+        assert (down.ref, down.pid) == (ref, held.server)
+        assert isinstance(down.reason, otp.Crash)
+        assert down.reason.exception is bug
+        assert await otp.receive(timeout=0, default=None) is None
+    with pytest.raises(StoreError, match="is closed"):  # (its terminate closed the store)
+        await held.store.get_flow("f1")
+
+
+async def test_server_whose_answer_to_a_group_raises_crashes_with_it_not_the_node(
+    store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bug = RuntimeError("a bug in the answers")
+
+    def answer(group: Any, outcomes: Any) -> None:
+        raise bug
+
+    monkeypatch.setattr("apps.matching._store_server._answer", answer)
+    async with held_server(store_kind) as held:
+        ref = otp.monitor(held.server)
+        held.send("t")
+        held.go.release()
+        down = await otp.receive(timeout=5)
+        assert (down.ref, down.pid, down.reason) == (ref, held.server, otp.Crash(bug))
 
 
 # -- the servers sharing the database (schema version 2) ---------------------------------------
