@@ -337,12 +337,19 @@ class SqlStore(SqlServers):
         result: outcome.Outcome[list[StoreError | None]],
     ) -> None:
         """(On trio's thread, a ``commit_soon`` transaction ended.) What ``commit_many`` does
-        after its transaction, then ``done``."""
+        after its transaction, then ``done``. Called in no task, where a raise would end trio's
+        run: a bug in that bookkeeping goes to ``done`` as the outcome instead (the StoreServer
+        then crashes with it, its senders told by its DOWN, as when it dies mid-transaction)."""
         self._lock.release()
         if isinstance(result, outcome.Value):
-            self._committed()
-            if any(o is None and puts_free(b) for b, o in zip(batches, result.value, strict=True)):
-                self._wake()
+            try:
+                self._committed()
+                if any(
+                    o is None and puts_free(b) for b, o in zip(batches, result.value, strict=True)
+                ):
+                    self._wake()
+            except Exception as exc:
+                result = outcome.Error(exc)
         done(result)
 
     def _committed(self) -> None:

@@ -1335,6 +1335,24 @@ async def test_server_whose_answer_to_a_group_raises_crashes_with_it_not_the_nod
         assert (down.ref, down.pid, down.reason) == (ref, held.server, otp.Crash(bug))
 
 
+async def test_server_whose_stores_after_commit_raises_crashes_with_it_not_the_node(
+    store_kind: StoreKind,
+) -> None:
+    bug = RuntimeError("a bug after the commit")
+
+    def committed() -> None:
+        raise bug
+
+    async with held_server(store_kind) as held:
+        held.store._committed = committed
+        ref = otp.monitor(held.server)
+        held.send("t")
+        held.go.release()
+        down = await otp.receive(timeout=5)
+        assert (down.ref, down.pid, down.reason) == (ref, held.server, otp.Crash(bug))
+        assert await otp.receive(timeout=0, default=None) is None  # (no answer: only the DOWN)
+
+
 # -- the servers sharing the database (schema version 2) ---------------------------------------
 
 
