@@ -581,13 +581,22 @@ def test_an_extension_built_from_an_older_source_is_not_used() -> None:
         "import sys, types; stale = types.ModuleType('wire._speedups');"
         "stale.init = stale.cbor_encode = stale.tlv_encode = stale.tlv_decode = print;"
         "stale.frames_init = print;"
+        "stale.__file__ = 'wire/_speedups.so';"
         "sys.modules['wire._speedups'] = stale;"
         "import wire; from wire import _accel; assert _accel.C is None;"
         "v = {'a': [1, 2.5, None, b'x', (wire.Atom('ok'),)]};"
         "assert wire.cbor_decode(wire.cbor_encode(v)) == v"
     )
     env = {k: v for k, v in os.environ.items() if k != "WIRE_NO_SPEEDUPS"}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=True, env=env, timeout=60, capture_output=True
+    )
+    # ... and says so once, naming what it lacks and how to rebuild it.
+    warning = done.stderr.decode()
+    assert warning.count("RuntimeWarning") == 1, warning
+    assert "wire/_speedups.so was built from an older wire/_speedups.c" in warning
+    assert "lacks cbor_check, cbor_decode, tlv_frames, frames_v2, gd1_scan, gd1_frame" in warning
+    assert "python setup.py build_ext --inplace" in warning
 
 
 def test_any_buffer_decodes_a_non_contiguous_one_through_the_python_code() -> None:
