@@ -1,6 +1,7 @@
 """``SqlStore``: what the two SQL stores (SQLite, PostgreSQL) share of the :class:`Store`
 interface: one connection used by one call at a time (behind a trio lock, each call in a
-worker thread or, for tests on MockClock, on trio's own), the reads, the commits and the leases.
+worker thread or, for tests on MockClock, on trio's own; on SQLite an idle server's small group
+commit on trio's own too, ``commit_soon``), the reads, the commits and the leases.
 
 A subclass says how to connect and migrate (``_connect``), how a write transaction starts
 (``_BEGIN``), how a claim locks its rows (``_CLAIM_LOCK``), which driver errors are integrity
