@@ -1,6 +1,7 @@
 """``SqlStore``: what the two SQL stores (SQLite, PostgreSQL) share of the :class:`Store`
 interface: one connection used by one call at a time (behind a trio lock, each call in a
-worker thread or, for tests on MockClock, on trio's own), the reads, the commits and the leases.
+worker thread or, for tests on MockClock, on trio's own; on SQLite an idle server's small group
+commit on trio's own too, ``commit_soon``), the reads, the commits and the leases.
 
 A subclass says how to connect and migrate (``_connect``), how a write transaction starts
 (``_BEGIN``), how a claim locks its rows (``_CLAIM_LOCK``), which driver errors are integrity
@@ -70,6 +71,10 @@ class SqlStore(SqlServers):
     _SHARED: ClassVar[bool] = False
     #: Whether a group commit may go in one statement per table (``_commit_group``).
     _GROUPS: ClassVar[bool] = False
+    #: The most records (``len`` of its batches) a group ``commit_soon`` may commit on trio's own
+    #: thread when nothing else is runnable (0: none, always in a thread). PostgreSQL's stays
+    #: 0: its commit is a network round trip, which would stall every other actor meanwhile.
+    _INLINE_RECORDS: ClassVar[int] = 0
     #: The driver's integrity-violation errors, and every error of the driver.
     _INTEGRITY: ClassVar[type[Exception] | tuple[type[Exception], ...]] = ()
     _DB_ERRORS: ClassVar[type[Exception] | tuple[type[Exception], ...]] = ()
@@ -88,6 +93,9 @@ class SqlStore(SqlServers):
         self._batches = 0
         self._refused = 0
         self._claimed = 0
+        self._inline_commits = 0
+        #: (``_INLINE_RECORDS``, per store: a test holding transactions in their thread sets 0.)
+        self._inline = self._INLINE_RECORDS
         self._generation = 0
         self._changed = trio.Event()
 
@@ -221,6 +229,7 @@ class SqlStore(SqlServers):
             batches=self._batches,
             refused=self._refused,
             claimed=self._claimed,
+            inline=self._inline_commits,
         )
 
     # -- reads ------------------------------------------------------------------------------------
@@ -316,9 +325,20 @@ class SqlStore(SqlServers):
         batches: list[WriteBatch],
         done: Callable[[outcome.Outcome[list[StoreError | None]]], None],
     ) -> bool:
-        """As :meth:`Store.commit_soon`: in a thread when the store has them (``threads``) and its
-        connection is free; the thread's end calls ``done`` through trio's ``run_sync_soon``,
-        with the connection free again."""
+        """As :meth:`Store.commit_soon`, when the store has threads (``threads``) and its
+        connection is free: a group of up to ``_INLINE_RECORDS`` records while nothing else in
+        trio's run is runnable, here and now, ``done`` called before this returns; any other in
+        a thread, whose end calls ``done`` through trio's ``run_sync_soon``, with the connection
+        free again.
+
+        Why here when idle: the thread's hand-off (waking a thread of the cache, the GIL there
+        and back, the wake-up back to trio) costs ~100 us of latency and of CPU a commit,
+        more than a small group's transaction itself (WAL, ``synchronous=NORMAL``: no fsync;
+        its checkpoints stay in their own thread, ``WalCheckpoints``), and an idle loop has
+        nothing to do meanwhile. Under load the thread pays: SQLite's C code runs without the
+        GIL beside the loop's Python. Records, not batches, tell the two apart: the engine
+        commits one batch at a time, its Steps' records gathered meanwhile (a lone Step's
+        batches hold 2 and 5, under load 10-270)."""
         calls = self._calls
         if calls is None:
             return False
@@ -326,6 +346,11 @@ class SqlStore(SqlServers):
             self._lock.acquire_nowait()
         except trio.WouldBlock:
             return False
+        if sum(map(len, batches)) <= self._inline and _nothing_runnable():
+            self._inline_commits += 1
+            result = outcome.capture(self._commit_many, self._conn, batches)
+            self._commit_ended(batches, done, result)
+            return True
         ended = functools.partial(self._commit_ended, batches, done)
         calls.start(functools.partial(self._commit_many, self._conn, batches), ended)
         return True
@@ -337,9 +362,11 @@ class SqlStore(SqlServers):
         result: outcome.Outcome[list[StoreError | None]],
     ) -> None:
         """(On trio's thread, a ``commit_soon`` transaction ended.) What ``commit_many`` does
-        after its transaction, then ``done``. Called in no task, where a raise would end trio's
-        run: a bug in that bookkeeping goes to ``done`` as the outcome instead (the StoreServer
-        then crashes with it, its senders told by its DOWN, as when it dies mid-transaction)."""
+        after its transaction, then ``done``. Called in no task (after a thread's), where a
+        raise would end trio's run, or in ``commit_soon``'s caller's (after one on trio's
+        thread): either way a bug in that bookkeeping goes to ``done`` as the outcome instead
+        (the StoreServer then crashes with it, its senders told by its DOWN, as when it dies
+        mid-transaction)."""
         self._lock.release()
         if isinstance(result, outcome.Value):
             try:
@@ -557,6 +584,12 @@ class SqlStore(SqlServers):
         while self._generation <= seen:
             await self._changed.wait()
         return self._generation
+
+
+def _nothing_runnable() -> bool:
+    """Whether no other task of trio's run waits in its run queue (the tasks of the scheduler's
+    pass under way that have not run yet are not counted: a busy server has others queued)."""
+    return trio.lowlevel.current_statistics().tasks_runnable == 0
 
 
 def puts_free(batch: WriteBatch) -> bool:

@@ -154,7 +154,9 @@ class Store(Protocol):
         once started (``done`` then gets, on trio's thread, the outcome ``commit_many`` would
         return or raise; later calls wait for it as for any other), False when it cannot (no
         threads, or another call holds the connection): nothing started, await ``commit_many``.
-        The batches are checked (``check_batch``) already."""
+        A store may also run it to its end before returning True (SQLite: an idle server's
+        small group), ``done`` called first. The batches are checked (``check_batch``)
+        already."""
         ...
 
     async def claim_pending(

@@ -418,12 +418,15 @@ class StoreStatistics:
         refused: Batches refused (conflict, duplicate flow, bad reference or value) or lost with
             a failed transaction.
         claimed: Pending steps handed out by ``claim_pending``.
+        inline: Transactions ``commit_soon`` ran on trio's own thread (an idle server's small
+            group, ``SqlStore.commit_soon``), not in a thread of its own.
     """
 
     transactions: int
     batches: int
     refused: int
     claimed: int
+    inline: int = 0
 
 
 @attrs.frozen

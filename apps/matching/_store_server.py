@@ -146,7 +146,8 @@ class StoreServer(otp.GenServer):
 
     Writes are group-committed: while one transaction runs (in a worker thread, started by the
     server itself when the connection is free, else by a process the server links to, behind
-    the reads it runs), batches sent meanwhile queue up and all go into the next
+    the reads it runs; on SQLite, an idle server's small group on trio's thread, by the server
+    itself), batches sent meanwhile queue up and all go into the next
     transaction, each batch atomic on its own; each caller is answered once its batch is
     durable (or refused). Reads, claims and lease changes run on the same connection in the
     order they arrive, between transactions, so the server's mailbox is read all the while.
@@ -480,7 +481,8 @@ class StoreServer(otp.GenServer):
 def _flush(state: _State) -> None:
     """Start every queued batch as one group (one transaction): in the store's thread at once
     when its connection is free (``Store.commit_soon``: no pass of the worker before the thread
-    starts, nor after it ends), else through the worker, behind the reads it runs."""
+    starts, nor after it ends; on SQLite an idle server's small group runs here, to its end),
+    else through the worker, behind the reads it runs."""
     group, state.queued = state.queued, []
     state.in_flight = len(group)
     batches = [batch for batch, _ in group]
@@ -493,8 +495,9 @@ def _ended(
     group: list[tuple[WriteBatch, _To]],
     result: outcome.Outcome[list[StoreError | None]],
 ) -> None:
-    """(On trio's thread: a group ``commit_soon`` started ended.) Answer its senders and tell
-    the server, as the worker does after a group. Once the server died nobody is told (its
+    """(On trio's thread: a group ``commit_soon`` started ended, in its thread or in the
+    server's own ``_flush``.) Answer its senders and tell the server, as the worker does after
+    a group. Once the server died nobody is told (its
     senders learn it by its DOWN, as when the worker dies with it mid-transaction)."""
     if not otp.is_process_alive(server):
         return

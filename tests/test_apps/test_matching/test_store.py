@@ -29,7 +29,7 @@ from apps.matching._sqlite_checkpoints import (
     WalCheckpoints,
 )
 from apps.matching._sqlite_schema import MIGRATIONS
-from apps.matching._sqlite_store import SCHEMA_VERSION, SqliteStore
+from apps.matching._sqlite_store import INLINE_RECORDS, SCHEMA_VERSION, SqliteStore
 from apps.matching._store import (
     AttemptRecord,
     BatchCommitted,
@@ -837,6 +837,98 @@ async def test_a_threaded_sqlite_stores_wal_starts_again_under_steady_commits(
         await store.close()
 
 
+def _on_trios_thread(store: Any) -> list[bool]:
+    """Where each of ``store``'s transactions runs from now on: True for trio's thread (the
+    caller's, this one), False for one of its own."""
+    trio_thread, real, where = threading.get_ident(), store._commit_many, []
+
+    def commit_many(conn: Any, batches: list[WriteBatch]) -> Any:
+        where.append(threading.get_ident() == trio_thread)
+        return real(conn, batches)
+
+    store._commit_many = commit_many
+    return where
+
+
+async def _commit_soon(store: Any, batches: list[WriteBatch]) -> tuple[bool, Any]:
+    """``store.commit_soon(batches)``: whether its outcome came before it returned, and the
+    outcome (waited for otherwise)."""
+    got: list[Any] = []
+    ended = trio.Event()
+
+    def done(result: Any) -> None:
+        got.append(result)
+        ended.set()
+
+    assert store.commit_soon(batches, done)
+    at_once = bool(got)
+    await ended.wait()
+    return at_once, got[0].unwrap()
+
+
+async def test_commit_soon_runs_a_small_group_on_trios_thread_while_nothing_else_is_runnable(
+    store_kind: StoreKind,
+) -> None:
+    # (SqlStore.commit_soon: SQLite's idle small groups skip the thread's hand-off; a larger
+    # group, or one while another task is runnable, goes to a thread; PostgreSQL's always do)
+    store = store_kind.store(threads=True)
+    await store.open()
+    try:
+        where = _on_trios_thread(store)
+        sqlite = store_kind.name == "sqlite"
+        await trio.testing.wait_all_tasks_blocked()
+        small = [WriteBatch(flows_created=[flow("a")]), WriteBatch(flows_created=[flow("b")])]
+        assert await _commit_soon(store, small) == (sqlite, [None, None])
+        large = [flow(f"l{i}") for i in range(INLINE_RECORDS + 1)]
+        assert await _commit_soon(store, [WriteBatch(flows_created=large)]) == (False, [None])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.lowlevel.checkpoint)  # (runnable now)
+            busy = [WriteBatch(flows_created=[flow("c")])]
+            assert await _commit_soon(store, busy) == (False, [None])
+        assert where == [sqlite, False, False]
+        assert store.statistics().inline == int(sqlite)
+        assert [await store.get_flow(f) for f in "abc"] == [flow("a"), flow("b"), flow("c")]
+        # (refusals come back as they do from a thread: a duplicate flow, alone)
+        again = [WriteBatch(flows_created=[flow("a")]), WriteBatch(flows_created=[flow("d")])]
+        await trio.testing.wait_all_tasks_blocked()
+        at_once, outcomes = await _commit_soon(store, again)
+        assert at_once is sqlite
+        assert isinstance(outcomes[0], FlowExists) and outcomes[1] is None
+    finally:
+        await store.close()
+
+
+async def test_commits_on_trios_thread_leave_the_wal_checkpoints_in_their_thread(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(str(tmp_path / "store.sqlite3"))
+    await store.open()
+    try:
+        where = _on_trios_thread(store)
+        checkpoints = store._checkpoints
+        assert checkpoints is not None
+        checkpointed_on: list[bool] = []
+        real = checkpoints._checkpoint
+
+        def checkpoint() -> None:
+            checkpointed_on.append(threading.get_ident() == trio_thread)
+            real()
+
+        trio_thread = threading.get_ident()
+        checkpoints._checkpoint = checkpoint  # type: ignore[method-assign]
+        for i in range(CHECKPOINT_EVERY):
+            await trio.testing.wait_all_tasks_blocked()
+            assert await _commit_soon(store, [WriteBatch(flows_created=[flow(f"f{i}")])]) == (
+                True,
+                [None],
+            )
+        await trio.to_thread.run_sync(checkpoints.wait_idle)
+        assert where == [True] * CHECKPOINT_EVERY
+        assert checkpoints.checkpoints == 1 and checkpointed_on == [False]
+    finally:
+        await store.close()
+
+
 async def test_a_failed_wal_checkpoint_is_logged_and_the_next_one_tries_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1195,18 +1287,26 @@ async def test_server_closes_its_store_when_stopped(store_kind: StoreKind) -> No
 
 class HeldCommits:
     """Holds a threaded store's transactions in their thread (``_commit_many``) until the test
-    lets each go; ``fail`` makes the next one raise instead of running."""
+    lets each go; ``fail`` makes the next one raise instead of running. Every transaction runs
+    in a thread of its own unless ``inline`` (then an idle server's small group runs on trio's
+    thread, ``SqlStore.commit_soon``: let it go before it starts); ``on_trios_thread`` says
+    where each ran."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, *, inline: bool = False) -> None:
         self.store = store
         self.real = store._commit_many
         self.entered = threading.Semaphore(0)
         self.go = threading.Semaphore(0)
         self.fail: BaseException | None = None
         self.server: Any = None
+        self.on_trios_thread: list[bool] = []
+        self._trio_thread = threading.get_ident()
         store._commit_many = self
+        if not inline:
+            store._inline = 0
 
     def __call__(self, conn: Any, batches: list[WriteBatch]) -> Any:
+        self.on_trios_thread.append(threading.get_ident() == self._trio_thread)
         self.entered.release()
         assert self.go.acquire(timeout=30)
         error, self.fail = self.fail, None
@@ -1230,13 +1330,22 @@ class HeldCommits:
 
 
 @contextlib.asynccontextmanager
-async def held_server(store_kind: StoreKind) -> AsyncIterator[HeldCommits]:
+async def held_server(store_kind: StoreKind, *, inline: bool = False) -> AsyncIterator[HeldCommits]:
     """A node running a ``StoreServer`` (not linked) on a threaded store whose transactions
     are held (``HeldCommits``)."""
-    held = HeldCommits(store_kind.store(threads=True))
+    held = HeldCommits(store_kind.store(threads=True), inline=inline)
     async with otp.open_node():
         held.server = await StoreServer.start(held.store, name="matching_store")
         yield held
+
+
+#: Where a crash edge's transaction runs: in a thread of its own, or (SQLite) on trio's thread.
+_WHERE = pytest.mark.parametrize("inline", [False, True], ids=["in_a_thread", "on_trios_thread"])
+
+
+def _skip_inline_on_postgresql(store_kind: StoreKind, inline: bool) -> None:
+    if inline and store_kind.name == "postgresql":
+        pytest.skip("PostgreSQL commits only in a thread (SqlStore._INLINE_RECORDS)")
 
 
 async def test_server_groups_what_came_during_a_transaction_and_tells_each_sender_its_failure(
@@ -1286,6 +1395,43 @@ async def test_server_reads_between_transactions_in_the_order_they_came(
         ]
 
 
+async def test_server_reads_and_commits_on_trios_thread_in_the_order_they_came(
+    store_kind: StoreKind,
+) -> None:
+    # (a group that finds a read holding the connection waits behind it, through the worker)
+    _skip_inline_on_postgresql(store_kind, True)
+    async with held_server(store_kind, inline=True) as held:
+        held.go.release()
+        held.send("a", "a")
+        assert await otp.receive(timeout=5) == BatchCommitted("a", None)
+        reading, gate = threading.Event(), threading.Event()
+
+        def slow_read(conn: Any) -> list[str]:
+            reading.set()
+            assert gate.wait(10)
+            return [row[0] for row in conn.execute("SELECT flow_id FROM flows ORDER BY flow_id")]
+
+        async def list_flows(**kwargs: Any) -> list[str]:
+            return await held.store._run(slow_read)
+
+        held.store.list_flows = list_flows
+        read: list[list[str]] = []
+
+        async def reader() -> None:
+            read.append(await StoreServer.list_flows())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            assert await trio.to_thread.run_sync(reading.wait, 10)
+            held.go.release()
+            held.send("b", "b")
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+        assert read == [["a"]]
+        assert await otp.receive(timeout=5) == BatchCommitted("b", None)
+        assert held.on_trios_thread == [True, False]
+
+
 async def test_server_killed_with_a_commit_in_flight_tells_its_sender_nothing_but_down(
     store_kind: StoreKind,
 ) -> None:
@@ -1301,10 +1447,12 @@ async def test_server_killed_with_a_commit_in_flight_tells_its_sender_nothing_bu
         await held.store.close()
 
 
+@_WHERE
 async def test_server_whose_transaction_raises_a_bug_crashes_with_it_and_tells_nobody_else(
-    store_kind: StoreKind,
+    store_kind: StoreKind, inline: bool
 ) -> None:
-    async with held_server(store_kind) as held:
+    _skip_inline_on_postgresql(store_kind, inline)
+    async with held_server(store_kind, inline=inline) as held:
         bug = held.fail = RuntimeError("a bug in the store")
         ref = otp.monitor(held.server)
         held.send("t")
@@ -1314,36 +1462,42 @@ async def test_server_whose_transaction_raises_a_bug_crashes_with_it_and_tells_n
         assert isinstance(down.reason, otp.Crash)
         assert down.reason.exception is bug
         assert await otp.receive(timeout=0, default=None) is None
+        assert held.on_trios_thread == [inline]
     with pytest.raises(StoreError, match="is closed"):  # (its terminate closed the store)
         await held.store.get_flow("f1")
 
 
+@_WHERE
 async def test_server_whose_answer_to_a_group_raises_crashes_with_it_not_the_node(
-    store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch
+    store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch, inline: bool
 ) -> None:
+    _skip_inline_on_postgresql(store_kind, inline)
     bug = RuntimeError("a bug in the answers")
 
     def answer(group: Any, outcomes: Any) -> None:
         raise bug
 
     monkeypatch.setattr("apps.matching._store_server._answer", answer)
-    async with held_server(store_kind) as held:
+    async with held_server(store_kind, inline=inline) as held:
         ref = otp.monitor(held.server)
         held.send("t")
         held.go.release()
         down = await otp.receive(timeout=5)
         assert (down.ref, down.pid, down.reason) == (ref, held.server, otp.Crash(bug))
+        assert held.on_trios_thread == [inline]
 
 
+@_WHERE
 async def test_server_whose_stores_after_commit_raises_crashes_with_it_not_the_node(
-    store_kind: StoreKind,
+    store_kind: StoreKind, inline: bool
 ) -> None:
+    _skip_inline_on_postgresql(store_kind, inline)
     bug = RuntimeError("a bug after the commit")
 
     def committed() -> None:
         raise bug
 
-    async with held_server(store_kind) as held:
+    async with held_server(store_kind, inline=inline) as held:
         held.store._committed = committed
         ref = otp.monitor(held.server)
         held.send("t")
@@ -1351,6 +1505,7 @@ async def test_server_whose_stores_after_commit_raises_crashes_with_it_not_the_n
         down = await otp.receive(timeout=5)
         assert (down.ref, down.pid, down.reason) == (ref, held.server, otp.Crash(bug))
         assert await otp.receive(timeout=0, default=None) is None  # (no answer: only the DOWN)
+        assert held.on_trios_thread == [inline]
 
 
 # -- the servers sharing the database (schema version 2) ---------------------------------------
