@@ -56,6 +56,7 @@ import attrs
 from apps import dirty
 
 from ._harness import Benchmark, Result
+from .bench_wire import PATHS as WIRE_PATHS
 
 APP = "benchmarks.bench_dirty:BenchApp"
 
@@ -743,6 +744,20 @@ def _run_pool(quick: bool) -> tuple[dict[str, float], _Side, _Side]:
         _stop(proc)
 
 
+def _cost_notes(pool: _Side, floor: _Side, callers: int) -> str:
+    """The floor rows' notes: each process's CPU per call beside its stand-in's, the node's
+    wake-ups per call, and whether wire's C fast paths ran (the node, its workers and the
+    client decode and frame with them: a stale build turns them all off, silently)."""
+    node, _, workers, client = (x * 1e6 for x in pool.per_call(callers))
+    forwarder, _, echoes, bare = (x * 1e6 for x in floor.per_call(callers))
+    wakeups = pool.wakeups.get(callers, math.nan)
+    return (
+        f"; CPU us/call: node {node:.0f} (forwarder {forwarder:.0f}), workers"
+        f" {workers:.0f} (echoes {echoes:.0f}), client {client:.0f} (bare callers"
+        f" {bare:.0f}); {wakeups:.1f} node wake-ups/call; wire: {WIRE_PATHS}"
+    )
+
+
 def run(quick: bool) -> list[Result]:
     tmp = tempfile.mkdtemp(prefix="bench-raw-")
     n = 500 if quick else 5000
@@ -751,16 +766,6 @@ def run(quick: bool) -> list[Result]:
     ours, pool, floor = _run_pool(quick)
     theirs = _run_gunicorn(quick)
     raw_rate = 1 / raw_small
-
-    def node_cost(callers: int) -> str:
-        node, _, workers, client = (x * 1e6 for x in pool.per_call(callers))
-        forwarder, _, echoes, bare = (x * 1e6 for x in floor.per_call(callers))
-        wakeups = pool.wakeups.get(callers, math.nan)
-        return (
-            f"; CPU us/call: node {node:.0f} (forwarder {forwarder:.0f}), workers"
-            f" {workers:.0f} (echoes {echoes:.0f}), client {client:.0f} (bare callers"
-            f" {bare:.0f}); {wakeups:.1f} node wake-ups/call"
-        )
 
     results = [
         Result("dirty.execute", "us", ours["execute"] * 1e6, "raw unix ping-pong",
@@ -779,11 +784,11 @@ def run(quick: bool) -> list[Result]:
         Result("dirty.execute_8_vs_floor", "calls/s", ours["execute_8"],
                "no-work floor of a node in the path", floor.rate(),
                notes="8 bare callers -> raw trio forwarder -> 2 echo processes, in slices"
-               " alternating with ours" + node_cost(8)),
+               " alternating with ours" + _cost_notes(pool, floor, 8)),
         Result("dirty.execute_vs_floor", "us", ours["execute"] * 1e6,
                "no-work floor of a node in the path", floor.latency() * 1e6, direction="lower",
                notes="1 bare caller -> raw trio forwarder -> 2 echo processes, in slices"
-               " alternating with ours (floor: see the module doc)" + node_cost(1)),
+               " alternating with ours (floor: see the module doc)" + _cost_notes(pool, floor, 1)),
     ]  # fmt: skip
     if theirs is not None:
         results += [

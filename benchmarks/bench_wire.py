@@ -43,7 +43,8 @@ REQUEST: dict[str, Any] = {
 PATHS = (
     "C fast paths on"
     if _accel.C is not None
-    else "pure Python (C fast paths off: WIRE_NO_SPEEDUPS set or not built)"
+    else "pure Python (C fast paths off: WIRE_NO_SPEEDUPS set, or wire/_speedups not built or"
+    " built from an older _speedups.c: python setup.py build_ext --inplace)"
 )
 
 

@@ -321,3 +321,21 @@ def test_bench_dirty_probe_counts_the_nodes_cpu_and_its_wakeups_only_while_asked
     assert counted - on >= 50
     assert after == off >= counted
     assert cpu1 > cpu0 and workers1 > workers0 > 0
+
+
+def test_bench_dirty_floor_notes_name_each_process_cost_and_whether_wires_c_paths_ran(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import benchmarks.bench_dirty as bench_dirty
+    from benchmarks.bench_dirty import _cost_notes, _Side
+
+    # 100 calls by 8 callers: node 3 ms of CPU, workers 2 ms, client 4 ms; 5 node wake-ups a call
+    ours = _Side([], lambda: (0.0, 0.0, 0.0), made=100, spent={8: [3e-3, 0.0, 2e-3, 4e-3]})
+    ours.wakeups[8] = 5.0
+    floor = _Side([], lambda: (0.0, math.nan, 0.0), made=200, spent={8: [4e-3, 0.0, 2e-3, 2e-3]})
+    for paths in ("C fast paths on", "pure Python (C fast paths off: ...)"):
+        monkeypatch.setattr(bench_dirty, "WIRE_PATHS", paths)
+        assert _cost_notes(ours, floor, 8) == (
+            "; CPU us/call: node 30 (forwarder 20), workers 20 (echoes 10), client 40 (bare"
+            f" callers 10); 5.0 node wake-ups/call; wire: {paths}"
+        )
