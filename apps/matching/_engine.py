@@ -18,6 +18,7 @@ them); the values are in ``_engine_state`` and the pinned definitions in ``_flow
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ from typing import Any
 
 import otp
 
+from . import _engine_handoff as handoff
 from ._dispatch import Completed, Failed, Lost, NotDispatched, Routed
 from ._engine_definitions import Advertised, DefinitionLoaded, remember
 from ._engine_kinds import ChildEnded, ChildRead
@@ -241,6 +243,7 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
             first = time.time_ns() // 1000
         state = _State(options=options, me=me, store_monitor=store_monitor, next_delivery=first)
         await self._recover(state)
+        handoff.register(me, functools.partial(self._take_outcome, state))
         return otp.Ok(state)
 
     def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
@@ -288,6 +291,33 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         else:
             logger.warning("matching engine: unexpected cast %r", message)
         return self._next(state)
+
+    def _take_outcome(self, state: _State, outcome: Completed | Failed) -> bool:
+        """(In the task of the stream that read it: ``_engine_handoff``.) Handle an RPC's
+        outcome here, as ``handle_info`` would, and say so; or say it must be sent: while
+        anything waits in the engine's mailbox (it comes first), while the engine handles
+        something itself, and for a Step's outcome or an RPC of a flow that moved to another
+        server (what those lead to may monitor a queue or start a process, which must be
+        the engine's). A bug in it ends the engine (as it would in its own task), not the
+        caller."""
+        me = state.me
+        if state.handing or otp.message_queue_len(me) or not otp.is_process_alive(me):
+            return False
+        call = state.deliveries.get(outcome.delivery)
+        if type(call) is not _Rpc or call.flow.moved or otp.self() == me:
+            return False
+        state.handing = True
+        try:
+            if outcome.delivered is not None:
+                self._note_routed(state, outcome.delivered, call_over=True)
+            self._rpc_outcome(state, call, outcome)
+            self._next(state)
+        except Exception as exc:
+            logger.exception("matching engine: failed on %r (handed over)", outcome)
+            otp.exit(me, ("engine_failed", repr(exc)))
+        finally:
+            state.handing = False
+        return True
 
     def _note_routed(self, state: _State, routed: Routed, *, call_over: bool = False) -> None:
         self._routed(state, routed, call_over=call_over)

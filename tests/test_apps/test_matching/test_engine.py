@@ -29,6 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import otp
+from apps.matching import _engine_handoff as handoff
 from apps.matching._dispatch import (
     CancelCall,
     Completed,
@@ -950,6 +951,59 @@ async def test_an_rpc_that_changes_nothing_answers_without_waiting_for_a_commit(
     assert described.state == {"n": 1}
     rpc_records = [r["reason"] for r in described.dispatches if r["kind"] == "rpc"]
     assert rpc_records == ["flow_queue", "delivered"] * 3  # committed later, all of them
+
+
+async def test_an_rpc_outcome_handed_over_is_handled_in_the_handing_task_while_nothing_waits(
+    store_kind: StoreKind,
+) -> None:
+    """``_engine_handoff.to_engine``: the engine handles an RPC's outcome in the task that
+    hands it over (nothing reaches its mailbox, its caller is answered), unless something
+    waits in its mailbox already (then it is sent, and handled after that); a Step's outcome
+    is always sent."""
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        engine = otp.whereis(ENGINE)
+        assert engine is not None
+        for queued in (False, True):
+            tag = await spawn_call(FlowEngine.call_rpc, "f", "r", [])
+            await trio.testing.wait_all_tasks_blocked()
+            delivery = (await dispatches())[-1][1].task.delivery
+            if queued:
+                otp.send(engine, "timeout")  # (what a zero timeout gives it: a commit, if due)
+            handoff.to_engine(engine, Completed(delivery, "w1", queued, {}))
+            assert otp.message_queue_len(engine) == (2 if queued else 0)
+            assert await outcome(tag) is queued
+        step_delivery = (await dispatches())[0][1].task.delivery
+        waiting = otp.message_queue_len(engine)
+        handoff.to_engine(engine, Completed(step_delivery, "w1", "done", {}))
+        assert otp.message_queue_len(engine) == waiting + 1
+        assert await FlowEngine.result("f") == "done"
+
+
+async def test_an_engine_failing_on_an_outcome_handed_over_ends_alone(
+    store_kind: StoreKind, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in the engine's handling of an outcome handed over ends the engine (its
+    supervisor recovers it), not the task that handed it over."""
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        engine = otp.whereis(ENGINE)
+        assert engine is not None
+        ref = otp.monitor(engine)
+        tag = await spawn_call(FlowEngine.call_rpc, "f", "r", [])
+        await trio.testing.wait_all_tasks_blocked()
+        delivery = (await dispatches())[-1][1].task.delivery
+        with caplog.at_level(logging.ERROR, logger="apps.matching"):
+            # (a patch that is not a dict: wire never gives one, so nothing checks it)
+            handoff.to_engine(engine, Completed(delivery, "w1", None, ["not", "a", "patch"]))
+        down = await otp.receive(lambda m: isinstance(m, otp.Down) and m.ref == ref)
+        assert down.reason == (
+            "engine_failed",
+            "AttributeError(\"'list' object has no attribute 'get'\")",
+        )
+        assert "failed on" in caplog.text
+        with pytest.raises(otp.CallError):
+            await outcome(tag)
 
 
 async def test_an_rpc_on_a_running_flow_patches_its_state(store_kind: StoreKind) -> None:
