@@ -648,7 +648,7 @@ async def test_a_calls_outcome_goes_to_the_engine_that_takes_it_else_by_message(
             taken.append(outcome)
             return next(answers)
 
-        handoff.register(otp.self(), take)
+        handoff.register(otp.self(), handoff.Takers(take, lambda from_, request: False))
         for answer in (True, False):
             d = dispatch()
             delivery = d.task.delivery
