@@ -337,11 +337,11 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         server (what those lead to may monitor a queue or start a process, which must be
         the engine's). A bug in it ends the engine (as it would in its own task), not the
         caller."""
-        me = state.me
-        if state.handing or otp.message_queue_len(me) or not otp.is_process_alive(me):
+        call = state.deliveries.get(outcome.delivery)  # (first: a Step's is sent, at once)
+        if type(call) is not _Rpc or call.flow.moved or state.handing:
             return False
-        call = state.deliveries.get(outcome.delivery)
-        if type(call) is not _Rpc or call.flow.moved or otp.self() == me:
+        me = state.me
+        if otp.message_queue_len(me) or not otp.is_process_alive(me) or otp.self() == me:
             return False
         state.handing = True
         try:
