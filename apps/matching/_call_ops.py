@@ -5,7 +5,9 @@
 The engine's ops (flows, RPCs, results, reads) go to the engine with ``otp.send_request``: no
 task waits for them, the engine's answer is an ``otp.Response`` handed to :func:`answer_request`
 where the engine gives it (``on_response``; a message to the connection's mailbox when the
-engine was not there to ask), so a connection with a thousand calls in flight parks nothing. The
+engine was not there to ask), so a connection with a thousand calls in flight parks nothing.
+An RPC is handed to the engine (``hand_over``): it may run it in the reader's own task
+(``_engine_handoff``). The
 other ops run in a task of their own on the connection. Each call is answered by M_REPLY, or by
 an M_ERROR carrying the error's code (``bad_frame`` for arguments of the wrong shape). While
 the connection drains (a graceful stop) new calls, and the calls :func:`cancel_calls` gives up,
@@ -25,6 +27,7 @@ import wire
 
 from . import _matcher
 from ._engine import FlowEngine
+from ._engine_handoff import call_taker
 from ._errors import MatchingError
 from ._flow_spec import parse_definitions
 
@@ -72,7 +75,11 @@ def start_call(conn: Connection, msg: wire.MatchCall) -> None:
             conn.error(rid, "bad_frame", str(exc))
             return
         conn.calls.add(rid)
-        ref = otp.send_request(conn.ctx.engine, engine_request, on_response=conn.answer)
+        # (an RPC the engine may take in this task: ``_engine_handoff``)
+        hand_over = call_taker(conn.ctx.engine) if msg.op == "call_rpc" else None
+        ref = otp.send_request(
+            conn.ctx.engine, engine_request, on_response=conn.answer, hand_over=hand_over
+        )
         conn.requests[ref] = (rid, msg.op)
         return
     op = _TASK_OPS[msg.op]

@@ -18,6 +18,7 @@ them); the values are in ``_engine_state`` and the pinned definitions in ``_flow
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ from typing import Any
 
 import otp
 
+from . import _engine_handoff as handoff
 from ._dispatch import Completed, Failed, Lost, NotDispatched, Routed
 from ._engine_definitions import Advertised, DefinitionLoaded, remember
 from ._engine_kinds import ChildEnded, ChildRead
@@ -80,9 +82,11 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
     for the rest of its backoff. Every pending step it writes is leased to its server id.
 
     Its callbacks never wait: callers are answered later (``otp.reply``), once what their answer
-    depends on is committed. A commit refused for a conflict on one flow (another server wrote
-    it: this one lost its lease) drops that flow and commits the rest; any other refusal
-    crashes the engine; if the ``StoreServer`` goes away (the engine monitors it) the engine
+    depends on is committed. An RPC's call and its outcome may be handled in the task that read
+    them, on its state, instead of sent (``_engine_handoff``: ``_take_call``,
+    ``_take_outcome``). A commit refused for a conflict on one flow (another server wrote it:
+    this one lost its lease) drops that flow and commits the rest; any other refusal crashes
+    the engine; if the ``StoreServer`` goes away (the engine monitors it) the engine
     stops with ``Shutdown(("store_down", reason))``; either way its supervisor's restart
     recovers from the store.
     """
@@ -241,6 +245,10 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
             first = time.time_ns() // 1000
         state = _State(options=options, me=me, store_monitor=store_monitor, next_delivery=first)
         await self._recover(state)
+        takers = handoff.Takers(
+            functools.partial(self._take_outcome, state), functools.partial(self._take_call, state)
+        )
+        handoff.register(me, takers)
         return otp.Ok(state)
 
     def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
@@ -288,6 +296,65 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         else:
             logger.warning("matching engine: unexpected cast %r", message)
         return self._next(state)
+
+    def _take_call(self, state: _State, from_: otp.From, request: Any) -> bool:
+        """(In the task of the connection that read it: ``_engine_handoff``.) Handle a
+        ``call_rpc`` of a flow in memory here, as ``handle_call`` would, and say so; or say it
+        must be sent: any other request, one while anything waits in the engine's mailbox or
+        the engine handles something itself, and an RPC of a flow not in memory or moved to
+        another server (its read and its forward start processes, which must be the
+        engine's). A queue its dispatch goes straight to that the engine does not watch yet
+        gets it through the matcher (``DirectDeliveries.elsewhere``: so does a monitor). A bug
+        in it ends the engine (as it would in its own task), not the caller."""
+        if type(request) is not tuple or len(request) != 5 or request[0] != "call_rpc":
+            return False
+        me = state.me
+        if state.handing or otp.message_queue_len(me) or not otp.is_process_alive(me):
+            return False
+        _, flow_id, name, args, timeout = request
+        flow = state.flows.get(flow_id) if type(flow_id) is str else None
+        if flow is None or flow.moved or otp.self() == me:
+            return False
+        state.handing = state.direct.elsewhere = True
+        try:
+            try:
+                self._call_rpc(state, from_, flow_id, name, args, timeout)
+            except MatchingError as exc:
+                otp.reply(from_, _err(exc))
+            self._next(state)
+        except Exception as exc:
+            logger.exception("matching engine: failed on %r (handed over)", request)
+            otp.exit(me, ("engine_failed", repr(exc)))
+        finally:
+            state.handing = state.direct.elsewhere = False
+        return True
+
+    def _take_outcome(self, state: _State, outcome: Completed | Failed) -> bool:
+        """(In the task of the stream that read it: ``_engine_handoff``.) Handle an RPC's
+        outcome here, as ``handle_info`` would, and say so; or say it must be sent: while
+        anything waits in the engine's mailbox (it comes first), while the engine handles
+        something itself, and for a Step's outcome or an RPC of a flow that moved to another
+        server (what those lead to may monitor a queue or start a process, which must be
+        the engine's). A bug in it ends the engine (as it would in its own task), not the
+        caller."""
+        call = state.deliveries.get(outcome.delivery)  # (first: a Step's is sent, at once)
+        if type(call) is not _Rpc or call.flow.moved or state.handing:
+            return False
+        me = state.me
+        if otp.message_queue_len(me) or not otp.is_process_alive(me) or otp.self() == me:
+            return False
+        state.handing = True
+        try:
+            if outcome.delivered is not None:
+                self._note_routed(state, outcome.delivered, call_over=True)
+            self._rpc_outcome(state, call, outcome)
+            self._next(state)
+        except Exception as exc:
+            logger.exception("matching engine: failed on %r (handed over)", outcome)
+            otp.exit(me, ("engine_failed", repr(exc)))
+        finally:
+            state.handing = False
+        return True
 
     def _note_routed(self, state: _State, routed: Routed, *, call_over: bool = False) -> None:
         self._routed(state, routed, call_over=call_over)

@@ -46,7 +46,8 @@ class EngineCommits:
     def _next(self, state: _State) -> otp.NoReply:
         """Carry on; with records something waits for and no commit running, commit once the
         mailbox is empty: at once if it is now (``otp.message_queue_len``, as Erlang's ``after
-        0`` looks: a lone caller's batch waits for no other pass of the scheduler), else after
+        0`` looks: a lone caller's batch waits for no other pass of the scheduler; the engine's
+        mailbox, also where its handling runs in another task), else after
         taking what waits (a zero timeout); at once past ``max_batch`` records. Dispatch
         records alone wait ``dispatch_record_delay`` (or a batch that goes before)."""
         building = state.building
@@ -54,14 +55,14 @@ class EngineCommits:
             if building.size >= state.options.max_batch:
                 self._flush(state)
             elif building.urgent or building.actions:
-                if otp.message_queue_len():
+                if _waiting(state):
                     return state.carry_on_now
                 self._flush(state)
             elif not state.record_timer:
                 state.record_timer = True
                 otp.send_after(state.options.dispatch_record_delay, state.me, _FlushRecords())
         elif state.committing is None and building.actions:
-            if otp.message_queue_len():
+            if _waiting(state):
                 return state.carry_on_now
             self._flush(state)
         return state.carry_on
@@ -234,3 +235,9 @@ def _without(batch: WriteBatch, flow_id: str) -> WriteBatch:
         flows_created=[r for r in batch.flows_created if r.flow_id != flow_id],
         owner=batch.owner,
     )
+
+
+def _waiting(state: _State) -> int:
+    """How many messages wait in the engine's mailbox (its own handling asks its own, which
+    costs less than naming it)."""
+    return otp.message_queue_len(state.me) if state.handing else otp.message_queue_len()

@@ -42,13 +42,17 @@ class DirectDeliveries:
     where: dict[int, tuple[otp.Pid, str]] = attrs.Factory(dict)
     watched: dict[otp.Pid, otp.Ref] = attrs.Factory(dict)
     monitors: dict[otp.Ref, otp.Pid] = attrs.Factory(dict)
+    #: The engine's handling runs in another process's task now (``_engine_handoff``): a
+    #: queue not watched yet gets the dispatch through the matcher (a monitor must be the
+    #: engine's own).
+    elsewhere: bool = False
 
     def submit(self, dispatch: Dispatch, in_flight: Mapping[int, Any]) -> Routed | None:
         """Send ``dispatch`` to its queue if a direct route names one, and return the routing
         decision to record (as the matcher would have sent it); else submit it to the matcher
         (a cast) and return None. Never blocks."""
         found = self._route(dispatch)
-        if found is None:
+        if found is None or (self.elsewhere and found[0] not in self.watched):
             otp.cast(self.matcher, dispatch)
             return None
         pid, handle, routed = found

@@ -416,6 +416,8 @@ class _State:
     direct: DirectDeliveries = attrs.field(
         default=attrs.Factory(lambda self: DirectDeliveries(self.options.matcher), takes_self=True)
     )
+    #: Handling an outcome handed over in another task (``FlowEngine._take_outcome``).
+    handing: bool = False
     #: ``NoReply(self)`` and ``NoReply(self, timeout=0)``, built once (frozen values, returned
     #: by every callback: see ``EngineCommits._next``).
     carry_on: Any = None

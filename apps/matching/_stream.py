@@ -37,6 +37,7 @@ from ._dispatch import (
     StreamIdle,
     WorkerFreed,
 )
+from ._engine_handoff import to_engine
 from ._matcher import MATCHER, StreamUp
 from ._server_frames import task_message
 
@@ -480,15 +481,16 @@ def _call_ended(
     now: float | None = None,
 ) -> None:
     """The worker's RESULT or FAILURE of ``call``: its outcome to ``reply_to`` (carrying
-    ``delivered``, the call's routing not sent yet, if any), then the stream is idle again
-    (``now``: the clock, if read)."""
+    ``delivered``, the call's routing not sent yet, if any; an RPC's handled here by a local
+    engine that takes it, ``_engine_handoff``), then the stream is idle again (``now``: the
+    clock, if read)."""
     state.call = None
     delivery = call.task.delivery
     worker_id = state.worker_id
     if type(message) is wire.MatchResult:
         value, patch, not_yet = message.value, message.patch, message.not_yet is True
         try:
-            otp.send(
+            to_engine(
                 call.reply_to, Completed(delivery, worker_id, value, patch, not_yet, delivered)
             )
         except otp.BadArg as exc:
@@ -500,7 +502,7 @@ def _call_ended(
     else:
         assert type(message) is wire.MatchFailure
         error = ErrorInfo(message.type, message.message, message.retryable)
-        otp.send(call.reply_to, Failed(delivery, worker_id, error, delivered))
+        to_engine(call.reply_to, Failed(delivery, worker_id, error, delivered))
     _call_over(state, None if delivered is None else delivery, now)
 
 

@@ -108,6 +108,43 @@ async def test_on_response_gets_the_reply_in_the_servers_task_instead_of_a_messa
         assert await otp.receive(timeout=0, default=None) is None
 
 
+async def test_a_request_handed_over_is_not_sent_and_its_later_reply_goes_to_on_response() -> None:
+    async with otp.open_node():
+        server = await Echo.start_link()
+        seen: list[otp.Response] = []
+        handed: list[tuple[otp.From, Any]] = []
+
+        def hand_over(from_: otp.From, request: Any) -> bool:
+            handed.append((from_, request))
+            return request == "take it"
+
+        ref = otp.send_request(server, "take it", on_response=seen.append, hand_over=hand_over)
+        [(from_, request)] = handed
+        assert request == "take it" and from_.pid == otp.self()
+        assert otp.message_queue_len(server) == 0  # (not sent)
+        assert seen == []
+        otp.reply(from_, "taken")
+        assert seen == [otp.Response(ref, "taken", None)]
+        sent = otp.send_request(server, 2, on_response=seen.append, hand_over=hand_over)
+        await otp.call(server, "sync")  # (refused: sent, and served before this call)
+        assert seen[-1] == otp.Response(sent, ("echo", 2), None)
+        assert await otp.receive(timeout=0, default=None) is None
+
+
+async def test_a_request_answered_inside_hand_over_comes_as_a_message() -> None:
+    async with otp.open_node():
+        server = await Echo.start_link()
+        seen: list[otp.Response] = []
+
+        def hand_over(from_: otp.From, request: Any) -> bool:
+            otp.reply(from_, "at once")
+            return True
+
+        ref = otp.send_request(server, 1, on_response=seen.append, hand_over=hand_over)
+        assert seen == []  # (never before send_request returned)
+        assert await otp.receive(timeout=0, default=None) == otp.Response(ref, "at once", None)
+
+
 async def test_on_response_gets_the_exit_reason_of_a_server_that_dies() -> None:
     async with otp.open_node():
         otp.process_flag(trap_exit=True)

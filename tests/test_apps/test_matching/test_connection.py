@@ -20,6 +20,7 @@ import trustme
 import otp
 import supervisors
 import wire
+from apps.matching import _engine_handoff as handoff
 from apps.matching import _matcher
 from apps.matching._config import MatchingConfig
 from apps.matching._connection import DRAIN_GRACE, ServerContext
@@ -282,6 +283,51 @@ async def test_engine_calls_in_flight_are_answered_by_call_id_whatever_the_order
         answers[msg.rid] = msg
     assert all(answers[rid] == wire.MatchReply(f"f{rid}", rid=rid) for rid in range(1, 201))
     assert answers[500].code == "flow_not_found" and answers[500].message == "no such flow"
+    await peer.aclose()
+
+
+class _TakingEngine(_HeldEngine):
+    """A ``_HeldEngine`` registered with ``_engine_handoff``: it takes the RPC calls of flow
+    ``"taken"`` handed over (noting each with the process it was handed over in), and no
+    outcome."""
+
+    async def init(self, taken: list[tuple[otp.From, Any, otp.Pid]]) -> otp.Ok:  # type: ignore[override]
+        def take(from_: otp.From, request: Any) -> bool:
+            if request[1] != "taken":
+                return False
+            taken.append((from_, request, otp.self()))
+            return True
+
+        handoff.register(otp.self(), handoff.Takers(lambda outcome: False, take))
+        return otp.Ok([])
+
+
+async def test_an_rpc_call_the_engine_takes_runs_in_the_readers_task_and_is_answered(
+    serve: Any, sock: str
+) -> None:
+    """An M_CALL ``call_rpc`` is handed to a registered engine (``otp.send_request``'s
+    ``hand_over``), in the connection's own task: one it takes is not sent (its answer,
+    given later, is the call's M_REPLY); one it refuses is sent as before."""
+    await serve()
+    taken: list[tuple[otp.From, Any, otp.Pid]] = []
+    engine = await _TakingEngine.start_link(taken, name="matching_engine")
+    peer = await Peer.unix(sock)
+    await peer.hello("client")
+    await peer.send(
+        wire.MatchCall("call_rpc", {"flow_id": "taken", "name": "r", "args": []}, rid=1)
+    )
+    await peer.send(wire.MatchCall("call_rpc", {"flow_id": "sent", "name": "r", "args": []}, rid=2))
+    while not (held := await otp.call(engine, "release_none")):
+        pass  # (until the refused one is held)
+    assert [request for _, request in held] == [("call_rpc", "sent", "r", [], None)]
+    [(from_, request, handed_in)] = taken
+    assert request == ("call_rpc", "taken", "r", [], None)
+    assert handed_in == from_.pid != engine  # (the connection's own process)
+    otp.reply(from_, ("ok", "from the reader's task"))
+    assert await peer.receive_not_ping() == wire.MatchReply("from the reader's task", rid=1)
+    await otp.call(engine, "release")
+    answer = await peer.receive_not_ping()
+    assert answer.rid == 2 and answer.code == "flow_not_found"
     await peer.aclose()
 
 

@@ -29,6 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import otp
+from apps.matching import _engine_handoff as handoff
 from apps.matching._dispatch import (
     CancelCall,
     Completed,
@@ -649,6 +650,33 @@ async def test_a_step_sent_straight_to_a_queue_that_dies_is_dispatched_again_as_
     assert reasons[:2] == [("flow:T", "flow_queue", None), ("flow:T", "redispatch_lost", "flow:T")]
 
 
+async def test_an_rpc_handed_over_goes_through_the_matcher_to_a_queue_the_engine_does_not_watch(
+    store_kind: StoreKind,
+) -> None:
+    # The engine's monitor of a queue it sends to straight must be its own: an RPC handed over
+    # (run in another process's task) whose queue it does not watch yet goes through the
+    # matcher; once the engine watches the queue, handed over or not, it goes straight.
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        queue = otp.spawn(_holds_what_it_gets, otp.self())
+        publish_route(ets.new(routes_table(MATCHER), named=True), "flow:T", queue, None)
+        await trio.testing.wait_all_tasks_blocked()
+        take = handoff.call_taker(ENGINE)
+
+        def handed_over(arg: str) -> None:
+            otp.send_request(ENGINE, ("call_rpc", "f", "r", [arg], None), hand_over=take)
+
+        handed_over("unwatched")
+        await trio.testing.wait_all_tasks_blocked()
+        assert [d.task.args for _, d in await dispatches()][-1] == ["unwatched"]
+        await spawn_call(FlowEngine.call_rpc, "f", "r", ["sent"])  # (the engine's own task)
+        _, first = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "queued")
+        handed_over("watched")
+        _, second = await otp.receive(lambda m: isinstance(m, tuple) and m[0] == "queued")
+        assert [first.task.args, second.task.args] == [["sent"], ["watched"]]
+        assert len(await dispatches()) == 2  # (the step and the first RPC)
+
+
 def forwarded(node: str, worker: str) -> Any:
     """Forwarded to another server's matcher, which then says nothing more (that server's
     node goes down)."""
@@ -950,6 +978,90 @@ async def test_an_rpc_that_changes_nothing_answers_without_waiting_for_a_commit(
     assert described.state == {"n": 1}
     rpc_records = [r["reason"] for r in described.dispatches if r["kind"] == "rpc"]
     assert rpc_records == ["flow_queue", "delivered"] * 3  # committed later, all of them
+
+
+async def test_an_rpc_outcome_handed_over_is_handled_in_the_handing_task_while_nothing_waits(
+    store_kind: StoreKind,
+) -> None:
+    """``_engine_handoff.to_engine``: the engine handles an RPC's outcome in the task that
+    hands it over (nothing reaches its mailbox, its caller is answered), unless something
+    waits in its mailbox already (then it is sent, and handled after that); a Step's outcome
+    is always sent."""
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        engine = otp.whereis(ENGINE)
+        assert engine is not None
+        for queued in (False, True):
+            tag = await spawn_call(FlowEngine.call_rpc, "f", "r", [])
+            await trio.testing.wait_all_tasks_blocked()
+            delivery = (await dispatches())[-1][1].task.delivery
+            if queued:
+                otp.send(engine, "timeout")  # (what a zero timeout gives it: a commit, if due)
+            handoff.to_engine(engine, Completed(delivery, "w1", queued, {}))
+            assert otp.message_queue_len(engine) == (2 if queued else 0)
+            assert await outcome(tag) is queued
+        step_delivery = (await dispatches())[0][1].task.delivery
+        waiting = otp.message_queue_len(engine)
+        handoff.to_engine(engine, Completed(step_delivery, "w1", "done", {}))
+        assert otp.message_queue_len(engine) == waiting + 1
+        assert await FlowEngine.result("f") == "done"
+
+
+async def test_an_rpc_call_handed_over_is_dispatched_in_the_handing_task_if_its_flow_is_here(
+    store_kind: StoreKind,
+) -> None:
+    """``_engine_handoff.call_taker``: the engine takes an RPC of a flow in memory in the task
+    that hands it over (``otp.send_request``'s ``hand_over``): nothing reaches its mailbox,
+    the dispatch is submitted at once, and the answer goes to ``on_response``; one of a flow
+    not in memory, or any other request, is sent."""
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        await trio.testing.wait_all_tasks_blocked()
+        engine = otp.whereis(ENGINE)
+        take = handoff.call_taker(ENGINE)
+        assert engine is not None and take is not None
+        seen: list[otp.Response] = []
+        ref = otp.send_request(
+            ENGINE, ("call_rpc", "f", "r", [1], None), on_response=seen.append, hand_over=take
+        )
+        assert otp.message_queue_len(engine) == 0  # (taken: not sent)
+        await trio.testing.wait_all_tasks_blocked()
+        rpc = (await dispatches())[-1][1]
+        assert rpc.task.kind == "rpc" and rpc.task.args == [1]
+        handoff.to_engine(engine, Completed(rpc.task.delivery, "w1", "answered", {}))
+        assert seen == [otp.Response(ref, ("ok", "answered"), None)]
+        for request in (("call_rpc", "missing", "r", [], None), ("result", "f", None)):
+            waiting = otp.message_queue_len(engine)
+            otp.send_request(ENGINE, request, on_response=seen.append, hand_over=take)
+            assert otp.message_queue_len(engine) == waiting + 1
+        with pytest.raises(FlowNotFound):
+            await FlowEngine.call_rpc("missing", "r")
+
+
+async def test_an_engine_failing_on_an_outcome_handed_over_ends_alone(
+    store_kind: StoreKind, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in the engine's handling of an outcome handed over ends the engine (its
+    supervisor recovers it), not the task that handed it over."""
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        engine = otp.whereis(ENGINE)
+        assert engine is not None
+        ref = otp.monitor(engine)
+        tag = await spawn_call(FlowEngine.call_rpc, "f", "r", [])
+        await trio.testing.wait_all_tasks_blocked()
+        delivery = (await dispatches())[-1][1].task.delivery
+        with caplog.at_level(logging.ERROR, logger="apps.matching"):
+            # (a patch that is not a dict: wire never gives one, so nothing checks it)
+            handoff.to_engine(engine, Completed(delivery, "w1", None, ["not", "a", "patch"]))
+        down = await otp.receive(lambda m: isinstance(m, otp.Down) and m.ref == ref)
+        assert down.reason == (
+            "engine_failed",
+            "AttributeError(\"'list' object has no attribute 'get'\")",
+        )
+        assert "failed on" in caplog.text
+        with pytest.raises(otp.CallError):
+            await outcome(tag)
 
 
 async def test_an_rpc_on_a_running_flow_patches_its_state(store_kind: StoreKind) -> None:

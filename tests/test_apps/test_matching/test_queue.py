@@ -16,6 +16,7 @@ import trio.testing
 import otp
 import supervisors
 import wire
+from apps.matching import _engine_handoff as handoff
 from apps.matching._dispatch import (
     Accepted,
     Capabilities,
@@ -630,6 +631,46 @@ async def test_an_accept_and_its_outcome_handed_over_at_once_make_one_message_ea
         )  # (nothing the stream offered: ignored, as each frame alone would be)
         assert await otp.receive(timeout=0, default=None) is None
         assert handle.state.offered is d
+
+
+async def test_a_calls_outcome_goes_to_the_engine_that_takes_it_else_by_message(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A ``reply_to`` registered with ``_engine_handoff`` (an engine) is handed the call's
+    outcome in the task that read it, when it takes it; one it refuses is sent, as is any
+    outcome to a ``reply_to`` not registered."""
+    async with otp.open_node():
+        _, handle = await _idle_stream()
+        taken: list[Any] = []
+        answers = iter([True, False])
+
+        def take(outcome: Completed | Failed) -> bool:
+            taken.append(outcome)
+            return next(answers)
+
+        handoff.register(otp.self(), handoff.Takers(take, lambda from_, request: False))
+        for answer in (True, False):
+            d = dispatch()
+            delivery = d.task.delivery
+            handle.offer(Offer(d, "flow:Greet"))
+            handle.deliver_served(
+                wire.MatchAccept(delivery, rid=1), wire.MatchResult(delivery, answer, rid=1)
+            )
+            assert taken[-1].delivery == delivery and taken[-1].value is answer
+            sent = [
+                m
+                for m in await _drain_mailbox()
+                if isinstance(m, Completed) and m.delivery == delivery
+            ]
+            assert len(sent) == (0 if answer else 1)
+        assert len(taken) == 2
+
+
+async def _drain_mailbox() -> list[Any]:
+    got = []
+    while (message := await otp.receive(timeout=0, default=None)) is not None:
+        got.append(message)
+    return got
 
 
 async def test_a_stream_idle_carrying_its_accepted_frees_the_stream_without_an_offer_again(

@@ -1,0 +1,87 @@
+"""An RPC handed to the engine by the task that read it, instead of sent: the client's call
+by its connection's reader, the worker's outcome by the stream that read it.
+
+The engine registers itself as it starts (``register``). The task that reads an RPC's M_CALL
+(its connection's reader) hands the engine the request (``call_taker``: ``otp.send_request``'s
+``hand_over``), and the task that runs the stream that reads its RESULT or FAILURE (that
+connection's reader, most often) hands it the outcome (``to_engine``); each runs the engine's
+handling itself, on the engine's state, as ``StreamHandle`` and ``QueueHandle`` do for a stream
+and a queue: the engine's handling never waits and runs in the same trio thread, so its task is
+not woken, the TASK goes out in the first reader's scheduling batch, and the answer to the
+RPC's caller (through its ``on_response``: the client's connection) in the second's (issue 15:
+two wake-ups of the server less per RPC).
+
+The engine takes either only while its mailbox is empty and it is not handling something
+itself (``FlowEngine._take_call`` and ``_take_outcome`` say the rest), so nothing it was sent
+before is overtaken: the call's ``Routed`` "delivered" that came by message is handled first.
+Otherwise, and for any ``reply_to`` not registered (another node's engine, a test's process),
+it is sent as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+import otp
+
+from ._dispatch import Completed, Failed
+
+__all__ = ["Takers", "call_taker", "register", "to_engine"]
+
+
+@attrs.frozen(eq=False)
+class Takers:
+    """What an engine does with what is handed to it, each True if it took it: an outcome
+    (``Completed``/``Failed``), a call (``from_``, the request, as ``handle_call`` gets it)."""
+
+    outcome: Callable[[Completed | Failed], bool]
+    call: Callable[[otp.From, Any], bool]
+
+
+#: Engine pid -> its takers, for this trio run (one node's engines).
+_TAKERS: trio.lowlevel.RunVar[dict[Any, Takers]] = trio.lowlevel.RunVar("matching_engine_takers")
+
+
+def register(pid: otp.Pid, takers: Takers) -> None:
+    """(From the engine ``pid``'s own task.) Hand ``pid`` what comes for it to ``takers``
+    from now on, until the process exits."""
+    try:
+        registered = _TAKERS.get()
+    except LookupError:
+        registered = {}
+        _TAKERS.set(registered)
+    registered[pid] = takers
+
+    def forget(pid: otp.Pid, reason: Any) -> None:
+        if registered.get(pid) is takers:
+            del registered[pid]
+
+    otp.add_exit_hook(forget)
+
+
+def call_taker(engine: Any) -> Callable[[otp.From, Any], bool] | None:
+    """The ``hand_over`` of ``otp.send_request`` for a call to ``engine`` (a name or pid of
+    this node), or None: the engine is not registered."""
+    try:
+        registered = _TAKERS.get()
+    except LookupError:
+        return None
+    if type(engine) is str:
+        engine = otp.whereis(engine)
+    takers = registered.get(engine)
+    return None if takers is None else takers.call
+
+
+def to_engine(reply_to: Any, outcome: Completed | Failed) -> None:
+    """``otp.send(reply_to, outcome)``, or its handling by the engine ``reply_to`` in the
+    calling task when it takes it (see the module's docstring). Raises as ``otp.send``."""
+    try:
+        takers = _TAKERS.get().get(reply_to)
+    except LookupError:
+        takers = None
+    if takers is None or not takers.outcome(outcome):
+        otp.send(reply_to, outcome)
