@@ -60,14 +60,24 @@ def is_process_alive(pid: Pid) -> bool:
     return proc is not None and not proc.exiting
 
 
-def message_queue_len() -> int:
-    """How many messages wait in the calling process's mailbox (Erlang's
-    ``process_info(self(), message_queue_len)``), without a snapshot of the rest: cheap.
+def message_queue_len(pid: Pid | None = None) -> int:
+    """How many messages wait in the calling process's mailbox, or in that of ``pid`` (a
+    process of this node; 0 once it is not alive) (Erlang's
+    ``process_info(Pid, message_queue_len)``), without a snapshot of the rest: cheap.
 
     Raises:
-        NotAProcess: Called outside a process.
+        NotAProcess: Called outside a process without ``pid``.
+        BadArg: ``pid`` is not a Pid, or names a process of another node.
     """
-    return current_process().message_queue_len
+    if pid is None:
+        return current_process().message_queue_len
+    if pid.__class__ is not Pid:
+        raise BadArg(f"message_queue_len: not a Pid: {pid!r}")
+    node = current_node()
+    if pid.node != node.name:
+        raise BadArg(f"message_queue_len({pid!r}): a pid of another node (this is {node.name!r})")
+    proc = node.resolve(pid)
+    return proc.message_queue_len if proc is not None else 0
 
 
 def process_info(pid: Pid) -> ProcessInfo | None:
