@@ -344,7 +344,7 @@ class SqlStore(SqlServers):
         calls = self._calls
         if calls is None:
             return False
-        here = sum(map(len, batches)) <= self._inline and _nothing_runnable()
+        here = self.commits_here(sum(map(len, batches)))
         if here_only and not here:
             return False
         try:
@@ -359,6 +359,12 @@ class SqlStore(SqlServers):
         ended = functools.partial(self._commit_ended, batches, done)
         calls.start(functools.partial(self._commit_many, self._conn, batches), ended)
         return True
+
+    def commits_here(self, records: int) -> bool:
+        """As :meth:`Store.commits_here`: up to ``_INLINE_RECORDS`` records, with threads (a
+        store without runs every call on trio's thread already, awaited), nothing else
+        runnable."""
+        return self._calls is not None and records <= self._inline and _nothing_runnable()
 
     def _commit_ended(
         self,

@@ -162,6 +162,12 @@ class Store(Protocol):
         checked (``check_batch``) already."""
         ...
 
+    def commits_here(self, records: int) -> bool:
+        """Whether a ``commit_soon`` group of ``records`` records (``len`` of its batches) would
+        run to its end before it returns, if the connection is free (not a promise: the
+        ``StoreServer``'s handle asks before it checks a batch)."""
+        ...
+
     async def claim_pending(
         self, owner: str, now: float, lease_seconds: float, limit: int
     ) -> list[PendingStep]:

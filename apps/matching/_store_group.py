@@ -156,9 +156,10 @@ class StoreHandle:
 
     :meth:`commit` runs the server's handling of a ``commit_nowait`` batch in the caller's task
     (the engine's), on the server's state, when that handling would run the transaction to its
-    end on trio's thread (``Store.commit_soon(..., here_only=True)``: SQLite, a small group,
-    nothing else runnable): while the server's mailbox is empty, no group of its is in flight
-    (its handling of anything ended: its callbacks never wait) and it is not stopping. The
+    end on trio's thread (``Store.commits_here``, then ``commit_soon(..., here_only=True)``:
+    SQLite, a small group, nothing else runnable, the connection free): while the server's
+    mailbox is empty, no group of its is in flight (its handling of anything ended: its
+    callbacks never wait) and it is not stopping. The
     outcome goes to the sender as ``BatchCommitted`` as before: sent to itself, the engine takes
     it in the same pass. Neither the server's task nor the engine's is woken for it (two
     wake-ups less a commit, four a Step; issue 15). Order holds: a read or commit still in the
@@ -176,16 +177,18 @@ class StoreHandle:
         state = self.state
         me = state.me
         if (
-            state.in_flight
+            batch.__class__ is not WriteBatch  # (the server refuses it, by message)
+            or state.in_flight
             or state.stopped
             or otp.message_queue_len(me)
             or not otp.is_process_alive(me)
+            or not state.store.commits_here(len(batch))  # (before the check: under load, no)
         ):
             return False
         try:
             check_batch(batch)
         except TypeError:
-            return False  # (the server refuses it by message, as any)
+            return False  # (the server refuses it, by message)
         group: list[tuple[WriteBatch, To]] = [(batch, Notify(reply_to, tag))]
         state.in_flight = 1
         try:

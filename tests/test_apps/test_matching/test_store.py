@@ -870,7 +870,8 @@ async def test_commit_soon_runs_a_small_group_on_trios_thread_while_nothing_else
     store_kind: StoreKind,
 ) -> None:
     # (SqlStore.commit_soon: SQLite's idle small groups skip the thread's hand-off; a larger
-    # group, or one while another task is runnable, goes to a thread; PostgreSQL's always do)
+    # group, or one while another task is runnable, goes to a thread, or nowhere with
+    # ``here_only``, as ``commits_here`` says; PostgreSQL's always go to a thread)
     store = store_kind.store(threads=True)
     await store.open()
     try:
@@ -880,10 +881,17 @@ async def test_commit_soon_runs_a_small_group_on_trios_thread_while_nothing_else
         small = [WriteBatch(flows_created=[flow("a")]), WriteBatch(flows_created=[flow("b")])]
         assert await _commit_soon(store, small) == (sqlite, [None, None])
         large = [flow(f"l{i}") for i in range(INLINE_RECORDS + 1)]
+        assert (store.commits_here(INLINE_RECORDS), store.commits_here(len(large))) == (
+            sqlite,
+            False,
+        )
+        assert not store.commit_soon([WriteBatch(flows_created=large)], print, here_only=True)
         assert await _commit_soon(store, [WriteBatch(flows_created=large)]) == (False, [None])
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.lowlevel.checkpoint)  # (runnable now)
             busy = [WriteBatch(flows_created=[flow("c")])]
+            assert not store.commits_here(1)
+            assert not store.commit_soon(busy, print, here_only=True)
             assert await _commit_soon(store, busy) == (False, [None])
         assert where == [sqlite, False, False]
         assert store.statistics().inline == int(sqlite)
@@ -1174,12 +1182,14 @@ async def test_server_commit_nowait_tells_the_sender_each_batch_is_durable_or_re
         StoreServer.commit_nowait(WriteBatch(flows_created=[flow()]), me, "first")
         StoreServer.commit_nowait(WriteBatch(flows_created=[flow()]), me, "again")
         StoreServer.commit_nowait(WriteBatch(attempts=[flow()]), me, "bad")  # type: ignore[list-item]
-        got = {m.tag: m for m in [await otp.receive(timeout=5) for _ in range(3)]}
+        StoreServer.commit_nowait(7, me, "not a batch")  # type: ignore[arg-type]
+        got = {m.tag: m for m in [await otp.receive(timeout=5) for _ in range(4)]}
         stats = await StoreServer.statistics()
     assert got["first"] == BatchCommitted("first", None)
     assert isinstance(got["again"].error, FlowExists)
     assert isinstance(got["bad"].error, StoreError)  # refused at once, before any I/O
     assert "WriteBatch.attempts must be a list of AttemptRecord" in str(got["bad"].error)
+    assert isinstance(got["not a batch"].error, StoreError)
     assert stats.batches == 2  # the bad batch never reached the store
 
 
