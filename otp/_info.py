@@ -61,13 +61,13 @@ def is_process_alive(pid: Pid) -> bool:
 
 
 def message_queue_len(pid: Pid | None = None) -> int:
-    """How many messages wait in the calling process's mailbox, or in that of ``pid`` (a
-    process of this node; 0 once it is not alive) (Erlang's
-    ``process_info(Pid, message_queue_len)``), without a snapshot of the rest: cheap.
+    """How many messages wait in the mailbox of ``pid`` (None: the calling process), Erlang's
+    ``process_info(Pid, message_queue_len)``, without a snapshot of the rest: cheap. A process
+    that is not alive has none.
 
     Raises:
-        NotAProcess: Called outside a process without ``pid``.
-        BadArg: ``pid`` is not a Pid, or names a process of another node.
+        NotAProcess: Called outside a process without a ``pid``.
+        BadArg: ``pid`` is not a Pid, or names a process of another node (ask that node).
     """
     if pid is None:
         return current_process().message_queue_len
@@ -77,7 +77,7 @@ def message_queue_len(pid: Pid | None = None) -> int:
     if pid.node != node.name:
         raise BadArg(f"message_queue_len({pid!r}): a pid of another node (this is {node.name!r})")
     proc = node.resolve(pid)
-    return proc.message_queue_len if proc is not None else 0
+    return 0 if proc is None else proc.message_queue_len
 
 
 def process_info(pid: Pid) -> ProcessInfo | None:
