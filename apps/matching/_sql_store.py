@@ -324,12 +324,14 @@ class SqlStore(SqlServers):
         self,
         batches: list[WriteBatch],
         done: Callable[[outcome.Outcome[list[StoreError | None]]], None],
+        *,
+        here_only: bool = False,
     ) -> bool:
         """As :meth:`Store.commit_soon`, when the store has threads (``threads``) and its
         connection is free: a group of up to ``_INLINE_RECORDS`` records while nothing else in
         trio's run is runnable, here and now, ``done`` called before this returns; any other in
-        a thread, whose end calls ``done`` through trio's ``run_sync_soon``, with the connection
-        free again.
+        a thread (none with ``here_only``), whose end calls ``done`` through trio's
+        ``run_sync_soon``, with the connection free again.
 
         Why here when idle: the thread's hand-off (waking a thread of the cache, the GIL there
         and back, the wake-up back to trio) costs ~100 us of latency and of CPU a commit,
@@ -342,11 +344,14 @@ class SqlStore(SqlServers):
         calls = self._calls
         if calls is None:
             return False
+        here = self.commits_here(sum(map(len, batches)))
+        if here_only and not here:
+            return False
         try:
             self._lock.acquire_nowait()
         except trio.WouldBlock:
             return False
-        if sum(map(len, batches)) <= self._inline and _nothing_runnable():
+        if here:
             self._inline_commits += 1
             result = outcome.capture(self._commit_many, self._conn, batches)
             self._commit_ended(batches, done, result)
@@ -354,6 +359,12 @@ class SqlStore(SqlServers):
         ended = functools.partial(self._commit_ended, batches, done)
         calls.start(functools.partial(self._commit_many, self._conn, batches), ended)
         return True
+
+    def commits_here(self, records: int) -> bool:
+        """As :meth:`Store.commits_here`: up to ``_INLINE_RECORDS`` records, with threads (a
+        store without runs every call on trio's thread already, awaited), nothing else
+        runnable."""
+        return self._calls is not None and records <= self._inline and _nothing_runnable()
 
     def _commit_ended(
         self,

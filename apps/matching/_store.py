@@ -148,6 +148,8 @@ class Store(Protocol):
         self,
         batches: list[WriteBatch],
         done: Callable[[outcome.Outcome[list[StoreError | None]]], None],
+        *,
+        here_only: bool = False,
     ) -> bool:
         """``commit_many(batches)`` started now, with no task waiting for it (the
         ``StoreServer``'s commits: no hand-off to a task of its own), if the store can: True
@@ -155,8 +157,15 @@ class Store(Protocol):
         return or raise; later calls wait for it as for any other), False when it cannot (no
         threads, or another call holds the connection): nothing started, await ``commit_many``.
         A store may also run it to its end before returning True (SQLite: an idle server's
-        small group), ``done`` called first. The batches are checked (``check_batch``)
-        already."""
+        small group), ``done`` called first; ``here_only`` starts nothing else (False: the
+        ``StoreServer``'s handle then sends the batch to the server instead). The batches are
+        checked (``check_batch``) already."""
+        ...
+
+    def commits_here(self, records: int) -> bool:
+        """Whether a ``commit_soon`` group of ``records`` records (``len`` of its batches) would
+        run to its end before it returns, if the connection is free (not a promise: the
+        ``StoreServer``'s handle asks before it checks a batch)."""
         ...
 
     async def claim_pending(

@@ -12,11 +12,25 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import outcome
 import trio
 
 import otp
 
+from ._store_group import (
+    ERRORS,
+    Committed,
+    Crashed,
+    Group,
+    Notify,
+    StoreHandle,
+    To,
+    answer,
+    count,
+    error_reply,
+    flush,
+    handle_of,
+    register,
+)
 from ._store_records import (
     DEFAULT_TIMEOUT,
     SERVER_NAME,
@@ -24,10 +38,8 @@ from ._store_records import (
     BatchCommitted,
     Claim,
     DispatchRecord,
-    FlowExists,
     FlowRecord,
     PendingStep,
-    StoreConflict,
     StoreError,
     StoreServerStatistics,
     WriteBatch,
@@ -42,58 +54,18 @@ __all__ = ["StoreServer"]
 
 logger = logging.getLogger("apps.matching")
 
-_ERRORS: dict[str, type[StoreError]] = {
-    "exists": FlowExists,
-    "conflict": StoreConflict,
-    "error": StoreError,
-}
-_TAGS = {cls: tag for tag, cls in _ERRORS.items()}
-
-
-def _error_reply(exc: StoreError) -> tuple[str, str, str, dict[str, Any]]:
-    return ("error", _TAGS.get(type(exc), "error"), exc.message, exc.details)
-
 
 def _unwrap(reply: Any) -> Any:
     if reply[0] == "ok":
         return reply[1]
     _, tag, message, details = reply
-    raise _ERRORS[tag](message, details=details)
+    raise ERRORS[tag](message, details=details)
 
 
 @attrs.frozen
 class _Read:
     from_: otp.From
     fn: Callable[[], Awaitable[Any]]
-
-
-@attrs.frozen
-class _Notify:
-    """Where the outcome of a ``commit_nowait`` batch goes."""
-
-    pid: otp.Pid
-    tag: Any
-
-
-_To = otp.From | _Notify
-
-
-@attrs.frozen
-class _Group:
-    entries: list[tuple[WriteBatch, _To]]
-
-
-@attrs.frozen
-class _Committed:
-    size: int
-
-
-@attrs.frozen
-class _Crashed:
-    """A group's transaction raised what is not a :class:`StoreError`, or answering its senders
-    raised (a bug): the server crashes with it, as with its worker's."""
-
-    error: BaseException
 
 
 @attrs.frozen
@@ -105,10 +77,10 @@ class _PendingChanged:
 class _State:
     store: Store
     me: otp.Pid
-    jobs: trio.MemorySendChannel[_Read | _Group]
+    jobs: trio.MemorySendChannel[_Read | Group]
     worker: otp.Pid
     watcher: otp.Pid
-    queued: list[tuple[WriteBatch, _To]] = attrs.field(factory=list)
+    queued: list[tuple[WriteBatch, To]] = attrs.field(factory=list)
     in_flight: int = 0
     groups: int = 0
     batches: int = 0
@@ -117,6 +89,10 @@ class _State:
     waiters: list[tuple[otp.From, int]] = attrs.field(factory=list)
     #: ``NoReply(self)``, built once (a frozen value: every callback that carries on returns it).
     carry_on: Any = None
+    #: Set once it stops, or a bug handed over crashes it: nothing more is handed over.
+    stopped: bool = False
+    #: Its ``StoreHandle`` (which this keeps alive: the run's registry holds it weakly).
+    handle: StoreHandle | None = None
 
 
 #: The operations the server runs on its store for a call, in the order they arrive.
@@ -147,7 +123,8 @@ class StoreServer(otp.GenServer):
     Writes are group-committed: while one transaction runs (in a worker thread, started by the
     server itself when the connection is free, else by a process the server links to, behind
     the reads it runs; on SQLite, an idle server's small group on trio's thread, by the server
-    itself), batches sent meanwhile queue up and all go into the next
+    itself or, for ``commit_nowait``, in its sender's task), batches sent meanwhile queue up and
+    all go into the next
     transaction, each batch atomic on its own; each caller is answered once its batch is
     durable (or refused). Reads, claims and lease changes run on the same connection in the
     order they arrive, between transactions, so the server's mailbox is read all the while.
@@ -185,9 +162,13 @@ class StoreServer(otp.GenServer):
         ``BatchCommitted(tag, None)`` once it is durable, or ``BatchCommitted(tag, error)`` if
         it was refused (a batch of the wrong records too: a :class:`StoreError` naming the
         field). Nothing is sent if the server dies first: monitor it. Batches handed over by one
-        process are committed in the order handed over.
+        process are committed in the order handed over. An idle server (on SQLite) may commit it
+        in the caller's own task, its answer sent before this returns (``StoreHandle``,
+        ``_store_group``): no wake-up of the server's task, nor of the caller's.
         """
-        otp.GenServer.cast(server, ("commit", batch, reply_to, tag))
+        handle = handle_of(server)
+        if handle is None or not handle.commit(batch, reply_to, tag):
+            otp.GenServer.cast(server, ("commit", batch, reply_to, tag))
 
     @staticmethod
     async def create_flow(
@@ -391,12 +372,13 @@ class StoreServer(otp.GenServer):
     async def init(self, store: Store) -> otp.Ok:
         await store.open()
         otp.process_flag(trap_exit=True)
-        send, receive = trio.open_memory_channel[_Read | _Group](math.inf)
+        send, receive = trio.open_memory_channel[_Read | Group](math.inf)
         me = otp.self()
         worker = otp.spawn_link(_worker, store, receive, me)
         watcher = otp.spawn_link(_watcher, store, me)
         state = _State(store=store, me=me, jobs=send, worker=worker, watcher=watcher)
         state.carry_on = otp.NoReply(state)
+        state.handle = register(state)
         return otp.Ok(state)
 
     def handle_call(self, request: Any, from_: otp.From, state: _State) -> Any:
@@ -408,7 +390,7 @@ class StoreServer(otp.GenServer):
                     return otp.Reply(("error", "error", str(exc), {}), state)
                 state.queued.append((batch, from_))
                 if not state.in_flight:
-                    _flush(state)
+                    flush(state)
                 return state.carry_on
             case (str(op), tuple(args), dict(kwargs)) if op in _OPS:
                 fn = functools.partial(_OPS[op](state.store), *args, **kwargs)
@@ -440,22 +422,19 @@ class StoreServer(otp.GenServer):
                 except TypeError as exc:
                     otp.send(reply_to, BatchCommitted(tag, StoreError(str(exc))))
                     return state.carry_on
-                state.queued.append((batch, _Notify(reply_to, tag)))
+                state.queued.append((batch, Notify(reply_to, tag)))
                 if not state.in_flight:
-                    _flush(state)
+                    flush(state)
             case _:
                 logger.warning("StoreServer: unknown cast %r", request)
         return state.carry_on
 
     def handle_info(self, message: Any, state: _State) -> Any:
         match message:
-            case _Committed(size=size):
-                state.groups += 1
-                state.batches += size
-                state.largest_group = max(state.largest_group, size)
-                state.in_flight = 0
+            case Committed(size=size):
+                count(state, size)
                 if state.queued:
-                    _flush(state)
+                    flush(state)
             case _PendingChanged(generation=generation):
                 state.generation = max(state.generation, generation)
                 still = []
@@ -467,83 +446,35 @@ class StoreServer(otp.GenServer):
                 state.waiters = still
             case otp.Exit(pid=pid, reason=reason) if pid in (state.worker, state.watcher):
                 return otp.Stop(reason, state)
-            case _Crashed(error=error):
+            case Crashed(error=error):
                 raise error
         return state.carry_on
 
     async def terminate(self, reason: Any, state: _State) -> None:
+        state.stopped = True
         state.jobs.close()
         otp.exit(state.watcher, otp.KILL)
         otp.exit(state.worker, otp.KILL)
         await state.store.close()  # waits for a transaction still running in its thread
 
 
-def _flush(state: _State) -> None:
-    """Start every queued batch as one group (one transaction): in the store's thread at once
-    when its connection is free (``Store.commit_soon``: no pass of the worker before the thread
-    starts, nor after it ends; on SQLite an idle server's small group runs here, to its end),
-    else through the worker, behind the reads it runs."""
-    group, state.queued = state.queued, []
-    state.in_flight = len(group)
-    batches = [batch for batch, _ in group]
-    if not state.store.commit_soon(batches, functools.partial(_ended, state.me, group)):
-        state.jobs.send_nowait(_Group(group))
-
-
-def _ended(
-    server: otp.Pid,
-    group: list[tuple[WriteBatch, _To]],
-    result: outcome.Outcome[list[StoreError | None]],
-) -> None:
-    """(On trio's thread: a group ``commit_soon`` started ended, in its thread or in the
-    server's own ``_flush``.) Answer its senders and tell the server, as the worker does after
-    a group. Once the server died nobody is told (its
-    senders learn it by its DOWN, as when the worker dies with it mid-transaction)."""
-    if not otp.is_process_alive(server):
-        return
-    outcomes: list[StoreError | None]
-    if isinstance(result, outcome.Error):
-        error = result.error
-        if not isinstance(error, StoreError):
-            otp.send(server, _Crashed(error))
-            return
-        outcomes = [error] * len(group)
-    else:
-        outcomes = result.unwrap()
-    try:
-        _answer(group, outcomes)
-    except Exception as exc:  # (in no process: one raising here would end trio's run)
-        otp.send(server, _Crashed(exc))
-        return
-    otp.send(server, _Committed(len(group)))
-
-
-def _answer(group: list[tuple[WriteBatch, _To]], outcomes: list[StoreError | None]) -> None:
-    """Tell each sender of a group its batch's outcome."""
-    for (_, to), outcome_ in zip(group, outcomes, strict=True):
-        if isinstance(to, _Notify):
-            otp.send(to.pid, BatchCommitted(to.tag, outcome_))
-        else:
-            otp.reply(to, ("ok", None) if outcome_ is None else _error_reply(outcome_))
-
-
 async def _worker(
-    store: Store, jobs: trio.MemoryReceiveChannel[_Read | _Group], server: otp.Pid
+    store: Store, jobs: trio.MemoryReceiveChannel[_Read | Group], server: otp.Pid
 ) -> None:
     """Runs the server's store operations one at a time and answers their callers."""
     async for job in jobs:
-        if isinstance(job, _Group):
+        if isinstance(job, Group):
             try:
                 outcomes = await store.commit_many([batch for batch, _ in job.entries])
             except StoreError as exc:
                 outcomes = [exc] * len(job.entries)
-            _answer(job.entries, outcomes)
-            otp.send(server, _Committed(len(job.entries)))
+            answer(job.entries, outcomes)
+            otp.send(server, Committed(len(job.entries)))
         else:
             try:
                 value = await job.fn()
             except StoreError as exc:
-                otp.reply(job.from_, _error_reply(exc))
+                otp.reply(job.from_, error_reply(exc))
             else:
                 otp.reply(job.from_, ("ok", value))
 

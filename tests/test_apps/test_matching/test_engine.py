@@ -1517,6 +1517,72 @@ async def test_a_lone_calls_batch_is_committed_without_another_pass_over_the_emp
     assert passes.count <= 7
 
 
+@asynccontextmanager
+async def idle_sqlite_server(store_kind: StoreKind) -> AsyncIterator[Any]:
+    """``server`` on a store with threads (SQLite: an idle server's small groups commit on
+    trio's thread, handed over by the engine, ``_store_group.StoreHandle``); yields the
+    store."""
+    if store_kind.name == "postgresql":
+        pytest.skip("PostgreSQL commits only in a thread (SqlStore._INLINE_RECORDS)")
+    store = store_kind.store(threads=True)
+    await StoreServer.start(store, name=SERVER_NAME)  # (not linked: a test crashes it)
+    await FakeMatcher.start_link(echo, name=MATCHER)
+    await FlowEngine.start(EngineOptions(first_delivery=1), name=ENGINE)
+    await FlowEngine.start_flow("T", [], definition())  # (the first run's costs)
+    yield store
+
+
+def _handled(pid: Any) -> int:
+    info = otp.process_info(otp.whereis(pid) if isinstance(pid, str) else pid)
+    assert info is not None
+    return info.messages_handled
+
+
+async def test_on_an_idle_sqlite_server_the_engine_commits_in_its_own_task(
+    store_kind: StoreKind,
+) -> None:
+    """The engine hands an idle server its batch (``StoreServer.commit_nowait``): committed
+    and answered in the engine's task, its ``BatchCommitted`` taken in the same pass: the
+    StoreServer's task is not woken, nor the engine's once more."""
+    async with otp.open_node(), idle_sqlite_server(store_kind):
+        handled = _handled(SERVER_NAME)
+        passes = _Passes()
+        trio.lowlevel.add_instrument(passes)
+        try:
+            flow_id = await FlowEngine.start_flow("T", [], definition())
+        finally:
+            trio.lowlevel.remove_instrument(passes)
+        assert _handled(SERVER_NAME) == handled
+        assert (await FlowEngine.describe(flow_id))["status"] == "completed"
+    # the caller's call, the engine's pass over it (and its commit), the reply: 3 (7 by
+    # message: the store's pass over the commit and the engine's over its answer)
+    assert passes.count <= 3
+
+
+async def test_a_bug_in_a_commit_the_engine_handed_over_crashes_the_store_not_the_engine(
+    store_kind: StoreKind,
+) -> None:
+    bug = RuntimeError("a bug in the store")
+
+    def commit_many(conn: Any, batches: Any) -> Any:
+        raise bug
+
+    async with otp.open_node(), idle_sqlite_server(store_kind) as store:
+        engine, server_pid = otp.whereis(ENGINE), otp.whereis(SERVER_NAME)
+        assert engine is not None and server_pid is not None
+        engine_ref, store_ref = otp.monitor(engine), otp.monitor(server_pid)
+        store._commit_many = commit_many
+        await spawn_call(FlowEngine.start_flow, "T", [], definition(), "f")
+        store_down = await otp.receive(
+            lambda m: isinstance(m, otp.Down) and m.ref == store_ref, timeout=5
+        )
+        engine_down = await otp.receive(
+            lambda m: isinstance(m, otp.Down) and m.ref == engine_ref, timeout=5
+        )
+    assert store_down.reason == otp.Crash(bug)
+    assert engine_down.reason == otp.Shutdown(("store_down", otp.Crash(bug)))
+
+
 async def test_a_killed_engine_recovers_its_running_flows_from_the_store(
     store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -870,7 +870,8 @@ async def test_commit_soon_runs_a_small_group_on_trios_thread_while_nothing_else
     store_kind: StoreKind,
 ) -> None:
     # (SqlStore.commit_soon: SQLite's idle small groups skip the thread's hand-off; a larger
-    # group, or one while another task is runnable, goes to a thread; PostgreSQL's always do)
+    # group, or one while another task is runnable, goes to a thread, or nowhere with
+    # ``here_only``, as ``commits_here`` says; PostgreSQL's always go to a thread)
     store = store_kind.store(threads=True)
     await store.open()
     try:
@@ -880,10 +881,17 @@ async def test_commit_soon_runs_a_small_group_on_trios_thread_while_nothing_else
         small = [WriteBatch(flows_created=[flow("a")]), WriteBatch(flows_created=[flow("b")])]
         assert await _commit_soon(store, small) == (sqlite, [None, None])
         large = [flow(f"l{i}") for i in range(INLINE_RECORDS + 1)]
+        assert (store.commits_here(INLINE_RECORDS), store.commits_here(len(large))) == (
+            sqlite,
+            False,
+        )
+        assert not store.commit_soon([WriteBatch(flows_created=large)], print, here_only=True)
         assert await _commit_soon(store, [WriteBatch(flows_created=large)]) == (False, [None])
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.lowlevel.checkpoint)  # (runnable now)
             busy = [WriteBatch(flows_created=[flow("c")])]
+            assert not store.commits_here(1)
+            assert not store.commit_soon(busy, print, here_only=True)
             assert await _commit_soon(store, busy) == (False, [None])
         assert where == [sqlite, False, False]
         assert store.statistics().inline == int(sqlite)
@@ -1174,13 +1182,45 @@ async def test_server_commit_nowait_tells_the_sender_each_batch_is_durable_or_re
         StoreServer.commit_nowait(WriteBatch(flows_created=[flow()]), me, "first")
         StoreServer.commit_nowait(WriteBatch(flows_created=[flow()]), me, "again")
         StoreServer.commit_nowait(WriteBatch(attempts=[flow()]), me, "bad")  # type: ignore[list-item]
-        got = {m.tag: m for m in [await otp.receive(timeout=5) for _ in range(3)]}
+        StoreServer.commit_nowait(7, me, "not a batch")  # type: ignore[arg-type]
+        got = {m.tag: m for m in [await otp.receive(timeout=5) for _ in range(4)]}
         stats = await StoreServer.statistics()
     assert got["first"] == BatchCommitted("first", None)
     assert isinstance(got["again"].error, FlowExists)
     assert isinstance(got["bad"].error, StoreError)  # refused at once, before any I/O
     assert "WriteBatch.attempts must be a list of AttemptRecord" in str(got["bad"].error)
+    assert isinstance(got["not a batch"].error, StoreError)
     assert stats.batches == 2  # the bad batch never reached the store
+
+
+async def test_server_commit_nowait_on_an_idle_server_is_answered_in_the_senders_own_task(
+    store_kind: StoreKind,
+) -> None:
+    # (StoreHandle: on SQLite an idle server's small group commits in the sender's task, the
+    # server's not woken; PostgreSQL's commits go by message, to a thread; a message of another
+    # sender still in the server's mailbox sends it by message, behind that one)
+    sqlite = store_kind.name == "sqlite"
+    async with otp.open_node():
+        server = await StoreServer.start_link(store_kind.store(threads=True), name="matching_store")
+        await trio.testing.wait_all_tasks_blocked()
+        handled = _handled(server)
+        StoreServer.commit_nowait(WriteBatch(flows_created=[flow("a")]), otp.self(), "a")
+        answered_at_once = otp.message_queue_len() == 1
+        assert await otp.receive(timeout=5) == BatchCommitted("a", None)
+        assert (answered_at_once, _handled(server) == handled) == (sqlite, sqlite)
+        otp.send(server, "another sender's message")
+        StoreServer.commit_nowait(WriteBatch(flows_created=[flow("b")]), otp.self(), "b")
+        assert otp.message_queue_len() == 0
+        assert await otp.receive(timeout=5) == BatchCommitted("b", None)
+        assert [r.flow_id for r in await StoreServer.list_flows()] == ["b", "a"]
+        stats = await StoreServer.statistics()
+    assert (stats.groups, stats.batches, stats.in_flight) == (2, 2, 0)
+
+
+def _handled(server: otp.Pid) -> int:
+    info = otp.process_info(server)
+    assert info is not None
+    return info.messages_handled
 
 
 async def test_server_refuses_a_conflicting_batch_alone(store_kind: StoreKind) -> None:
@@ -1323,6 +1363,12 @@ class HeldCommits:
         """``commit_nowait`` of a batch creating ``flow_id``, answered to the caller."""
         StoreServer.commit_nowait(WriteBatch(flows_created=[flow(flow_id)]), otp.self(), tag)
 
+    @staticmethod
+    def mail(tag: str, flow_id: str = "f1") -> None:
+        """As :meth:`send`, always by message (never handed over: ``_store_group.StoreHandle``)."""
+        batch = WriteBatch(flows_created=[flow(flow_id)])
+        otp.GenServer.cast("matching_store", ("commit", batch, otp.self(), tag))
+
     async def started(self, tag: str, flow_id: str = "f1") -> None:
         """``send``, then wait until its transaction runs."""
         self.send(tag, flow_id)
@@ -1339,13 +1385,23 @@ async def held_server(store_kind: StoreKind, *, inline: bool = False) -> AsyncIt
         yield held
 
 
-#: Where a crash edge's transaction runs: in a thread of its own, or (SQLite) on trio's thread.
-_WHERE = pytest.mark.parametrize("inline", [False, True], ids=["in_a_thread", "on_trios_thread"])
+#: Where a crash edge's transaction runs: in a thread of its own, or (SQLite) on trio's thread,
+#: in the server's own pass or handed over (in the sender's task, ``StoreHandle``).
+_WHERE = pytest.mark.parametrize("where", ["in_a_thread", "on_trios_thread", "handed_over"])
 
 
 def _skip_inline_on_postgresql(store_kind: StoreKind, inline: bool) -> None:
     if inline and store_kind.name == "postgresql":
         pytest.skip("PostgreSQL commits only in a thread (SqlStore._INLINE_RECORDS)")
+
+
+def _send_from(held: HeldCommits, where: str, tag: str) -> None:
+    """Send ``tag``'s batch so that it commits ``where`` (after its transaction is let go)."""
+    held.go.release()
+    if where == "handed_over":
+        held.send(tag)
+    else:
+        held.mail(tag)
 
 
 async def test_server_groups_what_came_during_a_transaction_and_tells_each_sender_its_failure(
@@ -1447,16 +1503,34 @@ async def test_server_killed_with_a_commit_in_flight_tells_its_sender_nothing_bu
         await held.store.close()
 
 
+async def test_server_commit_nowait_while_a_group_is_in_flight_goes_by_message_behind_it(
+    store_kind: StoreKind,
+) -> None:
+    _skip_inline_on_postgresql(store_kind, True)
+    async with held_server(store_kind) as held:
+        await held.started("a", "a")
+        held.store._inline = INLINE_RECORDS  # ("b" could commit on trio's thread, but "a" runs)
+        held.send("b", "b")
+        assert otp.message_queue_len() == 0
+        held.go.release()
+        held.go.release()
+        assert [await otp.receive(timeout=5) for _ in range(2)] == [
+            BatchCommitted("a", None),
+            BatchCommitted("b", None),
+        ]
+        assert [r.flow_id for r in await StoreServer.list_flows()] == ["b", "a"]
+
+
 @_WHERE
 async def test_server_whose_transaction_raises_a_bug_crashes_with_it_and_tells_nobody_else(
-    store_kind: StoreKind, inline: bool
+    store_kind: StoreKind, where: str
 ) -> None:
+    inline = where != "in_a_thread"
     _skip_inline_on_postgresql(store_kind, inline)
     async with held_server(store_kind, inline=inline) as held:
         bug = held.fail = RuntimeError("a bug in the store")
         ref = otp.monitor(held.server)
-        held.send("t")
-        held.go.release()
+        _send_from(held, where, "t")
         down = await otp.receive(timeout=5)
         assert (down.ref, down.pid) == (ref, held.server)
         assert isinstance(down.reason, otp.Crash)
@@ -1469,19 +1543,19 @@ async def test_server_whose_transaction_raises_a_bug_crashes_with_it_and_tells_n
 
 @_WHERE
 async def test_server_whose_answer_to_a_group_raises_crashes_with_it_not_the_node(
-    store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch, inline: bool
+    store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
+    inline = where != "in_a_thread"
     _skip_inline_on_postgresql(store_kind, inline)
     bug = RuntimeError("a bug in the answers")
 
     def answer(group: Any, outcomes: Any) -> None:
         raise bug
 
-    monkeypatch.setattr("apps.matching._store_server._answer", answer)
+    monkeypatch.setattr("apps.matching._store_group.answer", answer)
     async with held_server(store_kind, inline=inline) as held:
         ref = otp.monitor(held.server)
-        held.send("t")
-        held.go.release()
+        _send_from(held, where, "t")
         down = await otp.receive(timeout=5)
         assert (down.ref, down.pid, down.reason) == (ref, held.server, otp.Crash(bug))
         assert held.on_trios_thread == [inline]
@@ -1489,8 +1563,9 @@ async def test_server_whose_answer_to_a_group_raises_crashes_with_it_not_the_nod
 
 @_WHERE
 async def test_server_whose_stores_after_commit_raises_crashes_with_it_not_the_node(
-    store_kind: StoreKind, inline: bool
+    store_kind: StoreKind, where: str
 ) -> None:
+    inline = where != "in_a_thread"
     _skip_inline_on_postgresql(store_kind, inline)
     bug = RuntimeError("a bug after the commit")
 
@@ -1500,8 +1575,7 @@ async def test_server_whose_stores_after_commit_raises_crashes_with_it_not_the_n
     async with held_server(store_kind, inline=inline) as held:
         held.store._committed = committed
         ref = otp.monitor(held.server)
-        held.send("t")
-        held.go.release()
+        _send_from(held, where, "t")
         down = await otp.receive(timeout=5)
         assert (down.ref, down.pid, down.reason) == (ref, held.server, otp.Crash(bug))
         assert await otp.receive(timeout=0, default=None) is None  # (no answer: only the DOWN)
