@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 import attrs
 
 from apps.matching import Flow, PullWorkerOptions, Registry, Worker, WorkerOptions, rpc, step
+
+#: Handlers run in threads of their own: ``print`` writes a line's text and its end apart, so two
+#: handlers starting at once interleaved theirs ("started Astarted B", then "") without it.
+_PRINTING = threading.Lock()
 
 
 class Crashy(Flow):
@@ -24,7 +29,8 @@ class Crashy(Flow):
         with open(sys.argv[2], "a") as log:
             log.write(f"{ctx.execution_id} {ctx.attempt} {os.getpid()}\n")
         if os.environ.get("CRASHY_MODE") == "hang":
-            print(f"started {ctx.execution_id}", flush=True)
+            with _PRINTING:
+                print(f"started {ctx.execution_id}", flush=True)
             while True:  # heavy work that never ends: the test kills this process
                 time.sleep(0.05)
         ctx.state["done_by"] = os.getpid()
