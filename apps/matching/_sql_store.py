@@ -48,10 +48,11 @@ from ._store_sql import (
     flow_from_row,
     group_rows,
     pending_from_row,
+    puts_free,
 )
 from ._store_threads import ThreadCalls
 
-__all__ = ["SqlStore", "puts_free"]
+__all__ = ["SqlStore"]
 
 T = TypeVar("T")
 
@@ -71,9 +72,8 @@ class SqlStore(SqlServers):
     _SHARED: ClassVar[bool] = False
     #: Whether a group commit may go in one statement per table (``_commit_group``).
     _GROUPS: ClassVar[bool] = False
-    #: The most records (``len`` of its batches) a group ``commit_soon`` may commit on trio's own
-    #: thread when nothing else is runnable (0: none, always in a thread). PostgreSQL's stays
-    #: 0: its commit is a network round trip, which would stall every other actor meanwhile.
+    #: The most records a ``commit_soon`` group may commit on trio's thread when idle (0: never;
+    #: PostgreSQL's: its commit is a network round trip, which would stall every other actor).
     _INLINE_RECORDS: ClassVar[int] = 0
     #: The driver's integrity-violation errors, and every error of the driver.
     _INTEGRITY: ClassVar[type[Exception] | tuple[type[Exception], ...]] = ()
@@ -327,20 +327,15 @@ class SqlStore(SqlServers):
         *,
         here_only: bool = False,
     ) -> bool:
-        """As :meth:`Store.commit_soon`, when the store has threads (``threads``) and its
-        connection is free: a group of up to ``_INLINE_RECORDS`` records while nothing else in
-        trio's run is runnable, here and now, ``done`` called before this returns; any other in
-        a thread (none with ``here_only``), whose end calls ``done`` through trio's
+        """As :meth:`Store.commit_soon`, with threads and the connection free: a group that
+        ``commits_here`` here and now, ``done`` called before this returns; any other in a
+        thread (none with ``here_only``), whose end calls ``done`` through trio's
         ``run_sync_soon``, with the connection free again.
 
-        Why here when idle: the thread's hand-off (waking a thread of the cache, the GIL there
-        and back, the wake-up back to trio) costs ~100 us of latency and of CPU a commit,
-        more than a small group's transaction itself (WAL, ``synchronous=NORMAL``: no fsync;
-        its checkpoints stay in their own thread, ``WalCheckpoints``), and an idle loop has
-        nothing to do meanwhile. Under load the thread pays: SQLite's C code runs without the
-        GIL beside the loop's Python. Records, not batches, tell the two apart: the engine
-        commits one batch at a time, its Steps' records gathered meanwhile (a lone Step's
-        batches hold 2 and 5, under load 10-270)."""
+        Why here when idle: the thread's hand-off costs ~100 us of latency and of CPU a
+        commit, more than a small group's transaction (no fsync; checkpoints in their own
+        thread), and an idle loop has nothing to do meanwhile; under load the thread pays
+        (SQLite's C runs without the GIL). ARCHITECTURE.md, "Durability and delivery"."""
         calls = self._calls
         if calls is None:
             return False
@@ -362,8 +357,7 @@ class SqlStore(SqlServers):
 
     def commits_here(self, records: int) -> bool:
         """As :meth:`Store.commits_here`: up to ``_INLINE_RECORDS`` records, with threads (a
-        store without runs every call on trio's thread already, awaited), nothing else
-        runnable."""
+        store without runs every call on trio's thread already), nothing else runnable."""
         return self._calls is not None and records <= self._inline and _nothing_runnable()
 
     def _commit_ended(
@@ -373,11 +367,9 @@ class SqlStore(SqlServers):
         result: outcome.Outcome[list[StoreError | None]],
     ) -> None:
         """(On trio's thread, a ``commit_soon`` transaction ended.) What ``commit_many`` does
-        after its transaction, then ``done``. Called in no task (after a thread's), where a
-        raise would end trio's run, or in ``commit_soon``'s caller's (after one on trio's
-        thread): either way a bug in that bookkeeping goes to ``done`` as the outcome instead
-        (the StoreServer then crashes with it, its senders told by its DOWN, as when it dies
-        mid-transaction)."""
+        after its transaction, then ``done``. Called in no task (where a raise would end trio's
+        run) or in ``commit_soon``'s caller's: a bug in that bookkeeping goes to ``done`` as
+        the outcome instead (the StoreServer crashes with it, its senders told by its DOWN)."""
         self._lock.release()
         if isinstance(result, outcome.Value):
             try:
@@ -598,14 +590,8 @@ class SqlStore(SqlServers):
 
 
 def _nothing_runnable() -> bool:
-    """Whether no other task of trio's run waits in its run queue (the tasks of the scheduler's
-    pass under way that have not run yet are not counted: a busy server has others queued)."""
+    """Whether no other task of trio's run waits in its run queue (a busy server's has some)."""
     return trio.lowlevel.current_statistics().tasks_runnable == 0
-
-
-def puts_free(batch: WriteBatch) -> bool:
-    """Whether ``batch`` puts a pending step with no lease (one a claim can take)."""
-    return any(step.lease_owner is None for step in batch.pending_put)
 
 
 def _as_tuple(

@@ -55,6 +55,7 @@ __all__ = [
     "group_rows",
     "pending_from_row",
     "pending_row",
+    "puts_free",
     "redact",
 ]
 
@@ -492,3 +493,8 @@ def redact(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[-1]
     user = parts.username or ""
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def puts_free(batch: WriteBatch) -> bool:
+    """Whether ``batch`` puts a pending step with no lease (one a claim can take)."""
+    return any(step.lease_owner is None for step in batch.pending_put)
