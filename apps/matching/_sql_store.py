@@ -1,7 +1,8 @@
 """``SqlStore``: what the two SQL stores (SQLite, PostgreSQL) share of the :class:`Store`
 interface: one connection used by one call at a time (behind a trio lock, each call in a
-worker thread or, for tests on MockClock, on trio's own; on SQLite an idle server's small group
-commit on trio's own too, ``commit_soon``), the reads, the commits and the leases.
+worker thread or, for tests on MockClock, on trio's own; on SQLite a group commit of up to
+``INLINE_RECORDS`` records on trio's own too, ``commit_soon``), the reads, the commits and the
+leases.
 
 A subclass says how to connect and migrate (``_connect``), how a write transaction starts
 (``_BEGIN``), how a claim locks its rows (``_CLAIM_LOCK``), which driver errors are integrity
@@ -72,7 +73,7 @@ class SqlStore(SqlServers):
     _SHARED: ClassVar[bool] = False
     #: Whether a group commit may go in one statement per table (``_commit_group``).
     _GROUPS: ClassVar[bool] = False
-    #: The most records a ``commit_soon`` group may commit on trio's thread when idle (0: never;
+    #: The most records a ``commit_soon`` group may commit on trio's thread (0: never;
     #: PostgreSQL's: its commit is a network round trip, which would stall every other actor).
     _INLINE_RECORDS: ClassVar[int] = 0
     #: The driver's integrity-violation errors, and every error of the driver.
@@ -332,10 +333,11 @@ class SqlStore(SqlServers):
         thread (none with ``here_only``), whose end calls ``done`` through trio's
         ``run_sync_soon``, with the connection free again.
 
-        Why here when idle: the thread's hand-off costs ~100 us of latency and of CPU a
-        commit, more than a small group's transaction (no fsync; checkpoints in their own
-        thread), and an idle loop has nothing to do meanwhile; under load the thread pays
-        (SQLite's C runs without the GIL). ARCHITECTURE.md, "Durability and delivery"."""
+        Why here, idle or busy: the thread's hand-off costs ~100 us of latency and of CPU a
+        commit, and under load its GIL hand-offs (the sqlite3 module gives the GIL up and takes
+        it back around every statement) kept the commit thread waiting while trio's ran
+        Python: both cost more than the transaction (no fsync; checkpoints in their own
+        thread). ARCHITECTURE.md, "Durability and delivery"."""
         calls = self._calls
         if calls is None:
             return False
@@ -357,8 +359,8 @@ class SqlStore(SqlServers):
 
     def commits_here(self, records: int) -> bool:
         """As :meth:`Store.commits_here`: up to ``_INLINE_RECORDS`` records, with threads (a
-        store without runs every call on trio's thread already), nothing else runnable."""
-        return self._calls is not None and records <= self._inline and _nothing_runnable()
+        store without runs every call on trio's thread already)."""
+        return self._calls is not None and records <= self._inline
 
     def _commit_ended(
         self,
@@ -587,11 +589,6 @@ class SqlStore(SqlServers):
         while self._generation <= seen:
             await self._changed.wait()
         return self._generation
-
-
-def _nothing_runnable() -> bool:
-    """Whether no other task of trio's run waits in its run queue (a busy server's has some)."""
-    return trio.lowlevel.current_statistics().tasks_runnable == 0
 
 
 def _as_tuple(

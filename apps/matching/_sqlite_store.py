@@ -1,7 +1,7 @@
 """``SqliteStore``: the matching server's embedded :class:`Store`, on the stdlib's sqlite3.
 
 One connection, used by one thread at a time (trio's thread cache, behind a lock; trio's own
-for an idle server's small group commits, ``SqlStore.commit_soon``); files run in
+for group commits of up to ``INLINE_RECORDS`` records, ``SqlStore.commit_soon``); files run in
 WAL mode with ``synchronous=NORMAL``, checkpointed on a connection of their own, off the commit
 path (``_sqlite_checkpoints``); values are wire CBOR in BLOB columns (never pickle). The
 schema, in ``_sqlite_schema``, is versioned in ``schema_migrations`` as Django's and Alembic's
@@ -38,11 +38,13 @@ sqlite3.register_adapter(type(None), cast("Callable[[None], None]", {}.get))
 #: several times running it).
 _STATEMENTS = 256
 
-#: The most records a threaded store's group commits on trio's own thread while nothing else
-#: is runnable (``SqlStore.commit_soon``; measured in ARCHITECTURE.md, "Durability and
-#: delivery"): a lone Step's batches hold 2 (its flow's start) and 5 (its end), a loaded
-#: server's (64 flows in flight) 10-270.
-INLINE_RECORDS = 8
+#: The most records a threaded store's group commits on trio's own thread, busy or idle
+#: (``SqlStore.commit_soon``; measured in ARCHITECTURE.md, "Durability and delivery"): a lone
+#: Step's batches hold 2 (its flow's start) and 5 (its end); a loaded server's, ~80 at the
+#: median and ~200 at the 99th percentile with 64 flows in flight, ~800 with 256, ~11 us a
+#: record on this machine. A larger group (a burst) goes to a thread: no one transaction
+#: holds the loop much past ~10 ms.
+INLINE_RECORDS = 1024
 
 
 class SqliteStore(SqlStore):
@@ -55,10 +57,10 @@ class SqliteStore(SqlStore):
             after a checkpoint: for tests on ``trio.testing.MockClock``, whose autojump would
             otherwise jump (and fire every timer early) while a worker thread ran.
 
-    One connection serves every call, one at a time, each in a worker thread (but for an idle
-    server's small group commits, ``SqlStore.commit_soon``); a call waiting for the connection
-    is cancellable, a call running in its thread finishes its transaction first (cancellation
-    then takes effect at the caller's next checkpoint).
+    One connection serves every call, one at a time, each in a worker thread (but for group
+    commits of up to ``INLINE_RECORDS`` records, ``SqlStore.commit_soon``); a call waiting for
+    the connection is cancellable, a call running in its thread finishes its transaction first
+    (cancellation then takes effect at the caller's next checkpoint).
     """
 
     _BEGIN: ClassVar[str] = "BEGIN IMMEDIATE"
@@ -66,7 +68,7 @@ class SqliteStore(SqlStore):
     _DB_ERRORS = sqlite3.Error
     #: (``UPDATE ... FROM`` came in SQLite 3.33: an older library goes one by one.)
     _GROUPS = sqlite3.sqlite_version_info >= (3, 33, 0)
-    #: (``SqlStore.commit_soon``: an idle server's small group commits on trio's thread.)
+    #: (``SqlStore.commit_soon``: a group of up to that many commits on trio's thread.)
     _INLINE_RECORDS = INLINE_RECORDS
 
     def __init__(self, path: str, *, threads: bool = True) -> None:

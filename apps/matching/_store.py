@@ -156,10 +156,10 @@ class Store(Protocol):
         once started (``done`` then gets, on trio's thread, the outcome ``commit_many`` would
         return or raise; later calls wait for it as for any other), False when it cannot (no
         threads, or another call holds the connection): nothing started, await ``commit_many``.
-        A store may also run it to its end before returning True (SQLite: an idle server's
-        small group), ``done`` called first; ``here_only`` starts nothing else (False: the
-        ``StoreServer``'s handle then sends the batch to the server instead). The batches are
-        checked (``check_batch``) already."""
+        A store may also run it to its end before returning True (SQLite: a group of up to
+        ``INLINE_RECORDS`` records), ``done`` called first; ``here_only`` starts nothing else
+        (False: the ``StoreServer``'s handle then sends the batch to the server instead). The
+        batches are checked (``check_batch``) already."""
         ...
 
     def commits_here(self, records: int) -> bool:

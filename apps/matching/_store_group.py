@@ -88,8 +88,8 @@ def error_reply(exc: StoreError) -> tuple[str, str, str, dict[str, Any]]:
 def flush(state: _State) -> None:
     """Start every queued batch as one group (one transaction): in the store's thread at once
     when its connection is free (``Store.commit_soon``: no pass of the worker before the thread
-    starts, nor after it ends; on SQLite an idle server's small group runs here, to its end),
-    else through the worker, behind the reads it runs."""
+    starts, nor after it ends; on SQLite a group of up to ``INLINE_RECORDS`` records runs here,
+    to its end), else through the worker, behind the reads it runs."""
     group, state.queued = state.queued, []
     state.in_flight = len(group)
     batches = [batch for batch, _ in group]
@@ -157,7 +157,7 @@ class StoreHandle:
     :meth:`commit` runs the server's handling of a ``commit_nowait`` batch in the caller's task
     (the engine's), on the server's state, when that handling would run the transaction to its
     end on trio's thread (``Store.commits_here``, then ``commit_soon(..., here_only=True)``:
-    SQLite, a small group, nothing else runnable, the connection free): while the server's
+    SQLite, up to ``INLINE_RECORDS`` records, the connection free): while the server's
     mailbox is empty, no group of its is in flight (its handling of anything ended: its
     callbacks never wait) and it is not stopping. The
     outcome goes to the sender as ``BatchCommitted`` as before: sent to itself, the engine takes

@@ -418,8 +418,8 @@ class StoreStatistics:
         refused: Batches refused (conflict, duplicate flow, bad reference or value) or lost with
             a failed transaction.
         claimed: Pending steps handed out by ``claim_pending``.
-        inline: Transactions ``commit_soon`` ran on trio's own thread (an idle server's small
-            group, ``SqlStore.commit_soon``), not in a thread of its own.
+        inline: Transactions ``commit_soon`` ran on trio's own thread (a group of up to
+            ``INLINE_RECORDS`` records, ``SqlStore.commit_soon``), not in a thread of its own.
     """
 
     transactions: int

@@ -122,12 +122,12 @@ class StoreServer(otp.GenServer):
 
     Writes are group-committed: while one transaction runs (in a worker thread, started by the
     server itself when the connection is free, else by a process the server links to, behind
-    the reads it runs; on SQLite, an idle server's small group on trio's thread, by the server
-    itself or, for ``commit_nowait``, in its sender's task), batches sent meanwhile queue up and
-    all go into the next
-    transaction, each batch atomic on its own; each caller is answered once its batch is
-    durable (or refused). Reads, claims and lease changes run on the same connection in the
-    order they arrive, between transactions, so the server's mailbox is read all the while.
+    the reads it runs; on SQLite, a group of up to ``INLINE_RECORDS`` records on trio's thread,
+    by the server itself or, for ``commit_nowait``, in its sender's task), batches sent
+    meanwhile queue up and all go into the next transaction, each batch atomic on its own;
+    each caller is answered once its batch is durable (or refused). Reads, claims and lease
+    changes run on the same connection in the order they arrive, between transactions, so the
+    server's mailbox is read all the while.
 
     Start it with ``StoreServer.start_link(store, name=SERVER_NAME)``; ``init`` opens the store
     (a schema newer than the code fails the start) and ``terminate`` closes it. It traps exits:

@@ -1519,7 +1519,7 @@ async def test_a_lone_calls_batch_is_committed_without_another_pass_over_the_emp
 
 @asynccontextmanager
 async def idle_sqlite_server(store_kind: StoreKind) -> AsyncIterator[Any]:
-    """``server`` on a store with threads (SQLite: an idle server's small groups commit on
+    """``server`` on a store with threads (SQLite: an idle server's groups commit on
     trio's thread, handed over by the engine, ``_store_group.StoreHandle``); yields the
     store."""
     if store_kind.name == "postgresql":

@@ -866,12 +866,12 @@ async def _commit_soon(store: Any, batches: list[WriteBatch]) -> tuple[bool, Any
     return at_once, got[0].unwrap()
 
 
-async def test_commit_soon_runs_a_small_group_on_trios_thread_while_nothing_else_is_runnable(
+async def test_commit_soon_runs_a_group_of_up_to_inline_records_on_trios_thread_busy_or_idle(
     store_kind: StoreKind,
 ) -> None:
-    # (SqlStore.commit_soon: SQLite's idle small groups skip the thread's hand-off; a larger
-    # group, or one while another task is runnable, goes to a thread, or nowhere with
-    # ``here_only``, as ``commits_here`` says; PostgreSQL's always go to a thread)
+    # (SqlStore.commit_soon: SQLite's groups of up to INLINE_RECORDS skip the thread's
+    # hand-off, whether or not other tasks are runnable; a larger group goes to a thread, or
+    # nowhere with ``here_only``, as ``commits_here`` says; PostgreSQL's always go to a thread)
     store = store_kind.store(threads=True)
     await store.open()
     try:
@@ -888,13 +888,12 @@ async def test_commit_soon_runs_a_small_group_on_trios_thread_while_nothing_else
         assert not store.commit_soon([WriteBatch(flows_created=large)], print, here_only=True)
         assert await _commit_soon(store, [WriteBatch(flows_created=large)]) == (False, [None])
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.lowlevel.checkpoint)  # (runnable now)
+            nursery.start_soon(trio.lowlevel.checkpoint)  # (runnable now: a busy loop)
             busy = [WriteBatch(flows_created=[flow("c")])]
-            assert not store.commits_here(1)
-            assert not store.commit_soon(busy, print, here_only=True)
-            assert await _commit_soon(store, busy) == (False, [None])
-        assert where == [sqlite, False, False]
-        assert store.statistics().inline == int(sqlite)
+            assert store.commits_here(1) is sqlite
+            assert await _commit_soon(store, busy) == (sqlite, [None])
+        assert where == [sqlite, False, sqlite]
+        assert store.statistics().inline == 2 * int(sqlite)
         assert [await store.get_flow(f) for f in "abc"] == [flow("a"), flow("b"), flow("c")]
         # (refusals come back as they do from a thread: a duplicate flow, alone)
         again = [WriteBatch(flows_created=[flow("a")]), WriteBatch(flows_created=[flow("d")])]
@@ -1196,7 +1195,7 @@ async def test_server_commit_nowait_tells_the_sender_each_batch_is_durable_or_re
 async def test_server_commit_nowait_on_an_idle_server_is_answered_in_the_senders_own_task(
     store_kind: StoreKind,
 ) -> None:
-    # (StoreHandle: on SQLite an idle server's small group commits in the sender's task, the
+    # (StoreHandle: on SQLite an idle server's group commits in the sender's task, the
     # server's not woken; PostgreSQL's commits go by message, to a thread; a message of another
     # sender still in the server's mailbox sends it by message, behind that one)
     sqlite = store_kind.name == "sqlite"
@@ -1328,9 +1327,9 @@ async def test_server_closes_its_store_when_stopped(store_kind: StoreKind) -> No
 class HeldCommits:
     """Holds a threaded store's transactions in their thread (``_commit_many``) until the test
     lets each go; ``fail`` makes the next one raise instead of running. Every transaction runs
-    in a thread of its own unless ``inline`` (then an idle server's small group runs on trio's
-    thread, ``SqlStore.commit_soon``: let it go before it starts); ``on_trios_thread`` says
-    where each ran."""
+    in a thread of its own unless ``inline`` (then a group of up to ``INLINE_RECORDS`` runs on
+    trio's thread, ``SqlStore.commit_soon``: let it go before it starts); ``on_trios_thread``
+    says where each ran."""
 
     def __init__(self, store: Any, *, inline: bool = False) -> None:
         self.store = store
