@@ -4,9 +4,12 @@ processes, measured in the same run.
 
 Every baseline's echo runs in a separate OS process (never a thread of the measuring
 process, whose round trips would pay GIL hand-offs). ``remote.call_vs_trio``'s floor is the
-same ping-pong with a trio task on each end; a call also shows its trio task wake-ups per
-call on each end (the peer counts its own and reports them) and its CPU time per call on
-each end, in a pass of its own (an installed instrument costs time).
+same ping-pong with a trio task on each end, from the same trio run as the calls and taken in
+turns with them (``_alternate``), with the processes on the same CPUs as the calls'
+(``_placements``: every process on one CPU; ``remote.call_vs_trio_two_cpus``, this end on one
+and the peers on another). A call also shows its trio task wake-ups per call on each end (the
+peer counts its own and reports them) and its CPU time per call on each end, in a pass of its
+own (an installed instrument costs time).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +119,8 @@ trio.run(main)
 """
 
 
-def _spawn(code: str, *args: str) -> subprocess.Popen[str]:
+def _spawn(code: str, *args: str, cpus: set[int] | None = None) -> subprocess.Popen[str]:
+    """``code`` in a new Python process (on ``cpus`` when given), once it prints "ready"."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -122,14 +128,16 @@ def _spawn(code: str, *args: str) -> subprocess.Popen[str]:
         [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, env=env
     )
     assert process.stdout is not None
+    if cpus is not None:
+        os.sched_setaffinity(process.pid, cpus)
     assert process.stdout.readline().strip() == "ready"
     return process
 
 
-def _raw_round_trips(path: str, n: int) -> list[float]:
-    peer = _spawn(_RAW_PEER, path)
+def _raw_round_trips(path: str, n: int, placement: _Placement) -> list[float]:
+    peer = _spawn(_RAW_PEER, path, cpus=placement.peers)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        with _pinned(placement.here), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(path)
             frame = b"0123456789abcdef"
             samples = []
@@ -147,34 +155,92 @@ def _raw_round_trips(path: str, n: int) -> list[float]:
         peer.wait()
 
 
-def _raw_trio_round_trips(path: str, n: int) -> tuple[list[float], float]:
-    """The same ping-pong with trio on both sides: the floor for anything built on trio's
-    scheduler (two task wake-ups per round trip instead of two blocking reads). Returns the
-    round trips' times and this end's CPU time per round trip."""
-    peer = _spawn(_RAW_TRIO_PEER, path)
+#: Rounds in which ``remote.call_vs_trio`` measures a call and its floor in turns.
+ROUNDS = 10
+
+
+@attrs.frozen
+class _Placement:
+    """Where ``_otp_remote`` runs: this process on ``here``, the peers on ``peers`` (None: where
+    the OS puts them)."""
+
+    here: set[int] | None
+    peers: set[int] | None
+
+
+def _placements() -> dict[str, _Placement]:
+    """The CPU placements the calls and their floor are measured in, each the same for both:
+    "one CPU" (every process on this process's first CPU: the CPU a round trip costs, taking
+    turns) and, with two CPUs or more, "two CPUs" (this process on its first, the peers on its
+    second). Where the OS chose, the figure was one or the other by chance: on this machine's
+    VM a CPU left idle between two messages comes back slower (user CPU a round trip about
+    doubles, ours and the floor's alike), so an unpinned run gave two ratios, ~0.35 and ~0.58,
+    from run to run. Without ``sched_setaffinity`` (not Linux), one unpinned placement."""
+    if not hasattr(os, "sched_getaffinity"):
+        return {"unpinned": _Placement(None, None)}
+    cpus = sorted(os.sched_getaffinity(0))
+    out = {"one CPU": _Placement({cpus[0]}, {cpus[0]})}
+    if len(cpus) >= 2:
+        out["two CPUs"] = _Placement({cpus[0]}, {cpus[1]})
+    return out
+
+
+@contextmanager
+def _pinned(cpus: set[int] | None) -> Iterator[None]:
+    """This process on ``cpus`` inside the block (as it was after it)."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
     try:
-
-        async def main() -> tuple[list[float], float]:
-            stream = await trio.open_unix_socket(path)
-            frame = b"0123456789abcdef"
-            samples = []
-            clock = time.perf_counter
-            cpu = _cpu()
-            for _ in range(n):
-                start = clock()
-                await stream.send_all(frame)
-                received = b""
-                while len(received) < 16:
-                    received += await stream.receive_some(16 - len(received))
-                samples.append(clock() - start)
-            cpu = _cpu() - cpu
-            await stream.aclose()
-            return samples, cpu / n
-
-        return trio.run(main)
+        yield
     finally:
-        peer.kill()
-        peer.wait()
+        os.sched_setaffinity(0, before)
+
+
+async def _alternate(
+    ours: Callable[[], Awaitable[object]],
+    floor: Callable[[], Awaitable[object]],
+    n: int,
+    rounds: int = ROUNDS,
+) -> tuple[list[float], list[float], float]:
+    """``n`` round trips of ``ours`` and ``n`` of ``floor``, in ``rounds`` slices each, taken in
+    turns with the order flipped each round (as bench_dirty's ``_alternate``): a host whose
+    speed drifts (other processes, frequency, another VM) then moves both alike, where two
+    passes one after the other set them apart by tens of percent. Returns each round trip's
+    time for ``ours`` and for ``floor``, and this process's CPU per ``floor`` round trip."""
+    clock = time.perf_counter
+    samples: dict[str, list[float]] = {"ours": [], "floor": []}
+    floor_cpu = 0.0
+    each = max(n // rounds, 1)
+    sides = [("ours", ours), ("floor", floor)]
+    for r in range(rounds):
+        for name, one in sides if r % 2 == 0 else sides[::-1]:
+            times = samples[name]
+            cpu = time.process_time()
+            for _ in range(each):
+                start = clock()
+                await one()
+                times.append(clock() - start)
+            if name == "floor":
+                floor_cpu += time.process_time() - cpu
+    return samples["ours"], samples["floor"], floor_cpu / len(samples["floor"])
+
+
+def _raw_trio_round_trip(stream: trio.SocketStream) -> Callable[[], Awaitable[None]]:
+    """One round trip of the floor of ``remote.call_vs_trio``: the same ping-pong with trio on
+    both sides, echoed by another OS process (``_RAW_TRIO_PEER``; two task wake-ups per round
+    trip instead of two blocking reads)."""
+    frame = b"0123456789abcdef"
+
+    async def round_trip() -> None:
+        await stream.send_all(frame)
+        received = b""
+        while len(received) < 16:
+            received += await stream.receive_some(16 - len(received))
+
+    return round_trip
 
 
 def _cpu() -> float:
@@ -212,28 +278,49 @@ async def _counted_calls(echo: Any, calls: int) -> _CallCost:
     )
 
 
-def _otp_remote(address: str, calls: int, sends: int) -> tuple[list[float], float, _CallCost]:
+@attrs.frozen
+class _Remote:
+    """What ``_otp_remote`` measured."""
+
+    #: Each call's time, and each raw trio round trip's (taken in turns, ``_alternate``).
+    samples: list[float]
+    floor: list[float]
+    #: This process's CPU per raw trio round trip.
+    floor_cpu: float
+    #: The seconds ``sends`` one-way sends took.
+    elapsed: float
+    cost: _CallCost
+
+
+def _otp_remote(
+    address: str, floor_path: str, calls: int, sends: int, placement: _Placement
+) -> _Remote:
     code = _PEER.replace("COOKIE", repr(COOKIE)).replace("ADDRESS", repr(address))
-    peer = _spawn(code)
+    peer = _spawn(code, cpus=placement.peers)
+    floor_peer = _spawn(_RAW_TRIO_PEER, floor_path, cpus=placement.peers)
     try:
 
-        async def main() -> tuple[list[float], float, _CallCost]:
+        async def main() -> _Remote:
             await otp.start_distribution(otp.DistConfig(cookie=COOKIE))
             assert await otp.connect("peer@localhost", address)
             echo = ("echo", "peer@localhost")
             call = otp.call
+            stream = await trio.open_unix_socket(floor_path)
+            floor = _raw_trio_round_trip(stream)
             for i in range(200):
                 await call(echo, i)
-            clock = time.perf_counter
-            samples = []
-            for i in range(calls):
-                start = clock()
-                await call(echo, i)
-                samples.append(clock() - start)
+                await floor()
+
+            async def ours() -> None:
+                await call(echo, 0)
+
+            samples, floor_samples, floor_cpu = await _alternate(ours, floor, calls)
+            await stream.aclose()
             cost = await _counted_calls(echo, min(calls, 2_000))
             sink: Any = ("sink", "peer@localhost")
             send = otp.send
             me = otp.self()
+            clock = time.perf_counter
             start = clock()
             send(sink, ("expect", me, sends))
             for i in range(sends):
@@ -243,61 +330,96 @@ def _otp_remote(address: str, calls: int, sends: int) -> tuple[list[float], floa
             got = await otp.receive()
             elapsed = clock() - start
             assert got == ("got", sends), got
-            return samples, elapsed, cost
+            return _Remote(samples, floor_samples, floor_cpu, elapsed, cost)
 
-        return otp.run(main, name="bench@localhost")
+        with _pinned(placement.here):
+            return otp.run(main, name="bench@localhost")
     finally:
-        peer.kill()
-        peer.wait()
+        for process in (peer, floor_peer):
+            process.kill()
+            process.wait()
+
+
+def _call_vs_trio(name: str, where: str, measured: _Remote) -> Result:
+    ours = statistics.median(measured.samples)
+    return Result(
+        name,
+        "us median",
+        ours * 1e6,
+        "raw trio unix ping-pong (16 B)",
+        statistics.median(measured.floor) * 1e6,
+        direction="lower",
+        notes=(
+            f"{where}; floor: the same ping-pong with a trio task on each end, echoed by"
+            f" another OS process in the same placement, measured in turns with the calls"
+            f" ({ROUNDS} rounds, the order flipped each round); {measured.cost}. Raw trio pays"
+            " 2 + 2 too, but one of each end's is its send's checkpoint, after the write; a"
+            " call's two (the reader, then the caller or the server) both come before it, so"
+            " the ratio is about raw trio's CPU over a call's, both ends summed. A call"
+            " answered by its server sends no DEMONITOR (the reply ends the monitor). Raw"
+            f" trio's CPU a round trip on this end: {measured.floor_cpu * 1e6:.0f} us"
+        ),
+    )
 
 
 def remote(quick: bool) -> list[Result]:
     calls = 2_000 if quick else 10_000
     sends = 50_000 if quick else 300_000
+    placements = _placements()
+    first = next(iter(placements.values()))
+    measured: dict[str, _Remote] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        raw = statistics.median(_raw_round_trips(f"{tmp}/raw.sock", calls))
-        raw_trio_samples, raw_trio_cpu = _raw_trio_round_trips(f"{tmp}/trio.sock", calls)
-        raw_trio = statistics.median(raw_trio_samples)
-        samples, elapsed, cost = _otp_remote(f"unix:{tmp}/peer.sock", calls, sends)
-    ours = statistics.median(samples)
-    return [
+        raw = statistics.median(_raw_round_trips(f"{tmp}/raw.sock", calls, first))
+        for i, (where, placement) in enumerate(placements.items()):
+            last = i == len(placements) - 1  # (sends: the last, spread if it can be)
+            measured[where] = _otp_remote(
+                f"unix:{tmp}/peer{i}.sock",
+                f"{tmp}/trio{i}.sock",
+                calls,
+                sends if last else 0,
+                placement,
+            )
+    wheres = list(measured)
+    one, spread = measured[wheres[0]], measured[wheres[-1]]
+    results = [
         Result(
             "remote.call",
             "us median",
-            ours * 1e6,
+            statistics.median(one.samples) * 1e6,
             "raw unix ping-pong (16 B)",
             raw * 1e6,
             direction="lower",
-            notes="GenServer.call to a node in another OS process over a Unix socket",
-        ),
-        Result(
-            "remote.call_vs_trio",
-            "us median",
-            ours * 1e6,
-            "raw trio unix ping-pong (16 B)",
-            raw_trio * 1e6,
-            direction="lower",
             notes=(
-                "floor: the same ping-pong with a trio task on each end, echoed by another OS"
-                f" process; {cost}. Raw trio pays 2 + 2 too, but one of each end's is its"
-                " send's checkpoint, after the write; a call's two (the reader, then the caller"
-                " or the server) both come before it, so the ratio is about raw trio's CPU"
-                " over a call's, both ends summed. A call answered by its server sends no"
-                " DEMONITOR (the reply ends the monitor). Raw trio's CPU a round trip on this"
-                " end:"
-                f" {raw_trio_cpu * 1e6:.0f} us (both ends' CPU is each round trip's wall time"
-                " when they take turns)"
+                "GenServer.call to a node in another OS process over a Unix socket; both on"
+                f" {wheres[0]}"
             ),
         ),
+        _call_vs_trio("remote.call_vs_trio", f"every process on {wheres[0]}", one),
+    ]
+    if len(wheres) > 1:
+        results.append(
+            _call_vs_trio(
+                "remote.call_vs_trio_two_cpus",
+                "this process on one CPU, the peers on another (_placements: on this"
+                " machine's VM a CPU idle between two messages comes back slower, user CPU a"
+                " round trip about doubling for the calls and the floor alike)",
+                spread,
+            )
+        )
+    results.append(
         Result(
             "remote.send",
             "messages/s",
-            sends / elapsed,
+            sends / spread.elapsed,
             "raw unix ping-pong (16 B) round trips/s",
             1 / raw,
-            notes="one-way sends to a process on another node; target >= 100k messages/s",
-        ),
-    ]
+            notes=(
+                "one-way sends to a process on another node, the ends placed as"
+                f" {wheres[-1]}; target >= 100k messages/s"
+            ),
+        )
+    )
+    return results
 
 
 BENCHMARKS = [Benchmark("remote", remote)]

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+import trio
 
 from benchmarks.__main__ import main
 from benchmarks._harness import Benchmark, Result, run_all, select
@@ -340,3 +343,41 @@ def test_bench_dirty_floor_notes_name_each_process_cost_and_whether_wires_c_path
             "; CPU us/call: node 30 (forwarder 20), workers 20 (echoes 10), client 40 (bare"
             f" callers 10); 5.0 node wake-ups/call; wire: {paths}"
         )
+
+
+async def test_bench_remote_calls_and_the_trio_floor_alternate_flipping_the_order() -> None:
+    from benchmarks.bench_remote import _alternate
+
+    ran: list[str] = []
+
+    def side(name: str) -> Callable[[], Awaitable[None]]:
+        async def one() -> None:
+            ran.append(name)
+            await trio.lowlevel.checkpoint()
+
+        return one
+
+    ours, floor, floor_cpu = await _alternate(side("ours"), side("floor"), 6, rounds=3)
+    assert len(ours) == len(floor) == 6
+    assert all(t >= 0 for t in ours + floor) and floor_cpu >= 0
+    # (2 round trips a slice; round 1: ours, floor; round 2 the other way round; round 3 as 1)
+    slices = ran[::2]
+    assert slices == ["ours", "floor", "floor", "ours", "ours", "floor"]
+    assert ran == [name for name in slices for _ in range(2)]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_bench_remote_places_calls_and_floor_alike_and_restores_affinity() -> None:
+    from benchmarks.bench_remote import _pinned, _placements
+
+    before = os.sched_getaffinity(0)
+    cpus = sorted(before)
+    placements = _placements()
+    assert placements["one CPU"].here == placements["one CPU"].peers == {cpus[0]}
+    if len(cpus) >= 2:
+        assert (placements["two CPUs"].here, placements["two CPUs"].peers) == ({cpus[0]}, {cpus[1]})
+    else:
+        assert list(placements) == ["one CPU"]
+    with _pinned({cpus[-1]}):
+        assert os.sched_getaffinity(0) == {cpus[-1]}
+    assert os.sched_getaffinity(0) == before
