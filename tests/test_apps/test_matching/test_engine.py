@@ -50,6 +50,9 @@ from apps.matching._engine import (
     parse_definition,
 )
 from apps.matching._engine_ids import new_flow_id
+from apps.matching._engine_rpcs import _NO_NAMES, _new_dispatch, _new_task
+from apps.matching._engine_steps import _new_dispatch as _step_dispatch
+from apps.matching._engine_steps import _new_task as _step_task
 from apps.matching._errors import (
     CallTimeout,
     Cancelled,
@@ -450,6 +453,29 @@ def test_parse_definition_round_trips_its_wire_form() -> None:
     spec = parse_definition(definition(step("a", max_attempts=5, timeout=2), rpcs=["r"]))
     assert parse_definition(spec.to_wire()) == spec
     assert spec.steps[0].retry.max_attempts == 5 and spec.steps[0].timeout == 2.0
+
+
+@pytest.mark.parametrize("kind, step_kind", [("rpc", None), ("step", "execute")])
+def test_the_engines_task_and_dispatch_builders_equal_the_checked_constructors(
+    kind: str, step_kind: str | None
+) -> None:
+    # (the engine builds each Task and Dispatch it submits with these: no frozen __init__;
+    # a Step's and an RPC's are the same builders)
+    assert (_step_task, _step_dispatch) == (_new_task, _new_dispatch)
+    values = (7, kind, "T", "f1", "a", "f1/rpc/7", 1, [1, "x"], {"n": 2}, 12.5, step_kind)
+    task = _new_task(*values)
+    checked = Task(*values)
+    assert type(task) is Task and repr(task) == repr(checked)
+    assert attrs.astuple(task, recurse=False) == attrs.astuple(checked, recurse=False) == values
+    pid = object()
+    dispatch = _new_dispatch(task, pid, "w1", 3.0, _NO_NAMES, False, _NO_NAMES, 0)
+    expected = Dispatch(task, pid, "w1", 3.0)  # type: ignore[arg-type]
+    assert type(dispatch) is Dispatch
+    assert attrs.astuple(dispatch, recurse=False) == attrs.astuple(expected, recurse=False)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        task.name = "b"  # type: ignore[misc]
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        dispatch.wait = 1.0  # type: ignore[misc]
 
 
 async def test_a_step_sees_the_state_its_predecessors_patched_and_sticks_to_their_worker(
