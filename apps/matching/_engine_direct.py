@@ -23,9 +23,13 @@ from otp import ets
 from ._dispatch import Dispatch, Lost, Routed
 from ._engine_remote import lost_with
 from ._matcher_routes import routes_table
+from ._store_records import trusted_builder
 
 __all__ = ["DirectDeliveries"]
 
+#: Builds the ``Routed`` of each dispatch sent straight (every field, in order; no frozen
+#: ``__init__``, as ``_engine_rpcs._new_task``).
+_new_routed = trusted_builder(Routed)
 #: Routing reasons that leave a dispatch where it is (its queue still holds it).
 _STAYS = frozenset({"declined_no_capacity"})
 
@@ -99,7 +103,7 @@ class DirectDeliveries:
         if not found:
             return None
         _, pid, handle = found[0]
-        return pid, handle, Routed(dispatch.task.delivery, key, reason, sticky)
+        return pid, handle, _new_routed(dispatch.task.delivery, key, reason, sticky, None)
 
     def routed(self, routed: Routed) -> None:
         """Note a routing decision that came by message: a dispatch sent straight to a queue

@@ -54,6 +54,10 @@ __all__ = ["EngineSteps"]
 logger = logging.getLogger("apps.matching")
 #: Builds an ``AttemptRecord`` of the engine's own values (``trusted``: no validators run).
 _new_attempt_record = trusted_builder(AttemptRecord)
+#: Build each attempt's ``Task`` and ``Dispatch`` (every field, in order; as ``_engine_rpcs``).
+_new_task = trusted_builder(Task)
+_new_dispatch = trusted_builder(Dispatch)
+_NO_NAMES: frozenset[str] = frozenset()
 
 
 def _check_start(state: _State, where: str, flow_type: Any, args: Any) -> None:
@@ -347,18 +351,18 @@ class EngineSteps(EngineKinds):
             flow.task = None
             self._start_child(state, flow)
             return
-        task = Task(
-            delivery=delivery,
-            kind="step",
-            flow_type=flow.flow_type,
-            flow_id=flow.flow_id,
-            name=step.name,
-            execution_id=flow.execution_id(),
-            attempt=flow.attempt,
-            args=list(flow.step_input),
-            state=flow.state,
-            deadline=flow.deadline,
-            step_kind=step.kind,
+        task = _new_task(
+            delivery,
+            "step",
+            flow.flow_type,
+            flow.flow_id,
+            step.name,
+            flow.execution_id(),
+            flow.attempt,
+            list(flow.step_input),
+            flow.state,
+            flow.deadline,
+            step.kind,
         )
         flow.delivery = delivery
         flow.task = task
@@ -366,7 +370,10 @@ class EngineSteps(EngineKinds):
         wait = state.options.dispatch_wait
         if flow.deadline is not None:
             wait = max(min(wait, flow.deadline - now), 0.001)
-        self._submit(state, Dispatch(task, state.me, flow.sticky_worker, wait))
+        dispatch = _new_dispatch(
+            task, state.me, flow.sticky_worker, wait, _NO_NAMES, False, _NO_NAMES, 0
+        )
+        self._submit(state, dispatch)
 
     def _end_attempt(self, state: _State, flow: _Flow) -> None:
         """Forget the step dispatch in flight (a late outcome is ignored); a SubFlow attempt

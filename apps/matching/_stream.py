@@ -40,8 +40,15 @@ from ._dispatch import (
 from ._engine_handoff import to_engine
 from ._matcher import MATCHER, StreamUp
 from ._server_frames import task_message
+from ._store_records import trusted_builder
 
 __all__ = ["FreedNotices", "StreamConn", "StreamHandle", "open_stream"]
+
+#: What each call's end sends (every field, in order), built without attrs' frozen
+#: ``__init__`` (a quarter fewer instructions; ``_engine_rpcs``'s ``_new_task`` says more).
+_new_routed = trusted_builder(Routed)
+_new_completed = trusted_builder(Completed)
+_new_stream_idle = trusted_builder(StreamIdle)
 
 logger = logging.getLogger("apps.matching")
 
@@ -469,7 +476,7 @@ def _served(
         return
     state.last_heard = now = state.clock()
     state.offered = None
-    routed = Routed(accept.delivery, state.offered_by, "delivered", state.worker_id, state.me)
+    routed = _new_routed(accept.delivery, state.offered_by, "delivered", state.worker_id, state.me)
     _call_ended(state, offered, outcome, routed, now)
 
 
@@ -491,7 +498,8 @@ def _call_ended(
         value, patch, not_yet = message.value, message.patch, message.not_yet is True
         try:
             to_engine(
-                call.reply_to, Completed(delivery, worker_id, value, patch, not_yet, delivered)
+                call.reply_to,
+                _new_completed(delivery, worker_id, value, patch, not_yet, delivered),
             )
         except otp.BadArg as exc:
             # The flow's engine is on another node, and this result is past the
@@ -568,7 +576,8 @@ def _call_over(state: _Stream, accepted: int | None = None, now: float | None = 
             notices.declined = False
         otp.cast(state.matcher, WorkerFreed(state.worker_id))
     _to_idle(state, now)
-    _tell_queue(state, StreamIdle(state.me, state.worker_id, state.caps, state.handle, accepted))
+    idle = _new_stream_idle(state.me, state.worker_id, state.caps, state.handle, accepted)
+    _tell_queue(state, idle)
 
 
 def _refuse(state: _Stream, dispatch: Dispatch) -> None:

@@ -40,6 +40,7 @@ from apps.matching._dispatch import (
     MatchingLimits,
     NotDispatched,
     Routed,
+    StreamIdle,
     Task,
 )
 from apps.matching._engine import (
@@ -49,7 +50,11 @@ from apps.matching._engine import (
     FlowEngine,
     parse_definition,
 )
+from apps.matching._engine_direct import _new_routed as _direct_routed
 from apps.matching._engine_ids import new_flow_id
+from apps.matching._engine_rpcs import _NO_NAMES, _new_dispatch, _new_task
+from apps.matching._engine_steps import _new_dispatch as _step_dispatch
+from apps.matching._engine_steps import _new_task as _step_task
 from apps.matching._errors import (
     CallTimeout,
     Cancelled,
@@ -68,6 +73,8 @@ from apps.matching._matcher_routes import publish_route, routes_table
 from apps.matching._model import FlowDescription, FlowStatus, FlowSummary
 from apps.matching._queue import QueueHandle, start_queue
 from apps.matching._store import SERVER_NAME, StoreConflict, StoreServer
+from apps.matching._stream import _new_completed, _new_stream_idle
+from apps.matching._stream import _new_routed as _stream_routed
 from otp import ets
 
 from ._stores import StoreKind
@@ -450,6 +457,51 @@ def test_parse_definition_round_trips_its_wire_form() -> None:
     spec = parse_definition(definition(step("a", max_attempts=5, timeout=2), rpcs=["r"]))
     assert parse_definition(spec.to_wire()) == spec
     assert spec.steps[0].retry.max_attempts == 5 and spec.steps[0].timeout == 2.0
+
+
+@pytest.mark.parametrize("kind, step_kind", [("rpc", None), ("step", "execute")])
+def test_the_engines_task_and_dispatch_builders_equal_the_checked_constructors(
+    kind: str, step_kind: str | None
+) -> None:
+    # (the engine builds each Task and Dispatch it submits with these: no frozen __init__;
+    # a Step's and an RPC's are the same builders)
+    assert (_step_task, _step_dispatch) == (_new_task, _new_dispatch)
+    values = (7, kind, "T", "f1", "a", "f1/rpc/7", 1, [1, "x"], {"n": 2}, 12.5, step_kind)
+    task = _new_task(*values)
+    checked = Task(*values)
+    assert type(task) is Task and repr(task) == repr(checked)
+    assert attrs.astuple(task, recurse=False) == attrs.astuple(checked, recurse=False) == values
+    pid = object()
+    dispatch = _new_dispatch(task, pid, "w1", 3.0, _NO_NAMES, False, _NO_NAMES, 0)
+    expected = Dispatch(task, pid, "w1", 3.0)  # type: ignore[arg-type]
+    assert type(dispatch) is Dispatch
+    assert attrs.astuple(dispatch, recurse=False) == attrs.astuple(expected, recurse=False)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        task.name = "b"  # type: ignore[misc]
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        dispatch.wait = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "build, cls, values",
+    [
+        (_direct_routed, Routed, (7, "worker:w1", "sticky", "w1", None)),
+        (_stream_routed, Routed, (7, "flow:T", "delivered", "w1", "stream")),
+        (_new_completed, Completed, (7, "w1", {"v": [1]}, {"set": {"n": 1}}, False, None)),
+        (_new_stream_idle, StreamIdle, ("stream", "w1", "caps", "handle", 7)),
+    ],
+)
+def test_the_call_messages_built_on_the_rpc_path_equal_the_checked_ones(
+    build: Callable[..., Any], cls: type, values: tuple[Any, ...]
+) -> None:
+    # (the direct route's Routed, and the stream's at a call's end, skip the frozen __init__)
+    built, checked = build(*values), cls(*values)
+    assert type(built) is cls and repr(built) == repr(checked)
+    assert attrs.astuple(built, recurse=False) == attrs.astuple(checked, recurse=False) == values
+    if cls is Routed:
+        assert built == checked and hash(built) == hash(checked)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        built.delivery = 8
 
 
 async def test_a_step_sees_the_state_its_predecessors_patched_and_sticks_to_their_worker(
