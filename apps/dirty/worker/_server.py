@@ -336,7 +336,7 @@ class Worker:
         finally:
             if _perf_counter() - began > _INLINE_MAX:
                 self.fast[key] = -_INLINE_PENALTY
-        if not isinstance(result, _LATER):
+        if type(result) not in _LATER:
             try:
                 frame = _encode_dirty(RESPONSE, rid, {"result": result}, _SMALL_PAYLOAD)
             except wire.WireError:
@@ -347,7 +347,7 @@ class Worker:
             self.loop.call_soon_threadsafe(self._finish_on_loop, rid, result, app_path, action)
         else:
             self.running.add(rid)
-            self.executor.submit(self._iterate, rid, result, app_path, action)  # type: ignore[arg-type]
+            self.executor.submit(self._iterate, rid, result, app_path, action)
 
     def _respond(self, rid: int, result: Any, app_path: str, action: str) -> None:
         try:
@@ -528,8 +528,9 @@ _SMALL_PAYLOAD = wire.BIG_BYTES - 1
 _encode_dirty = wire.encode_dirty
 _request_fields = wire.request_fields
 #: What an action returns that is not its result yet: a coroutine or async generator (run on
-#: the loop) or a generator (a stream); one isinstance for the common case, a plain value.
-_LATER = (types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType)
+#: the loop) or a generator (a stream); one set lookup for the common case, a plain value (none
+#: of these types can be subclassed, so the exact type says).
+_LATER = frozenset((types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType))
 _tlv_encode = wire.tlv_encode
 _encode_header = wire.encode_header
 
