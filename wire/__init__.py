@@ -42,6 +42,7 @@ from ._dirty_bytes import encode_dirty as encode_dirty
 from ._dirty_bytes import encode_header as encode_header
 from ._dirty_bytes import peek_route as peek_route
 from ._dirty_bytes import reply_parts as reply_parts
+from ._dirty_bytes import request_fields as request_fields
 from ._dirty_bytes import request_parts as request_parts
 from ._dirty_bytes import route_length as route_length
 from ._dist import Demonitor as Demonitor
@@ -241,6 +242,7 @@ __all__ = [
     "peek_route",
     "reply_parts",
     "request_id_from_str",
+    "request_fields",
     "request_parts",
     "route_length",
     "tlv_decode",

@@ -33,6 +33,7 @@ _FUNCTIONS = (
     "frames_v2",
     "gd1_scan",
     "gd1_frame",
+    "gd1_request",
 )
 
 

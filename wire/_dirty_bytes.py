@@ -4,19 +4,22 @@ workers: no :class:`Frame` is built, and a large ``bytes`` value is sent by refe
 never copied into the encoded frame. The bytes are those of :func:`encode_frame` with
 ``coerce_keys=True`` (Gunicorn's encoding) for the payloads of :func:`make_request`,
 :func:`make_response` and :func:`make_chunk`. The read side: :func:`peek_route` reads a
-REQUEST's route and :func:`big_bytes` a reply's large ``bytes`` value without decoding the rest.
+REQUEST's route and :func:`big_bytes` a reply's large ``bytes`` value without decoding the rest;
+:func:`request_fields` decodes a worker's REQUEST without building its payload dict.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ._accel import C
-from ._errors import LimitExceeded
+from ._errors import LimitExceeded, WireError
 from ._frame import MessageType
 from ._limits import MAX_PAYLOAD, Limits
+from ._tlv import _DEFAULT_FAST_SIZE, tlv_decode
 from ._tlv_encode import tlv_encode
 
 __all__ = [
@@ -26,6 +29,7 @@ __all__ = [
     "encode_header",
     "peek_route",
     "reply_parts",
+    "request_fields",
     "request_parts",
     "route_length",
 ]
@@ -246,3 +250,36 @@ def peek_route(view: memoryview, start: int, stop: int) -> tuple[str, str] | Non
     except (IndexError, UnicodeDecodeError, struct.error):
         return None
     return found[0], found[1]
+
+
+#: What :func:`request_fields` returns: a REQUEST's app_path, action, args and kwargs.
+RequestFields = tuple[str, str, list[Any], dict[str, Any]]
+_REQUEST_KEYS = frozenset(("app_path", "action", "args", "kwargs"))
+
+
+def _request_fields(buffer: Any, start: int, stop: int) -> RequestFields | None:
+    """A REQUEST payload ``buffer[start:stop]`` decoded for a worker: ``(app_path, action,
+    args, kwargs)`` when it is a TLV dict of exactly those four keys (in any order), app_path
+    and action str, args a list and kwargs a dict, as every client sends it; None for anything
+    else (the caller decodes it its own way, which names what is wrong)."""
+    try:
+        payload = tlv_decode(memoryview(buffer)[start:stop], version=1)
+    except WireError:
+        return None
+    if type(payload) is not dict or payload.keys() != _REQUEST_KEYS:
+        return None
+    fields = payload["app_path"], payload["action"], payload["args"], payload["kwargs"]
+    if type(fields[0]) is str and type(fields[1]) is str and type(fields[2]) is list:
+        if type(fields[3]) is dict:
+            return fields
+    return None
+
+
+#: :func:`_request_fields` in one C call where wire's C fast paths are built (it builds no
+#: dict of the payload, and the same app_path and action come back as the same str objects;
+#: a payload past the fast decoder's size is left to the caller's own decoding).
+request_fields: Callable[[Any, int, int], RequestFields | None] = (
+    _request_fields
+    if C is None
+    else functools.partial(C.gd1_request, _LIMITS.max_depth, _LIMITS.max_items, _DEFAULT_FAST_SIZE)
+)

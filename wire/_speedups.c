@@ -1341,6 +1341,93 @@ static PyObject *gd1_frame(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return result;
 }
 
+/* A str value at *off, through the id cache (a request's app_path and action: the same few
+ * names head every request, and the cached str keeps its hash, so the worker's lookups by them
+ * hash nothing). */
+static PyObject *tlv_cached_text(TlvDec *d, Py_ssize_t *off) {
+    long long n = tlv_u32(d, *off);
+    if (n < 0 || *off + 5 + n > d->end) return NULL;
+    const unsigned char *p = d->p + *off;
+    Py_ssize_t size = 5 + (Py_ssize_t)n;
+    IdEntry *e = id_lookup(p, size);
+    if (id_matches(e, p, size) && PyUnicode_CheckExact(e->value)) {
+        *off += size;
+        return Py_NewRef(e->value);
+    }
+    PyObject *text = tlv_decode_text(d, off, PY_SSIZE_T_MAX);
+    if (text) id_store(e, p, size, text);
+    return text;
+}
+
+/* The key at *off (a str) as one of a REQUEST's four: 0 app_path, 1 action, 2 args, 3 kwargs;
+ * -1 for any other. */
+static int request_key(TlvDec *d, Py_ssize_t *off) {
+    static const char *names[4] = {"app_path", "action", "args", "kwargs"};
+    if (*off >= d->end || d->p[*off] != 0x11) return -1;
+    long long n = tlv_u32(d, *off);
+    if (n < 0 || *off + 5 + n > d->end) return -1;
+    const char *key = (const char *)d->p + *off + 5;
+    for (int i = 0; i < 4; i++) {
+        if ((size_t)n == strlen(names[i]) && memcmp(key, names[i], (size_t)n) == 0) {
+            *off += 5 + n;
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* A dirty REQUEST's payload, buffer[start:stop], decoded for a worker in one step: (app_path,
+ * action, args, kwargs) when it is a version 1 TLV dict of exactly those four keys (in any
+ * order), app_path and action str, args a list and kwargs a dict, as every client sends it;
+ * None for anything else, or a payload past fast_size (the caller then decodes it its own way,
+ * which names what is wrong). No dict of the payload is built, and app_path and action come
+ * from the id cache. */
+static PyObject *gd1_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    int max_depth;
+    Py_ssize_t max_items, fast_size, start, stop;
+    if (arg_count("gd1_request", nargs, 6, 6) < 0 || arg_int(args[0], &max_depth) < 0 ||
+        arg_ssize(args[1], &max_items) < 0 || arg_ssize(args[2], &fast_size) < 0 ||
+        arg_ssize(args[4], &start) < 0 || arg_ssize(args[5], &stop) < 0)
+        return NULL;
+    if (!Atom_t || max_depth > MAX_DEPTH || max_depth < 2 || max_items < 4 || start < 0 ||
+        stop < start || stop - start > fast_size)
+        Py_RETURN_NONE;
+    Py_buffer buf;
+    if (PyObject_GetBuffer(args[3], &buf, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *fields[4] = {NULL, NULL, NULL, NULL};
+    PyObject *result = NULL;
+    TlvDec d = {(const unsigned char *)buf.buf, stop, 0, max_items};
+    Py_ssize_t off = start;
+    if (stop > buf.len || stop - start < 5 || d.p[off] != 0x21 || tlv_u32(&d, off) != 4)
+        goto done;
+    off += 5;
+    for (int k = 0; k < 4; k++) {
+        int i = request_key(&d, &off);
+        if (i < 0 || fields[i] || off >= stop) goto done;
+        unsigned char code = d.p[off];
+        if (i < 2) {
+            if (code != 0x11) goto done;
+            fields[i] = tlv_cached_text(&d, &off);
+        } else {
+            if (code != (i == 2 ? 0x20 : 0x21)) goto done;
+            fields[i] = tlv_decode_value(&d, &off, max_depth - 1);
+        }
+        if (!fields[i]) goto done;
+    }
+    if (off == stop) result = PyTuple_Pack(4, fields[0], fields[1], fields[2], fields[3]);
+done:
+    for (int i = 0; i < 4; i++) Py_XDECREF(fields[i]);
+    PyBuffer_Release(&buf);
+    if (!result) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return result;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 static PyObject *init(PyObject *self, PyObject *args) {
@@ -1413,6 +1500,9 @@ static PyMethodDef methods[] = {
     {"gd1_frame", (PyCFunction)(void (*)(void))gd1_frame, METH_FASTCALL,
      "gd1_frame(type, request_id, payload, max_depth, max_items, max_total_items, max_str,"
      " max_payload) -> bytes | None: a GD v1 frame, its payload the version 1 TLV of payload"},
+    {"gd1_request", (PyCFunction)(void (*)(void))gd1_request, METH_FASTCALL,
+     "gd1_request(max_depth, max_items, fast_size, buffer, start, stop) -> (app_path, action,"
+     " args, kwargs) | None: a dirty REQUEST's payload buffer[start:stop], decoded"},
     {"cbor_decode", cbor_decode, METH_VARARGS,
      "cbor_decode(data, max_depth, max_items) -> (value,) | None: the one value data holds"},
     {NULL, NULL, 0, NULL},

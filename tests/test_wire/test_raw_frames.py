@@ -189,6 +189,60 @@ def test_route_length_spans_exactly_the_bytes_peek_route_reads(
     assert payload(app, action + "x", args)[:n] != ours[:n]
 
 
+def _request_fields_both(payload: bytes, offset: int = 3) -> object:
+    """``wire.request_fields`` of ``payload`` at ``offset`` in a larger buffer: what the C
+    path and the Python one both give (they must agree)."""
+    buffer = bytearray(bytes(offset) + payload + b"\x00")
+    view = memoryview(buffer)
+    got = wire.request_fields(view, offset, offset + len(payload))
+    assert _dirty_bytes._request_fields(view, offset, offset + len(payload)) == got
+    return got
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((), {}), ((1, "é", None, [2.5, {"a": b"x"}]), {"k": True}), ((BLOB,), {"b": BLOB})],
+)  # fmt: skip
+def test_request_fields_read_every_clients_request(args: tuple[object, ...], kwargs: dict) -> None:
+    payload = b"".join(wire.request_parts(7, "m:App", "act", args, kwargs))[16:]
+    assert _request_fields_both(payload) == ("m:App", "act", list(args), kwargs)
+    other_order = {"kwargs": kwargs, "args": list(args), "action": "act", "app_path": "m:App"}
+    assert _request_fields_both(wire.tlv_encode(other_order, version=1)) == (
+        "m:App", "act", list(args), kwargs
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"app_path": "m:A", "action": "a", "args": [], "kwargs": {}, "more": 1},
+        {"app_path": "m:A", "action": "a", "args": []},
+        {"app_path": 1, "action": "a", "args": [], "kwargs": {}},
+        {"app_path": "m:A", "action": None, "args": [], "kwargs": {}},
+        {"app_path": "m:A", "action": "a", "args": "ab", "kwargs": {}},
+        {"app_path": "m:A", "action": "a", "args": [], "kwargs": []},
+        ["m:A", "a", [], {}],
+    ],
+)
+def test_request_fields_leave_any_other_payload_to_the_decoder(payload: object) -> None:
+    assert _request_fields_both(wire.tlv_encode(payload, version=1)) is None
+
+
+def test_request_fields_leave_bad_bytes_to_the_decoder() -> None:
+    good = wire.tlv_encode({"app_path": "m:A", "action": "a", "args": [1], "kwargs": {}})
+    assert _request_fields_both(good) == ("m:A", "a", [1], {})
+    assert _request_fields_both(good + b"\x00") is None  # (a byte after the dict)
+    assert _request_fields_both(good[:-1]) is None
+    assert _request_fields_both(b"") is None
+    bad_utf8 = good.replace(b"m:A", b"m:\xff")
+    assert _request_fields_both(bad_utf8) is None
+    twice = wire.tlv_encode({"app_path": "m:A", "action": "a", "args": [], "kwargs": {}})
+    twice = twice.replace(b"\x06action", b"\x08app_path")  # (app_path twice, no action)
+    with pytest.raises(wire.WireError):
+        wire.tlv_decode(twice, version=1)
+    assert _request_fields_both(twice) is None
+
+
 def test_a_client_buffer_grows_only_as_a_frames_bytes_arrive() -> None:
     # A header claiming 64 MiB costs nothing until its bytes come; a large frame that is there
     # still lands in one buffer, whole.

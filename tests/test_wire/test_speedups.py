@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wire
-from wire import _accel, _cbor, _cbor_general, _frame, _raw_frames, _tlv, _tlv_encode
+from wire import _accel, _cbor, _cbor_general, _dirty_bytes, _frame, _raw_frames, _tlv, _tlv_encode
 
 from .strategies import v1_values, v2_scalars, v2_values
 
@@ -349,6 +349,55 @@ def test_the_gd1_frame_encoder_hands_back_what_the_header_cannot_hold() -> None:
     assert C.gd1_frame(2, 7, {"result": "x"}, *lim, 15) is None  # (a 16-byte payload)
     with pytest.raises(TypeError, match=r"gd1_frame\(\) takes 8 to 8 arguments \(7 given\)"):
         C.gd1_frame(2, 7, {}, *lim)
+
+
+@st.composite
+def request_payloads(draw: Any) -> bytes:
+    """REQUEST payloads: the four keys (some maybe missing, or another added) in any order,
+    values of any v1 type, maybe damaged."""
+    keys = draw(st.permutations(["app_path", "action", "args", "kwargs"]))
+    keys = keys[: draw(st.sampled_from([4, 4, 4, 3]))] + draw(st.sampled_from([[], [], ["x"]]))
+    typed = {"app_path": st.text(max_size=6), "action": st.text(max_size=6),
+             "args": st.lists(v1_values(), max_size=3),
+             "kwargs": st.dictionaries(st.text(max_size=3), v1_values(), max_size=2)}  # fmt: skip
+    payload = {
+        k: draw(typed[k] if k in typed and draw(st.booleans()) else v1_values()) for k in keys
+    }
+    return _damaged(draw, wire.tlv_encode(payload, version=1), ["none", "none", "cut", "flip"])
+
+
+@SETTINGS
+@given(request_payloads(), st.integers(0, 8))
+def test_the_gd1_request_decoder_is_the_python_one(payload: bytes, offset: int) -> None:
+    buffer = bytearray(bytes(offset) + payload + b"\x00\x01")
+    with mock.patch.object(_tlv, "_C", None):
+        want = _dirty_bytes._request_fields(buffer, offset, offset + len(payload))
+    assert wire.request_fields(buffer, offset, offset + len(payload)) == want
+    if want is not None:
+        assert [type(v) for v in want] == [str, str, list, dict]
+
+
+def test_the_gd1_request_decoder_hands_the_same_names_back() -> None:
+    # app_path and action come from the id cache: the worker's lookups by them hash nothing.
+    payload = wire.tlv_encode({"app_path": "m:App", "action": "echo", "args": [], "kwargs": {}})
+    first = wire.request_fields(payload, 0, len(payload))
+    again = wire.request_fields(bytearray(payload), 0, len(payload))
+    assert first is not None and again is not None and first == again
+    assert first[0] is again[0] and first[1] is again[1]
+    assert first[2] is not again[2]  # (args and kwargs are the caller's own, each time)
+
+
+def test_the_gd1_request_decoder_takes_its_arguments_as_it_says() -> None:
+    payload = wire.tlv_encode({"app_path": "m:A", "action": "a", "args": [[1]], "kwargs": {}})
+    n = len(payload)
+    assert C.gd1_request(256, 100, 1000, payload, 0, n) == ("m:A", "a", [[1]], {})
+    assert C.gd1_request(256, 100, n - 1, payload, 0, n) is None  # (past fast_size)
+    assert C.gd1_request(2, 100, 1000, payload, 0, n) is None  # (args' list is too deep)
+    assert C.gd1_request(256, 100, 1000, payload, 0, n + 1) is None  # (beyond the buffer)
+    assert C.gd1_request(256, 100, 1000, payload, 5, 2) is None
+    assert C.gd1_request(256, 100, 1000, "not a buffer", 0, 0) is None
+    with pytest.raises(TypeError, match=r"gd1_request\(\) takes 6 to 6 arguments \(5 given\)"):
+        C.gd1_request(256, 100, 1000, payload, 0)
 
 
 @st.composite

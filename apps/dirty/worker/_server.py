@@ -219,24 +219,35 @@ class Worker:
             if mtype == END:
                 self._abandon(rid)
             return
-        try:
-            msg = decode_payload(view[start:stop])
-            app_path = msg["app_path"]
-            action = msg["action"]
-            if type(app_path) is not str or type(action) is not str:
-                raise KeyError
-        except DirtyProtocolError as exc:
-            self.out.write(error_bytes(rid, exc))
-            return
-        except (KeyError, TypeError):
-            error = DirtyProtocolError("a REQUEST needs str app_path and action")
-            self.out.write(error_bytes(rid, error))
-            return
+        # (Every client's REQUEST in one step; anything else is decoded below, which names it.)
+        fields = _request_fields(view, start, stop)
+        msg: dict[str, Any] | None
+        if fields is None:
+            try:
+                msg = decode_payload(view[start:stop])
+                app_path = msg["app_path"]
+                action = msg["action"]
+                if type(app_path) is not str or type(action) is not str:
+                    raise KeyError
+            except DirtyProtocolError as exc:
+                self.out.write(error_bytes(rid, exc))
+                return
+            except (KeyError, TypeError):
+                error = DirtyProtocolError("a REQUEST needs str app_path and action")
+                self.out.write(error_bytes(rid, error))
+                return
+            args = msg.get("args") or []
+            kwargs = msg.get("kwargs") or {}
+        else:
+            app_path, action, args, kwargs = fields
+            msg = None
         key = (app_path, action)
         # (An action proved quick is a remembered one: its app and kind are known.)
         if self.fast.get(key, 0) >= _INLINE_AFTER and len(self.running) < self.threads:
-            self._run_inline(rid, self.apps[app_path], msg, key, self.kinds[key] == _METHOD)
+            self._run_inline(rid, self.apps[app_path], args, kwargs, key)
         else:
+            if msg is None:
+                msg = {"app_path": app_path, "action": action, "args": args, "kwargs": kwargs}
             self._dispatch(rid, msg, app_path, action)
 
     def _dispatch(self, rid: int, msg: dict[str, Any], app_path: str, action: str) -> None:
@@ -306,18 +317,15 @@ class Worker:
             return method
         return None
 
-    def _run_inline(
-        self, rid: int, app: Any, msg: dict[str, Any], key: tuple[str, str], direct: bool
-    ) -> None:
+    def _run_inline(self, rid: int, app: Any, args: Any, kwargs: Any, key: tuple[str, str]) -> None:
         """On the reader thread: run a sync action known to be quick; its reply joins the
-        batch. ``direct``: the app's ``__call__`` is ``DirtyApp``'s, so the method it would
-        look up and run is run here (it is looked up on every call, as ``__call__`` does)."""
+        batch. An app whose ``__call__`` is ``DirtyApp``'s (``kinds``: ``_METHOD``) has the
+        method it would look up and run run here (looked up on every call, as ``__call__``
+        does)."""
         app_path, action = key
-        args = msg.get("args") or []
-        kwargs = msg.get("kwargs") or {}
         began = _perf_counter()
         try:
-            method = getattr(app, action, None) if direct else None
+            method = getattr(app, action, None) if self.kinds[key] == _METHOD else None
             if method is not None and callable(method):
                 result = method(*args, **kwargs)
             else:
@@ -328,13 +336,18 @@ class Worker:
         finally:
             if _perf_counter() - began > _INLINE_MAX:
                 self.fast[key] = -_INLINE_PENALTY
-        if not isinstance(result, _LATER):
-            self._respond(rid, result, app_path, action)
+        if type(result) not in _LATER:
+            try:
+                frame = _encode_dirty(RESPONSE, rid, {"result": result}, _SMALL_PAYLOAD)
+            except wire.WireError:
+                self._respond(rid, result, app_path, action)  # (it names what is wrong)
+                return
+            self.out.write(frame)
         elif inspect.iscoroutine(result) or inspect.isasyncgen(result):
             self.loop.call_soon_threadsafe(self._finish_on_loop, rid, result, app_path, action)
         else:
             self.running.add(rid)
-            self.executor.submit(self._iterate, rid, result, app_path, action)  # type: ignore[arg-type]
+            self.executor.submit(self._iterate, rid, result, app_path, action)
 
     def _respond(self, rid: int, result: Any, app_path: str, action: str) -> None:
         try:
@@ -513,9 +526,11 @@ _CHUNK_HEAD = b"\x21\x00\x00\x00\x01" + wire.tlv_encode("data", version=1)
 #: large bytes by reference).
 _SMALL_PAYLOAD = wire.BIG_BYTES - 1
 _encode_dirty = wire.encode_dirty
+_request_fields = wire.request_fields
 #: What an action returns that is not its result yet: a coroutine or async generator (run on
-#: the loop) or a generator (a stream); one isinstance for the common case, a plain value.
-_LATER = (types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType)
+#: the loop) or a generator (a stream); one set lookup for the common case, a plain value (none
+#: of these types can be subclassed, so the exact type says).
+_LATER = frozenset((types.CoroutineType, types.AsyncGeneratorType, types.GeneratorType))
 _tlv_encode = wire.tlv_encode
 _encode_header = wire.encode_header
 
