@@ -8,8 +8,8 @@ is a few per table: a power of two rows each, so that a few prepared statements 
 group size.
 
 ``_store_sql.group_rows`` says when the batches may go this way and builds the rows. A flow's
-update sets only what a Step changes: ``flow_type`` and ``created_at`` are compared, not set,
-so SQLite leaves the indexes on them (``flows_by_created``, ``flows_by_type``) alone; a record
+update sets only what a Step changes: ``flow_type`` and ``created_at`` are compared, not set
+(SQLite rewrites an index's entry only when the update sets one of its columns); a record
 that changes them misses, as a refused one does, and the caller rolls back and applies the
 batches one by one (``_store_sql.apply_refusable``), whose update sets every column.
 """
@@ -47,10 +47,10 @@ _UPDATE = (
     f" OR NOT EXISTS (SELECT 1 FROM pending WHERE pending.flow_id = {_U['flow_id']}"
     f" AND pending.lease_owner <> {_U['owner']}))"
 )
-#: (Through the rowids a join finds: ``(flow_id, step_index) IN (VALUES ...)`` scans pending.)
+#: (Through a subquery: ``(flow_id, step_index) IN (VALUES ...)`` scans pending, this seeks
+#: each key.)
 _DONE = (
-    "DELETE FROM pending WHERE rowid IN (SELECT pending.rowid FROM (VALUES {}) AS v"
-    " JOIN pending ON pending.flow_id = v.column1 AND pending.step_index = v.column2)"
+    "DELETE FROM pending WHERE (flow_id, step_index) IN (SELECT column1, column2 FROM (VALUES {}))"
 )
 
 
