@@ -461,13 +461,23 @@ def group_rows(batches: Sequence[WriteBatch]) -> GroupRows | None:
 
 def _alone(batch: WriteBatch, index: int, owners: dict[str, int]) -> bool:
     """Whether no batch before ``index`` named a flow ``batch`` names (recording its flows)."""
-    names = {r.flow_id for r in batch.flows_created}
-    names.update(r.flow_id for r in batch.flows_upserted)
-    names.update(r.flow_id for r in batch.attempts)
-    names.update(r.flow_id for r in batch.dispatches)
-    names.update(step.flow_id for step in batch.pending_put)
-    names.update(flow_id for flow_id, _ in batch.pending_done)
-    return all(owners.setdefault(flow_id, index) == index for flow_id in names)
+    names = set(map(_FLOW_ID, batch.flows_created))
+    names.update(
+        map(_FLOW_ID, batch.flows_upserted),
+        map(_FLOW_ID, batch.attempts),
+        map(_FLOW_ID, batch.dispatches),
+        map(_FLOW_ID, batch.pending_put),
+        map(_FIRST, batch.pending_done),
+    )
+    for flow_id in names:  # (a batch of a Step names one)
+        if owners.setdefault(flow_id, index) != index:
+            return False
+    return True
+
+
+# (Each record's flow, and a pending key's, in one C call.)
+_FLOW_ID = operator.attrgetter("flow_id")
+_FIRST = operator.itemgetter(0)
 
 
 # Where each table's rows may hold text (the rest are numbers, bytes, or None).
