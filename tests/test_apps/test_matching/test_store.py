@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import re
 import sqlite3
 import threading
@@ -1690,33 +1691,33 @@ async def test_a_version_1_database_migrates_to_the_servers_table_keeping_its_fl
         )
 
 
-def _sqlite_v2(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A database as version 2 of the schema made it, with a flow of each status, attempts,
-    dispatch records and two pending steps (one leased, one free)."""
+async def _version_2(store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database of ``store_kind`` as version 2 of the schema made it, with a flow of each
+    status, attempts, dispatch records and two pending steps (one leased, one free)."""
+    module = (
+        f"apps.matching.{'_sqlite_store' if store_kind.name == 'sqlite' else '_postgres_store'}"
+    )
     with monkeypatch.context() as patch:
-        patch.setattr("apps.matching._sqlite_store.MIGRATIONS", MIGRATIONS[:2])
-        patch.setattr("apps.matching._sqlite_store.SCHEMA_VERSION", 2)
-        store = SqliteStore(path, threads=False)
-        conn = store._connect()
+        patch.setattr(f"{module}.MIGRATIONS", importlib.import_module(module).MIGRATIONS[:2])
+        patch.setattr(f"{module}.SCHEMA_VERSION", 2)
+        old = store_kind.store(store_kind.durable)
+        await old.open()
     for i, (status, kind) in enumerate(
         [("running", "orders"), ("completed", "orders"), ("failed", "mail"), ("cancelled", "mail")]
     ):
-        record = flow(f"f{i}", status=status, flow_type=kind, created_at=10.0 + i)
-        store._commit_many(conn, [WriteBatch(flows_created=[record])])
-    store._commit_many(
-        conn,
-        [
-            WriteBatch(
-                attempts=[attempt("f0", 1), attempt("f0", 2)],
-                dispatches=[dispatch("f0", 1), dispatch("f0", 2)],
-                pending_put=[
-                    pending("f0", 1, lease_owner="me", lease_expires=50.0, not_before=3.0),
-                    pending("f0", 2, not_before=4.0),
-                ],
-            )
-        ],
+        await old.create_flow(flow(f"f{i}", status=status, flow_type=kind, created_at=10.0 + i))
+    await old.commit(
+        WriteBatch(
+            attempts=[attempt("f0", 1), attempt("f0", 2)],
+            dispatches=[dispatch("f0", 1), dispatch("f0", 2)],
+            pending_put=[
+                pending("f0", 1, lease_owner="me", lease_expires=50.0, not_before=3.0),
+                pending("f0", 2, not_before=4.0),
+            ],
+        )
     )
-    conn.close()
+    await old.close()
+    assert store_kind.query("SELECT max(version) FROM schema_migrations") == [(2,)]
 
 
 def _plans(path: str, statements: list[str]) -> dict[str, list[str]]:
@@ -1734,17 +1735,17 @@ def _plans(path: str, statements: list[str]) -> dict[str, list[str]]:
 
 
 async def test_a_version_2_database_migrates_to_fewer_indexes_keeping_its_data(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Version 3 drops two of the flows' indexes and keys the pending steps by their key
-    alone (``WITHOUT ROWID``): the rows are all there, read back as before, and every query
-    of the store still reads through an index."""
-    path = str(tmp_path / "v2.db")
-    _sqlite_v2(path, monkeypatch)
-    s = SqliteStore(path)
+    alone (``WITHOUT ROWID`` on SQLite): the rows are all there, read and written as before,
+    and on SQLite every query of the store still reads through an index."""
+    await _version_2(store_kind, monkeypatch)
+    s = store_kind.store(store_kind.durable, threads=True)
     await s.open()
     statements: list[str] = []
-    s._conn.set_trace_callback(statements.append)
+    if store_kind.name == "sqlite":
+        s._conn.set_trace_callback(statements.append)
     assert [r.flow_id for r in await s.list_flows()] == ["f3", "f2", "f1", "f0"]
     assert [r.flow_id for r in await s.list_flows(flow_type="mail", limit=1)] == ["f3"]
     assert [r.flow_id for r in await s.list_flows(status="running")] == ["f0"]
@@ -1764,9 +1765,13 @@ async def test_a_version_2_database_migrates_to_fewer_indexes_keeping_its_data(
     await s.commit_many([WriteBatch(flows_upserted=[done], pending_done=[("f0", 1), ("f0", 2)])])
     assert await s.get_flow("f0") == done
     await s.close()
+    versions = store_kind.query("SELECT version FROM schema_migrations ORDER BY version")
+    assert versions == [(1,), (2,), (3,)]
+    assert store_kind.query("SELECT count(*) FROM pending") == [(0,)]
+    if store_kind.name == "postgresql":
+        return
+    path = store_kind.durable
     with sqlite3.connect(path) as conn:
-        versions = conn.execute("SELECT version FROM schema_migrations ORDER BY version")
-        assert versions.fetchall() == [(1,), (2,), (3,)]
         indexes = conn.execute(
             "SELECT tbl_name, name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
             " AND tbl_name IN ('flows', 'pending') ORDER BY name"
@@ -1779,7 +1784,6 @@ async def test_a_version_2_database_migrates_to_fewer_indexes_keeping_its_data(
         ]
         (table,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'pending'").fetchone()
         assert table.endswith("WITHOUT ROWID")
-        assert conn.execute("SELECT count(*) FROM pending").fetchone() == (0,)
     assert [sql for sql, scans in _plans(path, statements).items() if scans] == []
 
 
