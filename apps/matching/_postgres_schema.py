@@ -6,8 +6,10 @@ The translation is by column type: ``INTEGER PRIMARY KEY`` (SQLite's rowid) beco
 identity column, ``INTEGER`` ``BIGINT``, ``REAL`` ``DOUBLE PRECISION``, ``BLOB`` ``BYTEA``, and
 ``TEXT`` ``TEXT COLLATE "C"``: text compares and sorts by code point, as SQLite's ``BINARY``
 does (and Python's ``sorted``), whatever the database's own collation (en_US, say, puts "a"
-before "B" and skips punctuation: claims would go in another order on each store). Everything
-else in the DDL is standard SQL both accept.
+before "B" and skips punctuation: claims would go in another order on each store). A table
+``WITHOUT ROWID`` (SQLite's, keyed by its primary key alone) is an ordinary table: every
+PostgreSQL table is a heap beside its key's index. Everything else in the DDL is standard SQL
+both accept.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ _TYPES = (
     (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
     (re.compile(r"\bBLOB\b"), "BYTEA"),
     (re.compile(r"\bTEXT\b"), 'TEXT COLLATE "C"'),
+    (re.compile(r"\)\s*WITHOUT ROWID$"), ")"),
 )
 
 

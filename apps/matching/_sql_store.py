@@ -48,6 +48,7 @@ from ._store_sql import (
     dispatch_from_row,
     flow_from_row,
     group_rows,
+    list_flows_sql,
     pending_from_row,
     puts_free,
 )
@@ -250,21 +251,10 @@ class SqlStore(SqlServers):
         self, *, flow_type: str | None = None, status: str | None = None, limit: int = 100
     ) -> list[FlowRecord]:
         """As :meth:`Store.list_flows`."""
-        limit = check_limit(limit, "list_flows")
-        where, params = [], []
-        if flow_type is not None:
-            where.append("flow_type = ?")
-            params.append(flow_type)
-        if status is not None:
-            where.append("status = ?")
-            params.append(status)
-        sql = f"SELECT {FLOW_COLUMNS} FROM flows"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC, seq DESC LIMIT ?"
+        sql, params = list_flows_sql(flow_type, status, check_limit(limit, "list_flows"))
 
         def read(conn: Any) -> list[FlowRecord]:
-            return [flow_from_row(row) for row in conn.execute(sql, (*params, limit))]
+            return [flow_from_row(row) for row in conn.execute(sql, params)]
 
         return await self._run(self._guarded(read))
 

@@ -66,7 +66,7 @@ class SqliteStore(SqlStore):
     _BEGIN: ClassVar[str] = "BEGIN IMMEDIATE"
     _INTEGRITY = sqlite3.IntegrityError
     _DB_ERRORS = sqlite3.Error
-    #: (``UPDATE ... FROM`` came in SQLite 3.33: an older library goes one by one.)
+    #: (The group path is as tested, on SQLite 3.33 and later: an older one goes one by one.)
     _GROUPS = sqlite3.sqlite_version_info >= (3, 33, 0)
     #: (``SqlStore.commit_soon``: a group of up to that many commits on trio's thread.)
     _INLINE_RECORDS = INLINE_RECORDS

@@ -23,6 +23,7 @@ import attrs
 import wire
 
 from ._store_records import (
+    FLOW_STATUSES,
     AttemptRecord,
     DispatchRecord,
     FlowExists,
@@ -53,6 +54,7 @@ __all__ = [
     "flow_from_row",
     "flow_row",
     "group_rows",
+    "list_flows_sql",
     "pending_from_row",
     "pending_row",
     "puts_free",
@@ -111,6 +113,32 @@ ROWS_PUT_PENDING = (
 _INSERT_ATTEMPT = ROWS_INSERT_ATTEMPTS.format(f"({', '.join('?' * 11)})")
 _INSERT_DISPATCH = ROWS_INSERT_DISPATCHES.format(f"({', '.join('?' * 9)})")
 _PUT_PENDING = ROWS_PUT_PENDING.format(f"({', '.join('?' * 8)})")
+
+
+_NEWEST = "ORDER BY created_at DESC, seq DESC LIMIT ?"
+
+
+def list_flows_sql(
+    flow_type: str | None, status: str | None, limit: int
+) -> tuple[str, tuple[Any, ...]]:
+    """``list_flows``'s query and its parameters: the newest ``limit`` flows (of
+    ``flow_type``, in ``status``, when given), each row ``FLOW_COLUMNS`` then ``seq``.
+
+    The flows' indexes all begin with the status after the type, if any (``flows_by_status``,
+    ``flows_by_type_status``: a Step writes no other, ``_sqlite_schema``'s version 3), so
+    without a status it merges the newest ``limit`` of each status, each an index range read
+    in order, rather than sorting every flow (of the type)."""
+    columns = f"{FLOW_COLUMNS}, seq FROM flows WHERE "
+    typed = "" if flow_type is None else "flow_type = ? AND "
+    kind = () if flow_type is None else (flow_type,)
+    if status is not None:
+        return f"SELECT {columns}{typed}status = ? {_NEWEST}", (*kind, status, limit)
+    parts = [
+        f"SELECT * FROM (SELECT {columns}{typed}status = ? {_NEWEST}) AS s{i}"
+        for i in range(len(FLOW_STATUSES))
+    ]
+    params = [value for s in FLOW_STATUSES for value in (*kind, s, limit)]
+    return " UNION ALL ".join(parts) + f" {_NEWEST}", (*params, limit)
 
 
 def _encode(value: Any, what: str) -> bytearray:
@@ -433,13 +461,23 @@ def group_rows(batches: Sequence[WriteBatch]) -> GroupRows | None:
 
 def _alone(batch: WriteBatch, index: int, owners: dict[str, int]) -> bool:
     """Whether no batch before ``index`` named a flow ``batch`` names (recording its flows)."""
-    names = {r.flow_id for r in batch.flows_created}
-    names.update(r.flow_id for r in batch.flows_upserted)
-    names.update(r.flow_id for r in batch.attempts)
-    names.update(r.flow_id for r in batch.dispatches)
-    names.update(step.flow_id for step in batch.pending_put)
-    names.update(flow_id for flow_id, _ in batch.pending_done)
-    return all(owners.setdefault(flow_id, index) == index for flow_id in names)
+    names = set(map(_FLOW_ID, batch.flows_created))
+    names.update(
+        map(_FLOW_ID, batch.flows_upserted),
+        map(_FLOW_ID, batch.attempts),
+        map(_FLOW_ID, batch.dispatches),
+        map(_FLOW_ID, batch.pending_put),
+        map(_FIRST, batch.pending_done),
+    )
+    for flow_id in names:  # (a batch of a Step names one)
+        if owners.setdefault(flow_id, index) != index:
+            return False
+    return True
+
+
+# (Each record's flow, and a pending key's, in one C call.)
+_FLOW_ID = operator.attrgetter("flow_id")
+_FIRST = operator.itemgetter(0)
 
 
 # Where each table's rows may hold text (the rest are numbers, bytes, or None).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import re
 import sqlite3
 import threading
@@ -551,15 +552,22 @@ async def test_list_flows_is_newest_first_and_filters(store: SqliteStore) -> Non
         flow("b", created_at=3.0, status="completed"),
         flow("c", created_at=2.0, flow_type="mail"),
         flow("d", created_at=3.0),  # same time as b, inserted later: listed before it
+        flow("e", created_at=0.5, status="failed"),
+        flow("f", created_at=4.0, status="cancelled", flow_type="mail"),
     ]
     await store.commit(WriteBatch(flows_created=records))
     ids = [r.flow_id for r in await store.list_flows()]
-    assert ids == ["d", "b", "c", "a"]
-    assert [r.flow_id for r in await store.list_flows(flow_type="orders")] == ["d", "b", "a"]
+    assert ids == ["f", "d", "b", "c", "a", "e"]
+    assert await store.list_flows() == sorted(records, key=lambda r: ids.index(r.flow_id))
+    assert [r.flow_id for r in await store.list_flows(limit=3)] == ["f", "d", "b"]
+    orders = await store.list_flows(flow_type="orders")
+    assert [r.flow_id for r in orders] == ["d", "b", "a", "e"]
+    assert [r.flow_id for r in await store.list_flows(flow_type="orders", limit=2)] == ["d", "b"]
     assert [r.flow_id for r in await store.list_flows(status="running")] == ["d", "c", "a"]
     running_orders = await store.list_flows(flow_type="orders", status="running", limit=1)
     assert [r.flow_id for r in running_orders] == ["d"]
     assert await store.list_flows(limit=0) == []
+    assert await store.list_flows(flow_type="none") == []
 
 
 async def test_list_flows_refuses_a_negative_limit(store: SqliteStore) -> None:
@@ -1675,7 +1683,107 @@ async def test_a_version_1_database_migrates_to_the_servers_table_keeping_its_fl
     await s.close()
     with sqlite3.connect(path) as conn:
         versions = conn.execute("SELECT version FROM schema_migrations ORDER BY version")
-        assert versions.fetchall() == [(1,), (2,)] == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+        assert (
+            versions.fetchall()
+            == [(1,), (2,), (3,)]
+            == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+        )
+
+
+async def _version_2(store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database of ``store_kind`` as version 2 of the schema made it, with a flow of each
+    status, attempts, dispatch records and two pending steps (one leased, one free)."""
+    module = (
+        f"apps.matching.{'_sqlite_store' if store_kind.name == 'sqlite' else '_postgres_store'}"
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(f"{module}.MIGRATIONS", importlib.import_module(module).MIGRATIONS[:2])
+        patch.setattr(f"{module}.SCHEMA_VERSION", 2)
+        old = store_kind.store(store_kind.durable)
+        await old.open()
+    for i, (status, kind) in enumerate(
+        [("running", "orders"), ("completed", "orders"), ("failed", "mail"), ("cancelled", "mail")]
+    ):
+        await old.create_flow(flow(f"f{i}", status=status, flow_type=kind, created_at=10.0 + i))
+    await old.commit(
+        WriteBatch(
+            attempts=[attempt("f0", 1), attempt("f0", 2)],
+            dispatches=[dispatch("f0", 1), dispatch("f0", 2)],
+            pending_put=[
+                pending("f0", 1, lease_owner="me", lease_expires=50.0, not_before=3.0),
+                pending("f0", 2, not_before=4.0),
+            ],
+        )
+    )
+    await old.close()
+    assert store_kind.query("SELECT max(version) FROM schema_migrations") == [(2,)]
+
+
+def _plans(path: str, statements: list[str]) -> dict[str, list[str]]:
+    """Each of ``statements`` that reads or writes a table, with the lines of its query plan
+    that scan a table of flows or pending steps whole (none when an index serves it)."""
+    whole = re.compile(r"^SCAN (flows|pending|attempts|dispatches)\b")
+    scans: dict[str, list[str]] = {}
+    with sqlite3.connect(path) as conn:
+        for sql in statements:
+            if sql.split(" ", 1)[0] not in ("SELECT", "INSERT", "UPDATE", "DELETE"):
+                continue
+            plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}")]
+            scans[sql] = [line for line in plan if whole.match(line)]
+    return scans
+
+
+async def test_a_version_2_database_migrates_to_fewer_indexes_keeping_its_data(
+    store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 3 drops two of the flows' indexes and keys the pending steps by their key
+    alone (``WITHOUT ROWID`` on SQLite): the rows are all there, read and written as before,
+    and on SQLite every query of the store still reads through an index."""
+    await _version_2(store_kind, monkeypatch)
+    s = store_kind.store(store_kind.durable, threads=True)
+    await s.open()
+    statements: list[str] = []
+    if store_kind.name == "sqlite":
+        s._conn.set_trace_callback(statements.append)
+    assert [r.flow_id for r in await s.list_flows()] == ["f3", "f2", "f1", "f0"]
+    assert [r.flow_id for r in await s.list_flows(flow_type="mail", limit=1)] == ["f3"]
+    assert [r.flow_id for r in await s.list_flows(status="running")] == ["f0"]
+    assert await s.list_flows(flow_type="orders", status="completed") == [
+        flow("f1", status="completed", created_at=11.0)
+    ]
+    assert await s.attempts("f0") == [attempt("f0", 1), attempt("f0", 2)]
+    assert await s.dispatches("f0") == [dispatch("f0", 1), dispatch("f0", 2)]
+    assert await s.pending("f0") == [
+        pending("f0", 1, lease_owner="me", lease_expires=50.0, not_before=3.0),
+        pending("f0", 2, not_before=4.0),
+    ]
+    assert await s.renew_leases("me", 10.0, 30.0) == 1
+    (claim,) = await s.claim_steps("you", 5.0, 30.0, 10)
+    assert claim.step == pending("f0", 2, lease_owner="you", lease_expires=35.0, not_before=4.0)
+    done = flow("f0", version=2, step_index=3, created_at=10.0)
+    await s.commit_many([WriteBatch(flows_upserted=[done], pending_done=[("f0", 1), ("f0", 2)])])
+    assert await s.get_flow("f0") == done
+    await s.close()
+    versions = store_kind.query("SELECT version FROM schema_migrations ORDER BY version")
+    assert versions == [(1,), (2,), (3,)]
+    assert store_kind.query("SELECT count(*) FROM pending") == [(0,)]
+    if store_kind.name == "postgresql":
+        return
+    path = store_kind.durable
+    with sqlite3.connect(path) as conn:
+        indexes = conn.execute(
+            "SELECT tbl_name, name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+            " AND tbl_name IN ('flows', 'pending') ORDER BY name"
+        ).fetchall()
+        assert indexes == [
+            ("flows", "flows_by_status"),
+            ("flows", "flows_by_type_status"),
+            ("pending", "pending_by_due"),
+            ("pending", "pending_by_owner"),
+        ]
+        (table,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'pending'").fetchone()
+        assert table.endswith("WITHOUT ROWID")
+    assert [sql for sql, scans in _plans(path, statements).items() if scans] == []
 
 
 async def test_the_store_server_answers_the_servers_operations() -> None:
