@@ -6,8 +6,8 @@ Every baseline's echo runs in a separate OS process (never a thread of the measu
 process, whose round trips would pay GIL hand-offs). ``remote.call_vs_trio``'s floor is the
 same ping-pong with a trio task on each end, from the same trio run as the calls and taken in
 turns with them (``_alternate``), with the processes on the same CPUs as the calls'
-(``_placements``: every process on one CPU; ``remote.call_vs_trio_two_cpus``, this end on one
-and the peers on another). A call also shows its trio task wake-ups per call on each end (the
+(``_placements``: this end on one CPU and the peers on another; ``remote.call_vs_trio_one_cpu``
+every process on one). A call also shows its trio task wake-ups per call on each end (the
 peer counts its own and reports them) and its CPU time per call on each end, in a pass of its
 own (an installed instrument costs time).
 """
@@ -169,19 +169,21 @@ class _Placement:
 
 
 def _placements() -> dict[str, _Placement]:
-    """The CPU placements the calls and their floor are measured in, each the same for both:
-    "one CPU" (every process on this process's first CPU: the CPU a round trip costs, taking
-    turns) and, with two CPUs or more, "two CPUs" (this process on its first, the peers on its
-    second). Where the OS chose, the figure was one or the other by chance: on this machine's
-    VM a CPU left idle between two messages comes back slower (user CPU a round trip about
-    doubles, ours and the floor's alike), so an unpinned run gave two ratios, ~0.35 and ~0.58,
-    from run to run. Without ``sched_setaffinity`` (not Linux), one unpinned placement."""
+    """The CPU placements the calls and their floor are measured in, each the same for both,
+    the main one first: with two CPUs or more, "two CPUs" (this process on its first, the
+    peers on its second: two nodes' usual lot), then "one CPU" (every process on this
+    process's first, taking turns). Where the OS chose, the figure was one or the other by
+    chance: on this machine's VM a CPU left idle between two messages comes back slower (user
+    CPU a round trip about doubles, ours and the floor's alike, ours more), so an unpinned run
+    gave ~0.35 or ~0.58 from run to run. Without ``sched_setaffinity`` (not Linux), one
+    unpinned placement."""
     if not hasattr(os, "sched_getaffinity"):
         return {"unpinned": _Placement(None, None)}
     cpus = sorted(os.sched_getaffinity(0))
-    out = {"one CPU": _Placement({cpus[0]}, {cpus[0]})}
+    out = {}
     if len(cpus) >= 2:
         out["two CPUs"] = _Placement({cpus[0]}, {cpus[1]})
+    out["one CPU"] = _Placement({cpus[0]}, {cpus[0]})
     return out
 
 
@@ -366,56 +368,53 @@ def remote(quick: bool) -> list[Result]:
     calls = 2_000 if quick else 10_000
     sends = 50_000 if quick else 300_000
     placements = _placements()
-    first = next(iter(placements.values()))
+    main = next(iter(placements))
     measured: dict[str, _Remote] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        raw = statistics.median(_raw_round_trips(f"{tmp}/raw.sock", calls, first))
+        raw = statistics.median(_raw_round_trips(f"{tmp}/raw.sock", calls, placements[main]))
         for i, (where, placement) in enumerate(placements.items()):
-            last = i == len(placements) - 1  # (sends: the last, spread if it can be)
             measured[where] = _otp_remote(
                 f"unix:{tmp}/peer{i}.sock",
                 f"{tmp}/trio{i}.sock",
                 calls,
-                sends if last else 0,
+                sends if where == main else 0,
                 placement,
             )
-    wheres = list(measured)
-    one, spread = measured[wheres[0]], measured[wheres[-1]]
+    first = measured[main]
     results = [
         Result(
             "remote.call",
             "us median",
-            statistics.median(one.samples) * 1e6,
+            statistics.median(first.samples) * 1e6,
             "raw unix ping-pong (16 B)",
             raw * 1e6,
             direction="lower",
             notes=(
-                "GenServer.call to a node in another OS process over a Unix socket; both on"
-                f" {wheres[0]}"
+                f"GenServer.call to a node in another OS process over a Unix socket; placed: {main}"
             ),
         ),
-        _call_vs_trio("remote.call_vs_trio", f"every process on {wheres[0]}", one),
+        _call_vs_trio(
+            "remote.call_vs_trio", f"placed: {main} (_placements; the others' rows follow)", first
+        ),
     ]
-    if len(wheres) > 1:
+    for where in list(measured)[1:]:
         results.append(
             _call_vs_trio(
-                "remote.call_vs_trio_two_cpus",
-                "this process on one CPU, the peers on another (_placements: on this"
-                " machine's VM a CPU idle between two messages comes back slower, user CPU a"
-                " round trip about doubling for the calls and the floor alike)",
-                spread,
+                f"remote.call_vs_trio_{where.replace(' ', '_').lower()}",
+                f"placed: {where} (_placements)",
+                measured[where],
             )
         )
     results.append(
         Result(
             "remote.send",
             "messages/s",
-            sends / spread.elapsed,
+            sends / first.elapsed,
             "raw unix ping-pong (16 B) round trips/s",
             1 / raw,
             notes=(
-                "one-way sends to a process on another node, the ends placed as"
-                f" {wheres[-1]}; target >= 100k messages/s"
+                f"one-way sends to a process on another node, placed: {main}; target >= 100k"
+                " messages/s"
             ),
         )
     )

@@ -375,6 +375,7 @@ def test_bench_remote_places_calls_and_floor_alike_and_restores_affinity() -> No
     placements = _placements()
     assert placements["one CPU"].here == placements["one CPU"].peers == {cpus[0]}
     if len(cpus) >= 2:
+        assert list(placements) == ["two CPUs", "one CPU"]  # (the main row's first)
         assert (placements["two CPUs"].here, placements["two CPUs"].peers) == ({cpus[0]}, {cpus[1]})
     else:
         assert list(placements) == ["one CPU"]
