@@ -56,7 +56,7 @@ class _ResponseSlot:
     server's DOWN becomes a :class:`Response` in the caller's mailbox, or goes to the caller's
     ``on_response``."""
 
-    __slots__ = ("caller", "done", "held", "on_response", "ref", "target")
+    __slots__ = ("caller", "done", "on_response", "ref", "target")
 
     def __init__(
         self,
@@ -70,8 +70,6 @@ class _ResponseSlot:
         self.ref = ref
         self.on_response = on_response
         self.done = False
-        #: While a ``hand_over`` runs: None, then what resolved it meanwhile (a message then).
-        self.held: list[Response] | None = None
 
     def resolve(self, value: Any, is_down: bool) -> None:
         if self.done:
@@ -84,10 +82,6 @@ class _ResponseSlot:
         else:
             response = Response(self.ref, value, None)
         on_response = self.on_response
-        held = self.held
-        if held is not None:
-            held.append(response)  # (answered inside ``hand_over``: a message once it returns)
-            return
         if on_response is None:
             caller.deliver(response)
             return
@@ -119,17 +113,19 @@ def send_request(
 
     With ``on_response``, the :class:`Response` of a live local server is not sent: it is
     passed to ``on_response`` by whoever resolves the request, in the server's task when it
-    replies, or as it exits; never before ``send_request`` has returned, and never once the
-    caller is dead or exiting. ``on_response`` must not block (it is no coroutine) and should
-    not raise: an exception it raises is a crash of the caller (logged, the caller exits with
-    it), not of the server. A request answered at once (``noproc``, ``calling_self``) or sent
-    to another node still answers with a message.
+    replies, or as it exits; never before ``send_request`` has returned (but inside
+    ``hand_over``, below), and never once the caller is dead or exiting. ``on_response`` must
+    not block (it is no coroutine) and should not raise: an exception it raises is a crash of
+    the caller (logged, the caller exits with it), not of the server. A request answered at
+    once (``noproc``, ``calling_self``) or sent to another node still answers with a message.
 
     ``hand_over(from_, request)``, if given, is asked first for a live local server: a server
     whose handling of the request never waits may run it in the caller's task, on its state
     (as its ``handle_call`` with ``from_``), and return True, instead of being sent it; False
-    sends it. A reply given inside ``hand_over`` comes as a message (``on_response`` or not),
-    as one given at once does, so ``on_response`` still never runs before this returns.
+    sends it. A reply given inside ``hand_over`` goes to ``on_response`` there and then (a
+    message without one), before this returns: a caller that files its requests by id files
+    this one in ``hand_over``, where ``from_.tag`` is the id (the matching connection's two
+    calls a Step are answered so, their commits run inside: issue 15).
 
     Raises:
         TypeError: ``server`` is not a pid, a name or ``(name, node)``.
@@ -151,16 +147,8 @@ def send_request(
     slot = _ResponseSlot(me, target, ref, on_response)
     watch(me, target, ref, slot)  # type: ignore[arg-type]
     from_ = From(me.pid, ref)
-    if hand_over is not None:
-        held = slot.held = []
-        try:
-            taken = hand_over(from_, request)
-        finally:
-            slot.held = None
-            for response in held:
-                me.deliver(response)
-        if taken:
-            return ref
+    if hand_over is not None and hand_over(from_, request):
+        return ref
     target.deliver(GenCall(from_, request))
     return ref
 

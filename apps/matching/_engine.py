@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import otp
@@ -29,6 +29,7 @@ import otp
 from . import _engine_handoff as handoff
 from ._dispatch import Completed, Failed, Lost, NotDispatched, Routed
 from ._engine_definitions import Advertised, DefinitionLoaded, remember
+from ._engine_family import PARENT_KEY
 from ._engine_kinds import ChildEnded, ChildRead
 from ._engine_reads import _describe
 from ._engine_rpcs import EngineRpcs
@@ -41,6 +42,7 @@ from ._engine_state import (
     _call_timeout,
     _check_id,
     _err,
+    _Flow,
     _FlushRecords,
     _Loaded,
     _RetryDue,
@@ -82,11 +84,12 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
     for the rest of its backoff. Every pending step it writes is leased to its server id.
 
     Its callbacks never wait: callers are answered later (``otp.reply``), once what their answer
-    depends on is committed. An RPC's call and its outcome may be handled in the task that read
-    them, on its state, instead of sent (``_engine_handoff``: ``_take_call``,
-    ``_take_outcome``). A commit refused for a conflict on one flow (another server wrote it:
-    this one lost its lease) drops that flow and commits the rest; any other refusal crashes
-    the engine; if the ``StoreServer`` goes away (the engine monitors it) the engine
+    depends on is committed. A ``call_rpc`` or ``result`` call, an RPC's or a flow's last
+    Step's outcome, and the commits their handling makes may be handled in the task that read them,
+    on its state, instead of sent (``_engine_handoff``: ``_take_call``, ``_take_outcome``,
+    ``_take_committed``). A commit refused for a conflict on one flow (another server wrote
+    it: this one lost its lease) drops that flow and commits the rest; any other refusal
+    crashes the engine; if the ``StoreServer`` goes away (the engine monitors it) the engine
     stops with ``Shutdown(("store_down", reason))``; either way its supervisor's restart
     recovers from the store.
     """
@@ -246,7 +249,9 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         state = _State(options=options, me=me, store_monitor=store_monitor, next_delivery=first)
         await self._recover(state)
         takers = handoff.Takers(
-            functools.partial(self._take_outcome, state), functools.partial(self._take_call, state)
+            functools.partial(self._take_outcome, state),
+            functools.partial(self._take_call, state),
+            functools.partial(self._take_committed, state),
         )
         handoff.register(me, takers)
         return otp.Ok(state)
@@ -299,62 +304,88 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
 
     def _take_call(self, state: _State, from_: otp.From, request: Any) -> bool:
         """(In the task of the connection that read it: ``_engine_handoff``.) Handle a
-        ``call_rpc`` of a flow in memory here, as ``handle_call`` would, and say so; or say it
-        must be sent: any other request, one while anything waits in the engine's mailbox or
-        the engine handles something itself, and an RPC of a flow not in memory or moved to
-        another server (its read and its forward start processes, which must be the
-        engine's). A queue its dispatch goes straight to that the engine does not watch yet
-        gets it through the matcher (``DirectDeliveries.elsewhere``: so does a monitor). A bug
-        in it ends the engine (as it would in its own task), not the caller."""
-        if type(request) is not tuple or len(request) != 5 or request[0] != "call_rpc":
+        ``call_rpc`` or ``result`` here, as ``handle_call`` would, and say so;
+        or say it must be sent: any other request, any while the engine may not take one
+        (``_may_take``), and one whose handling would start a process or monitor one, which
+        must be the engine's (``_here``). A bug in it ends the engine (as it would in its own
+        task), not the caller."""
+        if type(request) is not tuple or not _here(state, from_, request):
             return False
-        me = state.me
-        if state.handing or otp.message_queue_len(me) or not otp.is_process_alive(me):
+        if not self._may_take(state):
             return False
-        _, flow_id, name, args, timeout = request
-        flow = state.flows.get(flow_id) if type(flow_id) is str else None
-        if flow is None or flow.moved or otp.self() == me:
-            return False
-        state.handing = state.direct.elsewhere = True
-        try:
-            try:
-                self._call_rpc(state, from_, flow_id, name, args, timeout)
-            except MatchingError as exc:
-                otp.reply(from_, _err(exc))
-            self._next(state)
-        except Exception as exc:
-            logger.exception("matching engine: failed on %r (handed over)", request)
-            otp.exit(me, ("engine_failed", repr(exc)))
-        finally:
-            state.handing = state.direct.elsewhere = False
+        self._handed(state, request, functools.partial(self.handle_call, request, from_, state))
         return True
 
     def _take_outcome(self, state: _State, outcome: Completed | Failed) -> bool:
-        """(In the task of the stream that read it: ``_engine_handoff``.) Handle an RPC's
-        outcome here, as ``handle_info`` would, and say so; or say it must be sent: while
-        anything waits in the engine's mailbox (it comes first), while the engine handles
-        something itself, and for a Step's outcome or an RPC of a flow that moved to another
-        server (what those lead to may monitor a queue or start a process, which must be
-        the engine's). A bug in it ends the engine (as it would in its own task), not the
-        caller."""
-        call = state.deliveries.get(outcome.delivery)  # (first: a Step's is sent, at once)
-        if type(call) is not _Rpc or call.flow.moved or state.handing:
+        """(In the task of the stream that read it: ``_engine_handoff``.) Handle an RPC's or
+        a Step's outcome here, as ``handle_info`` would, and say so; or say it must be sent:
+        while the engine may not take it (``_may_take``), and when what it leads to may start
+        a process or monitor one, which must be the engine's (``_outcome_here``). A bug in it
+        ends the engine (as it would in its own task), not the caller."""
+        target = state.deliveries.get(outcome.delivery)
+        if target is None or not _outcome_here(target, outcome) or not self._may_take(state):
             return False
-        me = state.me
-        if otp.message_queue_len(me) or not otp.is_process_alive(me) or otp.self() == me:
-            return False
-        state.handing = True
-        try:
-            if outcome.delivered is not None:
-                self._note_routed(state, outcome.delivered, call_over=True)
-            self._rpc_outcome(state, call, outcome)
-            self._next(state)
-        except Exception as exc:
-            logger.exception("matching engine: failed on %r (handed over)", outcome)
-            otp.exit(me, ("engine_failed", repr(exc)))
-        finally:
-            state.handing = False
+        self._handed(state, outcome, functools.partial(self._handle_outcome, state, outcome))
         return True
+
+    def _take_committed(self, state: _State, answer: BatchCommitted) -> bool:
+        """(From the ``StoreServer`` that ran the engine's commit in the engine's handling
+        in another task: ``_engine_handoff``.) Take a commit's answer there, to be handled
+        as ``handle_info`` would once that handling is done (``_handed``), and say so; or say
+        it must be sent: when the engine is not handing (its own task takes its own answer
+        in the same pass), a commit refused (its handling may forward a flow's callers),
+        one whose batch may hold what was decided before (an action waited as the handling
+        began: it may start a process), and while anything waits in its mailbox (it came
+        first)."""
+        if (
+            not state.handing
+            or answer.error is not None
+            or not state.fresh
+            or otp.message_queue_len(state.me)
+        ):
+            return False
+        state.taken = answer.tag
+        return True
+
+    def _may_take(self, state: _State) -> bool:
+        """Whether what is handed over may be handled now in the handing task: the engine's
+        mailbox is empty (nothing it was sent before is overtaken), it is alive and not
+        handling anything itself."""
+        me = state.me
+        return not (
+            state.handing
+            or otp.message_queue_len(me)
+            or not otp.is_process_alive(me)
+            or otp.self() == me
+        )
+
+    def _handed(self, state: _State, what: Any, handle: Callable[[], Any]) -> None:
+        """Run ``handle`` (the engine's handling of ``what``) here, then the handling of the
+        commit it made, if it ended here (``_take_committed``), and of the next, until none
+        did. A queue its dispatches go straight to that the engine does not watch yet gets
+        them through the matcher (``DirectDeliveries.elsewhere``: so does a monitor). A bug
+        ends the engine with ``("engine_failed", ...)``."""
+        state.handing = state.direct.elsewhere = True
+        # (what runs when a commit made here ends must have been decided here)
+        state.fresh = state.committing is None and not state.building.actions
+        try:
+            handle()
+            while state.taken is not None:
+                size, state.taken = state.taken, None
+                self._committed(state, size)
+                self._next(state)
+        except Exception as exc:
+            logger.exception("matching engine: failed on %r (handed over)", what)
+            otp.exit(state.me, ("engine_failed", repr(exc)))
+        finally:
+            state.handing = state.direct.elsewhere = False
+            state.taken = None
+
+    def _handle_outcome(self, state: _State, outcome: Completed | Failed) -> None:
+        if outcome.delivered is not None:
+            self._note_routed(state, outcome.delivered, call_over=True)
+        self._outcome(state, outcome)
+        self._next(state)
 
     def _note_routed(self, state: _State, routed: Routed, *, call_over: bool = False) -> None:
         self._routed(state, routed, call_over=call_over)
@@ -430,3 +461,39 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
             case _:
                 logger.warning("matching engine: unexpected message %r", message)
         return self._next(state)
+
+
+def _here(state: _State, from_: otp.From, request: tuple[Any, ...]) -> bool:
+    """Whether the engine's handling of ``request`` (a call) can run in another task: it
+    starts no process and monitors none. A ``call_rpc`` or ``result`` of a flow in memory and
+    not moved to another server (else it is read from the store, or forwarded, by processes
+    of the engine's), a ``result`` of a running flow only for a caller monitored already
+    (``_engine_waiters``), or of one that ended here. (Not ``start_flow`` yet: see
+    ARCHITECTURE.md.)"""
+    op = request[0]
+    if (op != "call_rpc" and op != "result") or type(request[1]) is not str:
+        return False
+    if len(request) != (5 if op == "call_rpc" else 3):
+        return False
+    flow = state.flows.get(request[1])
+    if flow is None:
+        return op == "result" and request[1] in state.ended
+    return not flow.moved and (op == "call_rpc" or not flow.running or from_.pid in state.callers)
+
+
+def _outcome_here(target: _Rpc | _Flow, outcome: Completed | Failed) -> bool:
+    """Whether the engine's handling of ``outcome`` (of ``target``, an RPC or a Step's
+    attempt) can run in another task: it starts no process and monitors none. Not for a flow
+    moved to another server (its callers are forwarded), a SubFlow's child (its parent is
+    told, perhaps read from the store), and only the last Step's completion: the flow ends
+    (what dispatches a step again or the next one would run the queue's and a stream's
+    handling inside the stream's that read the outcome)."""
+    if isinstance(target, _Rpc):
+        return not target.flow.moved
+    if target.moved or PARENT_KEY in target.definition:
+        return False
+    return (
+        type(outcome) is Completed
+        and not outcome.not_yet
+        and target.step_index + 1 >= len(target.spec.steps)
+    )

@@ -1,21 +1,27 @@
-"""An RPC handed to the engine by the task that read it, instead of sent: the client's call
-by its connection's reader, the worker's outcome by the stream that read it.
+"""What comes for the engine handed to it by the task that has it, instead of sent: the
+client's calls by its connection's reader, the worker's outcome of an RPC or of a flow's last
+Step by the stream that read it, and a commit's answer by the ``StoreServer`` that ran it in
+the engine's own handling.
 
-The engine registers itself as it starts (``register``). The task that reads an RPC's M_CALL
-(its connection's reader) hands the engine the request (``call_taker``: ``otp.send_request``'s
-``hand_over``), and the task that runs the stream that reads its RESULT or FAILURE (that
-connection's reader, most often) hands it the outcome (``to_engine``); each runs the engine's
-handling itself, on the engine's state, as ``StreamHandle`` and ``QueueHandle`` do for a stream
-and a queue: the engine's handling never waits and runs in the same trio thread, so its task is
-not woken, the TASK goes out in the first reader's scheduling batch, and the answer to the
-RPC's caller (through its ``on_response``: the client's connection) in the second's (issue 15:
-two wake-ups of the server less per RPC).
+The engine registers itself as it starts (``register``). The task that reads an M_CALL
+``call_rpc`` or ``result`` (its connection's reader) hands the engine the request
+(``call_taker``: ``otp.send_request``'s ``hand_over``), and the task that runs the stream
+that reads a RESULT or FAILURE (that connection's reader, most often) hands it the outcome
+(``to_engine``); each runs the engine's handling itself, on the engine's state, as
+``StreamHandle`` and ``QueueHandle`` do for a stream and a queue: the engine's handling never
+waits and runs in the same trio thread, so its task is not woken, the TASK goes out in the
+first reader's scheduling batch, and the answer to the RPC's caller (through its
+``on_response``: the client's connection) in the second's (issue 15: two wake-ups of the
+server less per RPC). A commit that handling makes, run to its end there by an idle
+``StoreServer`` (``StoreHandle``), answers the engine in the same place (``committed_to``):
+what waited for it (a flow's end, its ``result`` waiters answered) goes on there too, so a
+lone Step's end wakes no task of the engine's.
 
-The engine takes either only while its mailbox is empty and it is not handling something
-itself (``FlowEngine._take_call`` and ``_take_outcome`` say the rest), so nothing it was sent
-before is overtaken: the call's ``Routed`` "delivered" that came by message is handled first.
-Otherwise, and for any ``reply_to`` not registered (another node's engine, a test's process),
-it is sent as before.
+The engine takes any of these only while its mailbox is empty and it is not handling
+something else itself (``FlowEngine._take_call``, ``_take_outcome`` and ``_take_committed``
+say the rest), so nothing it was sent before is overtaken: the call's ``Routed``
+"delivered" that came by message is handled first. Otherwise, and for any ``reply_to`` not
+registered (another node's engine, a test's process), it is sent as before.
 """
 
 from __future__ import annotations
@@ -29,17 +35,24 @@ import trio
 import otp
 
 from ._dispatch import Completed, Failed
+from ._store_records import BatchCommitted
 
-__all__ = ["Takers", "call_taker", "register", "to_engine"]
+__all__ = ["Takers", "call_taker", "committed_to", "register", "to_engine"]
+
+
+def _never(answer: BatchCommitted) -> bool:
+    return False
 
 
 @attrs.frozen(eq=False)
 class Takers:
     """What an engine does with what is handed to it, each True if it took it: an outcome
-    (``Completed``/``Failed``), a call (``from_``, the request, as ``handle_call`` gets it)."""
+    (``Completed``/``Failed``), a call (``from_``, the request, as ``handle_call`` gets it),
+    a commit's answer (``BatchCommitted``)."""
 
     outcome: Callable[[Completed | Failed], bool]
     call: Callable[[otp.From, Any], bool]
+    committed: Callable[[BatchCommitted], bool] = _never
 
 
 #: Engine pid -> its takers, for this trio run (one node's engines).
@@ -79,9 +92,22 @@ def call_taker(engine: Any) -> Callable[[otp.From, Any], bool] | None:
 def to_engine(reply_to: Any, outcome: Completed | Failed) -> None:
     """``otp.send(reply_to, outcome)``, or its handling by the engine ``reply_to`` in the
     calling task when it takes it (see the module's docstring). Raises as ``otp.send``."""
-    try:
-        takers = _TAKERS.get().get(reply_to)
-    except LookupError:
-        takers = None
+    takers = _takers_of(reply_to)
     if takers is None or not takers.outcome(outcome):
         otp.send(reply_to, outcome)
+
+
+def committed_to(reply_to: Any, answer: BatchCommitted) -> None:
+    """``otp.send(reply_to, answer)``, or its handling by the engine ``reply_to`` when it takes
+    it (it does only inside its own handling running in another task: see the module's
+    docstring). Raises as ``otp.send``."""
+    takers = _takers_of(reply_to)
+    if takers is None or not takers.committed(answer):
+        otp.send(reply_to, answer)
+
+
+def _takers_of(pid: Any) -> Takers | None:
+    try:
+        return _TAKERS.get().get(pid)
+    except LookupError:
+        return None

@@ -212,7 +212,7 @@ class _Waiter:
 
 @attrs.define(eq=False)
 class _Caller:
-    """A process waiting in ``result`` (``_engine_waiters``): its monitor, and the flow of
+    """A process that waited in ``result`` (``_engine_waiters``): its monitor, and the flow of
     each of its waiters (by their key, the call's ``From.tag``)."""
 
     ref: otp.Ref
@@ -383,7 +383,7 @@ class _State:
     #: newest ``MAX_ENDED``): a lone caller's ``result`` often comes after its short flow
     #: ended and was let go, and needs no read of the store then.
     ended: dict[str, Any] = attrs.field(factory=dict)
-    #: The processes waiting in ``result``, and their monitors (``_engine_waiters``).
+    #: The processes that waited in ``result``, and their monitors (``_engine_waiters``).
     callers: dict[otp.Pid, _Caller] = attrs.field(factory=dict)
     caller_refs: dict[otp.Ref, otp.Pid] = attrs.field(factory=dict)
     #: The waiters' timeouts: (deadline, seq, flow_id, key), one timer for the earliest.
@@ -416,8 +416,14 @@ class _State:
     direct: DirectDeliveries = attrs.field(
         default=attrs.Factory(lambda self: DirectDeliveries(self.options.matcher), takes_self=True)
     )
-    #: Handling an outcome handed over in another task (``FlowEngine._take_outcome``).
+    #: Handling what was handed over in another task (``FlowEngine._take_call``, ...).
     handing: bool = False
+    #: The size of the batch committed while handing (its ``BatchCommitted`` taken there, to
+    #: be handled once that handling is done: ``FlowEngine._take_committed``), or None.
+    taken: int | None = None
+    #: Whether no action waited for a commit as that handling began (a commit's answer is
+    #: taken there only then: what it runs was decided there).
+    fresh: bool = False
     #: ``NoReply(self)`` and ``NoReply(self, timeout=0)``, built once (frozen values, returned
     #: by every callback: see ``EngineCommits._next``).
     carry_on: Any = None

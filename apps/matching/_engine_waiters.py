@@ -1,10 +1,12 @@
 """The engine's ``result`` waiters: who waits for which flow, until when.
 
-A waiter is keyed by its call's ``From.tag``. Each calling process is monitored once, while it
-waits for anything (its death drops its waiters), not once per ``result`` call; and the
-waiters' timeouts share one heap and one ``send_after`` armed for the earliest (a timeout that
-no longer matters is skipped when it comes up), not a timer each. A connection with many flows
-waiting thus costs the engine no monitor, demonitor or timer per ``result``.
+A waiter is keyed by its call's ``From.tag``. Each calling process is monitored once, from
+its first wait until it dies (its death drops its waiters), not once per ``result`` call; and
+the waiters' timeouts share one heap and one ``send_after`` armed for the earliest (a timeout
+that no longer matters is skipped when it comes up), not a timer each. A connection with many
+flows waiting, or one caller waiting for one flow after another, thus costs the engine no
+monitor, demonitor or timer per ``result``; and a ``result`` from a caller monitored already
+may be handled in another task (``_engine_handoff``: a monitor must be the engine's own).
 """
 
 from __future__ import annotations
@@ -44,16 +46,10 @@ def watch_waiter(state: _State, flow: _Flow, from_: otp.From, timeout: float | N
 
 def forget_waiter(state: _State, key: otp.Ref, waiter: _Waiter) -> None:
     """The waiter ``key`` (taken out of its flow's waiters) is answered: its caller stops
-    waiting for it (and is no longer monitored once it waits for nothing)."""
-    pid = waiter.from_.pid
-    caller = state.callers.get(pid)
-    if caller is None:
-        return
-    caller.waiters.pop(key, None)
-    if not caller.waiters:
-        del state.callers[pid]
-        del state.caller_refs[caller.ref]
-        otp.demonitor(caller.ref, flush=True)
+    waiting for it (and stays monitored, for its next ``result``, until it dies)."""
+    caller = state.callers.get(waiter.from_.pid)
+    if caller is not None:
+        caller.waiters.pop(key, None)
 
 
 def caller_down(state: _State, ref: otp.Ref) -> list[_Flow] | None:

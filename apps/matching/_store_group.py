@@ -15,6 +15,7 @@ import trio
 
 import otp
 
+from ._engine_handoff import committed_to
 from ._store_records import (
     BatchCommitted,
     FlowExists,
@@ -143,8 +144,8 @@ def _answered(
 def answer(group: list[tuple[WriteBatch, To]], outcomes: list[StoreError | None]) -> None:
     """Tell each sender of a group its batch's outcome."""
     for (_, to), outcome_ in zip(group, outcomes, strict=True):
-        if isinstance(to, Notify):
-            otp.send(to.pid, BatchCommitted(to.tag, outcome_))
+        if isinstance(to, Notify):  # (the engine may take it where it is: _engine_handoff)
+            committed_to(to.pid, BatchCommitted(to.tag, outcome_))
         else:
             otp.reply(to, ("ok", None) if outcome_ is None else error_reply(outcome_))
 

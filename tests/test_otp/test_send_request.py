@@ -131,17 +131,34 @@ async def test_a_request_handed_over_is_not_sent_and_its_later_reply_goes_to_on_
         assert await otp.receive(timeout=0, default=None) is None
 
 
-async def test_a_request_answered_inside_hand_over_comes_as_a_message() -> None:
+async def test_a_request_answered_inside_hand_over_goes_to_on_response_there() -> None:
     async with otp.open_node():
         server = await Echo.start_link()
-        seen: list[otp.Response] = []
+        seen: list[tuple[otp.Response, bool]] = []
+        inside = [False]
+
+        def hand_over(from_: otp.From, request: Any) -> bool:
+            inside[0] = True
+            otp.reply(from_, "at once")
+            inside[0] = False
+            return True
+
+        ref = otp.send_request(
+            server, 1, on_response=lambda r: seen.append((r, inside[0])), hand_over=hand_over
+        )
+        assert seen == [(otp.Response(ref, "at once", None), True)]
+        assert await otp.receive(timeout=0, default=None) is None
+
+
+async def test_a_request_answered_inside_hand_over_without_on_response_comes_as_a_message() -> None:
+    async with otp.open_node():
+        server = await Echo.start_link()
 
         def hand_over(from_: otp.From, request: Any) -> bool:
             otp.reply(from_, "at once")
             return True
 
-        ref = otp.send_request(server, 1, on_response=seen.append, hand_over=hand_over)
-        assert seen == []  # (never before send_request returned)
+        ref = otp.send_request(server, 1, hand_over=hand_over)
         assert await otp.receive(timeout=0, default=None) == otp.Response(ref, "at once", None)
 
 

@@ -331,6 +331,66 @@ async def test_an_rpc_call_the_engine_takes_runs_in_the_readers_task_and_is_answ
     await peer.aclose()
 
 
+class _AnsweringEngine(_HeldEngine):
+    """A ``_HeldEngine`` registered with ``_engine_handoff`` that answers what it takes in
+    the handing task, before ``hand_over`` returns: a ``result`` of flow ``"done"`` with
+    ``"value"``; a ``result`` of flow ``"bug"`` ends it as a bug in its handling there does
+    (``("engine_failed", ...)``)."""
+
+    async def init(self) -> otp.Ok:  # type: ignore[override]
+        me = otp.self()
+
+        def take(from_: otp.From, request: Any) -> bool:
+            if request[:2] == ("result", "done"):
+                otp.reply(from_, ("ok", "value"))
+            elif request[:2] == ("result", "bug"):
+                otp.exit(me, ("engine_failed", "RuntimeError('a bug')"))
+            else:
+                return False
+            return True
+
+        handoff.register(me, handoff.Takers(lambda outcome: False, take))
+        return otp.Ok([])
+
+
+async def test_a_result_answered_inside_hand_over_is_answered_once(serve: Any, sock: str) -> None:
+    """The engine may answer a ``result`` handed over before ``send_request`` returns (its
+    flow ended, or its commit ran there): it is the call's M_REPLY, once, and the call id is
+    free again at once; one it refuses is sent as before."""
+    await serve()
+    engine = await _AnsweringEngine.start_link(name="matching_engine")
+    peer = await Peer.unix(sock)
+    await peer.hello("client")
+    for _ in range(2):  # (the same call id again: nothing of the first is left)
+        await peer.send(wire.MatchCall("result", {"flow_id": "done"}, rid=1))
+        assert await peer.receive_not_ping() == wire.MatchReply("value", rid=1)
+    await peer.send(wire.MatchCall("result", {"flow_id": "sent"}, rid=3))
+    while not await otp.call(engine, "release_none"):
+        pass  # (until the refused one is held)
+    await otp.call(engine, "release")
+    assert await peer.receive_not_ping() == wire.MatchReply("sent", rid=3)
+    await peer.aclose()
+
+
+async def test_an_engine_failing_on_a_call_handed_over_answers_it_internal_and_the_reader_lives(
+    serve: Any, sock: str
+) -> None:
+    """A bug in the engine's handling of a call handed over ends the engine, not the
+    connection whose reader ran it: the call is answered with a retryable ``internal`` error
+    naming the engine's exit reason, as a call by message is when the engine dies."""
+    await serve()
+    engine = await _AnsweringEngine.start(name="matching_engine")
+    ref = otp.monitor(engine)
+    peer = await Peer.unix(sock)
+    await peer.hello("client")
+    answer = await peer.call(1, "result", flow_id="bug")
+    assert answer.rid == 1 and answer.code == "internal" and answer.retryable
+    assert "engine_failed" in answer.message
+    await otp.receive(lambda m: isinstance(m, otp.Down) and m.ref == ref)
+    assert (await peer.call(2, "result", flow_id="done")).code == "internal"  # (no engine)
+    await peer.aclose()
+
+
 async def test_engine_calls_in_flight_when_the_engine_dies_are_answered_internal_at_once(
     serve: Any, sock: str
 ) -> None:

@@ -1037,8 +1037,8 @@ async def test_an_rpc_outcome_handed_over_is_handled_in_the_handing_task_while_n
 ) -> None:
     """``_engine_handoff.to_engine``: the engine handles an RPC's outcome in the task that
     hands it over (nothing reaches its mailbox, its caller is answered), unless something
-    waits in its mailbox already (then it is sent, and handled after that); a Step's outcome
-    is always sent."""
+    waits in its mailbox already (then it is sent, and handled after that); so a Step's
+    outcome of a flow without a parent (its waiter answered once its end is committed)."""
     async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
         engine = otp.whereis(ENGINE)
@@ -1053,10 +1053,11 @@ async def test_an_rpc_outcome_handed_over_is_handled_in_the_handing_task_while_n
             assert otp.message_queue_len(engine) == (2 if queued else 0)
             assert await outcome(tag) is queued
         step_delivery = (await dispatches())[0][1].task.delivery
-        waiting = otp.message_queue_len(engine)
+        tag = await spawn_call(FlowEngine.result, "f")
+        await trio.testing.wait_all_tasks_blocked()
         handoff.to_engine(engine, Completed(step_delivery, "w1", "done", {}))
-        assert otp.message_queue_len(engine) == waiting + 1
-        assert await FlowEngine.result("f") == "done"
+        assert otp.message_queue_len(engine) == 0
+        assert await outcome(tag) == "done"
 
 
 async def test_an_rpc_call_handed_over_is_dispatched_in_the_handing_task_if_its_flow_is_here(
@@ -1301,8 +1302,9 @@ async def test_one_caller_waiting_for_many_results_is_monitored_once_and_each_ti
     store_kind: StoreKind, autojump_clock: trio.testing.MockClock
 ) -> None:
     """A connection passes its clients' ``result`` calls on as requests of its own: the
-    engine monitors it once however many it waits for, each waiter still times out at its own
-    timeout (one answered first never does), and the caller's death drops the rest."""
+    engine monitors it once however many it waits for (and keeps it monitored for its next
+    ``result`` while it lives), each waiter still times out at its own timeout (one answered
+    first never does), and the caller's death drops the rest and its monitor."""
     script = {"f1": [hang()], "f2": [hang()], "f3": [hang()]}
     async with otp.open_node(), server(store_kind, lambda task: script[task.flow_id]):
         for flow_id in script:
@@ -1326,18 +1328,21 @@ async def test_one_caller_waiting_for_many_results_is_monitored_once_and_each_ti
         late = await otp.receive(lambda m: isinstance(m, otp.Response), timeout=10, default=None)
         assert late is None  # (f2's answered waiter never times out)
         info = otp.process_info(engine)
-        assert info is not None and me not in [target for _, target in info.monitors]
+        assert info is not None  # (still monitored, once: for its next ``result``)
+        assert [target for _, target in info.monitors].count(me) == 1
 
         async def waits_then_dies() -> None:
             otp.send_request(ENGINE, ("result", "f3", 60.0))
             otp.send_request(ENGINE, ("result", "f3", None))
             await trio.sleep(1)
 
-        otp.spawn(waits_then_dies)
+        dies = otp.spawn(waits_then_dies)
         await trio.sleep(0.5)
         assert (await FlowEngine.statistics()).waiters == 2
         await trio.sleep(1)
         assert (await FlowEngine.statistics()).waiters == 0
+        info = otp.process_info(engine)
+        assert info is not None and dies not in [target for _, target in info.monitors]
 
 
 async def test_result_of_no_flow_raises_flow_not_found(store_kind: StoreKind) -> None:
@@ -1633,6 +1638,124 @@ async def test_a_bug_in_a_commit_the_engine_handed_over_crashes_the_store_not_th
         )
     assert store_down.reason == otp.Crash(bug)
     assert engine_down.reason == otp.Shutdown(("store_down", otp.Crash(bug)))
+
+
+async def test_a_last_steps_outcome_handed_over_is_committed_and_answered_in_the_handing_task(
+    store_kind: StoreKind,
+) -> None:
+    """``_engine_handoff.to_engine``: the outcome of a flow's last Step is taken in the task
+    that hands it over; on an idle SQLite server the flow's end is committed there too and
+    its answer taken there (``_take_committed``): the flow's waiter is answered before
+    ``to_engine`` returns, without a message to the engine; then a ``result`` handed over is
+    answered at once (``on_response``, inside ``send_request``)."""
+    async with otp.open_node(), idle_sqlite_server(store_kind) as store:
+        # (no answer, no routing: no dispatch records, whose delayed commit may be in a
+        # thread, in flight, when the outcome comes; and whatever else of the test run trio
+        # has runnable, a small group commits on trio's thread)
+        await set_script(lambda task: [])
+        store.commits_here = lambda records: True
+        engine, take = otp.whereis(ENGINE), handoff.call_taker(ENGINE)
+        assert engine is not None and take is not None
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        seen: list[otp.Response] = []
+        waited = otp.send_request(ENGINE, ("result", "f", None), on_response=seen.append)
+        await trio.testing.wait_all_tasks_blocked()
+        await FlowEngine.statistics()  # (after what the fake matcher sent it meanwhile)
+        handled = _handled(ENGINE)
+        delivery = (await dispatches())[-1][1].task.delivery
+        handoff.to_engine(engine, Completed(delivery, "w1", "done", {}))
+        assert seen == [otp.Response(waited, ("ok", "done"), None)]
+        assert _handled(ENGINE) == handled and otp.message_queue_len(engine) == 0
+        again = otp.send_request(
+            ENGINE, ("result", "f", None), on_response=seen.append, hand_over=take
+        )
+        assert seen[-1] == otp.Response(again, ("ok", "done"), None)
+        assert _handled(ENGINE) == handled
+        assert (await describe("f")).status == "completed"
+
+
+async def test_a_call_handed_over_while_the_engine_has_mail_is_sent_behind_it(
+    store_kind: StoreKind,
+) -> None:
+    """Nothing sent to the engine before is overtaken: with a message in its mailbox, a
+    ``result`` handed over is sent, and answered after that message."""
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(), "f")  # (ended at once)
+        await trio.testing.wait_all_tasks_blocked()
+        engine, take = otp.whereis(ENGINE), handoff.call_taker(ENGINE)
+        assert engine is not None and take is not None
+        seen: list[otp.Response] = []
+        stats = otp.send_request(ENGINE, ("statistics",))
+        result = otp.send_request(
+            ENGINE, ("result", "f", None), on_response=seen.append, hand_over=take
+        )
+        assert otp.message_queue_len(engine) == 2 and seen == []
+        first = await otp.receive(lambda m: isinstance(m, otp.Response), timeout=5)
+        assert first.request_id == stats
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen == [otp.Response(result, ("ok", None), None)]
+        otp.send_request(ENGINE, ("result", "f", None), on_response=seen.append, hand_over=take)
+        assert seen[-1].value == ("ok", None)  # (with nothing waiting: taken, answered here)
+
+
+async def test_a_result_handed_over_parks_its_waiter_answered_later_as_by_message(
+    store_kind: StoreKind, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A ``result`` of a running flow from a caller the engine monitors already (it waited
+    before) is taken in the handing task: its waiter is answered later as one that came by
+    message, at its own timeout or with the flow's end."""
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        await trio.testing.wait_all_tasks_blocked()
+        engine, take = otp.whereis(ENGINE), handoff.call_taker(ENGINE)
+        assert engine is not None and take is not None
+        seen: list[otp.Response] = []
+        otp.send_request(ENGINE, ("result", "f", 1.0), on_response=seen.append, hand_over=take)
+        assert otp.message_queue_len(engine) == 1  # (sent: this caller is not monitored yet)
+        await trio.testing.wait_all_tasks_blocked()
+        handled, start = _handled(ENGINE), trio.current_time()
+        timed = otp.send_request(
+            ENGINE, ("result", "f", 3.0), on_response=seen.append, hand_over=take
+        )
+        ended = otp.send_request(
+            ENGINE, ("result", "f", None), on_response=seen.append, hand_over=take
+        )
+        assert otp.message_queue_len(engine) == 0 and _handled(ENGINE) == handled  # (taken)
+        await trio.sleep(5)
+        assert [r.request_id for r in seen[1:]] == [timed]
+        assert seen[1].value[1] == "timeout" and trio.current_time() - start >= 3.0
+        delivery = (await dispatches())[-1][1].task.delivery
+        otp.send(engine, Completed(delivery, "w1", "done", {}))
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen[-1] == otp.Response(ended, ("ok", "done"), None)
+
+
+async def test_an_engine_failing_on_a_call_handed_over_ends_and_its_caller_gets_the_reason(
+    store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in the engine's handling of a ``result`` handed over ends the engine with
+    ``("engine_failed", ...)`` (its supervisor restarts it), not the task that handed it
+    over; its caller is answered with that reason, as a call by message would be."""
+    bug = RuntimeError("a bug")
+
+    def result(*args: Any, **kwargs: Any) -> None:
+        raise bug
+
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a")), "f")
+        otp.send_request(ENGINE, ("result", "f", None))  # (by message: this caller monitored)
+        await trio.testing.wait_all_tasks_blocked()
+        engine, take = otp.whereis(ENGINE), handoff.call_taker(ENGINE)
+        assert engine is not None and take is not None
+        ref = otp.monitor(engine)
+        monkeypatch.setattr(FlowEngine, "_result", result)
+        seen: list[otp.Response] = []
+        with caplog.at_level(logging.ERROR, logger="apps.matching"):
+            otp.send_request(ENGINE, ("result", "f", 1.0), on_response=seen.append, hand_over=take)
+        down = await otp.receive(lambda m: isinstance(m, otp.Down) and m.ref == ref)
+        assert down.reason == ("engine_failed", "RuntimeError('a bug')")
+        assert [r.error for r in seen] == [down.reason]
+        assert "failed on" in caplog.text
 
 
 async def test_a_killed_engine_recovers_its_running_flows_from_the_store(
