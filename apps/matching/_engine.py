@@ -48,6 +48,7 @@ from ._engine_state import (
     _RetryDue,
     _Rpc,
     _RpcDeadline,
+    _Settle,
     _State,
     _StepDeadline,
     _unwrap,
@@ -323,7 +324,7 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         a process or monitor one, which must be the engine's (``_outcome_here``). A bug in it
         ends the engine (as it would in its own task), not the caller."""
         target = state.deliveries.get(outcome.delivery)
-        if target is None or not _outcome_here(target, outcome) or not self._may_take(state):
+        if target is None or not _outcome_here(state, target, outcome) or not self._may_take(state):
             return False
         self._handed(state, outcome, functools.partial(self._handle_outcome, state, outcome))
         return True
@@ -413,6 +414,8 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
                     self._refused(state, refused)  # (or crash, and recover from the store)
                 else:
                     self._committed(state, size)
+            case _Settle():
+                state.settle_sent = False  # (the commit a handling left to this pass: ``_next``)
             case _FlushRecords():
                 state.record_timer = False
                 if state.building.size:
@@ -468,7 +471,8 @@ def _here(state: _State, from_: otp.From, request: tuple[Any, ...]) -> bool:
     starts no process and monitors none. A ``call_rpc`` or ``result`` of a flow in memory and
     not moved to another server (else it is read from the store, or forwarded, by processes
     of the engine's), a ``result`` of a running flow only for a caller monitored already
-    (``_engine_waiters``), or of one that ended here. (Not ``start_flow`` yet: see
+    (``_engine_waiters``) and while nothing else is in flight (as a flow's end, see
+    ``_outcome_here``), or of one that ended here. (Not ``start_flow`` yet: see
     ARCHITECTURE.md.)"""
     op = request[0]
     if (op != "call_rpc" and op != "result") or type(request[1]) is not str:
@@ -478,22 +482,32 @@ def _here(state: _State, from_: otp.From, request: tuple[Any, ...]) -> bool:
     flow = state.flows.get(request[1])
     if flow is None:
         return op == "result" and request[1] in state.ended
-    return not flow.moved and (op == "call_rpc" or not flow.running or from_.pid in state.callers)
+    if flow.moved:
+        return False
+    if op == "call_rpc" or not flow.running:
+        return True
+    # (a waiter parked: only while nothing else is in flight, see ``_outcome_here``)
+    return len(state.deliveries) <= 1 and from_.pid in state.callers
 
 
-def _outcome_here(target: _Rpc | _Flow, outcome: Completed | Failed) -> bool:
+def _outcome_here(state: _State, target: _Rpc | _Flow, outcome: Completed | Failed) -> bool:
     """Whether the engine's handling of ``outcome`` (of ``target``, an RPC or a Step's
     attempt) can run in another task: it starts no process and monitors none. Not for a flow
     moved to another server (its callers are forwarded), a SubFlow's child (its parent is
     told, perhaps read from the store), and only the last Step's completion: the flow ends
     (what dispatches a step again or the next one would run the queue's and a stream's
-    handling inside the stream's that read the outcome)."""
+    handling inside the stream's that read the outcome); and that only while no other
+    dispatch is in flight (a lone caller's Step). Under load the engine's own pass takes the
+    flows' ends of a scheduling batch by message and commits them together: taken one by
+    one, each committed its own; with those commits put off to that pass
+    (``_engine_commits._put_off``), taking them still measured no cheaper than messages."""
     if isinstance(target, _Rpc):
         return not target.flow.moved
     if target.moved or PARENT_KEY in target.definition:
         return False
     return (
         type(outcome) is Completed
+        and len(state.deliveries) == 1  # (this one)
         and not outcome.not_yet
         and target.step_index + 1 >= len(target.spec.steps)
     )

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import otp
 
 from ._dispatch import Completed, Failed, Lost, NotDispatched, Task
-from ._engine_state import _Flow, _FlushRecords, _Pass, _Rpc, _State
+from ._engine_state import _Flow, _FlushRecords, _Pass, _Rpc, _Settle, _State
 from ._store import (
     AttemptRecord,
     DispatchRecord,
@@ -57,14 +57,16 @@ class EngineCommits:
             elif building.urgent or building.actions:
                 if _waiting(state):
                     return state.carry_on_now
-                self._flush(state)
+                if not _put_off(state):
+                    self._flush(state)
             elif not state.record_timer:
                 state.record_timer = True
                 otp.send_after(state.options.dispatch_record_delay, state.me, _FlushRecords())
         elif state.committing is None and building.actions:
             if _waiting(state):
                 return state.carry_on_now
-            self._flush(state)
+            if not _put_off(state):
+                self._flush(state)
         return state.carry_on
 
     def _flush(self, state: _State) -> None:
@@ -235,6 +237,22 @@ def _without(batch: WriteBatch, flow_id: str) -> WriteBatch:
         flows_created=[r for r in batch.flows_created if r.flow_id != flow_id],
         owner=batch.owner,
     )
+
+
+def _put_off(state: _State) -> bool:
+    """Whether the commit the engine's handling in another task would start now is left to
+    the engine's own pass (one ``_Settle`` sent): while anything it dispatched is still in
+    flight, whose outcome may come any moment (an RPC's outcome beside other calls). There
+    it commits with every outcome and call of its scheduling batch, in one group: each
+    handling committing its own (a few records) made a commit an RPC, or a Step, under load
+    (issue 15). A lone caller's Step or RPC, nothing else in flight, commits where it is
+    handled."""
+    if not state.handing or not state.deliveries:
+        return False
+    if not state.settle_sent:
+        state.settle_sent = True
+        otp.send(state.me, _Settle())
+    return True
 
 
 def _waiting(state: _State) -> int:

@@ -61,31 +61,37 @@ _TAKERS: trio.lowlevel.RunVar[dict[Any, Takers]] = trio.lowlevel.RunVar("matchin
 
 def register(pid: otp.Pid, takers: Takers) -> None:
     """(From the engine ``pid``'s own task.) Hand ``pid`` what comes for it to ``takers``
-    from now on, until the process exits."""
+    from now on, until the process exits; found by its registered name too (a connection
+    names the engine: no ``otp.whereis`` a call)."""
     try:
         registered = _TAKERS.get()
     except LookupError:
         registered = {}
         _TAKERS.set(registered)
-    registered[pid] = takers
+    info = otp.process_info(pid)
+    keys = (pid,) if info is None or info.registered_name is None else (pid, info.registered_name)
+    for key in keys:
+        registered[key] = takers
 
     def forget(pid: otp.Pid, reason: Any) -> None:
-        if registered.get(pid) is takers:
-            del registered[pid]
+        for key in keys:
+            if registered.get(key) is takers:
+                del registered[key]
 
     otp.add_exit_hook(forget)
 
 
 def call_taker(engine: Any) -> Callable[[otp.From, Any], bool] | None:
     """The ``hand_over`` of ``otp.send_request`` for a call to ``engine`` (a name or pid of
-    this node), or None: the engine is not registered."""
+    this node), or None: the engine is not registered. (A name it registered under is
+    looked up as it was when it registered: an engine keeps its name until it exits.)"""
     try:
         registered = _TAKERS.get()
     except LookupError:
         return None
-    if type(engine) is str:
-        engine = otp.whereis(engine)
     takers = registered.get(engine)
+    if takers is None and type(engine) is str:
+        takers = registered.get(otp.whereis(engine))
     return None if takers is None else takers.call
 
 

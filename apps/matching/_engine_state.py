@@ -424,6 +424,9 @@ class _State:
     #: Whether no action waited for a commit as that handling began (a commit's answer is
     #: taken there only then: what it runs was decided there).
     fresh: bool = False
+    #: A ``_Settle`` is in the engine's mailbox: a handling in another task left its commit
+    #: to the engine's own pass (``EngineCommits._next``).
+    settle_sent: bool = False
     #: ``NoReply(self)`` and ``NoReply(self, timeout=0)``, built once (frozen values, returned
     #: by every callback: see ``EngineCommits._next``).
     carry_on: Any = None
@@ -463,6 +466,12 @@ class Claimed:
 @attrs.frozen
 class _FlushRecords:
     """The ``dispatch_record_delay`` passed: commit the dispatch records waiting."""
+
+
+@attrs.frozen
+class _Settle:
+    """A handling in another task left its commit to the engine's own pass: start it there
+    (``EngineCommits._next``), with whatever else that pass takes."""
 
 
 @attrs.frozen

@@ -1061,18 +1061,22 @@ async def test_an_rpc_outcome_handed_over_is_handled_in_the_handing_task_while_n
 
 
 async def test_an_rpc_call_handed_over_is_dispatched_in_the_handing_task_if_its_flow_is_here(
-    store_kind: StoreKind,
+    store_kind: StoreKind, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``_engine_handoff.call_taker``: the engine takes an RPC of a flow in memory in the task
     that hands it over (``otp.send_request``'s ``hand_over``): nothing reaches its mailbox,
     the dispatch is submitted at once, and the answer goes to ``on_response``; one of a flow
-    not in memory, or any other request, is sent."""
+    not in memory, or any other request, is sent. The engine's taker is found by its pid or
+    by the name it registered under, without a ``whereis``."""
     async with otp.open_node(), server(store_kind, lambda task: [hang()]):
         await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
         await trio.testing.wait_all_tasks_blocked()
         engine = otp.whereis(ENGINE)
-        take = handoff.call_taker(ENGINE)
+        with monkeypatch.context() as patched:
+            patched.setattr(otp, "whereis", None)  # (not called: it would raise)
+            take = handoff.call_taker(ENGINE)
         assert engine is not None and take is not None
+        assert handoff.call_taker(engine) == take and handoff.call_taker("another") is None
         seen: list[otp.Response] = []
         ref = otp.send_request(
             ENGINE, ("call_rpc", "f", "r", [1], None), on_response=seen.append, hand_over=take
@@ -1672,6 +1676,66 @@ async def test_a_last_steps_outcome_handed_over_is_committed_and_answered_in_the
         assert seen[-1] == otp.Response(again, ("ok", "done"), None)
         assert _handled(ENGINE) == handled
         assert (await describe("f")).status == "completed"
+
+
+async def test_a_flows_end_and_result_are_taken_only_while_nothing_else_is_in_flight(
+    store_kind: StoreKind,
+) -> None:
+    """A last Step's outcome, and a ``result`` that would park a waiter, are taken only while
+    nothing else the engine dispatched is in flight (under load each of them committing its
+    own flow's end made a commit a Step; the engine's own pass commits them together): with
+    two flows running they are sent; the last flow's end is taken, committed and answered in
+    the handing task."""
+    async with otp.open_node(), idle_sqlite_server(store_kind) as store:
+        await set_script(lambda task: [])  # (no answer, no routing: no dispatch records)
+        store.commits_here = lambda records: True
+        engine, take = otp.whereis(ENGINE), handoff.call_taker(ENGINE)
+        assert engine is not None and take is not None
+        for flow_id in ("f", "g"):
+            await FlowEngine.start_flow("T", [], definition(step("a")), flow_id)
+        seen: list[otp.Response] = []
+        f_waits = otp.send_request(ENGINE, ("result", "f", None), on_response=seen.append)
+        await trio.testing.wait_all_tasks_blocked()  # (this process is monitored now)
+        g_waits = otp.send_request(
+            ENGINE, ("result", "g", None), on_response=seen.append, hand_over=take
+        )
+        assert otp.message_queue_len(engine) == 1  # (sent: f's Step is in flight too)
+        await trio.testing.wait_all_tasks_blocked()
+        f, g = (dispatch.task.delivery for _, dispatch in await dispatches())
+        handoff.to_engine(engine, Completed(f, "w1", "f done", {}))
+        assert otp.message_queue_len(engine) == 1 and seen == []  # (sent: g's is in flight)
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen == [otp.Response(f_waits, ("ok", "f done"), None)]
+        handled = _handled(ENGINE)
+        handoff.to_engine(engine, Completed(g, "w1", "g done", {}))  # (alone in flight: taken)
+        assert seen[-1] == otp.Response(g_waits, ("ok", "g done"), None)
+        assert _handled(ENGINE) == handled and otp.message_queue_len(engine) == 0
+
+
+async def test_a_commit_handed_over_while_calls_are_in_flight_is_left_to_the_engines_pass(
+    store_kind: StoreKind,
+) -> None:
+    """An outcome taken in another task while other dispatches are in flight (an RPC's,
+    beside its flow's Step) is not committed there: the engine's own pass commits it (one
+    ``_Settle`` sent to it) with what it takes meanwhile, in one commit, and its caller is
+    answered once it is durable."""
+    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
+        await FlowEngine.start_flow("T", [], definition(step("a"), rpcs=["r"]), "f")
+        engine = otp.whereis(ENGINE)
+        assert engine is not None
+        tags = []
+        for _ in range(2):
+            tags.append(await spawn_call(FlowEngine.call_rpc, "f", "r", []))
+        await trio.testing.wait_all_tasks_blocked()
+        commits = (await FlowEngine.statistics()).commits
+        rpcs = [d.task.delivery for _, d in await dispatches() if d.task.kind == "rpc"]
+        for n, delivery in enumerate(rpcs):
+            handoff.to_engine(engine, Completed(delivery, "w1", n, {"set": {"n": n}}))
+            # (the first taken, its commit left to the pass: a _Settle; the second sent behind)
+            assert otp.message_queue_len(engine) == n + 1
+        assert sorted([await outcome(tag) for tag in tags]) == [0, 1]
+        assert (await FlowEngine.statistics()).commits == commits + 1
+        assert (await describe("f")).state == {"n": 1}
 
 
 async def test_a_call_handed_over_while_the_engine_has_mail_is_sent_behind_it(
