@@ -323,8 +323,11 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
         while the engine may not take it (``_may_take``), and when what it leads to may start
         a process or monitor one, which must be the engine's (``_outcome_here``). A bug in it
         ends the engine (as it would in its own task), not the caller."""
-        target = state.deliveries.get(outcome.delivery)
-        if target is None or not _outcome_here(state, target, outcome) or not self._may_take(state):
+        deliveries = state.deliveries
+        target = deliveries.get(outcome.delivery)
+        if target is None or (len(deliveries) != 1 and target.__class__ is not _Rpc):
+            return False  # (a Step's, under load: ``_outcome_here``, without the call)
+        if not _outcome_here(state, target, outcome) or not self._may_take(state):
             return False
         self._handed(state, outcome, functools.partial(self._handle_outcome, state, outcome))
         return True
@@ -470,9 +473,9 @@ def _here(state: _State, from_: otp.From, request: tuple[Any, ...]) -> bool:
     """Whether the engine's handling of ``request`` (a call) can run in another task: it
     starts no process and monitors none. A ``call_rpc`` or ``result`` of a flow in memory and
     not moved to another server (else it is read from the store, or forwarded, by processes
-    of the engine's), a ``result`` of a running flow only for a caller monitored already
-    (``_engine_waiters``) and while nothing else is in flight (as a flow's end, see
-    ``_outcome_here``), or of one that ended here. (Not ``start_flow`` yet: see
+    of the engine's), a ``result`` of a flow in memory only while nothing else is in flight
+    (as a flow's end, see ``_outcome_here``), of a running one only for a caller monitored
+    already (``_engine_waiters``), and of one that ended here. (Not ``start_flow`` yet: see
     ARCHITECTURE.md.)"""
     op = request[0]
     if (op != "call_rpc" and op != "result") or type(request[1]) is not str:
@@ -484,10 +487,11 @@ def _here(state: _State, from_: otp.From, request: tuple[Any, ...]) -> bool:
         return op == "result" and request[1] in state.ended
     if flow.moved:
         return False
-    if op == "call_rpc" or not flow.running:
+    if op == "call_rpc":
         return True
-    # (a waiter parked: only while nothing else is in flight, see ``_outcome_here``)
-    return len(state.deliveries) <= 1 and from_.pid in state.callers
+    # (a waiter parked: only while nothing else is in flight, see ``_outcome_here``; under
+    # load a flow's end comes by message too)
+    return len(state.deliveries) <= 1 and (not flow.running or from_.pid in state.callers)
 
 
 def _outcome_here(state: _State, target: _Rpc | _Flow, outcome: Completed | Failed) -> bool:

@@ -98,7 +98,10 @@ def call_taker(engine: Any) -> Callable[[otp.From, Any], bool] | None:
 def to_engine(reply_to: Any, outcome: Completed | Failed) -> None:
     """``otp.send(reply_to, outcome)``, or its handling by the engine ``reply_to`` in the
     calling task when it takes it (see the module's docstring). Raises as ``otp.send``."""
-    takers = _takers_of(reply_to)
+    try:  # (``_takers_of`` written out: once a Step)
+        takers = _TAKERS.get().get(reply_to)
+    except LookupError:
+        takers = None
     if takers is None or not takers.outcome(outcome):
         otp.send(reply_to, outcome)
 
