@@ -20,8 +20,10 @@ lone Step's end wakes no task of the engine's.
 The engine takes any of these only while its mailbox is empty and it is not handling
 something else itself (``FlowEngine._take_call``, ``_take_outcome`` and ``_take_committed``
 say the rest), so nothing it was sent before is overtaken: the call's ``Routed``
-"delivered" that came by message is handled first. Otherwise, and for any ``reply_to`` not
-registered (another node's engine, a test's process), it is sent as before.
+"delivered" that came by message is handled first; a ``result`` and a flow's end only while
+nothing else is in flight (under load the engine's own pass takes them by message and commits
+them together). Otherwise, and for any ``reply_to`` not registered (another node's engine, a
+test's process), it is sent as before.
 """
 
 from __future__ import annotations
