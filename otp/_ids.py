@@ -9,52 +9,43 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import wire
+
 if TYPE_CHECKING:
     from ._process import Process
 
 
-class Pid:
+#: Makes an instance with no fields yet (``wire.IdTriple``'s ``__new__``: past the public
+#: ``__init__``, which refuses).
+_new = wire.IdTriple.__new__
+
+
+class Pid(wire.IdTriple):
     """A process identifier: node name, a per-node serial number and the node's creation.
 
-    Pids compare and hash by (node, id, creation), order like Erlang's (by node then serial), and
-    print as ``<node.id.creation>``. There is no public constructor.
+    Pids compare and hash by (node, id, creation) (``wire.IdTriple``: in C where wire's speedups
+    are built), order like Erlang's (by node then serial), and print as ``<node.id.creation>``.
+    There is no public constructor.
     """
 
-    __slots__ = ("_hash", "_proc", "creation", "id", "node")
+    __slots__ = ("_proc",)
 
     node: str
     id: int
     creation: int
     _proc: Process | None
-    _hash: int
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("Pid has no public constructor: pids come from spawn(), self() and friends")
 
     @classmethod
     def _make(cls, node: str, id: int, creation: int, proc: Process | None = None) -> Pid:
-        pid = object.__new__(cls)
+        pid: Pid = _new(cls)
         pid.node = node
         pid.id = id
         pid.creation = creation
         pid._proc = proc
-        pid._hash = -1  # computed when first hashed: most pids never are (32 bytes a process)
         return pid
-
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, Pid):
-            return NotImplemented
-        return self.id == other.id and self.node == other.node and self.creation == other.creation
-
-    def __hash__(self) -> int:
-        h = self._hash
-        if h == -1:  # (never a hash: CPython turns -1 into -2)
-            # The whole identity: a peer picks the ids of the pids it sends, so a hash of the id
-            # alone would let it fill a dict with colliding keys (quadratic inserts).
-            h = self._hash = hash((self.node, self.id, self.creation))
-        return h
 
     def __lt__(self, other: Pid) -> bool:
         return (self.node, self.creation, self.id) < (other.node, other.creation, other.id)
@@ -72,37 +63,26 @@ class Pid:
         return self
 
 
-class Ref:
-    """A unique reference (Erlang's ``make_ref()``), used for monitors, calls and timers."""
+class Ref(wire.IdTriple):
+    """A unique reference (Erlang's ``make_ref()``), used for monitors, calls and timers; equal
+    and hashed by (node, id, creation), as a Pid."""
 
-    __slots__ = ("_hash", "creation", "id", "node")
+    __slots__ = ()
 
     node: str
     id: int
     creation: int
-    _hash: int
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("Ref has no public constructor: use otp.make_ref()")
 
     @classmethod
     def _make(cls, node: str, id: int, creation: int) -> Ref:
-        ref = object.__new__(cls)
+        ref: Ref = _new(cls)
         ref.node = node
         ref.id = id
         ref.creation = creation
-        ref._hash = hash((node, id, creation))  # the whole identity, as Pid's
         return ref
-
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, Ref):
-            return NotImplemented
-        return self.id == other.id and self.node == other.node and self.creation == other.creation
-
-    def __hash__(self) -> int:
-        return self._hash
 
     def __repr__(self) -> str:
         return f"#Ref<{self.node}.{self.id}.{self.creation}>"

@@ -69,10 +69,20 @@ def message_queue_len(pid: Pid | None = None) -> int:
         NotAProcess: Called outside a process without a ``pid``.
         BadArg: ``pid`` is not a Pid, or names a process of another node (ask that node).
     """
+    # (Engines ask this for every Step: a process's own mailbox, and a local pid asked from a
+    # process of its node, without current_process's and the property's calls.)
+    me = CURRENT_PROCESS.get(None)
     if pid is None:
-        return current_process().message_queue_len
+        if me is None:
+            return current_process().message_queue_len  # (raises NotAProcess)
+        mailbox = me._mailbox
+        return len(mailbox) if mailbox else 0
     if pid.__class__ is not Pid:
         raise BadArg(f"message_queue_len: not a Pid: {pid!r}")
+    proc = pid._proc
+    if proc is not None and me is not None and me.node is proc.node:
+        mailbox = proc._mailbox
+        return len(mailbox) if mailbox and proc.alive else 0
     node = current_node()
     if pid.node != node.name:
         raise BadArg(f"message_queue_len({pid!r}): a pid of another node (this is {node.name!r})")

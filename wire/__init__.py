@@ -7,7 +7,8 @@ payloads and distribution messages. The normative description is ``wire/SPEC.md`
 The codecs are pure Python, with optional C fast paths (``wire/_speedups.c``, built by
 ``pip install`` where a C compiler is present) for the common values: they give the same bytes
 and values, and hand anything unusual, and every error, back to the Python code. Setting
-``WIRE_NO_SPEEDUPS=1`` turns them off.
+``WIRE_NO_SPEEDUPS=1`` turns them off. The same extension holds ``IdTriple``, the base of otp's
+``Pid`` and ``Ref`` (equal and hashed by node, id and creation), whose hash it makes a field read.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ from ._frame import FrameDecoder as FrameDecoder
 from ._frame import MessageType as MessageType
 from ._frame import encode_frame as encode_frame
 from ._frame import encode_message as encode_message
+from ._id_triple import IdTriple as IdTriple
 from ._json import frame_from_json as frame_from_json
 from ._json import frame_to_json as frame_to_json
 from ._json import from_json as from_json
@@ -157,6 +159,7 @@ __all__ = [
     "FrameSplitter",
     "FrameStream",
     "Handshake",
+    "IdTriple",
     "InvalidUtf8",
     "InvalidValue",
     "LimitExceeded",

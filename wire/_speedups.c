@@ -20,6 +20,8 @@
 
 #define MAX_DEPTH 300
 
+int add_id_triple(PyObject *module); /* _speedups_ids.c */
+
 /* The wire value classes and constructors, set once by init(). */
 static PyObject *Atom_t, *Pid_t, *Ref_t, *Exit_t, *Error_t;
 static PyObject *make_atom, *make_pid, *make_ref;
@@ -1523,5 +1525,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         *slots[i] = PyUnicode_InternFromString(names[i]);
         if (!*slots[i]) return NULL;
     }
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m && add_id_triple(m) < 0) Py_CLEAR(m);
+    return m;
 }

@@ -133,7 +133,8 @@ class FrameStream:
         readable, then reads it once. ``SocketStream.receive_some`` tries to read first, and
         a reader that has taken everything (as a frame reader nearly always has) pays a failed
         ``recv``, its ``BlockingIOError`` and two context managers for it: about 25 us of the
-        ~130 us of CPU a matching server spent per frame read."""
+        ~130 us of CPU a matching server spent per frame read. (It waits on the descriptor,
+        not the socket: trio would ask the socket for it again, a Python call.)"""
         sock = self._socket
         if sock is None:
             return await self.stream.receive_some(size)
@@ -141,7 +142,7 @@ class FrameStream:
             fd = sock.fileno()
             if fd == -1:
                 raise trio.ClosedResourceError("the socket was closed")
-            await trio.lowlevel.wait_readable(sock)
+            await trio.lowlevel.wait_readable(fd)
             try:
                 return os.read(fd, size)
             except BlockingIOError:

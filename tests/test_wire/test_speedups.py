@@ -18,7 +18,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wire
-from wire import _accel, _cbor, _cbor_general, _dirty_bytes, _frame, _raw_frames, _tlv, _tlv_encode
+from wire import (
+    _accel,
+    _cbor,
+    _cbor_general,
+    _dirty_bytes,
+    _frame,
+    _id_triple,
+    _raw_frames,
+    _tlv,
+    _tlv_encode,
+)
 
 from .strategies import v1_values, v2_scalars, v2_values
 
@@ -790,3 +800,46 @@ def test_cbor_map_keys_decoded_again_are_the_same_text() -> None:
     for key in keys + keys[::-1]:
         got = C.cbor_decode(wire.cbor_encode({key: 1}), 256, 1 << 20)
         assert got == ({key: 1},)
+
+
+def _triples() -> list[Any]:
+    return [_id_triple.PY_ID_TRIPLE, *([C.IdTriple] if C is not None else [])]
+
+
+@pytest.mark.parametrize("base", _triples(), ids=lambda b: b.__module__ + "." + b.__name__)
+def test_id_triple_is_equal_and_hashed_by_its_three_fields(base: Any) -> None:
+    class A(base):  # type: ignore[misc,valid-type]
+        __slots__ = ("extra",)
+
+    class B(base):  # type: ignore[misc,valid-type]
+        __slots__ = ()
+
+    def make(cls: Any, node: str, id: int, creation: int) -> Any:
+        made = cls.__new__(cls, "ignored", key="ignored")
+        made.node, made.id, made.creation = node, id, creation
+        return made
+
+    a = make(A, "n@h", 7, 1)
+    same = make(A, "n@h", 7, 1)
+    same.extra = "not part of the identity"
+    assert a == same and not a != same and a is not same
+    assert hash(a) == hash(same) == hash(("n@h", 7, 1))
+    assert {a: 1}[same] == 1
+    for other in (make(A, "m@h", 7, 1), make(A, "n@h", 8, 1), make(A, "n@h", 7, 2)):
+        assert a != other and not a == other
+    # Another class with the same fields is another identity (a Pid is never a Ref).
+    b = make(B, "n@h", 7, 1)
+    assert a != b and b != a and a.__eq__(b) is NotImplemented
+    assert a != ("n@h", 7, 1) and a.__eq__(("n@h", 7, 1)) is NotImplemented
+    with pytest.raises(TypeError):
+        a < same  # noqa: B015
+    # Fields first set are read back; one not set yet is an AttributeError, never a crash.
+    assert (a.node, a.id, a.creation) == ("n@h", 7, 1)
+    empty = A.__new__(A)
+    with pytest.raises(AttributeError):
+        empty.node  # noqa: B018
+    with pytest.raises(AttributeError):
+        hash(empty)
+    with pytest.raises(AttributeError):
+        empty == a  # noqa: B015
+    assert empty == empty
