@@ -6,11 +6,12 @@ The engine's ops (flows, RPCs, results, reads) go to the engine with ``otp.send_
 task waits for them, the engine's answer is an ``otp.Response`` handed to :func:`answer_request`
 where the engine gives it (``on_response``; a message to the connection's mailbox when the
 engine was not there to ask), so a connection with a thousand calls in flight parks nothing.
-An RPC and a ``start_flow`` are handed to the engine (``hand_over``): it may run them in the
-reader's own task (``_engine_handoff``). The other ops run in a task of their own on the
-connection. Each call is answered by M_REPLY, or by an M_ERROR carrying the error's code
-(``bad_frame`` for arguments of the wrong shape). While the connection drains (a graceful stop)
-new calls, and the calls :func:`cancel_calls` gives up, get a retryable ``draining`` error.
+An RPC is handed to the engine (``hand_over``): it may run it in the reader's own task
+(``_engine_handoff``). The
+other ops run in a task of their own on the connection. Each call is answered by M_REPLY, or by
+an M_ERROR carrying the error's code (``bad_frame`` for arguments of the wrong shape). While
+the connection drains (a graceful stop) new calls, and the calls :func:`cancel_calls` gives up,
+get a retryable ``draining`` error.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def start_call(conn: Connection, msg: wire.MatchCall) -> None:
             conn.error(rid, "bad_frame", str(exc))
             return
         conn.calls.add(rid)
-        # (an op the engine may take in this task: ``_engine_handoff``)
-        hand_over = call_taker(conn.ctx.engine) if msg.op in _HANDED_OPS else None
+        # (an RPC the engine may take in this task: ``_engine_handoff``)
+        hand_over = call_taker(conn.ctx.engine) if msg.op == "call_rpc" else None
         ref = otp.send_request(
             conn.ctx.engine, engine_request, on_response=conn.answer, hand_over=hand_over
         )
@@ -312,8 +313,6 @@ _ENGINE_REQUESTS: dict[str, Callable[[dict[Any, Any]], tuple[Any, ...]]] = {
     "list": _list,
     "cancel": _cancel,
 }
-#: The engine's ops it may take in the reader's task (``_engine_handoff``).
-_HANDED_OPS = frozenset({"call_rpc", "start_flow"})
 #: The other ops, each run in a task of its own.
 _TASK_OPS: dict[str, Callable[[Connection, dict[Any, Any]], Awaitable[Any]]] = {
     "queues": _queues,

@@ -299,41 +299,26 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
 
     def _take_call(self, state: _State, from_: otp.From, request: Any) -> bool:
         """(In the task of the connection that read it: ``_engine_handoff``.) Handle a
-        ``call_rpc`` of a flow in memory here, or a ``start_flow`` that starts here
-        (``_starts_here``), as ``handle_call`` would, and say so; or say it must be sent: any
-        other request, one while anything waits in the engine's mailbox or the engine handles
-        something itself, and an RPC of a flow not in memory or moved to another server (its
-        read and its forward start processes, which must be the engine's). A queue its
-        dispatch goes straight to that the engine does not watch yet gets it through the
-        matcher (``DirectDeliveries.elsewhere``: so does a monitor). A bug in it ends the
-        engine (as it would in its own task), not the caller."""
-        if type(request) is not tuple or len(request) != 5:
+        ``call_rpc`` of a flow in memory here, as ``handle_call`` would, and say so; or say it
+        must be sent: any other request, one while anything waits in the engine's mailbox or
+        the engine handles something itself, and an RPC of a flow not in memory or moved to
+        another server (its read and its forward start processes, which must be the
+        engine's). A queue its dispatch goes straight to that the engine does not watch yet
+        gets it through the matcher (``DirectDeliveries.elsewhere``: so does a monitor). A bug
+        in it ends the engine (as it would in its own task), not the caller."""
+        if type(request) is not tuple or len(request) != 5 or request[0] != "call_rpc":
             return False
         me = state.me
         if state.handing or otp.message_queue_len(me) or not otp.is_process_alive(me):
             return False
-        if otp.self() == me:
+        _, flow_id, name, args, timeout = request
+        flow = state.flows.get(flow_id) if type(flow_id) is str else None
+        if flow is None or flow.moved or otp.self() == me:
             return False
-        op = request[0]
-        if op == "start_flow":
-            if not _starts_here(state, request):
-                return False
-        elif op != "call_rpc":
-            return False
-        else:
-            flow_id = request[1]
-            flow = state.flows.get(flow_id) if type(flow_id) is str else None
-            if flow is None or flow.moved:
-                return False
         state.handing = state.direct.elsewhere = True
         try:
             try:
-                if op == "start_flow":
-                    _, flow_type, args, flow_id, definition = request
-                    self._start_flow(state, from_, flow_type, args, flow_id, definition)
-                else:
-                    _, flow_id, name, args, timeout = request
-                    self._call_rpc(state, from_, flow_id, name, args, timeout)
+                self._call_rpc(state, from_, flow_id, name, args, timeout)
             except MatchingError as exc:
                 otp.reply(from_, _err(exc))
             self._next(state)
@@ -445,19 +430,3 @@ class FlowEngine(EngineSteps, EngineRpcs, otp.GenServer):
             case _:
                 logger.warning("matching engine: unexpected message %r", message)
         return self._next(state)
-
-
-def _starts_here(state: _State, request: tuple[Any, ...]) -> bool:
-    """Whether a ``start_flow`` can be handled in another task: it starts no process and
-    monitors none. A flow without an id (one with an id may have to be looked for in the
-    store, by a process of the engine's), of the definition the engine parsed last for its
-    type, whose first step is no SubFlow (its child may be read from the store, once the
-    flow's start is committed: there too, when the commit's answer is taken there)."""
-    _, flow_type, _, flow_id, definition = request
-    if flow_id is not None:
-        return False
-    last = state.parsed.get(flow_type) if type(flow_type) is str else None
-    if last is None or last[0] != definition:
-        return False
-    steps = last[1].steps
-    return not steps or steps[0].kind != "subflow"

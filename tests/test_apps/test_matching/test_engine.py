@@ -1090,44 +1090,6 @@ async def test_an_rpc_call_handed_over_is_dispatched_in_the_handing_task_if_its_
             await FlowEngine.call_rpc("missing", "r")
 
 
-async def test_a_start_flow_handed_over_is_taken_in_the_handing_task_when_it_starts_there(
-    store_kind: StoreKind,
-) -> None:
-    """``_engine_handoff.call_taker``: a ``start_flow`` without an id, of the definition the
-    engine parsed last for its type, whose first step is no SubFlow, is handled in the task
-    that hands it over (nothing reaches the engine's mailbox; it is answered once the flow is
-    stored, its first step dispatched). One with an id (it may have to be looked for in the
-    store), of a definition new to the engine, or starting with a SubFlow is sent."""
-    async with otp.open_node(), server(store_kind, lambda task: [hang()]):
-        spec = definition(step("a"))
-        await FlowEngine.start_flow("T", [], spec)  # (by message: its definition is parsed)
-        await trio.testing.wait_all_tasks_blocked()
-        engine = otp.whereis(ENGINE)
-        take = handoff.call_taker(ENGINE)
-        assert engine is not None and take is not None
-        seen: list[otp.Response] = []
-        request = ("start_flow", "T", ["handed"], None, spec)
-        ref = otp.send_request(ENGINE, request, on_response=seen.append, hand_over=take)
-        assert otp.message_queue_len(engine) == 0  # (taken: not sent)
-        await trio.testing.wait_all_tasks_blocked()
-        [answer] = seen
-        assert answer.request_id == ref and answer.value[0] == "ok"
-        first = (await dispatches())[-1][1].task
-        assert (first.flow_id, first.name, first.args) == (answer.value[1], "a", ["handed"])
-        sub = definition({**step("child"), "kind": "subflow", "flow_type": "T"})
-        for sent in (
-            ("start_flow", "T", [], "given", spec),
-            ("start_flow", "T", [], None, definition(step("b"))),
-            ("start_flow", "P", [], None, sub),  # (new: parsed as the engine takes it)
-            ("start_flow", "P", [], None, sub),
-        ):
-            waiting = otp.message_queue_len(engine)
-            otp.send_request(ENGINE, sent, on_response=seen.append, hand_over=take)
-            assert otp.message_queue_len(engine) == waiting + 1, sent
-            await trio.testing.wait_all_tasks_blocked()
-        assert [response.value[0] for response in seen] == ["ok"] * 5
-
-
 async def test_an_engine_failing_on_an_outcome_handed_over_ends_alone(
     store_kind: StoreKind, caplog: pytest.LogCaptureFixture
 ) -> None:
