@@ -168,7 +168,9 @@ class StreamHandle:
     the stream gets races it: an offer is never answered before its TASK is written, a
     ``Down`` or ``CancelCall`` overtaken is what a mailbox gives when it came second (a stream
     whose connection died ends on that ``Down`` and its queue takes the offer back), and a
-    stream ended by a frame handled here ends its process at its next message."""
+    stream ended by a frame handled here ends its process at its next message. Told the
+    stream's ``StreamIdle`` or ``Declined``, its queue may offer it its next dispatch right
+    there: so the stream tells its queue what it is only once it is (idle), last."""
 
     pid: otp.Pid
     state: _Stream
@@ -435,6 +437,10 @@ def _handle(state: _Stream, message: Any) -> None:
     if kind is wire.MatchPong:
         return
     phase = state.phase
+    if kind is wire.MatchClose:
+        if phase is not _BUSY:  # (a busy one's exit hook reports its call Lost)
+            _tell_queue(state, StreamGone(state.me))
+        raise _End
     if phase is _OFFERED:
         offered = state.offered
         assert offered is not None
@@ -442,12 +448,9 @@ def _handle(state: _Stream, message: Any) -> None:
             _accepted(state, offered)
         elif kind is wire.MatchDecline and message.delivery == offered.task.delivery:
             state.offered = None
-            # (its connection noted a capacity decline in its FreedNotices as it read it)
-            _tell_queue(state, Declined(state.me, offered.task.delivery, message.reason))
+            # Idle first (see StreamHandle; its connection noted a decline in FreedNotices)
             _to_idle(state)
-        elif kind is wire.MatchClose:
-            _tell_queue(state, StreamGone(state.me))
-            raise _End
+            _tell_queue(state, Declined(state.me, offered.task.delivery, message.reason))
     elif phase is _BUSY:
         call = state.call
         assert call is not None
@@ -456,11 +459,6 @@ def _handle(state: _Stream, message: Any) -> None:
             _call_ended(state, call, message, None, state.last_heard)  # (the clock, just read)
         elif kind is wire.MatchOutput and message.delivery == delivery:
             state.after_output = True
-        elif kind is wire.MatchClose:
-            raise _End  # the exit hook reports Lost
-    elif kind is wire.MatchClose:
-        _tell_queue(state, StreamGone(state.me))
-        raise _End
 
 
 def _served(
@@ -581,7 +579,9 @@ def _call_over(state: _Stream, accepted: int | None = None, now: float | None = 
 
 
 def _refuse(state: _Stream, dispatch: Dispatch) -> None:
-    """An offer while the stream has one already (never, by the queue's rules): it goes back."""
+    """An offer while the stream has one already: it goes back. Never, by the rules: a queue
+    offers a stream a dispatch only once told it is idle (``StreamIdle``, or ``Declined``
+    answering the last offer), told in order, and only once it is (see StreamHandle)."""
     logger.warning(
         "matching: stream %d of %r got a second offer (delivery %d): sending it back",
         state.stream_id,

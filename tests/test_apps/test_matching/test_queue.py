@@ -913,6 +913,41 @@ async def test_a_stream_answering_its_queue_while_the_queue_works_is_heard_after
         assert [t.delivery for t in conn.tasks()] == [good.task.delivery]
 
 
+async def test_a_stream_declining_is_idle_when_its_queue_offers_it_the_next_dispatch(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The queue handed a stream's ``Declined`` may offer it the next waiting dispatch at once,
+    in the same task (issue 15's hand-overs): the stream is idle by then, so it writes that
+    TASK. (It told the queue before it was idle: the offer found it still holding the one it
+    declined and sent it back as a second offer, and the queue then held the worker full for
+    it, so an RPC waiting behind a declined Step was refused for capacity until its wait ran
+    out.)"""
+    async with otp.open_node():
+        handle, conn, stream = await _queue_with_stream()
+        assert handle.state is not None
+        step, call = dispatch(wait=5.0), dispatch(wait=5.0, kind="rpc", name="read")
+        handle.dispatch(step)
+        handle.dispatch(call)  # (the one stream has its offer: the RPC waits)
+        assert _states(handle) == (0, 1, 0)
+        with caplog.at_level(logging.WARNING, logger="apps.matching"):
+            stream.deliver(wire.MatchDecline(step.task.delivery, "no_capacity", "", rid=1))
+        assert [t.delivery for t in conn.tasks()] == [step.task.delivery, call.task.delivery]
+        assert stream.state.offered is call and _states(handle) == (0, 1, 0)
+        assert handle.state.book.offered() == {stream.pid: call}
+        assert "second offer" not in caplog.text
+        await trio.testing.wait_all_tasks_blocked()
+        assert handle.state.mailed == {} and handle.state.book.offered() == {stream.pid: call}
+        stream.deliver_served(
+            wire.MatchAccept(call.task.delivery, rid=1),
+            wire.MatchResult(call.task.delivery, "hi", rid=1),
+        )
+        final = await otp.receive(
+            lambda m: isinstance(m, Completed | NotDispatched) and m.delivery == call.task.delivery,
+            timeout=1,
+        )
+        assert isinstance(final, Completed) and final.value == "hi"
+
+
 async def test_a_queue_failing_on_a_dispatch_handed_to_it_ends_alone(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
