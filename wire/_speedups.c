@@ -825,6 +825,23 @@ static PyObject *tlv_decode_value(TlvDec *d, Py_ssize_t *off, int left) {
     return NULL; /* a big int, an unknown type code */
 }
 
+/* ``(value, n)``, stealing ``value`` (NULL if either is NULL): the codecs' "what and how far"
+ * results, built directly (Py_BuildValue parses its format string on every call: gd1_scan and
+ * tlv_decode of a small value took 280 and 470 instructions more a call, callgrind). */
+static PyObject *value_and_offset(PyObject *value, Py_ssize_t n) {
+    if (!value) return NULL;
+    PyObject *off = PyLong_FromSsize_t(n);
+    PyObject *pair = off ? PyTuple_New(2) : NULL;
+    if (!pair) {
+        Py_DECREF(value);
+        Py_XDECREF(off);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(pair, 0, value);
+    PyTuple_SET_ITEM(pair, 1, off);
+    return pair;
+}
+
 static PyObject *tlv_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *data;
     Py_buffer buf;
@@ -847,8 +864,7 @@ static PyObject *tlv_decode(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    PyObject *result = Py_BuildValue("(Nn)", value, off);
-    return result;
+    return value_and_offset(value, off);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1291,8 +1307,7 @@ static PyObject *gd1_scan(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (pos < end && end - pos < 16 && (p[pos] != 'G' || (end - pos > 1 && p[pos + 1] != 'D')))
         goto give_up;
     PyBuffer_Release(&buf);
-    PyObject *result = Py_BuildValue("(Nn)", frames, pos);
-    return result;
+    return value_and_offset(frames, pos);
 give_up:
     PyErr_Clear();
     Py_XDECREF(frames);
