@@ -290,9 +290,10 @@ class BurstLimit(logging.Filter):
         window: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not (isinstance(max_count, int) and max_count >= 1):
+        # (a bool is an int to isinstance, but True is no count)
+        if isinstance(max_count, bool) or not (isinstance(max_count, int) and max_count >= 1):
             raise ValueError(f"BurstLimit.max_count must be an int >= 1 (got {max_count!r})")
-        if not (isinstance(window, int | float) and window > 0):
+        if isinstance(window, bool) or not (isinstance(window, int | float) and window > 0):
             raise ValueError(f"BurstLimit.window must be a number of seconds > 0 (got {window!r})")
         super().__init__()
         self.handler = handler

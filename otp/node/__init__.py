@@ -13,6 +13,7 @@ from ._config import load_config as load_config
 from ._config import load_object as load_object
 from ._config import parse_observer as parse_observer
 from ._logs import configure_logging as configure_logging
+from ._logs import configure_node_logging as configure_node_logging
 from ._main import main as main
 from ._observer import observer_address as observer_address
 from ._observer import observer_application as observer_application
@@ -41,6 +42,7 @@ __all__ = [
     "UnknownPid",
     "banner",
     "configure_logging",
+    "configure_node_logging",
     "load_config",
     "load_object",
     "main",

@@ -30,8 +30,16 @@ class ConfigError(ValueError):
     """The node's configuration is invalid; the message says which setting and what to do."""
 
 
+#: The node's log handler's burst limit, named as OTP's handler config names it (with the
+#: ``log_`` of the node's other logging settings): a flag each (``--log-burst-limit-enable``,
+#: ...) and a key each in node.toml's ``[node]``.
+BURST_LIMIT_KEYS = (
+    "log_burst_limit_enable",
+    "log_burst_limit_max_count",
+    "log_burst_limit_window_time",
+)
 #: The keys of node.toml's ``[node]`` table; distribution is set by flags only.
-NODE_KEYS = ("apps", "log_format", "log_level", "name")
+NODE_KEYS = ("apps", "log_format", "log_level", "name", *BURST_LIMIT_KEYS)
 
 
 def _check_level(_inst: Any, _attr: Any, value: str) -> None:
@@ -44,6 +52,39 @@ def _check_level(_inst: Any, _attr: Any, value: str) -> None:
 def _check_format(_inst: Any, _attr: Any, value: str) -> None:
     if value not in ("text", "json"):
         raise ConfigError(f"log_format must be text or json (got {value!r})")
+
+
+#: What an error about a burst limit setting offers instead of a bad value.
+_TURN_OFF = (
+    "to write every record, turn the limit off with --log-burst-limit-enable false"
+    " (log_burst_limit_enable = false in node.toml's [node])"
+)
+
+
+def check_burst_limit(key: str, value: Any, where: str | None = None) -> None:
+    """Check one burst limit setting (``key``, one of :data:`BURST_LIMIT_KEYS`) as given at
+    ``where`` (its flag, or ``node.KEY``; the key itself by default).
+
+    Raises:
+        ConfigError: ``enable`` is not a bool, ``max_count`` not an integer >= 1, or
+            ``window_time`` not an integer number of milliseconds >= 1 (OTP's handler takes
+            integers for both).
+    """
+    where = where or key
+    if key == "log_burst_limit_enable":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false (got {value!r})")
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if key == "log_burst_limit_max_count":
+            what = "an integer >= 1 (got {!r}): how many log records a window writes"
+        else:
+            what = "an integer number of milliseconds >= 1 (got {!r}): the limit's window"
+        raise ConfigError(f"{where} must be {what.format(value)}; {_TURN_OFF}")
+
+
+def _check_burst(_inst: Any, attribute: Any, value: Any) -> None:
+    check_burst_limit(attribute.name, value)
 
 
 @attrs.frozen
@@ -206,6 +247,13 @@ class NodeConfig:
         log_level: The root logger's level.
         log_format: ``"text"`` (one readable line a record) or ``"json"`` (one JSON object a
             line, with the node, pid and application).
+        log_burst_limit_enable: Whether the log handler drops records past a burst (OTP's
+            handler ``burst_limit_enable``, true by default): past the limit it logs how many it
+            dropped once the window is over.
+        log_burst_limit_max_count: Records written per window, the rest dropped (OTP's
+            ``burst_limit_max_count``, 500).
+        log_burst_limit_window_time: The window, in milliseconds (OTP's
+            ``burst_limit_window_time``, 1000).
         settings: Every other setting, by application (``[app_name]`` tables of node.toml and
             the flags applications add), for the applications to read.
         distribution: How the node talks to other nodes, if it does.
@@ -216,6 +264,9 @@ class NodeConfig:
     apps: tuple[str, ...] = ()
     log_level: str = attrs.field(default="info", validator=_check_level)
     log_format: str = attrs.field(default="text", validator=_check_format)
+    log_burst_limit_enable: bool = attrs.field(default=True, validator=_check_burst)
+    log_burst_limit_max_count: int = attrs.field(default=500, validator=_check_burst)
+    log_burst_limit_window_time: int = attrs.field(default=1000, validator=_check_burst)
     settings: dict[str, Any] = attrs.field(factory=dict)
     distribution: DistSettings | None = None
     observer: ObserverSettings | None = None
@@ -247,6 +298,24 @@ def parser(*, add_help: bool = True) -> argparse.ArgumentParser:
         "--log-format",
         choices=["text", "json"],
         help="log lines as text or as JSON objects with node, pid and application (default: text)",
+    )
+    p.add_argument(
+        "--log-burst-limit-enable",
+        choices=["true", "false"],
+        help="drop log records past --log-burst-limit-max-count per window, and log how many"
+        " (OTP's burst_limit_enable; default: true)",
+    )
+    p.add_argument(
+        "--log-burst-limit-max-count",
+        type=int,
+        metavar="N",
+        help="log records written per window before the rest are dropped (default: 500)",
+    )
+    p.add_argument(
+        "--log-burst-limit-window-time",
+        type=int,
+        metavar="MS",
+        help="the burst limit's window in milliseconds (default: 1000)",
     )
     p.add_argument("--config", type=Path, metavar="PATH", help="a node.toml file")
     o = p.add_argument_group("observer")
@@ -404,10 +473,29 @@ def load_config(argv: list[str] | None = None) -> NodeConfig:
         apps=tuple(apps),
         log_level=args.log_level or node.get("log_level", "info"),
         log_format=args.log_format or node.get("log_format", "text"),
+        **_burst_limit(args, node),
         settings=data,
         distribution=_distribution(args, name),
         observer=_observer(args, observer_table, known.config, embedded=not apps),
     )
+
+
+def _burst_limit(args: argparse.Namespace, node: dict[str, Any]) -> dict[str, Any]:
+    """The burst limit settings given (a flag wins over its node.toml key), each checked where
+    it was given."""
+    settings: dict[str, Any] = {}
+    for key in BURST_LIMIT_KEYS:
+        flag = getattr(args, key)
+        if flag is not None:
+            value = flag == "true" if key == "log_burst_limit_enable" else flag
+            where = "--" + key.replace("_", "-")
+        elif key in node:
+            value, where = node[key], f"node.{key}"
+        else:
+            continue
+        check_burst_limit(key, value, where)
+        settings[key] = value
+    return settings
 
 
 def _add_application_flags(p: argparse.ArgumentParser, apps: Sequence[str]) -> None:

@@ -10,7 +10,10 @@ have a JSON form and as their ``repr`` where not.
 The handler carries OTP's burst limit (:class:`otp.BurstLimit`: at most 500 records a second,
 then it drops them and logs how many once the second is over, so a restart storm cannot make
 logging the node's bottleneck); :func:`report_dropped_records` writes that count when a
-dropping window ends even if nothing else is logged after it.
+dropping window ends even if nothing else is logged after it. The node's operator sets it as
+OTP's handler config does: ``--log-burst-limit-enable true|false``,
+``--log-burst-limit-max-count N`` and ``--log-burst-limit-window-time MS`` (or the same keys,
+``log_burst_limit_...``, in node.toml's ``[node]``).
 
 Progress reports (``supervisors.progress``: a child started) are written only at ``--log-level
 debug``: OTP's logger makes them at ``info`` under a default primary level of ``notice``, so an
@@ -30,7 +33,15 @@ import trio
 import otp
 import supervisors
 
-__all__ = ["LOG_FORMATS", "JsonFormatter", "configure_logging", "report_dropped_records"]
+from ._config import NodeConfig
+
+__all__ = [
+    "LOG_FORMATS",
+    "JsonFormatter",
+    "configure_logging",
+    "configure_node_logging",
+    "report_dropped_records",
+]
 
 LOG_FORMATS = ("text", "json")
 #: The logger of OTP's progress reports (supervisors/_reports.py).
@@ -99,24 +110,46 @@ def configure_logging(
     node: str,
     stream: TextIO | None = None,
     *,
-    burst_limit: bool = True,
+    burst_limit_enable: bool = True,
+    burst_limit_max_count: int = 500,
+    burst_limit_window_time: int = 1000,
 ) -> logging.Handler:
     """Set the root logger up as the node runs it: ``level``, and ``log_format`` ``"text"`` or
-    ``"json"`` on ``stream`` (stderr by default), behind OTP's burst limit unless
-    ``burst_limit`` is False; progress reports only when ``level`` is ``"debug"``. Returns the
-    handler."""
+    ``"json"`` on ``stream`` (stderr by default), behind OTP's burst limit (at most
+    ``burst_limit_max_count`` records per ``burst_limit_window_time`` milliseconds) unless
+    ``burst_limit_enable`` is False; progress reports only when ``level`` is ``"debug"``.
+    Returns the handler.
+
+    Raises:
+        ValueError: ``burst_limit_max_count`` or ``burst_limit_window_time`` is not >= 1
+            (:class:`otp.BurstLimit` says which), when the limit is on.
+    """
     handler = _RecordStreamHandler(stream)
     if log_format == "json":
         handler.setFormatter(JsonFormatter(node))
     else:
         handler.setFormatter(otp.ReportFormatter(TEXT_FORMAT))
-    if burst_limit:
-        handler.addFilter(otp.BurstLimit(handler))
+    if burst_limit_enable:
+        window = burst_limit_window_time / 1000
+        handler.addFilter(otp.BurstLimit(handler, burst_limit_max_count, window))
     logging.basicConfig(level=level.upper(), handlers=[handler])
     # Set on the logger, not filtered in the handler: a supervisor then skips making the record.
     progress = logging.getLogger(PROGRESS_LOGGER)
     progress.setLevel(logging.NOTSET if level.upper() == "DEBUG" else logging.WARNING)
     return handler
+
+
+def configure_node_logging(config: NodeConfig, stream: TextIO | None = None) -> logging.Handler:
+    """:func:`configure_logging` as ``config`` (the node's flags and node.toml) asks."""
+    return configure_logging(
+        config.log_level,
+        config.log_format,
+        config.name,
+        stream,
+        burst_limit_enable=config.log_burst_limit_enable,
+        burst_limit_max_count=config.log_burst_limit_max_count,
+        burst_limit_window_time=config.log_burst_limit_window_time,
+    )
 
 
 class _RecordStreamHandler(logging.StreamHandler):

@@ -9,7 +9,7 @@ import trio
 
 from ._boot import resolve_application, serve
 from ._config import DEFAULT_APPS, ConfigError, load_config
-from ._logs import configure_logging
+from ._logs import configure_node_logging
 
 #: Exit code when the configuration is invalid (argparse's own usage errors exit 2 as well).
 EXIT_CONFIG_ERROR = 2
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None, *, own_process: bool = False) -> int:
     collector is tuned for it (:func:`tune_gc`) once the applications are loaded."""
     try:
         config = load_config(argv)
-        configure_logging(config.log_level, config.log_format, config.name)
+        configure_node_logging(config)
         applications = [resolve_application(path, config) for path in config.apps or DEFAULT_APPS]
         if own_process:
             tune_gc()

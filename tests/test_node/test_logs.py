@@ -1,5 +1,6 @@
 """The node's log output: ``--log-format json`` writes one JSON object a line with the node,
-and the pid, registered name and application of the process that logged."""
+and the pid, registered name and application of the process that logged; OTP's burst limit on
+its handler, set by ``--log-burst-limit-*`` (or node.toml's ``log_burst_limit_*``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import trio.testing
 
 import otp
 import supervisors
-from otp.node import NodeConfig, configure_logging, load_config
+from otp.node import NodeConfig, configure_logging, configure_node_logging, load_config
 from otp.node._config import ConfigError
 from otp.node._logs import PROGRESS_LOGGER, JsonFormatter, report_dropped_records
 
@@ -125,17 +126,20 @@ async def test_the_node_writes_json_lines_with_its_name() -> None:
 
 @contextmanager
 def _node_root_logging(
-    log_format: str, level: str = "info"
+    log_format: str = "text", level: str = "info", config: NodeConfig | None = None
 ) -> Iterator[tuple[logging.Handler, io.StringIO]]:
-    """The root logger as the node sets it up, writing to a StringIO (pytest's own handlers
-    are put back after)."""
+    """The root logger as the node sets it up (from ``config``, else a node's defaults with
+    ``log_format`` and ``level``), writing to a StringIO (pytest's own handlers are put back
+    after)."""
+    if config is None:
+        config = NodeConfig(name="n1@host", log_level=level, log_format=log_format)
     root = logging.getLogger()
     progress = logging.getLogger(PROGRESS_LOGGER)
     saved = root.handlers[:], root.level, progress.level
     root.handlers.clear()
     out = io.StringIO()
     try:
-        yield configure_logging(level, log_format, "n1@host", out), out
+        yield configure_node_logging(config, out), out
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
@@ -173,6 +177,151 @@ async def test_the_node_writes_the_dropped_count_when_a_storm_ends_in_silence(
     assert lines[500].endswith(
         "WARNING otp.logger: burst limit: dropped 7 log records (more than 500 in 1 s)"
     )
+
+
+def test_the_burst_limit_is_set_by_flags_and_node_toml_keys(tmp_path: Any) -> None:
+    default = load_config([])
+    assert (
+        default.log_burst_limit_enable,
+        default.log_burst_limit_max_count,
+        default.log_burst_limit_window_time,
+    ) == (True, 500, 1000)  # OTP's handler defaults (the window in milliseconds)
+    flags = load_config(
+        [
+            "--log-burst-limit-enable", "false",
+            "--log-burst-limit-max-count", "20",
+            "--log-burst-limit-window-time", "500",
+        ]
+    )  # fmt: skip
+    assert (
+        flags.log_burst_limit_enable,
+        flags.log_burst_limit_max_count,
+        flags.log_burst_limit_window_time,
+    ) == (False, 20, 500)
+    toml = tmp_path / "node.toml"
+    toml.write_text(
+        "[node]\nlog_burst_limit_enable = false\nlog_burst_limit_max_count = 7\n"
+        "log_burst_limit_window_time = 250\n"
+    )
+    from_toml = load_config(["--config", str(toml)])
+    assert (
+        from_toml.log_burst_limit_enable,
+        from_toml.log_burst_limit_max_count,
+        from_toml.log_burst_limit_window_time,
+    ) == (False, 7, 250)
+    # A flag wins over its key.
+    both = load_config(["--config", str(toml), "--log-burst-limit-enable", "true"])
+    assert (both.log_burst_limit_enable, both.log_burst_limit_max_count) == (True, 7)
+
+
+_TURN_OFF = (
+    "to write every record, turn the limit off with --log-burst-limit-enable false"
+    " (log_burst_limit_enable = false in node.toml's [node])"
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "toml", "message"),
+    [
+        (
+            ["--log-burst-limit-max-count", "0"],
+            "",
+            "--log-burst-limit-max-count must be an integer >= 1 (got 0): how many log records"
+            f" a window writes; {_TURN_OFF}",
+        ),
+        (
+            ["--log-burst-limit-window-time", "-5"],
+            "",
+            "--log-burst-limit-window-time must be an integer number of milliseconds >= 1"
+            f" (got -5): the limit's window; {_TURN_OFF}",
+        ),
+        (
+            [],
+            "log_burst_limit_max_count = true",
+            "node.log_burst_limit_max_count must be an integer >= 1 (got True): how many log"
+            f" records a window writes; {_TURN_OFF}",
+        ),
+        (
+            [],
+            "log_burst_limit_window_time = 0.5",
+            "node.log_burst_limit_window_time must be an integer number of milliseconds >= 1"
+            f" (got 0.5): the limit's window; {_TURN_OFF}",
+        ),
+        (
+            [],
+            'log_burst_limit_enable = "off"',
+            "node.log_burst_limit_enable must be true or false (got 'off')",
+        ),
+    ],
+)
+def test_bad_burst_limit_settings_are_rejected_saying_where_they_were_given(
+    tmp_path: Any, argv: list[str], toml: str, message: str
+) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text(f"[node]\n{toml}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(["--config", str(path), *argv])
+    assert str(caught.value) == message
+
+
+def test_bad_burst_limit_settings_are_rejected_in_a_node_config_and_on_the_command_line(
+    capsys: Any,
+) -> None:
+    with pytest.raises(ConfigError, match=r"^log_burst_limit_max_count must be an integer >= 1"):
+        NodeConfig(log_burst_limit_max_count=0)
+    with pytest.raises(ConfigError, match=r"^log_burst_limit_window_time must be an integer"):
+        NodeConfig(log_burst_limit_window_time=0)
+    with pytest.raises(ConfigError, match=r"^log_burst_limit_enable must be true or false"):
+        NodeConfig(log_burst_limit_enable=1)  # type: ignore[arg-type]
+    with pytest.raises(SystemExit):  # argparse's usage error
+        load_config(["--log-burst-limit-enable", "yes"])
+    assert "invalid choice: 'yes' (choose from 'true', 'false')" in capsys.readouterr().err
+
+
+async def test_a_node_with_the_burst_limit_off_logs_every_record_of_a_burst(
+    autojump_clock: Any,
+) -> None:
+    config = load_config(["--log-burst-limit-enable", "false"])
+    with _node_root_logging(config=config) as (handler, out):
+        assert not [f for f in handler.filters if isinstance(f, otp.BurstLimit)]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(report_dropped_records)  # (returns at once: nothing to report)
+            for n in range(1200):  # more than OTP's 500 in one instant
+                log.error("storm %d", n)
+            await trio.sleep(2.0)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1200
+    assert lines[-1].endswith("ERROR tests.node.logs: storm 1199")
+    assert not any("burst limit" in line for line in lines)
+
+
+async def test_a_node_with_a_small_burst_limit_drops_past_it_and_reports_the_count(
+    autojump_clock: Any,
+) -> None:
+    config = load_config(
+        ["--log-burst-limit-max-count", "3", "--log-burst-limit-window-time", "250"]
+    )
+    with _node_root_logging(config=config) as (handler, out):
+        (limit,) = [f for f in handler.filters if isinstance(f, otp.BurstLimit)]
+        assert (limit.max_count, limit.window) == (3, 0.25)
+        limit.clock = trio.current_time
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(report_dropped_records)
+            await trio.testing.wait_all_tasks_blocked()
+            for n in range(10):
+                log.error("storm %d", n)
+            await trio.sleep(0.25)  # the window ends, and nothing else is logged
+            await trio.testing.wait_all_tasks_blocked()
+            log.error("after")
+            nursery.cancel_scope.cancel()
+    lines = out.getvalue().splitlines()
+    assert [line.partition(" ERROR ")[2] for line in lines[:3]] == [
+        f"tests.node.logs: storm {n}" for n in range(3)
+    ]
+    assert lines[3].endswith(
+        "WARNING otp.logger: burst limit: dropped 7 log records (more than 3 in 0.25 s)"
+    )
+    assert lines[4].endswith("ERROR tests.node.logs: after") and len(lines) == 5
 
 
 class _Child(otp.GenServer):

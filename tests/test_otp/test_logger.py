@@ -280,7 +280,12 @@ async def test_flush_dropped_waits_for_the_window_to_end(autojump_clock: Any) ->
     ("kwargs", "message"),
     [
         ({"max_count": 0}, "BurstLimit.max_count must be an int >= 1 (got 0)"),
+        ({"max_count": True}, "BurstLimit.max_count must be an int >= 1 (got True)"),
+        ({"max_count": 2.5}, "BurstLimit.max_count must be an int >= 1 (got 2.5)"),
         ({"window": 0}, "BurstLimit.window must be a number of seconds > 0 (got 0)"),
+        ({"window": -0.5}, "BurstLimit.window must be a number of seconds > 0 (got -0.5)"),
+        ({"window": True}, "BurstLimit.window must be a number of seconds > 0 (got True)"),
+        ({"window": "1"}, "BurstLimit.window must be a number of seconds > 0 (got '1')"),
     ],
 )
 def test_burst_limit_rejects_bad_settings(kwargs: dict[str, Any], message: str) -> None:
