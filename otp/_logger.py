@@ -276,6 +276,11 @@ class BurstLimit(logging.Filter):
     ``{"dropped": n, "window_seconds": w, "max_count": m}``); :meth:`flush_dropped` writes the
     count without waiting for one (the node calls it when a window ends).
 
+    This is the rule OTP's logger guide gives. OTP's ``logger_olp`` also starts its count over
+    once its handler has had nothing to write for 100 ms, and does not count the record that
+    opens a new window; this limit does neither (a storm with short pauses is still one burst
+    here), and it logs the count it drops, which OTP's handlers do not.
+
     Args:
         handler: the handler it protects (the dropped count is written through it).
         max_count: records allowed per window (OTP's ``burst_limit_max_count``, 500).

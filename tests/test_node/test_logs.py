@@ -24,7 +24,7 @@ from otp.node import NodeConfig, configure_logging, configure_node_logging, load
 from otp.node._config import ConfigError
 from otp.node._logs import PROGRESS_LOGGER, JsonFormatter, report_dropped_records
 
-from .test_node_cli import ROOT, _env
+from .test_node_cli import ROOT, _env, _node_cli
 
 log = logging.getLogger("tests.node.logs")
 
@@ -276,6 +276,15 @@ def test_bad_burst_limit_settings_are_rejected_in_a_node_config_and_on_the_comma
     with pytest.raises(SystemExit):  # argparse's usage error
         load_config(["--log-burst-limit-enable", "yes"])
     assert "invalid choice: 'yes' (choose from 'true', 'false')" in capsys.readouterr().err
+
+
+def test_the_node_refuses_a_bad_burst_limit_at_boot_naming_the_flag() -> None:
+    result = _node_cli("--log-burst-limit-window-time", "0")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "python -m otp.node: --log-burst-limit-window-time must be an integer number of"
+        f" milliseconds >= 1 (got 0): the limit's window; {_TURN_OFF}\n"
+    )
 
 
 async def test_a_node_with_the_burst_limit_off_logs_every_record_of_a_burst(
