@@ -24,6 +24,13 @@ Which floor each ratio uses:
   (frames are forwarded by header, never decoded), and the gap to the floor is Python per
   frame in the client, the node and the worker (which the floor's bare caller and echoes do
   not run).
+- ``dirty.execute_8_vs_shared_floor`` (8 callers, calls/s): the floor of our client's shape,
+  8 threads of this process sharing *one* connection, through the same raw forwarder and echoes:
+  the simplest correct client for that shape (``_dirty_shared.SharedConn``: request ids, a
+  reader thread, a ``queue.SimpleQueue`` per caller; the fastest of the hand-offs measured),
+  with no frames, errors or timeouts. Its notes give this floor's calls/s against the bare
+  floor's: what sharing one connection among Python threads costs (or saves: one connection
+  lets the forwarder move several records per read) by itself.
 - ``dirty.*_vs_gunicorn``: a real ``gunicorn`` 27 started with the same dirty app, workers and
   threads (when gunicorn is installed), in the same run.
 
@@ -55,6 +62,7 @@ import attrs
 
 from apps import dirty
 
+from ._dirty_shared import SharedConn
 from ._harness import Benchmark, Result
 from .bench_wire import PATHS as WIRE_PATHS
 
@@ -368,27 +376,36 @@ def _start_helper(function: str, *args: str) -> subprocess.Popen[bytes]:
 
 
 @contextlib.contextmanager
-def _floor_rig(callers: int = 8) -> Iterator[_Side]:
+def _floor_rig(callers: int = 8, shared: bool = False) -> Iterator[_Side]:
     """The design's floor, up for the whole run (:func:`_alternate` measures it in slices
     between ours): ``callers`` bare callers (sockets of this process's threads, no frames, no
     client) through a raw trio forwarder process (a node doing nothing but forwarding) to 2 echo
     processes (workers costing nothing). What the pool, with the node in its data path as the
     design has it, could reach if client, node and workers did no work of their own. Its probe
-    reads the forwarder's CPU seconds (no wake-up count: nan) and the echoes'."""
+    reads the forwarder's CPU seconds (no wake-up count: nan) and the echoes'.
+
+    ``shared``: the callers share one connection instead, through the simplest correct client
+    for that (:class:`SharedConn`: a reader thread hands each reply to its caller), which is
+    our sync client's shape without its work: the floor of that shape."""
     tmp = tempfile.mkdtemp(prefix="bench-floor-")
     echoes = [os.path.join(tmp, f"echo{i}.sock") for i in range(2)]
     path = os.path.join(tmp, "node.sock")
     procs = [_start_helper("_floor_echo", echo) for echo in echoes]
     socks: list[socket.socket] = []
+    conn: SharedConn | None = None
     try:
         forwarder = _start_helper("_floor_forwarder", path, *echoes)
         procs.append(forwarder)
-        calls = []
-        for _ in range(callers):
+        calls: list[Callable[[], object]] = []
+        for _ in range(1 if shared else callers):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             socks.append(sock)
             sock.connect(path)
-            calls.append(_bare_call(sock, sock.recv(1) + b"x" * (_RECORD - 1)))
+            if shared:
+                conn = SharedConn(sock, _RECORD)
+                calls = [conn.call] * callers
+            else:
+                calls.append(_bare_call(sock, sock.recv(1) + b"x" * (_RECORD - 1)))
         for call in calls:
             for _ in range(20):
                 call()
@@ -399,6 +416,8 @@ def _floor_rig(callers: int = 8) -> Iterator[_Side]:
 
         yield _Side(calls, probe)
     finally:
+        if conn is not None:
+            conn.close()
         for sock in socks:
             sock.close()
         for proc in procs:
@@ -715,10 +734,11 @@ def _start_pool(path: str, report: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _run_pool(quick: bool) -> tuple[dict[str, float], _Side, _Side]:
+def _run_pool(quick: bool) -> tuple[dict[str, float], _Side, _Side, _Side]:
     """Measure our pool (:func:`_start_pool`) from this process with one sync client shared by
-    the 8 caller threads; ``execute`` and ``execute_8`` in slices alternating with the floor's
-    (:func:`_floor_rig`, :func:`_alternate`). Returns the figures and both sides."""
+    the 8 caller threads; ``execute`` and ``execute_8`` in slices alternating with the floors'
+    (:func:`_floor_rig`: bare callers, and callers sharing one connection; :func:`_alternate`).
+    Returns the figures and the three sides (ours, the bare floor, the shared floor)."""
     tmp = tempfile.mkdtemp(prefix="bench-dirty-")
     path = os.path.join(tmp, "pool.sock")
     report = os.path.join(tmp, "wakeups")
@@ -733,18 +753,18 @@ def _run_pool(quick: bool) -> tuple[dict[str, float], _Side, _Side]:
                 lambda: _probe_node(proc.pid, report),
                 lambda on: _signal_node(proc.pid, report, _COUNT_ON if on else _COUNT_OFF),
             )
-            with _floor_rig() as floor:
-                _alternate([ours, floor], quick)
+            with _floor_rig() as floor, _floor_rig(shared=True) as shared:
+                _alternate([ours, floor, shared], quick)
             out = {"execute": ours.latency(), "execute_8": ours.rate()}
             out.update(_measure_rest(client, quick))
-            return out, ours, floor
+            return out, ours, floor, shared
         finally:
             client.close()
     finally:
         _stop(proc)
 
 
-def _cost_notes(pool: _Side, floor: _Side, callers: int) -> str:
+def _cost_notes(pool: _Side, floor: _Side, callers: int, clients: str = "bare callers") -> str:
     """The floor rows' notes: each process's CPU per call beside its stand-in's, the node's
     wake-ups per call, and whether wire's C fast paths ran (the node, its workers and the
     client decode and frame with them: a stale build turns them all off, silently)."""
@@ -753,7 +773,7 @@ def _cost_notes(pool: _Side, floor: _Side, callers: int) -> str:
     wakeups = pool.wakeups.get(callers, math.nan)
     return (
         f"; CPU us/call: node {node:.0f} (forwarder {forwarder:.0f}), workers"
-        f" {workers:.0f} (echoes {echoes:.0f}), client {client:.0f} (bare callers"
+        f" {workers:.0f} (echoes {echoes:.0f}), client {client:.0f} ({clients}"
         f" {bare:.0f}); {wakeups:.1f} node wake-ups/call; wire: {WIRE_PATHS}"
     )
 
@@ -763,7 +783,7 @@ def run(quick: bool) -> list[Result]:
     n = 500 if quick else 5000
     raw_small = _raw_pingpong(os.path.join(tmp, "raw.sock"), n)
     raw_big = _raw_pingpong(os.path.join(tmp, "raw2.sock"), 5 if quick else 20, 1 << 20)
-    ours, pool, floor = _run_pool(quick)
+    ours, pool, floor, shared = _run_pool(quick)
     theirs = _run_gunicorn(quick)
     raw_rate = 1 / raw_small
 
@@ -785,6 +805,12 @@ def run(quick: bool) -> list[Result]:
                "no-work floor of a node in the path", floor.rate(),
                notes="8 bare callers -> raw trio forwarder -> 2 echo processes, in slices"
                " alternating with ours" + _cost_notes(pool, floor, 8)),
+        Result("dirty.execute_8_vs_shared_floor", "calls/s", ours["execute_8"],
+               "no-work floor of threads sharing a connection", shared.rate(),
+               notes="8 threads sharing one connection (a reader thread, a SimpleQueue per"
+               " caller) -> raw trio forwarder -> 2 echo processes, in slices alternating with"
+               f" ours; this floor is {shared.rate() / max(floor.rate(), 1):.2f}x the bare"
+               " floor's calls/s" + _cost_notes(pool, shared, 8, "sharing callers")),
         Result("dirty.execute_vs_floor", "us", ours["execute"] * 1e6,
                "no-work floor of a node in the path", floor.latency() * 1e6, direction="lower",
                notes="1 bare caller -> raw trio forwarder -> 2 echo processes, in slices"

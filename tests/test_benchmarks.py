@@ -250,6 +250,73 @@ def test_bench_dirty_floor_reports_latency_rate_and_each_process_cpu() -> None:
         assert math.isnan(wakeups)  # (the forwarder's are not counted)
 
 
+def test_bench_dirty_shared_floor_client_hands_each_caller_its_own_reply() -> None:
+    import socket
+    import threading
+
+    from benchmarks._dirty_shared import SharedConn
+
+    here, there = socket.socketpair()
+    sent: dict[int, list[bytes]] = {}
+
+    class Recorded:  # the client's socket, noting which thread sent which record
+        def __getattr__(self, name: str) -> object:
+            return getattr(here, name)
+
+        def sendall(self, data: bytes) -> None:
+            sent.setdefault(threading.get_ident(), []).append(data[1:9])
+            here.sendall(data)
+
+    def peer() -> None:  # a forwarder that answers every batch it reads last record first
+        there.sendall(b"\x07")
+        pending = b""
+        while data := there.recv(1 << 16):
+            pending += data
+            end = len(pending) - len(pending) % 16
+            records = [pending[i : i + 16] for i in range(0, end, 16)]
+            there.sendall(b"".join(reversed(records)))
+            pending = pending[end:]
+
+    threading.Thread(target=peer, daemon=True).start()
+    conn = SharedConn(Recorded(), 16)  # type: ignore[arg-type]
+    got: dict[int, list[bytes]] = {}
+
+    def caller() -> None:
+        mine = got.setdefault(threading.get_ident(), [])
+        for _ in range(100):
+            reply = conn.call()
+            assert reply[:1] == b"\x07" and len(reply) == 16
+            mine.append(reply[1:9])
+
+    callers = [threading.Thread(target=caller) for _ in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    conn.close()
+    there.close()
+    assert got == sent and sum(map(len, got.values())) == 400
+    assert len({rid for rids in got.values() for rid in rids}) == 400
+
+
+def test_bench_dirty_shared_floor_runs_one_connection_and_reports_each_cost() -> None:
+    import threading
+
+    from benchmarks.bench_dirty import _floor_rig
+
+    threads = set(threading.enumerate())
+    with _floor_rig(4, shared=True) as floor:
+        call = floor.calls[0]
+        assert len(floor.calls) == 4 and all(c == call for c in floor.calls)  # one connection
+        floor.one(20)
+        floor.many(0.05)
+    assert 0 < floor.latency() < 1 and floor.rate() > 0
+    for callers in (1, 4):
+        forwarder, wakeups, echoes, client = floor.per_call(callers)
+        assert forwarder >= 0 and echoes >= 0 and client >= 0 and math.isnan(wakeups)
+    assert set(threading.enumerate()) <= threads  # (its reader thread ended with the rig)
+
+
 def test_bench_dirty_ours_and_the_floor_alternate_with_the_order_flipped_each_round() -> None:
     from benchmarks.bench_dirty import _alternate, _Side
 
@@ -343,6 +410,7 @@ def test_bench_dirty_floor_notes_name_each_process_cost_and_whether_wires_c_path
             "; CPU us/call: node 30 (forwarder 20), workers 20 (echoes 10), client 40 (bare"
             f" callers 10); 5.0 node wake-ups/call; wire: {paths}"
         )
+    assert "client 40 (sharing callers 10)" in _cost_notes(ours, floor, 8, "sharing callers")
 
 
 async def test_bench_remote_calls_and_the_trio_floor_alternate_flipping_the_order() -> None:

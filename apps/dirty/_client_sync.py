@@ -69,7 +69,11 @@ class _SyncConn:
     :meth:`wake_one`): the reader wakes the first, and each woken thread the next as it takes its
     frame. Woken all at once, they would all wait for the GIL the reader holds, then for each
     other's (a futex wait and wake more per call, measured: ~10% of the client's CPU with 8
-    callers). ``lock`` guards everything but the socket I/O.
+    callers). A dedicated reader thread (the hand-off of bench_dirty's shared-connection floor)
+    would cost a lone caller a thread switch and, measured with 8 callers, saved nothing: futex
+    calls and context switches per call the same within the host's swing (perf stat, 4
+    alternated runs), client CPU per call lower in one run of 4-6 and higher in the other.
+    ``lock`` guards everything but the socket I/O.
     """
 
     def __init__(self, sock: socket.socket) -> None:
