@@ -163,7 +163,7 @@ def _node_logging() -> Iterator[None]:
     saved = root.handlers[:], root.level, progress.level
     root.handlers.clear()
     with open(os.devnull, "w", buffering=1) as sink:
-        configure_logging("info", "text", "bench@localhost", sink, burst_limit=False)
+        configure_logging("info", "text", "bench@localhost", sink, burst_limit_enable=False)
         try:
             yield
         finally:

@@ -450,3 +450,20 @@ def test_bench_remote_places_calls_and_floor_alike_and_restores_affinity() -> No
     with _pinned({cpus[-1]}):
         assert os.sched_getaffinity(0) == {cpus[-1]}
     assert os.sched_getaffinity(0) == before
+
+
+def test_bench_supervisors_logs_as_the_node_does_without_the_burst_limit_and_puts_it_back() -> None:
+    import logging
+
+    import otp
+    from benchmarks.bench_supervisors import _node_logging
+
+    root = logging.getLogger()
+    before = root.handlers[:], root.level
+    with _node_logging():
+        (handler,) = root.handlers
+        assert isinstance(handler.formatter, otp.ReportFormatter)
+        assert root.level == logging.INFO
+        # (a crash storm is what restart_crash measures: every report must be written)
+        assert not any(isinstance(f, otp.BurstLimit) for f in handler.filters)
+    assert (root.handlers, root.level) == before
