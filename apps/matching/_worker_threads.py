@@ -6,7 +6,8 @@ capacity limiter, a cancel scope, a thread hand-off through a lock per call, and
 for one trio run with less: jobs go through one ``queue.SimpleQueue`` (C code), and the
 outcomes of calls that finish while the trio loop is busy are handed back in one
 ``run_sync_soon`` between them. A job for an idle thread is handed over when the trio loop is
-about to sleep (an instrument's ``before_io_wait``), so the woken thread finds the GIL free.
+about to sleep (an instrument's ``before_io_wait``), so the woken thread finds the GIL free;
+the instrument is there only while jobs are held now and then (:data:`IDLE_PASSES`).
 
 The engine hands a call to :meth:`HandlerThreads.submit` with a function to call with its
 outcome (in the trio thread, between tasks), so a blocking Step costs no trio task of its own;
