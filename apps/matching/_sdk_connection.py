@@ -362,11 +362,14 @@ class SdkConnection(SdkWrites):
             self._reader_done.set()
 
     def _deliver(self, message: Any) -> None:
-        try:
-            where = protocol.route(message, self._where)
-        except ProtocolError as exc:
-            self._lost(exc)
-            return
+        if type(message) in protocol.STREAM_TYPES:  # (a worker's TASKs: no routing to work out)
+            where = protocol.STREAM
+        else:
+            try:
+                where = protocol.route(message, self._where)
+            except ProtocolError as exc:
+                self._lost(exc)
+                return
         if where == protocol.STREAM:
             deliver = self._streams.get(message.rid)
             if deliver is None:

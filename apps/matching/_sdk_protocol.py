@@ -27,6 +27,7 @@ __all__ = [
     "ANSWER",
     "CONTROL",
     "STREAM",
+    "STREAM_TYPES",
     "answer_error",
     "call_timed_out",
     "connect_too_slow",
@@ -52,6 +53,8 @@ _STREAM_MESSAGES = (
     wire.MatchClose,
     wire.MatchCancel,
 )
+#: The same, as a set of exact types: :func:`route` says :data:`STREAM` for each of them.
+STREAM_TYPES = frozenset(_STREAM_MESSAGES)
 
 
 def hello(

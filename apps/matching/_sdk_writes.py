@@ -177,21 +177,36 @@ class SdkWrites:
         Raises:
             ClientClosed: The connection is closed, or the write failed (it is then lost).
         """
+        cork = self._cork
+        if cork is not None and not self._shut and not self._held.frames:
+            # (the reader delivers a read, the usual case: written with the read's other
+            # answers. Only this thread takes the cork away; a handler thread appends to it
+            # under the write lock, and an append is atomic)
+            cork.append(data)
+            return
         self._check_open()
         if self._held.frames:
             self._held.flush()  # (the calls held for the batch's end go first)
         self._write_nowait(data)
 
     def _write_nowait(self, data: bytes) -> None:
-        """:meth:`send_nowait`'s write of encoded frames (raises as it does)."""
-        sent = self._write_here(data)
-        if sent == len(data):
-            return
+        """:meth:`send_nowait`'s write of encoded frames (raises as it does): what the socket
+        does not take is queued, under the same hold of the write lock, for a flusher."""
         with self.write_lock:
-            if sent == 0:
-                self._backlog.append(data)
-            start = not self._flushing
-            self._flushing = True
+            try:
+                sent = self._write_now(data)
+            except OSError as exc:
+                failed: OSError | None = exc
+            else:
+                failed = None
+                if sent == len(data):
+                    return
+                if sent == 0:
+                    self._backlog.append(data)
+                start = not self._flushing
+                self._flushing = True
+        if failed is not None:
+            raise self._write_failed(failed) from failed
         if start:
             self._spawn_flusher()
 

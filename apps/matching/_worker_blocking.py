@@ -24,6 +24,7 @@ import functools
 import logging
 import math
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -93,9 +94,10 @@ class BlockingCalls:
     _completions_wake: bool
     #: The handlers that run on the trio thread (``_worker_quick.py``).
     _quick: QuickHandlers
+    _now: Callable[[], float]
 
     # (provided by WorkerTasks)
-    def _free_slot(self, s: Stream) -> None:
+    def _free_slot(self, s: Stream, now: float | None = None) -> None:
         raise NotImplementedError
 
     def _call_over(self, s: Stream) -> None:
@@ -128,30 +130,48 @@ class BlockingCalls:
     async def _wait_kick(self, deadline: float = math.inf) -> None:
         raise NotImplementedError
 
-    def _blocking_call(
-        self, s: Stream, task: wire.MatchTask, handler: StepDefinition | RpcDefinition
-    ) -> tuple[BlockingCall, Any] | None:
-        """The call of a plain-function handler that needs no task, and its arguments; None
-        when it needs one (a blob to fetch, a context that cannot be built)."""
+    def _call_args(self, task: wire.MatchTask) -> Any:
+        """The arguments of ``task``'s call with no task of its own, or :data:`NEEDS_IO` when
+        it needs one (a blob to read or fetch, a cache that is no ``BlobCache``)."""
         cache = self._cache
         args = task.args
-        if cache is not None:
-            if type(cache) is not BlobCache:
-                return None
-            args = cache.unpack_now(args)
-            if args is NEEDS_IO:
-                return None
+        if cache is None:
+            return args
+        if type(cache) is not BlobCache:
+            return NEEDS_IO
+        return cache.unpack_now(args) if args else args
+
+    def _outputs_of(self, s: Stream, task: wire.MatchTask) -> CallOutputs:
+        return CallOutputs(self._calls_nursery, functools.partial(self._output, s, task))
+
+    def _blocking_call(
+        self,
+        s: Stream,
+        task: wire.MatchTask,
+        handler: StepDefinition | RpcDefinition,
+        now: float,
+    ) -> tuple[BlockingCall, Any] | None:
+        """The call of a plain-function handler that needs no task (taken at ``now``), and
+        its arguments; None when it needs one (a blob to fetch, a context that cannot be
+        built)."""
+        args = self._call_args(task)
+        if args is NEEDS_IO:
+            return None
         token = self._token
         assert token is not None
-        outputs = CallOutputs(self._calls_nursery, functools.partial(self._output, s, task))
+        outputs = self._outputs_of(s, task)
         try:
-            ctx = new_context(task, cache, outputs.emitter(token))
+            ctx = new_context(task, self._cache, outputs.emitter(token))
         except Exception:  # (a task a call in a task turns into a failure)
             return None
-        return BlockingCall(s, task, handler, outputs, ctx, deadline_of(task)), args
+        return BlockingCall(s, task, handler, outputs, ctx, deadline_of(task, now)), args
 
     def _submit_blocking(
-        self, s: Stream, task: wire.MatchTask, handler: StepDefinition | RpcDefinition
+        self,
+        s: Stream,
+        task: wire.MatchTask,
+        handler: StepDefinition | RpcDefinition,
+        now: float,
     ) -> bool:
         """Hand a plain-function handler's call straight to the handler threads when nothing
         before it has to wait (no blob to read or fetch); its outcome is written by its
@@ -160,7 +180,7 @@ class BlockingCalls:
         threads = self._threads
         if threads is None or handler.is_async:
             return False
-        ready = self._blocking_call(s, task, handler)
+        ready = self._blocking_call(s, task, handler, now)
         if ready is None:
             return False
         call, args = ready
@@ -184,20 +204,33 @@ class BlockingCalls:
         s: Stream,
         task: wire.MatchTask,
         handler: StepDefinition | RpcDefinition,
+        now: float,
     ) -> bool | tuple[BlockingCall, outcome.Outcome[Any]]:
-        """Run a quick plain-function handler's call (``_worker_quick.py``) here, on the trio
-        thread, with nothing held nor handed over, and send its ACCEPT and outcome in one
-        write. Returns True when the call is over (its slot free again), False when it is not
-        for this path (nothing done), or the call and its outcome when its outputs or blobs
-        must be written first (its ACCEPT is not sent yet: ``_blocking_done`` finishes it)."""
-        if self._threads is None or handler.is_async or not self._quick.is_quick(handler):
-            return False
-        ready = self._blocking_call(s, task, handler)
-        if ready is None:
-            return False
-        call, args = ready
-        ctx, outputs = call.ctx, call.outputs
+        """Run a quick plain-function handler's call (``_worker_quick.py``), taken at ``now``,
+        here, on the trio thread, with nothing held nor handed over, and send its ACCEPT and
+        outcome in one write. Returns True when the call is over (its slot free again), False
+        when it is not for this path (nothing done), or the call and its outcome when its
+        outputs or blobs must be written first (its ACCEPT is not sent yet:
+        ``_blocking_done`` finishes it).
+
+        Nothing is built for the call beyond its context unless it goes the general way (an
+        unusual outcome): an RPC's context takes no outputs, so it gets no ``CallOutputs``
+        until then, and no ``BlockingCall`` either."""
         quick = self._quick
+        if self._threads is None or handler.is_async or not quick.is_quick(handler):
+            return False
+        args = self._call_args(task)
+        if args is NEEDS_IO:
+            return False
+        outputs = None if task.kind == "rpc" else self._outputs_of(s, task)
+        token = self._token
+        assert token is not None
+        try:
+            ctx = new_context(
+                task, self._cache, None if outputs is None else outputs.emitter(token)
+            )
+        except Exception:  # (a task a call in a task turns into a failure)
+            return False
         clock = quick.clock
         began = clock()
         try:
@@ -207,25 +240,31 @@ class BlockingCalls:
         else:
             returned = None
         quick.ran_inline(handler, clock() - began)
-        if outputs.pending or outputs.forwarding:
+        deadline = deadline_of(task, now)
+        if outputs is not None and (outputs.pending or outputs.forwarding):
+            call = BlockingCall(s, task, handler, outputs, ctx, deadline)
             return call, outcome.Value(value) if returned is None else returned
-        now = trio.current_time() if call.deadline < math.inf else 0.0
+        end = self._now()
         link = s.link
         conn = link.conn
         data = None
-        if returned is None and now < call.deadline:
+        if returned is None and end < deadline:
             # The usual outcome, a value: its ACCEPT and RESULT encoded with no message built
             # (anything unusual takes the general way below, which names it).
-            data = self._result_bytes(call, value, conn)
+            data = self._result_bytes(task, ctx, value, s.id, conn)
         message = None
         if data is None:
             if returned is None:
                 returned = outcome.Value(value)
-            message = self._message_of(call, returned, now)
+            if outputs is None:
+                outputs = self._outputs_of(s, task)
+            call = BlockingCall(s, task, handler, outputs, ctx, deadline)
+            message = self._message_of(call, returned, end)
             if message is None:
                 return call, returned
-        outputs.closed = True
-        self._free_slot(s)
+        if outputs is not None:
+            outputs.closed = True
+        self._free_slot(s, end)
         accept = None
         try:
             if data is not None:
@@ -247,7 +286,9 @@ class BlockingCalls:
         link.calls -= 1
         return True
 
-    def _result_bytes(self, call: BlockingCall, value: Any, conn: Any) -> bytes | None:
+    def _result_bytes(
+        self, task: wire.MatchTask, ctx: Any, value: Any, rid: int, conn: Any
+    ) -> bytes | None:
         """The ACCEPT and RESULT of an inline call that returned ``value`` in time, encoded
         (``wire.encode_result``: no message built); None when they are not the usual ones (a
         WaitFor's NOT_YET, blobs to store, a state or value that is no wire value), which
@@ -255,18 +296,18 @@ class BlockingCalls:
         if value is NOT_YET:
             return None
         cache = self._cache
-        if cache is not None:
+        if cache is not None and value is not None:  # (None is sent as it is)
             value = cache.pack_now(value)
             if value is NEEDS_IO:
                 return None
-        task = call.task
+        before, after = task.state, ctx.state
         try:
-            patch = state_patch(task.state, call.ctx.state)
             return wire.encode_result(
                 task.delivery,
                 value,
-                patch,
-                call.stream.id,
+                # (no state before nor after: state_patch's answer, without its work)
+                state_patch(before, after) if before or after else {"set": {}, "delete": []},
+                rid,
                 conn.codec,
                 limits=conn.limits,
                 accept=True,

@@ -197,10 +197,11 @@ class CallOutputs:
 
 
 def new_context(
-    task: wire.MatchTask, cache: Any, emit: Callable[[Any], None]
+    task: wire.MatchTask, cache: Any, emit: Callable[[Any], None] | None
 ) -> StepContext | RpcContext:
     """The context ``task``'s handler gets (a deep copy of the flow's state; a new dict for
-    an empty one, without the cost of ``deepcopy``)."""
+    an empty one, without the cost of ``deepcopy``); ``emit`` is a Step's ``ctx.output``
+    (an RPC's context has none)."""
     if task.kind == "step":
         return StepContext(
             flow_id=task.flow_id,
@@ -222,9 +223,13 @@ def new_context(
     )
 
 
-def deadline_of(task: wire.MatchTask) -> float:
-    """When ``task``'s handler is given up on (its timeout from now, on trio's clock)."""
-    return trio.current_time() + task.timeout if task.timeout is not None else math.inf
+def deadline_of(task: wire.MatchTask, now: float | None = None) -> float:
+    """When ``task``'s handler is given up on (its timeout from ``now``, by default trio's
+    current time)."""
+    timeout = task.timeout
+    if timeout is None:
+        return math.inf
+    return (trio.current_time() if now is None else now) + timeout
 
 
 def result_of(

@@ -145,6 +145,7 @@ class WorkerEngine(WorkerStreams):
         self._fatal: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._clock: trio.abc.Clock | None = None
+        self._now = trio.current_time
         self._completions: deque[Any] = deque()
         self._completions_wake = False
 
@@ -228,6 +229,7 @@ class WorkerEngine(WorkerStreams):
         self._run_called = True
         self._token = trio.lowlevel.current_trio_token()
         self._clock = trio.lowlevel.current_clock()
+        self._now = self._clock.current_time
         try:
             if self._stop_requested.is_set():
                 await trio.lowlevel.checkpoint()

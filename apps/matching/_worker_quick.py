@@ -68,9 +68,11 @@ class QuickHandlers:
         thread's run looks slow too, and it should not keep a quick handler off for good)."""
         key = id(handler)
         if seconds <= QUICK_SECONDS:
-            runs = self._runs.get(key, 0) + 1
             proof = self._proof.get(key, QUICK_AFTER)
-            if runs >= proof + MAX_PROOF and proof > QUICK_AFTER:
+            if proof == QUICK_AFTER:
+                return  # (nothing to halve: its runs are counted no further)
+            runs = self._runs.get(key, 0) + 1
+            if runs >= proof + MAX_PROOF:
                 proof = self._proof[key] = proof // 2
                 runs = proof
             self._runs[key] = runs

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -66,6 +67,9 @@ class WorkerTasks(BlockingCalls):
     _calls_nursery: trio.Nursery
     _draining: bool
     _token: trio.lowlevel.TrioToken | None
+    #: trio's current time (the run's clock's ``current_time`` once the engine runs: one
+    #: call where ``trio.current_time`` is three).
+    _now: Callable[[], float]
 
     def _kick(self) -> None:
         raise NotImplementedError
@@ -138,14 +142,14 @@ class WorkerTasks(BlockingCalls):
             self._decline(s, task, "no_capacity", f"all {cap} slots busy")
             return
         s.state = "busy"
-        now = trio.current_time()
+        now = self._now()
         s.pong_at = now + self._pull.keepalive_interval
         self._busy += 1
         self._active += 1
         link.calls += 1
         s.delivery = task.delivery
         s.cancelled = None
-        ran = self._run_inline(s, task, handler)
+        ran = self._run_inline(s, task, handler, now)
         if ran is True:
             return  # (its outcome is sent, its slot free again: no change to plan for)
         accept = wire.MatchAccept(delivery=task.delivery, rid=s.id)
@@ -155,7 +159,7 @@ class WorkerTasks(BlockingCalls):
         if ran is not False:
             self._blocking_done(*ran)  # (outputs or blobs first: the usual way from here)
             return
-        if self._submit_blocking(s, task, handler):
+        if self._submit_blocking(s, task, handler, now):
             return
         scope = trio.CancelScope()
         s.cancel = scope
@@ -236,19 +240,21 @@ class WorkerTasks(BlockingCalls):
         if s.state != "closed":  # (never a frame on a stream after its CLOSE)
             await send_output(s.link.conn, task.delivery, s.id, value)
 
-    def _free_slot(self, s: Stream) -> None:
-        """The handler on ``s`` returned: its slot is free (its outcome may not be sent yet)."""
+    def _free_slot(self, s: Stream, now: float | None = None) -> None:
+        """The handler on ``s`` returned (at ``now``, if the caller has read the clock): its
+        slot is free (its outcome may not be sent yet)."""
         self._busy -= 1
         s.delivery = s.cancel = None
+        if now is None:
+            now = self._now()
         if s.state == "busy":
             s.state = "idle"
-            s.idle_since = trio.current_time()
+            s.idle_since = now
             s.pong_at = math.inf
         if self._busy == self._cap - 1:
             # A slot is free again: a queue's extra idle stream (after a reserved-capacity
             # decline) may now be opened. Otherwise the stream counts as busy until its
             # outcome is sent: _call_over wakes the loops if need be.
-            now = trio.current_time()
             if any(q.extra_until > now for q in self._queues):
                 self._kick()
 

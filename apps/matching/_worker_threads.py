@@ -6,7 +6,8 @@ capacity limiter, a cancel scope, a thread hand-off through a lock per call, and
 for one trio run with less: jobs go through one ``queue.SimpleQueue`` (C code), and the
 outcomes of calls that finish while the trio loop is busy are handed back in one
 ``run_sync_soon`` between them. A job for an idle thread is handed over when the trio loop is
-about to sleep (an instrument's ``before_io_wait``), so the woken thread finds the GIL free.
+about to sleep (an instrument's ``before_io_wait``), so the woken thread finds the GIL free;
+the instrument is there only while jobs are held now and then (:data:`IDLE_PASSES`).
 
 The engine hands a call to :meth:`HandlerThreads.submit` with a function to call with its
 outcome (in the trio thread, between tasks), so a blocking Step costs no trio task of its own;
@@ -34,12 +35,15 @@ from typing import Any
 import outcome
 import trio
 
-__all__ = ["IDLE_SECONDS", "HandlerThreads"]
+__all__ = ["IDLE_PASSES", "IDLE_SECONDS", "HandlerThreads"]
 
 log = logging.getLogger("apps.matching.worker")
 
 #: Seconds an idle handler thread waits for a job before it exits.
 IDLE_SECONDS = 10.0
+#: Passes of the trio loop with no job to hand over before the handing-over instrument is
+#: removed (installing and removing it cost about as much as twenty passes with it).
+IDLE_PASSES = 1000
 
 #: Who takes a job's outcome: a task waiting in :meth:`HandlerThreads.run`, or a function.
 _Taker = trio.lowlevel.Task | Callable[[outcome.Outcome[Any]], None]
@@ -75,6 +79,12 @@ class HandlerThreads:
         #: (:class:`_BeforeSleep`): a thread woken while the trio thread still runs would
         #: wait for the GIL, sleep again and be woken a second time when it is released.
         self._held: deque[_Job] = deque()
+        #: The instrument that hands them over, while it is installed, and the trio loop's
+        #: passes since it last had a job to hand over: after :data:`IDLE_PASSES` of them it
+        #: is removed (a worker whose calls all run on the trio thread pays nothing for it on
+        #: each pass) and installed again with the next job held.
+        self._instrument: _BeforeSleep | None = None
+        self._idle_passes = 0
 
     async def run(self, fn: Callable[[], Any]) -> Any:
         """Call ``fn()`` in a handler thread (in a copy of the caller's context) and return
@@ -103,7 +113,6 @@ class HandlerThreads:
     def _start(self, job: _Job) -> None:
         if self._token is None:
             self._token = trio.lowlevel.current_trio_token()
-            trio.lowlevel.add_instrument(_BeforeSleep(self._release))
         with self._lock:
             self._in_flight += 1
             if self._in_flight > self.threads:
@@ -113,16 +122,27 @@ class HandlerThreads:
                     target=self._work, args=(job,), name=self._name, daemon=True
                 )
                 thread.start()
-            else:
-                self._held.append(job)
+                return
+            self._held.append(job)
+        if self._instrument is None:
+            self._instrument = _BeforeSleep(self._release)
+            trio.lowlevel.add_instrument(self._instrument)
+        self._idle_passes = 0
 
     def _release(self) -> None:
-        """(In the trio thread, about to sleep.) Hand the held jobs to the idle threads."""
+        """(In the trio thread, about to sleep.) Hand the held jobs to the idle threads; with
+        none held for :data:`IDLE_PASSES` passes, remove the instrument."""
         held = self._held
         if held:
             with self._lock:  # (a thread exits only with no job queued nor held)
                 while held:
                     self._jobs.put(held.popleft())
+            self._idle_passes = 0
+            return
+        self._idle_passes += 1
+        if self._idle_passes >= IDLE_PASSES and self._instrument is not None:
+            trio.lowlevel.remove_instrument(self._instrument)
+            self._instrument = None
 
     def _work(self, job: _Job | None) -> None:
         """A handler thread: run jobs until idle for IDLE_SECONDS."""

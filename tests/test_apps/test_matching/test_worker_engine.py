@@ -32,6 +32,7 @@ from apps.matching import (
     Registry,
     WorkerOptions,
     WorkerStopped,
+    _worker_threads,
     rpc,
     step,
     subflow,
@@ -907,6 +908,22 @@ async def test_a_job_for_an_idle_handler_thread_is_handed_over_when_the_trio_loo
     threads.submit(ran.set, lambda result: None)
     assert not ran.wait(0.2)  # (the trio thread has not slept since: the job is held)
     assert await trio.to_thread.run_sync(ran.wait, 10)
+    assert threads.started == 1
+
+
+async def test_the_instrument_handing_jobs_over_goes_when_idle_and_comes_back_with_a_job(
+    monkeypatch,
+):
+    # (a worker whose calls all run on the trio thread pays nothing for it on each pass)
+    monkeypatch.setattr(_worker_threads, "IDLE_PASSES", 3)
+    threads = HandlerThreads()
+    assert await threads.run(lambda: 1) == 1  # (one thread, idle now)
+    for _ in range(2):
+        assert await threads.run(lambda: 2) == 2  # (held, then handed over)
+        assert threads._instrument is not None
+        for _ in range(4):
+            await trio.sleep(0)  # (a pass of the trio loop each, with no job to hand over)
+        assert threads._instrument is None
     assert threads.started == 1
 
 
