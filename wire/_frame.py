@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -349,6 +350,9 @@ class FrameDecoder:
         #: The fast decoders' payload sizes for the limits they were worked out for (a frozen
         #: Limits: worked out again only when ``limits`` is replaced, not on every feed).
         self._sizes: tuple[Limits | None, int, int] = (None, -1, -1)
+        #: The C loop's arguments for ``limits`` (once ``_parse`` ran it under them): ``feed``
+        #: runs it itself then.
+        self._c_args: tuple[Limits, Callable[..., int], int, int, int, int, int] | None = None
 
     @property
     def buffered(self) -> int:
@@ -378,7 +382,16 @@ class FrameDecoder:
             buf = bytes(data)
         frames: list[Frame] = []
         try:
-            pos = self._parse(buf, frames)
+            fast = self._c_args
+            if fast is not None and fast[0] is self.limits:
+                # (``_parse``'s C loop straight, with the arguments it worked out: once a read)
+                pos = fast[1](buf, 0, frames, fast[2], fast[3], fast[4], fast[5], fast[6])
+                if pos == len(buf):
+                    self._need = HEADER_SIZE
+                else:
+                    pos = self._parse(buf, frames, pos)
+            else:
+                pos = self._parse(buf, frames)
         except WireError as exc:
             self._error = exc
             if not frames:
@@ -411,14 +424,15 @@ class FrameDecoder:
             self._error = exc
             raise exc
 
-    def _parse(self, buf: bytes, frames: list[Frame]) -> int:
+    def _parse(self, buf: bytes, frames: list[Frame], pos: int = 0) -> int:
+        """Append the frames of ``buf`` from ``pos`` on to ``frames``; return where the first
+        incomplete one starts (``self._need`` is the bytes it needs)."""
         limits = self.limits
         max_payload = limits.max_payload
         versions = self._versions
         unpack = _HEADER.unpack_from
         append = frames.append
         end = len(buf)
-        pos = 0
         base = self._consumed
         # The C decoder straight on each TLV payload within its size (_decode_at's first step,
         # without two Python calls a frame); anything else takes _decode_at's whole path.
@@ -436,7 +450,16 @@ class FrameDecoder:
             # The C loop takes the version 2 frames (TLV and CBOR) it decodes whole; this loop
             # goes on from where it stopped, and delivers or names what it left.
             pos = _C.frames_v2(
-                buf, 0, frames, max_payload, fast_size, cbor_fast_size, max_depth, max_items
+                buf, pos, frames, max_payload, fast_size, cbor_fast_size, max_depth, max_items
+            )
+            self._c_args = (
+                limits,
+                _C.frames_v2,
+                max_payload,
+                fast_size,
+                cbor_fast_size,
+                max_depth,
+                max_items,
             )
         while end - pos >= HEADER_SIZE:
             magic, version, code, length, request_id = unpack(buf, pos)

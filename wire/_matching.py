@@ -484,6 +484,9 @@ _FAST = builders(
     failure=MatchFailure,
     call=MatchCall,
 )
+#: The same builders by frame type (a frame of one of these types is one of these messages).
+_FAST_BY_TYPE = {_BY_CLASS[cls].type: build for cls, build in _FAST.items()}
+assert not _TLV_ONLY & _FAST.keys()
 #: A worker's M_ACCEPT and M_RESULT bytes without building them (``_matching_fast.py``).
 encode_result = result_encoder(MatchAccept, MatchResult)
 
@@ -548,17 +551,17 @@ def parse_matching(frame: Frame) -> MatchMessage:
             names the message type and the key.
     """
     t = frame.type
+    payload = frame.payload
+    fast = _FAST_BY_TYPE.get(t)  # (none is TLV-only)
+    if fast is not None and type(payload) is dict:
+        message = fast(payload, frame.request_id)
+        if message is not None:
+            return message
     layout = _BY_TYPE.get(t)
     if layout is None:
         raise MalformedMessage(f"{t.name} is not a matching message type")
     if layout.cls in _TLV_ONLY and frame.codec is not Codec.TLV:
         raise MalformedMessage(f"{t.name} frames are always TLV (got a {frame.codec.name} payload)")
-    payload = frame.payload
-    fast = _FAST.get(layout.cls)
-    if fast is not None and type(payload) is dict:
-        message = fast(payload, frame.request_id)
-        if message is not None:
-            return message
     if payload is None and not layout.keys:
         payload = {}
     elif type(payload) is not dict:

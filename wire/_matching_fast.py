@@ -41,22 +41,6 @@ def _setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
     return tuple(cls.__dict__[name].__set__ for name in names)
 
 
-def _name(value: object) -> bool:
-    return type(value) is str and value != ""
-
-
-def _delivery(value: object) -> bool:
-    return type(value) is int and 0 <= value <= _U64_MAX
-
-
-def _id(value: object) -> bool:
-    return type(value) is int and 0 < value <= _U64_MAX
-
-
-def _seconds(value: object) -> bool:
-    return type(value) is float and _isfinite(value) and value >= 0
-
-
 def _task(cls: type) -> Builder:
     new = object.__new__
     (
@@ -102,22 +86,24 @@ def _task(cls: type) -> Builder:
         timeout = get("timeout")
         step_kind = get("step_kind")
         if not (
-            _delivery(delivery)
+            (type(delivery) is int and 0 <= delivery <= _U64_MAX)
             and (kind == "step" or kind == "rpc")
             and type(kind) is str
-            and _name(flow_type)
-            and _name(flow_id)
-            and _name(name)
-            and _name(execution_id)
+            and (type(flow_type) is str and flow_type != "")
+            and (type(flow_id) is str and flow_id != "")
+            and (type(name) is str and name != "")
+            and (type(execution_id) is str and execution_id != "")
             and type(attempt) is int
             and attempt >= 0
             and type(args) is list
             and type(state) is dict
             and "timeout" in p
-            and (timeout is None or _seconds(timeout))
+            and (
+                timeout is None or (type(timeout) is float and _isfinite(timeout) and timeout >= 0)
+            )
             and (step_kind is None or step_kind == "execute" or step_kind == "wait_for")
             and (step_kind is None or type(step_kind) is str)
-            and _id(rid)
+            and (type(rid) is int and 0 < rid <= _U64_MAX)
         ):
             return None
         task: Any = new(cls)
@@ -143,7 +129,7 @@ def _reply(cls: type) -> Builder:
     s_value, s_rid = _setters(cls, "value", "rid")
 
     def build(p: dict[Any, Any], rid: int) -> Any:
-        if "value" not in p or not _id(rid):
+        if "value" not in p or not (type(rid) is int and 0 < rid <= _U64_MAX):
             return None
         reply: Any = new(cls)
         s_value(reply, p["value"])
@@ -159,7 +145,10 @@ def _accept(cls: type) -> Builder:
 
     def build(p: dict[Any, Any], rid: int) -> Any:
         delivery = p.get("delivery")
-        if not (_delivery(delivery) and _id(rid)):
+        if not (
+            (type(delivery) is int and 0 <= delivery <= _U64_MAX)
+            and (type(rid) is int and 0 < rid <= _U64_MAX)
+        ):
             return None
         accept: Any = new(cls)
         s_delivery(accept, delivery)
@@ -180,13 +169,13 @@ def _result(cls: type) -> Builder:
         patch = p.get("patch")
         not_yet = p.get("not_yet")
         if not (
-            _delivery(delivery)
+            (type(delivery) is int and 0 <= delivery <= _U64_MAX)
             and "value" in p
             and type(patch) is dict
             and type(patch.get("set")) is dict
             and type(patch.get("delete")) is list
             and (not_yet is None or type(not_yet) is bool)
-            and _id(rid)
+            and (type(rid) is int and 0 < rid <= _U64_MAX)
         ):
             return None
         result: Any = new(cls)
@@ -212,11 +201,11 @@ def _failure(cls: type) -> Builder:
         message = p.get("message")
         retryable = p.get("retryable")
         if not (
-            _delivery(delivery)
-            and _name(kind)
+            (type(delivery) is int and 0 <= delivery <= _U64_MAX)
+            and (type(kind) is str and kind != "")
             and type(message) is str
             and type(retryable) is bool
-            and _id(rid)
+            and (type(rid) is int and 0 < rid <= _U64_MAX)
         ):
             return None
         failure: Any = new(cls)
@@ -237,7 +226,11 @@ def _call(cls: type) -> Builder:
     def build(p: dict[Any, Any], rid: int) -> Any:
         op = p.get("op")
         args = p.get("args")
-        if not (_name(op) and type(args) is dict and _id(rid)):
+        if not (
+            (type(op) is str and op != "")
+            and type(args) is dict
+            and (type(rid) is int and 0 < rid <= _U64_MAX)
+        ):
             return None
         call: Any = new(cls)
         s_op(call, op)
@@ -291,8 +284,8 @@ def result_encoder(accept_cls: type, result_cls: type) -> ResultEncoder:
             WireError: as :func:`encode_message`.
         """
         if not (
-            _delivery(delivery)
-            and _id(rid)
+            (type(delivery) is int and 0 <= delivery <= _U64_MAX)
+            and (type(rid) is int and 0 < rid <= _U64_MAX)
             and type(patch) is dict
             and type(patch.get("set")) is dict
             and type(patch.get("delete")) is list

@@ -77,7 +77,7 @@ def start_call(conn: Connection, msg: wire.MatchCall) -> None:
         conn.calls.add(rid)
         call = (rid, msg.op)
         # (an op the engine may take in this task: ``_engine_handoff``)
-        taker = call_taker(conn.ctx.engine) if msg.op in _HANDED_OPS else None
+        taker = call_taker(conn.ctx.engine, conn.takers) if msg.op in _HANDED_OPS else None
         if taker is None:
             ref = otp.send_request(conn.ctx.engine, engine_request, on_response=conn.answer)
             conn.requests[ref] = call
@@ -119,7 +119,8 @@ def answer_request(conn: Connection, response: otp.Response) -> None:
     else:
         _, code, message, retryable, details = reply
         conn.send_message(wire.MatchError(code, message, retryable, dict(details), rid=rid))
-    conn.settle()
+    if conn.draining:  # (``settle`` does nothing otherwise: once a call)
+        conn.settle()
 
 
 def cancel_calls(conn: Connection, *, ops: tuple[str, ...] | None = None) -> None:

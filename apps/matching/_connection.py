@@ -39,6 +39,7 @@ import trio
 import otp
 import wire
 
+from . import _engine_handoff as handoff
 from . import _matcher, _stream
 from ._call_ops import answer_request, start_call
 from ._config import MatchingConfig
@@ -160,6 +161,8 @@ class Connection:
     #: (``send_request``'s ``on_response``; it never waits): no message, no wake-up of the
     #: connection's task (two a Step, issue 15). None: the answers come as messages.
     answer: Any = None
+    #: This run's engines' takers (``_engine_handoff.registry``): kept, not read a call.
+    takers: dict[Any, Any] = attrs.Factory(handoff.registry)
     tasks: dict[int, int] = attrs.Factory(dict)
     draining: bool = False
     #: Set once ``stop_drain_timeout`` has passed: what still runs is given up.

@@ -39,7 +39,7 @@ import otp
 from ._dispatch import Completed, Failed
 from ._store_records import BatchCommitted
 
-__all__ = ["Takers", "call_taker", "committed_to", "register", "to_engine"]
+__all__ = ["Takers", "call_taker", "committed_to", "register", "registry", "to_engine"]
 
 
 def _never(answer: BatchCommitted) -> bool:
@@ -61,15 +61,23 @@ class Takers:
 _TAKERS: trio.lowlevel.RunVar[dict[Any, Takers]] = trio.lowlevel.RunVar("matching_engine_takers")
 
 
+def registry() -> dict[Any, Takers]:
+    """This trio run's engines' takers by pid and name, as ``register`` fills it: what
+    ``call_taker`` and ``to_engine`` look in (a connection and a stream keep it, one
+    ``RunVar`` read less a call)."""
+    try:
+        return _TAKERS.get()
+    except LookupError:
+        registered: dict[Any, Takers] = {}
+        _TAKERS.set(registered)
+        return registered
+
+
 def register(pid: otp.Pid, takers: Takers) -> None:
     """(From the engine ``pid``'s own task.) Hand ``pid`` what comes for it to ``takers``
     from now on, until the process exits; found by its registered name too (a connection
     names the engine: no ``otp.whereis`` a call)."""
-    try:
-        registered = _TAKERS.get()
-    except LookupError:
-        registered = {}
-        _TAKERS.set(registered)
+    registered = registry()
     info = otp.process_info(pid)
     keys = (pid,) if info is None or info.registered_name is None else (pid, info.registered_name)
     for key in keys:
@@ -83,27 +91,28 @@ def register(pid: otp.Pid, takers: Takers) -> None:
     otp.add_exit_hook(forget)
 
 
-def call_taker(engine: Any) -> Callable[[otp.From, Any], bool] | None:
+def call_taker(
+    engine: Any, registered: dict[Any, Takers] | None = None
+) -> Callable[[otp.From, Any], bool] | None:
     """The ``hand_over`` of ``otp.send_request`` for a call to ``engine`` (a name or pid of
-    this node), or None: the engine is not registered. (A name it registered under is
-    looked up as it was when it registered: an engine keeps its name until it exits.)"""
-    try:
-        registered = _TAKERS.get()
-    except LookupError:
-        return None
+    this node), or None: the engine is not registered (in ``registered``, this run's
+    ``registry()`` if given). (A name it registered under is looked up as it was when it
+    registered: an engine keeps its name until it exits.)"""
+    if registered is None:
+        registered = registry()
     takers = registered.get(engine)
     if takers is None and type(engine) is str:
         takers = registered.get(otp.whereis(engine))
     return None if takers is None else takers.call
 
 
-def to_engine(reply_to: Any, outcome: Completed | Failed) -> None:
+def to_engine(
+    reply_to: Any, outcome: Completed | Failed, registered: dict[Any, Takers] | None = None
+) -> None:
     """``otp.send(reply_to, outcome)``, or its handling by the engine ``reply_to`` in the
-    calling task when it takes it (see the module's docstring). Raises as ``otp.send``."""
-    try:  # (``_takers_of`` written out: once a Step)
-        takers = _TAKERS.get().get(reply_to)
-    except LookupError:
-        takers = None
+    calling task when it takes it (see the module's docstring; ``registered``: this run's
+    ``registry()``, if kept). Raises as ``otp.send``."""
+    takers = (registry() if registered is None else registered).get(reply_to)
     if takers is None or not takers.outcome(outcome):
         otp.send(reply_to, outcome)
 

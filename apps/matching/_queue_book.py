@@ -274,7 +274,7 @@ class QueueBook:
         actions: list[Action] = []
         now = self._clock()
         task = dispatch.task
-        if self.backlog >= self.limits.max_backlog:
+        if len(self._waiting) + self._offered >= self.limits.max_backlog:  # (``backlog``)
             actions.append(
                 Reject(
                     dispatch,

@@ -22,15 +22,20 @@ import wire
 __all__ = ["encode_reply", "encode_task", "task_message"]
 
 _new = object.__new__
-_set = object.__setattr__
 _U64_MAX = 2**64 - 1
 _M_TASK = wire.MessageType.M_TASK
 _M_REPLY = wire.MessageType.M_REPLY
 _encode = wire.encode_message
 
 
-#: ``wire.MatchTask``'s fields in their order (which ``task_message``'s arguments follow).
+#: ``wire.MatchTask``'s fields in their order (which ``task_message``'s arguments follow), and
+#: their slots' setters (what ``object.__setattr__`` calls, without looking each up by name).
 _TASK_FIELDS = tuple(field.name for field in attrs.fields(wire.MatchTask))
+_TASK_SETTERS = tuple(wire.MatchTask.__dict__[name].__set__ for name in _TASK_FIELDS)
+assert _TASK_FIELDS == (
+    "delivery", "kind", "flow_type", "flow_id", "name", "execution_id", "attempt", "args",
+    "state", "timeout", "step_kind", "rid",
+)  # fmt: skip
 
 
 def task_message(
@@ -95,9 +100,20 @@ def task_message(
             rid=rid,
         )
     msg = _new(wire.MatchTask)
-    values = (delivery, kind, flow_type, flow_id, name, execution_id, attempt, args, state)
-    for field, value in zip(_TASK_FIELDS, (*values, timeout, step_kind, rid), strict=True):
-        _set(msg, field, value)
+    (s_delivery, s_kind, s_flow_type, s_flow_id, s_name, s_execution_id, s_attempt, s_args,
+     s_state, s_timeout, s_step_kind, s_rid) = _TASK_SETTERS  # fmt: skip
+    s_delivery(msg, delivery)
+    s_kind(msg, kind)
+    s_flow_type(msg, flow_type)
+    s_flow_id(msg, flow_id)
+    s_name(msg, name)
+    s_execution_id(msg, execution_id)
+    s_attempt(msg, attempt)
+    s_args(msg, args)
+    s_state(msg, state)
+    s_timeout(msg, timeout)
+    s_step_kind(msg, step_kind)
+    s_rid(msg, rid)
     return msg
 
 

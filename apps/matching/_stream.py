@@ -37,7 +37,7 @@ from ._dispatch import (
     StreamIdle,
     WorkerFreed,
 )
-from ._engine_handoff import to_engine
+from ._engine_handoff import registry, to_engine
 from ._matcher import MATCHER, StreamUp
 from ._server_frames import task_message
 from ._store_records import trusted_builder
@@ -143,6 +143,8 @@ class _Stream:
     queue_handle: Any = None
     #: The trio run's clock (``trio.current_time`` without its two calls on the way).
     clock: Callable[[], float] = attrs.Factory(lambda: trio.lowlevel.current_clock().current_time)
+    #: This run's engines' takers (``_engine_handoff.registry``): kept, not read a call.
+    takers: dict[Any, Any] = attrs.Factory(registry)
 
 
 class _End(Exception):
@@ -494,11 +496,9 @@ def _call_ended(
     worker_id = state.worker_id
     if type(message) is wire.MatchResult:
         value, patch, not_yet = message.value, message.patch, message.not_yet is True
+        completed = _new_completed(delivery, worker_id, value, patch, not_yet, delivered)
         try:
-            to_engine(
-                call.reply_to,
-                _new_completed(delivery, worker_id, value, patch, not_yet, delivered),
-            )
+            to_engine(call.reply_to, completed, state.takers)
         except otp.BadArg as exc:
             # The flow's engine is on another node, and this result is past the
             # distribution's limits (a value nested deeper than they allow, say): the
@@ -508,7 +508,7 @@ def _call_ended(
     else:
         assert type(message) is wire.MatchFailure
         error = ErrorInfo(message.type, message.message, message.retryable)
-        to_engine(call.reply_to, Failed(delivery, worker_id, error, delivered))
+        to_engine(call.reply_to, Failed(delivery, worker_id, error, delivered), state.takers)
     _call_over(state, None if delivered is None else delivery, now)
 
 

@@ -948,6 +948,54 @@ async def test_a_stream_declining_is_idle_when_its_queue_offers_it_the_next_disp
         assert isinstance(final, Completed) and final.value == "hi"
 
 
+@pytest.mark.parametrize("first", ["step", "rpc"])
+async def test_an_rpc_and_a_step_sharing_one_idle_stream_both_complete_and_the_books_agree(
+    autojump_clock: trio.testing.MockClock, first: str
+) -> None:
+    """A Step and an RPC handed to a queue whose worker keeps one idle stream (as with
+    ``idle_streams_per_queue=1``): the first is offered, the second waits; the first's ACCEPT
+    and RESULT handed over free the stream, which the queue offers the second in the same
+    task; both complete with their own values, and the queue's book and the stream agree
+    afterwards: one idle stream, nothing offered, busy or waiting, nothing mailed."""
+    async with otp.open_node():
+        handle, conn, stream = await _queue_with_stream()
+        assert handle.state is not None
+        step = dispatch(wait=5.0)
+        call = dispatch(wait=5.0, kind="rpc", name="read")
+        ordered = [step, call] if first == "step" else [call, step]
+        for d in ordered:
+            handle.dispatch(d)
+        assert [t.delivery for t in conn.tasks()] == [ordered[0].task.delivery]
+        assert _states(handle) == (0, 1, 0) and handle.state.book.statistics().waiting == 1
+        for n, d in enumerate(ordered):
+            delivery = d.task.delivery
+            stream.deliver_served(
+                wire.MatchAccept(delivery, rid=1),
+                wire.MatchResult(delivery, f"{d.task.kind}-{delivery}", rid=1),
+            )
+            # (the next one is offered inside, before the reader would yield)
+            assert [t.delivery for t in conn.tasks()] == [o.task.delivery for o in ordered[: n + 2]]
+        tasks = conn.tasks()
+        assert [(t.kind, t.name) for t in tasks] == [(d.task.kind, d.task.name) for d in ordered]
+        for d in ordered:
+            final = await otp.receive(
+                lambda m, d=d: isinstance(m, FINAL) and m.delivery == d.task.delivery, timeout=1
+            )
+            assert isinstance(final, Completed)
+            assert final.value == f"{d.task.kind}-{d.task.delivery}"
+        await trio.testing.wait_all_tasks_blocked()
+        stats = handle.state.book.statistics()
+        assert (stats.streams, stats.idle, stats.offered, stats.busy, stats.waiting) == (
+            1, 1, 0, 0, 0,
+        )  # fmt: skip
+        assert handle.state.book.offered() == {} and handle.state.mailed == {}
+        assert handle.state.book.stream_state(stream.pid) == "idle"
+        assert stream.state.phase == "idle"
+        assert stream.state.offered is None and stream.state.call is None
+        assert not stream.state.ended and stream.state.mailed == 0
+        assert (await Queue.statistics(handle.pid)) == stats  # (its own task agrees)
+
+
 async def test_a_queue_failing_on_a_dispatch_handed_to_it_ends_alone(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
