@@ -121,6 +121,8 @@ from ._matching import encode_result as encode_result
 from ._matching import parse_matching as parse_matching
 from ._raw_frames import FrameBuffer as FrameBuffer
 from ._raw_frames import FrameSplitter as FrameSplitter
+from ._raw_frames import append_readdressed as append_readdressed
+from ._raw_frames import readdress_into as readdress_into
 from ._stream import FrameStream as FrameStream
 from ._tlv import tlv_decode as tlv_decode
 from ._tlv_encode import TlvType as TlvType
@@ -215,6 +217,7 @@ __all__ = [
     "UnsupportedVersion",
     "ValueOutOfRange",
     "WireError",
+    "append_readdressed",
     "big_bytes",
     "cbor_decode",
     "cbor_encode",
@@ -245,6 +248,7 @@ __all__ = [
     "peek_route",
     "reply_parts",
     "request_id_from_str",
+    "readdress_into",
     "request_fields",
     "request_parts",
     "route_length",

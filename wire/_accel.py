@@ -34,6 +34,7 @@ _FUNCTIONS = (
     "gd1_scan",
     "gd1_frame",
     "gd1_request",
+    "gd1_readdress",
     "IdTriple",
 )
 

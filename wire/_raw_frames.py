@@ -23,15 +23,40 @@ from ._errors import BadFrameHeader
 from ._frame import MessageType
 from ._limits import MAX_PAYLOAD
 
-__all__ = ["FrameBuffer", "FrameSplitter"]
+__all__ = ["FrameBuffer", "FrameSplitter", "append_readdressed", "readdress_into"]
 
 _HEADER = struct.Struct(">2sBBIQ")
 _U32 = struct.Struct(">I")
+_RID = struct.Struct(">Q")
 #: The message types of version 1 (Gunicorn's).
 _TYPES = frozenset(int(t) for t in MessageType if t < 0x20)
 
 #: The C scan of :meth:`FrameBuffer.frames` (None where wire's C fast paths are off).
 _scan = None if C is None else C.gd1_scan
+
+
+def readdress_into(dst: bytearray, src: Any, start: int, stop: int, request_id: int) -> bool:
+    """Append the frame whose payload is ``src[start:stop]`` (its header the 16 bytes before) to
+    ``dst``, re-addressed: its header's request id becomes ``request_id`` (a forwarder's batch).
+
+    Raises:
+        ValueError: The frame is not within ``src``, or ``request_id`` is not a u64.
+    """
+    if start < 16 or stop < start or stop > len(src):
+        raise ValueError(f"no frame at [{start - 16}:{stop}] of a buffer of {len(src)} bytes")
+    if not 0 <= request_id < 1 << 64:
+        raise ValueError(f"request id {request_id} is not a u64")
+    dst += memoryview(src)[start - 16 : stop]
+    _RID.pack_into(dst, len(dst) - (stop - start) - 8, request_id)
+    return True
+
+
+#: :func:`readdress_into` in one C call where wire's fast paths are built; there it returns None
+#: (``dst`` unchanged) where :func:`readdress_into` would raise or the arguments are not a
+#: bytearray and a buffer: the caller then calls that, which names what is wrong.
+append_readdressed: Callable[[bytearray, Any, int, int, int], bool | None] = (
+    readdress_into if C is None else C.gd1_readdress
+)
 
 #: What a bad header raises: ``error(message, raw_bytes)``.
 ErrorFactory = Callable[[str, bytes], Exception]

@@ -1315,6 +1315,44 @@ give_up:
     Py_RETURN_NONE;
 }
 
+/* A frame of a receive buffer, re-addressed, appended to a batch (a dirty node forwarding
+ * requests to a worker and replies to a client: Batch.frame): dst += src[start - 16:stop], its
+ * header's request id (bytes 8..16) then request_id. True; None (dst unchanged) where dst is not
+ * a bytearray, src has no buffer, the range does not fit or the id is not a u64. */
+static PyObject *gd1_readdress(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t start, stop;
+    if (arg_count("gd1_readdress", nargs, 5, 5) < 0 || arg_ssize(args[2], &start) < 0 ||
+        arg_ssize(args[3], &stop) < 0)
+        return NULL;
+    PyObject *dst = args[0];
+    if (!PyByteArray_CheckExact(dst) || !PyLong_Check(args[4])) Py_RETURN_NONE;
+    unsigned long long rid = PyLong_AsUnsignedLongLong(args[4]);
+    if (rid == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Py_buffer buf;
+    if (PyObject_GetBuffer(args[1], &buf, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (start < 16 || stop < start || stop > buf.len) {
+        PyBuffer_Release(&buf);
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t size = PyByteArray_GET_SIZE(dst), n = stop - start + 16;
+    if (PyByteArray_Resize(dst, size + n) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&buf);
+        Py_RETURN_NONE;
+    }
+    unsigned char *out = (unsigned char *)PyByteArray_AS_STRING(dst) + size;
+    memcpy(out, (const unsigned char *)buf.buf + start - 16, (size_t)n);
+    PyBuffer_Release(&buf);
+    for (int i = 0; i < 8; i++) out[8 + i] = (unsigned char)(rid >> (56 - 8 * i));
+    Py_RETURN_TRUE;
+}
+
 /* A whole GD v1 frame in one step (a dirty request or reply: wire.encode_dirty): its header,
  * then the version 1 TLV of ``payload``; None where tlv_encode gives None, or the payload would
  * exceed max_payload, or the type or request id is out of the header's range (the Python code
@@ -1517,6 +1555,9 @@ static PyMethodDef methods[] = {
     {"gd1_frame", (PyCFunction)(void (*)(void))gd1_frame, METH_FASTCALL,
      "gd1_frame(type, request_id, payload, max_depth, max_items, max_total_items, max_str,"
      " max_payload) -> bytes | None: a GD v1 frame, its payload the version 1 TLV of payload"},
+    {"gd1_readdress", (PyCFunction)(void (*)(void))gd1_readdress, METH_FASTCALL,
+     "gd1_readdress(dst, src, start, stop, request_id) -> True | None: dst (a bytearray) +="
+     " src[start - 16:stop], a frame whose header then carries request_id"},
     {"gd1_request", (PyCFunction)(void (*)(void))gd1_request, METH_FASTCALL,
      "gd1_request(max_depth, max_items, fast_size, buffer, start, stop) -> (app_path, action,"
      " args, kwargs) | None: a dirty REQUEST's payload buffer[start:stop], decoded"},

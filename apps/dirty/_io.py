@@ -21,6 +21,7 @@ from ._config import DirtyConfig
 #: The request id's place in a frame header (bytes 8..16).
 RID = struct.Struct(">Q")
 BIG = wire.BIG_BYTES
+_append = wire.append_readdressed
 
 #: Socket buffer size asked for on every pool socket, so a 1 MiB frame moves in one write
 #: (Linux caps it at ``net.core.wmem_max``/``rmem_max``; failure is harmless).
@@ -56,9 +57,10 @@ class Batch:
     def frame(self, view: memoryview, start: int, stop: int, rid: int) -> None:
         """Add the frame whose payload is ``view[start:stop]``, re-addressed to ``rid``."""
         if stop - start < BIG:
-            small = self.small
-            small += view[start - 16 : stop]
-            RID.pack_into(small, len(small) - (stop - start) - 8, rid)
+            # (One C call where wire's fast paths are built: a slice, an append and a pack cost
+            # a forwarded frame ~8% of the node's time at 8 callers.)
+            if _append(self.small, view, start, stop, rid) is None:
+                wire.readdress_into(self.small, view, start, stop, rid)
         else:
             head = bytearray(view[start - 16 : start])
             RID.pack_into(head, 8, rid)

@@ -64,7 +64,9 @@ async def read_worker(proxy: WorkerProxy) -> None:
             if entry is not None and mtype != STATUS and mtype != CHUNK:
                 conn = entry[0]
                 rid = entry[1]
-                _ended(proxy, wid, entry, mtype, view[start:stop], now)
+                _ended(proxy, wid, entry, now)
+                if mtype == ERROR:
+                    proxy.ctx.calls.error(_error_kind(view[start:stop]))
                 if proxy.lanes:
                     relevel(proxy)
                 RID.pack_into(buffer.buf, start - 8, rid)
@@ -118,7 +120,9 @@ async def read_worker(proxy: WorkerProxy) -> None:
             else:
                 group[0].frame(view, start, stop, rid)
                 group[1].append(rid)
-                _ended(proxy, wid, entry, mtype, view[start:stop], now)
+                _ended(proxy, wid, entry, now)
+                if mtype == ERROR:
+                    proxy.ctx.calls.error(_error_kind(view[start:stop]))
             i += 1
         if proxy.lanes and len(inflight) != proxy.load:
             relevel(proxy)
@@ -132,11 +136,10 @@ async def read_worker(proxy: WorkerProxy) -> None:
             await _hold_for(proxy, slow)
 
 
-def _ended(
-    proxy: WorkerProxy, wid: int, entry: list[Any], mtype: int, payload: memoryview, now: float
-) -> None:
-    """The call ``wid`` (``entry``: its ``inflight`` entry) ended with a frame of ``mtype``
-    (RESPONSE, ERROR, or a stream's END): forget it, and count it."""
+def _ended(proxy: WorkerProxy, wid: int, entry: list[Any], now: float) -> None:
+    """The call ``wid`` (``entry``: its ``inflight`` entry) ended (a RESPONSE, an ERROR, or a
+    stream's END): forget it, and count it (an ERROR's kind is counted by the caller, which
+    alone slices its payload)."""
     del proxy.inflight[wid]
     del proxy.keys[(entry[0], entry[1])]
     if proxy.held:
@@ -146,8 +149,6 @@ def _ended(
     calls.total += 1
     calls.seconds += latency
     calls.counts[bisect_left(LATENCY_BOUNDS, latency)] += 1
-    if mtype == ERROR:
-        calls.error(_error_kind(payload))
 
 
 def _error_kind(payload: memoryview) -> str:

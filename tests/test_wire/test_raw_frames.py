@@ -286,3 +286,39 @@ def test_a_bad_header_raises_the_callers_protocol_error() -> None:
     with pytest.raises(Refused, match="a frame starts with 47 44") as caught:
         wire.FrameSplitter(error=Refused).feed(b"GD\x01\x02" + b"\0" * 12 + b"XY")
     assert caught.value.raw == b"XY"
+
+
+@given(
+    st.binary(max_size=64),
+    st.binary(max_size=300),
+    st.integers(0, (1 << 64) - 1),
+)
+def test_readdressed_frames_are_the_frame_with_its_new_id(
+    before: bytes, payload: bytes, rid: int
+) -> None:
+    frame = bytes(wire.encode_header(wire.MessageType.REQUEST, len(payload), 7)) + payload
+    src = bytearray(b"x" * 5 + frame + b"y" * 3)
+    start, stop = 5 + 16, 5 + len(frame)
+    want = before + frame[:8] + struct.pack(">Q", rid) + payload
+    for append in (wire.append_readdressed, wire.readdress_into):
+        dst = bytearray(before)
+        assert append(dst, memoryview(src), start, stop, rid) is True
+        assert bytes(dst) == want
+
+
+@pytest.mark.parametrize(
+    ("start", "stop", "rid"),
+    [(15, 20, 1), (21, 20, 1), (16, 41, 1), (16, 20, -1), (16, 20, 1 << 64)],
+)
+def test_readdressing_refuses_a_frame_outside_the_buffer_or_a_bad_id(
+    start: int, stop: int, rid: int
+) -> None:
+    src = bytes(40)
+    dst = bytearray(b"kept")
+    with pytest.raises(ValueError):
+        wire.readdress_into(dst, src, start, stop, rid)
+    assert dst == b"kept"
+    if wire.append_readdressed is not wire.readdress_into:
+        # The C path declines instead (its caller then runs the Python one), leaving ``dst``.
+        assert wire.append_readdressed(dst, src, start, stop, rid) is None
+        assert dst == b"kept"
