@@ -48,6 +48,9 @@ IDEMPOTENT = frozenset({"result", "describe", "list", "queues", "get_blob", "put
 
 T = TypeVar("T")
 
+#: The types of value a blob reference may be in (any other holds none: nothing to unpack).
+_CONTAINERS = frozenset({list, tuple, dict})
+
 
 class Call:
     """A step of an op: send M_CALL ``op`` with ``args``; wait at most ``timeout`` seconds
@@ -285,10 +288,11 @@ class ClientOps:
             raise ConfigurationError(f"call_rpc: name must be a non-empty str (got {name!r})")
         wait = _check_timeout(timeout, "call_rpc")
         # (``_pack``/``_unpack`` written out for what needs no I/O, the usual case: no
-        # generator of theirs per call)
+        # generator of theirs per call; nothing to look at in no arguments nor in an answer
+        # that is no container)
         cache = self.cache
         packed: Any = list(args)
-        if cache is not None:
+        if cache is not None and packed:
             packed = cache.pack_now(packed)
             if packed is NEEDS_IO:
                 packed = yield from self._pack(list(args))
@@ -296,7 +300,7 @@ class ClientOps:
         value = yield Call(
             "call_rpc", {"flow_id": flow_id, "name": name, "args": packed, "timeout": wait}, local
         )
-        if cache is None:
+        if cache is None or type(value) not in _CONTAINERS:
             return value
         unpacked = cache.unpack_now(value)
         return (yield from self._unpack(value)) if unpacked is NEEDS_IO else unpacked
@@ -318,6 +322,8 @@ class ClientOps:
         if wait is None:
             wait = self.options.call_timeout
         value = yield Call("result", {"flow_id": flow_id, "timeout": wait}, _wait(wait))
+        if self.cache is None or type(value) not in _CONTAINERS:
+            return value
         return (yield from self._unpack(value))
 
     def describe_flow(self, flow_id: str) -> Steps[FlowDescription]:

@@ -19,7 +19,7 @@ from ._blobs import BlobCache
 from ._client_ops import Call, ClientOps, Steps, after_loss, connection_lost
 from ._errors import ClientClosed
 from ._options import ClientOptions
-from ._sync_connection import SyncConnection, dial
+from ._sync_connection import IdleLost, SyncConnection, dial
 
 __all__ = ["SyncClientEngine"]
 
@@ -88,10 +88,12 @@ class SyncClientEngine:
 
     def _call(self, op: str, args: dict[str, Any], timeout: float | None) -> Any:
         """Send one op; reconnect once for an idempotent op whose connection was found lost.
-        An idle connection the server dropped is noticed before sending: dialled again."""
-        for retry in (False, True):
-            conn = self._connection()
-            if not conn.idle_check():
+        An idle connection the server dropped is noticed before sending (:class:`IdleLost`):
+        dialled again, once, and the op sent there."""
+        retry = redialled = False
+        while True:
+            conn = self._conn
+            if conn is None or conn.broken is not None or self._closed:
                 conn = self._connection()
             try:
                 return conn.call(op, args, timeout)
@@ -102,8 +104,11 @@ class SyncClientEngine:
                     if self._conn is conn:
                         self._conn = None
                 conn.close(ClientClosed("a call found it lost", retryable=True))
+                if type(exc) is IdleLost and not redialled and not self._closed:
+                    redialled = True
+                    continue
                 after_loss(op, exc, retry, self._closed)
-        raise AssertionError("unreachable")  # pragma: no cover
+                retry = True
 
 
 _ENGINES: weakref.WeakSet[SyncClientEngine] = weakref.WeakSet()

@@ -20,6 +20,7 @@ from apps.matching import (
     ClientClosed,
     FlowNotFound,
 )
+from apps.matching import _client_frames as frames
 from apps.matching._sync_connection import SyncConnection
 
 from .fake_matching_server import FakeServer
@@ -166,6 +167,41 @@ def test_the_read_timeout_is_set_again_only_when_it_would_end_a_read_late_or_twi
     finally:
         ours.close()
         theirs.close()
+
+
+@pytest.mark.parametrize("codec", [wire.Codec.CBOR, wire.Codec.TLV])
+def test_a_calls_frame_is_the_bytes_wire_makes_of_it_with_its_errors(codec):
+    args = {"flow_id": "f", "name": "ping", "args": [1, "x", b"y", None], "timeout": 2.5}
+    made = frames.encode_call("call_rpc", args, 2**40, codec)
+    assert made == wire.encode_call("call_rpc", args, 2**40, codec, limits=frames.LIMITS)
+    with pytest.raises(wire.UnknownValueType):
+        frames.encode_call("call_rpc", {"args": [{1, 2}]}, 1, codec)
+
+
+def _reply_bytes(value: Any, rid: int = 7, codec: wire.Codec = wire.Codec.CBOR) -> bytes:
+    return wire.MatchReply(value, rid=rid).encode(codec, limits=frames.LIMITS)
+
+
+def test_a_lone_callers_reply_is_read_straight_from_its_bytes():
+    data = _reply_bytes({"a": [1, b"x"]})
+    buffer = bytearray(data + b"stale bytes of an earlier read")
+    assert frames.lone_reply(buffer, len(data)) == (7, {"a": [1, b"x"]})
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _reply_bytes(None)[:-1],  # part of a frame
+        _reply_bytes(None) + _reply_bytes(None, rid=8),  # two frames
+        _reply_bytes(None, codec=wire.Codec.TLV),
+        wire.MatchError("not_found", "no such flow", rid=7).encode(wire.Codec.CBOR),
+        _reply_bytes(None)[:3] + b"\x01" + _reply_bytes(None)[4:],  # version 1
+        b"GD\x02\xd1\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x07\xff",  # bad CBOR
+        b"GD\x02\xd1\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x07\xf6",  # no dict
+    ],
+)
+def test_any_other_read_is_left_to_wires_decoder(data):
+    assert frames.lone_reply(bytearray(data), len(data)) is None
 
 
 def test_a_sleeping_caller_times_out_while_another_thread_reads(fake_server, fake_dir):
