@@ -15,7 +15,7 @@ import threading
 import weakref
 from typing import Any, TypeVar
 
-from ._blobs import BlobCache
+from ._blobs import NEEDS_IO, BlobCache
 from ._client_ops import Call, ClientOps, Steps, after_loss, connection_lost
 from ._errors import ClientClosed
 from ._options import ClientOptions
@@ -61,6 +61,19 @@ class SyncClientEngine:
                     answer = step.fn(*step.args)
         except StopIteration as stop:
             return stop.value
+
+    def call_rpc(
+        self, flow_id: str, name: str, args: tuple[Any, ...], timeout: float | None
+    ) -> Any:
+        """``ops.call_rpc`` carried out, with no generator of its steps when it is one call
+        (the usual RPC: ``ClientOps.call_rpc_now``)."""
+        ops = self.ops
+        call = ops.call_rpc_now(flow_id, name, args, timeout)
+        if call is NEEDS_IO:
+            return self.run(ops.call_rpc(flow_id, name, *args, timeout=timeout))
+        value = self._call(call.op, call.args, call.timeout)
+        answer = ops.answer_now(value)
+        return self.run(ops.answer_steps(value)) if answer is NEEDS_IO else answer
 
     def open(self) -> None:
         self._connection()

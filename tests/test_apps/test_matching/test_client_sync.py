@@ -59,6 +59,19 @@ def test_every_op_on_one_connection_and_large_values_through_the_blob_cache(fake
     assert fake_server.connections == 1 and fake_server.hellos[0].role == "client"
 
 
+def test_an_rpcs_large_arguments_are_uploaded_and_its_large_answer_fetched(fake_server, fake_dir):
+    ref = {"$blob": fake_server.blobs.put(b"R" * 200), "size": 200}
+
+    async def answer(args: dict[str, Any]) -> Any:
+        return {"got": args["args"], "out": ref}
+
+    fake_server.ops["call_rpc"] = answer
+    with _client(fake_server, fake_dir) as client:
+        got = client.call_rpc("f", "greeting", b"A" * 100, 1)
+    assert [op for op, _ in fake_server.calls] == ["put_blob", "call_rpc", "get_blob"]
+    assert got == {"got": [b"A" * 100, 1], "out": b"R" * 200}
+
+
 def test_concurrent_calls_from_many_threads_share_one_connection(fake_server, fake_dir):
     with _client(fake_server, fake_dir) as client:
         threads = [
