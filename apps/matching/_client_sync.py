@@ -16,10 +16,11 @@ import weakref
 from typing import Any, TypeVar
 
 from ._blobs import NEEDS_IO, BlobCache
+from ._client_dial import dial
 from ._client_ops import Call, ClientOps, Steps, after_loss, connection_lost
 from ._errors import ClientClosed
 from ._options import ClientOptions
-from ._sync_connection import IdleLost, SyncConnection, dial
+from ._sync_connection import IdleLost, SyncConnection
 
 __all__ = ["SyncClientEngine"]
 

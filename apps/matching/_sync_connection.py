@@ -29,16 +29,18 @@ import ssl
 import struct
 import threading
 import time
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import wire
 
 from . import _client_frames as frames
 from . import _sdk_protocol as protocol
-from ._errors import ClientClosed, MatchingError, ProtocolError, Unavailable
-from ._options import ClientOptions
+from ._errors import ClientClosed, MatchingError, ProtocolError
 
-__all__ = ["IdleLost", "SyncConnection", "dial"]
+if TYPE_CHECKING:
+    from ._client_dial import Tls
+
+__all__ = ["IdleLost", "SyncConnection"]
 
 log = logging.getLogger("apps.matching.client")
 
@@ -60,34 +62,6 @@ _NO_TIMEOUT = struct.pack("ll", 0, 0)
 def _timeval(seconds: float) -> bytes:
     seconds = max(0.001, seconds)
     return struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
-
-
-class _Tls:
-    """TLS on memory BIOs; every method with the connection's lock held (or before it is
-    shared)."""
-
-    def __init__(self, obj: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO):
-        self.obj = obj
-        self.incoming = incoming
-        self.outgoing = outgoing
-
-    def encrypt(self, data: bytes) -> bytes:
-        self.obj.write(data)
-        return self.outgoing.read()
-
-    def decrypt(self, raw: bytes) -> bytes | None:
-        """The plaintext ``raw`` completes (None: the server ended the TLS session)."""
-        self.incoming.write(raw)
-        chunks = []
-        while True:
-            try:
-                chunk = self.obj.read(65536)
-            except ssl.SSLWantReadError:
-                break
-            except ssl.SSLZeroReturnError:
-                return None
-            chunks.append(chunk)
-        return b"".join(chunks)
 
 
 class IdleLost(ClientClosed):
@@ -113,7 +87,7 @@ class SyncConnection:
     (see the module's docs). ``lock`` guards everything but the socket's own I/O."""
 
     def __init__(
-        self, sock: socket.socket, tls: _Tls | None, welcome: wire.MatchWelcome, where: str
+        self, sock: socket.socket, tls: Tls | None, welcome: wire.MatchWelcome, where: str
     ) -> None:
         self.sock = sock
         self.tls = tls
@@ -135,7 +109,14 @@ class SyncConnection:
         self.buffer = bytearray(65536)
         #: Whether ``decoder`` holds part of a frame (the next read's bytes are not whole).
         self.partial = False
-        #: Whether the socket has anything to read (``idle_check``; None: no ``poll`` here).
+        #: Waits for the socket to have something to read (``idle_check``'s look, with no
+        #: timeout; a read's wait, then a read that does not block). A thread blocked in a
+        #: read of a Unix socket is woken, for nothing, each time the server takes bytes of
+        #: ours off it (the kernel wakes every waiter of the socket when its write space
+        #: grows), most calls once; ``poll`` for input wakes only when input comes: a system
+        #: call a read more, two thread switches a call less (measured on a lone RPC: the
+        #: client's CPU 58-67 -> 43-50 us, the server's 200-243 -> 170-224 us). None: no
+        #: ``poll`` on this platform (reads then block, bounded by SO_RCVTIMEO).
         self.poller: Any = None
         if hasattr(select, "poll"):
             self.poller = select.poll()
@@ -391,12 +372,16 @@ class SyncConnection:
         try:
             if remaining == 0:
                 n = sock.recv_into(self.buffer, 0, socket.MSG_DONTWAIT)
+            elif self.poller is not None:
+                # (a wait in ``poll`` for input, not in a blocking read: see ``poller``)
+                self.poller.poll(-1 if remaining is None else remaining * 1000)
+                n = sock.recv_into(self.buffer, 0, socket.MSG_DONTWAIT)
             else:
                 self._bound_reads(remaining)
                 n = sock.recv_into(self.buffer)
             if not n:
                 error = ClientClosed("the server closed it", retryable=True)
-        except (BlockingIOError, InterruptedError):  # SO_RCVTIMEO expired (or nothing came)
+        except (BlockingIOError, InterruptedError):  # (the wait timed out, or nothing came)
             timed_out = True
         except OSError as exc:
             error = ClientClosed(f"read failed: {exc}", retryable=True)
@@ -438,8 +423,9 @@ class SyncConnection:
                 return
 
     def _bound_reads(self, remaining: float | None) -> None:
-        """Make a blocking read give up after about ``remaining`` seconds (None: never): one
-        system call a read, where a socket timeout costs a poll too. The timeout set stays
+        """Make a blocking read (where there is no ``poll``) give up after about ``remaining``
+        seconds (None: never): one system call a read, where a socket timeout costs a poll
+        too. The timeout set stays
         while it ends no read late and at most one early: not over ``remaining`` (plus
         ``_RCVTIMEO_SLACK``) and at least half of it (a read it ends early is read again,
         the timeout then set anew). So a lone caller whose calls alternate two timeouts (a
@@ -542,105 +528,3 @@ class SyncConnection:
     def close(self, error: MatchingError) -> None:
         with self.lock:
             self.fail(error)
-
-
-# -- dialling ----------------------------------------------------------------------------
-
-
-def dial(options: ClientOptions, role: str = "client") -> SyncConnection:
-    """Dial the server of ``options``, say HELLO and wait for WELCOME, all within
-    ``connect_timeout`` (as ``SdkConnection.open``, whose errors it raises)."""
-    address = options.address
-    where = str(address)
-    limit = options.connect_timeout
-    deadline = None if limit is None else _monotonic() + limit
-
-    def left() -> float | None:
-        if deadline is None:
-            return None
-        rest = deadline - _monotonic()
-        if rest <= 0:
-            raise TimeoutError
-        return rest
-
-    try:
-        if address.kind == "unix":
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.settimeout(left())
-                sock.connect(address.path)
-            except BaseException:
-                sock.close()
-                raise
-        else:
-            sock = socket.create_connection((address.host, address.port), timeout=left())
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except TimeoutError as exc:
-        raise protocol.connect_too_slow(where, options) from exc
-    except OSError as exc:
-        raise protocol.unreachable(where, exc) from exc
-    try:
-        tls = _tls_handshake(sock, options, where, left) if options.uses_tls else None
-        decoder = wire.FrameDecoder(limits=_LIMITS, versions=frozenset({2}))
-        data = wire.encode_frame(protocol.hello(options, role).to_frame(), limits=_LIMITS)
-        sock.settimeout(left())
-        sock.sendall(data if tls is None else tls.encrypt(data))
-        frames: list[wire.Frame] = []
-        while not frames:
-            sock.settimeout(left())
-            raw = sock.recv(65536)
-            plain = raw if tls is None or not raw else tls.decrypt(raw)
-            if not plain:
-                if plain is None or not raw:
-                    break
-                continue  # (TLS records with no data yet)
-            frames = decoder.feed(plain)
-        welcome = protocol.welcome(frames[0] if frames else None, where)
-        sock.settimeout(None)
-    except MatchingError:  # (first: AuthenticationError is an OSError, CallTimeout a TimeoutError)
-        sock.close()
-        raise
-    except TimeoutError as exc:
-        sock.close()
-        raise protocol.connect_too_slow(where, options) from exc
-    except wire.WireError as exc:
-        sock.close()
-        raise ProtocolError(f"the matching server at {where} answered HELLO with {exc}") from exc
-    except (OSError, ssl.SSLError) as exc:
-        sock.close()
-        raise Unavailable(f"the matching server at {where} dropped the handshake: {exc}") from exc
-    except BaseException:
-        sock.close()
-        raise
-    conn = SyncConnection(sock, tls, welcome, where)
-    conn.decoder = decoder
-    if len(frames) > 1:  # (the server spoke first after WELCOME: a ping, say)
-        with conn.lock:
-            conn._deliver(frames[1:])
-    return conn
-
-
-def _tls_handshake(sock: socket.socket, options: ClientOptions, where: str, left: Any) -> _Tls:
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    obj = protocol.tls_context(options).wrap_bio(
-        incoming, outgoing, server_hostname=options.tls_server_hostname or options.address.host
-    )
-    try:
-        while True:
-            try:
-                obj.do_handshake()
-                break
-            except ssl.SSLWantReadError:
-                sock.settimeout(left())
-                sock.sendall(outgoing.read())
-                raw = sock.recv(65536)
-                if not raw:
-                    raise protocol.tls_failed(where, ConnectionResetError("the server closed it"))
-                incoming.write(raw)
-        pending = outgoing.read()
-        if pending:
-            sock.settimeout(left())
-            sock.sendall(pending)
-    except ssl.SSLError as exc:
-        raise protocol.tls_failed(where, exc) from exc
-    return _Tls(obj, incoming, outgoing)

@@ -153,6 +153,24 @@ def test_a_timed_out_call_leaves_the_connection_usable(fake_server, fake_dir):
     assert fake_server.connections == 1
 
 
+def test_where_there_is_no_poll_reads_block_and_time_out_on_the_sockets_timeout(
+    fake_server, fake_dir
+):
+    started = threading.Event()
+    fake_server.ops["describe"] = stuck(started)
+    with _client(fake_server, fake_dir, call_timeout=0.2) as client:
+        client.open()
+        conn = client._engine._conn
+        assert conn is not None
+        conn.poller = None  # (as on a platform without select.poll)
+        assert client.start_flow(Greeting, flow_id="a") == "a"
+        with pytest.raises(CallTimeout):
+            client.describe_flow("x")
+        assert conn.rcvtimeo is not None
+        assert client.start_flow(Greeting, flow_id="b") == "b"
+    assert fake_server.connections == 1
+
+
 def test_the_read_timeout_is_set_again_only_when_it_would_end_a_read_late_or_twice_early():
     ours, theirs = socket.socketpair()
     welcome = wire.MatchWelcome(server="s", codec="cbor", ping_interval=5.0, peer_timeout=15.0)
