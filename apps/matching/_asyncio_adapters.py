@@ -166,7 +166,7 @@ class AsyncClient:
     async def call_rpc(
         self, flow_id: str, name: str, *args: Any, timeout: float | None = None
     ) -> Any:
-        return await self._engine.run(self._ops.call_rpc(flow_id, name, *args, timeout=timeout))
+        return await self._engine.call_rpc(flow_id, name, args, timeout)
 
     async def result(self, flow_id: str, timeout: float | None = None) -> Any:
         return await self._engine.run(self._ops.result(flow_id, timeout))

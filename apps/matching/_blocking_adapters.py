@@ -137,7 +137,7 @@ class Client:
         return self._engine.run(self._ops.start_known_flow(flow_type, *args, flow_id=flow_id))
 
     def call_rpc(self, flow_id: str, name: str, *args: Any, timeout: float | None = None) -> Any:
-        return self._engine.run(self._ops.call_rpc(flow_id, name, *args, timeout=timeout))
+        return self._engine.call_rpc(flow_id, name, args, timeout)
 
     def result(self, flow_id: str, timeout: float | None = None) -> Any:
         return self._engine.run(self._ops.result(flow_id, timeout))

@@ -21,7 +21,7 @@ import wire
 
 from . import _sdk_protocol as protocol
 from ._blobs import BlobCache
-from ._client_ops import ClientOps, Steps, after_loss, connection_lost, drive
+from ._client_ops import ClientOps, Steps, after_loss, connection_lost, drive, drive_call_rpc
 from ._errors import ClientClosed, MatchingError, ProtocolError
 from ._options import ClientOptions
 
@@ -220,6 +220,14 @@ class AsyncioClientEngine:
     async def run(self, steps: Steps[T]) -> T:
         """Carry out an op's steps: its calls on the connection, its file I/O in a thread."""
         return await drive(steps, self._call, asyncio.to_thread)
+
+    async def call_rpc(
+        self, flow_id: str, name: str, args: tuple[Any, ...], timeout: float | None
+    ) -> Any:
+        """``ops.call_rpc`` carried out (with no generator of its steps: ``drive_call_rpc``)."""
+        return await drive_call_rpc(
+            self.ops, self._call, asyncio.to_thread, flow_id, name, args, timeout
+        )
 
     async def open(self) -> None:
         await self._connection()

@@ -20,7 +20,15 @@ import trio
 import wire
 
 from ._blobs import BlobCache
-from ._client_ops import ClientOps, Steps, after_loss, connection_lost, drive, share_docs
+from ._client_ops import (
+    ClientOps,
+    Steps,
+    after_loss,
+    connection_lost,
+    drive,
+    drive_call_rpc,
+    share_docs,
+)
 from ._errors import ClientClosed, MatchingError
 from ._model import (
     Flow,
@@ -203,7 +211,9 @@ class ClientEngine:
     async def call_rpc(
         self, flow_id: str, name: str, *args: Any, timeout: float | None = None
     ) -> Any:
-        return await self._run(self._ops.call_rpc(flow_id, name, *args, timeout=timeout))
+        return await drive_call_rpc(
+            self._ops, self._call, trio.to_thread.run_sync, flow_id, name, args, timeout
+        )
 
     async def result(self, flow_id: str, timeout: float | None = None) -> Any:
         return await self._run(self._ops.result(flow_id, timeout))

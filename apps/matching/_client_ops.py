@@ -34,6 +34,7 @@ __all__ = [
     "OPS",
     "after_loss",
     "drive",
+    "drive_call_rpc",
     "share_docs",
     "connection_lost",
     "flow_definition_payload",
@@ -47,6 +48,9 @@ TIMEOUT_GRACE = 5.0
 IDEMPOTENT = frozenset({"result", "describe", "list", "queues", "get_blob", "put_blob", "cancel"})
 
 T = TypeVar("T")
+
+#: The types of value a blob reference may be in (any other holds none: nothing to unpack).
+_CONTAINERS = frozenset({list, tuple, dict})
 
 
 class Call:
@@ -98,6 +102,27 @@ async def drive(
                 answer = await local(step.fn, *step.args)
     except StopIteration as stop:
         return stop.value
+
+
+async def drive_call_rpc(
+    ops: ClientOps,
+    call: Callable[[str, dict[str, Any], float | None], Awaitable[Any]],
+    local: Callable[..., Awaitable[Any]],
+    flow_id: str,
+    name: str,
+    args: tuple[Any, ...],
+    timeout: float | None,
+) -> Any:
+    """``ops.call_rpc(flow_id, name, *args, timeout=timeout)`` carried out as :func:`drive`
+    does, with no generator of its steps when it is one call (the usual RPC)."""
+    first = ops.call_rpc_now(flow_id, name, args, timeout)
+    if first is NEEDS_IO:
+        return await drive(ops.call_rpc(flow_id, name, *args, timeout=timeout), call, local)
+    value = await call(first.op, first.args, first.timeout)
+    answer = ops.answer_now(value)
+    if answer is NEEDS_IO:
+        return await drive(ops.answer_steps(value), call, local)
+    return answer
 
 
 #: The ops every client flavour has (their docs are :class:`ClientOps`').
@@ -204,7 +229,8 @@ class ClientOps:
             return copy
         return (yield from self._blobs(cache.pack_steps(value), "put_blob"))
 
-    def _unpack(self, value: Any) -> Steps[Any]:
+    def answer_steps(self, value: Any) -> Steps[Any]:
+        """An answer's ``value`` with the blobs it refers to in place, read or fetched."""
         cache = self.cache
         if cache is None:
             return value
@@ -280,26 +306,43 @@ class ClientOps:
             FlowNotFound, Unavailable, NoWorkerAvailable, UnknownName, HandlerError,
             CallTimeout: as the server answers.
         """
+        call = self.call_rpc_now(flow_id, name, args, timeout)
+        if call is NEEDS_IO:
+            packed = yield from self._pack(list(args))
+            call = self._rpc_call(flow_id, name, packed, _check_timeout(timeout, "call_rpc"))
+        value = yield call
+        answer = self.answer_now(value)
+        return (yield from self.answer_steps(value)) if answer is NEEDS_IO else answer
+
+    def call_rpc_now(
+        self, flow_id: str, name: str, args: tuple[Any, ...], timeout: float | None
+    ) -> Any:
+        """:meth:`call_rpc`'s checks and its :class:`Call`, or :data:`NEEDS_IO` if its
+        arguments carry bytes to store first (its steps do). With :meth:`answer_now`, the
+        usual RPC with no generator of its steps (a transport may run it so)."""
         _check_flow_id(flow_id, "call_rpc")
         if type(name) is not str or not name:
             raise ConfigurationError(f"call_rpc: name must be a non-empty str (got {name!r})")
         wait = _check_timeout(timeout, "call_rpc")
-        # (``_pack``/``_unpack`` written out for what needs no I/O, the usual case: no
-        # generator of theirs per call)
-        cache = self.cache
         packed: Any = list(args)
-        if cache is not None:
-            packed = cache.pack_now(packed)
+        if packed and self.cache is not None:  # (no arguments: nothing to look for)
+            packed = self.cache.pack_now(packed)
             if packed is NEEDS_IO:
-                packed = yield from self._pack(list(args))
+                return NEEDS_IO
+        return self._rpc_call(flow_id, name, packed, wait)
+
+    def _rpc_call(self, flow_id: str, name: str, packed: list[Any], wait: float | None) -> Call:
         local = _wait(wait) if wait is not None else self.options.call_timeout
-        value = yield Call(
-            "call_rpc", {"flow_id": flow_id, "name": name, "args": packed, "timeout": wait}, local
-        )
-        if cache is None:
+        args = {"flow_id": flow_id, "name": name, "args": packed, "timeout": wait}
+        return Call("call_rpc", args, local)
+
+    def answer_now(self, value: Any) -> Any:
+        """An answer's ``value`` with the blobs it refers to in place, or :data:`NEEDS_IO` if
+        any (:meth:`answer_steps` fetches them). A value that is no container refers to none."""
+        cache = self.cache
+        if cache is None or type(value) not in _CONTAINERS:
             return value
-        unpacked = cache.unpack_now(value)
-        return (yield from self._unpack(value)) if unpacked is NEEDS_IO else unpacked
+        return cache.unpack_now(value)
 
     def result(self, flow_id: str, timeout: float | None = None) -> Steps[Any]:
         """Wait for the flow ``flow_id`` to end; returns its last Step's return value.
@@ -318,7 +361,8 @@ class ClientOps:
         if wait is None:
             wait = self.options.call_timeout
         value = yield Call("result", {"flow_id": flow_id, "timeout": wait}, _wait(wait))
-        return (yield from self._unpack(value))
+        answer = self.answer_now(value)
+        return (yield from self.answer_steps(value)) if answer is NEEDS_IO else answer
 
     def describe_flow(self, flow_id: str) -> Steps[FlowDescription]:
         """The flow's status, state, attempts and dispatch decisions.
@@ -330,7 +374,7 @@ class ClientOps:
         data = yield Call("describe", {"flow_id": flow_id}, self.options.call_timeout)
         if not isinstance(data, Mapping):
             raise ProtocolError(f"describe was answered with {type(data).__name__}, not a dict")
-        data = yield from self._unpack(dict(data))
+        data = yield from self.answer_steps(dict(data))
         try:
             return FlowDescription.from_wire(data)
         except (KeyError, ValueError, TypeError) as exc:

@@ -15,11 +15,12 @@ import threading
 import weakref
 from typing import Any, TypeVar
 
-from ._blobs import BlobCache
+from ._blobs import NEEDS_IO, BlobCache
+from ._client_dial import dial
 from ._client_ops import Call, ClientOps, Steps, after_loss, connection_lost
 from ._errors import ClientClosed
 from ._options import ClientOptions
-from ._sync_connection import SyncConnection, dial
+from ._sync_connection import IdleLost, SyncConnection
 
 __all__ = ["SyncClientEngine"]
 
@@ -62,6 +63,19 @@ class SyncClientEngine:
         except StopIteration as stop:
             return stop.value
 
+    def call_rpc(
+        self, flow_id: str, name: str, args: tuple[Any, ...], timeout: float | None
+    ) -> Any:
+        """``ops.call_rpc`` carried out, with no generator of its steps when it is one call
+        (the usual RPC: ``ClientOps.call_rpc_now``)."""
+        ops = self.ops
+        call = ops.call_rpc_now(flow_id, name, args, timeout)
+        if call is NEEDS_IO:
+            return self.run(ops.call_rpc(flow_id, name, *args, timeout=timeout))
+        value = self._call(call.op, call.args, call.timeout)
+        answer = ops.answer_now(value)
+        return self.run(ops.answer_steps(value)) if answer is NEEDS_IO else answer
+
     def open(self) -> None:
         self._connection()
 
@@ -88,10 +102,12 @@ class SyncClientEngine:
 
     def _call(self, op: str, args: dict[str, Any], timeout: float | None) -> Any:
         """Send one op; reconnect once for an idempotent op whose connection was found lost.
-        An idle connection the server dropped is noticed before sending: dialled again."""
-        for retry in (False, True):
-            conn = self._connection()
-            if not conn.idle_check():
+        An idle connection the server dropped is noticed before sending (:class:`IdleLost`):
+        dialled again, once, and the op sent there."""
+        retry = redialled = False
+        while True:
+            conn = self._conn
+            if conn is None or conn.broken is not None or self._closed:
                 conn = self._connection()
             try:
                 return conn.call(op, args, timeout)
@@ -102,8 +118,11 @@ class SyncClientEngine:
                     if self._conn is conn:
                         self._conn = None
                 conn.close(ClientClosed("a call found it lost", retryable=True))
+                if type(exc) is IdleLost and not redialled and not self._closed:
+                    redialled = True
+                    continue
                 after_loss(op, exc, retry, self._closed)
-        raise AssertionError("unreachable")  # pragma: no cover
+                retry = True
 
 
 _ENGINES: weakref.WeakSet[SyncClientEngine] = weakref.WeakSet()

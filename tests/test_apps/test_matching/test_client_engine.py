@@ -159,6 +159,26 @@ async def test_large_arguments_are_uploaded_as_blobs_and_results_fetched(client,
     assert client.cache.has(ref["$blob"])
 
 
+async def test_an_rpcs_large_arguments_are_uploaded_and_its_large_answer_fetched(client, server):
+    result = b"R" * 200
+    ref = {"$blob": server.blobs.put(result), "size": 200}
+
+    async def answer(args):
+        return {"got": args["args"], "out": ref}
+
+    server.ops["call_rpc"] = answer
+    got = await client.call_rpc("f", "greeting", b"A" * 100, 1)
+    assert [op for op, _ in server.calls] == ["put_blob", "call_rpc", "get_blob"]
+    assert got == {"got": [b"A" * 100, 1], "out": result}
+    # A small answer in a container is looked through, and kept as it is.
+    server.ops["call_rpc"] = lambda args: _value({"a": [1, "x"]})
+    assert await client.call_rpc("f", "greeting") == {"a": [1, "x"]}
+
+
+async def _value(value):
+    return value
+
+
 async def test_call_rpc_sends_name_args_and_timeout(client, server):
     async def answer(args):
         return ["rpc", args["name"], args["args"], args["timeout"]]

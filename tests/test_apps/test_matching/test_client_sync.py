@@ -20,6 +20,7 @@ from apps.matching import (
     ClientClosed,
     FlowNotFound,
 )
+from apps.matching import _client_frames as frames
 from apps.matching._sync_connection import SyncConnection
 
 from .fake_matching_server import FakeServer
@@ -56,6 +57,19 @@ def test_every_op_on_one_connection_and_large_values_through_the_blob_cache(fake
         with pytest.raises(FlowNotFound):
             client.describe_flow("nope")
     assert fake_server.connections == 1 and fake_server.hellos[0].role == "client"
+
+
+def test_an_rpcs_large_arguments_are_uploaded_and_its_large_answer_fetched(fake_server, fake_dir):
+    ref = {"$blob": fake_server.blobs.put(b"R" * 200), "size": 200}
+
+    async def answer(args: dict[str, Any]) -> Any:
+        return {"got": args["args"], "out": ref}
+
+    fake_server.ops["call_rpc"] = answer
+    with _client(fake_server, fake_dir) as client:
+        got = client.call_rpc("f", "greeting", b"A" * 100, 1)
+    assert [op for op, _ in fake_server.calls] == ["put_blob", "call_rpc", "get_blob"]
+    assert got == {"got": [b"A" * 100, 1], "out": b"R" * 200}
 
 
 def test_concurrent_calls_from_many_threads_share_one_connection(fake_server, fake_dir):
@@ -139,6 +153,24 @@ def test_a_timed_out_call_leaves_the_connection_usable(fake_server, fake_dir):
     assert fake_server.connections == 1
 
 
+def test_where_there_is_no_poll_reads_block_and_time_out_on_the_sockets_timeout(
+    fake_server, fake_dir
+):
+    started = threading.Event()
+    fake_server.ops["describe"] = stuck(started)
+    with _client(fake_server, fake_dir, call_timeout=0.2) as client:
+        client.open()
+        conn = client._engine._conn
+        assert conn is not None
+        conn.poller = None  # (as on a platform without select.poll)
+        assert client.start_flow(Greeting, flow_id="a") == "a"
+        with pytest.raises(CallTimeout):
+            client.describe_flow("x")
+        assert conn.rcvtimeo is not None
+        assert client.start_flow(Greeting, flow_id="b") == "b"
+    assert fake_server.connections == 1
+
+
 def test_the_read_timeout_is_set_again_only_when_it_would_end_a_read_late_or_twice_early():
     ours, theirs = socket.socketpair()
     welcome = wire.MatchWelcome(server="s", codec="cbor", ping_interval=5.0, peer_timeout=15.0)
@@ -166,6 +198,41 @@ def test_the_read_timeout_is_set_again_only_when_it_would_end_a_read_late_or_twi
     finally:
         ours.close()
         theirs.close()
+
+
+@pytest.mark.parametrize("codec", [wire.Codec.CBOR, wire.Codec.TLV])
+def test_a_calls_frame_is_the_bytes_wire_makes_of_it_with_its_errors(codec):
+    args = {"flow_id": "f", "name": "ping", "args": [1, "x", b"y", None], "timeout": 2.5}
+    made = frames.encode_call("call_rpc", args, 2**40, codec)
+    assert made == wire.encode_call("call_rpc", args, 2**40, codec, limits=frames.LIMITS)
+    with pytest.raises(wire.UnknownValueType):
+        frames.encode_call("call_rpc", {"args": [{1, 2}]}, 1, codec)
+
+
+def _reply_bytes(value: Any, rid: int = 7, codec: wire.Codec = wire.Codec.CBOR) -> bytes:
+    return wire.MatchReply(value, rid=rid).encode(codec, limits=frames.LIMITS)
+
+
+def test_a_lone_callers_reply_is_read_straight_from_its_bytes():
+    data = _reply_bytes({"a": [1, b"x"]})
+    buffer = bytearray(data + b"stale bytes of an earlier read")
+    assert frames.lone_reply(buffer, len(data)) == (7, {"a": [1, b"x"]})
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _reply_bytes(None)[:-1],  # part of a frame
+        _reply_bytes(None) + _reply_bytes(None, rid=8),  # two frames
+        _reply_bytes(None, codec=wire.Codec.TLV),
+        wire.MatchError("not_found", "no such flow", rid=7).encode(wire.Codec.CBOR),
+        _reply_bytes(None)[:3] + b"\x01" + _reply_bytes(None)[4:],  # version 1
+        b"GD\x02\xd1\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x07\xff",  # bad CBOR
+        b"GD\x02\xd1\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x07\xf6",  # no dict
+    ],
+)
+def test_any_other_read_is_left_to_wires_decoder(data):
+    assert frames.lone_reply(bytearray(data), len(data)) is None
 
 
 def test_a_sleeping_caller_times_out_while_another_thread_reads(fake_server, fake_dir):
