@@ -110,22 +110,9 @@ async def wait_reply(
 
 def watch(me: Process, target: Process, ref: Ref, waiter: CallWaiter) -> None:
     """Monitor ``target`` with ``ref`` routed to ``waiter`` instead of the mailbox."""
-    # (``add_alias``, ``add_monitored_by`` and ``add_monitor`` written out: once a call)
-    aliases = me.aliases
-    if aliases is None:
-        me.aliases = {ref: waiter}
-    else:
-        aliases[ref] = waiter
-    monitored_by = target.monitored_by
-    if monitored_by is None:
-        target.monitored_by = {ref: me.pid}
-    else:
-        monitored_by[ref] = me.pid
-    monitors = me.monitors
-    if monitors is None:
-        me.monitors = {ref: target.pid}
-    else:
-        monitors[ref] = target.pid
+    me.add_alias(ref, waiter)
+    target.add_monitored_by(ref, me.pid)
+    me.add_monitor(ref, target.pid)
 
 
 def unwatch(me: Process, target: Process, ref: Ref) -> None:

@@ -177,26 +177,11 @@ class FrameStream:
                 batch.append(ready.popleft())
             return batch
         decoder = self._decoder
-        sock = self._socket
         while True:
             # Most reads complete whole frames: hand the decoder's list over as it is.
             if decoder._error is not None:  # (an error found after the last frame delivered)
                 raise decoder._error
-            if sock is None:
-                data = await self.stream.receive_some(self._receive_size)
-            else:
-                # (``_receive_some``'s loop written out: a frame reader's every read, two a
-                # matching RPC on the server, without a coroutine between it and the wait)
-                fd = sock.fileno()
-                if fd == -1:
-                    raise trio.ClosedResourceError("the socket was closed")
-                await trio.lowlevel.wait_readable(fd)
-                try:
-                    data = os.read(fd, self._receive_size)
-                except BlockingIOError:
-                    continue  # (readable was a false alarm: wait again)
-                except OSError as exc:
-                    raise trio.BrokenResourceError(f"reading failed ({exc})") from exc
+            data = await self._receive_some(self._receive_size)
             if not data:
                 self._eof = True
                 decoder.feed_eof()
