@@ -407,6 +407,23 @@ class FrameDecoder:
             self._chunks.append(buf[pos:])
         return frames
 
+    def skip(self, n: int) -> None:
+        """Count ``n`` bytes of whole frames that were read without this decoder, between two
+        feeds (a reader's shortcut for a frame it reads straight from its bytes), so that the
+        offsets of later errors still count from the first byte of the stream.
+
+        Raises:
+            ValueError: ``n`` is negative, or part of a frame is buffered (bytes read elsewhere
+                cannot follow it).
+        """
+        if n < 0 or self._buffered:
+            raise ValueError(
+                f"FrameDecoder.skip({n}): only whole frames' bytes (n >= 0) may be counted,"
+                f" and only between frames ({self._buffered} bytes of one are buffered);"
+                " feed the bytes instead"
+            )
+        self._consumed += n
+
     def feed_eof(self) -> None:
         """Declare the end of the input.
 

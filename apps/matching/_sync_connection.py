@@ -451,6 +451,7 @@ class SyncConnection:
         if self.tls is None and not self.partial:
             reply = frames.lone_reply(self.buffer, n)  # (a lone caller's answer, read whole)
             if reply is not None:
+                self.decoder.skip(n)  # (a later error's offset counts these bytes too)
                 self._answer(reply[0], reply[1], None)
                 return 0, b""
         data = bytes(memoryview(self.buffer)[:n])

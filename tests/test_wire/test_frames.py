@@ -76,6 +76,25 @@ def test_offsets_count_from_the_first_byte_fed() -> None:
     assert info.value.offset == len(good) + 17
 
 
+def test_bytes_skipped_between_frames_count_in_later_offsets() -> None:
+    decoder = wire.FrameDecoder()
+    good = wire.encode_frame(wire.make_end(1))
+    decoder.skip(len(good))  # (read straight from its bytes by the decoder's owner)
+    decoder.feed(good)
+    with pytest.raises(wire.BadMagic) as info:
+        decoder.feed(b"XX" + bytes(14))
+    assert info.value.offset == 2 * len(good)
+
+
+def test_only_whole_frames_may_be_skipped() -> None:
+    decoder = wire.FrameDecoder()
+    with pytest.raises(ValueError, match="n >= 0"):
+        decoder.skip(-1)
+    decoder.feed(wire.encode_frame(wire.make_end(1))[:5])
+    with pytest.raises(ValueError, match="5 bytes of one are buffered"):
+        decoder.skip(16)
+
+
 def test_a_failed_decoder_keeps_failing() -> None:
     decoder = wire.FrameDecoder()
     with pytest.raises(wire.BadMagic):

@@ -235,6 +235,38 @@ def test_any_other_read_is_left_to_wires_decoder(data):
     assert frames.lone_reply(bytearray(data), len(data)) is None
 
 
+def test_a_malformed_frame_after_replies_read_straight_names_its_offset_in_the_stream():
+    ours, theirs = socket.socketpair()
+    welcome = wire.MatchWelcome(server="s", codec="cbor", ping_interval=5.0, peer_timeout=15.0)
+    conn = SyncConnection(ours, None, welcome, "test")
+    answered = 0
+
+    def server() -> None:
+        nonlocal answered
+        decoder = wire.FrameDecoder()
+        for send_back in ("reply", "reply", "garbage"):
+            frames_in: list[wire.Frame] = []
+            while not frames_in:
+                frames_in = decoder.feed(theirs.recv(65536))
+            if send_back == "reply":
+                theirs.sendall(_reply_bytes("ok", rid=frames_in[0].request_id))
+                answered += 1
+            else:
+                theirs.sendall(b"XX" + bytes(14))
+
+    thread, errors = _in_thread(server)
+    try:
+        assert conn.call("describe_flow", {}, 5.0) == "ok"
+        assert conn.call("describe_flow", {}, 5.0) == "ok"
+        with pytest.raises(ClientClosed, match=rf"at byte {2 * len(_reply_bytes('ok'))}\)"):
+            conn.call("describe_flow", {}, 5.0)
+    finally:
+        thread.join()
+        ours.close()
+        theirs.close()
+    assert answered == 2 and not errors
+
+
 def test_a_sleeping_caller_times_out_while_another_thread_reads(fake_server, fake_dir):
     started = threading.Event()
     fake_server.ops["call_rpc"] = stuck(started)
