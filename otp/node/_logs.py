@@ -169,16 +169,22 @@ class _RecordStreamHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-async def report_dropped_records() -> None:
-    """Write the dropped count of every burst limit on the root logger's handlers as soon as
-    its window ends (a storm that ends in silence is reported too). Runs until cancelled;
-    sleeps while nothing is dropped."""
-    limits = [
+def burst_limits() -> list[otp.BurstLimit]:
+    """The burst limits on the root logger's handlers (``configure_logging`` puts one on its
+    handler), in the handlers' order."""
+    return [
         f
         for handler in logging.getLogger().handlers
         for f in handler.filters
         if isinstance(f, otp.BurstLimit)
     ]
+
+
+async def report_dropped_records() -> None:
+    """Write the dropped count of every burst limit on the root logger's handlers as soon as
+    its window ends (a storm that ends in silence is reported too). Runs until cancelled;
+    sleeps while nothing is dropped."""
+    limits = burst_limits()
     if not limits:
         return
     token = trio.lowlevel.current_trio_token()

@@ -1,5 +1,6 @@
 """The node's Prometheus metrics: a ``prometheus_client`` Collector over one observer snapshot
-(``otp.observer.snapshot()``) and the applications' views (``supervisors.observe()``), read at
+(``otp.observer.snapshot()``), the applications' views (``supervisors.observe()``) and the
+records the log handlers' burst limits dropped (``otp.BurstLimit.dropped_total``), read at
 each scrape. Nothing is counted on the hot path for it: every figure is one the runtime, the
 supervisors or the applications keep anyway.
 
@@ -9,6 +10,7 @@ the dispatcher, the matching server, by application name) become metrics of thei
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -25,6 +27,8 @@ from prometheus_client.utils import floatToGoString
 import otp
 import supervisors
 
+from ._logs import burst_limits
+
 __all__ = ["NodeCollector", "exposition"]
 
 # The OS process's own figures (CPU, memory, open files) and Python's version, as Python exporters
@@ -37,16 +41,22 @@ _STANDARD: tuple[Collector, ...] = (
 
 class NodeCollector(Collector):
     """The metrics of one node at one moment: ``snapshot`` and ``applications``, as read for a
-    scrape. ``collect`` only converts; it takes no new reading."""
+    scrape, and ``dropped_logs``: the records each log handler's burst limit dropped so far,
+    by handler. ``collect`` only converts; it takes no new reading."""
 
     def __init__(
-        self, snapshot: otp.observer.NodeSnapshot, applications: list[supervisors.ApplicationView]
+        self,
+        snapshot: otp.observer.NodeSnapshot,
+        applications: list[supervisors.ApplicationView],
+        dropped_logs: Mapping[str, int] | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.applications = applications
+        self.dropped_logs = {} if dropped_logs is None else dropped_logs
 
     def collect(self) -> Iterator[Metric]:
         yield from _runtime(self.snapshot)
+        yield _dropped_logs(self.dropped_logs)
         yield from _supervisors(self.applications)
         for app in self.applications:
             convert = _VIEWS.get(app.name)
@@ -62,10 +72,27 @@ def exposition(
     """The scrape's body and content type: the Prometheus text format, or OpenMetrics if the
     scraper's ``Accept`` header asks for it (prometheus_client's own negotiation)."""
     registry = CollectorRegistry(auto_describe=False)
-    for collector in (*_STANDARD, NodeCollector(snapshot, applications)):
+    dropped_logs = {_handler_name(limit.handler): limit.dropped_total for limit in burst_limits()}
+    for collector in (*_STANDARD, NodeCollector(snapshot, applications, dropped_logs)):
         registry.register(collector)
     encode, content_type = prometheus_client.exposition.choose_encoder(accept)
     return encode(registry), content_type
+
+
+def _handler_name(handler: logging.Handler) -> str:
+    return handler.get_name() or type(handler).__name__
+
+
+def _dropped_logs(dropped: Mapping[str, int]) -> Metric:
+    family = CounterMetricFamily(
+        "otp_log_records_dropped_total",
+        "Log records a handler's burst limit dropped (OTP's burst_limit_max_count per"
+        " burst_limit_window_time), by handler.",
+        labels=["handler"],
+    )
+    for handler, count in dropped.items():
+        family.add_metric([handler], count)
+    return family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -1,9 +1,11 @@
 """``otp.node``'s Prometheus metrics (``_metrics.exposition``, what ``/metrics`` serves):
 names by Prometheus conventions, the run queue, restarts by supervisor and by child, and the
-dirty pool's calls."""
+dirty pool's calls, the log records a burst limit dropped."""
 
 from __future__ import annotations
 
+import io
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,29 @@ async def test_distribution_bytes_are_counted_per_peer_node(tmp_path: Path) -> N
                 assert sample.name == f"{name}_total"
                 assert sample.labels == {"node": "b@localhost"}
                 assert sample.value == counted > 10_000
+
+
+async def test_records_a_burst_limit_dropped_are_counted_by_handler() -> None:
+    root = logging.getLogger()
+    handler = logging.StreamHandler(io.StringIO())
+    handler.set_name("node-stderr")
+    handler.addFilter(otp.BurstLimit(handler, max_count=3, window=60.0))
+    root.addHandler(handler)
+    log = logging.getLogger("test_metrics.storm")
+    log.propagate, level = True, log.level
+    log.setLevel(logging.INFO)
+    try:
+        async with otp.open_node("metrics@localhost"):
+            assert (await _families())["otp_log_records_dropped"].samples[0].value == 0
+            for i in range(10):
+                log.info("record %d", i)
+            (sample,) = (await _families())["otp_log_records_dropped"].samples
+            assert sample.name == "otp_log_records_dropped_total"
+            assert sample.labels == {"handler": "node-stderr"}
+            assert sample.value == 7
+    finally:
+        root.removeHandler(handler)
+        log.setLevel(level)
 
 
 async def test_dirty_calls_errors_and_latency_are_a_counter_and_a_histogram() -> None:
