@@ -80,6 +80,7 @@ from ._errors import UnsupportedVersion as UnsupportedVersion
 from ._errors import ValueOutOfRange as ValueOutOfRange
 from ._errors import WireError as WireError
 from ._frame import CBOR_FLAG as CBOR_FLAG
+from ._frame import HEADER as HEADER
 from ._frame import HEADER_SIZE as HEADER_SIZE
 from ._frame import MAGIC as MAGIC
 from ._frame import Codec as Codec
@@ -137,6 +138,7 @@ from ._values import Ref as Ref
 __all__ = [
     "BIG_BYTES",
     "CBOR_FLAG",
+    "HEADER",
     "HEADER_SIZE",
     "MAGIC",
     "MAX_NAME_BYTES",

@@ -17,7 +17,7 @@ from typing import Any
 
 from ._accel import C
 from ._errors import LimitExceeded, WireError
-from ._frame import MessageType
+from ._frame import HEADER, MessageType
 from ._limits import MAX_PAYLOAD, Limits
 from ._tlv import _DEFAULT_FAST_SIZE, tlv_decode
 from ._tlv_encode import tlv_encode
@@ -34,7 +34,6 @@ __all__ = [
     "route_length",
 ]
 
-_HEADER = struct.Struct(">2sBBIQ")
 _U32 = struct.Struct(">I")
 _LIMITS = Limits()
 REQUEST = int(MessageType.REQUEST)
@@ -46,10 +45,10 @@ BIG_BYTES = 65536
 
 def encode_header(mtype: int, length: int, request_id: int) -> bytes:
     """A GD v1 frame header (the payload's ``length`` bytes follow it)."""
-    return _HEADER.pack(b"GD", 1, mtype, length, request_id)
+    return HEADER.pack(b"GD", 1, mtype, length, request_id)
 
 
-_pack = _HEADER.pack
+_pack = HEADER.pack
 
 
 def _body(value: Any) -> bytes:

@@ -16,7 +16,7 @@ import attrs
 
 from ._cbor import cbor_encode
 from ._errors import InvalidValue, LimitExceeded, MalformedMessage
-from ._frame import _HEADER, CBOR_FLAG, MAGIC, Codec, Frame, MessageType
+from ._frame import CBOR_FLAG, HEADER, MAGIC, Codec, Frame, MessageType
 from ._limits import Limits
 from ._tlv_encode import tlv_encode
 from ._values import Atom, ExitReason, Pid, Ref
@@ -474,4 +474,4 @@ def encode_batch(
             f"{mtype.name} payload of {length} bytes exceeds max_payload={limits.max_payload}; "
             "send fewer messages per batch"
         )
-    return b"".join([_HEADER.pack(MAGIC, 2, code, length, 0), *parts])
+    return b"".join([HEADER.pack(MAGIC, 2, code, length, 0), *parts])

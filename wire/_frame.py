@@ -35,6 +35,7 @@ from ._tlv_encode import _encode_into
 
 __all__ = [
     "CBOR_FLAG",
+    "HEADER",
     "HEADER_SIZE",
     "MAGIC",
     "Codec",
@@ -49,7 +50,9 @@ MAGIC = b"GD"
 HEADER_SIZE = 16
 #: In a version 2 header, this bit of the type byte marks a CBOR payload (clear: TLV).
 CBOR_FLAG = 0x80
-_HEADER = struct.Struct(">2sBBIQ")
+#: The 16-byte header (``SPEC.md``): magic, version, type (``| CBOR_FLAG`` for a version 2
+#: CBOR payload), payload length, request id; for code that reads or writes headers itself.
+HEADER = struct.Struct(">2sBBIQ")
 _U64_MAX = (1 << 64) - 1
 _DEFAULT_LIMITS = Limits()
 
@@ -233,7 +236,7 @@ def encode_message(
         if body is not None:
             try:
                 return (
-                    _HEADER.pack(MAGIC, 2, type if tlv else type | CBOR_FLAG, len(body), request_id)
+                    HEADER.pack(MAGIC, 2, type if tlv else type | CBOR_FLAG, len(body), request_id)
                     + body
                 )
             except struct.error:
@@ -271,7 +274,7 @@ def _encode(
                 f"{limits.max_payload}; split it into CHUNK frames"
             )
         try:
-            _HEADER.pack_into(out, 0, MAGIC, version, mtype, length, request_id)
+            HEADER.pack_into(out, 0, MAGIC, version, mtype, length, request_id)
         except struct.error:
             raise _bad_request_id(request_id) from None
         return bytes(out)
@@ -286,7 +289,7 @@ def _encode(
             f"{limits.max_payload}; split it into CHUNK frames"
         )
     try:
-        return _HEADER.pack(MAGIC, version, mtype, len(body), request_id) + body
+        return HEADER.pack(MAGIC, version, mtype, len(body), request_id) + body
     except struct.error:
         # The only field a caller gives unchecked (encode_message builds no Frame); checked
         # here, where it costs nothing unless it is wrong.
@@ -447,7 +450,7 @@ class FrameDecoder:
         limits = self.limits
         max_payload = limits.max_payload
         versions = self._versions
-        unpack = _HEADER.unpack_from
+        unpack = HEADER.unpack_from
         append = frames.append
         end = len(buf)
         base = self._consumed
@@ -556,7 +559,7 @@ class FrameDecoder:
         return pos
 
     def _bad_header(self, buf: bytes, pos: int, base: int) -> WireError:
-        magic, version, code, _length, _rid = _HEADER.unpack_from(buf, pos)
+        magic, version, code, _length, _rid = HEADER.unpack_from(buf, pos)
         if magic != MAGIC:
             return BadMagic(
                 f'bad magic {magic.hex(" ")}: a frame starts with 47 44 ("GD"); is the peer '

@@ -20,12 +20,11 @@ from typing import Any
 
 from ._accel import C
 from ._errors import BadFrameHeader
-from ._frame import MessageType
+from ._frame import HEADER, MessageType
 from ._limits import MAX_PAYLOAD
 
 __all__ = ["FrameBuffer", "FrameSplitter", "append_readdressed", "readdress_into"]
 
-_HEADER = struct.Struct(">2sBBIQ")
 _U32 = struct.Struct(">I")
 _RID = struct.Struct(">Q")
 #: The message types of version 1 (Gunicorn's).
@@ -63,7 +62,7 @@ ErrorFactory = Callable[[str, bytes], Exception]
 
 
 def _bad_header(error: ErrorFactory, buf: Any, pos: int) -> Exception:
-    magic, version, mtype, length, _ = _HEADER.unpack_from(buf, pos)
+    magic, version, mtype, length, _ = HEADER.unpack_from(buf, pos)
     return error(
         f"bad frame header at byte {pos}: magic={magic!r} version={version}"
         f" type=0x{mtype:02x} length={length}; expected a GD v1 frame",
@@ -155,7 +154,7 @@ class FrameBuffer:
             return self.view
         need = 16
         if end - start >= 16:
-            magic, version, mtype, length, _ = _HEADER.unpack_from(self.buf, start)
+            magic, version, mtype, length, _ = HEADER.unpack_from(self.buf, start)
             if magic != b"GD" or version != 1 or mtype not in _TYPES or length > self._max:
                 raise _bad_header(self._error, self.buf, start)
             need += length
@@ -199,7 +198,7 @@ class FrameBuffer:
                 out, self.start = found
                 return out
             # (a bad header: the loop below names it)
-        unpack = _HEADER.unpack_from
+        unpack = HEADER.unpack_from
         out = []
         limit = self._max
         types = _TYPES
@@ -279,7 +278,7 @@ class FrameSplitter:
             buf = self._buf + data if self._buf else data
         pos = 0
         end = len(buf)
-        unpack = _HEADER.unpack_from
+        unpack = HEADER.unpack_from
         while end - pos >= 16:
             magic, version, mtype, length, rid = unpack(buf, pos)
             if magic != b"GD" or version != 1 or mtype not in _TYPES or length > self._max:

@@ -5,14 +5,13 @@ read it).
 
 The same bytes, values and errors as wire's own code, for less: a CBOR payload goes through
 ``wire.cbor_encode`` / ``wire.cbor_decode`` and the 16-byte header (``wire/SPEC.md``) through
-one ``struct`` call, with none of the frame's and message's objects nor their checks and enum
+``wire.HEADER``, with none of the frame's and message's objects nor their checks and enum
 look-ups in between (about 20,000 instructions a call less, of ~90,000). Anything else (a TLV
 connection, a read that holds other frames or part of one) goes to wire's own code.
 """
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import wire
@@ -24,9 +23,6 @@ __all__ = ["LIMITS", "encode_call", "lone_reply"]
 #: out its sizes anew each call).
 LIMITS = wire.Limits()
 
-#: A version 2 frame's header: magic, version, type (| ``CBOR_FLAG``), payload length,
-#: request id.
-_HEADER = struct.Struct(">2sBBIQ")
 _HEADER_SIZE = wire.HEADER_SIZE
 _MAGIC = wire.MAGIC
 _CALL_CBOR = int(wire.MessageType.M_CALL) | wire.CBOR_FLAG
@@ -34,12 +30,9 @@ _REPLY_CBOR = int(wire.MessageType.M_REPLY) | wire.CBOR_FLAG
 _CBOR = wire.Codec.CBOR
 _cbor_encode = wire.cbor_encode
 _cbor_decode = wire.cbor_decode
-_pack = _HEADER.pack
-_unpack_from = _HEADER.unpack_from
+_pack = wire.HEADER.pack
+_unpack_from = wire.HEADER.unpack_from
 _WireError = wire.WireError
-
-if _HEADER.size != _HEADER_SIZE or wire.Limits() != LIMITS:  # pragma: no cover
-    raise ImportError("apps.matching._client_frames no longer matches wire's frames")
 
 
 def encode_call(op: str, args: dict[str, Any], rid: int, codec: wire.Codec) -> bytes:

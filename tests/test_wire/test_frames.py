@@ -56,6 +56,15 @@ def test_header_is_checked_before_the_payload_arrives() -> None:
     assert info.value.offset == 4
 
 
+def test_the_public_header_struct_reads_the_headers_wire_writes() -> None:
+    assert wire.HEADER.size == wire.HEADER_SIZE
+    data = wire.MatchReply("v", rid=7).encode(wire.Codec.CBOR)
+    magic, version, code, length, rid = wire.HEADER.unpack_from(data)
+    assert (magic, version, rid) == (wire.MAGIC, 2, 7)
+    assert code == int(wire.MessageType.M_REPLY) | wire.CBOR_FLAG
+    assert length == len(data) - wire.HEADER_SIZE
+
+
 def test_bad_magic_is_reported_after_two_bytes() -> None:
     with pytest.raises(wire.BadMagic, match='47 44 \\("GD"\\)'):
         wire.FrameDecoder().feed(b"HT")
