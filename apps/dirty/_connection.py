@@ -53,6 +53,7 @@ from ._routes import Expire, Parking, Requeue, Routes, Unpark
 from ._stash import stash_operation
 
 logger = logging.getLogger("apps.dirty")
+_opens_with = wire.fast_opens_with
 
 
 @attrs.frozen
@@ -327,15 +328,15 @@ async def _read_frames(
                     conn.idle_wait = True  # the last reply arms it (``arm_idle``)
             if deadline != math.inf:
                 waiting.deadline = deadline
-            await reader.pace()
+            await reader.readable()
             conn.idle_wait = False
             # (Only this wait or ``arm_idle``, with an idle timeout, set a deadline.)
             if (deadline != math.inf or idle_timeout != math.inf) and (
                 waiting.deadline != math.inf
             ):
                 waiting.deadline = math.inf
-        else:
-            await reader.pace()  # (after BUSY_READS reads in a row, lets the other tasks run)
+        elif (wait := reader.pace()) is not None:
+            await wait  # (after BUSY_READS reads in a row, lets the other tasks run)
         try:
             n = reader.read()
             if n < 0:
@@ -422,9 +423,10 @@ def _route(
     at once from the receive buffer (``touched`` None: the read's only frame); or park it while
     a worker for its app starts. Returns the error to answer it with instead."""
     head = conn.route_head
-    # (``view`` views a whole bytes or bytearray, whose ``startswith`` is one memcmp: a
-    # memoryview's ``==`` unpacks and compares byte by byte, ~40 instructions a byte.)
-    if head and view.obj.startswith(head, start, stop):  # type: ignore[attr-defined]
+    # (``view`` views a whole bytes or bytearray, compared with one memcmp: a memoryview's
+    # ``==`` unpacks and compares byte by byte, ~40 instructions a byte. A None from the fast
+    # path, for any other buffer, is a no: the route is then read.)
+    if head and _opens_with(view.obj, start, stop, head):
         # Opens with the bytes of the last route read: the same app.
         app_path = conn.route_app
     elif (route := wire.peek_route(view, start, stop)) is not None:

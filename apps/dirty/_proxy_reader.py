@@ -41,7 +41,8 @@ async def read_worker(proxy: WorkerProxy) -> None:
     current_time = trio.lowlevel.current_clock().current_time
     while True:
         try:
-            await reader.pace()
+            if (wait := reader.pace()) is not None:
+                await wait
             n = reader.read()
         except (OSError, trio.ClosedResourceError):
             return
