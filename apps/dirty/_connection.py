@@ -46,7 +46,7 @@ from ._errors import (
     DirtyWorkerError,
     StashError,
 )
-from ._io import HIGH_WATER, LOW_WATER, Outbox, SocketReader, send_timeout
+from ._io import HIGH_WATER, LOW_WATER, Batch, Outbox, SocketReader, send_timeout
 from ._protocol import END, MANAGE, REQUEST, STASH, STATUS, decode_payload, encode, error_bytes
 from ._proxy import WorkerProxy
 from ._routes import Expire, Parking, Requeue, Routes, Unpark
@@ -126,6 +126,8 @@ class ClientConnection:
     #: the same way without its route being read again (a client mostly calls one action).
     route_head: bytes = b""
     route_app: str = ""
+    #: The reply frames of one read of a worker proxy's reader (``CallerConnection.replies``).
+    replies: Batch = attrs.Factory(Batch)
 
     def __attrs_post_init__(self) -> None:
         self.paused_at = min(HIGH_WATER, self.config.dirty_client_buffer)
@@ -391,7 +393,8 @@ async def _read_frames(
                         ),
                     ),
                 )
-        _flush(touched)
+        for worker in touched:  # (``_flush`` written out: once per read)
+            worker.flush()
 
 
 def _hung_up(fd: int) -> bool:

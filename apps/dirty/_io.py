@@ -143,7 +143,7 @@ class Outbox:
         fd = self.fd
         i = 0
         while i < len(parts):
-            chunk = parts[i : i + _IOV_MAX]
+            chunk = parts[i : i + _IOV_MAX] if i or len(parts) > _IOV_MAX else parts
             try:
                 n = os.writev(fd, chunk)
             except BlockingIOError:
