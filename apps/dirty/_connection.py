@@ -357,7 +357,7 @@ async def _read_frames(
                 began = current_time()
             continue  # (a large frame's first part: read on at once)
         now = current_time()
-        began = now if buffer.buffered else None
+        began = now if buffer.end != buffer.start else None  # (a frame's first part is held)
         view = buffer.view
         if len(frames) == 1 and frames[0][0] == REQUEST:
             # One request (a lone caller's, the common case): re-addressed in the receive
