@@ -41,6 +41,8 @@ from ._dirty_bytes import BIG_BYTES as BIG_BYTES
 from ._dirty_bytes import big_bytes as big_bytes
 from ._dirty_bytes import encode_dirty as encode_dirty
 from ._dirty_bytes import encode_header as encode_header
+from ._dirty_bytes import fast_opens_with as fast_opens_with
+from ._dirty_bytes import opens_with as opens_with
 from ._dirty_bytes import peek_route as peek_route
 from ._dirty_bytes import reply_parts as reply_parts
 from ._dirty_bytes import request_fields as request_fields
@@ -233,6 +235,7 @@ __all__ = [
     "encode_result",
     "encode_message",
     "encode_value",
+    "fast_opens_with",
     "frame_from_json",
     "frame_to_json",
     "from_json",
@@ -244,6 +247,7 @@ __all__ = [
     "make_response",
     "make_stash",
     "make_status",
+    "opens_with",
     "parse_dirty",
     "parse_dist",
     "parse_matching",

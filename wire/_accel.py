@@ -35,6 +35,7 @@ _FUNCTIONS = (
     "gd1_frame",
     "gd1_request",
     "gd1_readdress",
+    "gd1_opens",
     "IdTriple",
 )
 

@@ -4,7 +4,8 @@ workers: no :class:`Frame` is built, and a large ``bytes`` value is sent by refe
 never copied into the encoded frame. The bytes are those of :func:`encode_frame` with
 ``coerce_keys=True`` (Gunicorn's encoding) for the payloads of :func:`make_request`,
 :func:`make_response` and :func:`make_chunk`. The read side: :func:`peek_route` reads a
-REQUEST's route and :func:`big_bytes` a reply's large ``bytes`` value without decoding the rest;
+REQUEST's route (:func:`opens_with`: does another open with the same bytes) and
+:func:`big_bytes` a reply's large ``bytes`` value without decoding the rest;
 :func:`request_fields` decodes a worker's REQUEST without building its payload dict.
 """
 
@@ -27,6 +28,8 @@ __all__ = [
     "big_bytes",
     "encode_dirty",
     "encode_header",
+    "fast_opens_with",
+    "opens_with",
     "peek_route",
     "reply_parts",
     "request_fields",
@@ -226,6 +229,22 @@ def route_length(app_path: str, action: str) -> int:
     action)``: any payload opening with those same bytes has the same route (a reader of many
     requests may keep them and compare, instead of reading each route again)."""
     return 15 + len(_K_APP) + len(_K_ACTION) + len(app_path.encode()) + len(action.encode())
+
+
+def opens_with(buf: bytes | bytearray, start: int, stop: int, prefix: bytes) -> bool:
+    """Whether ``buf[start:stop]`` opens with ``prefix`` (``buf.startswith(prefix, start,
+    stop)``): a reader of many requests comparing one with the :func:`route_length` bytes of the
+    route it read last."""
+    return buf.startswith(prefix, start, stop)
+
+
+#: :func:`opens_with` in one C call where wire's fast paths are built (``startswith`` parses its
+#: arguments through a format string it builds on every call); there it returns None where
+#: ``buf`` is not a bytes or bytearray, ``prefix`` not a bytes, or a bound not an int (the
+#: caller then calls :func:`opens_with`, or, for whom a no is always safe, takes it as one).
+fast_opens_with: Callable[[Any, int, int, bytes], bool | None] = (
+    opens_with if C is None else C.gd1_opens
+)
 
 
 def peek_route(view: memoryview, start: int, stop: int) -> tuple[str, str] | None:

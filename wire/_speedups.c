@@ -1315,6 +1315,40 @@ give_up:
     Py_RETURN_NONE;
 }
 
+/* bytes.startswith(prefix, start, stop) of a bytes or bytearray buf, without startswith's
+ * argument parsing (it builds a format string on every call): a dirty node comparing a REQUEST's
+ * payload with the route bytes it read last (wire.opens_with). None where buf is not a bytes or
+ * bytearray, prefix not a bytes, or a bound not an int (the Python path then answers). */
+static PyObject *gd1_opens(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (arg_count("gd1_opens", nargs, 4, 4) < 0) return NULL;
+    PyObject *buf = args[0], *prefix = args[3];
+    if (!PyBytes_CheckExact(prefix) || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]))
+        Py_RETURN_NONE;
+    const char *data;
+    Py_ssize_t len;
+    if (PyByteArray_CheckExact(buf)) {
+        data = PyByteArray_AS_STRING(buf);
+        len = PyByteArray_GET_SIZE(buf);
+    } else if (PyBytes_CheckExact(buf)) {
+        data = PyBytes_AS_STRING(buf);
+        len = PyBytes_GET_SIZE(buf);
+    } else {
+        Py_RETURN_NONE;
+    }
+    /* (NULL: an int past Py_ssize_t clamps, as a slice bound does) */
+    Py_ssize_t start = PyNumber_AsSsize_t(args[1], NULL), stop = PyNumber_AsSsize_t(args[2], NULL);
+    Py_ssize_t n = PyBytes_GET_SIZE(prefix);
+    /* The slice bounds as bytes.startswith adjusts them (CPython's ADJUST_INDICES). */
+    if (stop > len)
+        stop = len;
+    else if (stop < 0 && (stop += len) < 0)
+        stop = 0;
+    if (start < 0 && (start += len) < 0) start = 0;
+    if (start > len - n || stop - start < n) Py_RETURN_FALSE;
+    if (memcmp(data + start, PyBytes_AS_STRING(prefix), (size_t)n) != 0) Py_RETURN_FALSE;
+    Py_RETURN_TRUE;
+}
+
 /* A frame of a receive buffer, re-addressed, appended to a batch (a dirty node forwarding
  * requests to a worker and replies to a client: Batch.frame): dst += src[start - 16:stop], its
  * header's request id (bytes 8..16) then request_id. True; None (dst unchanged) where dst is not
@@ -1555,6 +1589,8 @@ static PyMethodDef methods[] = {
     {"gd1_frame", (PyCFunction)(void (*)(void))gd1_frame, METH_FASTCALL,
      "gd1_frame(type, request_id, payload, max_depth, max_items, max_total_items, max_str,"
      " max_payload) -> bytes | None: a GD v1 frame, its payload the version 1 TLV of payload"},
+    {"gd1_opens", (PyCFunction)(void (*)(void))gd1_opens, METH_FASTCALL,
+     "gd1_opens(buf, start, stop, prefix) -> bool | None: buf.startswith(prefix, start, stop)"},
     {"gd1_readdress", (PyCFunction)(void (*)(void))gd1_readdress, METH_FASTCALL,
      "gd1_readdress(dst, src, start, stop, request_id) -> True | None: dst (a bytearray) +="
      " src[start - 16:stop], a frame whose header then carries request_id"},

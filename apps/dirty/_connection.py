@@ -46,13 +46,14 @@ from ._errors import (
     DirtyWorkerError,
     StashError,
 )
-from ._io import HIGH_WATER, LOW_WATER, Outbox, SocketReader, send_timeout
+from ._io import HIGH_WATER, LOW_WATER, Batch, Outbox, SocketReader, send_timeout
 from ._protocol import END, MANAGE, REQUEST, STASH, STATUS, decode_payload, encode, error_bytes
 from ._proxy import WorkerProxy
 from ._routes import Expire, Parking, Requeue, Routes, Unpark
 from ._stash import stash_operation
 
 logger = logging.getLogger("apps.dirty")
+_opens_with = wire.fast_opens_with
 
 
 @attrs.frozen
@@ -125,6 +126,8 @@ class ClientConnection:
     #: the same way without its route being read again (a client mostly calls one action).
     route_head: bytes = b""
     route_app: str = ""
+    #: The reply frames of one read of a worker proxy's reader (``CallerConnection.replies``).
+    replies: Batch = attrs.Factory(Batch)
 
     def __attrs_post_init__(self) -> None:
         self.paused_at = min(HIGH_WATER, self.config.dirty_client_buffer)
@@ -327,15 +330,15 @@ async def _read_frames(
                     conn.idle_wait = True  # the last reply arms it (``arm_idle``)
             if deadline != math.inf:
                 waiting.deadline = deadline
-            await reader.pace()
+            await reader.readable()
             conn.idle_wait = False
             # (Only this wait or ``arm_idle``, with an idle timeout, set a deadline.)
             if (deadline != math.inf or idle_timeout != math.inf) and (
                 waiting.deadline != math.inf
             ):
                 waiting.deadline = math.inf
-        else:
-            await reader.pace()  # (after BUSY_READS reads in a row, lets the other tasks run)
+        elif (wait := reader.pace()) is not None:
+            await wait  # (after BUSY_READS reads in a row, lets the other tasks run)
         try:
             n = reader.read()
             if n < 0:
@@ -354,7 +357,7 @@ async def _read_frames(
                 began = current_time()
             continue  # (a large frame's first part: read on at once)
         now = current_time()
-        began = now if buffer.buffered else None
+        began = now if buffer.end != buffer.start else None  # (a frame's first part is held)
         view = buffer.view
         if len(frames) == 1 and frames[0][0] == REQUEST:
             # One request (a lone caller's, the common case): re-addressed in the receive
@@ -390,7 +393,8 @@ async def _read_frames(
                         ),
                     ),
                 )
-        _flush(touched)
+        for worker in touched:  # (``_flush`` written out: once per read)
+            worker.flush()
 
 
 def _hung_up(fd: int) -> bool:
@@ -422,9 +426,10 @@ def _route(
     at once from the receive buffer (``touched`` None: the read's only frame); or park it while
     a worker for its app starts. Returns the error to answer it with instead."""
     head = conn.route_head
-    # (``view`` views a whole bytes or bytearray, whose ``startswith`` is one memcmp: a
-    # memoryview's ``==`` unpacks and compares byte by byte, ~40 instructions a byte.)
-    if head and view.obj.startswith(head, start, stop):  # type: ignore[attr-defined]
+    # (``view`` views a whole bytes or bytearray, compared with one memcmp: a memoryview's
+    # ``==`` unpacks and compares byte by byte, ~40 instructions a byte. A None from the fast
+    # path, for any other buffer, is a no: the route is then read.)
+    if head and _opens_with(view.obj, start, stop, head):
         # Opens with the bytes of the last route read: the same app.
         app_path = conn.route_app
     elif (route := wire.peek_route(view, start, stop)) is not None:

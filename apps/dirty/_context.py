@@ -20,7 +20,7 @@ import otp
 
 from ._calls import CallStats
 from ._config import DirtyConfig
-from ._io import Outbox
+from ._io import Batch, Outbox
 from ._routes import Routes
 
 if TYPE_CHECKING:
@@ -54,6 +54,9 @@ class CallerConnection(Protocol):
 
     me: otp.Pid
     outbox: Outbox
+    #: Where a worker proxy's reader gathers the reply frames of one read for this connection
+    #: (taken for :meth:`deliver` before that reader reads again; the node has one thread).
+    replies: Batch
 
     def deliver(self, parts: list[Any], done: list[int]) -> bool:
         """Write reply frames (``done``: the request ids they end); True once the client is

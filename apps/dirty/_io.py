@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from collections.abc import Coroutine
 from typing import Any
 
 import trio
@@ -22,6 +23,8 @@ from ._config import DirtyConfig
 RID = struct.Struct(">Q")
 BIG = wire.BIG_BYTES
 _append = wire.append_readdressed
+_wait_readable = trio.lowlevel.wait_readable
+_checkpoint = trio.lowlevel.checkpoint
 
 #: Socket buffer size asked for on every pool socket, so a 1 MiB frame moves in one write
 #: (Linux caps it at ``net.core.wmem_max``/``rmem_max``; failure is harmless).
@@ -140,7 +143,7 @@ class Outbox:
         fd = self.fd
         i = 0
         while i < len(parts):
-            chunk = parts[i : i + _IOV_MAX]
+            chunk = parts[i : i + _IOV_MAX] if i or len(parts) > _IOV_MAX else parts
             try:
                 n = os.writev(fd, chunk)
             except BlockingIOError:
@@ -261,7 +264,8 @@ class SocketReader:
 
     The owner's loop::
 
-        await reader.pace()          # (the wait, when the socket was drained)
+        if (wait := reader.pace()) is not None:
+            await wait               # (the wait, when the socket was drained)
         n = reader.read()            # -1: nothing was there; 0: the peer's end of input
         frames = reader.buffer.frames(n)
     """
@@ -275,19 +279,30 @@ class SocketReader:
         #: The last read did not fill the buffer: the next waits for the socket.
         self.drained = True
 
-    async def pace(self) -> None:
-        """Wait until the socket is readable if the last read drained it; else, after
-        ``BUSY_READS`` reads in a row, let the other tasks run (a checkpoint).
+    def pace(self) -> Coroutine[Any, Any, None] | None:
+        """What to await before the next read, or None: read at once. The socket's readiness
+        if the last read drained it; else, after ``BUSY_READS`` reads in a row, a checkpoint
+        (the other tasks run). (A wait to await, not a coroutine of its own: one coroutine
+        less to enter and resume on every wake-up.)
 
-        Raises:
+        Awaiting it raises:
             trio.ClosedResourceError: The socket was closed meanwhile.
         """
         if self.drained:
+            return self.readable()
+        if self.busy == BUSY_READS:
             self.busy = 0
-            await trio.lowlevel.wait_readable(self.fd)
-        elif self.busy == BUSY_READS:
-            self.busy = 0
-            await trio.lowlevel.checkpoint()
+            return _checkpoint()
+        return None
+
+    def readable(self) -> Coroutine[Any, Any, None]:
+        """The wait for the socket to be readable (:meth:`pace` when the last read drained it).
+
+        Awaiting it raises:
+            trio.ClosedResourceError: The socket was closed meanwhile.
+        """
+        self.busy = 0
+        return _wait_readable(self.fd)
 
     def read(self) -> int:
         """Read once into the buffer's free space: the bytes read, 0 at the end of the peer's

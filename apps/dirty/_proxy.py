@@ -40,12 +40,14 @@ from ._context import (
     WorkerUp,
 )
 from ._errors import DirtyError, DirtyTimeoutError, DirtyWorkerError
-from ._io import RID, Batch, Outbox
+from ._io import BIG, RID, Batch, Outbox
 from ._protocol import END, error_bytes
 from ._proxy_reader import read_worker
 from ._routes import hand_back, relevel
 
 logger = logging.getLogger("apps.dirty")
+
+_append = wire.append_readdressed
 
 #: SIGTERM-to-SIGKILL grace of a worker port.
 KILL_TIMEOUT = 5.0
@@ -118,14 +120,23 @@ class WorkerProxy:
             self.held[wid] = bytes(view[start - 16 : stop])
         inflight[wid] = [conn, rid, now, now]
         self.keys[(conn, rid)] = wid
-        if self.lanes:
-            relevel(self)
+        lanes = self.lanes
+        if lanes:
+            # (``relevel`` written out: a function call less on every call's path)
+            old = self.load
+            new = self.load = len(inflight)
+            if new != old:
+                for lane in lanes:
+                    lane.move(self, old, new)
         if at_once:
             RID.pack_into(view, start - 8, wid)
             assert self.outbox is not None
             self.outbox.writev([view[start - 16 : stop]])
         else:
-            self.batch.frame(view, start, stop, wid)
+            batch = self.batch
+            # (``Batch.frame`` written out for a small frame: one C call)
+            if stop - start >= BIG or not _append(batch.small, view, start, stop, wid):
+                batch.frame(view, start, stop, wid)
 
     def flush(self) -> None:
         """Write the requests :meth:`submit` gathered."""

@@ -18,7 +18,7 @@ import wire
 
 from ._calls import LATENCY_BOUNDS
 from ._context import CallerConnection, Drain, Drained
-from ._io import BIG, RID, Batch, SocketReader, send_timeout
+from ._io import BIG, RID, SocketReader, send_timeout
 from ._lifecycle import DRAINING
 from ._protocol import CHUNK, ERROR, QUEUED, STATUS, decode_payload
 from ._routes import relevel
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from ._proxy import WorkerProxy
 
 logger = logging.getLogger("apps.dirty")
+#: (A small frame into a batch in one C call: ``Batch.frame`` written out, for the common case.)
+_append = wire.append_readdressed
 
 
 async def read_worker(proxy: WorkerProxy) -> None:
@@ -41,7 +43,8 @@ async def read_worker(proxy: WorkerProxy) -> None:
     current_time = trio.lowlevel.current_clock().current_time
     while True:
         try:
-            await reader.pace()
+            if (wait := reader.pace()) is not None:
+                await wait
             n = reader.read()
         except (OSError, trio.ClosedResourceError):
             return
@@ -76,7 +79,10 @@ async def read_worker(proxy: WorkerProxy) -> None:
                 if slow:
                     await _hold_for(proxy, conn)
                 continue
-        groups: dict[CallerConnection, tuple[Batch, list[int]]] = {}
+        # The request ids each connection's frames end; the frames go into the connection's
+        # own batch (``replies``), taken below before the next read.
+        groups: dict[CallerConnection, list[int]] = {}
+        last: Any = None
         i = 0
         count = len(frames)
         while i < count:
@@ -98,9 +104,10 @@ async def read_worker(proxy: WorkerProxy) -> None:
                 continue
             conn = entry[0]
             rid = entry[1]
-            group = groups.get(conn)
-            if group is None:
-                group = groups[conn] = (Batch(), [])
+            if conn is not last:  # (a read's frames mostly go to one connection)
+                last = conn
+                batch = conn.replies
+                done = groups.setdefault(conn, [])
             if mtype == CHUNK:
                 entry[2] = now
                 # A run of this stream's small chunks: one copy, then each header's id.
@@ -113,13 +120,14 @@ async def read_worker(proxy: WorkerProxy) -> None:
                 ):
                     j += 1
                 if j - i > 1 and stop - start < BIG:
-                    group[0].run(view, frames, i, j, rid)
+                    batch.run(view, frames, i, j, rid)
                     i = j
                     continue
-                group[0].frame(view, start, stop, rid)
+                batch.frame(view, start, stop, rid)
             else:
-                group[0].frame(view, start, stop, rid)
-                group[1].append(rid)
+                if stop - start >= BIG or not _append(batch.small, view, start, stop, rid):
+                    batch.frame(view, start, stop, rid)
+                done.append(rid)
                 _ended(proxy, wid, entry, now)
                 if mtype == ERROR:
                     proxy.ctx.calls.error(_error_kind(view[start:stop]))
@@ -127,8 +135,8 @@ async def read_worker(proxy: WorkerProxy) -> None:
         if proxy.lanes and len(inflight) != proxy.load:
             relevel(proxy)
         slow = None
-        for conn, (batch, done) in groups.items():
-            if conn.deliver(batch.take(), done):
+        for conn, done in groups.items():
+            if conn.deliver(conn.replies.take(), done):
                 slow = conn
         if proxy.draining and not inflight and proxy.me is not None:
             otp.send(proxy.me, Drained())

@@ -163,6 +163,41 @@ def test_encode_dirty_refuses_what_the_encoder_refuses(c_path: bool) -> None:
             wire.encode_dirty(2, -1, {"result": 1})  # (a request id the header cannot hold)
 
 
+_BOUND = st.integers(-80, 80) | st.sampled_from([-(2**70), 2**70, -(2**63), 2**63 - 1])
+
+
+@given(
+    data=st.binary(max_size=64),
+    start=_BOUND,
+    stop=_BOUND,
+    prefix=st.binary(max_size=8),
+    cut=st.integers(0, 64),
+    mutable=st.booleans(),
+)
+def test_opens_with_is_startswith_in_c_and_python(
+    data: bytes, start: int, stop: int, prefix: bytes, cut: int, mutable: bool
+) -> None:
+    # (Half the time the prefix is taken from the data, so that matches are found too.)
+    if cut % 2:
+        prefix = data[cut // 2 : cut // 2 + len(prefix)]
+    buf = bytearray(data) if mutable else data
+    want = data.startswith(prefix, start, stop)
+    assert wire.opens_with(buf, start, stop, prefix) is want
+    assert wire.fast_opens_with(buf, start, stop, prefix) is want
+
+
+def test_opens_with_fast_path_declines_what_it_does_not_read() -> None:
+    if wire.fast_opens_with is wire.opens_with:
+        pytest.skip("wire's C fast paths are off")
+    # (The Python path answers these, or names what is wrong.)
+    assert wire.fast_opens_with(memoryview(b"abc"), 0, 3, b"a") is None
+    assert wire.fast_opens_with(b"abc", 0, 3, bytearray(b"a")) is None
+    assert wire.fast_opens_with(b"abc", None, 3, b"a") is None
+    assert wire.opens_with(b"abc", None, 3, b"a") is True  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        wire.opens_with(b"abc", 0, 3, "a")  # type: ignore[arg-type]
+
+
 def test_peek_route_leaves_other_key_orders_to_the_decoder() -> None:
     payload = wire.tlv_encode({"action": "a", "app_path": "m:App", "args": [], "kwargs": {}})
     assert wire.peek_route(memoryview(payload), 0, len(payload)) is None
