@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import struct
 import threading
@@ -205,21 +206,31 @@ async def test_client_timeout_raises_dirty_timeout_error(start_pool: Any, socket
     client.close()
 
 
+@pytest.mark.parametrize("poll", [True, False], ids=["poll", "no-poll"])
 async def test_a_read_gives_up_at_the_reading_calls_own_deadline(
-    start_pool: Any, socket_path: str
+    start_pool: Any, socket_path: str, poll: bool
 ) -> None:
-    # The reading thread blocks in recv bounded by SO_RCVTIMEO; once a call with a long
-    # timeout has set it, a call with a short one must lower it, not wait for the reply.
+    # The reading thread waits in poll for input, bounded by its call's time left; where there
+    # is no poll, it blocks in recv bounded by SO_RCVTIMEO: once a call with a long timeout
+    # has set that, a call with a short one must lower it, not wait for the reply.
     await start_pool()
     client = dirty.DirtyClient(socket_path, timeout=30)
     assert await trio.to_thread.run_sync(client.execute, ECHO, "echo", 1) == 1
+    conn = client._sync
+    assert conn is not None and (conn.poller is not None) == hasattr(select, "poll")
+    if not poll:
+        conn.poller = None  # (as on a platform without select.poll)
+        assert await trio.to_thread.run_sync(client.execute, ECHO, "echo", 1) == 1
     client.timeout = 0.3
     t0 = trio.current_time()
     with pytest.raises(dirty.DirtyTimeoutError):
         await trio.to_thread.run_sync(client.execute, ECHO, "sleep", 3.0)
     assert trio.current_time() - t0 < 2.5  # (not the 3 s the action takes)
+    # (poll's wait is bounded by itself: the socket's option is never set)
+    assert (conn.rcvtimeo is None) == poll
     client.timeout = 30
     assert await trio.to_thread.run_sync(client.execute, ECHO, "echo", 2) == 2
+    assert client._sync is conn
     client.close()
 
 
