@@ -47,10 +47,10 @@ async def call(
     one write (the MONITOR first, in one MONITOR_SEND frame where the peer takes it: its DOWN
     then always carries the reason the server exited with), then wait for the reply or the
     DOWN, which the monitor's ref (an alias) routes to this call's waiter; on a plain socket
-    the caller reads it itself while no other caller does (``_SocketFrames.wait_reply``). A
-    reply from the server itself ends the monitor on both sides (see Distribution.reply);
-    otherwise (a deferred reply from another process, a timeout, a cancelled caller) the
-    DEMONITOR goes lazily, with the next frame.
+    the caller reads it itself while no other caller does (``SocketFrames.wait_reply`` in
+    ``_dist_reading``). A reply from the server itself ends the monitor on both sides (see
+    Distribution.reply); otherwise (a deferred reply from another process, a timeout, a
+    cancelled caller) the DEMONITOR goes lazily, with the next frame.
 
     Raises:
         BadArg: the request cannot cross to another node (nothing is sent or recorded).

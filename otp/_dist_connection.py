@@ -167,7 +167,7 @@ class Connection:
         self.written = 0
         #: What reads the peer's frames (its ``received`` counts the bytes read so far).
         self.reader: Any = None
-        #: The reader of a plain socket (``_dist_session._SocketFrames``), through which a
+        #: The reader of a plain socket (``_dist_reading.SocketFrames``), through which a
         #: remote call's caller waits for its reply (its ``wait_reply``); None otherwise.
         self.socket_reader: Any = None
         #: Why it failed or ended, once it did (set where it is logged, before ``settled``).

@@ -97,7 +97,7 @@ class CallWaiter:
         self.is_down = False
         self.done = False
         #: What wakes the caller when it waits elsewhere than on this slot (a remote call's
-        #: caller waiting for its connection's socket: _dist_session's wait_reply).
+        #: caller waiting for its connection's socket: _dist_reading's wait_reply).
         self.wake: Callable[[], None] | None = None
 
     def resolve(self, value: Any, is_down: bool) -> None:
