@@ -355,9 +355,10 @@ def _call_vs_trio(name: str, where: str, measured: _Remote) -> Result:
             f"{where}; floor: the same ping-pong with a trio task on each end, echoed by"
             f" another OS process in the same placement, measured in turns with the calls"
             f" ({ROUNDS} rounds, the order flipped each round); {measured.cost}. Raw trio pays"
-            " 2 + 2 too, but one of each end's is its send's checkpoint, after the write; a"
-            " call's two (the reader, then the caller or the server) both come before it, so"
-            " the ratio is about raw trio's CPU over a call's, both ends summed. A call"
+            " 2 + 2 too, one of each end's its send's checkpoint, after the write; so does the"
+            " caller's end (the caller reads its reply itself, the reader wakes after the next"
+            " write), while the server's two (the reader, then the server) both come before its"
+            " write. A call"
             " answered by its server sends no DEMONITOR (the reply ends the monitor). Raw"
             f" trio's CPU a round trip on this end: {measured.floor_cpu * 1e6:.0f} us"
         ),

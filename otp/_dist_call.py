@@ -46,10 +46,11 @@ async def call(
     """``GenServer.call`` of a server on another node: monitor it and send the request in
     one write (the MONITOR first, in one MONITOR_SEND frame where the peer takes it: its DOWN
     then always carries the reason the server exited with), then wait for the reply or the
-    DOWN, which the monitor's ref (an alias) routes to this call's waiter. A reply from the
-    server itself ends the monitor on both sides (see Distribution.reply); otherwise (a
-    deferred reply from another process, a timeout, a cancelled caller) the DEMONITOR goes
-    lazily, with the next frame.
+    DOWN, which the monitor's ref (an alias) routes to this call's waiter; on a plain socket
+    the caller reads it itself while no other caller does (``SocketFrames.wait_reply`` in
+    ``_dist_reading``). A reply from the server itself ends the monitor on both sides (see
+    Distribution.reply); otherwise (a deferred reply from another process, a timeout, a
+    cancelled caller) the DEMONITOR goes lazily, with the next frame.
 
     Raises:
         BadArg: the request cannot cross to another node (nothing is sent or recorded).
@@ -100,7 +101,11 @@ async def call(
         node.timers.start(timeout, waiter.time_out, private=True) if timeout is not None else None
     )
     try:
-        await waiter.wait()
+        reader = conn.socket_reader if conn is not None else None
+        if reader is None:
+            await waiter.wait()
+        else:
+            await reader.wait_reply(dist, conn, waiter)
     finally:
         _unwatch(dist, me, ref)
         if timer is not None:

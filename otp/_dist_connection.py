@@ -143,7 +143,7 @@ class Connection:
         #: The socket's descriptor when frames may be written to it directly (plain sockets).
         self.direct_fd: int | None = None
         self._last_direct = 0.0
-        #: Set by the reader: frames came from the peer since the last direct write.
+        #: Set as frames are read: frames came from the peer since the last direct write.
         self.heard = False
         self._corked = False
         #: The outbox holds lazy frames only, queued since ``_lazy_at``: nobody woke the
@@ -167,6 +167,9 @@ class Connection:
         self.written = 0
         #: What reads the peer's frames (its ``received`` counts the bytes read so far).
         self.reader: Any = None
+        #: The reader of a plain socket (``_dist_reading.SocketFrames``), through which a
+        #: remote call's caller waits for its reply (its ``wait_reply``); None otherwise.
+        self.socket_reader: Any = None
         #: Why it failed or ended, once it did (set where it is logged, before ``settled``).
         self.failure: ConnectionFailure | None = None
         self.hidden = False  # hidden nodes (observer-remote)

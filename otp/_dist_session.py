@@ -9,13 +9,11 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import socket as _socket
 import ssl
 from typing import TYPE_CHECKING, Any
 
 import trio
-from trio.lowlevel import wait_readable
 
 import wire
 
@@ -42,8 +40,7 @@ from ._dist_handshake import (
     accept,
     initiate,
 )
-from ._dist_inbound import dropped
-from ._dist_records import UnknownRemoteValue
+from ._dist_reading import SocketFrames, dispatch_batch
 from ._process import current_process
 
 if TYPE_CHECKING:
@@ -159,12 +156,14 @@ async def run_connection(
             frames.limits = config.limits
             frames.exact = False
             me.behaviour = f"dist_connection {peer.name}"
-            reader: wire.FrameStream | _SocketFrames = frames
+            reader: wire.FrameStream | SocketFrames = frames
             if isinstance(stream, trio.SocketStream):
                 conn.direct_fd = stream.socket.fileno()
                 # The handshake's stream read no byte past its last frame (exact): the
                 # socket holds the rest.
-                reader = conn.reader = _SocketFrames(conn.direct_fd, config.limits)
+                reader = conn.reader = conn.socket_reader = SocketFrames(
+                    conn.direct_fd, config.limits
+                )
             else:
                 conn.reader = frames.stream = _CountedReads(frames.stream)
             dist.connection_up(conn, peer)
@@ -189,6 +188,9 @@ async def run_connection(
         if conn is not None:
             conn.direct_fd = None
             dist.connection_lost(conn)
+            if conn.socket_reader is not None:
+                conn.socket_reader.close()
+                conn.socket_reader = None
         if stream is not None:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
@@ -299,65 +301,9 @@ def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
     return out
 
 
-#: The most bytes the reader takes from a plain socket at once.
-READ_BYTES = 65536
-
-
-class _SocketFrames:
-    """A connection's incoming frames, read straight from its plain socket (the reader of
-    :func:`_read_loop`; a TLS connection reads through its ``wire.FrameStream``).
-
-    A read that drained the socket (it returned less than was asked) is almost always followed
-    by a quiet socket: the next read waits until the socket is readable first, where trio's
-    ``receive_some`` tries a read that fails before it waits (a system call and an exception
-    on each side of every round trip). After a full read it reads again at once, after a
-    checkpoint, so a peer that floods cannot starve the node's other tasks.
-    """
-
-    __slots__ = ("_decoder", "_drained", "_fd", "received")
-
-    def __init__(self, fd: int, limits: wire.Limits) -> None:
-        self._fd = fd
-        self._decoder = wire.FrameDecoder(limits=limits, versions=frozenset({2}))
-        self._drained = False
-        #: Bytes read so far (Connection.received): one addition a read, not a frame.
-        self.received = 0
-
-    async def receive_frames(self) -> list[wire.Frame]:
-        """Every frame available (at least one, waiting for it), or ``[]`` at a clean end.
-
-        Raises:
-            wire.WireError: the peer sent malformed bytes.
-            OSError: the socket failed (say, reset by the peer).
-        """
-        decoder = self._decoder
-        feed = decoder.feed
-        feed(b"")  # raises an error found after the last frame delivered
-        fd = self._fd
-        while True:
-            if self._drained:
-                await wait_readable(fd)
-            else:
-                await trio.lowlevel.checkpoint()
-            try:
-                data = os.read(fd, READ_BYTES)
-            except (BlockingIOError, InterruptedError):
-                self._drained = True
-                continue
-            size = len(data)
-            if not size:
-                decoder.feed_eof()
-                return []
-            self.received += size
-            self._drained = size < READ_BYTES
-            frames = feed(data)
-            if frames:
-                return frames
-
-
 class _CountedReads(trio.abc.Stream):
     """A TLS connection's stream under its ``wire.FrameStream``, counting the bytes read
-    (Connection.received, as _SocketFrames counts a plain socket's)."""
+    (Connection.received, as SocketFrames counts a plain socket's)."""
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
@@ -379,26 +325,12 @@ class _CountedReads(trio.abc.Stream):
 
 
 async def _read_loop(
-    dist: Distribution, conn: Connection, frames: wire.FrameStream | _SocketFrames
+    dist: Distribution, conn: Connection, frames: wire.FrameStream | SocketFrames
 ) -> None:
-    dispatch = dist.dispatch
     receive_frames = frames.receive_frames
     while batch := await receive_frames():
-        conn.received_since_tick = True
-        conn.heard = True
-        # Every frame that arrived together is dispatched in one go: one scheduler pass per
-        # read, not per frame (per-pair order is the order of the batch).
-        for frame in batch:
-            if conn.state == "down":
-                # Declared lost (disconnect() does so at once): nothing more of it is
-                # delivered, or acted on (a "peers" list read just before would redial).
-                return
-            try:
-                dispatch(conn, frame)
-            except UnknownRemoteValue as exc:
-                dropped(frame.type.name, exc)  # (a pg group name, say): not the connection's end
-            except (KeyError, TypeError, AttributeError, ValueError) as exc:
-                raise wire.MalformedMessage(f"bad {frame.type.name} payload: {exc!r}") from exc
+        if not dispatch_batch(dist, conn, batch):
+            return
 
 
 async def _ticker(conn: Connection, liveness: float) -> None:

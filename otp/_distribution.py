@@ -19,9 +19,10 @@ This module holds a node's distribution state (:class:`Distribution`: its connec
 signals the core sends to remote pids) and the public API. The rest is in modules of one job:
 ``_dist_config`` (settings, cookie, addresses), ``_dist_connection`` (a connection's outgoing
 frames: batching, direct writes, backpressure), ``_dist_session`` (a connection's process:
-dial, handshakes, reader, ticker), ``_dist_inbound`` (what each incoming frame does),
-``_dist_kernel`` (listeners and the mesh), ``_dist_call`` (remote calls), ``_dist_handshake``
-and ``_dist_values`` (the wire forms).
+dial, handshakes, reader, ticker), ``_dist_reading`` (incoming frames read and dispatched,
+by the reader or by a remote caller waiting for its reply), ``_dist_inbound`` (what each
+incoming frame does), ``_dist_kernel`` (listeners and the mesh), ``_dist_call`` (remote
+calls), ``_dist_handshake`` and ``_dist_values`` (the wire forms).
 """
 
 from __future__ import annotations

@@ -89,13 +89,16 @@ class CallWaiter:
     one process can call at once and a reply after the caller gave up is dropped by its tag.
     """
 
-    __slots__ = ("done", "is_down", "task", "value")
+    __slots__ = ("done", "is_down", "task", "value", "wake")
 
     def __init__(self) -> None:
         self.task: Task | None = None
         self.value: Any = None
         self.is_down = False
         self.done = False
+        #: What wakes the caller when it waits elsewhere than on this slot (a remote call's
+        #: caller waiting for its connection's socket: _dist_reading's wait_reply).
+        self.wake: Callable[[], None] | None = None
 
     def resolve(self, value: Any, is_down: bool) -> None:
         if self.done:
@@ -107,6 +110,8 @@ class CallWaiter:
         if task is not None:
             self.task = None
             reschedule(task)
+        elif self.wake is not None:
+            self.wake()
 
     def abort(self, _raise_cancel: Any) -> Abort:
         """The abort function of a wait on this slot: cancellation leaves it unresolved."""

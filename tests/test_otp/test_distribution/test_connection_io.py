@@ -146,13 +146,13 @@ async def test_the_busy_limit_still_suspends_a_sender_of_direct_writes() -> None
 
 
 async def test_the_socket_reader_returns_frames_as_they_complete_and_then_the_error() -> None:
-    from otp._dist_session import _SocketFrames
+    from otp._dist_reading import SocketFrames
 
     SEND = wire.MessageType.SEND
     frame = wire.encode_message(SEND, _ping_payload(7))
     ours, theirs = trio.socket.socketpair()
     with ours, theirs:
-        reader = _SocketFrames(ours.fileno(), wire.Limits())
+        reader = SocketFrames(ours.fileno(), wire.Limits())
         await theirs.send(frame[:5])
         async with trio.open_nursery() as nursery:
             got: list[Any] = []
@@ -172,13 +172,13 @@ async def test_the_socket_reader_returns_frames_as_they_complete_and_then_the_er
 
 
 async def test_the_socket_reader_tells_a_clean_end_from_one_inside_a_frame() -> None:
-    from otp._dist_session import _SocketFrames
+    from otp._dist_reading import SocketFrames
 
     frame = wire.encode_message(wire.MessageType.PING, None)
     for tail, clean in ((b"", True), (frame[:3], False)):
         ours, theirs = trio.socket.socketpair()
         with ours:
-            reader = _SocketFrames(ours.fileno(), wire.Limits())
+            reader = SocketFrames(ours.fileno(), wire.Limits())
             await theirs.send(frame + tail)
             theirs.close()
             assert [f.type for f in await reader.receive_frames()] == [wire.MessageType.PING]

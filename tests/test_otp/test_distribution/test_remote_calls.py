@@ -509,3 +509,135 @@ async def test_a_monitor_send_to_no_process_is_answered_noproc_and_delivers_noth
         assert down["reason"] == wire.ExitReason("noproc")
         assert await otp.receive(timeout=5, default=None) == "after"
         assert otp.nodes() == [X]
+
+
+# -- the caller reads its connection's socket while it waits for the reply ---------------------
+
+
+def _leader(peer: str) -> Any:
+    """The waiter of the call whose caller reads the socket of the connection to ``peer``."""
+    dist = otp.current_node().distribution
+    assert dist is not None
+    return dist.connections[peer].socket_reader.leader
+
+
+async def _request_to_srv(frames: wire.FrameStream) -> tuple[wire.Pid, wire.Ref]:
+    """The caller and tag of the call of ``srv`` that the hand-made peer receives, once its
+    caller reads the socket itself."""
+    _, request = await _call_to_srv(frames)
+    _, (caller, tag), _ = request["msg"]
+    assert _leader(X) is not None
+    return caller, tag
+
+
+async def test_a_caller_reading_its_reply_delivers_what_came_with_it_in_order(
+    tmp_path: Path,
+) -> None:
+    async with _b_and_raw_x(tmp_path) as (stream, frames), trio.open_nursery() as nursery:
+
+        async def x_answers() -> None:
+            caller, tag = await _request_to_srv(frames)
+            await stream.send_all(
+                _frame(wire.MessageType.SEND, {"to": caller, "msg": "before"})
+                + _reply_to(caller, "$gen_reply_demonitor", tag, "answer")
+                + _frame(
+                    wire.MessageType.REG_SEND,
+                    {"from": wire.Pid(X, 1, 1), "to": "inbox", "msg": "after"},
+                )
+            )
+
+        nursery.start_soon(x_answers)
+        with trio.fail_after(5):
+            assert await otp.call(("srv", X), "q", timeout=30) == "answer"
+            assert await otp.receive() == "before"
+            assert await otp.receive() == "after"
+        assert _leader(X) is None
+
+
+async def _reply_for_x() -> None:
+    caller, tag = await otp.receive()
+    otp.GenServer.reply(otp.From(caller, tag), "from b")
+
+
+async def test_a_caller_reading_the_socket_is_woken_by_a_reply_from_its_own_node(
+    tmp_path: Path,
+) -> None:
+    # The server hands the call to a process on the caller's node (a deferred reply): the
+    # reply reaches the caller through its alias, not the socket it waits on.
+    async with _b_and_raw_x(tmp_path) as (stream, frames), trio.open_nursery() as nursery:
+        otp.register("replier", otp.spawn(_reply_for_x))
+
+        async def x_defers() -> None:
+            caller, tag = await _request_to_srv(frames)
+            await stream.send_all(
+                _frame(
+                    wire.MessageType.REG_SEND,
+                    {"from": wire.Pid(X, 1, 1), "to": "replier", "msg": (caller, tag)},
+                )
+            )
+
+        nursery.start_soon(x_defers)
+        with trio.fail_after(5):
+            assert await otp.call(("srv", X), "q", timeout=30) == "from b"
+
+
+async def test_a_caller_cancelled_while_it_reads_the_socket_leaves_the_rest_to_the_reader(
+    tmp_path: Path,
+) -> None:
+    async with _b_and_raw_x(tmp_path) as (stream, frames):
+        scope = trio.CancelScope()
+        async with trio.open_nursery() as nursery:
+
+            async def x_answers_then_waits() -> None:
+                caller, tag = await _request_to_srv(frames)
+                await stream.send_all(_reply_to(caller, "$gen_reply_demonitor", tag, "first"))
+                # The second call's caller reads the socket; the reader waits for it to stop.
+                caller, tag = await _request_to_srv(frames)
+                scope.cancel()
+                await trio.testing.wait_all_tasks_blocked()
+                assert _leader(X) is None
+                await stream.send_all(
+                    _reply_to(caller, "$gen_reply", tag, "late")
+                    + _frame(wire.MessageType.SEND, {"to": caller, "msg": "after the call"})
+                )
+
+            nursery.start_soon(x_answers_then_waits)
+            assert await otp.call(("srv", X), "q", timeout=30) == "first"
+            with scope:
+                await otp.call(("srv", X), "q", timeout=30)
+        assert scope.cancelled_caught
+        with trio.fail_after(5):
+            assert await otp.receive() == "after the call"  # (the late reply: dropped)
+
+
+@pytest.mark.parametrize(
+    ("ending", "kind"),
+    [
+        ("close", None),  # (a clean end, as when the reader reads it: no failure)
+        ("garbage", "malformed"),
+        ("bad payload", "malformed"),
+    ],
+)
+async def test_a_connection_that_ends_while_its_caller_reads_it_ends_as_the_reader_would_end_it(
+    tmp_path: Path, ending: str, kind: str | None
+) -> None:
+    async with _b_and_raw_x(tmp_path) as (stream, frames), trio.open_nursery() as nursery:
+        dist = otp.current_node().distribution
+        assert dist is not None
+        conn = dist.connections[X]
+
+        async def x_ends() -> None:
+            await _request_to_srv(frames)
+            if ending == "close":
+                await stream.aclose()
+            elif ending == "garbage":
+                await stream.send_all(b"\x00garbage that is not a frame at all")
+            else:
+                await stream.send_all(_frame(wire.MessageType.SEND, {"msg": "no to"}))
+
+        nursery.start_soon(x_ends)
+        with trio.fail_after(5), pytest.raises(otp.CallError) as info:
+            await otp.call(("srv", X), "q", timeout=30)
+        assert info.value.reason == otp.NOCONNECTION
+        assert (conn.failure and conn.failure.kind) == kind
+        assert otp.nodes() == []
