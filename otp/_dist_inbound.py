@@ -39,6 +39,15 @@ if TYPE_CHECKING:
 
 _TERMINATE = wire.Atom("terminate")
 
+# The frame types, read once: a member of an Enum class costs a metaclass lookup (~800
+# instructions in 3.11) where a module global costs a dict probe, and dispatch compares a
+# MONITOR_SEND's type four times.
+_M = wire.MessageType
+_SEND, _REG_SEND, _MONITOR_SEND, _MONITOR = _M.SEND, _M.REG_SEND, _M.MONITOR_SEND, _M.MONITOR
+_DEMONITOR, _SEND_BATCH, _REG_SEND_BATCH = _M.DEMONITOR, _M.SEND_BATCH, _M.REG_SEND_BATCH
+_LINK, _UNLINK, _EXIT, _EXIT2, _DOWN = _M.LINK, _M.UNLINK, _M.EXIT, _M.EXIT2, _M.DOWN
+_PING, _PONG = _M.PING, _M.PONG
+
 logger = logging.getLogger("otp.distribution")
 
 
@@ -54,66 +63,72 @@ def dispatch(dist: Distribution, conn: Connection, frame: wire.Frame) -> None:
     node = dist.node
     t = frame.type
     p = frame.payload
-    M = wire.MessageType
     # The most frequent first: a remote call is a MONITOR_SEND (or a MONITOR and a SEND or
     # REG_SEND) one way, its reply a SEND the other.
-    if t is M.SEND:
+    if t is _SEND:
         message = p["msg"]
         proc = _local(p["to"], node)
         if proc is not None:
             _deliver_to(node, proc, message)
-    elif t is M.MONITOR_SEND or t is M.MONITOR:
-        monitoring = _peer_pid(conn, p["from"], node)
+    elif t is _MONITOR_SEND or t is _MONITOR:
+        sender = p["from"]
+        monitoring = _peer_pid(conn, sender, node)
         to = p["to"]
-        ref = _monitor_ref(p["ref"], node)
-        message = p["msg"] if t is M.MONITOR_SEND else None  # (read before acting on any)
+        wire_ref = p["ref"]
+        ref = _monitor_ref(wire_ref, node)
+        message = p["msg"] if t is _MONITOR_SEND else None  # (read before acting on any)
         # (A call's MONITOR names its server, mostly by a str name: _target's first step.)
         target = node.names.get(to) if to.__class__ is str else _target(to, node)
         if target is None:
             dist.send_down(monitoring, ref, _down_label(to, node), NOPROC)
         else:
             target.add_monitored_by(ref, monitoring)
-        if t is M.MONITOR_SEND:
+        if t is _MONITOR_SEND:
             # Then the message, as the SEND (to a pid) or REG_SEND (a name) after the
             # MONITOR would be: to the process just monitored, or nobody if it is gone.
             if to.__class__ is str or isinstance(to, wire.Pid):
-                if target is not None:
+                if target is None:
+                    pass
+                elif _own_call(message, sender, wire_ref):
+                    # (its From's pid and tag are the ones just converted)
+                    _deliver_call(node, target, monitoring, ref, p["msg"][2])
+                else:
                     _deliver_to(node, target, message)
             else:
                 _reg_send(dist, conn, to, message)
-    elif t is M.REG_SEND:
+    elif t is _REG_SEND:
         _reg_send(dist, conn, p["to"], p["msg"])
-    elif t is M.DEMONITOR:
+    elif t is _DEMONITOR:
         target = _target(p["to"], node)
         if target is not None:
             target.remove_monitored_by(_monitor_ref(p["ref"], node))
-    elif t is M.SEND_BATCH:
+    elif t is _SEND_BATCH:
         messages = _batch(p)
         proc = node.resolve(pid_from_wire(p["to"], node))
         if proc is not None:
             for message in messages:
                 _deliver_to(node, proc, message)
-    elif t is M.REG_SEND_BATCH:
+    elif t is _REG_SEND_BATCH:
         name = p["to"]
         for message in _batch(p):
             _reg_send(dist, conn, name, message)
-    elif t is M.LINK:
+    elif t is _LINK:
         sender = _peer_pid(conn, p["from"], node)
         target = node.resolve(pid_from_wire(p["to"], node))
         if target is None:
             dist.send_link_exit(pid_from_wire(p["to"], node), sender, NOPROC)
         else:
             target.add_link(sender)
-    elif t is M.UNLINK:
+    elif t is _UNLINK:
         target = node.resolve(pid_from_wire(p["to"], node))
         if target is not None:
             target.remove_link(pid_from_wire(p["from"], node))
-    elif t is M.EXIT:
+    elif t is _EXIT:
         sender = pid_from_wire(p["from"], node)
         target = node.resolve(pid_from_wire(p["to"], node))
         if target is not None:
             node.link_exit(target, sender, reason_from_wire(p["reason"], node))
-    elif t is M.EXIT2:
+    elif t is _EXIT2:
         target = node.resolve(pid_from_wire(p["to"], node))
         if target is not None:
             node.exit_signal(
@@ -122,7 +137,7 @@ def dispatch(dist: Distribution, conn: Connection, frame: wire.Frame) -> None:
                 reason_from_wire(p["reason"], node),
                 False,
             )
-    elif t is M.DOWN:
+    elif t is _DOWN:
         sender = p["from"]
         label = pid_from_wire(sender, node) if isinstance(sender, wire.Pid) else sender
         ref = value_from_wire(p["ref"], node)
@@ -130,12 +145,12 @@ def dispatch(dist: Distribution, conn: Connection, frame: wire.Frame) -> None:
         # A DOWN for a monitor the watcher already dropped (demonitor crossed it) is stale.
         if watcher is not None and watcher.monitors is not None and ref in watcher.monitors:
             node.deliver_down(watcher.pid, ref, label, reason_from_wire(p["reason"], node))
-    elif t is M.PING:
+    elif t is _PING:
         # Any frame tells the peer we are alive: none is added while some wait (a peer
         # that floods PINGs and reads nothing would grow the queue by a PONG each).
         if not conn.queued:
-            conn.enqueue(M.PONG, None)
-    elif t is M.PONG:
+            conn.enqueue(_PONG, None)
+    elif t is _PONG:
         pass
     else:
         raise wire.MalformedMessage(f"{t.name} is not a message nodes send each other")
@@ -196,9 +211,7 @@ def _decode_to(node: Node, proc: Process, message: Any) -> None:
                 ref = ref_from_wire(ref)  # (its wire form kept for the reply)
             else:
                 ref = value_from_wire(ref, node)
-            proc.deliver(
-                GenCall(_from(pid_from_wire(pid, node), ref), value_from_wire(message[2], node))
-            )
+            _deliver_call(node, proc, pid_from_wire(pid, node), ref, message[2])
             return
         if tag == "$gen_cast" and len(message) == 2:
             proc.deliver(GenCast(value_from_wire(message[1], node)))
@@ -226,12 +239,47 @@ _set_pid = From.__dict__["pid"].__set__
 _set_tag = From.__dict__["tag"].__set__
 
 
-def _from(pid: Pid, tag: Any) -> From:
-    """``From(pid, tag)`` without attrs' ``__init__`` (its frozen setattr), once a call."""
+def _deliver_call(node: Node, proc: Process, pid: Pid, tag: Any, request: Any) -> None:
+    """Deliver ``{'$gen_call', From(pid, tag), request}`` to ``proc``: ``pid`` and ``tag``
+    converted already, ``request`` as it came. Built without the two ``__init__`` calls
+    (attrs' frozen setattr for the From), once a call; a request this node cannot rebuild
+    drops the message, as ``_deliver_to`` does."""
+    if request.__class__ not in _SCALARS:
+        try:
+            request = value_from_wire(request, node)
+        except UnknownRemoteValue as exc:
+            dropped(proc.pid, exc)
+            return
     from_ = _new(From)
     _set_pid(from_, pid)
     _set_tag(from_, tag)
-    return from_
+    call = _new(GenCall)
+    call.from_ = from_
+    call.request = request
+    proc.deliver(call)
+
+
+def _own_call(message: Any, sender: Any, ref: Any) -> bool:
+    """Whether ``message``, in a MONITOR_SEND from ``sender`` with the monitor ``ref`` (both
+    wire values), is the call ``_dist_call`` sends in it: ``($gen_call, (sender, ref),
+    request)``, its pid the very object (the decoder shares a repeated pid; a copy takes the
+    general path) and its ref of the same fields."""
+    if message.__class__ is not tuple or len(message) != 3:
+        return False
+    envelope = message[1]
+    if envelope.__class__ is not tuple or len(envelope) != 2 or envelope[0] is not sender:
+        return False
+    tag = envelope[1]
+    head = message[0]
+    return (
+        tag.__class__ is wire.Ref
+        and ref.__class__ is wire.Ref
+        and tag.id == ref.id
+        and tag.node == ref.node
+        and tag.creation == ref.creation
+        and head.__class__ is wire.Atom
+        and head.name == "$gen_call"
+    )
 
 
 def _local(value: wire.Pid, node: Node) -> Process | None:

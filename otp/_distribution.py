@@ -43,7 +43,7 @@ from ._dist_connection import Connection
 from ._dist_handshake import HandshakeError, Peer, is_node_name
 from ._dist_kernel import NET_KERNEL, NET_KERNEL_ATOM, close_listeners, net_kernel, open_listeners
 from ._dist_session import run_connection
-from ._dist_values import reason_to_wire, value_to_wire, wire_id
+from ._dist_values import _SCALARS, reason_to_wire, value_to_wire, wire_id
 from ._errors import BadArg
 from ._gen_server_core import GenCall, GenCast, SystemTerminate
 from ._ids import Pid, Ref
@@ -428,7 +428,9 @@ class Distribution:
                         monitored_by[tag] = watcher
         else:
             wire_tag = value_to_wire(tag)
-        conn.enqueue(_SEND, {"to": wire_id(pid), "msg": (kind, wire_tag, value_to_wire(value))})
+        if value.__class__ not in _SCALARS:
+            value = value_to_wire(value)
+        conn.enqueue(_SEND, {"to": wire_id(pid), "msg": (kind, wire_tag, value)})
 
     # GenServer.call and GenServer.stop of a remote server (see _dist_call).
     call = _dist_call.call

@@ -202,10 +202,19 @@ def send_reply(from_: From, value: Any) -> None:
 def reply_from(node: Node, me: Process | None, from_: From, value: Any) -> None:
     """``send_reply`` from the process ``me`` (None: from outside any) of ``node``: what a
     server's loop calls, which knows both already."""
-    caller = node.resolve(from_.pid)
+    pid = from_.pid
+    caller = pid._proc
     if caller is None:
-        if from_.pid._proc is None and node.distribution is not None:
-            node.distribution.reply(from_, value, me)
+        # No process of ours at hand: a remote caller (most such), or a pid of ours from
+        # another node's message (node.resolve looks it up).
+        if pid.node != node.name:
+            if node.distribution is not None:
+                node.distribution.reply(from_, value, me)
+            return
+        caller = node.resolve(pid)
+        if caller is None:
+            return
+    elif not caller.alive:
         return
     aliases = caller.aliases
     if aliases is not None:

@@ -45,7 +45,7 @@ class Ok:
     continue_: Any = UNSET
 
 
-@attrs.define(slots=True, frozen=True)
+@attrs.define(slots=True, frozen=True, init=False)
 class Reply:
     """``handle_call`` answers now: ``{reply, Value, State}``. ``timeout`` as in :class:`Ok`."""
 
@@ -53,6 +53,24 @@ class Reply:
     state: Any
     timeout: float | None = attrs.field(default=None, validator=_valid_timeout)
     continue_: Any = UNSET
+
+    def __init__(
+        self, value: Any, state: Any, timeout: float | None = None, continue_: Any = UNSET
+    ) -> None:
+        # attrs' __init__, made once a call: its slots set straight (not through the frozen
+        # class's setattr), and the timeout checked only when one is given.
+        _set_value(self, value)
+        _set_state(self, state)
+        _set_timeout(self, timeout)
+        _set_continue(self, continue_)
+        if timeout is not None:
+            _valid_timeout(self, _REPLY_TIMEOUT, timeout)
+
+
+_set_value, _set_state, _set_timeout, _set_continue = (
+    Reply.__dict__[name].__set__ for name in ("value", "state", "timeout", "continue_")
+)
+_REPLY_TIMEOUT = attrs.fields(Reply).timeout
 
 
 @attrs.define(slots=True, frozen=True)

@@ -118,6 +118,10 @@ class Codec(enum.Enum):
     CBOR = "cbor"
 
 
+#: The codecs, read once for encode_message: a member of an Enum class costs a metaclass
+#: lookup (~800 instructions in 3.11), a module global a dict probe.
+_TLV, _CBOR = Codec.TLV, Codec.CBOR
+
 _V1_TYPES = {int(t): t for t in MessageType if t < 0x20}
 _V2_TYPES = {int(t): t for t in MessageType}
 
@@ -220,11 +224,11 @@ def encode_message(
     """
     if type.__class__ is not MessageType:
         raise UnknownMessageType(f"type must be a MessageType (got {type!r})")
-    if _C is not None and payload is not None and (codec is Codec.TLV or codec is Codec.CBOR):
+    tlv = codec is _TLV
+    if _C is not None and payload is not None and (tlv or codec is _CBOR):
         # The common case in one step (what _encode does through _encode_into or
         # cbor_encode): the C encoder checks every limit, max_payload included, or hands the
         # payload back.
-        tlv = codec is Codec.TLV
         limited = (
             limits.max_depth,
             limits.max_items,

@@ -8,12 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
 import otp
 from otp import GenServer, NoReply, Ok, Reply, Stop
+from otp._gen_server_returns import UNSET
 
 from .helpers import Sleepy, _Recorder
 from .peer import COOKIE, PeerNode
@@ -907,6 +909,19 @@ def test_a_bad_timeout_error_names_the_class_the_field_and_the_value() -> None:
     with pytest.raises(TypeError, match=r"^Ok\.timeout .*\(got True\)$"):
         Ok(None, timeout=True)
     assert Reply(1, None, timeout=0).timeout == 0
+
+
+def test_a_reply_checks_its_timeout_and_is_a_frozen_attrs_value() -> None:
+    with pytest.raises(TypeError, match=r"^Reply\.timeout .*\(got 'x'\)$"):
+        Reply(1, None, timeout="x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^Reply\.timeout .*NaN$"):
+        Reply(1, None, math.nan)
+    reply = Reply("v", "s")
+    assert (reply.value, reply.state, reply.timeout, reply.continue_) == ("v", "s", None, UNSET)
+    assert reply == Reply("v", "s") and hash(reply) == hash(Reply("v", "s"))
+    assert attrs.evolve(reply, timeout=2) == Reply("v", "s", 2)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        reply.value = "w"  # type: ignore[misc]
 
 
 async def test_a_call_cancelled_by_the_caller_leaves_no_monitor_and_drops_the_late_reply(

@@ -4,6 +4,7 @@ many callers, and calls that cannot cross or time out leave no monitor and no la
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -311,6 +312,59 @@ async def test_only_the_servers_own_reply_to_a_remote_call_ends_its_monitor(
             assert await otp.receive() == "done"
         info = otp.process_info(server)
         assert info is not None and info.monitored_by == ()
+
+
+@pytest.mark.parametrize("other", ["tag", "pid"])
+async def test_a_monitor_send_whose_call_names_another_tag_or_pid_is_answered_as_it_says(
+    tmp_path: Path, other: str
+) -> None:
+    # A MONITOR_SEND whose $gen_call is not the monitoring process's with the monitor's ref:
+    # the reply goes to the From it names, and it ends no monitor.
+    async with _b_and_raw_x(tmp_path) as (stream, frames):
+        server = await _Deferring.start(name="srv")
+        caller, ref = wire.Pid(X, 1, 1), wire.Ref(X, 7, 1)
+        from_ = (caller, wire.Ref(X, 8, 1)) if other == "tag" else (wire.Pid(X, 2, 1), ref)
+        message = (wire.Atom("$gen_call"), from_, "direct")
+        await stream.send_all(
+            _frame(
+                wire.MessageType.MONITOR_SEND,
+                {"from": caller, "to": "srv", "ref": ref, "msg": message},
+            )
+        )
+        with trio.fail_after(5):
+            while True:
+                frame = await frames.receive_frame()
+                assert frame is not None
+                if frame.type is wire.MessageType.SEND:
+                    break
+        assert frame.payload["to"] == from_[0]
+        assert frame.payload["msg"] == (wire.Atom("$gen_reply"), from_[1], ("answer", "direct"))
+        info = otp.process_info(server)
+        assert info is not None and info.monitored_by == (otp.Pid._make(X, 1, 1),)
+
+
+async def test_a_remote_call_whose_request_cannot_be_rebuilt_is_dropped_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A registered value this node does not know: the call is dropped (the monitor stays, so
+    # the caller hears of the server's end), the connection is not.
+    caplog.set_level(logging.WARNING, logger="otp.distribution")
+    async with _b_and_raw_x(tmp_path) as (stream, _):
+        server = await _Deferring.start(name="srv")
+        caller, ref = wire.Pid(X, 1, 1), wire.Ref(X, 7, 1)
+        unknown = (wire.Atom("$record"), "tests.NotRegisteredHere", {})
+        await stream.send_all(
+            _call_frames(caller, ref, unknown, combined=True)
+            + _frame(wire.MessageType.REG_SEND, {"from": caller, "to": "inbox", "msg": "done"})
+        )
+        with trio.fail_after(5):
+            assert await otp.receive() == "done"
+        info = otp.process_info(server)
+        assert info is not None and info.monitored_by == (otp.Pid._make(X, 1, 1),)
+        assert info.message_queue_len == 0
+        assert otp.nodes() == [X]
+    drops = [r.getMessage() for r in caplog.records if "was dropped" in r.getMessage()]
+    assert len(drops) == 1 and "tests.NotRegisteredHere" in drops[0]
 
 
 async def _call_to_srv(frames: wire.FrameStream) -> tuple[Any, Any]:
