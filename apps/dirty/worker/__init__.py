@@ -5,12 +5,13 @@ One OS process hosting its DirtyApps, talking GD v1 frames with the pool over a 
 it inherits (``pass_fds``). It runs an asyncio loop (Gunicorn's dirty worker does, so ``async
 def`` actions written for Gunicorn work unchanged) and runs sync actions in ``dirty_threads``
 threads, so many requests are in flight at once, matched by request id. A reader thread takes
-the frames (a blocking read: no event-loop round per request; a REQUEST as every client sends
-it is decoded in one call, ``wire.request_fields``, with no payload dict); a sync action that
-has proved quick (under 1 ms, three times in a row) runs right there, with no thread hand-off,
-while fewer than ``dirty_threads`` sync actions run (one slow inline run sends it back to the
-threads), and the replies of one read go out in one send. Heartbeats come from the loop, so a
-loop blocked by an async action (or a worker stuck holding the GIL) stops them.
+the frames (a wait in ``poll`` for input, then a read: no event-loop round per request; a
+REQUEST as every client sends it is decoded in one call, ``wire.request_fields``, with no
+payload dict); a sync action that has proved quick (under 1 ms, three times in a row) runs
+right there, with no thread hand-off, while fewer than ``dirty_threads`` sync actions run (one
+slow inline run sends it back to the threads), and the replies of one read go out in one
+send. Heartbeats come from the loop, so a loop blocked by an async action (or a worker stuck
+holding the GIL) stops them.
 
 Worker-side protocol (private to the pool): REQUEST in; RESPONSE/ERROR/CHUNK/END out; an END
 *in* abandons that request (a streaming generator is closed); a STATUS frame out (id 0) is a

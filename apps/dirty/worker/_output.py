@@ -5,6 +5,7 @@ action threads, sent at once when nothing is queued, else batched by the loop.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 from typing import Any
@@ -16,16 +17,19 @@ HIGH_WATER = 4 << 20
 class Output:
     """The worker's end of its socket, written from the loop and from action threads.
 
-    A frame is sent at once (one ``sendmsg`` from the calling thread) when nothing is queued,
-    nobody else is sending and the loop is not gathering a batch (``cork``); otherwise, and for
-    stream chunks (``write_deferred``), it is queued and the loop sends the queue (one
-    ``sendmsg`` of many frames) when the batch ends or the socket has room. Order is kept:
+    A frame is sent at once (one ``write``, or ``sendmsg`` of its parts, from the calling
+    thread; the socket is non-blocking) when nothing is queued, nobody else is sending and the
+    loop is not gathering a batch (``cork``); otherwise, and for stream chunks
+    (``write_deferred``), it is queued and the loop sends the queue (one ``sendmsg`` of many
+    frames) when the batch ends or the socket has room. Order is kept:
     nothing overtakes a queued frame or a send in progress. The lock guards the queue and the
     flags only; no thread holds it while sending.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
         self.loop = loop
+        # (Every send must not block: ``write`` writes the descriptor itself.)
+        sock.setblocking(False)
         self.sock = sock
         self.fd = sock.fileno()
         self.lock = threading.Lock()
@@ -48,11 +52,11 @@ class Output:
 
     def write(self, data: bytes) -> None:
         """Send ``data`` now if nothing is queued (any thread): :meth:`write_parts` of one
-        buffer, with one ``send`` (a reply's common case)."""
+        buffer, with one ``write`` (a reply's common case; the socket is non-blocking)."""
         if not self._claim([data]):
             return
         try:
-            n = self.sock.send(data, _DONTWAIT)
+            n = _write(self.fd, data)  # (the socket is non-blocking)
         except (BlockingIOError, InterruptedError):
             n = 0
         except OSError:
@@ -260,6 +264,8 @@ class Output:
 
 _IOV_MAX = 1024
 _DONTWAIT = socket.MSG_DONTWAIT
+#: (os.write takes its arguments positionally: socket.send parses a format, ~700 instructions)
+_write = os.write
 
 
 def _holds(queue: list[Any], data: bytes) -> bool:

@@ -10,6 +10,7 @@ import concurrent.futures
 import inspect
 import logging
 import os
+import select
 import signal
 import socket
 import threading
@@ -109,8 +110,7 @@ class Worker:
     async def serve(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         self.loop = loop
-        # Blocking for the reader thread; every send is non-blocking (MSG_DONTWAIT).
-        sock.setblocking(True)
+        self.attach(sock)
         self.out = Output(loop, sock)
         loop.add_signal_handler(signal.SIGTERM, self._sigterm)
         # On the loop rather than in a signal handler, so it never runs inside a log emit.
@@ -120,8 +120,6 @@ class Worker:
         ).start()
         self.out.write(encode(wire.make_response(0, {"pid": os.getpid()})))
         self.eof = loop.create_future()
-        self.buffer = wire.FrameBuffer(error=DirtyProtocolError)
-        self.sock = sock
         threading.Thread(target=self._reader, name="dirty-reader", daemon=True).start()
         beat = asyncio.create_task(self._heartbeats())
         stopped = asyncio.create_task(self.stop.wait())
@@ -132,6 +130,21 @@ class Worker:
         self.out.flush()
         await self.out.wait_drained(1.0)
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def attach(self, sock: socket.socket) -> None:
+        """Make ``sock`` the one :meth:`_read` reads: non-blocking (the reader thread waits in
+        ``poll``; every send is non-blocking anyway)."""
+        sock.setblocking(False)
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.buffer = wire.FrameBuffer(error=DirtyProtocolError)
+        #: (Reader thread.) Waits for input: a thread blocked in a read of a Unix socket is
+        #: woken, for nothing, each time the node takes our replies off it (the kernel wakes
+        #: every waiter of the socket when its write space grows): most reads once. ``poll``
+        #: for input wakes only when input comes (a system call a read more, half the thread
+        #: switches).
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN)
 
     def _sigterm(self) -> None:
         """Gunicorn's graceful stop: the calls running finish. The node is told (it routes no
@@ -171,9 +184,9 @@ class Worker:
             self.out.write(status)
 
     def _reader(self) -> None:
-        """The reader thread: takes every frame of each read as it comes (a blocking read, no
-        event-loop round per request). Quick sync actions run right here; the replies of one
-        read go out in one send. Async actions and cancellations go to the loop."""
+        """The reader thread: takes every frame of each read as it comes (a wait in ``poll``,
+        then a read: no event-loop round per request). Quick sync actions run right here; the
+        replies of one read go out in one send. Async actions and cancellations go to the loop."""
         while self._read():
             pass
         try:
@@ -188,9 +201,10 @@ class Worker:
     def _read(self) -> bool:
         """One read (reader thread); False at the end of the stream."""
         try:
+            self.poller.poll()
             # (readv: socket.recv_into parses its arguments by keyword, ~1k instructions a read)
-            n = _readv(self.sock.fileno(), [self.buffer.space()])
-        except InterruptedError:
+            n = _readv(self.fd, [self.buffer.space()])
+        except (BlockingIOError, InterruptedError):
             return True
         except (OSError, DirtyProtocolError):
             return False

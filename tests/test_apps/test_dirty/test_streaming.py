@@ -310,8 +310,8 @@ def test_an_end_read_after_the_workers_loop_closed_is_dropped_quietly() -> None:
     worker = Worker({}, 1, 1.0, os.getppid())
     try:
         worker.loop = loop
-        worker.sock = ours
-        worker.buffer = wire.FrameBuffer()
+        worker.attach(ours)  # (non-blocking: the reader waits in poll, then reads)
+        assert not ours.getblocking()
         worker.out = Output(loop, ours)
         worker.running.add(9)
         theirs.sendall(wire.encode_header(_protocol.END, 0, 9))

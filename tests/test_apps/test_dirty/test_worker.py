@@ -265,11 +265,13 @@ def test_an_exception_whose_str_raises_still_becomes_an_app_error() -> None:
 
 def test_a_reply_the_socket_takes_in_part_goes_out_whole_before_the_next() -> None:
     # Output.write sends a lone frame at once; what the socket does not take is queued first,
-    # and the loop sends it (then what was written behind it) as the socket takes it.
+    # and the loop sends it (then what was written behind it) as the socket takes it. The
+    # Output makes its socket non-blocking (it writes the descriptor itself).
     loop = asyncio.new_event_loop()
     ours, theirs = socket.socketpair()
     try:
         out = Output(loop, ours)
+        assert not ours.getblocking()
         first, second = b"a" * (8 << 20), b"b" * 100
         out.write(first)
         assert out.queue, "the socket took all of it: the test needs a larger frame"
