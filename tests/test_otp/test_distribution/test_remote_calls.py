@@ -247,13 +247,18 @@ def _call_frames(caller: wire.Pid, ref: wire.Ref, request: Any, *, combined: boo
     )
 
 
-async def _reply_frame(frames: wire.FrameStream) -> Any:
+async def _next_frame(frames: wire.FrameStream, kind: wire.MessageType) -> wire.Frame:
+    """The next frame of type ``kind`` the hand-made peer receives (the others are skipped)."""
     with trio.fail_after(5):
         while True:
             frame = await frames.receive_frame()
             assert frame is not None
-            if frame.type is wire.MessageType.SEND:
-                return frame.payload["msg"]
+            if frame.type is kind:
+                return frame
+
+
+async def _reply_frame(frames: wire.FrameStream) -> Any:
+    return (await _next_frame(frames, wire.MessageType.SEND)).payload["msg"]
 
 
 @contextlib.asynccontextmanager
@@ -331,12 +336,7 @@ async def test_a_monitor_send_whose_call_names_another_tag_or_pid_is_answered_as
                 {"from": caller, "to": "srv", "ref": ref, "msg": message},
             )
         )
-        with trio.fail_after(5):
-            while True:
-                frame = await frames.receive_frame()
-                assert frame is not None
-                if frame.type is wire.MessageType.SEND:
-                    break
+        frame = await _next_frame(frames, wire.MessageType.SEND)
         assert frame.payload["to"] == from_[0]
         assert frame.payload["msg"] == (wire.Atom("$gen_reply"), from_[1], ("answer", "direct"))
         info = otp.process_info(server)
@@ -430,13 +430,7 @@ async def test_a_reply_after_the_remote_caller_died_is_dropped(
         _, (wire_caller, tag), _ = request["msg"]
         otp.exit(caller, otp.KILL)
         assert await otp.receive(otp.Down) == otp.Down(ref, caller, otp.KILLED)
-        with trio.fail_after(5):
-            # The dead caller's DEMONITOR: it gave up on the call.
-            while True:
-                frame = await frames.receive_frame()
-                assert frame is not None
-                if frame.type is wire.MessageType.DEMONITOR:
-                    break
+        await _next_frame(frames, wire.MessageType.DEMONITOR)  # the dead caller gave up
         await stream.send_all(
             _reply_to(wire_caller, reply_atom, tag, "too late")
             + _frame(
