@@ -177,7 +177,9 @@ class SocketFrames:
                         break
                     continue  # (woken by _wake_leader)
                 self._parked = False
-                if self._ended is not None:
+                if self._ended is not None or self._closed:
+                    # (closed: the connection ended after the socket woke this task, and its
+                    # descriptor may be closed already, its number reused)
                     break
                 try:
                     frames = self._read()

@@ -9,20 +9,19 @@ process is linked to the node's net_kernel process (registered as ``otp.net_kern
 serves the listeners and reaps the connections: it ends with the node, and whatever ends it
 ends every connection with it (see ``_dist_kernel``). What waits to be written to a peer is
 bounded (DistConfig.busy_limit suspends its senders, queue_limit drops the connection), and a
-peer that reads nothing for the liveness timeout is lost. When a connection
-is lost every link and monitor across it fires with ``noconnection`` and ``monitor_node``
-subscribers get :class:`NodeDown`. Peers tell each other the nodes they know, so a cluster
-becomes a full mesh, as Erlang's does; that suits tens of nodes (each node holds a connection
-to every other, so n nodes hold n(n-1)/2 connections).
+peer that reads nothing for the liveness timeout is lost. When a connection is lost every link
+and monitor across it fires with ``noconnection``; ``monitor_node`` subscribers get NodeDown.
+Peers tell each other the nodes they know, so a cluster becomes a full mesh, as Erlang's does;
+that suits tens of nodes (n nodes hold n(n-1)/2 connections).
 
 This module holds a node's distribution state (:class:`Distribution`: its connections, the
 signals the core sends to remote pids) and the public API. The rest is in modules of one job:
-``_dist_config`` (settings, cookie, addresses), ``_dist_connection`` (a connection's outgoing
-frames: batching, direct writes, backpressure), ``_dist_session`` (a connection's process:
-dial, handshakes, reader, ticker), ``_dist_reading`` (incoming frames read and dispatched,
-by the reader or by a remote caller waiting for its reply), ``_dist_inbound`` (what each
-incoming frame does), ``_dist_kernel`` (listeners and the mesh), ``_dist_call`` (remote
-calls), ``_dist_handshake`` and ``_dist_values`` (the wire forms).
+``_dist_config`` (settings, cookie, addresses), ``_dist_connection`` (outgoing frames:
+batching, direct writes, backpressure), ``_dist_session`` (a connection's process: dial,
+handshakes, reader, ticker), ``_dist_reading`` (incoming frames read and dispatched, by the
+reader or by a remote caller waiting for its reply), ``_dist_inbound`` (what each incoming
+frame does), ``_dist_kernel`` (listeners, mesh), ``_dist_call`` (remote calls),
+``_dist_handshake`` and ``_dist_values`` (the wire forms).
 """
 
 from __future__ import annotations
@@ -406,10 +405,9 @@ class Distribution:
             )
 
     def reply(self, from_: From, value: Any, me: Process | None) -> None:
-        """Send a remote caller its reply from ``me`` (None: from outside any process). From
-        the server the call monitors, to a peer that listed ``reply_demonitor``, the reply
-        ends that monitor here and says so (``$gen_reply_demonitor``): the caller drops its
-        side without a DEMONITOR. Any other reply leaves the monitor to the caller's."""
+        """Send a remote caller its reply from ``me`` (None: outside any process). The reply
+        of the server the call monitors, to a peer that listed ``reply_demonitor``, ends that
+        monitor here and says so (``$gen_reply_demonitor``); any other leaves it to the caller."""
         pid = from_.pid
         conn = self.connections.get(pid.node)
         if conn is None:
@@ -428,9 +426,8 @@ class Distribution:
                         monitored_by[tag] = watcher
         else:
             wire_tag = value_to_wire(tag)
-        if value.__class__ not in _SCALARS:
-            value = value_to_wire(value)
-        conn.enqueue(_SEND, {"to": wire_id(pid), "msg": (kind, wire_tag, value)})
+        wire_value = value if value.__class__ in _SCALARS else value_to_wire(value)
+        conn.enqueue(_SEND, {"to": wire_id(pid), "msg": (kind, wire_tag, wire_value)})
 
     # GenServer.call and GenServer.stop of a remote server (see _dist_call).
     call = _dist_call.call

@@ -189,6 +189,28 @@ async def test_the_socket_reader_tells_a_clean_end_from_one_inside_a_frame() -> 
                     await reader.receive_frames()
 
 
+async def test_a_caller_the_socket_woke_as_its_connection_ended_reads_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from otp import _dist_reading
+    from otp._process import CallWaiter
+
+    ours, theirs = trio.socket.socketpair()
+    with ours, theirs:
+        reader = _dist_reading.SocketFrames(ours.fileno(), wire.Limits())
+        await theirs.send(wire.encode_message(wire.MessageType.PING, None))
+        waiter = CallWaiter()
+
+        async def readable_as_the_connection_ends(fd: int) -> None:
+            # The socket woke the caller, and the connection ended before it ran again.
+            reader.close()
+            waiter.resolve(("noconnection",), True)
+
+        monkeypatch.setattr(_dist_reading, "wait_readable", readable_as_the_connection_ends)
+        await reader.wait_reply(None, None, waiter)  # type: ignore[arg-type]
+        assert reader.reads == 0 and waiter.done
+
+
 async def test_a_connection_lost_for_its_queue_says_so_in_its_failure(sockets: Any) -> None:
     async with otp.open_node("a@localhost"):
         ours, theirs = trio.socket.socketpair()
